@@ -1,0 +1,236 @@
+//! Per-sequence model state, one entry per layer, model-agnostic:
+//! * [`KvCache`]: keys/values of softmax-attention layers, growing along the sequence axis, with
+//!   optional mean-pooled key summaries (compressed keys for block-sparse attention) kept up to date
+//!   incrementally;
+//! * [`RecurrentState`]: the fixed-size state of a linear-attention/recurrent layer.
+//!
+//! Everything is an MLX array, so cloning a cache is cheap and gives an independent snapshot
+//! (arrays are immutable; the next write makes a new buffer).
+
+use crate::engine::ops::scalar;
+use mlx_rs::{error::Result, ops, ops::indexing::TryIndexMutOp, ops::indexing::TryIndexOp, Array, Dtype};
+
+/// An array `[B, H, capacity, D]` that grows along axis 2 with room to spare, so appending a
+/// token does not copy the whole history.
+#[derive(Clone, Default)]
+pub struct SeqBuffer {
+    data: Option<Array>,
+    len: usize,
+}
+
+impl SeqBuffer {
+    const MIN_STEP: usize = 256;
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn append(&mut self, x: &Array) -> Result<()> {
+        let t = x.shape()[2] as usize;
+        let capacity = self.data.as_ref().map_or(0, |d| d.shape()[2] as usize);
+        if self.len + t > capacity {
+            // Grow by at least 1/8 of the length: amortised O(1) copies, ≤ 12.5% slack.
+            let step = Self::MIN_STEP.max(self.len / 8);
+            let new_capacity = (self.len + t).div_ceil(step) * step;
+            let s = x.shape();
+            let fresh = Array::zeros::<f32>(&[s[0], s[1], (new_capacity - self.len) as i32, s[3]])?
+                .as_dtype(x.dtype())?;
+            self.data = Some(match &self.data {
+                Some(d) if self.len > 0 => {
+                    ops::concatenate(&[d.try_index((.., .., ..self.len as i32, ..))?, fresh], 2)?
+                }
+                _ => fresh,
+            });
+        }
+        let data = self.data.as_mut().expect("allocated above");
+        let range = self.len as i32..(self.len + t) as i32;
+        data.try_index_mut((.., .., range, ..), x)?;
+        self.len += t;
+        Ok(())
+    }
+
+    /// The filled part `[B, H, len, D]`.
+    pub fn view(&self) -> Result<Option<Array>> {
+        match &self.data {
+            Some(d) if self.len > 0 => Ok(Some(d.try_index((.., .., ..self.len as i32, ..))?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Forgets the last `n` entries (speculative-decoding rollback).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.data.as_ref().map_or(0, |d| d.nbytes())
+    }
+}
+
+/// Means of the key windows `[stride·c, stride·c + kernel)`, for every complete window.
+#[derive(Clone)]
+pub struct PooledKeys {
+    pub kernel: usize,
+    pub stride: usize,
+    windows: SeqBuffer,
+}
+
+impl PooledKeys {
+    /// Number of complete windows in `len` keys.
+    pub fn count_for(&self, len: usize) -> usize {
+        if len < self.kernel {
+            0
+        } else {
+            (len - self.kernel) / self.stride + 1
+        }
+    }
+
+    fn update(&mut self, keys: &Array, len: usize) -> Result<()> {
+        let done = self.windows.len();
+        let wanted = self.count_for(len);
+        if wanted <= done {
+            return Ok(());
+        }
+        let new = wanted - done;
+        let (start, ratio) = (done * self.stride, self.kernel / self.stride);
+        let chunks = new - 1 + ratio;
+        let span = keys.try_index((.., .., start as i32..(start + chunks * self.stride) as i32, ..))?;
+        let s = span.shape();
+        // Sum each stride-long chunk in f32, then add `ratio` neighbouring chunks per window.
+        let sums = span
+            .as_dtype(Dtype::Float32)?
+            .reshape(&[s[0], s[1], chunks as i32, self.stride as i32, s[3]])?
+            .sum_axis(3, false)?;
+        let mut total = sums.try_index((.., .., 0..new as i32, ..))?;
+        for j in 1..ratio {
+            total = total.add(sums.try_index((.., .., j as i32..(j + new) as i32, ..))?)?;
+        }
+        let means = total.multiply(scalar(1.0 / self.kernel as f32, Dtype::Float32)?)?.as_dtype(keys.dtype())?;
+        self.windows.append(&means)
+    }
+}
+
+#[derive(Clone, Default)]
+pub struct KvCache {
+    keys: SeqBuffer,
+    values: SeqBuffer,
+    pooled: Vec<PooledKeys>,
+}
+
+impl KvCache {
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Appends `[B, Hkv, T, d]` keys and values; returns all keys and values so far.
+    pub fn append(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        self.keys.append(k)?;
+        self.values.append(v)?;
+        Ok((self.keys.view()?.expect("just appended"), self.values.view()?.expect("just appended")))
+    }
+
+    /// Mean-pooled keys `[B, Hkv, n, d]` over windows of `kernel` with `stride` (kernel must be a
+    /// multiple of stride), brought up to date with the cache: computed in full on first use,
+    /// incrementally afterwards. `None` while no window is complete.
+    pub fn pooled_keys(&mut self, kernel: usize, stride: usize) -> Result<Option<Array>> {
+        let i = match self.pooled.iter().position(|p| p.kernel == kernel && p.stride == stride) {
+            Some(i) => i,
+            None => {
+                self.pooled.push(PooledKeys { kernel, stride, windows: SeqBuffer::default() });
+                self.pooled.len() - 1
+            }
+        };
+        let len = self.len();
+        if let Some(keys) = self.keys.view()? {
+            self.pooled[i].update(&keys, len)?;
+        }
+        self.pooled[i].windows.view()
+    }
+
+    pub fn truncate(&mut self, len: usize) {
+        self.keys.truncate(len);
+        self.values.truncate(len);
+        for p in &mut self.pooled {
+            let keep = p.count_for(len);
+            p.windows.truncate(keep);
+        }
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.keys.nbytes() + self.values.nbytes() + self.pooled.iter().map(|p| p.windows.nbytes()).sum::<usize>()
+    }
+}
+
+/// The state of a recurrent (linear-attention) layer after `len` tokens.
+#[derive(Clone, Default)]
+pub struct RecurrentState {
+    pub state: Option<Array>,
+    pub len: usize,
+}
+
+#[derive(Clone)]
+pub enum LayerCache {
+    Attention(KvCache),
+    Recurrent(RecurrentState),
+}
+
+impl LayerCache {
+    pub fn len(&self) -> usize {
+        match self {
+            LayerCache::Attention(kv) => kv.len(),
+            LayerCache::Recurrent(r) => r.len,
+        }
+    }
+
+    pub fn nbytes(&self) -> usize {
+        match self {
+            LayerCache::Attention(kv) => kv.nbytes(),
+            LayerCache::Recurrent(r) => r.state.as_ref().map_or(0, |s| s.nbytes()),
+        }
+    }
+}
+
+/// The whole state of one sequence.
+#[derive(Clone)]
+pub struct ModelCache {
+    pub layers: Vec<LayerCache>,
+}
+
+impl ModelCache {
+    /// Tokens processed so far.
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, LayerCache::len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.layers.iter().map(LayerCache::nbytes).sum()
+    }
+
+    /// Every array the cache holds, for evaluating them together with the logits.
+    pub fn arrays(&self) -> Vec<Array> {
+        let mut out = Vec::new();
+        for layer in &self.layers {
+            match layer {
+                LayerCache::Attention(kv) => {
+                    out.extend(kv.keys.data.clone());
+                    out.extend(kv.values.data.clone());
+                    out.extend(kv.pooled.iter().filter_map(|p| p.windows.data.clone()));
+                }
+                LayerCache::Recurrent(r) => out.extend(r.state.clone()),
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,128 @@
+//! `config.json` access with errors that name the file and the key.
+//! Each model family parses its own typed config from a [`ConfigFile`].
+
+use super::error::{Error, Result};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// A parsed JSON config file plus its path, for error messages.
+#[derive(Debug, Clone)]
+pub struct ConfigFile {
+    pub path: PathBuf,
+    pub json: Value,
+}
+
+impl ConfigFile {
+    pub fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Self> {
+        let json: Value = serde_json::from_str(text)
+            .map_err(|e| Error::Json { path: path.to_path_buf(), message: e.to_string() })?;
+        if !json.is_object() {
+            return Err(Error::Json { path: path.into(), message: "top level is not an object".into() });
+        }
+        Ok(Self { path: path.to_path_buf(), json })
+    }
+
+    /// A view of a nested object (e.g. `sparse_config`) that reports keys as `outer.inner`.
+    pub fn section(&self, key: &str) -> Result<Section<'_>> {
+        let value = self.required(key)?;
+        if !value.is_object() {
+            return Err(self.invalid(key, "expected an object"));
+        }
+        Ok(Section { file: self, prefix: format!("{key}."), value })
+    }
+
+    pub fn root(&self) -> Section<'_> {
+        Section { file: self, prefix: String::new(), value: &self.json }
+    }
+
+    pub fn required(&self, key: &str) -> Result<&Value> {
+        self.root().required(key).map(|v| v)
+    }
+
+    pub fn invalid(&self, key: &str, message: impl Into<String>) -> Error {
+        Error::InvalidKey { path: self.path.clone(), key: key.into(), message: message.into() }
+    }
+
+    pub fn usize(&self, key: &str) -> Result<usize> {
+        self.root().usize(key)
+    }
+    pub fn f64(&self, key: &str) -> Result<f64> {
+        self.root().f64(key)
+    }
+    pub fn bool(&self, key: &str) -> Result<bool> {
+        self.root().bool(key)
+    }
+    pub fn str(&self, key: &str) -> Result<&str> {
+        self.root().str(key)
+    }
+    pub fn opt(&self, key: &str) -> Option<&Value> {
+        self.json.get(key).filter(|v| !v.is_null())
+    }
+
+    /// `eos_token_id` may be a number or a list of numbers.
+    pub fn token_ids(&self, key: &str) -> Result<Vec<u32>> {
+        match self.required(key)? {
+            Value::Number(n) => n
+                .as_u64()
+                .map(|id| vec![id as u32])
+                .ok_or_else(|| self.invalid(key, "expected a token id")),
+            Value::Array(items) => items
+                .iter()
+                .map(|v| v.as_u64().map(|id| id as u32))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| self.invalid(key, "expected a list of token ids")),
+            _ => Err(self.invalid(key, "expected a token id or a list of them")),
+        }
+    }
+}
+
+/// An object inside a config file.
+pub struct Section<'a> {
+    file: &'a ConfigFile,
+    prefix: String,
+    value: &'a Value,
+}
+
+impl<'a> Section<'a> {
+    fn full(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    pub fn required(&self, key: &str) -> Result<&'a Value> {
+        self.value
+            .get(key)
+            .filter(|v| !v.is_null())
+            .ok_or_else(|| Error::MissingKey { path: self.file.path.clone(), key: self.full(key) })
+    }
+
+    fn invalid(&self, key: &str, message: &str) -> Error {
+        self.file.invalid(&self.full(key), message)
+    }
+
+    pub fn usize(&self, key: &str) -> Result<usize> {
+        self.required(key)?
+            .as_u64()
+            .map(|v| v as usize)
+            .ok_or_else(|| self.invalid(key, "expected a non-negative integer"))
+    }
+    pub fn f64(&self, key: &str) -> Result<f64> {
+        self.required(key)?.as_f64().ok_or_else(|| self.invalid(key, "expected a number"))
+    }
+    pub fn bool(&self, key: &str) -> Result<bool> {
+        self.required(key)?.as_bool().ok_or_else(|| self.invalid(key, "expected true or false"))
+    }
+    pub fn str(&self, key: &str) -> Result<&'a str> {
+        self.required(key)?.as_str().ok_or_else(|| self.invalid(key, "expected a string"))
+    }
+    pub fn strings(&self, key: &str) -> Result<Vec<&'a str>> {
+        self.required(key)?
+            .as_array()
+            .and_then(|items| items.iter().map(|v| v.as_str()).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| self.invalid(key, "expected a list of strings"))
+    }
+}

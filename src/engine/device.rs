@@ -1,0 +1,61 @@
+//! Device choice. MLX panics when asked for a GPU that its build does not have, so check first.
+
+use super::error::{Error, Result};
+use mlx_rs::Device;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    Gpu,
+}
+
+/// Whether this libmlx has a usable GPU backend (Metal or CUDA).
+pub fn gpu_available() -> bool {
+    let mut available = false;
+    unsafe {
+        let dev = mlx_sys::mlx_device_new_type(mlx_sys::mlx_device_type__MLX_GPU, 0);
+        let status = mlx_sys::mlx_device_is_available(&mut available, dev);
+        mlx_sys::mlx_device_free(dev);
+        status == 0 && available
+    }
+}
+
+/// Which GPU backend this libmlx was built with, if any.
+pub fn gpu_backend() -> Option<&'static str> {
+    let (mut metal, mut cuda) = (false, false);
+    unsafe {
+        mlx_sys::mlx_metal_is_available(&mut metal);
+        mlx_sys::mlx_cuda_is_available(&mut cuda);
+    }
+    if cuda {
+        Some("cuda")
+    } else if metal {
+        Some("metal")
+    } else {
+        None
+    }
+}
+
+/// Makes `kind` (default: the GPU when there is one) the device for all following work.
+pub fn select(kind: Option<DeviceKind>) -> Result<DeviceKind> {
+    let kind = kind.unwrap_or(if gpu_available() { DeviceKind::Gpu } else { DeviceKind::Cpu });
+    match kind {
+        DeviceKind::Gpu if !gpu_available() => {
+            return Err(Error::Usage(
+                "--device gpu: this MLX build has no usable GPU (it is the CPU build, or no GPU was found); \
+                 use --device cpu, or build against the CUDA/Metal MLX (see README)"
+                    .into(),
+            ))
+        }
+        DeviceKind::Gpu => Device::set_default(&Device::gpu()),
+        DeviceKind::Cpu => Device::set_default(&Device::cpu()),
+    }
+    Ok(kind)
+}
+
+pub fn describe(kind: DeviceKind) -> String {
+    match kind {
+        DeviceKind::Cpu => "cpu".into(),
+        DeviceKind::Gpu => format!("gpu ({})", gpu_backend().unwrap_or("unknown")),
+    }
+}

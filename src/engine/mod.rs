@@ -1,0 +1,13 @@
+//! The model-agnostic engine: config and weight loading, tokenizer and chat template, sampling,
+//! per-layer caches and the generate loop.
+
+pub mod cache;
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod generate;
+pub mod model;
+pub mod ops;
+pub mod sampler;
+pub mod tokenizer;
+pub mod weights;

@@ -1,0 +1,64 @@
+//! What the engine needs from a model: run tokens on top of a cache, give logits.
+
+use super::cache::ModelCache;
+use super::error::Result;
+use mlx_rs::{Array, Dtype};
+
+/// Facts about a loaded model that the generate loop and the CLI need.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub model_type: String,
+    pub vocab_size: usize,
+    /// Longest sequence (prompt + generated) the model supports.
+    pub max_context: usize,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    /// Activation/weight dtype the model runs in.
+    pub dtype: Dtype,
+    pub n_params: usize,
+}
+
+/// Which positions to compute logits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    Last,
+    All,
+}
+
+/// Named intermediate tensors recorded during a forward pass (for parity tests and debugging).
+#[derive(Default)]
+pub struct Trace {
+    pub tensors: Vec<(String, Array)>,
+}
+
+impl Trace {
+    pub fn record(&mut self, name: impl Into<String>, value: &Array) {
+        self.tensors.push((name.into(), value.clone()));
+    }
+
+    /// All recordings under `name`, in order.
+    pub fn all(&self, name: &str) -> Vec<&Array> {
+        self.tensors.iter().filter(|(n, _)| n == name).map(|(_, a)| a).collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Array> {
+        self.tensors.iter().rev().find(|(n, _)| n == name).map(|(_, a)| a)
+    }
+}
+
+pub trait LanguageModel: Send {
+    fn info(&self) -> &ModelInfo;
+
+    /// A fresh, empty per-sequence state.
+    fn new_cache(&self) -> ModelCache;
+
+    /// Runs `tokens` (`[1, T]` int32) on top of `cache` and returns float32 logits `[T, vocab]`
+    /// (or `[1, vocab]` for [`Logits::Last`]).
+    fn forward(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        logits: Logits,
+        trace: Option<&mut Trace>,
+    ) -> Result<Array>;
+}

@@ -1,0 +1,188 @@
+//! Token sampling on host-side float32 logits: repetition penalty, then greedy (temperature 0) or
+//! temperature + top-k + top-p + min-p, drawn from a seeded generator.
+
+use rand::{rngs::StdRng, RngExt, SeedableRng};
+
+#[derive(Debug, Clone)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// Keep the smallest set of tokens whose probability reaches this (1 = off).
+    pub top_p: f32,
+    /// Keep the k most likely tokens (0 = off).
+    pub top_k: usize,
+    /// Drop tokens less likely than min_p × the most likely one (0 = off).
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recently seen tokens by this (1 = off).
+    pub repetition_penalty: f32,
+    /// How many recent tokens the penalty looks at.
+    pub repetition_window: usize,
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            repetition_window: 64,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Checks ranges; the error names the flag.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(format!("--temperature must be ≥ 0 (got {})", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("--top-p must be in (0, 1] (got {})", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("--min-p must be in [0, 1] (got {})", self.min_p));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return Err(format!("--repeat-penalty must be > 0 (got {})", self.repetition_penalty));
+        }
+        Ok(())
+    }
+}
+
+pub struct Sampler {
+    params: SamplingParams,
+    rng: StdRng,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Self {
+        let rng = match params.seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_rng(&mut rand::rng()),
+        };
+        Self { params, rng }
+    }
+
+    /// Picks the next token from `logits` (one row, float32) given the tokens so far.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let mut logits = logits.to_vec();
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            let start = history.len().saturating_sub(p.repetition_window);
+            let mut seen: Vec<u32> = history[start..].to_vec();
+            seen.sort_unstable();
+            seen.dedup();
+            for id in seen {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                }
+            }
+        }
+        if p.temperature == 0.0 {
+            return argmax(&logits);
+        }
+        // Candidates sorted by logit (descending; ties to the lower id).
+        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+        order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+        if p.top_k > 0 {
+            order.truncate(p.top_k);
+        }
+        let max = logits[order[0] as usize];
+        let mut probs: Vec<f32> =
+            order.iter().map(|&id| ((logits[id as usize] - max) / p.temperature).exp()).collect();
+        let total: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= total);
+        if p.top_p < 1.0 {
+            let mut cumulative = 0.0;
+            let keep = probs
+                .iter()
+                .position(|&x| {
+                    cumulative += x;
+                    cumulative >= p.top_p
+                })
+                .map_or(probs.len(), |i| i + 1);
+            probs.truncate(keep);
+            order.truncate(keep);
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p;
+            let keep = probs.iter().take_while(|&&x| x >= floor).count().max(1);
+            probs.truncate(keep);
+            order.truncate(keep);
+        }
+        let total: f32 = probs.iter().sum();
+        let mut r = self.rng.random::<f32>() * total;
+        for (i, &x) in probs.iter().enumerate() {
+            if r < x {
+                return order[i];
+            }
+            r -= x;
+        }
+        *order.last().expect("at least one candidate")
+    }
+}
+
+/// Index of the largest value; the lowest index among equals (like numpy/torch).
+pub fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32) -> SamplingParams {
+        SamplingParams { temperature, seed: Some(7), ..Default::default() }
+    }
+
+    #[test]
+    fn greedy_takes_first_maximum() {
+        let mut s = Sampler::new(params(0.0));
+        assert_eq!(s.sample(&[0.1, 3.0, 3.0, -1.0], &[]), 1);
+    }
+
+    #[test]
+    fn repetition_penalty_can_flip_greedy_choice() {
+        let mut s = Sampler::new(SamplingParams { repetition_penalty: 2.0, ..params(0.0) });
+        assert_eq!(s.sample(&[1.0, 1.5, 0.0], &[1]), 0); // 1.5 / 2 = 0.75 < 1.0
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_top_p_keeps_head() {
+        let logits = [0.0, 2.0, 1.9, -5.0];
+        let mut s = Sampler::new(SamplingParams { top_k: 1, ..params(1.0) });
+        assert!((0..50).all(|_| s.sample(&logits, &[]) == 1));
+        let mut s = Sampler::new(SamplingParams { top_p: 0.3, ..params(1.0) });
+        assert!((0..50).all(|_| s.sample(&logits, &[]) == 1));
+    }
+
+    #[test]
+    fn min_p_drops_unlikely_tokens_and_seed_repeats() {
+        let logits = [5.0, 4.9, -10.0, -10.0];
+        let mut s = Sampler::new(SamplingParams { min_p: 0.5, ..params(1.0) });
+        let draws: Vec<u32> = (0..200).map(|_| s.sample(&logits, &[])).collect();
+        assert!(draws.iter().all(|&t| t < 2));
+        assert!(draws.contains(&0) && draws.contains(&1));
+        let mut again = Sampler::new(SamplingParams { min_p: 0.5, ..params(1.0) });
+        let repeat: Vec<u32> = (0..200).map(|_| again.sample(&logits, &[])).collect();
+        assert_eq!(draws, repeat);
+    }
+
+    #[test]
+    fn temperature_sampling_matches_softmax_frequencies() {
+        let logits = [0.0f32, (3.0f32).ln()]; // p = 0.25, 0.75
+        let mut s = Sampler::new(params(1.0));
+        let ones = (0..4000).filter(|_| s.sample(&logits, &[]) == 1).count();
+        assert!((2800..3200).contains(&ones), "{ones}");
+    }
+}

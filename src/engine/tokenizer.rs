@@ -1,0 +1,270 @@
+//! Text ↔ token ids (`tokenizer.json` through the `tokenizers` crate), the chat prompt (the
+//! model's own Jinja `chat_template`, ChatML otherwise), streaming detokenisation and the
+//! `<think>…</think>` filter.
+
+use super::error::{Error, Result};
+use serde::Serialize;
+use serde_json::Value;
+use std::path::Path;
+
+/// ChatML, used when the model ships no template.
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Self {
+        Self { role: role.into(), content: content.into() }
+    }
+}
+
+pub struct TextTokenizer {
+    inner: tokenizers::Tokenizer,
+    bos: Option<(u32, String)>,
+    eos_token: Option<String>,
+    add_bos: bool,
+    chat_template: String,
+}
+
+impl TextTokenizer {
+    /// Loads `tokenizer.json` (+ `tokenizer_config.json`, `chat_template.jinja` if present) from
+    /// `dir`; `Ok(None)` when the directory has no tokenizer. `bos_fallback` is the model config's
+    /// bos id, used when the tokenizer config names none.
+    pub fn from_dir(dir: &Path, bos_fallback: Option<u32>) -> Result<Option<Self>> {
+        let path = dir.join("tokenizer.json");
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let config_path = dir.join("tokenizer_config.json");
+        let config: Value = if config_path.is_file() {
+            let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
+            serde_json::from_str(&text)
+                .map_err(|e| Error::Json { path: config_path.clone(), message: e.to_string() })?
+        } else {
+            Value::Null
+        };
+        let token_text = |key: &str| -> Option<String> {
+            match config.get(key)? {
+                Value::String(s) => Some(s.clone()),
+                Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
+                _ => None,
+            }
+        };
+        let bos = match token_text("bos_token") {
+            Some(text) => inner.token_to_id(&text).map(|id| (id, text)),
+            None => bos_fallback.and_then(|id| inner.id_to_token(id).map(|text| (id, text))),
+        };
+        let add_bos = match config.get("add_bos_token").and_then(Value::as_bool) {
+            Some(v) => v && bos.is_some(),
+            // No setting: follow the tokenizer's own post-processor.
+            None => match &bos {
+                Some((id, _)) => inner
+                    .encode("a", true)
+                    .map(|e| e.get_ids().first() == Some(id))
+                    .unwrap_or(false),
+                None => false,
+            },
+        };
+        let template_file = dir.join("chat_template.jinja");
+        let chat_template = if let Some(t) = config.get("chat_template") {
+            match t {
+                Value::String(s) => s.clone(),
+                Value::Array(named) => named
+                    .iter()
+                    .find(|n| n.get("name").and_then(Value::as_str) == Some("default"))
+                    .and_then(|n| n.get("template")?.as_str())
+                    .ok_or_else(|| Error::Template(format!("{}: no `default` chat_template", config_path.display())))?
+                    .to_string(),
+                _ => CHATML_TEMPLATE.to_string(),
+            }
+        } else if template_file.is_file() {
+            std::fs::read_to_string(&template_file).map_err(|e| Error::io(&template_file, e))?
+        } else {
+            CHATML_TEMPLATE.to_string()
+        };
+        Ok(Some(Self { inner, bos, eos_token: token_text("eos_token"), add_bos, chat_template }))
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Token ids of `text`, with the BOS token exactly once when the model wants one (a template
+    /// that already wrote it is not given a second).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?
+            .get_ids()
+            .to_vec();
+        if let (true, Some((bos, _))) = (self.add_bos, &self.bos) {
+            if ids.first() != Some(bos) {
+                ids.insert(0, *bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, true).map_err(|e| Error::Tokenizer(e.to_string()))
+    }
+
+    /// Renders the chat prompt. `enable_thinking` is passed to templates that understand it.
+    pub fn apply_chat_template(&self, messages: &[Message], enable_thinking: bool) -> Result<String> {
+        let mut env = minijinja::Environment::new();
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template("chat", &self.chat_template).map_err(|e| Error::Template(e.to_string()))?;
+        let context = minijinja::context! {
+            messages => minijinja::Value::from(minijinja::value::Serde(messages)),
+            add_generation_prompt => true,
+            bos_token => self.bos.as_ref().map(|(_, t)| t.clone()).unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+            enable_thinking => enable_thinking,
+        };
+        env.get_template("chat")
+            .and_then(|t| t.render(context))
+            .map_err(|e| Error::Template(e.to_string()))
+    }
+}
+
+/// Turns a growing token sequence into text pieces, holding back incomplete UTF-8 and decoding
+/// only a short window (so the cost does not grow with the output).
+#[derive(Default)]
+pub struct StreamDecoder {
+    ids: Vec<u32>,
+    prefix: usize,
+    read: usize,
+}
+
+impl StreamDecoder {
+    pub fn push(&mut self, tokenizer: &TextTokenizer, id: u32) -> Result<String> {
+        self.ids.push(id);
+        let before = tokenizer.decode(&self.ids[self.prefix..self.read])?;
+        let now = tokenizer.decode(&self.ids[self.prefix..])?;
+        if now.len() > before.len() && !now.ends_with('\u{FFFD}') && now.starts_with(&before) {
+            let piece = now[before.len()..].to_string();
+            self.prefix = self.read;
+            self.read = self.ids.len();
+            Ok(piece)
+        } else {
+            Ok(String::new())
+        }
+    }
+
+    /// Whatever is still held back (e.g. a dangling partial character).
+    pub fn finish(&mut self, tokenizer: &TextTokenizer) -> Result<String> {
+        let before = tokenizer.decode(&self.ids[self.prefix..self.read])?;
+        let now = tokenizer.decode(&self.ids[self.prefix..])?;
+        self.prefix = self.ids.len();
+        self.read = self.ids.len();
+        Ok(now.get(before.len()..).unwrap_or_default().to_string())
+    }
+}
+
+/// Hides `<think>…</think>` from streamed text, also when a tag is split across pieces.
+#[derive(Default)]
+pub struct ThinkFilter {
+    inside: bool,
+    pending: String,
+    /// After a closing tag, leading whitespace of the answer is dropped.
+    trim_next: bool,
+}
+
+impl ThinkFilter {
+    const OPEN: &'static str = "<think>";
+    const CLOSE: &'static str = "</think>";
+
+    /// `inside`: the prompt already opened a think block.
+    pub fn new(inside: bool) -> Self {
+        Self { inside, ..Default::default() }
+    }
+
+    pub fn push(&mut self, text: &str) -> String {
+        self.pending.push_str(text);
+        let mut out = String::new();
+        loop {
+            let tag = if self.inside { Self::CLOSE } else { Self::OPEN };
+            if let Some(at) = self.pending.find(tag) {
+                if !self.inside {
+                    out.push_str(&self.pending[..at]);
+                }
+                self.pending.drain(..at + tag.len());
+                self.inside = !self.inside;
+                self.trim_next = !self.inside;
+                continue;
+            }
+            // Keep a suffix that could still become the tag; release the rest.
+            let keep = (1..tag.len())
+                .rev()
+                .find(|&n| self.pending.len() >= n && self.pending.is_char_boundary(self.pending.len() - n) && tag.starts_with(&self.pending[self.pending.len() - n..]))
+                .unwrap_or(0);
+            let release: String = self.pending.drain(..self.pending.len() - keep).collect();
+            if !self.inside {
+                out.push_str(&release);
+            }
+            break;
+        }
+        if self.trim_next {
+            let trimmed = out.trim_start();
+            if !trimmed.is_empty() {
+                self.trim_next = false;
+            }
+            return trimmed.to_string();
+        }
+        out
+    }
+
+    pub fn finish(&mut self) -> String {
+        let rest = std::mem::take(&mut self.pending);
+        if self.inside {
+            String::new()
+        } else {
+            rest
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ThinkFilter;
+
+    fn run(pieces: &[&str], inside: bool) -> String {
+        let mut f = ThinkFilter::new(inside);
+        let mut out: String = pieces.iter().map(|p| f.push(p)).collect();
+        out.push_str(&f.finish());
+        out
+    }
+
+    #[test]
+    fn hides_think_blocks_split_anywhere() {
+        let text = "<think>\nplan the answer\n</think>\n\nParis is the capital.";
+        let want = "Paris is the capital.";
+        assert_eq!(run(&[text], false), want);
+        for split in 1..text.len() {
+            if text.is_char_boundary(split) {
+                assert_eq!(run(&[&text[..split], &text[split..]], false), want, "split at {split}");
+            }
+        }
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+        assert_eq!(run(&pieces, false), want);
+    }
+
+    #[test]
+    fn passes_text_without_tags_and_handles_open_prompt() {
+        assert_eq!(run(&["a < b", " and <thin", "g>"], false), "a < b and <thing>");
+        assert_eq!(run(&["reasoning", "</thi", "nk> answer"], true), "answer");
+        assert_eq!(run(&["<think>never closed"], false), "");
+    }
+}

@@ -1,0 +1,174 @@
+//! Simple GLA (gated linear attention with a constant per-head decay), fla's `g_gamma` semantics:
+//!
+//!   S_t = γ_h · S_{t−1} + k_tᵀ v_t,   o_t = (scale · q_t) · S_t        (γ_h = exp(−slope_h))
+//!
+//! Inputs are float32 `[B, H, T, d]`, the state is float32 `[B, H, d_k, d_v]`. No normaliser.
+
+use crate::engine::ops::{arange_f32, scalar};
+use mlx_rs::{error::Result, ops, Array, Dtype};
+
+/// Chunk length of the parallel form.
+pub const CHUNK: usize = 64;
+
+/// Runs GLA over the new tokens on top of `state` (zero when `None`); returns (output, new state).
+/// One token takes the recurrent step, more take the chunked parallel form; both are exact.
+pub fn simple_gla(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    slopes: &Array,
+    state: Option<&Array>,
+    scale: f32,
+) -> Result<(Array, Array)> {
+    if q.shape()[2] == 1 {
+        simple_gla_step(q, k, v, slopes, state, scale)
+    } else {
+        simple_gla_chunked(q, k, v, slopes, state, scale)
+    }
+}
+
+/// `slopes` [H] → `[1, H, 1, 1]` decay factors exp(−slope · x) for a scalar exponent x.
+fn decay(slopes: &Array, exponent: f32) -> Result<Array> {
+    slopes.multiply(scalar(-exponent, Dtype::Float32)?)?.exp()?.reshape(&[1, -1, 1, 1])
+}
+
+fn zero_state(q: &Array, v: &Array) -> Result<Array> {
+    let (b, h, dk, dv) = (q.shape()[0], q.shape()[1], q.shape()[3], v.shape()[3]);
+    Array::zeros::<f32>(&[b, h, dk, dv])
+}
+
+/// The recurrent form, one token at a time (the decode step; also the test oracle).
+pub fn simple_gla_step(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    slopes: &Array,
+    state: Option<&Array>,
+    scale: f32,
+) -> Result<(Array, Array)> {
+    let mut s = match state {
+        Some(s) => s.clone(),
+        None => zero_state(q, v)?,
+    };
+    let gamma = decay(slopes, 1.0)?;
+    let q = q.multiply(scalar(scale, Dtype::Float32)?)?;
+    let t_len = q.shape()[2];
+    let mut outputs = Vec::with_capacity(t_len as usize);
+    for t in 0..t_len {
+        let range = t..t + 1;
+        let kt = slice_t(k, range.clone())?;
+        let vt = slice_t(v, range.clone())?;
+        let qt = slice_t(&q, range)?;
+        s = s.multiply(&gamma)?.add(kt.swap_axes(2, 3)?.matmul(&vt)?)?;
+        outputs.push(qt.matmul(&s)?);
+    }
+    let o = if outputs.len() == 1 { outputs.pop().unwrap() } else { ops::concatenate(&outputs, 2)? };
+    Ok((o, s))
+}
+
+fn slice_t(a: &Array, range: std::ops::Range<i32>) -> Result<Array> {
+    use mlx_rs::ops::indexing::TryIndexOp;
+    a.try_index((.., .., range, ..))
+}
+
+/// The chunked parallel form. Chunk c (length C, the last one possibly shorter) computes
+///   intra: ((Q̃ Kᵀ) ⊙ D) V with D[i,j] = γ^{i−j} (j ≤ i)
+///   inter: γ^{i+1} · Q̃ S_c, with S_c the state entering the chunk,
+/// where S_c = γ^{cC} S_0 + Σ_{c'<c} γ^{C(c−1−c')} U_{c'} and U_c = Σ_j γ^{C−1−j} K_jᵀ V_j (all
+/// chunks before the last are full). The returned state uses the true token count T, so a partial
+/// last chunk is not over-decayed.
+pub fn simple_gla_chunked(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    slopes: &Array,
+    state: Option<&Array>,
+    scale: f32,
+) -> Result<(Array, Array)> {
+    let shape = q.shape();
+    let (b, h, t, dk) = (shape[0], shape[1], shape[2] as usize, shape[3]);
+    let dv = v.shape()[3];
+    let c = CHUNK;
+    let n = t.div_ceil(c);
+    let padded = n * c;
+    let pad = |x: &Array| -> Result<Array> {
+        if padded == t {
+            Ok(x.clone())
+        } else {
+            ops::pad(x, &[(0, 0), (0, 0), (0, (padded - t) as i32), (0, 0)], None, None)
+        }
+    };
+    let f32s = |x: f32| scalar(x, Dtype::Float32);
+    let (ci, ni) = (c as i32, n as i32);
+    let neg_slopes = slopes.negative()?.reshape(&[-1, 1, 1])?; // [H,1,1]
+
+    let qc = pad(&q.multiply(f32s(scale)?)?)?.reshape(&[b, h, ni, ci, dk])?;
+    let kc = pad(k)?.reshape(&[b, h, ni, ci, dk])?;
+    let vc = pad(v)?.reshape(&[b, h, ni, ci, dv])?;
+
+    // Intra-chunk decay mask D [1,H,1,C,C].
+    let idx = arange_f32(c)?;
+    let diff = idx.reshape(&[-1, 1])?.subtract(idx.reshape(&[1, -1])?)?; // i − j
+    let causal = diff.ge(f32s(0.0)?)?;
+    let d = ops::select(&causal, neg_slopes.multiply(&diff)?.exp()?, f32s(0.0)?)?
+        .reshape(&[1, h, 1, ci, ci])?;
+    let scores = qc.matmul(kc.swap_axes(3, 4)?)?.multiply(&d)?;
+    let mut out = scores.matmul(&vc)?; // [B,H,n,C,dv]
+
+    // Chunk summaries U_c [B,H,n,dk·dv] and the states entering each chunk.
+    let w = neg_slopes.multiply(f32s((c - 1) as f32)?.subtract(&idx)?.reshape(&[1, 1, -1])?)?.exp()?; // [H,1,C]
+    let kw = kc.multiply(w.reshape(&[1, h, 1, ci, 1])?)?;
+    let u = kw.swap_axes(3, 4)?.matmul(&vc)?.reshape(&[b, h, ni, dk * dv])?;
+    let ch = arange_f32(n)?;
+    let cdiff = ch.reshape(&[-1, 1])?.subtract(ch.reshape(&[1, -1])?)?; // c − c'
+    let before = cdiff.ge(f32s(1.0)?)?;
+    let m = ops::select(
+        &before,
+        neg_slopes.multiply(cdiff.subtract(f32s(1.0)?)?.multiply(f32s(c as f32)?)?)?.exp()?,
+        f32s(0.0)?,
+    )?
+    .reshape(&[1, h, ni, ni])?;
+    let mut entering = m.matmul(&u)?; // [B,H,n,dk·dv]
+    if let Some(s0) = state {
+        let carry = neg_slopes.multiply(ch.multiply(f32s(c as f32)?)?.reshape(&[1, 1, -1])?)?.exp()?; // [H,1,n]
+        let carried = carry.reshape(&[1, h, ni, 1])?.multiply(s0.reshape(&[b, h, 1, dk * dv])?)?;
+        entering = entering.add(carried)?;
+    }
+    let entering = entering.reshape(&[b, h, ni, dk, dv])?;
+    let inter_decay = neg_slopes.multiply(idx.add(f32s(1.0)?)?.reshape(&[1, 1, -1])?)?.exp()?; // [H,1,C]
+    let inter = qc.matmul(&entering)?.multiply(inter_decay.reshape(&[1, h, 1, ci, 1])?)?;
+    out = out.add(inter)?.reshape(&[b, h, padded as i32, dv])?;
+    if padded != t {
+        use mlx_rs::ops::indexing::TryIndexOp;
+        out = out.try_index((.., .., 0..t as i32, ..))?;
+    }
+
+    // Final state over exactly T tokens: γ^T S_0 + Σ_t γ^{T−1−t} k_tᵀ v_t.
+    let tpos = arange_f32(t)?;
+    let wt = neg_slopes
+        .multiply(f32s((t - 1) as f32)?.subtract(&tpos)?.reshape(&[1, 1, -1])?)?
+        .exp()?
+        .reshape(&[1, h, t as i32, 1])?;
+    let mut new_state = k.multiply(&wt)?.swap_axes(2, 3)?.matmul(v)?;
+    if let Some(s0) = state {
+        new_state = new_state.add(s0.multiply(decay(slopes, t as f32)?)?)?;
+    }
+    Ok((out, new_state))
+}
+
+/// ALiBi slopes for `heads` heads (the power-of-two schedule, interleaved for other counts).
+pub fn alibi_slopes(heads: usize) -> Vec<f32> {
+    fn power_of_two(n: usize) -> Vec<f64> {
+        let start = 2f64.powf(-(2f64.powf(-((n as f64).log2() - 3.0))));
+        (0..n).map(|i| start.powi(i as i32 + 1)).collect()
+    }
+    let slopes = if heads.is_power_of_two() {
+        power_of_two(heads)
+    } else {
+        let closest = 1usize << heads.ilog2();
+        let mut s = power_of_two(closest);
+        s.extend(power_of_two(2 * closest).into_iter().step_by(2).take(heads - closest));
+        s
+    };
+    slopes.into_iter().map(|s| s as f32).collect()
+}

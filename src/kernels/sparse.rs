@@ -1,0 +1,180 @@
+//! InfLLM-V2 block selection and block-sparse attention (MLX-ops versions).
+//!
+//! Shapes: queries `[B, Hq, T, d]` at absolute positions `first_pos ..`, keys/values
+//! `[B, Hkv, L, d]`, level-1/level-2 compressed keys `[B, Hkv, n, d]`. The `Hq / Hkv` query heads of
+//! a KV group share one block selection.
+
+use crate::engine::ops::{arange_i32, scalar};
+use mlx_rs::{error::Result, ops, ops::indexing::{IntoStrideBy, TryIndexOp}, Array, Dtype};
+
+/// Geometry of the block selection.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockSelection {
+    /// Tokens per selectable block (64).
+    pub block: usize,
+    /// Level-1 compression window and stride (32, 16).
+    pub kernel: usize,
+    pub stride: usize,
+    /// Level-2 compression window and stride (128, 64).
+    pub kernel2: usize,
+    pub stride2: usize,
+    /// Always-selected leading blocks (1).
+    pub init_blocks: usize,
+    /// Always-selected blocks before the query's own block (window / block = 32).
+    pub local_blocks: usize,
+    /// Blocks per query in total (topk + local_blocks = 96).
+    pub topk: usize,
+}
+
+/// The chosen blocks per KV head and query: `[B, Hkv, T, topk]` int32, ascending, −1 = none,
+/// and the pooled block scores fed to top-k `[B, Hkv, T, n_blocks]` (float32, ±inf for
+/// forced/absent blocks).
+pub struct Selected {
+    pub blocks: Array,
+    pub scores: Array,
+}
+
+/// Stage 1 (compressed-key relevance with the level-2 LSE), max-pooling to blocks, forced init
+/// and local blocks, and the per-group top-k (exact ties: the lower block index wins).
+pub fn select_blocks(
+    q: &Array,
+    c1: &Array,
+    c2: &Array,
+    first_pos: usize,
+    kv_len: usize,
+    sel: &BlockSelection,
+    score_dtype: Dtype,
+) -> Result<Selected> {
+    let (b, hq, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let hkv = c1.shape()[1];
+    let g = hq / hkv;
+    let scale = (d as f32).powf(-0.5);
+    let f32s = |x: f32| scalar(x, Dtype::Float32);
+    let i32s = |x: i32| Array::from_int(x);
+
+    // Query positions [T,1] and visibility of each compressed window (it must end at or before i).
+    let pos = arange_i32(first_pos, t as usize)?.reshape(&[-1, 1])?;
+    let visible = |n: i32, kernel: usize, stride: usize| -> Result<Array> {
+        let ends = arange_i32(0, n as usize)?
+            .multiply(i32s(stride as i32))?
+            .add(i32s(kernel as i32 - 1))?
+            .reshape(&[1, -1])?;
+        ends.le(&pos) // [T, n]
+    };
+    let n1 = c1.shape()[2];
+    let n2 = c2.shape()[2];
+    let qg = q.as_dtype(Dtype::Float32)?.reshape(&[b, hkv, g, t, d])?;
+    let dot = |c: &Array| -> Result<Array> {
+        let ct = c.as_dtype(Dtype::Float32)?.swap_axes(2, 3)?.reshape(&[b, hkv, 1, d, -1])?;
+        qg.matmul(ct)?.multiply(f32s(scale)?)
+    };
+    let neg_inf = f32s(f32::NEG_INFINITY)?;
+
+    let vis2 = visible(n2, sel.kernel2, sel.stride2)?;
+    let lse = ops::select(&vis2, dot(c2)?, &neg_inf)?.logsumexp_axis(-1, true)?; // [B,Hkv,G,T,1]
+    let vis1 = visible(n1, sel.kernel, sel.stride)?;
+    let p = dot(c1)?.subtract(&lse)?.exp()?;
+    // Rows without any visible level-2 key score 0 (the kernel exits early there).
+    let has_lse = lse.is_finite()?;
+    let p = ops::select(vis1.logical_and(&has_lse)?, p, f32s(0.0)?)?;
+    let score = p.sum_axis(2, false)?; // [B,Hkv,T,n1]
+    let score = ops::select(score.is_nan()?, f32s(0.0)?, &score)?.as_dtype(score_dtype)?.as_dtype(Dtype::Float32)?;
+
+    // Max-pool level-1 windows onto blocks: window c overlaps block b iff r·b − (k/s − 1) ≤ c ≤ r·b + r − 1.
+    let r = (sel.block / sel.stride) as i32;
+    let left = (sel.kernel / sel.stride) as i32 - 1;
+    let width = r + left;
+    let nb = kv_len.div_ceil(sel.block) as i32;
+    let right = (r * nb + width - left - n1).max(0);
+    let padded = ops::pad(&score, &[(0, 0), (0, 0), (0, 0), (left, right)], Some(neg_inf.clone()), None)?;
+    let mut pooled: Option<Array> = None;
+    for o in 0..width {
+        let strided = padded.try_index((.., .., .., (o..o + r * nb).stride_by(r)))?;
+        pooled = Some(match pooled {
+            None => strided,
+            Some(m) => ops::maximum(&m, &strided)?,
+        });
+    }
+    let pooled = pooled.expect("pooling width is at least 1");
+
+    // Forced blocks: b < init_blocks, or qb − local ≤ b ≤ qb.
+    let blk = arange_i32(0, nb as usize)?.reshape(&[1, -1])?;
+    let qb = pos.floor_divide(i32s(sel.block as i32))?;
+    let forced = blk
+        .lt(i32s(sel.init_blocks as i32))?
+        .logical_or(blk.ge(qb.subtract(i32s(sel.local_blocks as i32))?)?.logical_and(blk.le(&qb)?)?)?;
+    let scores = ops::select(&forced, f32s(f32::INFINITY)?, &pooled)?; // [B,Hkv,T,nb]
+
+    // Top-k with ties to the lower index: sort on a u64 key (order-preserving score bits above,
+    // reversed block index below). Scores are −inf, or in [0, +inf].
+    let k = (sel.topk as i32).min(nb);
+    let bits = scores.view::<u32>()?.as_dtype(Dtype::Uint64)?;
+    let ordered = ops::select(
+        scores.eq(&neg_inf)?,
+        Array::from_slice(&[0u64], &[1]),
+        bits.add(Array::from_slice(&[1u64], &[1]))?,
+    )?;
+    let low = Array::from_slice(&[u32::MAX as u64], &[1]).subtract(blk.as_dtype(Dtype::Uint64)?)?;
+    let key = ordered.multiply(Array::from_slice(&[1u64 << 32], &[1]))?.add(&low)?;
+    let top = ops::indexing::topk_axis(&key, k, -1)?;
+    let chosen = Array::from_slice(&[u32::MAX as u64], &[1])
+        .subtract(top.remainder(Array::from_slice(&[1u64 << 32], &[1]))?)?
+        .as_dtype(Dtype::Int32)?;
+    let chosen = ops::sort_axis(&chosen, -1)?;
+    // Blocks after the query's own block are dropped; pad to `topk` columns with −1.
+    let mut blocks = ops::select(chosen.gt(qb.reshape(&[1, 1, -1, 1])?)?, i32s(-1), &chosen)?;
+    if (k as usize) < sel.topk {
+        blocks = ops::pad(&blocks, &[(0, 0), (0, 0), (0, 0), (0, sel.topk as i32 - k)], Some(i32s(-1)), None)?;
+    }
+    Ok(Selected { blocks, scores })
+}
+
+/// Softmax attention of each query over its group's selected blocks, causally clipped to
+/// positions ≤ the query's own. `blocks`: `[B, Hkv, T, K]` (−1 = none). Returns `[B, Hq, T, d]`.
+pub fn block_sparse_attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    blocks: &Array,
+    first_pos: usize,
+    block: usize,
+    scale: f32,
+) -> Result<Array> {
+    let (b, hq, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let (hkv, kv_len) = (k.shape()[1], k.shape()[2]);
+    let g = hq / hkv;
+    let nsel = blocks.shape()[3];
+    let s = nsel * block as i32;
+    let i32s = |x: i32| Array::from_int(x);
+
+    // Token positions of the selected blocks [B,Hkv,T,S] and which of them may be attended.
+    let offsets = arange_i32(0, block)?.reshape(&[1, 1, 1, 1, -1])?;
+    let tok = blocks.expand_dims(-1)?.multiply(i32s(block as i32))?.add(&offsets)?.reshape(&[b, hkv, t, s])?;
+    let pos = arange_i32(first_pos, t as usize)?.reshape(&[1, 1, -1, 1])?;
+    let valid = blocks
+        .expand_dims(-1)?
+        .ge(i32s(0))?
+        .reshape(&[b, hkv, t, nsel, 1])?;
+    let valid = ops::broadcast_to(&valid, &[b, hkv, t, nsel, block as i32])?
+        .reshape(&[b, hkv, t, s])?
+        .logical_and(tok.le(&pos)?)?
+        .logical_and(tok.lt(i32s(kv_len))?)?;
+    let tok = ops::clip(&tok, (i32s(0), i32s(kv_len - 1)))?;
+
+    let gather = |x: &Array| -> Result<Array> {
+        let idx = tok.reshape(&[b, hkv, t * s, 1])?;
+        x.take_along_axis(&idx, 2)?.reshape(&[b, hkv, t, s, d])
+    };
+    let kg = gather(&k.as_dtype(Dtype::Float32)?)?;
+    let vg = gather(&v.as_dtype(Dtype::Float32)?)?;
+    let qg = q.as_dtype(Dtype::Float32)?.reshape(&[b, hkv, g, t, d])?.swap_axes(2, 3)?; // [B,Hkv,T,G,d]
+    let logits = qg.matmul(kg.swap_axes(3, 4)?)?.multiply(scalar(scale, Dtype::Float32)?)?; // [B,Hkv,T,G,S]
+    let logits = ops::select(
+        valid.reshape(&[b, hkv, t, 1, s])?,
+        logits,
+        scalar(f32::NEG_INFINITY, Dtype::Float32)?,
+    )?;
+    let probs = ops::softmax_axis(&logits, -1, None)?;
+    let out = probs.matmul(&vg)?; // [B,Hkv,T,G,d]
+    out.swap_axes(2, 3)?.reshape(&[b, hq, t, d])?.as_dtype(q.dtype())
+}

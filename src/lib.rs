@@ -1,0 +1,6 @@
+//! `sala`: MiniCPM-SALA (and friends) on MLX.
+
+pub mod cli;
+pub mod engine;
+pub mod kernels;
+pub mod models;

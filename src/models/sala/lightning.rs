@@ -1,0 +1,156 @@
+//! The "lightning-attn" layer: Simple GLA linear attention (spec §3.2).
+//!
+//!   q, k, v = x·Wq, x·Wk, x·Wv                       [T, H, d]
+//!   q, k    = RMSNorm_d(q), RMSNorm_d(k)              (qk_norm; one weight shared by all heads)
+//!   q, k    = RoPE(q, k) at positions P…P+T−1         (lightning_use_rope; rotate-half, θ)
+//!   S_t     = γ_h S_{t−1} + k_tᵀ v_t,  o_t = (q_t/√d) S_t     in float32, γ_h = exp(−ALiBi slope_h)
+//!   o       = RMSNorm_{H·d}(o) ⊙ σ(x·Wz)               (use_output_norm, use_output_gate)
+//!   y       = o·Wo
+//!
+//! The state S is float32 `[B, H, d, d]` and is carried across calls; prefill uses the chunked
+//! form, decode the recurrent step (both exact, see kernels::gla).
+
+use super::SalaConfig;
+use crate::engine::cache::RecurrentState;
+use crate::engine::config::ConfigFile;
+use crate::engine::error::Result;
+use crate::engine::weights::{TensorSpec, Weights};
+use crate::kernels::gla;
+use crate::models::layers::{sigmoid_gate, Linear, RmsNorm};
+use mlx_rs::{fast, Array, Dtype};
+
+#[derive(Debug, Clone)]
+pub struct LightningConfig {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Multiplier applied to q inside GLA (`lightning_scale`).
+    pub q_scale: f32,
+    pub use_rope: bool,
+    pub rope_theta: f32,
+    pub qk_norm: bool,
+    pub use_output_norm: bool,
+    pub use_output_gate: bool,
+}
+
+impl LightningConfig {
+    pub fn from_file(cfg: &ConfigFile) -> Result<Self> {
+        // The reference sizes these layers from num_attention_heads/head_dim; the lightning_* keys
+        // must agree with them.
+        let heads = cfg.usize("num_attention_heads")?;
+        let head_dim = cfg.usize("head_dim")?;
+        for (key, want) in [("lightning_nh", heads), ("lightning_nkv", heads), ("lightning_head_dim", head_dim)] {
+            let got = cfg.usize(key)?;
+            if got != want {
+                return Err(cfg.invalid(key, format!("is {got}, but only {want} is supported (num_attention_heads/head_dim)")));
+            }
+        }
+        let q_scale = match cfg.str("lightning_scale")? {
+            "1/sqrt(d)" => (head_dim as f32).powf(-0.5),
+            "1/d" => 1.0 / head_dim as f32,
+            _ => 1.0,
+        };
+        Ok(Self {
+            heads,
+            kv_heads: heads,
+            head_dim,
+            q_scale,
+            use_rope: cfg.bool("lightning_use_rope")?,
+            rope_theta: cfg.f64("rope_theta")? as f32,
+            qk_norm: cfg.bool("qk_norm")?,
+            use_output_norm: cfg.bool("use_output_norm")?,
+            use_output_gate: cfg.bool("use_output_gate")?,
+        })
+    }
+
+    pub fn tensor_specs(&self, prefix: &str, hidden: usize) -> Vec<TensorSpec> {
+        let inner = self.heads * self.head_dim;
+        let mut specs = vec![
+            TensorSpec::new(format!("{prefix}.q_proj.weight"), &[inner, hidden]),
+            TensorSpec::new(format!("{prefix}.k_proj.weight"), &[self.kv_heads * self.head_dim, hidden]),
+            TensorSpec::new(format!("{prefix}.v_proj.weight"), &[self.kv_heads * self.head_dim, hidden]),
+            TensorSpec::new(format!("{prefix}.o_proj.weight"), &[hidden, inner]),
+        ];
+        if self.use_output_gate {
+            specs.push(TensorSpec::new(format!("{prefix}.z_proj.weight"), &[inner, hidden]));
+        }
+        if self.qk_norm {
+            specs.push(TensorSpec::new(format!("{prefix}.q_norm.weight"), &[self.head_dim]));
+            specs.push(TensorSpec::new(format!("{prefix}.k_norm.weight"), &[self.head_dim]));
+        }
+        if self.use_output_norm {
+            specs.push(TensorSpec::new(format!("{prefix}.o_norm.weight"), &[inner]));
+        }
+        specs
+    }
+}
+
+pub struct LightningAttention {
+    cfg: LightningConfig,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    z_proj: Option<Linear>,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    o_norm: Option<RmsNorm>,
+    /// Per-head decay rates s_h (γ_h = exp(−s_h)), the same in every layer.
+    slopes: Array,
+}
+
+impl LightningAttention {
+    pub fn load(weights: &mut Weights, prefix: &str, config: &SalaConfig, dtype: Dtype) -> Result<Self> {
+        let cfg = config.lightning.clone();
+        let eps = config.rms_norm_eps;
+        let linear = |w: &mut Weights, name: &str| Linear::load(w, &format!("{prefix}.{name}"), dtype);
+        let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{prefix}.{name}"), eps, dtype);
+        Ok(Self {
+            q_proj: linear(weights, "q_proj")?,
+            k_proj: linear(weights, "k_proj")?,
+            v_proj: linear(weights, "v_proj")?,
+            o_proj: linear(weights, "o_proj")?,
+            z_proj: if cfg.use_output_gate { Some(linear(weights, "z_proj")?) } else { None },
+            q_norm: if cfg.qk_norm { Some(norm(weights, "q_norm")?) } else { None },
+            k_norm: if cfg.qk_norm { Some(norm(weights, "k_norm")?) } else { None },
+            o_norm: if cfg.use_output_norm { Some(norm(weights, "o_norm")?) } else { None },
+            slopes: Array::from_slice(&gla::alibi_slopes(cfg.heads), &[cfg.heads as i32]),
+            cfg,
+        })
+    }
+
+    /// `x`: the normed hidden state `[B, T, hidden]`.
+    pub fn forward(&self, x: &Array, cache: &mut RecurrentState) -> Result<Array> {
+        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let (h, d) = (self.cfg.heads as i32, self.cfg.head_dim as i32);
+        let heads = |proj: &Linear, norm: &Option<RmsNorm>| -> Result<Array> {
+            let mut y = proj.forward(x)?.reshape(&[b, t, h, d])?;
+            if let Some(norm) = norm {
+                y = norm.forward(&y)?;
+            }
+            Ok(y.swap_axes(1, 2)?) // [B, H, T, d]
+        };
+        let mut q = heads(&self.q_proj, &self.q_norm)?;
+        let mut k = heads(&self.k_proj, &self.k_norm)?;
+        let v = heads(&self.v_proj, &None)?;
+        if self.cfg.use_rope {
+            let offset = cache.len as i32;
+            q = fast::rope(&q, d, false, self.cfg.rope_theta, 1.0, offset, None)?;
+            k = fast::rope(&k, d, false, self.cfg.rope_theta, 1.0, offset, None)?;
+        }
+        let f32 = |a: &Array| a.as_dtype(Dtype::Float32);
+        let (o, state) =
+            gla::simple_gla(&f32(&q)?, &f32(&k)?, &f32(&v)?, &self.slopes, cache.state.as_ref(), self.cfg.q_scale)?;
+        cache.state = Some(state);
+        cache.len += t as usize;
+
+        let mut o = o.as_dtype(x.dtype())?.swap_axes(1, 2)?.reshape(&[b, t, h * d])?;
+        if let Some(norm) = &self.o_norm {
+            o = norm.forward(&o)?;
+        }
+        if let Some(z) = &self.z_proj {
+            o = sigmoid_gate(&o, &z.forward(x)?)?;
+        }
+        self.o_proj.forward(&o)
+    }
+}

@@ -1,0 +1,265 @@
+//! MiniCPM-SALA: a pre-norm decoder whose layers mix InfLLM-V2 sparse softmax attention
+//! ([`sparse`], "minicpm4") with Simple-GLA linear attention ([`lightning`], "lightning-attn"),
+//! using MiniCPM's muP scalings. Spec: ../shared/docs/sala-architecture.md §1–§3.
+//!
+//!   h = Embed[ids] · scale_emb
+//!   per layer:  h += α · Mixer(RMSNorm(h));  h += α · MLP(RMSNorm(h))      α = scale_depth/√L
+//!   logits = (RMSNorm(h) / (hidden/dim_model_base)) · W_lmᵀ
+
+pub mod lightning;
+pub mod sparse;
+
+use crate::engine::cache::{KvCache, LayerCache, ModelCache, RecurrentState};
+use crate::engine::config::ConfigFile;
+use crate::engine::error::{Error, Result};
+use crate::engine::model::{LanguageModel, Logits, ModelInfo, Trace};
+use crate::engine::weights::{TensorSpec, Weights};
+use crate::models::layers::{scale, Linear, Mlp, RmsNorm};
+use lightning::{LightningAttention, LightningConfig};
+use mlx_rs::{ops::indexing::TryIndexOp, Array, Dtype};
+use sparse::{SparseAttention, SparseConfig};
+
+pub const MODEL_TYPE: &str = "minicpm_sala";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mixer {
+    /// "minicpm4": NoPE GQA softmax attention, dense below `dense_len`, InfLLM-V2 above.
+    Sparse,
+    /// "lightning-attn": Simple GLA with RoPE, QK-norm, output norm and gate.
+    Lightning,
+}
+
+#[derive(Debug, Clone)]
+pub struct SalaConfig {
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f32,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    pub scale_emb: f32,
+    pub scale_depth: f32,
+    pub dim_model_base: f32,
+    pub bos_token_id: u32,
+    pub eos_token_ids: Vec<u32>,
+    pub mixers: Vec<Mixer>,
+    pub sparse: SparseConfig,
+    pub lightning: LightningConfig,
+}
+
+impl SalaConfig {
+    pub fn from_file(cfg: &ConfigFile) -> Result<Self> {
+        let model_type = cfg.str("model_type")?;
+        if model_type != MODEL_TYPE {
+            return Err(Error::UnsupportedModel {
+                path: cfg.path.clone(),
+                model_type: model_type.into(),
+                supported: MODEL_TYPE.into(),
+            });
+        }
+        let num_layers = cfg.usize("num_hidden_layers")?;
+        let mixers = cfg
+            .root()
+            .strings("mixer_types")?
+            .iter()
+            .enumerate()
+            .map(|(i, m)| match *m {
+                "minicpm4" => Ok(Mixer::Sparse),
+                "lightning" | "lightning_attn" | "lightning-attn" => Ok(Mixer::Lightning),
+                other => Err(cfg.invalid(
+                    &format!("mixer_types[{i}]"),
+                    format!("unknown mixer type `{other}` (expected `minicpm4` or `lightning-attn`)"),
+                )),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if mixers.len() != num_layers {
+            return Err(cfg.invalid(
+                "mixer_types",
+                format!("has {} entries but num_hidden_layers is {num_layers}", mixers.len()),
+            ));
+        }
+        if mixers[0] != Mixer::Sparse {
+            return Err(cfg.invalid("mixer_types[0]", "layer 0 must be `minicpm4` (as in the reference)"));
+        }
+        if cfg.opt("rope_scaling").is_some() {
+            return Err(cfg.invalid("rope_scaling", "must be null: MiniCPM-SALA uses plain RoPE"));
+        }
+        let hidden_size = cfg.usize("hidden_size")?;
+        let config = Self {
+            hidden_size,
+            intermediate_size: cfg.usize("intermediate_size")?,
+            num_layers,
+            vocab_size: cfg.usize("vocab_size")?,
+            rms_norm_eps: cfg.f64("rms_norm_eps")? as f32,
+            max_position_embeddings: cfg.usize("max_position_embeddings")?,
+            tie_word_embeddings: cfg.bool("tie_word_embeddings")?,
+            scale_emb: cfg.f64("scale_emb")? as f32,
+            scale_depth: cfg.f64("scale_depth")? as f32,
+            dim_model_base: cfg.f64("dim_model_base")? as f32,
+            bos_token_id: cfg.usize("bos_token_id")? as u32,
+            eos_token_ids: cfg.token_ids("eos_token_id")?,
+            mixers,
+            sparse: SparseConfig::from_file(cfg)?,
+            lightning: LightningConfig::from_file(cfg)?,
+        };
+        Ok(config)
+    }
+
+    /// α = scale_depth / √num_layers.
+    pub fn residual_scale(&self) -> f32 {
+        self.scale_depth / (self.num_layers as f32).sqrt()
+    }
+
+    /// Every tensor the checkpoint must hold, with its shape.
+    pub fn tensor_specs(&self) -> Vec<TensorSpec> {
+        let (h, f, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let mut specs = vec![TensorSpec::new("model.embed_tokens.weight", &[v, h]), TensorSpec::new("model.norm.weight", &[h])];
+        if !self.tie_word_embeddings {
+            specs.push(TensorSpec::new("lm_head.weight", &[v, h]));
+        }
+        for (i, mixer) in self.mixers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            specs.push(TensorSpec::new(format!("{p}.input_layernorm.weight"), &[h]));
+            specs.push(TensorSpec::new(format!("{p}.post_attention_layernorm.weight"), &[h]));
+            specs.push(TensorSpec::new(format!("{p}.mlp.gate_proj.weight"), &[f, h]));
+            specs.push(TensorSpec::new(format!("{p}.mlp.up_proj.weight"), &[f, h]));
+            specs.push(TensorSpec::new(format!("{p}.mlp.down_proj.weight"), &[h, f]));
+            let attn = format!("{p}.self_attn");
+            match mixer {
+                Mixer::Sparse => specs.extend(self.sparse.tensor_specs(&attn, h)),
+                Mixer::Lightning => specs.extend(self.lightning.tensor_specs(&attn, h)),
+            }
+        }
+        specs
+    }
+}
+
+enum MixerLayer {
+    Sparse(SparseAttention),
+    Lightning(LightningAttention),
+}
+
+struct DecoderLayer {
+    input_norm: RmsNorm,
+    post_norm: RmsNorm,
+    mixer: MixerLayer,
+    mlp: Mlp,
+}
+
+pub struct SalaModel {
+    pub config: SalaConfig,
+    info: ModelInfo,
+    embed_tokens: Array,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+}
+
+impl SalaModel {
+    pub fn load(cfg: &ConfigFile, weights: &mut Weights, dtype: Option<Dtype>) -> Result<Self> {
+        let config = SalaConfig::from_file(cfg)?;
+        let specs = config.tensor_specs();
+        weights.check(&specs, MODEL_TYPE)?;
+        let dtype = dtype.or_else(|| weights.storage_dtype()).unwrap_or(Dtype::Bfloat16);
+        let eps = config.rms_norm_eps;
+        let mut layers = Vec::with_capacity(config.num_layers);
+        for (i, mixer) in config.mixers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let attn = format!("{p}.self_attn");
+            layers.push(DecoderLayer {
+                input_norm: RmsNorm::load(weights, &format!("{p}.input_layernorm"), eps, dtype)?,
+                post_norm: RmsNorm::load(weights, &format!("{p}.post_attention_layernorm"), eps, dtype)?,
+                mixer: match mixer {
+                    Mixer::Sparse => MixerLayer::Sparse(SparseAttention::load(weights, &attn, &config, dtype)?),
+                    Mixer::Lightning => {
+                        MixerLayer::Lightning(LightningAttention::load(weights, &attn, &config, dtype)?)
+                    }
+                },
+                mlp: Mlp::load(weights, &format!("{p}.mlp"), dtype)?,
+            });
+        }
+        let n_params = weights.infos().values().map(|i| i.shape.iter().map(|&d| d as usize).product::<usize>()).sum();
+        let info = ModelInfo {
+            model_type: MODEL_TYPE.into(),
+            vocab_size: config.vocab_size,
+            max_context: config.max_position_embeddings,
+            bos_token_id: Some(config.bos_token_id),
+            eos_token_ids: config.eos_token_ids.clone(),
+            dtype,
+            n_params,
+        };
+        Ok(Self {
+            embed_tokens: weights.get("model.embed_tokens.weight", dtype)?,
+            norm: RmsNorm::load(weights, "model.norm", eps, dtype)?,
+            lm_head: if config.tie_word_embeddings { None } else { Some(Linear::load(weights, "lm_head", dtype)?) },
+            layers,
+            config,
+            info,
+        })
+    }
+}
+
+impl LanguageModel for SalaModel {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_cache(&self) -> ModelCache {
+        let layers = self
+            .config
+            .mixers
+            .iter()
+            .map(|m| match m {
+                Mixer::Sparse => LayerCache::Attention(KvCache::default()),
+                Mixer::Lightning => LayerCache::Recurrent(RecurrentState::default()),
+            })
+            .collect();
+        ModelCache { layers }
+    }
+
+    fn forward(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        logits: Logits,
+        mut trace: Option<&mut Trace>,
+    ) -> Result<Array> {
+        let alpha = self.config.residual_scale();
+        let mut h = scale(&self.embed_tokens.take_axis(tokens, 0)?, self.config.scale_emb)?;
+        if let Some(t) = trace.as_deref_mut() {
+            t.record("hidden.embeddings", &h);
+        }
+        for (i, (layer, state)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
+            let x = layer.input_norm.forward(&h)?;
+            let mixed = match (&layer.mixer, state) {
+                (MixerLayer::Sparse(attn), LayerCache::Attention(kv)) => attn.forward(&x, kv, i, trace.as_deref_mut())?,
+                (MixerLayer::Lightning(attn), LayerCache::Recurrent(s)) => attn.forward(&x, s)?,
+                _ => return Err(Error::Usage(format!("layer {i}: cache does not belong to this model"))),
+            };
+            h = h.add(scale(&mixed, alpha)?)?;
+            let x = layer.post_norm.forward(&h)?;
+            h = h.add(scale(&layer.mlp.forward(&x)?, alpha)?)?;
+            if let Some(t) = trace.as_deref_mut() {
+                t.record(format!("hidden.mixer_out.{i}"), &mixed);
+                t.record(format!("hidden.layer_out.{i}"), &h);
+            }
+        }
+        let mut h = self.norm.forward(&h)?;
+        if let Some(t) = trace.as_deref_mut() {
+            t.record("hidden.final_norm", &h);
+        }
+        if logits == Logits::Last {
+            let t = h.shape()[1];
+            h = h.try_index((.., t - 1..t, ..))?;
+        }
+        let divisor = self.config.hidden_size as f32 / self.config.dim_model_base;
+        let h = h.divide(crate::engine::ops::scalar(divisor, h.dtype())?)?;
+        let out = match &self.lm_head {
+            Some(head) => head.forward(&h)?,
+            None => h.matmul(self.embed_tokens.t())?,
+        };
+        let t = out.shape()[1];
+        Ok(out.reshape(&[t, -1])?.as_dtype(Dtype::Float32)?)
+    }
+}

@@ -1,0 +1,186 @@
+//! The "minicpm4" layer: NoPE GQA softmax attention with a sigmoid output gate (spec §3.3–§3.4).
+//!
+//!   q = x·Wq [T, Hq, d];  k, v = x·Wk, x·Wv [T, Hkv, d]      no RoPE, no QK-norm
+//!   append k, v to the cache;  L = P + T
+//!   L <  dense_len:  causal softmax attention (bottom-right aligned), query head g reads KV head g/(Hq/Hkv)
+//!   L ≥ dense_len:   InfLLM-V2 — per KV group choose `topk` 64-token blocks per query from the
+//!                    compressed keys (level 1: mean of 32 keys every 16; level 2: 128 every 64),
+//!                    block 0 and the local window always included; attend to those blocks only
+//!   y = (o ⊙ σ(x·W_ogate))·Wo
+//!
+//! HF picks dense or sparse per forward call from L, so every query of a call that reaches
+//! dense_len is sparse (for queries before 6144 tokens both are the same).
+
+use super::SalaConfig;
+use crate::engine::cache::KvCache;
+use crate::engine::config::ConfigFile;
+use crate::engine::error::Result;
+use crate::engine::model::Trace;
+use crate::engine::weights::{TensorSpec, Weights};
+use crate::kernels::sparse::{block_sparse_attention, select_blocks, BlockSelection};
+use crate::models::layers::{sigmoid_gate, Linear};
+use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, ops, ops::indexing::TryIndexOp, Array, Dtype};
+
+/// The level-2 compressed keys use 4× the level-1 window and stride (hard-coded in the reference).
+const LEVEL2_FACTOR: usize = 4;
+/// Queries handled together in the sparse path (bounds the stage-1 score memory).
+const SPARSE_QUERY_CHUNK: i32 = 512;
+
+#[derive(Debug, Clone)]
+pub struct SparseConfig {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub use_output_gate: bool,
+    pub dense_len: usize,
+    pub selection: BlockSelection,
+}
+
+impl SparseConfig {
+    pub fn from_file(cfg: &ConfigFile) -> Result<Self> {
+        if cfg.bool("attn_use_rope")? {
+            return Err(cfg.invalid("attn_use_rope", "must be false: the minicpm4 layers are NoPE"));
+        }
+        let heads = cfg.usize("num_attention_heads")?;
+        let kv_heads = cfg.usize("num_key_value_heads")?;
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(cfg.invalid("num_key_value_heads", format!("must divide num_attention_heads ({heads})")));
+        }
+        let s = cfg.section("sparse_config")?;
+        let block = s.usize("block_size")?;
+        let kernel = s.usize("kernel_size")?;
+        let stride = s.usize("kernel_stride")?;
+        let window = s.usize("window_size")?;
+        let dense_len = s.usize("dense_len")?;
+        s.bool("use_nope")?; // Only matters with RoPE in these layers, which they never have.
+        let bad = |key: &str, msg: &str| cfg.invalid(&format!("sparse_config.{key}"), msg);
+        if stride == 0 || kernel % stride != 0 || block % stride != 0 {
+            return Err(bad("kernel_stride", "kernel_size and block_size must be multiples of kernel_stride"));
+        }
+        if block == 0 || window % block != 0 {
+            return Err(bad("window_size", "must be a multiple of block_size"));
+        }
+        if dense_len < kernel * LEVEL2_FACTOR {
+            return Err(bad("dense_len", "must be at least 4 × kernel_size (one level-2 window)"));
+        }
+        let local_blocks = window / block;
+        Ok(Self {
+            heads,
+            kv_heads,
+            head_dim: cfg.usize("head_dim")?,
+            use_output_gate: cfg.bool("attn_use_output_gate")?,
+            dense_len,
+            selection: BlockSelection {
+                block,
+                kernel,
+                stride,
+                kernel2: kernel * LEVEL2_FACTOR,
+                stride2: stride * LEVEL2_FACTOR,
+                init_blocks: s.usize("init_blocks")?,
+                local_blocks,
+                topk: s.usize("topk")? + local_blocks,
+            },
+        })
+    }
+
+    pub fn tensor_specs(&self, prefix: &str, hidden: usize) -> Vec<TensorSpec> {
+        let (q, kv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let mut specs = vec![
+            TensorSpec::new(format!("{prefix}.q_proj.weight"), &[q, hidden]),
+            TensorSpec::new(format!("{prefix}.k_proj.weight"), &[kv, hidden]),
+            TensorSpec::new(format!("{prefix}.v_proj.weight"), &[kv, hidden]),
+            TensorSpec::new(format!("{prefix}.o_proj.weight"), &[hidden, q]),
+        ];
+        if self.use_output_gate {
+            specs.push(TensorSpec::new(format!("{prefix}.o_gate.weight"), &[q, hidden]));
+        }
+        specs
+    }
+}
+
+pub struct SparseAttention {
+    cfg: SparseConfig,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    o_gate: Option<Linear>,
+}
+
+impl SparseAttention {
+    pub fn load(weights: &mut Weights, prefix: &str, config: &SalaConfig, dtype: Dtype) -> Result<Self> {
+        let linear = |w: &mut Weights, name: &str| Linear::load(w, &format!("{prefix}.{name}"), dtype);
+        let cfg = config.sparse.clone();
+        Ok(Self {
+            q_proj: linear(weights, "q_proj")?,
+            k_proj: linear(weights, "k_proj")?,
+            v_proj: linear(weights, "v_proj")?,
+            o_proj: linear(weights, "o_proj")?,
+            o_gate: if cfg.use_output_gate { Some(linear(weights, "o_gate")?) } else { None },
+            cfg,
+        })
+    }
+
+    /// `x`: the normed hidden state `[B, T, hidden]`. Records the block selection under
+    /// `sparse.layer{i}.blocks` / `.block_scores` when tracing.
+    pub fn forward(&self, x: &Array, cache: &mut KvCache, layer: usize, trace: Option<&mut Trace>) -> Result<Array> {
+        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let (hq, hkv, d) = (self.cfg.heads as i32, self.cfg.kv_heads as i32, self.cfg.head_dim as i32);
+        let q = self.q_proj.forward(x)?.reshape(&[b, t, hq, d])?.swap_axes(1, 2)?;
+        let k = self.k_proj.forward(x)?.reshape(&[b, t, hkv, d])?.swap_axes(1, 2)?;
+        let v = self.v_proj.forward(x)?.reshape(&[b, t, hkv, d])?.swap_axes(1, 2)?;
+        let past = cache.len();
+        let (keys, values) = cache.append(&k, &v)?;
+        let kv_len = past + t as usize;
+        let scale = (d as f32).powf(-0.5);
+
+        let o = if kv_len < self.cfg.dense_len {
+            let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
+            fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?
+        } else {
+            self.sparse_attention(&q, &keys, &values, cache, past, layer, trace)?
+        };
+        let mut o = o.swap_axes(1, 2)?.reshape(&[b, t, hq * d])?;
+        if let Some(gate) = &self.o_gate {
+            o = sigmoid_gate(&o, &gate.forward(x)?)?;
+        }
+        self.o_proj.forward(&o)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn sparse_attention(
+        &self,
+        q: &Array,
+        keys: &Array,
+        values: &Array,
+        cache: &mut KvCache,
+        past: usize,
+        layer: usize,
+        mut trace: Option<&mut Trace>,
+    ) -> Result<Array> {
+        let sel = &self.cfg.selection;
+        let c1 = cache.pooled_keys(sel.kernel, sel.stride)?;
+        let c2 = cache.pooled_keys(sel.kernel2, sel.stride2)?;
+        let (Some(c1), Some(c2)) = (c1, c2) else {
+            unreachable!("dense_len ≥ one level-2 window, so both levels exist here")
+        };
+        let kv_len = keys.shape()[2] as usize;
+        let t = q.shape()[2];
+        let scale = (q.shape()[3] as f32).powf(-0.5);
+        let mut outputs = Vec::new();
+        let mut start = 0;
+        while start < t {
+            let end = (start + SPARSE_QUERY_CHUNK).min(t);
+            let qc = q.try_index((.., .., start..end, ..))?;
+            let first = past + start as usize;
+            let selected = select_blocks(&qc, &c1, &c2, first, kv_len, sel, q.dtype())?;
+            if let Some(tr) = trace.as_deref_mut() {
+                tr.record(format!("sparse.layer{layer}.blocks"), &selected.blocks);
+                tr.record(format!("sparse.layer{layer}.block_scores"), &selected.scores);
+            }
+            outputs.push(block_sparse_attention(&qc, keys, values, &selected.blocks, first, sel.block, scale)?);
+            start = end;
+        }
+        Ok(if outputs.len() == 1 { outputs.pop().unwrap() } else { ops::concatenate(&outputs, 2)? })
+    }
+}
