@@ -1,0 +1,303 @@
+//! Parity with the official reference implementation: every case in ../shared/golden, through the
+//! public engine API (prefill logits, hidden states, InfLLM-V2 block selections, decode logits,
+//! multi-turn extension) and through `sala run`.
+//!
+//! SALA_TEST_DEVICE=gpu runs them on the GPU (f32 matmuls there use TF32, hence a looser f32
+//! tolerance).
+
+mod common;
+
+use common::*;
+use mlx_rs::{Array, Dtype};
+use sala::engine::device::{self, DeviceKind};
+use sala::engine::model::{LanguageModel, Logits, Trace};
+use sala::engine::ops::{to_vec_f32, to_vec_i32};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// MLX's default device is process-global: run the cases one at a time.
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn on_gpu() -> bool {
+    std::env::var("SALA_TEST_DEVICE").is_ok_and(|d| d == "gpu")
+}
+
+/// Largest allowed |Δlogit| (and, scaled, hidden-state error).
+fn tolerance(dtype: &str, sparse: bool) -> f64 {
+    match (dtype, on_gpu()) {
+        ("f32", false) => 1e-4,
+        ("f32", true) => 2e-2,
+        // Rounding points differ between implementations in bf16 (README: "a few 1e-2"); in the
+        // sparse regime a bf16 near-tie can also flip one block (the case's own bf16-vs-f32
+        // logits differ by 2.15), which moved one prefill row by 0.18 here.
+        _ if sparse => 0.25,
+        _ => 0.15,
+    }
+}
+
+fn dtype_of(name: &str) -> Dtype {
+    if name == "f32" {
+        Dtype::Float32
+    } else {
+        Dtype::Bfloat16
+    }
+}
+
+struct Run {
+    model: Box<dyn LanguageModel>,
+    cache: sala::engine::cache::ModelCache,
+}
+
+impl Run {
+    fn new(case: &str, dtype: &str) -> Self {
+        device::select(Some(if on_gpu() { DeviceKind::Gpu } else { DeviceKind::Cpu })).unwrap();
+        let model = sala::models::load(&golden(case), Some(dtype_of(dtype))).unwrap();
+        let cache = model.new_cache();
+        Self { model, cache }
+    }
+
+    /// One forward call over `ids`; all logits rows and the trace.
+    fn forward(&mut self, ids: &[u32], logits: Logits) -> (Vec<Vec<f64>>, Trace) {
+        let input: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+        let input = Array::from_slice(&input, &[1, input.len() as i32]);
+        let mut trace = Trace::default();
+        let out = self.model.forward(&input, &mut self.cache, logits, Some(&mut trace)).unwrap();
+        let vocab = out.shape()[1] as usize;
+        let flat: Vec<f64> = to_vec_f32(&out).unwrap().into_iter().map(f64::from).collect();
+        (flat.chunks(vocab).map(<[f64]>::to_vec).collect(), trace)
+    }
+}
+
+fn check_rows(what: &str, got: &[Vec<f64>], want: &Tensor, rows: &[usize], tol: f64) {
+    for (i, &r) in rows.iter().enumerate() {
+        let (g, w) = (&got[r], want.row(i));
+        let diff = max_abs_diff(g, w);
+        assert!(diff <= tol, "{what}: row {i} (position {r}) differs by {diff} > {tol}");
+        if top2_gap(w) > 2.0 * tol {
+            assert_eq!(argmax(g), argmax(w), "{what}: row {i}: argmax differs");
+        }
+    }
+}
+
+fn check_tensor(what: &str, got: &Array, want: &Tensor, tol: f64) {
+    let g: Vec<f64> = to_vec_f32(got).unwrap().into_iter().map(f64::from).collect();
+    assert_eq!(g.len(), want.data.len(), "{what}: size");
+    let scale = want.data.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+    let diff = max_abs_diff(&g, &want.data);
+    assert!(diff <= tol * scale, "{what}: differs by {diff} (values up to {scale}, tolerance {tol} relative)");
+}
+
+/// Compares block selections row by row (as sets); returns the number of differing rows.
+fn selection_mismatches(got: &[i32], want: &[f64], k: usize) -> usize {
+    got.chunks(k)
+        .zip(want.chunks(k))
+        .filter(|(g, w)| {
+            let mut g: Vec<i64> = g.iter().map(|&x| x as i64).collect();
+            let mut w: Vec<i64> = w.iter().map(|&x| x as i64).collect();
+            g.sort();
+            w.sort();
+            g != w
+        })
+        .count()
+}
+
+fn check_block_scores(what: &str, got: &[f32], want: &[f64], tol: f64) {
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if w.is_nan() {
+            continue;
+        }
+        if w.is_infinite() {
+            assert_eq!(g as f64, w, "{what}[{i}]");
+        } else {
+            assert!((g as f64 - w).abs() <= tol * w.abs().max(1e-3), "{what}[{i}]: {g} vs {w}");
+        }
+    }
+}
+
+fn run_case(case: &str, dt: &str) {
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let exp = read_safetensors(&golden(case).join("expected.safetensors"));
+    let toks = tokens(case);
+    let sparse_case = exp.keys().any(|k| k.contains(".sparse."));
+    let tol = tolerance(dt, sparse_case);
+    let key = |k: &str| format!("{dt}.{k}");
+    let mut run = Run::new(case, dt);
+
+    // Prefill: the whole prompt in one forward call, as the reference did.
+    let prompt = ids(&toks, "prompt_ids");
+    let (logits, trace) = run.forward(&prompt, Logits::All);
+    if let Some(want) = exp.get(&key("prefill.logits")) {
+        check_rows("prefill.logits", &logits, want, &(0..prompt.len()).collect::<Vec<_>>(), tol);
+    }
+    if let Some(want) = exp.get(&key("prefill.logits_at_positions")) {
+        let positions: Vec<usize> = exp["prefill.positions"].data.iter().map(|&p| p as usize).collect();
+        check_rows("prefill.logits_at_positions", &logits, want, &positions, tol);
+    }
+    let last = exp[&key("prefill.last_logits")].data.clone();
+    let last = Tensor { shape: vec![1, last.len()], data: last };
+    check_rows("prefill.last_logits", &logits, &last, &[prompt.len() - 1], tol);
+
+    // Hidden states (where the case stores them).
+    if let Some(want) = exp.get(&key("hidden.embeddings")) {
+        check_tensor("hidden.embeddings", trace.get("hidden.embeddings").unwrap(), want, tol);
+        check_tensor("hidden.final_norm", trace.get("hidden.final_norm").unwrap(), &exp[&key("hidden.final_norm")], tol);
+        for name in ["layer_out", "mixer_out"] {
+            let want = &exp[&key(&format!("hidden.{name}"))];
+            let per_layer: usize = want.shape[1..].iter().product();
+            for layer in 0..want.shape[0] {
+                let w = Tensor { shape: want.shape[1..].to_vec(), data: want.data[layer * per_layer..(layer + 1) * per_layer].to_vec() };
+                check_tensor(&format!("hidden.{name}[{layer}]"), trace.get(&format!("hidden.{name}.{layer}")).unwrap(), &w, tol);
+            }
+        }
+    }
+
+    // InfLLM-V2 block selection of the prefill (sparse cases).
+    let sparse_layers: Vec<usize> = (0..64).filter(|l| exp.contains_key(&key(&format!("sparse.layer{l}.prefill_topk_idx")))).collect();
+    // f32 must pick exactly the reference's blocks; bf16 scores tie far more often (they are
+    // stored in bf16), so a few rows may break a near-tie the other way.
+    let allowed_mismatch = |rows: usize| if dt == "f32" { 0 } else { rows / 20 };
+    for &l in &sparse_layers {
+        let want = &exp[&key(&format!("sparse.layer{l}.prefill_topk_idx"))];
+        let k = want.shape[2];
+        // Recorded per query chunk as [1, Hkv, t, K]: put the chunks side by side per head.
+        let chunks: Vec<Array> = trace.all(&format!("sparse.layer{l}.blocks")).into_iter().cloned().collect();
+        assert!(!chunks.is_empty(), "layer {l}: no sparse path ran");
+        let got = to_vec_i32(&mlx_rs::ops::concatenate(&chunks, 2).unwrap()).unwrap();
+        let bad = selection_mismatches(&got, &want.data, k);
+        let rows = want.data.len() / k;
+        assert!(bad <= allowed_mismatch(rows), "layer {l}: {bad} of {rows} prefill selections differ");
+
+        let scores = trace.all(&format!("sparse.layer{l}.block_scores"));
+        let last_chunk = scores.last().unwrap();
+        let t = last_chunk.shape()[2];
+        let last_row = last_chunk.index_last_query(t);
+        check_block_scores(&format!("layer {l} prefill_last_block_score"), &last_row, &exp[&key(&format!("sparse.layer{l}.prefill_last_block_score"))].data, if dt == "f32" { 1e-4 } else { 6e-2 });
+    }
+
+    // Decode steps, teacher-forced with the reference's greedy tokens.
+    let decode = ids(&toks, "decode_input_ids");
+    let want = &exp[&key("decode.logits")];
+    let mut decode_selections: HashMap<usize, Vec<(Vec<i32>, Vec<f32>)>> = HashMap::new();
+    for (i, &id) in decode.iter().enumerate() {
+        let (got, trace) = run.forward(&[id], Logits::Last);
+        let row = Tensor { shape: vec![1, want.shape[1]], data: want.row(i).to_vec() };
+        check_rows(&format!("decode step {i}"), &got, &row, &[0], tol);
+        for &l in &sparse_layers {
+            let blocks = to_vec_i32(trace.get(&format!("sparse.layer{l}.blocks")).unwrap()).unwrap();
+            let scores = to_vec_f32(trace.get(&format!("sparse.layer{l}.block_scores")).unwrap()).unwrap();
+            decode_selections.entry(l).or_default().push((blocks, scores));
+        }
+    }
+    for &l in &sparse_layers {
+        let steps: Vec<usize> = exp[&key("sparse.decode_steps")].data.iter().map(|&s| s as usize).collect();
+        let want_idx = &exp[&key(&format!("sparse.layer{l}.decode_topk_idx"))];
+        let want_scores = &exp[&key(&format!("sparse.layer{l}.decode_block_score"))];
+        let k = want_idx.shape[2];
+        let mut bad = 0;
+        for (j, &step) in steps.iter().enumerate() {
+            let (blocks, scores) = &decode_selections[&l][step];
+            bad += selection_mismatches(blocks, want_idx.row(j), k);
+            let per_head = want_scores.shape[2];
+            let nb = scores.len() / want_idx.shape[1];
+            for h in 0..want_idx.shape[1] {
+                let w = &want_scores.row(j)[h * per_head..h * per_head + nb];
+                check_block_scores(&format!("layer {l} decode {step} head {h} block scores"), &scores[h * nb..(h + 1) * nb], w, if dt == "f32" { 1e-4 } else { 6e-2 });
+            }
+        }
+        assert!(bad <= allowed_mismatch(steps.len() * want_idx.shape[1]), "layer {l}: {bad} decode selections differ");
+    }
+
+    // Second turn: a multi-token forward on a non-empty cache, then more decode steps.
+    if let Some(want) = exp.get(&key("extension.logits")) {
+        let extension = ids(&toks, "extension_ids");
+        let (got, _) = run.forward(&extension, Logits::All);
+        check_rows("extension.logits", &got, want, &(0..extension.len()).collect::<Vec<_>>(), tol);
+        let want = &exp[&key("decode2.logits")];
+        for (i, &id) in ids(&toks, "decode2_input_ids").iter().enumerate() {
+            let (got, _) = run.forward(&[id], Logits::Last);
+            let row = Tensor { shape: vec![1, want.shape[1]], data: want.row(i).to_vec() };
+            check_rows(&format!("decode2 step {i}"), &got, &row, &[0], tol);
+        }
+    }
+}
+
+trait LastQuery {
+    fn index_last_query(&self, t: i32) -> Vec<f32>;
+}
+
+impl LastQuery for Array {
+    /// Scores `[1, Hkv, t, nb]` of the last query, head-major.
+    fn index_last_query(&self, t: i32) -> Vec<f32> {
+        use mlx_rs::ops::indexing::TryIndexOp;
+        to_vec_f32(&self.try_index((.., .., t - 1, ..)).unwrap()).unwrap()
+    }
+}
+
+#[test]
+fn a_dense_f32() {
+    run_case("A_dense_f32", "f32");
+}
+
+#[test]
+fn b_chunk_boundary_f32() {
+    run_case("B_chunk_boundary", "f32");
+}
+
+#[test]
+fn b_chunk_boundary_bf16() {
+    run_case("B_chunk_boundary", "bf16");
+}
+
+#[test]
+fn c_sparse_prefill_f32() {
+    run_case("C_sparse_prefill", "f32");
+}
+
+#[test]
+fn c_sparse_prefill_bf16() {
+    run_case("C_sparse_prefill", "bf16");
+}
+
+#[test]
+fn d_two_turn_f32() {
+    run_case("D_two_turn", "f32");
+}
+
+/// `sala run --input-ids … --temperature 0 --ignore-eos --logits-out` reproduces each case's
+/// greedy ids and its prefill + decode logits (the primary f32 run).
+#[test]
+fn sala_run_reproduces_golden_logits() {
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("sala-golden-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for case in ["A_dense_f32", "B_chunk_boundary", "C_sparse_prefill", "D_two_turn"] {
+        let toks = tokens(case);
+        let exp = read_safetensors(&golden(case).join("expected.safetensors"));
+        let prompt = ids(&toks, "prompt_ids");
+        let decode = ids(&toks, "decode_input_ids");
+        let out_file = dir.join(format!("{case}.safetensors"));
+        let ids_arg = prompt.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        let device = if on_gpu() { "gpu" } else { "cpu" };
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_sala"))
+            .args(["run", "--model"])
+            .arg(golden(case))
+            .args(["--input-ids", &ids_arg, "--temperature", "0", "--ignore-eos", "--json", "--dtype", "f32", "--device", device])
+            .args(["--max-tokens", &(decode.len() + 1).to_string(), "--logits-out"])
+            .arg(&out_file)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{case}: {}", String::from_utf8_lossy(&output.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let generated: Vec<u32> = json["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        assert_eq!(&generated[..decode.len()], &decode[..], "{case}: greedy ids");
+        let got = &read_safetensors(&out_file)["logits"];
+        assert_eq!(got.shape, vec![decode.len() + 1, exp["f32.decode.logits"].shape[1]], "{case}: logits shape");
+        let tol = tolerance("f32", true);
+        assert!(max_abs_diff(got.row(0), &exp["f32.prefill.last_logits"].data) <= tol, "{case}: row 0 (prefill)");
+        for i in 0..decode.len() {
+            let diff = max_abs_diff(got.row(i + 1), exp["f32.decode.logits"].row(i));
+            assert!(diff <= tol, "{case}: row {} differs by {diff}", i + 1);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
