@@ -1,0 +1,188 @@
+//! Bad input gets a typed error that names the problem — never a panic.
+
+mod common;
+
+use common::golden;
+use sala::engine::error::Error;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A scratch copy of golden case A with `edit` applied to its config.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str, edit: impl FnOnce(&mut Value)) -> Self {
+        let dir = std::env::temp_dir().join(format!("sala-errors-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = golden("A_dense_f32");
+        let mut config: Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+        edit(&mut config);
+        std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
+        std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+        Scratch(dir)
+    }
+
+    fn weights(&self) -> PathBuf {
+        self.0.join("model.safetensors")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn load_err(dir: &Path) -> Error {
+    match sala::models::load(dir, None) {
+        Ok(_) => panic!("{} loaded but should not", dir.display()),
+        Err(e) => e,
+    }
+}
+
+/// Runs `sala` and returns (exit code, stderr); asserts it did not panic.
+fn sala(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sala")).args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!stderr.contains("panicked"), "sala panicked: {stderr}");
+    (out.status.code().unwrap_or(-1), stderr)
+}
+
+#[test]
+fn missing_weights_file() {
+    let s = Scratch::new("missing", |_| {});
+    std::fs::remove_file(s.weights()).unwrap();
+    let e = load_err(&s.0);
+    assert!(matches!(e, Error::BadWeights { .. }), "{e}");
+    assert!(e.to_string().contains("no model.safetensors"), "{e}");
+}
+
+#[test]
+fn corrupt_weights_header() {
+    let s = Scratch::new("corrupt", |_| {});
+    let mut bytes = std::fs::read(s.weights()).unwrap();
+    bytes[8] = b'#'; // the JSON header's opening brace
+    std::fs::write(s.weights(), &bytes).unwrap();
+    let e = load_err(&s.0);
+    assert!(matches!(e, Error::BadWeights { .. }) && e.to_string().contains("corrupt header"), "{e}");
+    std::fs::write(s.weights(), [1u8, 2, 3]).unwrap();
+    let e = load_err(&s.0);
+    assert!(e.to_string().contains("too short"), "{e}");
+}
+
+#[test]
+fn truncated_weights() {
+    let s = Scratch::new("truncated", |_| {});
+    let bytes = std::fs::read(s.weights()).unwrap();
+    std::fs::write(s.weights(), &bytes[..bytes.len() - 1000]).unwrap();
+    let e = load_err(&s.0);
+    assert!(matches!(e, Error::BadWeights { .. }) && e.to_string().contains("truncated"), "{e}");
+    let (code, stderr) = sala(&["run", "--model", s.0.to_str().unwrap(), "--input-ids", "1,2", "--device", "cpu"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("truncated"), "{stderr}");
+}
+
+#[test]
+fn wrong_tensor_shape_names_the_tensor() {
+    let s = Scratch::new("shape", |c| c["intermediate_size"] = 128.into());
+    match load_err(&s.0) {
+        Error::TensorShape { name, expected, found, .. } => {
+            assert_eq!(name, "model.layers.0.mlp.gate_proj.weight");
+            assert_eq!((expected, found), (vec![128, 128], vec![256, 128]));
+        }
+        e => panic!("unexpected error {e}"),
+    }
+}
+
+#[test]
+fn misnamed_tensor_is_missing_not_ignored() {
+    let s = Scratch::new("misnamed", |_| {});
+    let bytes = std::fs::read(s.weights()).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let renamed: Vec<(String, safetensors::tensor::TensorView)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (if n == "model.norm.weight" { "model.final_norm.weight".to_string() } else { n }, v))
+        .collect();
+    let out = safetensors::serialize(renamed, None).unwrap();
+    std::fs::write(s.weights(), out).unwrap();
+    match load_err(&s.0) {
+        Error::MissingTensor { name, .. } => assert_eq!(name, "model.norm.weight"),
+        e => panic!("unexpected error {e}"),
+    }
+}
+
+#[test]
+fn unknown_mixer_type() {
+    let s = Scratch::new("mixer", |c| c["mixer_types"][1] = "mamba".into());
+    match load_err(&s.0) {
+        Error::InvalidKey { key, message, .. } => {
+            assert_eq!(key, "mixer_types[1]");
+            assert!(message.contains("mamba"));
+        }
+        e => panic!("unexpected error {e}"),
+    }
+}
+
+#[test]
+fn missing_config_key_is_named() {
+    for key in ["scale_emb", "mixer_types", "lightning_scale"] {
+        let s = Scratch::new(&format!("key-{key}"), |c| {
+            c.as_object_mut().unwrap().remove(key);
+        });
+        match load_err(&s.0) {
+            Error::MissingKey { key: k, .. } => assert_eq!(k, key),
+            e => panic!("unexpected error {e}"),
+        }
+    }
+    let s = Scratch::new("key-sparse", |c| {
+        c["sparse_config"].as_object_mut().unwrap().remove("dense_len");
+    });
+    match load_err(&s.0) {
+        Error::MissingKey { key, .. } => assert_eq!(key, "sparse_config.dense_len"),
+        e => panic!("unexpected error {e}"),
+    }
+}
+
+#[test]
+fn unknown_model_type() {
+    let s = Scratch::new("type", |c| c["model_type"] = "gpt_neox".into());
+    assert!(matches!(load_err(&s.0), Error::UnsupportedModel { model_type, .. } if model_type == "gpt_neox"));
+}
+
+#[test]
+fn prompt_over_the_context_limit() {
+    let s = Scratch::new("context", |c| c["max_position_embeddings"] = 16.into());
+    let ids: Vec<String> = (1..=20).map(|i| i.to_string()).collect();
+    let (code, stderr) = sala(&["run", "--model", s.0.to_str().unwrap(), "--input-ids", &ids.join(","), "--device", "cpu"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("prompt has 20 tokens but the context limit is 16"), "{stderr}");
+}
+
+#[test]
+fn token_outside_the_vocabulary() {
+    let (code, stderr) = sala(&["run", "--model", golden("A_dense_f32").to_str().unwrap(), "--input-ids", "1,512", "--device", "cpu"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("token id 512 is outside the vocabulary (size 512)"), "{stderr}");
+}
+
+#[test]
+fn cli_usage_errors() {
+    let (code, stderr) = sala(&["run", "hello"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("pass --model DIR"), "{stderr}");
+    let case = golden("A_dense_f32");
+    let (code, stderr) = sala(&["run", "--model", case.to_str().unwrap(), "hello", "--device", "cpu"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("no tokenizer.json") && stderr.contains("--input-ids"), "{stderr}");
+    let (code, stderr) = sala(&["run", "--model", case.to_str().unwrap(), "--input-ids", "1", "--top-p", "0"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("--top-p"), "{stderr}");
+    if !sala::engine::device::gpu_available() {
+        let (code, stderr) = sala(&["run", "--model", case.to_str().unwrap(), "--input-ids", "1", "--device", "gpu"]);
+        assert_eq!(code, 1);
+        assert!(stderr.contains("no usable GPU"), "{stderr}");
+    }
+}

@@ -1,0 +1,200 @@
+//! The kernels on random inputs: chunked GLA against the token-by-token recurrence (with and
+//! without a carried state, full and partial chunks), and the InfLLM-V2 block selection and
+//! block-sparse attention against straightforward host-side implementations of the spec.
+
+use mlx_rs::{random, Array, Dtype};
+use sala::engine::ops::{to_vec_f32, to_vec_i32};
+use sala::kernels::gla::{alibi_slopes, simple_gla_chunked, simple_gla_step};
+use sala::kernels::sparse::{block_sparse_attention, select_blocks, BlockSelection};
+
+fn randn(shape: &[i32], seed: u64) -> Array {
+    let key = random::key(seed).unwrap();
+    random::normal::<f32>(shape, None, None, &key).unwrap()
+}
+
+fn max_diff(a: &Array, b: &Array) -> f32 {
+    let (a, b) = (to_vec_f32(a).unwrap(), to_vec_f32(b).unwrap());
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn chunked_gla_equals_recurrent_gla() {
+    let (b, h, d) = (1, 4, 16);
+    let slopes = Array::from_slice(&alibi_slopes(h as usize), &[h]);
+    for (i, t) in [2, 37, 64, 65, 150, 200].into_iter().enumerate() {
+        let seed = 100 + i as u64 * 10;
+        let q = randn(&[b, h, t, d], seed);
+        let k = randn(&[b, h, t, d], seed + 1).multiply(Array::from_f32(0.3)).unwrap();
+        let v = randn(&[b, h, t, d], seed + 2);
+        let s0 = randn(&[b, h, d, d], seed + 3);
+        for state in [None, Some(&s0)] {
+            let (o_ref, s_ref) = simple_gla_step(&q, &k, &v, &slopes, state, 0.25).unwrap();
+            let (o, s) = simple_gla_chunked(&q, &k, &v, &slopes, state, 0.25).unwrap();
+            let (eo, es) = (max_diff(&o, &o_ref), max_diff(&s, &s_ref));
+            assert!(eo < 1e-4 && es < 1e-4, "T={t} state={}: output {eo}, state {es}", state.is_some());
+        }
+    }
+}
+
+#[test]
+fn gla_split_across_calls_equals_one_call() {
+    // A prefill cut at a partial chunk must carry exactly the state of the uncut run.
+    let (b, h, t, d) = (1, 2, 150, 8);
+    let slopes = Array::from_slice(&alibi_slopes(h as usize), &[h]);
+    let q = randn(&[b, h, t, d], 7);
+    let k = randn(&[b, h, t, d], 8);
+    let v = randn(&[b, h, t, d], 9);
+    let (o_all, s_all) = simple_gla_chunked(&q, &k, &v, &slopes, None, 0.5).unwrap();
+    use mlx_rs::ops::indexing::TryIndexOp;
+    let part = |x: &Array, r: std::ops::Range<i32>| x.try_index((.., .., r, ..)).unwrap();
+    let (o1, s1) = simple_gla_chunked(&part(&q, 0..70), &part(&k, 0..70), &part(&v, 0..70), &slopes, None, 0.5).unwrap();
+    let (o2, s2) =
+        simple_gla_chunked(&part(&q, 70..t), &part(&k, 70..t), &part(&v, 70..t), &slopes, Some(&s1), 0.5).unwrap();
+    assert!(max_diff(&s2, &s_all) < 1e-4);
+    assert!(max_diff(&o1, &part(&o_all, 0..70)) < 1e-4);
+    assert!(max_diff(&o2, &part(&o_all, 70..t)) < 1e-4);
+}
+
+#[test]
+fn alibi_slopes_follow_the_power_of_two_schedule() {
+    let s = alibi_slopes(32);
+    for (h, &x) in s.iter().enumerate() {
+        assert!((x - 2f32.powf(-((h + 1) as f32) / 4.0)).abs() < 1e-7);
+    }
+    assert_eq!(alibi_slopes(4), vec![0.25, 0.0625, 0.015625, 0.00390625]);
+}
+
+/// The spec's block selection, written out with loops over host data.
+#[allow(clippy::too_many_arguments)]
+fn naive_select(
+    q: &[f32], c1: &[f32], c2: &[f32], dims: (usize, usize, usize, usize, usize, usize),
+    first: usize, kv_len: usize, sel: &BlockSelection,
+) -> (Vec<i32>, Vec<f32>) {
+    let (hq, hkv, t, d, n1, n2) = dims;
+    let g = hq / hkv;
+    let scale = (d as f32).powf(-0.5);
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>() * scale;
+    let nb = kv_len.div_ceil(sel.block);
+    let k = sel.topk.min(nb);
+    let mut blocks = vec![-1i32; hkv * t * sel.topk];
+    let mut scores_out = vec![0f32; hkv * t * nb];
+    for kv in 0..hkv {
+        for ti in 0..t {
+            let i = first + ti;
+            let mut score = vec![0f32; n1];
+            for hh in 0..g {
+                let head = kv * g + hh;
+                let qv = &q[(head * t + ti) * d..(head * t + ti + 1) * d];
+                let vis2: Vec<f32> = (0..n2)
+                    .filter(|&j| j * sel.stride2 + sel.kernel2 - 1 <= i)
+                    .map(|j| dot(qv, &c2[(kv * n2 + j) * d..(kv * n2 + j + 1) * d]))
+                    .collect();
+                if vis2.is_empty() {
+                    continue;
+                }
+                let m = vis2.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let lse = m + vis2.iter().map(|x| (x - m).exp()).sum::<f32>().ln();
+                for (c, s) in score.iter_mut().enumerate() {
+                    if c * sel.stride + sel.kernel - 1 <= i {
+                        *s += (dot(qv, &c1[(kv * n1 + c) * d..(kv * n1 + c + 1) * d]) - lse).exp();
+                    }
+                }
+            }
+            let r = sel.block / sel.stride;
+            let left = sel.kernel / sel.stride - 1;
+            let qb = i / sel.block;
+            let mut pooled = vec![f32::NEG_INFINITY; nb];
+            for (b, p) in pooled.iter_mut().enumerate() {
+                let lo = (r * b) as i64 - left as i64;
+                for c in lo.max(0)..((r * b + r) as i64).min(n1 as i64) {
+                    *p = p.max(score[c as usize]);
+                }
+                if b < sel.init_blocks || (b + sel.local_blocks >= qb && b <= qb) {
+                    *p = f32::INFINITY;
+                }
+            }
+            let mut order: Vec<usize> = (0..nb).collect();
+            order.sort_by(|&a, &b| pooled[b].total_cmp(&pooled[a]).then(a.cmp(&b)));
+            let mut chosen: Vec<usize> = order[..k].to_vec();
+            chosen.sort();
+            for (j, &b) in chosen.iter().enumerate() {
+                blocks[(kv * t + ti) * sel.topk + j] = if b > qb { -1 } else { b as i32 };
+            }
+            scores_out[(kv * t + ti) * nb..(kv * t + ti + 1) * nb].copy_from_slice(&pooled);
+        }
+    }
+    (blocks, scores_out)
+}
+
+fn selection() -> BlockSelection {
+    BlockSelection { block: 64, kernel: 32, stride: 16, kernel2: 128, stride2: 64, init_blocks: 1, local_blocks: 2, topk: 6 }
+}
+
+#[test]
+fn block_selection_matches_the_spec_on_random_inputs() {
+    let sel = selection();
+    let (hq, hkv, d) = (8usize, 2usize, 8usize);
+    for (case, (first, t, kv_len)) in [(0usize, 40usize, 900usize), (700, 5, 1100), (1299, 1, 1300)].into_iter().enumerate() {
+        let n1 = (kv_len - sel.kernel) / sel.stride + 1;
+        let n2 = (kv_len - sel.kernel2) / sel.stride2 + 1;
+        let seed = 1000 + case as u64 * 7;
+        let q = randn(&[1, hq as i32, t as i32, d as i32], seed);
+        let c1 = randn(&[1, hkv as i32, n1 as i32, d as i32], seed + 1);
+        let c2 = randn(&[1, hkv as i32, n2 as i32, d as i32], seed + 2);
+        // Quantise the level-1 keys so exact score ties (and the tie rule) really occur.
+        let c1 = c1.multiply(Array::from_f32(2.0)).unwrap().round(None).unwrap().multiply(Array::from_f32(0.5)).unwrap();
+        let got = select_blocks(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap();
+        let (want_blocks, want_scores) = naive_select(
+            &to_vec_f32(&q).unwrap(), &to_vec_f32(&c1).unwrap(), &to_vec_f32(&c2).unwrap(),
+            (hq, hkv, t, d, n1, n2), first, kv_len, &sel,
+        );
+        assert_eq!(to_vec_i32(&got.blocks).unwrap(), want_blocks, "case {case}: blocks");
+        let scores = to_vec_f32(&got.scores).unwrap();
+        for (i, (g, w)) in scores.iter().zip(&want_scores).enumerate() {
+            assert!(g == w || (g - w).abs() <= 1e-4 * w.abs().max(1.0), "case {case}: score {i}: {g} vs {w}");
+        }
+    }
+}
+
+#[test]
+fn block_sparse_attention_matches_masked_dense_attention() {
+    let (hq, hkv, d, kv_len, first) = (4i32, 2i32, 8i32, 300usize, 290usize);
+    let t = 10i32;
+    let q = randn(&[1, hq, t, d], 1);
+    let k = randn(&[1, hkv, kv_len as i32, d], 2);
+    let v = randn(&[1, hkv, kv_len as i32, d], 3);
+    // Per KV head: blocks {0, 2, 4} and {1, 3, 4}; the last slot unused.
+    let pattern = [[0, 2, 4, -1], [1, 3, 4, -1]];
+    let mut idx = Vec::new();
+    for p in &pattern {
+        for _ in 0..t {
+            idx.extend_from_slice(p);
+        }
+    }
+    let blocks = Array::from_slice(&idx, &[1, hkv, t, 4]);
+    let got = to_vec_f32(&block_sparse_attention(&q, &k, &v, &blocks, first, 64, 0.3).unwrap()).unwrap();
+    let (qh, kh, vh) = (to_vec_f32(&q).unwrap(), to_vec_f32(&k).unwrap(), to_vec_f32(&v).unwrap());
+    let (d, t) = (d as usize, t as usize);
+    for head in 0..hq as usize {
+        let kv = head / 2;
+        for ti in 0..t {
+            let i = first + ti;
+            let allowed: Vec<usize> =
+                (0..kv_len).filter(|&p| pattern[kv][..3].contains(&((p / 64) as i32)) && p <= i).collect();
+            let qv = &qh[(head * t + ti) * d..(head * t + ti + 1) * d];
+            let logits: Vec<f32> = allowed
+                .iter()
+                .map(|&p| qv.iter().zip(&kh[(kv * kv_len + p) * d..]).map(|(a, b)| a * b).sum::<f32>() * 0.3)
+                .collect();
+            let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let w: Vec<f32> = logits.iter().map(|l| (l - m).exp()).collect();
+            let z: f32 = w.iter().sum();
+            for j in 0..d {
+                let want: f32 = allowed.iter().zip(&w).map(|(&p, wi)| wi / z * vh[(kv * kv_len + p) * d + j]).sum();
+                let g = got[(head * t + ti) * d + j];
+                assert!((g - want).abs() < 1e-4, "head {head} query {ti} dim {j}: {g} vs {want}");
+            }
+        }
+    }
+}

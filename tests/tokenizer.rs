@@ -1,0 +1,101 @@
+//! The MiniCPM tokenizer (../shared/assets/minicpm4-tokenizer): known encodings, BOS exactly
+//! once, chat templates (the model's own and the ChatML fallback) and streaming decode.
+
+mod common;
+
+use sala::engine::tokenizer::{Message, StreamDecoder, TextTokenizer};
+use std::path::PathBuf;
+
+fn asset_dir() -> PathBuf {
+    common::shared().join("assets").join("minicpm4-tokenizer")
+}
+
+/// A scratch directory with the MiniCPM tokenizer.json and the given tokenizer_config.json.
+fn with_config(name: &str, config: Option<serde_json::Value>) -> (PathBuf, TextTokenizer) {
+    let dir = std::env::temp_dir().join(format!("sala-tok-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(asset_dir().join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    if let Some(config) = config {
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    }
+    let tok = TextTokenizer::from_dir(&dir, Some(1)).unwrap().unwrap();
+    (dir, tok)
+}
+
+const KNOWN_TEXT: &str = "<|im_start|>user\n你好 Hello world! The best thing<|im_end|>\n";
+const KNOWN_IDS: [u32; 13] = [73441, 3060, 5, 23523, 21045, 2809, 73, 1507, 2558, 4562, 73440, 59320, 5];
+
+#[test]
+fn known_encoding_with_bos_once() {
+    let tok = TextTokenizer::from_dir(&asset_dir(), Some(1)).unwrap().unwrap();
+    assert_eq!(tok.vocab_size(), 73448);
+    let ids = tok.encode(KNOWN_TEXT).unwrap();
+    assert_eq!(ids[0], 1, "BOS first");
+    assert_eq!(&ids[1..], &KNOWN_IDS);
+    // Text that already starts with <s> does not get a second one.
+    let ids = tok.encode(&format!("<s>{KNOWN_TEXT}")).unwrap();
+    assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 1);
+    assert_eq!(&ids[1..], &KNOWN_IDS);
+    // Specials are skipped; the `▁` the tokenizer put after <|im_end|> decodes to a space.
+    assert_eq!(tok.decode(&ids).unwrap(), "user\n你好 Hello world! The best thing \n");
+}
+
+#[test]
+fn chat_template_from_tokenizer_config() {
+    let tok = TextTokenizer::from_dir(&asset_dir(), Some(1)).unwrap().unwrap();
+    let prompt = tok
+        .apply_chat_template(&[Message::new("system", "Be brief."), Message::new("user", "Hi")], true)
+        .unwrap();
+    assert_eq!(prompt, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    let ids = tok.encode(&prompt).unwrap();
+    assert_eq!(&ids[..2], &[1, 73441]);
+}
+
+#[test]
+fn template_that_writes_bos_gets_no_second_one_and_sees_enable_thinking() {
+    let template = "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n{% if not enable_thinking %}<think>\n\n</think>\n\n{% endif %}";
+    let config = serde_json::json!({ "add_bos_token": true, "bos_token": "<s>", "eos_token": "<|im_end|>", "chat_template": template });
+    let (dir, tok) = with_config("bos", Some(config));
+    let thinking = tok.apply_chat_template(&[Message::new("user", " Hi ")], true).unwrap();
+    assert_eq!(thinking, "<s><|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    let ids = tok.encode(&thinking).unwrap();
+    assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 1, "{ids:?}");
+    let quiet = tok.apply_chat_template(&[Message::new("user", "Hi")], false).unwrap();
+    assert!(quiet.ends_with("<think>\n\n</think>\n\n"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn chatml_fallback_without_tokenizer_config() {
+    let (dir, tok) = with_config("plain", None);
+    let prompt = tok.apply_chat_template(&[Message::new("user", "Hi")], true).unwrap();
+    assert_eq!(prompt, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    // Without a config the tokenizer's post-processor decides: this one prepends <s>.
+    assert_eq!(tok.encode("Hi").unwrap()[0], 1);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn bad_template_is_a_typed_error() {
+    let config = serde_json::json!({ "chat_template": "{% for m in messages %}{{ raise_exception('no ' + m.role) }}{% endfor %}" });
+    let (dir, tok) = with_config("raise", Some(config));
+    let err = tok.apply_chat_template(&[Message::new("user", "x")], true).unwrap_err();
+    assert!(err.to_string().contains("no user"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn stream_decoder_reassembles_text_and_multibyte_characters() {
+    let tok = TextTokenizer::from_dir(&asset_dir(), Some(1)).unwrap().unwrap();
+    let text = "Hello 世界! naïve café — 12345 🙂 done.";
+    let ids = tok.encode(text).unwrap();
+    let mut decoder = StreamDecoder::default();
+    let mut out = String::new();
+    for &id in &ids {
+        let piece = decoder.push(&tok, id).unwrap();
+        assert!(!piece.contains('\u{FFFD}'), "partial character leaked: {piece:?}");
+        out.push_str(&piece);
+    }
+    out.push_str(&decoder.finish(&tok).unwrap());
+    assert_eq!(out, text);
+}
