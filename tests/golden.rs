@@ -183,7 +183,9 @@ fn run_case(case: &str, dt: &str) {
     // Decode steps, teacher-forced with the reference's greedy tokens.
     let decode = ids(&toks, "decode_input_ids");
     let want = &exp[&key("decode.logits")];
-    let mut decode_selections: HashMap<usize, Vec<(Vec<i32>, Vec<f32>)>> = HashMap::new();
+    // Per sparse layer, per decode step: (selected blocks, block scores).
+    type Selections = HashMap<usize, Vec<(Vec<i32>, Vec<f32>)>>;
+    let mut decode_selections: Selections = HashMap::new();
     for (i, &id) in decode.iter().enumerate() {
         let (got, trace) = run.forward(&[id], Logits::Last);
         let row = Tensor { shape: vec![1, want.shape[1]], data: want.row(i).to_vec() };

@@ -37,8 +37,7 @@ impl SeqBuffer {
             let step = Self::MIN_STEP.max(self.len / 8);
             let new_capacity = (self.len + t).div_ceil(step) * step;
             let s = x.shape();
-            let fresh = Array::zeros::<f32>(&[s[0], s[1], (new_capacity - self.len) as i32, s[3]])?
-                .as_dtype(x.dtype())?;
+            let fresh = ops::zeros_dtype(&[s[0], s[1], (new_capacity - self.len) as i32, s[3]], x.dtype())?;
             self.data = Some(match &self.data {
                 Some(d) if self.len > 0 => {
                     ops::concatenate(&[d.try_index((.., .., ..self.len as i32, ..))?, fresh], 2)?
@@ -183,6 +182,10 @@ pub enum LayerCache {
 }
 
 impl LayerCache {
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn len(&self) -> usize {
         match self {
             LayerCache::Attention(kv) => kv.len(),

@@ -41,7 +41,7 @@ impl ConfigFile {
     }
 
     pub fn required(&self, key: &str) -> Result<&Value> {
-        self.root().required(key).map(|v| v)
+        self.root().required(key)
     }
 
     pub fn invalid(&self, key: &str, message: impl Into<String>) -> Error {

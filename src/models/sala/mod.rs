@@ -246,7 +246,7 @@ impl LanguageModel for SalaModel {
             }
         }
         let mut h = self.norm.forward(&h)?;
-        if let Some(t) = trace.as_deref_mut() {
+        if let Some(t) = trace {
             t.record("hidden.final_norm", &h);
         }
         if logits == Logits::Last {
