@@ -309,3 +309,55 @@ fn sala_run_reproduces_golden_logits() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Rows of `logits` (positions `offset..`) that the case stores, checked against the reference.
+fn check_stored_positions(exp: &HashMap<String, Tensor>, logits: &[Vec<f64>], offset: usize, tol: f64) -> usize {
+    let positions: Vec<usize> = exp["prefill.positions"].data.iter().map(|&p| p as usize).collect();
+    let want = &exp["f32.prefill.logits_at_positions"];
+    let mut checked = 0;
+    for (i, &p) in positions.iter().enumerate() {
+        if p >= offset && p < offset + logits.len() {
+            let diff = max_abs_diff(&logits[p - offset], want.row(i));
+            assert!(diff <= tol, "position {p}: differs by {diff}");
+            checked += 1;
+        }
+    }
+    checked
+}
+
+/// The sparse prompt prefilled in three calls (the second and third on a non-empty cache, as
+/// `sala run --prefill-step` does) gives the reference's one-shot logits.
+#[test]
+fn c_sparse_prefill_in_chunks_matches_one_shot() {
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let exp = read_safetensors(&golden("C_sparse_prefill").join("expected.safetensors"));
+    let prompt = ids(&tokens("C_sparse_prefill"), "prompt_ids");
+    let mut run = Run::new("C_sparse_prefill", "f32");
+    let mut checked = 0;
+    let mut offset = 0;
+    for len in [600, 400, 500] {
+        let (logits, _) = run.forward(&prompt[offset..offset + len], Logits::All);
+        checked += check_stored_positions(&exp, &logits, offset, tolerance("f32", true));
+        offset += len;
+    }
+    assert_eq!(checked, 49);
+}
+
+/// Token-by-token decoding across dense_len: the first sparse step compresses the whole cache,
+/// later ones extend it; logits match the reference at the stored positions up to 449.
+#[test]
+fn c_decode_crossing_dense_len() {
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let exp = read_safetensors(&golden("C_sparse_prefill").join("expected.safetensors"));
+    let prompt = ids(&tokens("C_sparse_prefill"), "prompt_ids");
+    let mut run = Run::new("C_sparse_prefill", "f32");
+    let (first, _) = run.forward(&prompt[..200], Logits::All); // dense: 200 < dense_len 256
+    let mut logits = first;
+    for &id in &prompt[200..450] {
+        let (row, trace) = run.forward(&[id], Logits::Last);
+        let sparse_ran = !trace.all("sparse.layer0.blocks").is_empty();
+        assert_eq!(sparse_ran, logits.len() + 1 >= 256, "position {}", logits.len());
+        logits.extend(row);
+    }
+    assert_eq!(check_stored_positions(&exp, &logits, 0, tolerance("f32", true)), 15);
+}
