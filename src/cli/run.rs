@@ -133,7 +133,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let progress = prefill_progress(prompt_ids.len());
     let mut stdout = std::io::stdout().lock();
     let mut decoder = StreamDecoder::default();
-    let mut think = ThinkFilter::new(prompt_text.trim_end().ends_with("<think>"));
+    let mut think = ThinkFilter::after_prompt(&prompt_text);
     let stream = !args.json && tokenizer.is_some();
     let mut write_error = None;
     let mut emit = |piece: String, think: &mut ThinkFilter, out: &mut std::io::StdoutLock| {
@@ -181,8 +181,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             Some(tok) => {
                 let text = tok.decode(&generation.tokens)?;
                 if args.no_think {
-                    let mut filter = ThinkFilter::new(prompt_text.trim_end().ends_with("<think>"));
-                    filter.push(&text) + &filter.finish()
+                    think.push(&text) + &think.finish()
                 } else {
                     text
                 }

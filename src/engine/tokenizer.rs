@@ -190,6 +190,11 @@ impl ThinkFilter {
         Self { inside, ..Default::default() }
     }
 
+    /// A filter for the answer to `prompt`: inside a think block when the prompt opened one.
+    pub fn after_prompt(prompt: &str) -> Self {
+        Self::new(prompt.trim_end().ends_with(Self::OPEN))
+    }
+
     pub fn push(&mut self, text: &str) -> String {
         self.pending.push_str(text);
         let mut out = String::new();
@@ -266,5 +271,8 @@ mod tests {
         assert_eq!(run(&["a < b", " and <thin", "g>"], false), "a < b and <thing>");
         assert_eq!(run(&["reasoning", "</thi", "nk> answer"], true), "answer");
         assert_eq!(run(&["<think>never closed"], false), "");
+        let mut f = ThinkFilter::after_prompt("<|im_start|>assistant\n<think>\n");
+        assert_eq!(f.push("plan</think>\nok"), "ok");
+        assert!(!ThinkFilter::after_prompt("<|im_start|>assistant\n").inside);
     }
 }
