@@ -172,11 +172,11 @@ fn token_outside_the_vocabulary() {
 fn cli_usage_errors() {
     let (code, stderr) = sala(&["run", "hello"]);
     assert_eq!(code, 1);
-    assert!(stderr.contains("pass --model DIR"), "{stderr}");
+    assert!(stderr.contains("pass --model PATH"), "{stderr}");
     let case = golden("A_dense_f32");
     let (code, stderr) = sala(&["run", "--model", case.to_str().unwrap(), "hello", "--device", "cpu"]);
     assert_eq!(code, 1);
-    assert!(stderr.contains("no tokenizer.json") && stderr.contains("--input-ids"), "{stderr}");
+    assert!(stderr.contains("has no tokenizer") && stderr.contains("--input-ids"), "{stderr}");
     let (code, stderr) = sala(&["run", "--model", case.to_str().unwrap(), "--input-ids", "1", "--top-p", "0"]);
     assert_eq!(code, 1);
     assert!(stderr.contains("--top-p"), "{stderr}");

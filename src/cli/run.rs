@@ -1,5 +1,6 @@
 //! `sala run`: one prompt in, a streamed answer out, a summary line on stderr.
 
+use crate::engine::cache::Window;
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::error::Error;
 use crate::engine::generate::{generate, Flow, GenerateOptions, Generation};
@@ -41,7 +42,7 @@ impl DtypeArg {
 pub struct RunArgs {
     /// The prompt; `-` (or nothing, with piped input) reads it from stdin
     pub prompt: Option<String>,
-    /// Model directory (config.json, model.safetensors, tokenizer.json)
+    /// Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file or a .gguf file
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
     /// Most tokens to generate
@@ -96,6 +97,19 @@ pub struct RunArgs {
     /// Prompt tokens per forward pass during prefill
     #[arg(long, default_value_t = 2048)]
     pub prefill_step: usize,
+    /// StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so
+    /// generation can run past N; dense models only
+    #[arg(long, value_name = "N")]
+    pub context_size: Option<usize>,
+    /// StreamingLLM: tokens at the start that are never evicted (with --context-size)
+    #[arg(long, value_name = "K", requires = "context_size")]
+    pub num_sink_tokens: Option<usize>,
+}
+
+/// The StreamingLLM window the flags ask for (4 sink tokens unless told).
+pub fn window(context_size: Option<usize>, sinks: Option<usize>) -> anyhow::Result<Option<Window>> {
+    let Some(capacity) = context_size else { return Ok(None) };
+    Ok(Some(Window { capacity, sinks: sinks.unwrap_or(4) }.validate().map_err(Error::Usage)?))
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -110,15 +124,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     sampling.validate().map_err(Error::Usage)?;
     let Some(model_dir) = args.model.as_deref() else {
-        bail!("no model given: pass --model DIR, a directory with config.json and model.safetensors");
+        bail!("no model given: pass --model PATH (a model directory, a .sala file or a .gguf file)");
     };
     let device = device::select(args.device.map(|d| match d {
         DeviceArg::Cpu => DeviceKind::Cpu,
         DeviceArg::Gpu => DeviceKind::Gpu,
     }))?;
-    let model = models::load(model_dir, args.dtype.map(DtypeArg::dtype))
+    let (mut model, tokenizer) = models::load_with_tokenizer(model_dir, args.dtype.map(DtypeArg::dtype))
         .with_context(|| format!("loading {}", model_dir.display()))?;
-    let tokenizer = TextTokenizer::from_dir(model_dir, model.info().bos_token_id)?;
+    if let Some(window) = window(args.context_size, args.num_sink_tokens)? {
+        model.set_window(window)?;
+    }
 
     let (prompt_ids, prompt_text) = prompt_tokens(&args, model_dir, tokenizer.as_ref())?;
     let mut cache = model.new_cache();
@@ -213,7 +229,7 @@ fn prompt_tokens(args: &RunArgs, model_dir: &Path, tokenizer: Option<&TextTokeni
         None => bail!("no prompt: pass it as an argument, `-` to read stdin, or --input-ids"),
     };
     let Some(tokenizer) = tokenizer else {
-        bail!("{} has no tokenizer.json; pass the prompt as --input-ids 1,2,3", model_dir.display());
+        bail!("{} has no tokenizer; pass the prompt as --input-ids 1,2,3", model_dir.display());
     };
     let text = if args.raw {
         prompt

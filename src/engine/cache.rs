@@ -60,9 +60,19 @@ impl SeqBuffer {
         }
     }
 
-    /// Forgets the last `n` entries (speculative-decoding rollback).
+    /// Keeps only the first `len` entries (speculative-decoding rollback).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+    }
+
+    /// Drops entries `start..end`, closing the gap (one copy of what is kept).
+    pub fn remove(&mut self, start: usize, end: usize) -> Result<()> {
+        let (Some(data), true) = (&self.data, start < end && end <= self.len) else { return Ok(()) };
+        let head = data.try_index((.., .., ..start as i32, ..))?;
+        let tail = data.try_index((.., .., end as i32..self.len as i32, ..))?;
+        self.data = Some(ops::concatenate(&[head, tail], 2)?);
+        self.len -= end - start;
+        Ok(())
     }
 
     pub fn nbytes(&self) -> usize {
@@ -113,16 +123,69 @@ impl PooledKeys {
     }
 }
 
+/// StreamingLLM: keep the first `sinks` tokens plus the most recent ones, at most `capacity` in all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub capacity: usize,
+    pub sinks: usize,
+}
+
+impl Window {
+    pub fn validate(self) -> std::result::Result<Self, String> {
+        if self.capacity < 16 || self.sinks + 8 > self.capacity {
+            return Err(format!(
+                "--context-size {} with --num-sink-tokens {}: the window must hold at least 16 tokens and 8 more than the sinks",
+                self.capacity, self.sinks
+            ));
+        }
+        Ok(self)
+    }
+
+    /// Tokens dropped at once when the window overflows, so eviction (a copy of the cache) happens
+    /// once every `batch` decode steps rather than every step.
+    fn batch(self) -> usize {
+        ((self.capacity - self.sinks) / 8).max(1)
+    }
+}
+
 #[derive(Clone, Default)]
 pub struct KvCache {
     keys: SeqBuffer,
     values: SeqBuffer,
     pooled: Vec<PooledKeys>,
+    window: Option<Window>,
+    /// Tokens dropped by the window so far (positions keep counting past them).
+    evicted: usize,
 }
 
 impl KvCache {
+    pub fn windowed(window: Window) -> Self {
+        Self { window: Some(window), ..Self::default() }
+    }
+
+    /// Tokens stored.
     pub fn len(&self) -> usize {
         self.keys.len()
+    }
+
+    /// Position of the next token: everything seen, including evicted tokens.
+    pub fn position(&self) -> usize {
+        self.keys.len() + self.evicted
+    }
+
+    /// With a window, drops the oldest non-sink tokens once the cache is over capacity. Called after
+    /// attention, so the tokens of one forward pass all saw each other.
+    pub fn evict(&mut self) -> Result<()> {
+        let Some(w) = self.window else { return Ok(()) };
+        let len = self.len();
+        if len <= w.capacity {
+            return Ok(());
+        }
+        let drop = (len - w.capacity + w.batch()).min(len - w.sinks);
+        self.keys.remove(w.sinks, w.sinks + drop)?;
+        self.values.remove(w.sinks, w.sinks + drop)?;
+        self.evicted += drop;
+        Ok(())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -154,6 +217,7 @@ impl KvCache {
         self.pooled[i].windows.view()
     }
 
+    /// Rolls back to `len` tokens stored.
     pub fn truncate(&mut self, len: usize) {
         self.keys.truncate(len);
         self.values.truncate(len);
@@ -188,7 +252,7 @@ impl LayerCache {
 
     pub fn len(&self) -> usize {
         match self {
-            LayerCache::Attention(kv) => kv.len(),
+            LayerCache::Attention(kv) => kv.position(),
             LayerCache::Recurrent(r) => r.len,
         }
     }

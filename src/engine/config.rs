@@ -21,6 +21,10 @@ impl ConfigFile {
     pub fn parse(path: &Path, text: &str) -> Result<Self> {
         let json: Value = serde_json::from_str(text)
             .map_err(|e| Error::Json { path: path.to_path_buf(), message: e.to_string() })?;
+        Self::from_value(path, json)
+    }
+
+    pub fn from_value(path: &Path, json: Value) -> Result<Self> {
         if !json.is_object() {
             return Err(Error::Json { path: path.into(), message: "top level is not an object".into() });
         }

@@ -1,7 +1,7 @@
 //! What the engine needs from a model: run tokens on top of a cache, give logits.
 
-use super::cache::ModelCache;
-use super::error::Result;
+use super::cache::{ModelCache, Window};
+use super::error::{Error, Result};
 use mlx_rs::{Array, Dtype};
 
 /// Facts about a loaded model that the generate loop and the CLI need.
@@ -51,6 +51,13 @@ pub trait LanguageModel: Send {
 
     /// A fresh, empty per-sequence state.
     fn new_cache(&self) -> ModelCache;
+
+    /// Makes new caches keep a StreamingLLM window (sink tokens + recent tokens) instead of the
+    /// whole history. Models that need the whole history refuse.
+    fn set_window(&mut self, window: Window) -> Result<()> {
+        let _ = window;
+        Err(Error::Usage(format!("{}: --context-size/--num-sink-tokens are not supported for this model", self.info().model_type)))
+    }
 
     /// Runs `tokens` (`[1, T]` int32) on top of `cache` and returns float32 logits `[T, vocab]`
     /// (or `[1, vocab]` for [`Logits::Last`]).

@@ -32,3 +32,10 @@ pub fn to_vec_i32(a: &Array) -> Result<Vec<i32>> {
     flat.eval()?;
     Ok(flat.as_slice::<i32>().to_vec())
 }
+
+/// The raw little-endian bytes of any array, in row-major order.
+pub fn to_bytes(a: &Array) -> Result<Vec<u8>> {
+    let flat = a.reshape(&[-1])?.view::<u8>()?;
+    flat.eval()?;
+    Ok(flat.as_slice::<u8>().to_vec())
+}

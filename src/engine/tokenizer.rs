@@ -30,25 +30,67 @@ pub struct TextTokenizer {
     chat_template: String,
 }
 
-impl TextTokenizer {
-    /// Loads `tokenizer.json` (+ `tokenizer_config.json`, `chat_template.jinja` if present) from
-    /// `dir`; `Ok(None)` when the directory has no tokenizer. `bos_fallback` is the model config's
-    /// bos id, used when the tokenizer config names none.
-    pub fn from_dir(dir: &Path, bos_fallback: Option<u32>) -> Result<Option<Self>> {
-        let path = dir.join("tokenizer.json");
-        if !path.is_file() {
-            return Ok(None);
+/// The tokenizer's source texts, wherever they came from (a model directory, a `.sala` file's
+/// metadata, a GGUF file's vocabulary).
+#[derive(Debug, Clone)]
+pub struct TokenizerFiles {
+    /// Where they came from, for messages.
+    pub source: std::path::PathBuf,
+    /// `tokenizer.json`.
+    pub tokenizer_json: String,
+    /// `tokenizer_config.json` (bos/eos tokens, add_bos_token, chat_template), or `Null`.
+    pub config: Value,
+    /// `chat_template.jinja`, when shipped separately.
+    pub chat_template: Option<String>,
+}
+
+impl TokenizerFiles {
+    pub const TOKENIZER: &'static str = "tokenizer.json";
+    pub const CONFIG: &'static str = "tokenizer_config.json";
+    pub const TEMPLATE: &'static str = "chat_template.jinja";
+
+    /// Reads them from a model directory; `Ok(None)` when it has no `tokenizer.json`.
+    pub fn from_dir(dir: &Path) -> Result<Option<Self>> {
+        let mut files = std::collections::BTreeMap::new();
+        for name in [Self::TOKENIZER, Self::CONFIG, Self::TEMPLATE] {
+            let path = dir.join(name);
+            if path.is_file() {
+                files.insert(name.to_string(), std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?);
+            }
         }
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
-        let config_path = dir.join("tokenizer_config.json");
-        let config: Value = if config_path.is_file() {
-            let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
-            serde_json::from_str(&text)
-                .map_err(|e| Error::Json { path: config_path.clone(), message: e.to_string() })?
-        } else {
-            Value::Null
+        Self::from_texts(dir, &files)
+    }
+
+    /// Picks them out of a model's side files (name → text); `Ok(None)` without `tokenizer.json`.
+    pub fn from_texts(source: &Path, files: &std::collections::BTreeMap<String, String>) -> Result<Option<Self>> {
+        let Some(tokenizer_json) = files.get(Self::TOKENIZER) else { return Ok(None) };
+        let config = match files.get(Self::CONFIG) {
+            Some(text) => serde_json::from_str(text)
+                .map_err(|e| Error::Json { path: source.join(Self::CONFIG), message: e.to_string() })?,
+            None => Value::Null,
         };
+        Ok(Some(Self {
+            source: source.to_path_buf(),
+            tokenizer_json: tokenizer_json.clone(),
+            config,
+            chat_template: files.get(Self::TEMPLATE).cloned(),
+        }))
+    }
+}
+
+impl TextTokenizer {
+    /// Loads the tokenizer of the model directory `dir`; `Ok(None)` when it has none.
+    /// `bos_fallback` is the model config's bos id, used when the tokenizer config names none.
+    pub fn from_dir(dir: &Path, bos_fallback: Option<u32>) -> Result<Option<Self>> {
+        TokenizerFiles::from_dir(dir)?.map(|files| Self::new(&files, bos_fallback)).transpose()
+    }
+
+    pub fn new(files: &TokenizerFiles, bos_fallback: Option<u32>) -> Result<Self> {
+        let inner: tokenizers::Tokenizer = files
+            .tokenizer_json
+            .parse()
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", files.source.display())))?;
+        let config = &files.config;
         let token_text = |key: &str| -> Option<String> {
             match config.get(key)? {
                 Value::String(s) => Some(s.clone()),
@@ -71,24 +113,19 @@ impl TextTokenizer {
                 None => false,
             },
         };
-        let template_file = dir.join("chat_template.jinja");
-        let chat_template = if let Some(t) = config.get("chat_template") {
-            match t {
-                Value::String(s) => s.clone(),
-                Value::Array(named) => named
-                    .iter()
-                    .find(|n| n.get("name").and_then(Value::as_str) == Some("default"))
-                    .and_then(|n| n.get("template")?.as_str())
-                    .ok_or_else(|| Error::Template(format!("{}: no `default` chat_template", config_path.display())))?
-                    .to_string(),
-                _ => CHATML_TEMPLATE.to_string(),
-            }
-        } else if template_file.is_file() {
-            std::fs::read_to_string(&template_file).map_err(|e| Error::io(&template_file, e))?
-        } else {
-            CHATML_TEMPLATE.to_string()
+        let chat_template = match config.get("chat_template") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(named)) => named
+                .iter()
+                .find(|n| n.get("name").and_then(Value::as_str) == Some("default"))
+                .and_then(|n| n.get("template")?.as_str())
+                .ok_or_else(|| {
+                    Error::Template(format!("{}: no `default` chat_template", files.source.display()))
+                })?
+                .to_string(),
+            _ => files.chat_template.clone().unwrap_or_else(|| CHATML_TEMPLATE.to_string()),
         };
-        Ok(Some(Self { inner, bos, eos_token: token_text("eos_token"), add_bos, chat_template }))
+        Ok(Self { inner, bos, eos_token: token_text("eos_token"), add_bos, chat_template })
     }
 
     pub fn vocab_size(&self) -> usize {

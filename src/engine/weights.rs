@@ -1,14 +1,18 @@
-//! Checkpoint tensors: `model.safetensors` or a sharded `model.safetensors.index.json`.
+//! Checkpoint tensors: `model.safetensors`, a sharded `model.safetensors.index.json`, a single
+//! safetensors/`.sala` file, or tensors already in memory (converted from GGUF).
 //!
-//! Every file's header is validated before MLX touches it (truncated or corrupt files give a typed
+//! Every file's header is validated before any data is read (truncated or corrupt files give a typed
 //! error instead of a crash), and a model checks its full list of expected names and shapes before
-//! anything runs: loading must never silently skip a misnamed tensor.
+//! anything runs: loading must never silently skip a misnamed tensor. A projection may be stored
+//! quantized (MLX affine layout: packed `.weight` + `.scales` + `.biases`); its bits and group size
+//! follow from the shapes and must agree with the config's `quantization` section.
 
 use super::error::{Error, Result};
+use super::quant::{QuantConfig, QuantFormat};
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
-use std::io::Read;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -27,39 +31,70 @@ impl TensorSpec {
     }
 }
 
-/// Header facts of one tensor in a safetensors file.
+/// Where a tensor's bytes are.
+#[derive(Debug, Clone)]
+enum Location {
+    /// Absolute byte range in `TensorInfo::file`.
+    File { offset: u64, len: u64 },
+    Memory(Array),
+}
+
+/// Header facts of one tensor.
 #[derive(Debug, Clone)]
 pub struct TensorInfo {
+    /// Safetensors dtype name (`F32`, `BF16`, `U32`, ...).
     pub dtype: String,
     pub shape: Vec<i32>,
+    /// The file it lives in (or was converted from), for messages.
     pub file: PathBuf,
+    location: Location,
+}
+
+impl TensorInfo {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().map(|&d| d as usize).product()
+    }
 }
 
 pub struct Weights {
     /// The directory or file the user named, for messages.
     pub source: PathBuf,
     infos: BTreeMap<String, TensorInfo>,
-    loaded: HashMap<PathBuf, HashMap<String, Array>>,
+    /// `__metadata__` of a single-file checkpoint (where `.sala` files keep config and tokenizer).
+    metadata: BTreeMap<String, String>,
+    quantization: Option<QuantConfig>,
+    /// Quantized modules found by [`Weights::check`], by module name (`….q_proj`).
+    quantized: HashMap<String, QuantFormat>,
 }
 
 impl Weights {
-    /// Opens the checkpoint in `dir` (validating headers only; data loads lazily).
-    pub fn open(dir: &Path) -> Result<Self> {
-        let index = dir.join(INDEX_FILE);
-        let single = dir.join(SINGLE_FILE);
-        let files: Vec<PathBuf> = if index.is_file() {
-            shard_files(&index)?
-        } else if single.is_file() {
-            vec![single]
+    /// Opens the checkpoint at `path`: a directory (single or sharded safetensors) or one
+    /// safetensors file (any extension, e.g. `.sala`). Headers are validated; data loads on `get`.
+    pub fn open(path: &Path) -> Result<Self> {
+        let files: Vec<PathBuf> = if path.is_file() {
+            vec![path.to_path_buf()]
         } else {
-            return Err(Error::BadWeights {
-                path: dir.to_path_buf(),
-                message: format!("no {SINGLE_FILE} or {INDEX_FILE} in this directory"),
-            });
+            let index = path.join(INDEX_FILE);
+            let single = path.join(SINGLE_FILE);
+            if index.is_file() {
+                shard_files(&index)?
+            } else if single.is_file() {
+                vec![single]
+            } else {
+                return Err(Error::BadWeights {
+                    path: path.to_path_buf(),
+                    message: format!("no {SINGLE_FILE} or {INDEX_FILE} in this directory"),
+                });
+            }
         };
         let mut infos = BTreeMap::new();
+        let mut metadata = BTreeMap::new();
         for file in &files {
-            for (name, info) in read_header(file)? {
+            let header = read_header(file)?;
+            if files.len() == 1 {
+                metadata = header.metadata;
+            }
+            for (name, info) in header.tensors {
                 if let Some(previous) = infos.insert(name.clone(), info) {
                     return Err(Error::BadWeights {
                         path: file.clone(),
@@ -68,36 +103,77 @@ impl Weights {
                 }
             }
         }
-        Ok(Self { source: dir.to_path_buf(), infos, loaded: HashMap::new() })
+        Ok(Self::new(path, infos, metadata))
+    }
+
+    /// Tensors already in memory (e.g. converted from a GGUF file at `source`).
+    pub fn from_arrays(source: &Path, arrays: Vec<(String, Array)>) -> Result<Self> {
+        let mut infos = BTreeMap::new();
+        for (name, array) in arrays {
+            let dtype = dtype_name(array.dtype()).ok_or_else(|| Error::BadWeights {
+                path: source.into(),
+                message: format!("tensor `{name}` has unsupported dtype {:?}", array.dtype()),
+            })?;
+            let info = TensorInfo {
+                dtype: dtype.into(),
+                shape: array.shape().to_vec(),
+                file: source.into(),
+                location: Location::Memory(array),
+            };
+            infos.insert(name, info);
+        }
+        Ok(Self::new(source, infos, BTreeMap::new()))
+    }
+
+    fn new(source: &Path, infos: BTreeMap<String, TensorInfo>, metadata: BTreeMap<String, String>) -> Self {
+        Self { source: source.into(), infos, metadata, quantization: None, quantized: HashMap::new() }
     }
 
     pub fn infos(&self) -> &BTreeMap<String, TensorInfo> {
         &self.infos
     }
 
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// The config's `quantization` section, checked against the tensors by [`Weights::check`].
+    pub fn set_quantization(&mut self, quantization: Option<QuantConfig>) {
+        self.quantization = quantization;
+    }
+
     /// The floating-point dtype most tensors are stored in (the checkpoint's own dtype).
     pub fn storage_dtype(&self) -> Option<Dtype> {
         let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-        for info in self.infos.values() {
-            *counts.entry(info.dtype.as_str()).or_default() += 1;
+        for (name, info) in &self.infos {
+            if !name.ends_with(".scales") && !name.ends_with(".biases") {
+                *counts.entry(info.dtype.as_str()).or_default() += 1;
+            }
         }
         counts
             .into_iter()
             .filter_map(|(d, n)| float_dtype(d).map(|dt| (n, dt)))
             .max_by_key(|(n, _)| *n)
             .map(|(_, dt)| dt)
+            .or_else(|| self.infos.values().find_map(|i| float_dtype(&i.dtype)))
     }
 
     /// Checks that the checkpoint holds exactly `specs` (names and shapes), naming the first problem.
-    pub fn check(&self, specs: &[TensorSpec], model_type: &str) -> Result<()> {
+    /// A 2-D `*.weight` may instead be stored quantized (packed weight + scales + biases).
+    pub fn check(&mut self, specs: &[TensorSpec], model_type: &str) -> Result<()> {
+        let mut expected: HashSet<String> = HashSet::new();
+        self.quantized.clear();
         for spec in specs {
-            let Some(info) = self.infos.get(&spec.name) else {
-                return Err(Error::MissingTensor {
-                    path: self.source.clone(),
-                    name: spec.name.clone(),
-                    expected: spec.shape.clone(),
-                });
-            };
+            expected.insert(spec.name.clone());
+            let module = spec.name.strip_suffix(".weight").filter(|_| spec.shape.len() == 2);
+            if let Some(module) = module.filter(|m| self.infos.contains_key(&format!("{m}.scales"))) {
+                let format = self.check_quantized(module, &spec.shape)?;
+                self.quantized.insert(module.to_string(), format);
+                expected.insert(format!("{module}.scales"));
+                expected.insert(format!("{module}.biases"));
+                continue;
+            }
+            let info = self.info(&spec.name, &spec.shape)?;
             if info.shape != spec.shape {
                 return Err(Error::TensorShape {
                     path: info.file.clone(),
@@ -107,16 +183,24 @@ impl Weights {
                 });
             }
             if float_dtype(&info.dtype).is_none() {
-                return Err(Error::BadWeights {
-                    path: info.file.clone(),
-                    message: format!(
-                        "tensor `{}` is stored as {}; expected F32, F16 or BF16",
-                        spec.name, info.dtype
+                return Err(self.bad(
+                    &spec.name,
+                    format!("is stored as {}; expected F32, F16 or BF16", info.dtype),
+                ));
+            }
+            if let Some(format) = module.and_then(|m| self.quantization.as_ref()?.for_module(m)) {
+                return Err(self.bad(
+                    &spec.name,
+                    format!(
+                        "is not quantized but the config's `quantization` asks for {} bits, group size {} \
+                         (add `\"{}\": false` to it if this module is meant to stay unquantized)",
+                        format.bits,
+                        format.group_size,
+                        module.unwrap_or_default()
                     ),
-                });
+                ));
             }
         }
-        let expected: std::collections::HashSet<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         if let Some(extra) = self.infos.keys().find(|k| !expected.contains(k.as_str())) {
             return Err(Error::UnexpectedTensor {
                 path: self.infos[extra].file.clone(),
@@ -127,23 +211,135 @@ impl Weights {
         Ok(())
     }
 
-    /// Loads one tensor (after [`Weights::check`]) and casts it to `dtype`.
-    pub fn get(&mut self, name: &str, dtype: Dtype) -> Result<Array> {
-        let info = self.infos.get(name).ok_or_else(|| Error::MissingTensor {
+    fn info(&self, name: &str, expected: &[i32]) -> Result<&TensorInfo> {
+        self.infos.get(name).ok_or_else(|| Error::MissingTensor {
             path: self.source.clone(),
             name: name.into(),
-            expected: vec![],
+            expected: expected.to_vec(),
+        })
+    }
+
+    fn bad(&self, name: &str, message: String) -> Error {
+        let path = self.infos.get(name).map_or(self.source.clone(), |i| i.file.clone());
+        Error::BadWeights { path, message: format!("tensor `{name}` {message}") }
+    }
+
+    /// Validates a quantized `[out, in]` projection and returns its bits and group size.
+    fn check_quantized(&self, module: &str, shape: &[i32]) -> Result<QuantFormat> {
+        let (out, inner) = (shape[0], shape[1]);
+        let weight_name = format!("{module}.weight");
+        let scales_name = format!("{module}.scales");
+        let biases_name = format!("{module}.biases");
+        let weight = self.info(&weight_name, shape)?;
+        let scales = self.info(&scales_name, &[])?;
+        let biases = self.infos.get(&biases_name).ok_or_else(|| {
+            self.bad(&scales_name, format!("has no `{biases_name}`: only MLX affine quantization is supported"))
         })?;
-        let file = info.file.clone();
-        if !self.loaded.contains_key(&file) {
-            let arrays = Array::load_safetensors(&file)?;
-            self.loaded.insert(file.clone(), arrays);
+        if weight.dtype != "U32" || weight.shape.len() != 2 || weight.shape[0] != out {
+            return Err(self.bad(
+                &weight_name,
+                format!(
+                    "is quantized (has `.scales`) so it must be U32 [{out}, in·bits/32], found {} {:?}",
+                    weight.dtype, weight.shape
+                ),
+            ));
         }
-        let array = self.loaded[&file].get(name).ok_or_else(|| Error::BadWeights {
-            path: file.clone(),
-            message: format!("MLX could not read tensor `{name}`"),
-        })?;
-        Ok(if array.dtype() == dtype { array.clone() } else { array.as_dtype(dtype)? })
+        let packed = weight.shape[1];
+        let bits = packed * 32 / inner;
+        if packed * 32 % inner != 0 || ![2, 3, 4, 5, 6, 8].contains(&bits) {
+            return Err(self.bad(
+                &weight_name,
+                format!("packs {packed} words per row for {inner} inputs: not a supported bit width"),
+            ));
+        }
+        if scales.shape.len() != 2 || scales.shape[0] != out || scales.shape[1] == 0 || inner % scales.shape[1] != 0 {
+            return Err(self.bad(&scales_name, format!("has shape {:?}, expected [{out}, {inner}/group_size]", scales.shape)));
+        }
+        let group_size = inner / scales.shape[1];
+        if biases.shape != scales.shape || float_dtype(&scales.dtype).is_none() || float_dtype(&biases.dtype).is_none() {
+            return Err(self.bad(
+                &biases_name,
+                format!("must be a float tensor shaped like `{scales_name}` {:?}", scales.shape),
+            ));
+        }
+        let found = QuantFormat { group_size, bits };
+        if let Some(config) = &self.quantization {
+            if config.for_module(module) != Some(found) {
+                return Err(self.bad(
+                    &weight_name,
+                    format!(
+                        "is quantized with {bits} bits, group size {group_size}, but the config's `quantization` says {}",
+                        config.for_module(module).map_or("not quantized".into(), |f| format!(
+                            "{} bits, group size {}",
+                            f.bits, f.group_size
+                        ))
+                    ),
+                ));
+            }
+        }
+        Ok(found)
+    }
+
+    /// How `module` is quantized (after [`Weights::check`]), `None` if it is stored in float.
+    pub fn quantized(&self, module: &str) -> Option<QuantFormat> {
+        self.quantized.get(module).copied()
+    }
+
+    /// Parameters of the model as trained (a quantized matrix counts its unpacked elements).
+    pub fn n_params(&self) -> usize {
+        self.infos
+            .iter()
+            .filter(|(name, _)| !name.ends_with(".scales") && !name.ends_with(".biases"))
+            .map(|(name, info)| {
+                let module = name.strip_suffix(".weight").unwrap_or(name);
+                match self.quantized.get(module) {
+                    Some(f) => info.numel() * 32 / f.bits as usize,
+                    None => info.numel(),
+                }
+            })
+            .sum()
+    }
+
+    /// Loads one tensor in its stored dtype.
+    pub fn raw(&self, name: &str) -> Result<Array> {
+        let info = self.info(name, &[])?;
+        match &info.location {
+            Location::Memory(array) => Ok(array.clone()),
+            Location::File { .. } => {
+                let bytes = self.bytes(name)?;
+                let dtype = stored_dtype(&info.dtype).ok_or_else(|| {
+                    self.bad(name, format!("has dtype {} which MLX cannot load", info.dtype))
+                })?;
+                // SAFETY: `bytes` holds exactly numel × itemsize bytes (checked against the header).
+                Ok(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), &info.shape, dtype) })
+            }
+        }
+    }
+
+    /// The stored bytes of a file-backed tensor (little-endian, as in the file).
+    pub fn bytes(&self, name: &str) -> Result<Vec<u8>> {
+        let info = self.info(name, &[])?;
+        match &info.location {
+            Location::File { offset, len } => {
+                let mut file = std::fs::File::open(&info.file).map_err(|e| Error::io(&info.file, e))?;
+                let mut bytes = vec![0u8; *len as usize];
+                file.seek(SeekFrom::Start(*offset))
+                    .and_then(|_| file.read_exact(&mut bytes))
+                    .map_err(|e| Error::io(&info.file, e))?;
+                Ok(bytes)
+            }
+            Location::Memory(array) => {
+                let array = array.clone();
+                array.eval()?;
+                Ok(crate::engine::ops::to_bytes(&array)?)
+            }
+        }
+    }
+
+    /// Loads one tensor (after [`Weights::check`]) and casts it to `dtype`.
+    pub fn get(&self, name: &str, dtype: Dtype) -> Result<Array> {
+        let array = self.raw(name)?;
+        Ok(if array.dtype() == dtype { array } else { array.as_dtype(dtype)? })
     }
 }
 
@@ -156,6 +352,41 @@ pub fn float_dtype(name: &str) -> Option<Dtype> {
     }
 }
 
+/// MLX dtype of a safetensors dtype name.
+fn stored_dtype(name: &str) -> Option<Dtype> {
+    Some(match name {
+        "BOOL" => Dtype::Bool,
+        "U8" => Dtype::Uint8,
+        "I8" => Dtype::Int8,
+        "U16" => Dtype::Uint16,
+        "I16" => Dtype::Int16,
+        "U32" => Dtype::Uint32,
+        "I32" => Dtype::Int32,
+        "U64" => Dtype::Uint64,
+        "I64" => Dtype::Int64,
+        other => return float_dtype(other),
+    })
+}
+
+/// Safetensors dtype name of an MLX dtype.
+pub fn dtype_name(dtype: Dtype) -> Option<&'static str> {
+    Some(match dtype {
+        Dtype::Bool => "BOOL",
+        Dtype::Uint8 => "U8",
+        Dtype::Int8 => "I8",
+        Dtype::Uint16 => "U16",
+        Dtype::Int16 => "I16",
+        Dtype::Uint32 => "U32",
+        Dtype::Int32 => "I32",
+        Dtype::Uint64 => "U64",
+        Dtype::Int64 => "I64",
+        Dtype::Float32 => "F32",
+        Dtype::Float16 => "F16",
+        Dtype::Bfloat16 => "BF16",
+        _ => return None,
+    })
+}
+
 fn dtype_size(name: &str) -> Option<u64> {
     Some(match name {
         "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
@@ -165,7 +396,6 @@ fn dtype_size(name: &str) -> Option<u64> {
         _ => return None,
     })
 }
-
 fn shard_files(index: &Path) -> Result<Vec<PathBuf>> {
     let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
     let json: Value = serde_json::from_str(&text)
@@ -204,8 +434,14 @@ fn shard_files(index: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// A validated safetensors header.
+pub struct Header {
+    pub tensors: Vec<(String, TensorInfo)>,
+    pub metadata: BTreeMap<String, String>,
+}
+
 /// Reads and validates a safetensors header against the file's real size.
-pub fn read_header(path: &Path) -> Result<Vec<(String, TensorInfo)>> {
+pub fn read_header(path: &Path) -> Result<Header> {
     let bad = |message: String| Error::BadWeights { path: path.into(), message };
     let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
@@ -223,10 +459,16 @@ pub fn read_header(path: &Path) -> Result<Vec<(String, TensorInfo)>> {
     let json: Value = serde_json::from_slice(&header)
         .map_err(|e| bad(format!("corrupt header (not JSON: {e})")))?;
     let entries = json.as_object().ok_or_else(|| bad("corrupt header (not a JSON object)".into()))?;
-    let data_len = file_len - 8 - header_len;
-    let mut out = Vec::new();
+    let data_start = 8 + header_len;
+    let data_len = file_len - data_start;
+    let mut out = Header { tensors: Vec::new(), metadata: BTreeMap::new() };
     for (name, entry) in entries {
         if name == "__metadata__" {
+            let map = entry.as_object().ok_or_else(|| bad("corrupt header (__metadata__ is not an object)".into()))?;
+            for (key, value) in map {
+                let value = value.as_str().ok_or_else(|| bad(format!("__metadata__ `{key}` is not a string")))?;
+                out.metadata.insert(key.clone(), value.to_string());
+            }
             continue;
         }
         let dtype = entry.get("dtype").and_then(Value::as_str).unwrap_or("");
@@ -259,12 +501,13 @@ pub fn read_header(path: &Path) -> Result<Vec<(String, TensorInfo)>> {
         if shape.iter().any(|&d| d > i32::MAX as u64) {
             return Err(bad(format!("tensor `{name}` has a dimension too large for MLX")));
         }
-        out.push((
+        out.tensors.push((
             name.clone(),
             TensorInfo {
                 dtype: dtype.to_string(),
                 shape: shape.iter().map(|&d| d as i32).collect(),
                 file: path.to_path_buf(),
+                location: Location::File { offset: data_start + offsets[0], len: offsets[1] - offsets[0] },
             },
         ));
     }

@@ -2,21 +2,87 @@
 
 use crate::engine::error::Result;
 use crate::engine::ops::scalar;
+use crate::engine::quant::QuantizedMatrix;
 use crate::engine::weights::Weights;
 use mlx_rs::{fast, ops, Array, Dtype};
 
-/// y = x · Wᵀ with W stored `[out, in]`.
+/// A `[out, in]` matrix, in float or MLX-quantized.
+#[derive(Clone)]
+pub enum Matrix {
+    Dense(Array),
+    Quantized(QuantizedMatrix),
+}
+
+impl Matrix {
+    /// Loads `{module}.weight` (and `.scales`/`.biases` when the checkpoint quantized it).
+    pub fn load(weights: &Weights, module: &str, dtype: Dtype) -> Result<Self> {
+        let weight = format!("{module}.weight");
+        Ok(match weights.quantized(module) {
+            Some(format) => Matrix::Quantized(QuantizedMatrix {
+                packed: weights.raw(&weight)?,
+                scales: weights.get(&format!("{module}.scales"), dtype)?,
+                biases: weights.get(&format!("{module}.biases"), dtype)?,
+                format,
+            }),
+            None => Matrix::Dense(weights.get(&weight, dtype)?),
+        })
+    }
+
+    /// x · Wᵀ.
+    pub fn matmul_t(&self, x: &Array) -> Result<Array> {
+        match self {
+            Matrix::Dense(w) => Ok(x.matmul(w.t())?),
+            Matrix::Quantized(q) => q.matmul_t(x),
+        }
+    }
+}
+
+/// y = x · Wᵀ (+ b).
 pub struct Linear {
-    pub weight: Array,
+    pub weight: Matrix,
+    pub bias: Option<Array>,
 }
 
 impl Linear {
-    pub fn load(weights: &mut Weights, name: &str, dtype: Dtype) -> Result<Self> {
-        Ok(Self { weight: weights.get(&format!("{name}.weight"), dtype)? })
+    pub fn load(weights: &Weights, name: &str, dtype: Dtype) -> Result<Self> {
+        Ok(Self { weight: Matrix::load(weights, name, dtype)?, bias: None })
+    }
+
+    /// A projection with a bias vector `{name}.bias`.
+    pub fn load_with_bias(weights: &Weights, name: &str, dtype: Dtype) -> Result<Self> {
+        Ok(Self { weight: Matrix::load(weights, name, dtype)?, bias: Some(weights.get(&format!("{name}.bias"), dtype)?) })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        Ok(x.matmul(self.weight.t())?)
+        let y = self.weight.matmul_t(x)?;
+        Ok(match &self.bias {
+            Some(b) => y.add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// Token embeddings `[vocab, hidden]`; also the output projection when embeddings are tied.
+pub struct Embedding {
+    pub table: Matrix,
+}
+
+impl Embedding {
+    pub fn load(weights: &Weights, name: &str, dtype: Dtype) -> Result<Self> {
+        Ok(Self { table: Matrix::load(weights, name, dtype)? })
+    }
+
+    /// `[B, T]` ids → `[B, T, hidden]`.
+    pub fn forward(&self, ids: &Array) -> Result<Array> {
+        match &self.table {
+            Matrix::Dense(w) => Ok(w.take_axis(ids, 0)?),
+            Matrix::Quantized(q) => q.rows(ids),
+        }
+    }
+
+    /// h · Eᵀ: logits through the tied embedding.
+    pub fn as_linear(&self, h: &Array) -> Result<Array> {
+        self.table.matmul_t(h)
     }
 }
 
@@ -26,7 +92,7 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    pub fn load(weights: &mut Weights, name: &str, eps: f32, dtype: Dtype) -> Result<Self> {
+    pub fn load(weights: &Weights, name: &str, eps: f32, dtype: Dtype) -> Result<Self> {
         Ok(Self { weight: weights.get(&format!("{name}.weight"), dtype)?, eps })
     }
 
@@ -44,7 +110,7 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn load(weights: &mut Weights, prefix: &str, dtype: Dtype) -> Result<Self> {
+    pub fn load(weights: &Weights, prefix: &str, dtype: Dtype) -> Result<Self> {
         Ok(Self {
             gate: Linear::load(weights, &format!("{prefix}.gate_proj"), dtype)?,
             up: Linear::load(weights, &format!("{prefix}.up_proj"), dtype)?,

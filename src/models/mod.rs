@@ -1,35 +1,88 @@
-//! Model families, one module each, and the loader that picks one from `config.json`.
+//! Model families, one module each, and the loader that picks one from the config's `model_type`.
 
+pub mod decoder;
+pub mod gguf;
 pub mod layers;
+pub mod llama;
+pub mod minicpm;
+pub mod qwen2;
+pub mod qwen3;
+pub mod rope;
 pub mod sala;
 
 use crate::engine::config::ConfigFile;
 use crate::engine::error::{Error, Result};
 use crate::engine::model::LanguageModel;
+use crate::engine::quant::QuantConfig;
+use crate::engine::source::ModelSource;
+use crate::engine::tokenizer::TextTokenizer;
 use crate::engine::weights::Weights;
+use decoder::{DecoderConfig, DecoderModel};
 use mlx_rs::Dtype;
 use std::path::Path;
 
-/// Loads the model in `dir` (`config.json` + safetensors), in `dtype` or the checkpoint's own.
-pub fn load(dir: &Path, dtype: Option<Dtype>) -> Result<Box<dyn LanguageModel>> {
-    let config_path = dir.join("config.json");
-    if !config_path.is_file() {
-        return Err(Error::Usage(format!(
-            "{}: no config.json; --model must name a model directory (config.json + model.safetensors)",
-            dir.display()
-        )));
+/// Every `model_type` this build runs.
+pub fn supported_model_types() -> Vec<&'static str> {
+    let mut types = vec![sala::MODEL_TYPE, minicpm::MODEL_TYPE, qwen2::MODEL_TYPE, qwen3::MODEL_TYPE];
+    types.extend(llama::MODEL_TYPES);
+    types
+}
+
+/// Finds the model at `path`: a directory, a `.sala`/`.safetensors` single file, or a `.gguf` file.
+pub fn open(path: &Path) -> Result<ModelSource> {
+    if !path.exists() {
+        return Err(Error::Usage(format!("{}: no such file or directory", path.display())));
     }
-    let cfg = ConfigFile::read(&config_path)?;
+    if path.is_dir() {
+        ModelSource::from_dir(path)
+    } else if gguf::is_gguf(path) {
+        gguf::import(path)
+    } else {
+        ModelSource::from_packed(path)
+    }
+}
+
+/// The dense families' configs by `model_type` (`None` for other types).
+pub fn decoder_config(cfg: &ConfigFile) -> Result<Option<DecoderConfig>> {
     let model_type = cfg.str("model_type")?;
-    match model_type {
-        sala::MODEL_TYPE => {
-            let mut weights = Weights::open(dir)?;
-            Ok(Box::new(sala::SalaModel::load(&cfg, &mut weights, dtype)?))
-        }
+    Ok(Some(match model_type {
+        t if llama::MODEL_TYPES.contains(&t) => llama::config(cfg)?,
+        qwen2::MODEL_TYPE => qwen2::config(cfg)?,
+        qwen3::MODEL_TYPE => qwen3::config(cfg)?,
+        minicpm::MODEL_TYPE => minicpm::config(cfg)?,
+        _ => return Ok(None),
+    }))
+}
+
+/// Builds the model that `cfg` describes from `weights`, in `dtype` or the checkpoint's own.
+pub fn build(cfg: &ConfigFile, weights: &mut Weights, dtype: Option<Dtype>) -> Result<Box<dyn LanguageModel>> {
+    weights.set_quantization(QuantConfig::from_config(cfg)?);
+    if let Some(config) = decoder_config(cfg)? {
+        return Ok(Box::new(DecoderModel::load(config, weights, dtype)?));
+    }
+    match cfg.str("model_type")? {
+        sala::MODEL_TYPE => Ok(Box::new(sala::SalaModel::load(cfg, weights, dtype)?)),
         other => Err(Error::UnsupportedModel {
-            path: config_path.clone(),
+            path: cfg.path.clone(),
             model_type: other.into(),
-            supported: sala::MODEL_TYPE.into(),
+            supported: supported_model_types().join(", "),
         }),
     }
+}
+
+/// Loads the model at `path` (see [`open`]).
+pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Box<dyn LanguageModel>> {
+    Ok(load_with_tokenizer(path, dtype)?.0)
+}
+
+/// Loads the model at `path` and its tokenizer, if it has one.
+pub fn load_with_tokenizer(path: &Path, dtype: Option<Dtype>) -> Result<(Box<dyn LanguageModel>, Option<TextTokenizer>)> {
+    let mut source = open(path)?;
+    let cfg = source.config()?;
+    let model = build(&cfg, &mut source.weights, dtype)?;
+    let tokenizer = match source.tokenizer_files()? {
+        Some(files) => Some(TextTokenizer::new(&files, model.info().bos_token_id)?),
+        None => None,
+    };
+    Ok((model, tokenizer))
 }

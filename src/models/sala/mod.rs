@@ -14,7 +14,7 @@ use crate::engine::config::ConfigFile;
 use crate::engine::error::{Error, Result};
 use crate::engine::model::{LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::models::layers::{scale, Linear, Mlp, RmsNorm};
+use crate::models::layers::{scale, Embedding, Linear, Mlp, RmsNorm};
 use lightning::{LightningAttention, LightningConfig};
 use mlx_rs::{ops::indexing::TryIndexOp, Array, Dtype};
 use sparse::{SparseAttention, SparseConfig};
@@ -150,7 +150,7 @@ struct DecoderLayer {
 pub struct SalaModel {
     pub config: SalaConfig,
     info: ModelInfo,
-    embed_tokens: Array,
+    embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
@@ -179,7 +179,7 @@ impl SalaModel {
                 mlp: Mlp::load(weights, &format!("{p}.mlp"), dtype)?,
             });
         }
-        let n_params = weights.infos().values().map(|i| i.shape.iter().map(|&d| d as usize).product::<usize>()).sum();
+        let n_params = weights.n_params();
         let info = ModelInfo {
             model_type: MODEL_TYPE.into(),
             vocab_size: config.vocab_size,
@@ -190,7 +190,7 @@ impl SalaModel {
             n_params,
         };
         Ok(Self {
-            embed_tokens: weights.get("model.embed_tokens.weight", dtype)?,
+            embed_tokens: Embedding::load(weights, "model.embed_tokens", dtype)?,
             norm: RmsNorm::load(weights, "model.norm", eps, dtype)?,
             lm_head: if config.tie_word_embeddings { None } else { Some(Linear::load(weights, "lm_head", dtype)?) },
             layers,
@@ -218,6 +218,16 @@ impl LanguageModel for SalaModel {
         ModelCache { layers }
     }
 
+    fn set_window(&mut self, _window: crate::engine::cache::Window) -> Result<()> {
+        Err(Error::Usage(
+            "MiniCPM-SALA cannot use --context-size/--num-sink-tokens: its sparse layers choose which blocks of \
+             the whole history to attend to and its lightning layers fold every token into their state, so \
+             evicting tokens would change what the model computes. It supports long contexts natively \
+             (max_position_embeddings); drop these flags."
+                .into(),
+        ))
+    }
+
     fn forward(
         &self,
         tokens: &Array,
@@ -226,7 +236,7 @@ impl LanguageModel for SalaModel {
         mut trace: Option<&mut Trace>,
     ) -> Result<Array> {
         let alpha = self.config.residual_scale();
-        let mut h = scale(&self.embed_tokens.take_axis(tokens, 0)?, self.config.scale_emb)?;
+        let mut h = scale(&self.embed_tokens.forward(tokens)?, self.config.scale_emb)?;
         if let Some(t) = trace.as_deref_mut() {
             t.record("hidden.embeddings", &h);
         }
@@ -257,7 +267,7 @@ impl LanguageModel for SalaModel {
         let h = h.divide(crate::engine::ops::scalar(divisor, h.dtype())?)?;
         let out = match &self.lm_head {
             Some(head) => head.forward(&h)?,
-            None => h.matmul(self.embed_tokens.t())?,
+            None => self.embed_tokens.as_linear(&h)?,
         };
         let t = out.shape()[1];
         Ok(out.reshape(&[t, -1])?.as_dtype(Dtype::Float32)?)

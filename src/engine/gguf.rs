@@ -1,0 +1,507 @@
+//! GGUF files (llama.cpp's single-file format): header, metadata, tensor directory, and the
+//! conversion of its tensor types into MLX arrays.
+//!
+//! Q8_0, Q4_0 and Q4_1 blocks (32 weights, one f16 scale, Q4_1 also an f16 minimum) map exactly
+//! onto MLX affine quantization with group size 32, so they are repacked rather than expanded:
+//! w = d·q + m becomes scale d, bias m (Q4_1), −8d (Q4_0) or −128d (Q8_0, with q shifted to
+//! unsigned). F32, F16 and BF16 load as they are. Every length and offset is checked against the
+//! file size before use, so a truncated or corrupt file gives a typed error.
+
+use super::error::{Error, Result};
+use super::quant::{QuantFormat, QuantizedMatrix};
+use half::f16;
+use mlx_rs::{Array, Dtype};
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 4] = b"GGUF";
+const DEFAULT_ALIGNMENT: u64 = 32;
+
+/// A metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetaValue {
+    Int(i64),
+    Uint(u64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    Array(Vec<MetaValue>),
+}
+
+impl MetaValue {
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            MetaValue::Uint(v) => Some(v),
+            MetaValue::Int(v) if v >= 0 => Some(v as u64),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            MetaValue::Float(v) => Some(v),
+            MetaValue::Uint(v) => Some(v as f64),
+            MetaValue::Int(v) => Some(v as f64),
+            _ => None,
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            MetaValue::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            MetaValue::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+    pub fn as_array(&self) -> Option<&[MetaValue]> {
+        match self {
+            MetaValue::Array(items) => Some(items),
+            _ => None,
+        }
+    }
+}
+
+/// The ggml tensor types this reader knows by name (others are reported by number).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    Bf16,
+    Other(u32),
+}
+
+impl GgmlType {
+    fn from_id(id: u32) -> Self {
+        match id {
+            0 => GgmlType::F32,
+            1 => GgmlType::F16,
+            2 => GgmlType::Q4_0,
+            3 => GgmlType::Q4_1,
+            8 => GgmlType::Q8_0,
+            30 => GgmlType::Bf16,
+            other => GgmlType::Other(other),
+        }
+    }
+
+    /// (elements per block, bytes per block) of the types whose size is known.
+    fn block(self) -> Option<(u64, u64)> {
+        Some(match self {
+            GgmlType::F32 => (1, 4),
+            GgmlType::F16 | GgmlType::Bf16 => (1, 2),
+            GgmlType::Q4_0 => (32, 18),
+            GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q8_0 => (32, 34),
+            GgmlType::Other(_) => return None,
+        })
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            GgmlType::Other(id) => match id {
+                6 => "Q5_0".into(),
+                7 => "Q5_1".into(),
+                10 => "Q2_K".into(),
+                11 => "Q3_K".into(),
+                12 => "Q4_K".into(),
+                13 => "Q5_K".into(),
+                14 => "Q6_K".into(),
+                15 => "Q8_K".into(),
+                id => format!("type {id}"),
+            },
+            known => format!("{known:?}").to_uppercase(),
+        }
+    }
+}
+
+/// One entry of the tensor directory.
+#[derive(Debug, Clone)]
+pub struct GgufTensor {
+    pub name: String,
+    /// ggml order: `dims[0]` is the contiguous (row) dimension.
+    pub dims: Vec<u64>,
+    pub kind: GgmlType,
+    /// Absolute offset of the data in the file.
+    pub offset: u64,
+    pub nbytes: u64,
+}
+
+impl GgufTensor {
+    /// The row-major (numpy/HF) shape: ggml's dims reversed.
+    pub fn shape(&self) -> Vec<i32> {
+        self.dims.iter().rev().map(|&d| d as i32).collect()
+    }
+}
+
+/// A tensor converted for MLX.
+pub enum Converted {
+    Float(Array),
+    Quantized(QuantizedMatrix),
+}
+
+pub struct GgufFile {
+    pub path: PathBuf,
+    pub version: u32,
+    pub metadata: BTreeMap<String, MetaValue>,
+    pub tensors: Vec<GgufTensor>,
+}
+
+/// Bounds-checked little-endian reader over the header.
+struct HeaderReader<R> {
+    inner: R,
+    path: PathBuf,
+    file_len: u64,
+    pos: u64,
+}
+
+impl<R: Read> HeaderReader<R> {
+    fn bad(&self, message: impl Into<String>) -> Error {
+        Error::BadWeights { path: self.path.clone(), message: format!("GGUF: {}", message.into()) }
+    }
+
+    fn bytes(&mut self, n: u64) -> Result<Vec<u8>> {
+        if self.pos + n > self.file_len {
+            return Err(self.bad(format!(
+                "truncated: the header needs {} bytes at offset {} but the file has {}",
+                n, self.pos, self.file_len
+            )));
+        }
+        let mut buf = vec![0u8; n as usize];
+        self.inner.read_exact(&mut buf).map_err(|e| Error::io(&self.path, e))?;
+        self.pos += n;
+        Ok(buf)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        Ok(self.bytes(N as u64)?.try_into().expect("N bytes"))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    /// A count that must fit in what is left of the file (`min_size` bytes per item).
+    fn count(&mut self, what: &str, min_size: u64) -> Result<u64> {
+        let n = self.u64()?;
+        if n.saturating_mul(min_size.max(1)) > self.file_len - self.pos {
+            return Err(self.bad(format!("corrupt: {what} count {n} cannot fit in the file")));
+        }
+        Ok(n)
+    }
+
+    fn string(&mut self) -> Result<String> {
+        let n = self.count("string length", 1)?;
+        let bytes = self.bytes(n)?;
+        String::from_utf8(bytes).map_err(|_| self.bad(format!("corrupt: a string at offset {} is not UTF-8", self.pos)))
+    }
+
+    fn value(&mut self, kind: u32, depth: usize) -> Result<MetaValue> {
+        Ok(match kind {
+            0 => MetaValue::Uint(self.array::<1>()?[0] as u64),
+            1 => MetaValue::Int(self.array::<1>()?[0] as i8 as i64),
+            2 => MetaValue::Uint(u16::from_le_bytes(self.array()?) as u64),
+            3 => MetaValue::Int(i16::from_le_bytes(self.array()?) as i64),
+            4 => MetaValue::Uint(self.u32()? as u64),
+            5 => MetaValue::Int(i32::from_le_bytes(self.array()?) as i64),
+            6 => MetaValue::Float(f32::from_le_bytes(self.array()?) as f64),
+            7 => MetaValue::Bool(self.array::<1>()?[0] != 0),
+            8 => MetaValue::Str(self.string()?),
+            9 if depth < 2 => {
+                let item_kind = self.u32()?;
+                let n = self.count("array", 1)?;
+                let mut items = Vec::with_capacity(n.min(1 << 20) as usize);
+                for _ in 0..n {
+                    items.push(self.value(item_kind, depth + 1)?);
+                }
+                MetaValue::Array(items)
+            }
+            10 => MetaValue::Uint(self.u64()?),
+            11 => MetaValue::Int(i64::from_le_bytes(self.array()?)),
+            12 => MetaValue::Float(f64::from_le_bytes(self.array()?)),
+            other => return Err(self.bad(format!("corrupt: unknown metadata value type {other}"))),
+        })
+    }
+}
+
+impl GgufFile {
+    /// Reads and validates the header and tensor directory (no tensor data).
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let mut r = HeaderReader { inner: std::io::BufReader::new(file), path: path.into(), file_len, pos: 0 };
+        if r.bytes(4).ok().as_deref() != Some(MAGIC) {
+            return Err(r.bad("not a GGUF file (bad magic)"));
+        }
+        let version = r.u32()?;
+        if !(2..=3).contains(&version) {
+            return Err(r.bad(format!("version {version} is not supported (2 or 3)")));
+        }
+        let n_tensors = r.count("tensor", 24)?;
+        let n_kv = r.count("metadata", 12)?;
+        let mut metadata = BTreeMap::new();
+        for _ in 0..n_kv {
+            let key = r.string()?;
+            let kind = r.u32()?;
+            let value = r.value(kind, 0)?;
+            metadata.insert(key, value);
+        }
+        let mut raw = Vec::with_capacity(n_tensors as usize);
+        for _ in 0..n_tensors {
+            let name = r.string()?;
+            let n_dims = r.u32()?;
+            if !(1..=4).contains(&n_dims) {
+                return Err(r.bad(format!("tensor `{name}` has {n_dims} dimensions")));
+            }
+            let dims = (0..n_dims).map(|_| r.u64()).collect::<Result<Vec<_>>>()?;
+            let kind = GgmlType::from_id(r.u32()?);
+            let offset = r.u64()?;
+            raw.push((name, dims, kind, offset));
+        }
+        let alignment = metadata.get("general.alignment").and_then(MetaValue::as_u64).unwrap_or(DEFAULT_ALIGNMENT);
+        if alignment == 0 || !alignment.is_power_of_two() {
+            return Err(r.bad(format!("general.alignment {alignment} is not a power of two")));
+        }
+        let data_start = r.pos.div_ceil(alignment) * alignment;
+        let mut tensors = Vec::with_capacity(raw.len());
+        for (name, dims, kind, offset) in raw {
+            let numel = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+            let nbytes = match (kind.block(), numel) {
+                (Some((per_block, bytes)), Some(n)) => {
+                    if dims[0] % per_block != 0 {
+                        return Err(r.bad(format!(
+                            "tensor `{name}`: row length {} is not a multiple of the {} block size {per_block}",
+                            dims[0],
+                            kind.name()
+                        )));
+                    }
+                    n / per_block * bytes
+                }
+                // Unknown sizes are only an error if the tensor is used (see `convert`).
+                _ => 0,
+            };
+            let start = data_start + offset;
+            if start + nbytes > file_len {
+                return Err(r.bad(format!(
+                    "truncated: tensor `{name}` needs bytes {start}..{} but the file has {file_len}",
+                    start + nbytes
+                )));
+            }
+            tensors.push(GgufTensor { name, dims, kind, offset: start, nbytes });
+        }
+        Ok(Self { path: path.into(), version, metadata, tensors })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&MetaValue> {
+        self.metadata.get(key)
+    }
+
+    fn missing(&self, key: &str, what: &str) -> Error {
+        Error::BadWeights { path: self.path.clone(), message: format!("GGUF metadata `{key}`: missing or not {what}") }
+    }
+
+    pub fn str(&self, key: &str) -> Result<&str> {
+        self.get(key).and_then(MetaValue::as_str).ok_or_else(|| self.missing(key, "a string"))
+    }
+    pub fn u64(&self, key: &str) -> Result<u64> {
+        self.get(key).and_then(MetaValue::as_u64).ok_or_else(|| self.missing(key, "an integer"))
+    }
+    pub fn f64(&self, key: &str) -> Result<f64> {
+        self.get(key).and_then(MetaValue::as_f64).ok_or_else(|| self.missing(key, "a number"))
+    }
+    pub fn strings(&self, key: &str) -> Result<Vec<&str>> {
+        self.get(key)
+            .and_then(MetaValue::as_array)
+            .and_then(|items| items.iter().map(MetaValue::as_str).collect())
+            .ok_or_else(|| self.missing(key, "a list of strings"))
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&GgufTensor> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    fn read(&self, t: &GgufTensor) -> Result<Vec<u8>> {
+        let mut file = std::fs::File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        let mut bytes = vec![0u8; t.nbytes as usize];
+        file.seek(SeekFrom::Start(t.offset))
+            .and_then(|_| file.read_exact(&mut bytes))
+            .map_err(|e| Error::io(&self.path, e))?;
+        Ok(bytes)
+    }
+
+    /// Reads tensor `t` and converts it to MLX (quantized types stay quantized).
+    pub fn convert(&self, t: &GgufTensor) -> Result<Converted> {
+        let shape = t.shape();
+        let bytes = self.read(t)?;
+        convert_bytes(&bytes, t.kind, &shape).map_err(|message| Error::BadWeights {
+            path: self.path.clone(),
+            message: format!("GGUF tensor `{}`: {message}", t.name),
+        })
+    }
+}
+
+/// Converts raw GGUF tensor data of `kind` with row-major `shape` to MLX.
+pub fn convert_bytes(bytes: &[u8], kind: GgmlType, shape: &[i32]) -> std::result::Result<Converted, String> {
+    let float = |dtype| {
+        // SAFETY: the directory check made `bytes` exactly numel × itemsize long.
+        Converted::Float(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), shape, dtype) })
+    };
+    let (rows, cols) = match shape {
+        [.., c] => ((shape.iter().map(|&d| d as i64).product::<i64>() / *c as i64) as i32, *c),
+        [] => return Err("has no dimensions".into()),
+    };
+    let blocks = (rows as usize) * (cols as usize / 32);
+    let packed_shape = |bits: i32| [rows, cols * bits / 32];
+    let group_shape = [rows, cols / 32];
+    let matrix = |packed: Vec<u8>, bits: i32, scales: Vec<f16>, biases: Vec<f16>| {
+        let to_array = |v: &[f16]| Array::from_slice(v, &group_shape);
+        // SAFETY: `packed` holds rows × cols·bits/8 bytes, i.e. the u32 words of the shape.
+        let packed = unsafe { Array::from_raw_data(packed.as_ptr().cast(), &packed_shape(bits), Dtype::Uint32) };
+        Converted::Quantized(QuantizedMatrix {
+            packed,
+            scales: to_array(&scales),
+            biases: to_array(&biases),
+            format: QuantFormat { group_size: 32, bits },
+        })
+    };
+    let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]);
+    Ok(match kind {
+        GgmlType::F32 => float(Dtype::Float32),
+        GgmlType::F16 => float(Dtype::Float16),
+        GgmlType::Bf16 => float(Dtype::Bfloat16),
+        GgmlType::Q8_0 => {
+            let (mut packed, mut scales, mut biases) = (Vec::with_capacity(blocks * 32), Vec::new(), Vec::new());
+            for block in bytes.chunks_exact(34) {
+                let d = f16_at(block, 0);
+                scales.push(d);
+                biases.push(f16::from_f32(-128.0 * d.to_f32()));
+                packed.extend(block[2..].iter().map(|&q| (q as i8 as i16 + 128) as u8));
+            }
+            matrix(packed, 8, scales, biases)
+        }
+        GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            let size = if kind == GgmlType::Q4_0 { 18 } else { 20 };
+            let (mut packed, mut scales, mut biases) = (Vec::with_capacity(blocks * 16), Vec::new(), Vec::new());
+            for block in bytes.chunks_exact(size) {
+                let d = f16_at(block, 0);
+                scales.push(d);
+                biases.push(if kind == GgmlType::Q4_0 { f16::from_f32(-8.0 * d.to_f32()) } else { f16_at(block, 2) });
+                // ggml: byte j holds weight j (low nibble) and weight j+16 (high nibble);
+                // MLX: byte j holds weights 2j (low) and 2j+1 (high).
+                let qs = &block[size - 16..];
+                let nibble = |e: usize| if e < 16 { qs[e] & 0x0f } else { qs[e - 16] >> 4 };
+                packed.extend((0..16).map(|j| nibble(2 * j) | (nibble(2 * j + 1) << 4)));
+            }
+            matrix(packed, 4, scales, biases)
+        }
+        other => {
+            return Err(format!(
+                "type {} is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1); \
+                 re-quantize the model with one of those or use its safetensors release",
+                other.name()
+            ))
+        }
+    })
+}
+
+/// Pre-tokenizer regexes by llama.cpp's `tokenizer.ggml.pre` name (the HF tokenizers forms).
+const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+impl GgufFile {
+    /// The tokenizer stored in the metadata, as `tokenizer.json` + `tokenizer_config.json` texts;
+    /// `None` when the file has no vocabulary.
+    pub fn tokenizer_files(&self) -> Result<Option<super::tokenizer::TokenizerFiles>> {
+        use serde_json::{json, Value};
+        let Some(model) = self.get("tokenizer.ggml.model").and_then(MetaValue::as_str) else { return Ok(None) };
+        let unsupported = |what: String| Error::Tokenizer(format!("{}: {what}", self.path.display()));
+        if model != "gpt2" {
+            return Err(unsupported(format!(
+                "tokenizer.ggml.model `{model}` is not supported (only byte-level BPE, `gpt2`); \
+                 use the model's safetensors release with its tokenizer.json"
+            )));
+        }
+        let pre = self.get("tokenizer.ggml.pre").and_then(MetaValue::as_str).unwrap_or("default");
+        let byte_level = |use_regex: bool, trim_offsets: bool| {
+            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": trim_offsets, "use_regex": use_regex})
+        };
+        let split = |regex: &str| {
+            json!({"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false})
+        };
+        let pre_tokenizer = match pre {
+            "default" | "gpt2" | "gpt-2" => byte_level(true, true),
+            "smollm" | "starcoder" | "refact" => json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": true}, byte_level(true, true)]}),
+            "llama3" | "llama-v3" | "llama-bpe" => {
+                json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false, true)]})
+            }
+            "qwen2" | "deepseek-r1-qwen" => {
+                json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false, false)]})
+            }
+            other => {
+                return Err(unsupported(format!(
+                    "pre-tokenizer `{other}` is not supported (supported: default, gpt2, smollm, llama3/llama-bpe, qwen2)"
+                )))
+            }
+        };
+        let tokens = self.strings("tokenizer.ggml.tokens")?;
+        let merges = self.strings("tokenizer.ggml.merges")?;
+        let types: Vec<i64> = match self.get("tokenizer.ggml.token_type").and_then(MetaValue::as_array) {
+            Some(items) => items.iter().map(|v| v.as_f64().unwrap_or(1.0) as i64).collect(),
+            None => vec![1; tokens.len()],
+        };
+        let vocab: serde_json::Map<String, Value> =
+            tokens.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
+        if vocab.len() != tokens.len() {
+            return Err(unsupported("tokenizer.ggml.tokens has duplicate entries".into()));
+        }
+        // Control (3) and user-defined (4) tokens are matched whole, before the BPE model.
+        let added: Vec<Value> = tokens
+            .iter()
+            .zip(&types)
+            .enumerate()
+            .filter(|(_, (_, &ty))| ty == 3 || ty == 4)
+            .map(|(id, (t, &ty))| {
+                json!({"id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
+                       "normalized": false, "special": ty == 3})
+            })
+            .collect();
+        let tokenizer = json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+            "normalizer": null, "pre_tokenizer": pre_tokenizer, "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                      "ignore_merges": matches!(pre, "llama3" | "llama-v3" | "llama-bpe"),
+                      "vocab": vocab, "merges": merges},
+        });
+        let token = |key: &str| {
+            self.get(key).and_then(MetaValue::as_u64).and_then(|id| tokens.get(id as usize)).map(|t| t.to_string())
+        };
+        let default_add_bos = matches!(pre, "llama3" | "llama-v3" | "llama-bpe");
+        let mut config = json!({
+            "add_bos_token": self.get("tokenizer.ggml.add_bos_token").and_then(MetaValue::as_bool).unwrap_or(default_add_bos),
+        });
+        for (key, meta) in [("bos_token", "tokenizer.ggml.bos_token_id"), ("eos_token", "tokenizer.ggml.eos_token_id")] {
+            if let Some(t) = token(meta) {
+                config[key] = json!(t);
+            }
+        }
+        if let Some(template) = self.get("tokenizer.chat_template").and_then(MetaValue::as_str) {
+            config["chat_template"] = json!(template);
+        }
+        Ok(Some(super::tokenizer::TokenizerFiles {
+            source: self.path.clone(),
+            tokenizer_json: serde_json::to_string(&tokenizer).expect("JSON values serialise"),
+            config,
+            chat_template: None,
+        }))
+    }
+}

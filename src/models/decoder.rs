@@ -1,0 +1,338 @@
+//! The standard pre-norm GQA transformer that the dense families share (Llama, Mistral, SmolLM,
+//! Qwen2, Qwen3, dense MiniCPM). Each family's file reads its config into a [`DecoderConfig`],
+//! whose knobs say what differs: projection biases, per-head q/k norms, muP scales, RoPE scaling.
+//!
+//!   h = Embed[ids] · scale_emb
+//!   per layer:  h += α · Attn(RMSNorm(h));  h += α · MLP(RMSNorm(h))
+//!   logits = RMSNorm(h) · logit_scale · W_lmᵀ
+
+use crate::engine::cache::{KvCache, LayerCache, ModelCache, Window};
+use crate::engine::config::ConfigFile;
+use crate::engine::error::{Error, Result};
+use crate::engine::model::{LanguageModel, Logits, ModelInfo, Trace};
+use crate::engine::weights::{TensorSpec, Weights};
+use crate::models::layers::{scale, Embedding, Linear, Mlp, RmsNorm};
+use crate::models::rope::Rope;
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::{ops::indexing::TryIndexOp, Array, Dtype};
+
+#[derive(Clone)]
+pub struct DecoderConfig {
+    pub model_type: String,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f32,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// The config does not say; the checkpoint decides (no `lm_head.weight` = tied).
+    pub tie_unspecified: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    pub rope: Rope,
+    /// q/k/v projections carry a bias (Qwen2, `attention_bias`).
+    pub qkv_bias: bool,
+    /// o_proj carries a bias (`attention_bias` in Llama-style configs).
+    pub o_bias: bool,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// Multiplies the embeddings (MiniCPM's scale_emb).
+    pub embedding_scale: f32,
+    /// Multiplies each residual branch (MiniCPM's scale_depth/√L).
+    pub residual_scale: f32,
+    /// Multiplies the final hidden state before the output projection (MiniCPM's dim_model_base/hidden).
+    pub logit_scale: f32,
+}
+
+impl DecoderConfig {
+    /// The keys every HF-layout dense config has; the caller sets the family's knobs.
+    pub fn common(cfg: &ConfigFile) -> Result<Self> {
+        let hidden_size = cfg.usize("hidden_size")?;
+        let heads = cfg.usize("num_attention_heads")?;
+        let kv_heads = match cfg.opt("num_key_value_heads") {
+            Some(_) => cfg.usize("num_key_value_heads")?,
+            None => heads,
+        };
+        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(cfg.invalid(
+                "num_key_value_heads",
+                format!("{kv_heads} must divide num_attention_heads ({heads})"),
+            ));
+        }
+        let head_dim = match cfg.opt("head_dim") {
+            Some(_) => cfg.usize("head_dim")?,
+            None if hidden_size % heads == 0 => hidden_size / heads,
+            None => return Err(cfg.invalid("num_attention_heads", format!("{heads} does not divide hidden_size {hidden_size}; set head_dim"))),
+        };
+        if cfg.opt("sliding_window").is_some() && cfg.opt("use_sliding_window").and_then(|v| v.as_bool()) != Some(false) {
+            let window = cfg.usize("sliding_window")?;
+            let max = cfg.usize("max_position_embeddings")?;
+            if window < max {
+                return Err(cfg.invalid(
+                    "sliding_window",
+                    format!("sliding-window attention ({window} < max_position_embeddings {max}) is not supported"),
+                ));
+            }
+        }
+        let eos_token_ids = match cfg.opt("eos_token_id") {
+            Some(_) => cfg.token_ids("eos_token_id")?,
+            None => Vec::new(),
+        };
+        let bos_token_id = match cfg.opt("bos_token_id") {
+            Some(_) => Some(cfg.usize("bos_token_id")? as u32),
+            None => None,
+        };
+        Ok(Self {
+            model_type: cfg.str("model_type")?.to_string(),
+            hidden_size,
+            intermediate_size: cfg.usize("intermediate_size")?,
+            num_layers: cfg.usize("num_hidden_layers")?,
+            heads,
+            kv_heads,
+            head_dim,
+            vocab_size: cfg.usize("vocab_size")?,
+            rms_norm_eps: cfg.f64("rms_norm_eps")? as f32,
+            max_position_embeddings: cfg.usize("max_position_embeddings")?,
+            tie_word_embeddings: match cfg.opt("tie_word_embeddings") {
+                Some(_) => cfg.bool("tie_word_embeddings")?,
+                None => false,
+            },
+            tie_unspecified: cfg.opt("tie_word_embeddings").is_none(),
+            bos_token_id,
+            eos_token_ids,
+            rope: Rope::from_config(cfg, head_dim)?,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: false,
+            embedding_scale: 1.0,
+            residual_scale: 1.0,
+            logit_scale: 1.0,
+        })
+    }
+
+    /// `attention_bias: true` (Llama-style configs) puts a bias on all four projections.
+    pub fn with_attention_bias(mut self, cfg: &ConfigFile) -> Result<Self> {
+        if cfg.opt("attention_bias").is_some() && cfg.bool("attention_bias")? {
+            self.qkv_bias = true;
+            self.o_bias = true;
+        }
+        if cfg.opt("mlp_bias").is_some() && cfg.bool("mlp_bias")? {
+            return Err(cfg.invalid("mlp_bias", "MLP biases are not supported"));
+        }
+        Ok(self)
+    }
+
+    pub fn tensor_specs(&self) -> Vec<TensorSpec> {
+        let (h, f, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let (q, kv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let mut specs = vec![TensorSpec::new("model.embed_tokens.weight", &[v, h]), TensorSpec::new("model.norm.weight", &[h])];
+        if !self.tie_word_embeddings {
+            specs.push(TensorSpec::new("lm_head.weight", &[v, h]));
+        }
+        for i in 0..self.num_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            specs.push(TensorSpec::new(format!("{p}.input_layernorm.weight"), &[h]));
+            specs.push(TensorSpec::new(format!("{p}.post_attention_layernorm.weight"), &[h]));
+            specs.push(TensorSpec::new(format!("{p}.mlp.gate_proj.weight"), &[f, h]));
+            specs.push(TensorSpec::new(format!("{p}.mlp.up_proj.weight"), &[f, h]));
+            specs.push(TensorSpec::new(format!("{p}.mlp.down_proj.weight"), &[h, f]));
+            for (name, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+                specs.push(TensorSpec::new(format!("{a}.{name}.weight"), &[rows, h]));
+                if self.qkv_bias {
+                    specs.push(TensorSpec::new(format!("{a}.{name}.bias"), &[rows]));
+                }
+            }
+            specs.push(TensorSpec::new(format!("{a}.o_proj.weight"), &[h, q]));
+            if self.o_bias {
+                specs.push(TensorSpec::new(format!("{a}.o_proj.bias"), &[h]));
+            }
+            if self.qk_norm {
+                specs.push(TensorSpec::new(format!("{a}.q_norm.weight"), &[self.head_dim]));
+                specs.push(TensorSpec::new(format!("{a}.k_norm.weight"), &[self.head_dim]));
+            }
+        }
+        specs
+    }
+}
+
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+}
+
+impl Attention {
+    fn load(weights: &Weights, prefix: &str, c: &DecoderConfig, dtype: Dtype) -> Result<Self> {
+        let linear = |name: &str, bias: bool| {
+            let module = format!("{prefix}.{name}");
+            if bias {
+                Linear::load_with_bias(weights, &module, dtype)
+            } else {
+                Linear::load(weights, &module, dtype)
+            }
+        };
+        let norm = |name: &str| RmsNorm::load(weights, &format!("{prefix}.{name}"), c.rms_norm_eps, dtype);
+        Ok(Self {
+            q_proj: linear("q_proj", c.qkv_bias)?,
+            k_proj: linear("k_proj", c.qkv_bias)?,
+            v_proj: linear("v_proj", c.qkv_bias)?,
+            o_proj: linear("o_proj", c.o_bias)?,
+            q_norm: if c.qk_norm { Some(norm("q_norm")?) } else { None },
+            k_norm: if c.qk_norm { Some(norm("k_norm")?) } else { None },
+            heads: c.heads as i32,
+            kv_heads: c.kv_heads as i32,
+            head_dim: c.head_dim as i32,
+        })
+    }
+
+    fn forward(&self, x: &Array, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
+        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let heads = |proj: &Linear, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+            let y = proj.forward(x)?.reshape(&[b, t, n, self.head_dim])?;
+            let y = match norm {
+                Some(norm) => norm.forward(&y)?,
+                None => y,
+            };
+            Ok(y.swap_axes(1, 2)?)
+        };
+        let position = cache.position();
+        let q = rope.apply(&heads(&self.q_proj, self.heads, &self.q_norm)?, position)?;
+        let k = rope.apply(&heads(&self.k_proj, self.kv_heads, &self.k_norm)?, position)?;
+        let v = heads(&self.v_proj, self.kv_heads, &None)?;
+        let (keys, values) = cache.append(&k, &v)?;
+        let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
+        let scale = (self.head_dim as f32).powf(-0.5);
+        let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?;
+        cache.evict()?;
+        self.o_proj.forward(&o.swap_axes(1, 2)?.reshape(&[b, t, self.heads * self.head_dim])?)
+    }
+}
+
+struct Layer {
+    input_norm: RmsNorm,
+    post_norm: RmsNorm,
+    attn: Attention,
+    mlp: Mlp,
+}
+
+pub struct DecoderModel {
+    pub config: DecoderConfig,
+    info: ModelInfo,
+    embed_tokens: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+    window: Option<Window>,
+}
+
+impl DecoderModel {
+    pub fn load(mut config: DecoderConfig, weights: &mut Weights, dtype: Option<Dtype>) -> Result<Self> {
+        if config.tie_unspecified {
+            config.tie_word_embeddings = !weights.infos().contains_key("lm_head.weight");
+        }
+        weights.check(&config.tensor_specs(), &config.model_type)?;
+        let dtype = dtype.or_else(|| weights.storage_dtype()).unwrap_or(Dtype::Bfloat16);
+        let eps = config.rms_norm_eps;
+        let layers = (0..config.num_layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}");
+                Ok(Layer {
+                    input_norm: RmsNorm::load(weights, &format!("{p}.input_layernorm"), eps, dtype)?,
+                    post_norm: RmsNorm::load(weights, &format!("{p}.post_attention_layernorm"), eps, dtype)?,
+                    attn: Attention::load(weights, &format!("{p}.self_attn"), &config, dtype)?,
+                    mlp: Mlp::load(weights, &format!("{p}.mlp"), dtype)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let info = ModelInfo {
+            model_type: config.model_type.clone(),
+            vocab_size: config.vocab_size,
+            max_context: config.max_position_embeddings,
+            bos_token_id: config.bos_token_id,
+            eos_token_ids: config.eos_token_ids.clone(),
+            dtype,
+            n_params: weights.n_params(),
+        };
+        Ok(Self {
+            embed_tokens: Embedding::load(weights, "model.embed_tokens", dtype)?,
+            norm: RmsNorm::load(weights, "model.norm", eps, dtype)?,
+            lm_head: if config.tie_word_embeddings { None } else { Some(Linear::load(weights, "lm_head", dtype)?) },
+            layers,
+            config,
+            info,
+            window: None,
+        })
+    }
+}
+
+impl LanguageModel for DecoderModel {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_cache(&self) -> ModelCache {
+        let kv = || match self.window {
+            Some(w) => KvCache::windowed(w),
+            None => KvCache::default(),
+        };
+        ModelCache { layers: (0..self.config.num_layers).map(|_| LayerCache::Attention(kv())).collect() }
+    }
+
+    fn set_window(&mut self, window: Window) -> Result<()> {
+        window.validate().map_err(Error::Usage)?;
+        self.window = Some(window);
+        Ok(())
+    }
+
+    fn forward(&self, tokens: &Array, cache: &mut ModelCache, logits: Logits, mut trace: Option<&mut Trace>) -> Result<Array> {
+        let c = &self.config;
+        let mut h = self.embed_tokens.forward(tokens)?;
+        if c.embedding_scale != 1.0 {
+            h = scale(&h, c.embedding_scale)?;
+        }
+        if let Some(t) = trace.as_deref_mut() {
+            t.record("hidden.embeddings", &h);
+        }
+        let residual = |branch: Array| if c.residual_scale != 1.0 { scale(&branch, c.residual_scale) } else { Ok(branch) };
+        for (i, (layer, state)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
+            let LayerCache::Attention(kv) = state else {
+                return Err(Error::Usage(format!("layer {i}: cache does not belong to this model")));
+            };
+            let mixed = layer.attn.forward(&layer.input_norm.forward(&h)?, kv, &c.rope)?;
+            h = h.add(residual(mixed.clone())?)?;
+            h = h.add(residual(layer.mlp.forward(&layer.post_norm.forward(&h)?)?)?)?;
+            if let Some(t) = trace.as_deref_mut() {
+                t.record(format!("hidden.mixer_out.{i}"), &mixed);
+                t.record(format!("hidden.layer_out.{i}"), &h);
+            }
+        }
+        let mut h = self.norm.forward(&h)?;
+        if let Some(t) = trace {
+            t.record("hidden.final_norm", &h);
+        }
+        if logits == Logits::Last {
+            let t = h.shape()[1];
+            h = h.try_index((.., t - 1..t, ..))?;
+        }
+        if c.logit_scale != 1.0 {
+            h = scale(&h, c.logit_scale)?;
+        }
+        let out = match &self.lm_head {
+            Some(head) => head.forward(&h)?,
+            None => self.embed_tokens.as_linear(&h)?,
+        };
+        let t = out.shape()[1];
+        Ok(out.reshape(&[t, -1])?.as_dtype(Dtype::Float32)?)
+    }
+}

@@ -1,0 +1,189 @@
+//! Rotary position embeddings (rotate-half layout) with the `rope_scaling` variants that HF
+//! configs name: `linear`, `llama3`, `yarn`, `longrope` (`su`). Anything else is refused with the
+//! config key named, so a model never runs with positions it was not trained for.
+//!
+//! MLX's `fast::rope` takes per-dimension periods (angle = position / period), so every variant
+//! is reduced to a table of periods plus a factor that multiplies q and k (yarn's and longrope's
+//! attention scaling, which HF applies to cos and sin).
+
+use crate::engine::config::ConfigFile;
+use crate::engine::error::Result;
+use crate::models::layers::scale;
+use mlx_rs::{fast, Array};
+use serde_json::Value;
+
+#[derive(Clone)]
+pub struct Rope {
+    pub dims: i32,
+    pub base: f32,
+    /// Periods per rotated pair (`dims/2`), when they are not plain `base^(2i/dims)`.
+    periods: Option<Vec<f32>>,
+    /// longrope: periods used once the sequence passes `original_max`.
+    long_periods: Option<(usize, Vec<f32>)>,
+    /// Multiplies positions (linear scaling: 1/factor).
+    position_scale: f32,
+    /// Multiplies q and k (yarn / longrope attention factor).
+    mscale: f32,
+}
+
+impl Rope {
+    pub fn plain(dims: usize, base: f32) -> Self {
+        Self { dims: dims as i32, base, periods: None, long_periods: None, position_scale: 1.0, mscale: 1.0 }
+    }
+
+    /// Reads `rope_theta` (default 10000) and `rope_scaling` from the config.
+    pub fn from_config(cfg: &ConfigFile, dims: usize) -> Result<Self> {
+        let base = match cfg.opt("rope_theta") {
+            Some(_) => cfg.f64("rope_theta")? as f32,
+            None => 10000.0,
+        };
+        let mut rope = Self::plain(dims, base);
+        let Some(scaling) = cfg.opt("rope_scaling") else { return Ok(rope) };
+        let key = |k: &str| format!("rope_scaling.{k}");
+        let num = |k: &str| -> Result<f64> {
+            scaling.get(k).and_then(Value::as_f64).ok_or_else(|| cfg.invalid(&key(k), "expected a number"))
+        };
+        let num_or = |k: &str, default: f64| -> Result<f64> {
+            match scaling.get(k) {
+                None | Some(Value::Null) => Ok(default),
+                Some(_) => num(k),
+            }
+        };
+        let kind = scaling
+            .get("rope_type")
+            .or_else(|| scaling.get("type"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| cfg.invalid("rope_scaling", "expected a `rope_type` (or `type`) string"))?;
+        let half = dims / 2;
+        let default_periods: Vec<f32> = (0..half).map(|i| base.powf(2.0 * i as f32 / dims as f32)).collect();
+        match kind {
+            "default" => {}
+            // Per-dimension period multipliers (llama.cpp's `rope_freqs` tensor, from GGUF import).
+            "freq_factors" => {
+                let factors: Vec<f32> = scaling
+                    .get("factors")
+                    .and_then(Value::as_array)
+                    .and_then(|l| l.iter().map(|v| v.as_f64().map(|f| f as f32)).collect::<Option<Vec<_>>>())
+                    .filter(|l| l.len() == half)
+                    .ok_or_else(|| cfg.invalid(&key("factors"), format!("expected {half} numbers")))?;
+                rope.periods = Some(factors.iter().zip(&default_periods).map(|(f, p)| f * p).collect());
+            }
+            "linear" => rope.position_scale = 1.0 / num("factor")? as f32,
+            "llama3" => {
+                let factor = num("factor")?;
+                let low = num("low_freq_factor")?;
+                let high = num("high_freq_factor")?;
+                let original = num("original_max_position_embeddings")?;
+                let (low_wavelen, high_wavelen) = (original / low, original / high);
+                let periods = default_periods
+                    .iter()
+                    .map(|&p| {
+                        let p = p as f64;
+                        let wavelen = 2.0 * std::f64::consts::PI * p;
+                        if wavelen < high_wavelen {
+                            p
+                        } else if wavelen > low_wavelen {
+                            p * factor
+                        } else {
+                            let smooth = (original / wavelen - low) / (high - low);
+                            p / ((1.0 - smooth) / factor + smooth)
+                        }
+                    })
+                    .map(|p| p as f32)
+                    .collect();
+                rope.periods = Some(periods);
+            }
+            "yarn" => {
+                let factor = num("factor")?;
+                let original = num("original_max_position_embeddings")?;
+                let beta_fast = num_or("beta_fast", 32.0)?;
+                let beta_slow = num_or("beta_slow", 1.0)?;
+                let d = dims as f64;
+                let correction = |rotations: f64| {
+                    d * (original / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * (base as f64).ln())
+                };
+                let low = correction(beta_fast).floor().max(0.0);
+                let mut high = correction(beta_slow).ceil().min(d - 1.0);
+                if high == low {
+                    high += 0.001;
+                }
+                let periods = default_periods
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &p)| {
+                        // Dimensions below `low` rotate fast enough to keep (extrapolate), those above
+                        // `high` are interpolated (period × factor), a linear ramp between.
+                        let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                        let keep = 1.0 - ramp;
+                        let inv = (1.0 - keep) / (factor * p as f64) + keep / p as f64;
+                        (1.0 / inv) as f32
+                    })
+                    .collect();
+                rope.periods = Some(periods);
+                let get_mscale = |m: f64| if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 };
+                rope.mscale = match (scaling.get("mscale"), scaling.get("mscale_all_dim")) {
+                    (Some(_), Some(_)) => (get_mscale(num("mscale")?) / get_mscale(num("mscale_all_dim")?)) as f32,
+                    _ => num_or("attention_factor", get_mscale(1.0))? as f32,
+                };
+            }
+            "longrope" | "su" => {
+                let factors = |k: &str| -> Result<Vec<f32>> {
+                    let list = scaling
+                        .get(k)
+                        .and_then(Value::as_array)
+                        .and_then(|l| l.iter().map(|v| v.as_f64().map(|f| f as f32)).collect::<Option<Vec<_>>>())
+                        .ok_or_else(|| cfg.invalid(&key(k), "expected a list of numbers"))?;
+                    if list.len() != half {
+                        return Err(cfg.invalid(&key(k), format!("has {} entries, expected {half} (head_dim/2)", list.len())));
+                    }
+                    Ok(list.iter().zip(&default_periods).map(|(f, p)| f * p).collect())
+                };
+                let original = match scaling.get("original_max_position_embeddings") {
+                    Some(_) => num("original_max_position_embeddings")?,
+                    None => cfg.f64("original_max_position_embeddings")?,
+                };
+                let max = cfg.f64("max_position_embeddings")?;
+                rope.periods = Some(factors("short_factor")?);
+                rope.long_periods = Some((original as usize, factors("long_factor")?));
+                let factor = max / original;
+                let default_factor =
+                    if factor <= 1.0 { 1.0 } else { (1.0 + factor.ln() / original.ln()).sqrt() };
+                rope.mscale = num_or("attention_factor", default_factor)? as f32;
+            }
+            other => {
+                return Err(cfg.invalid(
+                    "rope_scaling",
+                    format!("type `{other}` is not supported (supported: linear, llama3, yarn, longrope)"),
+                ))
+            }
+        }
+        Ok(rope)
+    }
+
+    /// MiniCPM's own longrope picks its factors once: the long ones when the model's context is
+    /// longer than the original one, for every position.
+    pub fn fix_longrope_choice(&mut self, max_position: usize) {
+        if let Some((original, long)) = self.long_periods.take() {
+            if max_position > original {
+                self.periods = Some(long);
+            }
+        }
+    }
+
+    /// Rotates `x` `[B, H, T, D]` whose first row is at position `offset`.
+    pub fn apply(&self, x: &Array, offset: usize) -> Result<Array> {
+        let t = x.shape()[2] as usize;
+        let periods = match &self.long_periods {
+            Some((original, long)) if offset + t > *original => Some(long),
+            _ => self.periods.as_ref(),
+        };
+        let x = if self.mscale != 1.0 { scale(x, self.mscale)? } else { x.clone() };
+        Ok(match periods {
+            Some(p) => {
+                let freqs = Array::from_slice(p, &[p.len() as i32]);
+                fast::rope(&x, self.dims, false, None, self.position_scale, offset as i32, &freqs)?
+            }
+            None => fast::rope(&x, self.dims, false, self.base, self.position_scale, offset as i32, None)?,
+        })
+    }
+}
