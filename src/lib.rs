@@ -2,5 +2,6 @@
 
 pub mod cli;
 pub mod engine;
+pub mod eval;
 pub mod kernels;
 pub mod models;

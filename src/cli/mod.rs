@@ -1,5 +1,6 @@
 //! Command-line interface: one module per subcommand.
 
+pub mod quantize;
 pub mod run;
 
 use clap::{Parser, Subcommand};
@@ -15,10 +16,13 @@ pub struct Cli {
 pub enum Command {
     /// Generate text from a prompt and stream it to stdout
     Run(run::RunArgs),
+    /// Write an MLX-quantized (8/4-bit) copy of a model
+    Quantize(quantize::QuantizeArgs),
 }
 
 pub fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Run(args) => run::run(args),
+        Command::Quantize(args) => quantize::run(args),
     }
 }

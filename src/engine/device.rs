@@ -59,3 +59,11 @@ pub fn describe(kind: DeviceKind) -> String {
         DeviceKind::Gpu => format!("gpu ({})", gpu_backend().unwrap_or("unknown")),
     }
 }
+
+/// Whether work currently runs on the CPU (the default device is the CPU).
+pub fn on_cpu() -> bool {
+    Device::try_default()
+        .and_then(|d| d.get_type())
+        .map(|t| matches!(t, mlx_rs::DeviceType::Cpu))
+        .unwrap_or(true)
+}

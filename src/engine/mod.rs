@@ -2,6 +2,7 @@
 //! per-layer caches and the generate loop.
 
 pub mod cache;
+pub mod checkpoint;
 pub mod config;
 pub mod device;
 pub mod error;

@@ -54,6 +54,11 @@ impl TensorInfo {
     pub fn numel(&self) -> usize {
         self.shape.iter().map(|&d| d as usize).product()
     }
+
+    /// Stored size in bytes.
+    pub fn nbytes(&self) -> u64 {
+        self.numel() as u64 * dtype_size(&self.dtype).unwrap_or(0)
+    }
 }
 
 pub struct Weights {
@@ -159,7 +164,8 @@ impl Weights {
     }
 
     /// Checks that the checkpoint holds exactly `specs` (names and shapes), naming the first problem.
-    /// A 2-D `*.weight` may instead be stored quantized (packed weight + scales + biases).
+    /// A 2-D `*.weight` may instead be stored quantized (packed weight + scales + biases); as in
+    /// mlx-lm, the presence of `.scales` decides, and the config must agree on its format.
     pub fn check(&mut self, specs: &[TensorSpec], model_type: &str) -> Result<()> {
         let mut expected: HashSet<String> = HashSet::new();
         self.quantized.clear();
@@ -186,18 +192,6 @@ impl Weights {
                 return Err(self.bad(
                     &spec.name,
                     format!("is stored as {}; expected F32, F16 or BF16", info.dtype),
-                ));
-            }
-            if let Some(format) = module.and_then(|m| self.quantization.as_ref()?.for_module(m)) {
-                return Err(self.bad(
-                    &spec.name,
-                    format!(
-                        "is not quantized but the config's `quantization` asks for {} bits, group size {} \
-                         (add `\"{}\": false` to it if this module is meant to stay unquantized)",
-                        format.bits,
-                        format.group_size,
-                        module.unwrap_or_default()
-                    ),
                 ));
             }
         }

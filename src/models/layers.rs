@@ -18,12 +18,15 @@ impl Matrix {
     pub fn load(weights: &Weights, module: &str, dtype: Dtype) -> Result<Self> {
         let weight = format!("{module}.weight");
         Ok(match weights.quantized(module) {
-            Some(format) => Matrix::Quantized(QuantizedMatrix {
-                packed: weights.raw(&weight)?,
-                scales: weights.get(&format!("{module}.scales"), dtype)?,
-                biases: weights.get(&format!("{module}.biases"), dtype)?,
-                format,
-            }),
+            Some(format) => Matrix::Quantized(
+                QuantizedMatrix {
+                    packed: weights.raw(&weight)?,
+                    scales: weights.raw(&format!("{module}.scales"))?,
+                    biases: weights.raw(&format!("{module}.biases"))?,
+                    format,
+                }
+                .for_device(dtype)?,
+            ),
             None => Matrix::Dense(weights.get(&weight, dtype)?),
         })
     }
@@ -65,18 +68,19 @@ impl Linear {
 /// Token embeddings `[vocab, hidden]`; also the output projection when embeddings are tied.
 pub struct Embedding {
     pub table: Matrix,
+    dtype: Dtype,
 }
 
 impl Embedding {
     pub fn load(weights: &Weights, name: &str, dtype: Dtype) -> Result<Self> {
-        Ok(Self { table: Matrix::load(weights, name, dtype)? })
+        Ok(Self { table: Matrix::load(weights, name, dtype)?, dtype })
     }
 
-    /// `[B, T]` ids → `[B, T, hidden]`.
+    /// `[B, T]` ids → `[B, T, hidden]` in the model's dtype.
     pub fn forward(&self, ids: &Array) -> Result<Array> {
         match &self.table {
             Matrix::Dense(w) => Ok(w.take_axis(ids, 0)?),
-            Matrix::Quantized(q) => q.rows(ids),
+            Matrix::Quantized(q) => q.rows(ids, self.dtype),
         }
     }
 

@@ -54,6 +54,22 @@ pub fn decoder_config(cfg: &ConfigFile) -> Result<Option<DecoderConfig>> {
     }))
 }
 
+/// Validates `weights` against the architecture `cfg` describes (every name, shape and quantized
+/// format), without loading any data.
+pub fn check(cfg: &ConfigFile, weights: &mut Weights) -> Result<()> {
+    weights.set_quantization(QuantConfig::from_config(cfg)?);
+    if let Some(mut config) = decoder_config(cfg)? {
+        if config.tie_unspecified {
+            config.tie_word_embeddings = !weights.infos().contains_key("lm_head.weight");
+        }
+        return weights.check(&config.tensor_specs(), &config.model_type);
+    }
+    match cfg.str("model_type")? {
+        sala::MODEL_TYPE => weights.check(&sala::SalaConfig::from_file(cfg)?.tensor_specs(), sala::MODEL_TYPE),
+        other => Err(unsupported(cfg, other)),
+    }
+}
+
 /// Builds the model that `cfg` describes from `weights`, in `dtype` or the checkpoint's own.
 pub fn build(cfg: &ConfigFile, weights: &mut Weights, dtype: Option<Dtype>) -> Result<Box<dyn LanguageModel>> {
     weights.set_quantization(QuantConfig::from_config(cfg)?);
@@ -62,11 +78,15 @@ pub fn build(cfg: &ConfigFile, weights: &mut Weights, dtype: Option<Dtype>) -> R
     }
     match cfg.str("model_type")? {
         sala::MODEL_TYPE => Ok(Box::new(sala::SalaModel::load(cfg, weights, dtype)?)),
-        other => Err(Error::UnsupportedModel {
-            path: cfg.path.clone(),
-            model_type: other.into(),
-            supported: supported_model_types().join(", "),
-        }),
+        other => Err(unsupported(cfg, other)),
+    }
+}
+
+fn unsupported(cfg: &ConfigFile, model_type: &str) -> Error {
+    Error::UnsupportedModel {
+        path: cfg.path.clone(),
+        model_type: model_type.into(),
+        supported: supported_model_types().join(", "),
     }
 }
 

@@ -1,0 +1,118 @@
+//! `sala quantize`: write an MLX-quantized copy of a model, optionally measuring what it changed.
+
+use crate::cli::run::DtypeArg;
+use crate::engine::quant::{quantize_checkpoint, QuantFormat, QuantizeRequest};
+use crate::engine::tokenizer::TextTokenizer;
+use crate::eval::quant_report;
+use crate::models;
+use anyhow::{bail, Context};
+use clap::Args;
+use mlx_rs::Dtype;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+#[derive(Args)]
+#[command(after_help = "Examples:\n  sala quantize --model ./MiniCPM-SALA --bits 8 --output ./MiniCPM-SALA-8bit\n  sala quantize -m SmolLM2.gguf --bits 4 -o ./smollm2-4bit --report --csv report.csv")]
+pub struct QuantizeArgs {
+    /// Source model: a directory, a .sala file or a .gguf file (never modified)
+    #[arg(long, short = 'm')]
+    pub model: PathBuf,
+    /// Bits per weight
+    #[arg(long, value_parser = clap::value_parser!(i32).range(2..=8))]
+    pub bits: i32,
+    /// Weights sharing one scale and bias (32, 64 or 128)
+    #[arg(long, default_value_t = 64)]
+    pub group_size: i32,
+    /// Output directory (must not exist; written beside it, then renamed into place)
+    #[arg(long, short = 'o')]
+    pub output: PathBuf,
+    /// Quantize the token embeddings too
+    #[arg(long)]
+    pub quantize_embeddings: bool,
+    /// Dtype of scales, biases and unquantized tensors (default: the source's)
+    #[arg(long, value_enum)]
+    pub dtype: Option<DtypeArg>,
+    /// Afterwards, run fixed prompts through both models and print per-layer errors, logit KL
+    /// divergence and top-1 agreement
+    #[arg(long)]
+    pub report: bool,
+    /// Also write the report as CSV
+    #[arg(long, requires = "report")]
+    pub csv: Option<PathBuf>,
+}
+
+pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
+    let format = QuantFormat { group_size: args.group_size, bits: args.bits }
+        .validate()
+        .map_err(|m| anyhow::anyhow!("--bits/--group-size: {m}"))?;
+    let mut source = models::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?;
+    let cfg = source.config()?;
+    models::check(&cfg, &mut source.weights)?;
+    let dtype = args.dtype.map(DtypeArg::dtype).or_else(|| source.weights.storage_dtype()).unwrap_or(Dtype::Bfloat16);
+    if !matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
+        bail!("cannot keep float tensors in {dtype:?}");
+    }
+    let request = QuantizeRequest { format, quantize_embeddings: args.quantize_embeddings, dtype };
+    let total: u64 = source.weights.infos().values().map(|i| i.nbytes()).sum();
+    let bar = indicatif::ProgressBar::new(total);
+    if std::io::stderr().is_terminal() {
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("quantizing {bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta})")
+                .expect("valid template"),
+        );
+    } else {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let started = std::time::Instant::now();
+    let out = quantize_checkpoint(&source, &request, &args.output, &|bytes| bar.inc(bytes))?;
+    bar.finish_and_clear();
+    let size = dir_size(&out);
+    eprintln!(
+        "wrote {} ({} bits, group size {}, {:.1} MB, source {:.1} MB) in {:.1} s",
+        out.display(),
+        format.bits,
+        format.group_size,
+        size as f64 / 1e6,
+        total as f64 / 1e6,
+        started.elapsed().as_secs_f64()
+    );
+    if args.report {
+        report(&args, dtype, source)?;
+    }
+    Ok(())
+}
+
+/// Runs the fixed prompts through the source, then through the result, and prints the comparison.
+fn report(args: &QuantizeArgs, dtype: Dtype, mut source: crate::engine::source::ModelSource) -> anyhow::Result<()> {
+    let cfg = source.config()?;
+    let reference_model = models::build(&cfg, &mut source.weights, Some(dtype))?;
+    let tokenizer = match source.tokenizer_files()? {
+        Some(files) => Some(TextTokenizer::new(&files, reference_model.info().bos_token_id)?),
+        None => None,
+    };
+    let prompts = quant_report::prompts(tokenizer.as_ref(), reference_model.info().vocab_size)?;
+    let reference = quant_report::run(reference_model.as_ref(), &prompts)?;
+    drop(reference_model);
+    drop(source);
+    let quantized = models::load(&args.output, Some(dtype))?;
+    let comparison = quant_report::compare(&reference, &quant_report::run(quantized.as_ref(), &prompts)?);
+    let report = comparison.report();
+    println!("{}", report.table());
+    println!(
+        "{} prompts, {} positions: logits KL mean {:.5} nats, top-1 agreement {:.2}%",
+        prompts.len(),
+        comparison.positions,
+        comparison.kl_mean,
+        100.0 * comparison.top1_agreement
+    );
+    if let Some(path) = &args.csv {
+        report.write_csv(path)?;
+    }
+    Ok(())
+}
+
+fn dir_size(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| entries.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
+        .unwrap_or(0)
+}

@@ -1,0 +1,4 @@
+//! Evaluation: comparisons and benchmarks, and the table/CSV writers they share.
+
+pub mod quant_report;
+pub mod report;
