@@ -5,3 +5,4 @@ pub mod engine;
 pub mod eval;
 pub mod kernels;
 pub mod models;
+pub mod store;

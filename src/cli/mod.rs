@@ -1,7 +1,9 @@
 //! Command-line interface: one module per subcommand.
 
+pub mod pack;
 pub mod quantize;
 pub mod run;
+pub mod show;
 
 use clap::{Parser, Subcommand};
 
@@ -18,11 +20,30 @@ pub enum Command {
     Run(run::RunArgs),
     /// Write an MLX-quantized (8/4-bit) copy of a model
     Quantize(quantize::QuantizeArgs),
+    /// Pack a model into one .sala file (weights, config, tokenizer, template), or extract one
+    Pack(pack::PackArgs),
+    /// Show what a model is: architecture, parameters, quantization, files
+    Show(show::ShowArgs),
 }
 
 pub fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Run(args) => run::run(args),
         Command::Quantize(args) => quantize::run(args),
+        Command::Pack(args) => pack::run(args),
+        Command::Show(args) => show::run(args),
     }
+}
+
+/// A byte-counting progress bar on stderr (hidden when stderr is not a terminal).
+pub fn bytes_progress(label: &str, total: u64) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    let bar = indicatif::ProgressBar::new(total);
+    if std::io::stderr().is_terminal() {
+        let template = format!("{label} {{bar:40}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, eta {{eta}})");
+        bar.set_style(indicatif::ProgressStyle::with_template(&template).expect("valid template"));
+    } else {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar
 }

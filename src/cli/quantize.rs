@@ -8,7 +8,6 @@ use crate::models;
 use anyhow::{bail, Context};
 use clap::Args;
 use mlx_rs::Dtype;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -54,15 +53,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     }
     let request = QuantizeRequest { format, quantize_embeddings: args.quantize_embeddings, dtype };
     let total: u64 = source.weights.infos().values().map(|i| i.nbytes()).sum();
-    let bar = indicatif::ProgressBar::new(total);
-    if std::io::stderr().is_terminal() {
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("quantizing {bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta})")
-                .expect("valid template"),
-        );
-    } else {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
+    let bar = crate::cli::bytes_progress("quantizing", total);
     let started = std::time::Instant::now();
     let out = quantize_checkpoint(&source, &request, &args.output, &|bytes| bar.inc(bytes))?;
     bar.finish_and_clear();

@@ -1,13 +1,15 @@
 //! Writing checkpoints: safetensors files whose tensors are produced one at a time while the file
 //! is written (so a 9B model never has to be in memory twice), single-file or sharded like HF
 //! (`model-0000i-of-0000n.safetensors` + index), and directories that appear whole or not at all.
+//!
+//! The writer is our own (the format is a length, a JSON header and the raw data) so that the
+//! output is deterministic: tensors and metadata keys in sorted order, the same bytes every run.
 
 use super::error::{Error, Result};
-use super::weights::{SINGLE_FILE, INDEX_FILE};
-use safetensors::tensor::View;
-use std::borrow::Cow;
-use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use super::weights::{dtype_size, INDEX_FILE, SINGLE_FILE};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Shards of at most this size, as mlx-lm and transformers write them.
@@ -16,60 +18,31 @@ pub const MAX_SHARD_BYTES: u64 = 5 << 30;
 type Producer<'a> = Box<dyn Fn() -> Result<Vec<u8>> + 'a>;
 
 /// A tensor to be written: its header facts now, its bytes when the writer gets to it.
-pub struct PendingTensor<'a> {
-    pub dtype: safetensors::Dtype,
-    pub shape: Vec<usize>,
+struct PendingTensor<'a> {
+    dtype: String,
+    shape: Vec<usize>,
     produce: Producer<'a>,
-    failure: &'a RefCell<Option<Error>>,
-}
-
-impl View for PendingTensor<'_> {
-    fn dtype(&self) -> safetensors::Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        let len = self.data_len();
-        match (self.produce)() {
-            Ok(bytes) if bytes.len() == len => Cow::Owned(bytes),
-            Ok(bytes) => {
-                self.fail(Error::Usage(format!("internal: produced {} bytes for a {len}-byte tensor", bytes.len())));
-                Cow::Owned(vec![0; len])
-            }
-            Err(e) => {
-                // The View trait cannot fail: remember the error, write filler, and let the
-                // caller discard the file.
-                self.fail(e);
-                Cow::Owned(vec![0; len])
-            }
-        }
-    }
-    fn data_len(&self) -> usize {
-        self.shape.iter().product::<usize>() * self.dtype.bitsize() / 8
-    }
 }
 
 impl PendingTensor<'_> {
-    fn fail(&self, e: Error) {
-        self.failure.borrow_mut().get_or_insert(e);
+    fn nbytes(&self) -> u64 {
+        self.shape.iter().product::<usize>() as u64 * dtype_size(&self.dtype).unwrap_or(0)
     }
 }
 
 /// Collects tensors for one checkpoint and writes them.
+#[derive(Default)]
 pub struct CheckpointWriter<'a> {
-    tensors: Vec<(String, PendingTensor<'a>)>,
-    failure: &'a RefCell<Option<Error>>,
+    tensors: BTreeMap<String, PendingTensor<'a>>,
 }
 
 impl<'a> CheckpointWriter<'a> {
-    /// `failure` outlives the writer and receives the first error a producer hits.
-    pub fn new(failure: &'a RefCell<Option<Error>>) -> Self {
-        Self { tensors: Vec::new(), failure }
+    pub fn new() -> Self {
+        Self { tensors: BTreeMap::new() }
     }
 
-    /// Adds a tensor whose bytes `produce` returns when its turn to be written comes.
+    /// Adds a tensor (safetensors dtype name, shape) whose bytes `produce` returns when its turn to
+    /// be written comes.
     pub fn add(
         &mut self,
         name: impl Into<String>,
@@ -77,89 +50,98 @@ impl<'a> CheckpointWriter<'a> {
         shape: Vec<usize>,
         produce: impl Fn() -> Result<Vec<u8>> + 'a,
     ) -> Result<()> {
-        let dtype = safetensors_dtype(dtype).ok_or_else(|| Error::Usage(format!("cannot write dtype {dtype}")))?;
-        let tensor = PendingTensor { dtype, shape, produce: Box::new(produce), failure: self.failure };
-        self.tensors.push((name.into(), tensor));
+        if dtype_size(dtype).is_none() {
+            return Err(Error::Usage(format!("cannot write dtype {dtype}")));
+        }
+        let tensor = PendingTensor { dtype: dtype.into(), shape, produce: Box::new(produce) };
+        self.tensors.insert(name.into(), tensor);
         Ok(())
     }
 
     pub fn total_bytes(&self) -> u64 {
-        self.tensors.iter().map(|(_, t)| t.data_len() as u64).sum()
+        self.tensors.values().map(PendingTensor::nbytes).sum()
     }
 
-    /// Writes one safetensors file at `path` (atomically) with `metadata`.
-    pub fn write_file(self, path: &Path, metadata: BTreeMap<String, String>) -> Result<()> {
-        let metadata: HashMap<String, String> = metadata.into_iter().collect();
-        let failure = self.failure;
-        safetensors::serialize_to_file(self.tensors, Some(metadata), path)
-            .map_err(|e| Error::BadWeights { path: path.into(), message: format!("writing: {e}") })?;
-        if let Some(e) = failure.borrow_mut().take() {
-            let _ = std::fs::remove_file(path);
-            return Err(e);
+    /// Writes one safetensors file at `path` with `metadata`: into a temp file beside it, renamed
+    /// into place once complete.
+    pub fn write_file(self, path: &Path, metadata: &BTreeMap<String, String>) -> Result<()> {
+        let mut header = Map::new();
+        if !metadata.is_empty() {
+            header.insert("__metadata__".into(), json!(metadata));
         }
-        // The writer's temp file is private (0600); a model file is as readable as any other.
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).map_err(|e| Error::io(path, e))?;
+        let mut offset = 0u64;
+        for (name, t) in &self.tensors {
+            let end = offset + t.nbytes();
+            header.insert(name.clone(), json!({"dtype": t.dtype, "shape": t.shape, "data_offsets": [offset, end]}));
+            offset = end;
         }
-        Ok(())
+        let mut header = serde_json::to_vec(&Value::Object(header)).expect("JSON values serialise");
+        // Data starts 8-byte aligned, padded with spaces as the format allows.
+        header.resize(header.len().div_ceil(8) * 8, b' ');
+
+        let temp = path.with_file_name(format!(
+            ".{}.partial-{}",
+            path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+            std::process::id()
+        ));
+        let result = (|| -> Result<()> {
+            let file = std::fs::File::create(&temp).map_err(|e| Error::io(&temp, e))?;
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+            let io = |e| Error::io(&temp, e);
+            out.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+            out.write_all(&header).map_err(io)?;
+            for (name, t) in &self.tensors {
+                let bytes = (t.produce)()?;
+                if bytes.len() as u64 != t.nbytes() {
+                    return Err(Error::Usage(format!(
+                        "internal: tensor `{name}` produced {} bytes, expected {}",
+                        bytes.len(),
+                        t.nbytes()
+                    )));
+                }
+                out.write_all(&bytes).map_err(io)?;
+            }
+            out.into_inner().map_err(|e| Error::io(&temp, e.into_error()))?.sync_all().map_err(io)?;
+            std::fs::rename(&temp, path).map_err(|e| Error::io(path, e))
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&temp);
+        }
+        result
     }
 
     /// Writes `model.safetensors` into `dir`, or shards + index when larger than `max_shard`.
     pub fn write_dir(self, dir: &Path, max_shard: u64) -> Result<()> {
         let total = self.total_bytes();
-        let failure = self.failure;
         let mut format = BTreeMap::new();
         format.insert("format".to_string(), "mlx".to_string());
         if total <= max_shard {
-            let writer = Self { tensors: self.tensors, failure };
-            return writer.write_file(&dir.join(SINGLE_FILE), format);
+            return self.write_file(&dir.join(SINGLE_FILE), &format);
         }
-        let mut shards: Vec<Vec<(String, PendingTensor<'a>)>> = vec![Vec::new()];
+        let mut shards: Vec<CheckpointWriter<'a>> = vec![CheckpointWriter::new()];
         let mut size = 0;
         for (name, t) in self.tensors {
-            let len = t.data_len() as u64;
+            let len = t.nbytes();
             if size > 0 && size + len > max_shard {
-                shards.push(Vec::new());
+                shards.push(CheckpointWriter::new());
                 size = 0;
             }
             size += len;
-            shards.last_mut().expect("one shard at least").push((name, t));
+            shards.last_mut().expect("one shard at least").tensors.insert(name, t);
         }
         let n = shards.len();
-        let mut weight_map = serde_json::Map::new();
+        let mut weight_map = Map::new();
         for (i, shard) in shards.into_iter().enumerate() {
             let file = format!("model-{:05}-of-{n:05}.safetensors", i + 1);
-            for (name, _) in &shard {
+            for name in shard.tensors.keys() {
                 weight_map.insert(name.clone(), file.clone().into());
             }
-            Self { tensors: shard, failure }.write_file(&dir.join(&file), format.clone())?;
+            shard.write_file(&dir.join(&file), &format)?;
         }
-        let index = serde_json::json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
+        let index = json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
         let path = dir.join(INDEX_FILE);
         std::fs::write(&path, serde_json::to_string_pretty(&index).expect("JSON")).map_err(|e| Error::io(&path, e))
     }
-}
-
-fn safetensors_dtype(name: &str) -> Option<safetensors::Dtype> {
-    use safetensors::Dtype as D;
-    Some(match name {
-        "BOOL" => D::BOOL,
-        "U8" => D::U8,
-        "I8" => D::I8,
-        "U16" => D::U16,
-        "I16" => D::I16,
-        "F16" => D::F16,
-        "BF16" => D::BF16,
-        "U32" => D::U32,
-        "I32" => D::I32,
-        "F32" => D::F32,
-        "U64" => D::U64,
-        "I64" => D::I64,
-        "F64" => D::F64,
-        _ => return None,
-    })
 }
 
 /// A directory built beside its final place and renamed into it once complete, so an interrupted

@@ -213,12 +213,11 @@ pub fn quantize_checkpoint(
     let float_name = dtype_name(dtype).expect("float dtype");
     let format = request.format;
     let mut overrides = BTreeMap::new();
-    let failure = std::cell::RefCell::new(None);
     // The writer asks for a module's packed weight, scales and biases at different times (it orders
     // tensors by dtype); quantize once and keep the parts not yet written.
     let pending: std::cell::RefCell<std::collections::HashMap<String, [Option<Array>; 3]>> = Default::default();
     let pending = &pending;
-    let mut writer = CheckpointWriter::new(&failure);
+    let mut writer = CheckpointWriter::new();
     for (name, info) in weights.infos() {
         let module = name.strip_suffix(".weight");
         if let Some(m) = name.strip_suffix(".scales").or_else(|| name.strip_suffix(".biases")) {

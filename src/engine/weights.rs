@@ -381,7 +381,8 @@ pub fn dtype_name(dtype: Dtype) -> Option<&'static str> {
     })
 }
 
-fn dtype_size(name: &str) -> Option<u64> {
+/// Bytes per element of a safetensors dtype.
+pub fn dtype_size(name: &str) -> Option<u64> {
     Some(match name {
         "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
         "U16" | "I16" | "F16" | "BF16" => 2,

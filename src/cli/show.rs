@@ -1,0 +1,54 @@
+//! `sala show`: what a model is (architecture, size, quantization, files), optionally every tensor.
+
+use crate::store::summary::summarize;
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args)]
+#[command(after_help = "Examples:\n  sala show ./MiniCPM-SALA-8bit\n  sala show model.sala --tensors\n  sala show SmolLM2.gguf --json")]
+pub struct ShowArgs {
+    /// A model directory, .sala file or .gguf file
+    pub model: PathBuf,
+    /// Also list every tensor with its dtype and shape
+    #[arg(long)]
+    pub tensors: bool,
+    /// Print JSON instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: ShowArgs) -> anyhow::Result<()> {
+    let (s, source) = summarize(&args.model)?;
+    if args.json {
+        let mut value = serde_json::to_value(&s)?;
+        if args.tensors {
+            let tensors: serde_json::Map<String, serde_json::Value> = source
+                .weights
+                .infos()
+                .iter()
+                .map(|(n, i)| (n.clone(), serde_json::json!({"dtype": i.dtype, "shape": i.shape})))
+                .collect();
+            value["tensor_list"] = tensors.into();
+        }
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(());
+    }
+    let opt = |v: Option<u64>| v.map_or("?".to_string(), |v| v.to_string());
+    println!("model        {}", s.path);
+    println!("layout       {}", s.layout);
+    println!("architecture {}", s.model_type);
+    println!("parameters   {:.1} M", s.parameters as f64 / 1e6);
+    println!("layers       {}   hidden {}   vocab {}   context {}", opt(s.layers), opt(s.hidden_size), opt(s.vocab_size), opt(s.context_length));
+    println!("quantization {}", s.quantization);
+    let dtypes: Vec<String> = s.dtypes.iter().map(|(d, n)| format!("{d} ×{n}")).collect();
+    println!("tensors      {} ({})", s.tensors, dtypes.join(", "));
+    println!("size         {:.1} MB on disk", s.disk_bytes as f64 / 1e6);
+    println!("tokenizer    {}{}", if s.has_tokenizer { "yes" } else { "no" }, if s.has_chat_template { ", chat template" } else { "" });
+    println!("files        {}", s.files.join(", "));
+    if args.tensors {
+        for (name, info) in source.weights.infos() {
+            println!("  {name:<60} {:<5} {:?}", info.dtype, info.shape);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,4 @@
+//! Models on disk: single-file packing (and, later, the download store).
+
+pub mod pack;
+pub mod summary;

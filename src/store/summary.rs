@@ -1,0 +1,85 @@
+//! What a model on disk is: architecture, size, quantization, files — for `sala show`.
+
+use crate::engine::error::Result;
+use crate::engine::source::ModelSource;
+use crate::models;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelSummary {
+    pub path: String,
+    /// `directory`, `single file` or `GGUF`.
+    pub layout: String,
+    pub model_type: String,
+    pub parameters: usize,
+    pub layers: Option<u64>,
+    pub hidden_size: Option<u64>,
+    pub vocab_size: Option<u64>,
+    pub context_length: Option<u64>,
+    /// `none`, or each quantized format with how many matrices use it.
+    pub quantization: String,
+    /// Tensor count by stored dtype.
+    pub dtypes: BTreeMap<String, usize>,
+    pub tensors: usize,
+    pub disk_bytes: u64,
+    pub files: Vec<String>,
+    pub has_tokenizer: bool,
+    pub has_chat_template: bool,
+}
+
+pub fn summarize(path: &Path) -> Result<(ModelSummary, ModelSource)> {
+    let mut source = models::open(path)?;
+    let cfg = source.config()?;
+    models::check(&cfg, &mut source.weights)?;
+    let weights = &source.weights;
+    let mut formats: BTreeMap<(i32, i32), usize> = BTreeMap::new();
+    let mut dtypes: BTreeMap<String, usize> = BTreeMap::new();
+    for (name, info) in weights.infos() {
+        *dtypes.entry(info.dtype.clone()).or_default() += 1;
+        if let Some(f) = name.strip_suffix(".weight").and_then(|m| weights.quantized(m)) {
+            *formats.entry((f.bits, f.group_size)).or_default() += 1;
+        }
+    }
+    let quantization = if formats.is_empty() {
+        "none".to_string()
+    } else {
+        formats.iter().map(|((b, g), n)| format!("{b}-bit group {g} ×{n}")).collect::<Vec<_>>().join(", ")
+    };
+    let layout = if path.is_dir() {
+        "directory"
+    } else if models::gguf::is_gguf(path) {
+        "GGUF"
+    } else {
+        "single file"
+    };
+    let disk_bytes = if path.is_dir() {
+        std::fs::read_dir(path)
+            .map(|entries| entries.filter_map(|e| e.ok()?.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
+            .unwrap_or(0)
+    } else {
+        std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+    };
+    let tokenizer = source.tokenizer_files()?;
+    let has_chat_template = tokenizer.as_ref().is_some_and(|t| t.chat_template.is_some() || t.config.get("chat_template").is_some());
+    let key = |k: &str| cfg.opt(k).and_then(|v| v.as_u64());
+    let summary = ModelSummary {
+        path: path.display().to_string(),
+        layout: layout.into(),
+        model_type: cfg.str("model_type")?.to_string(),
+        parameters: weights.n_params(),
+        layers: key("num_hidden_layers"),
+        hidden_size: key("hidden_size"),
+        vocab_size: key("vocab_size"),
+        context_length: key("max_position_embeddings"),
+        quantization,
+        dtypes,
+        tensors: weights.infos().len(),
+        disk_bytes,
+        files: source.files.keys().cloned().collect(),
+        has_tokenizer: tokenizer.is_some(),
+        has_chat_template,
+    };
+    Ok((summary, source))
+}
