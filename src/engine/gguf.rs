@@ -192,7 +192,10 @@ impl<R: Read> HeaderReader<R> {
     fn count(&mut self, what: &str, min_size: u64) -> Result<u64> {
         let n = self.u64()?;
         if n.saturating_mul(min_size.max(1)) > self.file_len - self.pos {
-            return Err(self.bad(format!("corrupt: {what} count {n} cannot fit in the file")));
+            return Err(self.bad(format!(
+                "corrupt or truncated: {what} count {n} cannot fit in the {}-byte file",
+                self.file_len
+            )));
         }
         Ok(n)
     }

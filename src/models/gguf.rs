@@ -17,11 +17,13 @@ use std::path::Path;
 /// (GGUF architecture, HF model_type, rows permuted by the converter).
 const ARCHITECTURES: &[(&str, &str, bool)] = &[("llama", "llama", true), ("qwen2", "qwen2", false), ("qwen3", "qwen3", false)];
 
+/// A `.gguf` file, or any file starting with the GGUF magic.
 pub fn is_gguf(path: &Path) -> bool {
     let mut magic = [0u8; 4];
     path.is_file()
-        && std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok()
-        && &magic == b"GGUF"
+        && (path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+            || std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok()
+                && &magic == b"GGUF")
 }
 
 pub fn import(path: &Path) -> Result<ModelSource> {
