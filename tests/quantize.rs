@@ -213,3 +213,54 @@ fn sala_golden_model_quantizes_and_reports() {
     std::fs::remove_dir_all(out).unwrap();
     std::fs::remove_file(csv).unwrap();
 }
+
+/// A checkpoint laid out like mlx-lm's mixed-precision output: 8-bit by default, one module at
+/// 4 bits named in the config, one left in float (no `.scales`), embeddings quantized.
+#[test]
+fn mixed_precision_checkpoints_load_and_mismatches_are_named() {
+    let src = common::golden("A_dense_f32");
+    let dir = temp_dir("mixed");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut arrays: Vec<(String, Array)> = Vec::new();
+    let four_bit = "model.layers.0.mlp.down_proj";
+    let float = "model.layers.1.mlp.up_proj";
+    for (name, view) in st.tensors() {
+        let data: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let shape: Vec<i32> = view.shape().iter().map(|&d| d as i32).collect();
+        let a = Array::from_slice(&data, &shape);
+        let module = name.strip_suffix(".weight").unwrap_or(&name).to_string();
+        if shape.len() == 2 && module != float {
+            let bits = if module == four_bit { 4 } else { 8 };
+            let q = QuantizedMatrix::quantize(&a, QuantFormat { group_size: 32, bits }).unwrap();
+            arrays.push((format!("{module}.weight"), q.packed));
+            arrays.push((format!("{module}.scales"), q.scales));
+            arrays.push((format!("{module}.biases"), q.biases));
+        } else {
+            arrays.push((name.clone(), a));
+        }
+    }
+    Array::save_safetensors(arrays.iter().map(|(n, a)| (n.as_str(), a)), None, dir.join("model.safetensors")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config["quantization"] = serde_json::json!({"group_size": 32, "bits": 8, four_bit: {"group_size": 32, "bits": 4}});
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+
+    let model = sala::models::load(&dir, None).unwrap();
+    let prompt = common::ids(&common::tokens("A_dense_f32"), "prompt_ids");
+    let input = Array::from_slice(&prompt.iter().map(|&i| i as i32).collect::<Vec<_>>(), &[1, prompt.len() as i32]);
+    let logits = to_vec_f32(&model.forward(&input, &mut model.new_cache(), sala::engine::model::Logits::Last, None).unwrap()).unwrap();
+    let reference = &common::read_safetensors(&src.join("expected.safetensors"))["f32.prefill.last_logits"];
+    let diff = common::max_abs_diff(&logits.iter().map(|&v| v as f64).collect::<Vec<_>>(), &reference.data);
+    assert!(diff < 0.5, "mixed 8/4-bit logits differ from f32 by {diff}");
+    let show = sala(&["show", dir.to_str().unwrap()]);
+    let show = String::from_utf8_lossy(&show.stdout);
+    assert!(show.contains("4-bit group 32 ×1") && show.contains("8-bit group 32"), "{show}");
+
+    // The config disagreeing with the tensors is an error that names the module and both formats.
+    config["quantization"][four_bit] = serde_json::json!({"group_size": 32, "bits": 8});
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let err = sala::models::load(&dir, None).err().unwrap().to_string();
+    assert!(err.contains(four_bit) && err.contains("4 bits") && err.contains("8 bits"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

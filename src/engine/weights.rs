@@ -459,6 +459,9 @@ pub fn read_header(path: &Path) -> Result<Header> {
     let mut out = Header { tensors: Vec::new(), metadata: BTreeMap::new() };
     for (name, entry) in entries {
         if name == "__metadata__" {
+            if entry.is_null() {
+                continue; // MLX writes `null` when there is no metadata
+            }
             let map = entry.as_object().ok_or_else(|| bad("corrupt header (__metadata__ is not an object)".into()))?;
             for (key, value) in map {
                 let value = value.as_str().ok_or_else(|| bad(format!("__metadata__ `{key}` is not a string")))?;

