@@ -18,8 +18,9 @@ pub struct Rope {
     pub base: f32,
     /// Periods per rotated pair (`dims/2`), when they are not plain `base^(2i/dims)`.
     periods: Option<Vec<f32>>,
-    /// longrope: periods used once the sequence passes `original_max`.
-    long_periods: Option<(usize, Vec<f32>)>,
+    /// longrope: periods used once the sequence passes `original_max`, and the attention factor
+    /// the length ratio implies (MiniCPM's code uses it even when the config names another).
+    long_periods: Option<(usize, Vec<f32>, f32)>,
     /// Multiplies positions (linear scaling: 1/factor).
     position_scale: f32,
     /// Multiplies q and k (yarn / longrope attention factor).
@@ -121,9 +122,13 @@ impl Rope {
                     .collect();
                 rope.periods = Some(periods);
                 let get_mscale = |m: f64| if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 };
-                rope.mscale = match (scaling.get("mscale"), scaling.get("mscale_all_dim")) {
-                    (Some(_), Some(_)) => (get_mscale(num("mscale")?) / get_mscale(num("mscale_all_dim")?)) as f32,
-                    _ => num_or("attention_factor", get_mscale(1.0))? as f32,
+                // HF: an explicit attention_factor wins; else the mscale ratio when both are set
+                // (and non-zero); else 0.1·ln(factor) + 1.
+                let set = |k: &str| scaling.get(k).and_then(Value::as_f64).filter(|v| *v != 0.0);
+                rope.mscale = match (scaling.get("attention_factor").filter(|v| !v.is_null()), set("mscale"), set("mscale_all_dim")) {
+                    (Some(_), _, _) => num("attention_factor")? as f32,
+                    (None, Some(m), Some(all)) => (get_mscale(m) / get_mscale(all)) as f32,
+                    _ => get_mscale(1.0) as f32,
                 };
             }
             "longrope" | "su" => {
@@ -144,10 +149,10 @@ impl Rope {
                 };
                 let max = cfg.f64("max_position_embeddings")?;
                 rope.periods = Some(factors("short_factor")?);
-                rope.long_periods = Some((original as usize, factors("long_factor")?));
                 let factor = max / original;
                 let default_factor =
                     if factor <= 1.0 { 1.0 } else { (1.0 + factor.ln() / original.ln()).sqrt() };
+                rope.long_periods = Some((original as usize, factors("long_factor")?, default_factor as f32));
                 rope.mscale = num_or("attention_factor", default_factor)? as f32;
             }
             other => {
@@ -160,13 +165,15 @@ impl Rope {
         Ok(rope)
     }
 
-    /// MiniCPM's own longrope picks its factors once: the long ones when the model's context is
-    /// longer than the original one, for every position.
+    /// MiniCPM's own longrope picks its factors once — the long ones when the model's context is
+    /// longer than the original one, for every position — and always uses the attention factor
+    /// the length ratio implies.
     pub fn fix_longrope_choice(&mut self, max_position: usize) {
-        if let Some((original, long)) = self.long_periods.take() {
+        if let Some((original, long, mscale)) = self.long_periods.take() {
             if max_position > original {
                 self.periods = Some(long);
             }
+            self.mscale = mscale;
         }
     }
 
@@ -174,7 +181,7 @@ impl Rope {
     pub fn apply(&self, x: &Array, offset: usize) -> Result<Array> {
         let t = x.shape()[2] as usize;
         let periods = match &self.long_periods {
-            Some((original, long)) if offset + t > *original => Some(long),
+            Some((original, long, _)) if offset + t > *original => Some(long),
             _ => self.periods.as_ref(),
         };
         let x = if self.mscale != 1.0 { scale(x, self.mscale)? } else { x.clone() };
