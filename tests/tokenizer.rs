@@ -99,3 +99,112 @@ fn stream_decoder_reassembles_text_and_multibyte_characters() {
     out.push_str(&decoder.finish(&tok).unwrap());
     assert_eq!(out, text);
 }
+
+/// The pieces of a SentencePiece `tokenizer.model` (protobuf ModelProto: field 1 = SentencePiece
+/// {1: piece, 2: score, 3: type}), as a GGUF file stores them.
+fn sentencepiece_pieces(path: &std::path::Path) -> (Vec<String>, Vec<f32>, Vec<i64>) {
+    fn varint(b: &[u8], i: &mut usize) -> u64 {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = b[*i];
+            *i += 1;
+            v |= ((byte & 0x7f) as u64) << shift;
+            if byte & 0x80 == 0 {
+                break;
+            }
+        }
+        v
+    }
+    let bytes = std::fs::read(path).unwrap();
+    let (mut tokens, mut scores, mut types) = (Vec::new(), Vec::new(), Vec::new());
+    let mut i = 0;
+    while i < bytes.len() {
+        let key = varint(&bytes, &mut i);
+        let (field, wire) = (key >> 3, key & 7);
+        let len = match wire {
+            0 => {
+                varint(&bytes, &mut i);
+                continue;
+            }
+            1 => 8,
+            5 => 4,
+            2 => varint(&bytes, &mut i) as usize,
+            other => panic!("wire type {other}"),
+        };
+        if field == 1 && wire == 2 {
+            let msg = &bytes[i..i + len];
+            let (mut piece, mut score, mut kind) = (String::new(), 0.0f32, 1i64);
+            let mut j = 0;
+            while j < msg.len() {
+                let key = varint(msg, &mut j);
+                match (key >> 3, key & 7) {
+                    (1, 2) => {
+                        let n = varint(msg, &mut j) as usize;
+                        piece = String::from_utf8(msg[j..j + n].to_vec()).unwrap();
+                        j += n;
+                    }
+                    (2, 5) => {
+                        score = f32::from_le_bytes(msg[j..j + 4].try_into().unwrap());
+                        j += 4;
+                    }
+                    (3, 0) => kind = varint(msg, &mut j) as i64,
+                    (_, 0) => {
+                        varint(msg, &mut j);
+                    }
+                    (_, 2) => {
+                        let n = varint(msg, &mut j) as usize;
+                        j += n;
+                    }
+                    (_, 5) => j += 4,
+                    (_, 1) => j += 8,
+                    (_, w) => panic!("wire type {w}"),
+                }
+            }
+            tokens.push(piece);
+            scores.push(score);
+            types.push(kind);
+        }
+        i += len;
+    }
+    (tokens, scores, types)
+}
+
+/// A GGUF `llama` (SentencePiece) vocabulary — here MiniCPM4's tokenizer.model plus its added
+/// tokens, as llama.cpp's converter writes them — must tokenize exactly like the HF tokenizer.json
+/// that transformers built from the same model.
+#[test]
+fn sentencepiece_vocabulary_from_gguf_metadata_matches_the_hf_tokenizer() {
+    let (mut tokens, mut scores, mut types) = sentencepiece_pieces(&asset_dir().join("tokenizer.model"));
+    assert_eq!(tokens.len(), 73440);
+    let added: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(asset_dir().join("added_tokens.json")).unwrap()).unwrap();
+    let mut added: Vec<(u64, String)> = added.as_object().unwrap().iter().map(|(k, v)| (v.as_u64().unwrap(), k.clone())).collect();
+    added.sort();
+    for (id, text) in added {
+        assert_eq!(id as usize, tokens.len());
+        tokens.push(text);
+        scores.push(-1000.0);
+        types.push(3);
+    }
+    let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let ours: tokenizers::Tokenizer = sala::engine::gguf::sentencepiece_bpe(&refs, &scores, &types, true)
+        .unwrap()
+        .to_string()
+        .parse()
+        .unwrap();
+    let hf = tokenizers::Tokenizer::from_file(asset_dir().join("tokenizer.json")).unwrap();
+    for text in [
+        KNOWN_TEXT,
+        "Hello world",
+        "  two  spaces and\ttabs\n\nnew lines ",
+        "数字 12345 和 3.14159，标点！",
+        "emoji 🦀🚀 and rare ǅ ꙮ bytes",
+        "def f(x):\n    return x ** 2  # comment",
+    ] {
+        let a = ours.encode(text, false).unwrap().get_ids().to_vec();
+        let b = hf.encode(text, false).unwrap().get_ids().to_vec();
+        assert_eq!(a, b, "{text:?}");
+        assert_eq!(ours.decode(&a, false).unwrap(), hf.decode(&b, false).unwrap(), "{text:?}");
+    }
+    assert_eq!(ours.encode(KNOWN_TEXT, false).unwrap().get_ids(), &KNOWN_IDS);
+}

@@ -422,15 +422,60 @@ impl GgufFile {
     /// The tokenizer stored in the metadata, as `tokenizer.json` + `tokenizer_config.json` texts;
     /// `None` when the file has no vocabulary.
     pub fn tokenizer_files(&self) -> Result<Option<super::tokenizer::TokenizerFiles>> {
-        use serde_json::{json, Value};
+        use serde_json::json;
         let Some(model) = self.get("tokenizer.ggml.model").and_then(MetaValue::as_str) else { return Ok(None) };
         let unsupported = |what: String| Error::Tokenizer(format!("{}: {what}", self.path.display()));
-        if model != "gpt2" {
-            return Err(unsupported(format!(
-                "tokenizer.ggml.model `{model}` is not supported (only byte-level BPE, `gpt2`); \
-                 use the model's safetensors release with its tokenizer.json"
-            )));
+        let tokens = self.strings("tokenizer.ggml.tokens")?;
+        let types: Vec<i64> = match self.get("tokenizer.ggml.token_type").and_then(MetaValue::as_array) {
+            Some(items) => items.iter().map(|v| v.as_f64().unwrap_or(1.0) as i64).collect(),
+            None => vec![1; tokens.len()],
+        };
+        let (tokenizer, default_add_bos) = match model {
+            "gpt2" => (self.byte_level_bpe(&tokens, &types)?, false),
+            "llama" => {
+                let scores: Vec<f32> = self
+                    .get("tokenizer.ggml.scores")
+                    .and_then(MetaValue::as_array)
+                    .and_then(|items| items.iter().map(|v| v.as_f64().map(|f| f as f32)).collect())
+                    .ok_or_else(|| self.missing("tokenizer.ggml.scores", "a list of numbers"))?;
+                let prefix = self.get("tokenizer.ggml.add_space_prefix").and_then(MetaValue::as_bool).unwrap_or(true);
+                (sentencepiece_bpe(&tokens, &scores, &types, prefix).map_err(unsupported)?, true)
+            }
+            other => {
+                return Err(unsupported(format!(
+                    "tokenizer.ggml.model `{other}` is not supported (supported: `gpt2` byte-level BPE, \
+                     `llama` SentencePiece BPE); use the model's safetensors release with its tokenizer.json"
+                )))
+            }
+        };
+        let default_add_bos = default_add_bos
+            || matches!(self.get("tokenizer.ggml.pre").and_then(MetaValue::as_str), Some("llama3" | "llama-v3" | "llama-bpe"));
+        let token = |key: &str| {
+            self.get(key).and_then(MetaValue::as_u64).and_then(|id| tokens.get(id as usize)).map(|t| t.to_string())
+        };
+        let mut config = json!({
+            "add_bos_token": self.get("tokenizer.ggml.add_bos_token").and_then(MetaValue::as_bool).unwrap_or(default_add_bos),
+        });
+        for (key, meta) in [("bos_token", "tokenizer.ggml.bos_token_id"), ("eos_token", "tokenizer.ggml.eos_token_id")] {
+            if let Some(t) = token(meta) {
+                config[key] = json!(t);
+            }
         }
+        if let Some(template) = self.get("tokenizer.chat_template").and_then(MetaValue::as_str) {
+            config["chat_template"] = json!(template);
+        }
+        Ok(Some(super::tokenizer::TokenizerFiles {
+            source: self.path.clone(),
+            tokenizer_json: serde_json::to_string(&tokenizer).expect("JSON values serialise"),
+            config,
+            chat_template: None,
+        }))
+    }
+
+    /// `tokenizer.ggml.model = gpt2`: byte-level BPE with the pre-tokenizer `tokenizer.ggml.pre` names.
+    fn byte_level_bpe(&self, tokens: &[&str], types: &[i64]) -> Result<serde_json::Value> {
+        use serde_json::json;
+        let unsupported = |what: String| Error::Tokenizer(format!("{}: {what}", self.path.display()));
         let pre = self.get("tokenizer.ggml.pre").and_then(MetaValue::as_str).unwrap_or("default");
         let byte_level = |use_regex: bool, trim_offsets: bool| {
             json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": trim_offsets, "use_regex": use_regex})
@@ -454,57 +499,98 @@ impl GgufFile {
                 )))
             }
         };
-        let tokens = self.strings("tokenizer.ggml.tokens")?;
         let merges = self.strings("tokenizer.ggml.merges")?;
-        let types: Vec<i64> = match self.get("tokenizer.ggml.token_type").and_then(MetaValue::as_array) {
-            Some(items) => items.iter().map(|v| v.as_f64().unwrap_or(1.0) as i64).collect(),
-            None => vec![1; tokens.len()],
-        };
-        let vocab: serde_json::Map<String, Value> =
+        let vocab: serde_json::Map<String, serde_json::Value> =
             tokens.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
         if vocab.len() != tokens.len() {
             return Err(unsupported("tokenizer.ggml.tokens has duplicate entries".into()));
         }
-        // Control (3) and user-defined (4) tokens are matched whole, before the BPE model.
-        let added: Vec<Value> = tokens
-            .iter()
-            .zip(&types)
-            .enumerate()
-            .filter(|(_, (_, &ty))| ty == 3 || ty == 4)
-            .map(|(id, (t, &ty))| {
-                json!({"id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
-                       "normalized": false, "special": ty == 3})
-            })
-            .collect();
-        let tokenizer = json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        Ok(json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added_tokens(tokens, types, true),
             "normalizer": null, "pre_tokenizer": pre_tokenizer, "post_processor": null,
             "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
             "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
                       "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
                       "ignore_merges": matches!(pre, "llama3" | "llama-v3" | "llama-bpe"),
                       "vocab": vocab, "merges": merges},
-        });
-        let token = |key: &str| {
-            self.get(key).and_then(MetaValue::as_u64).and_then(|id| tokens.get(id as usize)).map(|t| t.to_string())
-        };
-        let default_add_bos = matches!(pre, "llama3" | "llama-v3" | "llama-bpe");
-        let mut config = json!({
-            "add_bos_token": self.get("tokenizer.ggml.add_bos_token").and_then(MetaValue::as_bool).unwrap_or(default_add_bos),
-        });
-        for (key, meta) in [("bos_token", "tokenizer.ggml.bos_token_id"), ("eos_token", "tokenizer.ggml.eos_token_id")] {
-            if let Some(t) = token(meta) {
-                config[key] = json!(t);
-            }
-        }
-        if let Some(template) = self.get("tokenizer.chat_template").and_then(MetaValue::as_str) {
-            config["chat_template"] = json!(template);
-        }
-        Ok(Some(super::tokenizer::TokenizerFiles {
-            source: self.path.clone(),
-            tokenizer_json: serde_json::to_string(&tokenizer).expect("JSON values serialise"),
-            config,
-            chat_template: None,
         }))
     }
+}
+
+/// Tokens matched whole, before the BPE model: control tokens (type 3), and for byte-level
+/// vocabularies also user-defined ones (4). A SentencePiece vocabulary's user-defined pieces stay
+/// ordinary pieces (score 0: merged first), as transformers converts them — made separate segments
+/// they would each get their own `▁` prefix.
+fn added_tokens(tokens: &[&str], types: &[i64], user_defined: bool) -> Vec<serde_json::Value> {
+    tokens
+        .iter()
+        .zip(types)
+        .enumerate()
+        .filter(|(_, (_, &ty))| ty == 3 || (ty == 4 && user_defined))
+        .map(|(id, (t, &ty))| {
+            serde_json::json!({"id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
+                               "normalized": false, "special": ty == 3})
+        })
+        .collect()
+}
+
+/// A SentencePiece BPE vocabulary (pieces, scores, types; `▁` for spaces, `<0xNN>` byte pieces) as
+/// an HF `tokenizer.json`, built the way transformers converts Llama's `tokenizer.model`: every
+/// split of a piece into two pieces is a merge, merges ranked by the merged piece's score (highest
+/// first; ties keep piece order, then the split's piece ids), byte fallback for unknown bytes,
+/// `▁` prepended to the text when `add_space_prefix`.
+pub fn sentencepiece_bpe(
+    tokens: &[&str],
+    scores: &[f32],
+    types: &[i64],
+    add_space_prefix: bool,
+) -> std::result::Result<serde_json::Value, String> {
+    use serde_json::json;
+    if scores.len() != tokens.len() || types.len() != tokens.len() {
+        return Err(format!(
+            "{} tokens but {} scores and {} token types",
+            tokens.len(),
+            scores.len(),
+            types.len()
+        ));
+    }
+    let ids: std::collections::HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (*t, i)).collect();
+    let mut merges: Vec<(f32, usize, usize)> = Vec::new();
+    for (piece, &score) in tokens.iter().zip(scores) {
+        let mut local: Vec<(usize, usize)> = piece
+            .char_indices()
+            .skip(1)
+            .filter_map(|(at, _)| Some((*ids.get(&piece[..at])?, *ids.get(&piece[at..])?)))
+            .collect();
+        local.sort();
+        merges.extend(local.into_iter().map(|(l, r)| (score, l, r)));
+    }
+    // Stable: equal scores keep the order built above.
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let merges: Vec<serde_json::Value> = merges.iter().map(|&(_, l, r)| json!([tokens[l], tokens[r]])).collect();
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        tokens.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
+    let unk = types.iter().position(|&t| t == 2).map(|i| tokens[i]);
+    let mut normalizers = Vec::new();
+    if add_space_prefix {
+        normalizers.push(json!({"type": "Prepend", "prepend": "▁"}));
+    }
+    normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"}));
+    let mut decoders = vec![
+        json!({"type": "Replace", "pattern": {"String": "▁"}, "content": " "}),
+        json!({"type": "ByteFallback"}),
+        json!({"type": "Fuse"}),
+    ];
+    if add_space_prefix {
+        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    }
+    Ok(json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added_tokens(tokens, types, false),
+        "normalizer": {"type": "Sequence", "normalizers": normalizers},
+        "pre_tokenizer": null, "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": decoders},
+        "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                  "vocab": vocab, "merges": merges},
+    }))
 }

