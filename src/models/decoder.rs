@@ -11,10 +11,10 @@ use crate::engine::config::ConfigFile;
 use crate::engine::error::{Error, Result};
 use crate::engine::model::{LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::models::layers::{scale, Embedding, Linear, Mlp, RmsNorm};
+use crate::models::layers::{scale, Embedding, Linear, LmHead, Mlp, RmsNorm};
 use crate::models::rope::Rope;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::{ops::indexing::TryIndexOp, Array, Dtype};
+use mlx_rs::{Array, Dtype};
 
 #[derive(Clone)]
 pub struct DecoderConfig {
@@ -231,8 +231,7 @@ pub struct DecoderModel {
     info: ModelInfo,
     embed_tokens: Embedding,
     layers: Vec<Layer>,
-    norm: RmsNorm,
-    lm_head: Option<Linear>,
+    head: LmHead,
     window: Option<Window>,
 }
 
@@ -266,8 +265,7 @@ impl DecoderModel {
         };
         Ok(Self {
             embed_tokens: Embedding::load(weights, "model.embed_tokens", dtype)?,
-            norm: RmsNorm::load(weights, "model.norm", eps, dtype)?,
-            lm_head: if config.tie_word_embeddings { None } else { Some(Linear::load(weights, "lm_head", dtype)?) },
+            head: LmHead::load(weights, eps, config.tie_word_embeddings, config.logit_scale, dtype)?,
             layers,
             config,
             info,
@@ -317,22 +315,6 @@ impl LanguageModel for DecoderModel {
                 t.record(format!("hidden.layer_out.{i}"), &h);
             }
         }
-        let mut h = self.norm.forward(&h)?;
-        if let Some(t) = trace {
-            t.record("hidden.final_norm", &h);
-        }
-        if logits == Logits::Last {
-            let t = h.shape()[1];
-            h = h.try_index((.., t - 1..t, ..))?;
-        }
-        if c.logit_scale != 1.0 {
-            h = scale(&h, c.logit_scale)?;
-        }
-        let out = match &self.lm_head {
-            Some(head) => head.forward(&h)?,
-            None => self.embed_tokens.as_linear(&h)?,
-        };
-        let t = out.shape()[1];
-        Ok(out.reshape(&[t, -1])?.as_dtype(Dtype::Float32)?)
+        self.head.forward(&h, &self.embed_tokens, logits, trace)
     }
 }

@@ -1,10 +1,11 @@
 //! Building blocks shared by the model families.
 
 use crate::engine::error::Result;
+use crate::engine::model::{Logits, Trace};
 use crate::engine::ops::scalar;
 use crate::engine::quant::QuantizedMatrix;
 use crate::engine::weights::Weights;
-use mlx_rs::{fast, ops, Array, Dtype};
+use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// A `[out, in]` matrix, in float or MLX-quantized.
 #[derive(Clone)]
@@ -87,6 +88,45 @@ impl Embedding {
     /// h · Eᵀ: logits through the tied embedding.
     pub fn as_linear(&self, h: &Array) -> Result<Array> {
         self.table.matmul_t(h)
+    }
+}
+
+/// The model's end: final RMSNorm, an optional scale (muP), then the output projection (or the
+/// tied embeddings); float32 logits `[T, vocab]`, only for the last position with [`Logits::Last`].
+pub struct LmHead {
+    pub norm: RmsNorm,
+    pub proj: Option<Linear>,
+    pub scale: f32,
+}
+
+impl LmHead {
+    /// `model.norm` and, unless tied, `lm_head`.
+    pub fn load(weights: &Weights, eps: f32, tied: bool, scale: f32, dtype: Dtype) -> Result<Self> {
+        Ok(Self {
+            norm: RmsNorm::load(weights, "model.norm", eps, dtype)?,
+            proj: if tied { None } else { Some(Linear::load(weights, "lm_head", dtype)?) },
+            scale,
+        })
+    }
+
+    pub fn forward(&self, h: &Array, embed: &Embedding, logits: Logits, trace: Option<&mut Trace>) -> Result<Array> {
+        let mut h = self.norm.forward(h)?;
+        if let Some(t) = trace {
+            t.record("hidden.final_norm", &h);
+        }
+        if logits == Logits::Last {
+            let t = h.shape()[1];
+            h = h.try_index((.., t - 1..t, ..))?;
+        }
+        if self.scale != 1.0 {
+            h = scale(&h, self.scale)?;
+        }
+        let out = match &self.proj {
+            Some(head) => head.forward(&h)?,
+            None => embed.as_linear(&h)?,
+        };
+        let t = out.shape()[1];
+        Ok(out.reshape(&[t, -1])?.as_dtype(Dtype::Float32)?)
     }
 }
 

@@ -14,9 +14,9 @@ use crate::engine::config::ConfigFile;
 use crate::engine::error::{Error, Result};
 use crate::engine::model::{LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::models::layers::{scale, Embedding, Linear, Mlp, RmsNorm};
+use crate::models::layers::{scale, Embedding, LmHead, Mlp, RmsNorm};
 use lightning::{LightningAttention, LightningConfig};
-use mlx_rs::{ops::indexing::TryIndexOp, Array, Dtype};
+use mlx_rs::{Array, Dtype};
 use sparse::{SparseAttention, SparseConfig};
 
 pub const MODEL_TYPE: &str = "minicpm_sala";
@@ -152,8 +152,7 @@ pub struct SalaModel {
     info: ModelInfo,
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-    lm_head: Option<Linear>,
+    head: LmHead,
 }
 
 impl SalaModel {
@@ -191,8 +190,8 @@ impl SalaModel {
         };
         Ok(Self {
             embed_tokens: Embedding::load(weights, "model.embed_tokens", dtype)?,
-            norm: RmsNorm::load(weights, "model.norm", eps, dtype)?,
-            lm_head: if config.tie_word_embeddings { None } else { Some(Linear::load(weights, "lm_head", dtype)?) },
+            // logits = lm_head(h / (hidden/dim_model_base))
+            head: LmHead::load(weights, eps, config.tie_word_embeddings, config.dim_model_base / config.hidden_size as f32, dtype)?,
             layers,
             config,
             info,
@@ -255,21 +254,6 @@ impl LanguageModel for SalaModel {
                 t.record(format!("hidden.layer_out.{i}"), &h);
             }
         }
-        let mut h = self.norm.forward(&h)?;
-        if let Some(t) = trace {
-            t.record("hidden.final_norm", &h);
-        }
-        if logits == Logits::Last {
-            let t = h.shape()[1];
-            h = h.try_index((.., t - 1..t, ..))?;
-        }
-        let divisor = self.config.hidden_size as f32 / self.config.dim_model_base;
-        let h = h.divide(crate::engine::ops::scalar(divisor, h.dtype())?)?;
-        let out = match &self.lm_head {
-            Some(head) => head.forward(&h)?,
-            None => self.embed_tokens.as_linear(&h)?,
-        };
-        let t = out.shape()[1];
-        Ok(out.reshape(&[t, -1])?.as_dtype(Dtype::Float32)?)
+        self.head.forward(&h, &self.embed_tokens, logits, trace)
     }
 }
