@@ -6,6 +6,7 @@ mod common;
 
 use mlx_rs::Array;
 use sala::engine::error::Error;
+use sala::engine::gguf::{convert_bytes, Converted, GgmlType};
 use sala::engine::model::Logits;
 use sala::engine::ops::to_vec_f32;
 use std::path::{Path, PathBuf};
@@ -278,13 +279,74 @@ fn damaged_gguf_files_give_typed_errors() {
     let e = load_err(&write("arch.gguf", &gguf_bytes(&meta, &[])));
     assert!(matches!(e, Error::UnsupportedModel { .. }) && e.to_string().contains("llama, qwen2, qwen3"), "{e}");
     let embed = ("token_embd.weight".to_string(), vec![HIDDEN as u64, VOCAB as u64], 0u32, vec![0u8; HIDDEN * VOCAB * 4]);
-    let q4k = vec![embed.clone(), ("blk.0.attn_q.weight".to_string(), vec![256u64, 1], 12u32, vec![0u8; 144])];
-    let e = load_err(&write("q4k.gguf", &gguf_bytes(&llama_meta("llama"), &q4k)));
-    assert!(e.to_string().contains("Q4_K is not supported"), "{e}");
+    let iq2 = vec![embed.clone(), ("blk.0.attn_q.weight".to_string(), vec![256u64, 1], 16u32, vec![0u8; 66])];
+    let e = load_err(&write("iq2.gguf", &gguf_bytes(&llama_meta("llama"), &iq2)));
+    assert!(e.to_string().contains("IQ type 16 is not supported"), "{e}");
     // A missing hyperparameter is named.
     let mut meta = llama_meta("llama");
     meta.retain(|(k, _)| *k != "llama.feed_forward_length");
     let e = load_err(&write("key.gguf", &gguf_bytes(&meta, &[embed])));
     assert!(e.to_string().contains("llama.feed_forward_length"), "{e}");
+    std::fs::remove_dir_all(d).unwrap();
+}
+
+/// Every block type we read, on random blocks, against gguf-py's dequantizers (PyPI `gguf`, the
+/// llama.cpp project's own Python reference).
+#[test]
+fn block_types_match_gguf_py() {
+    let python = common::venv_python("gguf-venv", "SALA_GGUF_PYTHON", "gguf", &["gguf==0.19.0"]);
+    let d = dir("kquants");
+    std::fs::create_dir_all(&d).unwrap();
+    let mut rng = Lcg(99);
+    // (ggml type id, block bytes, offsets of f16 scale fields), 8 blocks of 256 weights per row.
+    let types: [(u32, usize, &[usize], GgmlType); 8] = [
+        (8, 34, &[0], GgmlType::Q8_0),
+        (2, 18, &[0], GgmlType::Q4_0),
+        (3, 20, &[0, 2], GgmlType::Q4_1),
+        (10, 84, &[80, 82], GgmlType::Q2K),
+        (11, 110, &[108], GgmlType::Q3K),
+        (12, 144, &[0, 2], GgmlType::Q4K),
+        (13, 176, &[0, 2], GgmlType::Q5K),
+        (14, 210, &[208], GgmlType::Q6K),
+    ];
+    let (rows, cols) = (2usize, 512usize);
+    for (id, size, halves, kind) in types {
+        let per_block = if size == 34 || size == 18 || size == 20 { 32 } else { 256 };
+        let n_blocks = rows * cols / per_block;
+        let mut bytes: Vec<u8> = (0..n_blocks * size).map(|_| (rng.next().abs() * 256.0) as u8).collect();
+        for b in 0..n_blocks {
+            for &at in halves {
+                let v = half::f16::from_f32(0.01 + 0.05 * rng.next().abs());
+                bytes[b * size + at..b * size + at + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        let input = d.join(format!("{id}.bin"));
+        let output = d.join(format!("{id}.f32"));
+        std::fs::write(&input, &bytes).unwrap();
+        let script = format!(
+            "import numpy as np, sys\nfrom gguf import quants, GGMLQuantizationType as T\n\
+             data = np.fromfile(sys.argv[1], dtype=np.uint8).reshape({rows}, -1)\n\
+             quants.dequantize(data, T({id})).astype(np.float32).tofile(sys.argv[2])\n"
+        );
+        let out = std::process::Command::new(&python).arg("-c").arg(script).arg(&input).arg(&output).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let want: Vec<f32> = std::fs::read(&output).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let got = match convert_bytes(&bytes, kind, &[rows as i32, cols as i32]).unwrap() {
+            // In f32: MLX dequantizes in the scales' dtype, and f16 would round d·code + bias.
+            Converted::Quantized(mut q) => {
+                q.scales = q.scales.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+                q.biases = q.biases.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+                to_vec_f32(&q.dequantize().unwrap()).unwrap()
+            }
+            Converted::Float(a) => to_vec_f32(&a).unwrap(),
+        };
+        assert_eq!(got.len(), want.len(), "{kind:?}");
+        // Exact for the affine types (f32/f16 arithmetic of the same products); Q2_K/Q3_K/Q6_K are
+        // expanded to f16, so within f16 rounding.
+        let tolerance = |w: f32| if matches!(kind, GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q6K) { w.abs() * 1e-3 + 1e-6 } else { w.abs() * 1e-6 + 1e-7 };
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= tolerance(*w), "{kind:?}: weight {i} is {g}, gguf-py says {w}");
+        }
+    }
     std::fs::remove_dir_all(d).unwrap();
 }

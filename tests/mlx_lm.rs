@@ -11,24 +11,9 @@ use sala::engine::ops::to_vec_f32;
 use std::path::PathBuf;
 use std::process::Command;
 
-const MLX_LM: [&str; 2] = ["mlx[cpu]==0.32.2", "mlx-lm==0.32.2"];
-
-/// A Python that can `import mlx_lm`, made on first use.
+/// A Python that can `import mlx_lm`.
 fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("SALA_MLX_LM_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let venv = common::test_assets().join("mlx-lm-venv");
-    let python = venv.join("bin/python");
-    let works = |p: &PathBuf| Command::new(p).args(["-c", "import mlx_lm"]).output().is_ok_and(|o| o.status.success());
-    if !works(&python) {
-        let system = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-        let made = Command::new(&system).args(["-m", "venv"]).arg(&venv).status();
-        assert!(matches!(made, Ok(s) if s.success()), "`{system} -m venv {}` failed", venv.display());
-        let installed = Command::new(&python).args(["-m", "pip", "install", "-q"]).args(MLX_LM).status();
-        assert!(matches!(installed, Ok(s) if s.success()), "could not pip install {MLX_LM:?}");
-    }
-    python
+    common::venv_python("mlx-lm-venv", "SALA_MLX_LM_PYTHON", "mlx_lm", &["mlx[cpu]==0.32.2", "mlx-lm==0.32.2"])
 }
 
 #[test]

@@ -112,8 +112,8 @@ fn gguf_blocks_convert_to_exact_mlx_quantization() {
         Converted::Float(a) => assert_eq!(to_vec_f32(&a).unwrap(), vec![1.5, -2.0]),
         _ => panic!("F32 is float"),
     }
-    let err = convert_bytes(&[0u8; 144], GgmlType::Other(12), &[1, 256]).err().unwrap();
-    assert!(err.contains("Q4_K is not supported") && err.contains("Q8_0"), "{err}");
+    let err = convert_bytes(&[0u8; 66], GgmlType::Other(16), &[1, 256]).err().unwrap();
+    assert!(err.contains("IQ type 16 is not supported") && err.contains("Q8_0"), "{err}");
 }
 
 fn greedy(model: &dyn LanguageModel, prompt: &[u32], n: usize) -> Vec<u32> {

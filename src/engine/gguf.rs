@@ -1,11 +1,13 @@
 //! GGUF files (llama.cpp's single-file format): header, metadata, tensor directory, and the
 //! conversion of its tensor types into MLX arrays.
 //!
-//! Q8_0, Q4_0 and Q4_1 blocks (32 weights, one f16 scale, Q4_1 also an f16 minimum) map exactly
-//! onto MLX affine quantization with group size 32, so they are repacked rather than expanded:
-//! w = d·q + m becomes scale d, bias m (Q4_1), −8d (Q4_0) or −128d (Q8_0, with q shifted to
-//! unsigned). F32, F16 and BF16 load as they are. Every length and offset is checked against the
-//! file size before use, so a truncated or corrupt file gives a typed error.
+//! Q8_0, Q4_0 and Q4_1 blocks (32 weights, one f16 scale, Q4_1 also an f16 minimum) and the 32-weight
+//! sub-blocks of Q4_K and Q5_K map exactly onto MLX affine quantization with group size 32, so they
+//! are repacked rather than expanded: w = d·q + m becomes scale d, bias m (Q4_1), −8d (Q4_0),
+//! −128d (Q8_0, with q shifted to unsigned) or −dmin·m (K-quants). Q2_K, Q3_K and Q6_K (16-weight
+//! scales) are expanded to f16; F32, F16 and BF16 load as they are. Every length and offset is
+//! checked against the file size before use, so a truncated or corrupt file gives a typed error.
+//! `tests/gguf.rs` checks every block type against gguf-py's dequantizers.
 
 use super::error::{Error, Result};
 use super::quant::{QuantFormat, QuantizedMatrix};
@@ -73,6 +75,11 @@ pub enum GgmlType {
     Q4_0,
     Q4_1,
     Q8_0,
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
     Bf16,
     Other(u32),
 }
@@ -85,6 +92,11 @@ impl GgmlType {
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
             8 => GgmlType::Q8_0,
+            10 => GgmlType::Q2K,
+            11 => GgmlType::Q3K,
+            12 => GgmlType::Q4K,
+            13 => GgmlType::Q5K,
+            14 => GgmlType::Q6K,
             30 => GgmlType::Bf16,
             other => GgmlType::Other(other),
         }
@@ -98,21 +110,27 @@ impl GgmlType {
             GgmlType::Q4_0 => (32, 18),
             GgmlType::Q4_1 => (32, 20),
             GgmlType::Q8_0 => (32, 34),
+            GgmlType::Q2K => (256, 84),
+            GgmlType::Q3K => (256, 110),
+            GgmlType::Q4K => (256, 144),
+            GgmlType::Q5K => (256, 176),
+            GgmlType::Q6K => (256, 210),
             GgmlType::Other(_) => return None,
         })
     }
 
     pub fn name(self) -> String {
         match self {
+            GgmlType::Q2K => "Q2_K".into(),
+            GgmlType::Q3K => "Q3_K".into(),
+            GgmlType::Q4K => "Q4_K".into(),
+            GgmlType::Q5K => "Q5_K".into(),
+            GgmlType::Q6K => "Q6_K".into(),
             GgmlType::Other(id) => match id {
                 6 => "Q5_0".into(),
                 7 => "Q5_1".into(),
-                10 => "Q2_K".into(),
-                11 => "Q3_K".into(),
-                12 => "Q4_K".into(),
-                13 => "Q5_K".into(),
-                14 => "Q6_K".into(),
                 15 => "Q8_K".into(),
+                16..=23 | 29 => format!("IQ type {id}"),
                 id => format!("type {id}"),
             },
             known => format!("{known:?}").to_uppercase(),
@@ -351,67 +369,240 @@ impl GgufFile {
 }
 
 /// Converts raw GGUF tensor data of `kind` with row-major `shape` to MLX.
+///
+/// Types whose blocks are affine in groups of 32 stay quantized in MLX's layout: Q8_0, Q4_0, Q4_1
+/// (f16 scales, exact) and Q4_K, Q5_K (scale d·sc and bias −dmin·m per 32 weights, exact in
+/// f32). Q2_K, Q3_K and Q6_K scale groups of 16, which MLX cannot express, so they are expanded
+/// to f16.
 pub fn convert_bytes(bytes: &[u8], kind: GgmlType, shape: &[i32]) -> std::result::Result<Converted, String> {
     let float = |dtype| {
         // SAFETY: the directory check made `bytes` exactly numel × itemsize long.
         Converted::Float(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), shape, dtype) })
     };
-    let (rows, cols) = match shape {
-        [.., c] => ((shape.iter().map(|&d| d as i64).product::<i64>() / *c as i64) as i32, *c),
-        [] => return Err("has no dimensions".into()),
-    };
-    let blocks = (rows as usize) * (cols as usize / 32);
-    let packed_shape = |bits: i32| [rows, cols * bits / 32];
-    let group_shape = [rows, cols / 32];
-    let matrix = |packed: Vec<u8>, bits: i32, scales: Vec<f16>, biases: Vec<f16>| {
-        let to_array = |v: &[f16]| Array::from_slice(v, &group_shape);
+    let Some(&cols) = shape.last() else { return Err("has no dimensions".into()) };
+    let rows = (shape.iter().map(|&d| d as i64).product::<i64>() / cols as i64) as i32;
+    let matrix = |g: AffineGroups, bits: i32| {
+        let packed = pack_codes(&g.codes, bits);
         // SAFETY: `packed` holds rows × cols·bits/8 bytes, i.e. the u32 words of the shape.
-        let packed = unsafe { Array::from_raw_data(packed.as_ptr().cast(), &packed_shape(bits), Dtype::Uint32) };
-        Converted::Quantized(QuantizedMatrix {
-            packed,
-            scales: to_array(&scales),
-            biases: to_array(&biases),
-            format: QuantFormat { group_size: 32, bits },
-        })
+        let packed = unsafe { Array::from_raw_data(packed.as_ptr().cast(), &[rows, cols * bits / 32], Dtype::Uint32) };
+        let group_shape = [rows, cols / 32];
+        let (scales, biases) = if g.f16_exact {
+            let half = |v: &[f32]| Array::from_slice(&v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>(), &group_shape);
+            (half(&g.scales), half(&g.biases))
+        } else {
+            (Array::from_slice(&g.scales, &group_shape), Array::from_slice(&g.biases, &group_shape))
+        };
+        Converted::Quantized(QuantizedMatrix { packed, scales, biases, format: QuantFormat { group_size: 32, bits } })
     };
-    let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]);
+    let expanded = |values: Vec<f32>| {
+        let values: Vec<f16> = values.into_iter().map(f16::from_f32).collect();
+        Converted::Float(Array::from_slice(&values, shape))
+    };
     Ok(match kind {
         GgmlType::F32 => float(Dtype::Float32),
         GgmlType::F16 => float(Dtype::Float16),
         GgmlType::Bf16 => float(Dtype::Bfloat16),
-        GgmlType::Q8_0 => {
-            let (mut packed, mut scales, mut biases) = (Vec::with_capacity(blocks * 32), Vec::new(), Vec::new());
-            for block in bytes.chunks_exact(34) {
-                let d = f16_at(block, 0);
-                scales.push(d);
-                biases.push(f16::from_f32(-128.0 * d.to_f32()));
-                packed.extend(block[2..].iter().map(|&q| (q as i8 as i16 + 128) as u8));
-            }
-            matrix(packed, 8, scales, biases)
-        }
-        GgmlType::Q4_0 | GgmlType::Q4_1 => {
-            let size = if kind == GgmlType::Q4_0 { 18 } else { 20 };
-            let (mut packed, mut scales, mut biases) = (Vec::with_capacity(blocks * 16), Vec::new(), Vec::new());
-            for block in bytes.chunks_exact(size) {
-                let d = f16_at(block, 0);
-                scales.push(d);
-                biases.push(if kind == GgmlType::Q4_0 { f16::from_f32(-8.0 * d.to_f32()) } else { f16_at(block, 2) });
-                // ggml: byte j holds weight j (low nibble) and weight j+16 (high nibble);
-                // MLX: byte j holds weights 2j (low) and 2j+1 (high).
-                let qs = &block[size - 16..];
-                let nibble = |e: usize| if e < 16 { qs[e] & 0x0f } else { qs[e - 16] >> 4 };
-                packed.extend((0..16).map(|j| nibble(2 * j) | (nibble(2 * j + 1) << 4)));
-            }
-            matrix(packed, 4, scales, biases)
-        }
-        other => {
+        GgmlType::Q8_0 => matrix(q8_0(bytes), 8),
+        GgmlType::Q4_0 | GgmlType::Q4_1 => matrix(q4_legacy(bytes, kind == GgmlType::Q4_1), 4),
+        GgmlType::Q4K => matrix(q4_k(bytes), 4),
+        GgmlType::Q5K => matrix(q5_k(bytes), 5),
+        GgmlType::Q6K => expanded(q6_k(bytes)),
+        GgmlType::Q3K => expanded(q3_k(bytes)),
+        GgmlType::Q2K => expanded(q2_k(bytes)),
+        GgmlType::Other(_) => {
             return Err(format!(
-                "type {} is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1); \
+                "type {} is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q2_K–Q6_K); \
                  re-quantize the model with one of those or use its safetensors release",
-                other.name()
+                kind.name()
             ))
         }
     })
+}
+
+/// Unsigned codes per weight and, per group of 32, w = scale·code + bias.
+#[derive(Default)]
+struct AffineGroups {
+    codes: Vec<u8>,
+    scales: Vec<f32>,
+    biases: Vec<f32>,
+    /// Scales and biases are exact in f16 (stored so, half the size).
+    f16_exact: bool,
+}
+
+impl AffineGroups {
+    fn push(&mut self, codes: impl IntoIterator<Item = u8>, scale: f32, bias: f32) {
+        self.codes.extend(codes);
+        self.scales.push(scale);
+        self.biases.push(bias);
+    }
+}
+
+/// MLX's packing: each row a little-endian bit stream of `bits`-bit codes, read as u32 words.
+fn pack_codes(codes: &[u8], bits: i32) -> Vec<u8> {
+    let bits = bits as usize;
+    let mut out = vec![0u8; codes.len() * bits / 8];
+    for (i, &c) in codes.iter().enumerate() {
+        let at = i * bits;
+        let word = (c as u16) << (at % 8);
+        out[at / 8] |= word as u8;
+        if at % 8 + bits > 8 {
+            out[at / 8 + 1] |= (word >> 8) as u8;
+        }
+    }
+    out
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Q8_0: f16 d, 32 × i8; w = d·q (code q+128, bias −128d).
+fn q8_0(bytes: &[u8]) -> AffineGroups {
+    let mut g = AffineGroups { f16_exact: true, ..Default::default() };
+    for block in bytes.chunks_exact(34) {
+        let d = f16_at(block, 0);
+        g.push(block[2..].iter().map(|&q| (q as i8 as i16 + 128) as u8), d, -128.0 * d);
+    }
+    g
+}
+
+/// Q4_0 (f16 d; w = d·(q−8)) and Q4_1 (f16 d, f16 m; w = d·q + m): byte j holds weight j in its
+/// low nibble and weight j+16 in its high nibble.
+fn q4_legacy(bytes: &[u8], with_min: bool) -> AffineGroups {
+    let size = if with_min { 20 } else { 18 };
+    let mut g = AffineGroups { f16_exact: true, ..Default::default() };
+    for block in bytes.chunks_exact(size) {
+        let d = f16_at(block, 0);
+        let qs = &block[size - 16..];
+        let codes = (0..32).map(|e| if e < 16 { qs[e] & 0x0f } else { qs[e - 16] >> 4 });
+        g.push(codes, d, if with_min { f16_at(block, 2) } else { -8.0 * d });
+    }
+    g
+}
+
+/// The 6-bit scale and min of sub-block `j` (0..8) from the 12 packed bytes of Q4_K / Q5_K.
+fn k_scale_min(scales: &[u8], j: usize) -> (f32, f32) {
+    let (sc, m) = if j < 4 {
+        (scales[j] & 63, scales[j + 4] & 63)
+    } else {
+        ((scales[j + 4] & 0x0f) | ((scales[j - 4] >> 6) << 4), (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4))
+    };
+    (sc as f32, m as f32)
+}
+
+/// Q4_K: 256 weights = 8 groups of 32; f16 d, dmin, 12 scale bytes, 128 nibble bytes (each 32
+/// bytes: low nibbles one group, high nibbles the next); w = d·sc·q − dmin·m.
+fn q4_k(bytes: &[u8]) -> AffineGroups {
+    let mut g = AffineGroups::default();
+    for block in bytes.chunks_exact(144) {
+        let (d, dmin, scales, qs) = (f16_at(block, 0), f16_at(block, 2), &block[4..16], &block[16..]);
+        for j in 0..8 {
+            let (sc, m) = k_scale_min(scales, j);
+            let chunk = &qs[32 * (j / 2)..32 * (j / 2) + 32];
+            let shift = 4 * (j % 2);
+            g.push(chunk.iter().map(|&q| (q >> shift) & 0x0f), d * sc, -dmin * m);
+        }
+    }
+    g
+}
+
+/// Q5_K: as Q4_K plus 32 bytes of fifth bits (bit j of byte l belongs to weight l of group j).
+fn q5_k(bytes: &[u8]) -> AffineGroups {
+    let mut g = AffineGroups::default();
+    for block in bytes.chunks_exact(176) {
+        let (d, dmin, scales) = (f16_at(block, 0), f16_at(block, 2), &block[4..16]);
+        let (qh, qs) = (&block[16..48], &block[48..]);
+        for j in 0..8 {
+            let (sc, m) = k_scale_min(scales, j);
+            let chunk = &qs[32 * (j / 2)..32 * (j / 2) + 32];
+            let shift = 4 * (j % 2);
+            let codes = chunk.iter().zip(qh).map(|(&q, &h)| ((q >> shift) & 0x0f) | (((h >> j) & 1) << 4));
+            g.push(codes, d * sc, -dmin * m);
+        }
+    }
+    g
+}
+
+/// Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales (one per 16
+/// weights), f16 d; w = d·sc·(q − 32).
+fn q6_k(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 210 * 256);
+    for block in bytes.chunks_exact(210) {
+        let (ql, qh, sc, d) = (&block[..128], &block[128..192], &block[192..208], f16_at(block, 208));
+        let mut y = [0f32; 256];
+        for half in 0..2 {
+            let (ql, qh, sc) = (&ql[64 * half..], &qh[32 * half..], &sc[8 * half..]);
+            for l in 0..32 {
+                let is = l / 16;
+                let q = [
+                    (ql[l] & 0x0f) | ((qh[l] & 3) << 4),
+                    (ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4),
+                    (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
+                    (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
+                ];
+                for (k, &q) in q.iter().enumerate() {
+                    y[128 * half + l + 32 * k] = d * (sc[is + 2 * k] as i8) as f32 * (q as i32 - 32) as f32;
+                }
+            }
+        }
+        out.extend_from_slice(&y);
+    }
+    out
+}
+
+/// Q3_K: 32 bytes of high bits (set = no −4), 64 bytes of 2-bit codes, 12 bytes of 6-bit scales
+/// (offset 32), f16 d; w = d·(sc−32)·(q − 4·!high), 16 weights per scale.
+fn q3_k(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 110 * 256);
+    for block in bytes.chunks_exact(110) {
+        let (hmask, qs, packed, d) = (&block[..32], &block[32..96], &block[96..108], f16_at(block, 108));
+        let scale = |i: usize| -> f32 {
+            let low = if i < 8 { packed[i] & 0x0f } else { packed[i - 8] >> 4 };
+            let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+            ((low | (high << 4)) as i32 - 32) as f32
+        };
+        let mut is = 0;
+        let mut bit = 0;
+        for half in 0..2 {
+            let q = &qs[32 * half..];
+            for shift in (0..8).step_by(2) {
+                for part in 0..2 {
+                    let dl = d * scale(is);
+                    is += 1;
+                    for l in 16 * part..16 * part + 16 {
+                        let code = ((q[l] >> shift) & 3) as i32 - if hmask[l] & (1 << bit) != 0 { 0 } else { 4 };
+                        out.push(dl * code as f32);
+                    }
+                }
+                bit += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Q2_K: 16 scale bytes (low nibble scale, high nibble min), 64 bytes of 2-bit codes, f16 d and
+/// dmin; w = d·sc·q − dmin·m, 16 weights per scale.
+fn q2_k(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 84 * 256);
+    for block in bytes.chunks_exact(84) {
+        let (scales, qs, d, dmin) = (&block[..16], &block[16..80], f16_at(block, 80), f16_at(block, 82));
+        let mut is = 0;
+        for half in 0..2 {
+            let q = &qs[32 * half..];
+            for shift in (0..8).step_by(2) {
+                for part in 0..2 {
+                    let sc = scales[is];
+                    is += 1;
+                    let (dl, ml) = (d * (sc & 0x0f) as f32, dmin * (sc >> 4) as f32);
+                    for l in 16 * part..16 * part + 16 {
+                        out.push(dl * ((q[l] >> shift) & 3) as f32 - ml);
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Pre-tokenizer regexes by llama.cpp's `tokenizer.ggml.pre` name (the HF tokenizers forms).

@@ -133,3 +133,26 @@ pub fn smollm2_expected() -> serde_json::Value {
     let path = golden("smollm2-135m-instruct").join("expected.json");
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
+
+/// A Python that can `import module`: `$env_var` if set, else a venv `$SALA_TEST_ASSETS/<name>`
+/// made on first use with `packages` pip-installed (so CI downloads them once per machine).
+pub fn venv_python(name: &str, env_var: &str, module: &str, packages: &[&str]) -> PathBuf {
+    if let Some(p) = std::env::var_os(env_var) {
+        return PathBuf::from(p);
+    }
+    static MAKE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = MAKE.lock().unwrap_or_else(|e| e.into_inner());
+    let venv = test_assets().join(name);
+    let python = venv.join("bin/python");
+    let works = |p: &PathBuf| {
+        std::process::Command::new(p).args(["-c", &format!("import {module}")]).output().is_ok_and(|o| o.status.success())
+    };
+    if !works(&python) {
+        let system = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        let made = std::process::Command::new(&system).args(["-m", "venv"]).arg(&venv).status();
+        assert!(matches!(made, Ok(s) if s.success()), "`{system} -m venv {}` failed", venv.display());
+        let installed = std::process::Command::new(&python).args(["-m", "pip", "install", "-q"]).args(packages).status();
+        assert!(matches!(installed, Ok(s) if s.success()), "could not pip install {packages:?} (or set {env_var})");
+    }
+    python
+}
