@@ -595,9 +595,7 @@ fn q2_k(bytes: &[u8]) -> Vec<f32> {
                     let sc = scales[is];
                     is += 1;
                     let (dl, ml) = (d * (sc & 0x0f) as f32, dmin * (sc >> 4) as f32);
-                    for l in 16 * part..16 * part + 16 {
-                        out.push(dl * ((q[l] >> shift) & 3) as f32 - ml);
-                    }
+                    out.extend(q[16 * part..16 * part + 16].iter().map(|&b| dl * ((b >> shift) & 3) as f32 - ml));
                 }
             }
         }
