@@ -264,3 +264,45 @@ fn mixed_precision_checkpoints_load_and_mismatches_are_named() {
     assert!(err.contains(four_bit) && err.contains("4 bits") && err.contains("8 bits"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// MLX's quantized matmul against a plain matmul with the dequantized weights, for every format
+/// we write or read, both for one row (decode, qmv) and many (prefill, qmm). Runs on the default
+/// device, so on a GPU build it checks the GPU kernels.
+#[test]
+fn quantized_matmul_matches_dequantized_matmul() {
+    // Square-ish, a single group per row, and an odd output count (a vocabulary).
+    let mut failures = Vec::new();
+    for (out_features, in_features) in [(256, 512), (200, 64), (1001, 128), (73448, 64)] {
+        check_quantized_matmul(out_features, in_features, &mut failures);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn check_quantized_matmul(out_features: usize, in_features: usize, failures: &mut Vec<String>) {
+    let w = Array::from_slice(&random_matrix(out_features, in_features, 3), &[out_features as i32, in_features as i32]);
+    for rows in [1, 24] {
+        let x = Array::from_slice(&random_matrix(rows, in_features, 5), &[rows as i32, in_features as i32]);
+        for (bits, group_size) in [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64), (5, 32)] {
+            if in_features % group_size as usize != 0 {
+                continue;
+            }
+            let q = QuantizedMatrix::quantize(&w, QuantFormat { group_size, bits }).unwrap();
+            let want = to_vec_f32(&x.matmul(q.dequantize().unwrap().t()).unwrap()).unwrap();
+            let got = to_vec_f32(&q.matmul_t(&x).unwrap()).unwrap();
+            let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            if diff > 1e-3 * scale {
+                failures.push(format!(
+                    "[{out_features}, {in_features}] {bits}-bit g{group_size}, {rows} rows: quantized matmul differs by {diff} (values up to {scale})"
+                ));
+            }
+            // Embedding lookups dequantize only the rows asked for.
+            let ids = Array::from_slice(&[3i32, out_features as i32 - 1, 3, 17], &[1, 4]);
+            let rows_got = to_vec_f32(&q.rows(&ids, Dtype::Float32).unwrap()).unwrap();
+            let rows_want = to_vec_f32(&q.dequantize().unwrap().take_axis(&ids, 0).unwrap()).unwrap();
+            if rows_got != rows_want {
+                failures.push(format!("[{out_features}, {in_features}] {bits}-bit g{group_size}: embedding rows differ"));
+            }
+        }
+    }
+}

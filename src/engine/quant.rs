@@ -139,6 +139,12 @@ impl QuantizedMatrix {
     /// the CPU the product runs in float32 (scales and biases are kept in f32 there, see
     /// [`QuantizedMatrix::for_device`]) and is cast back.
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
+        if self.in_features() < 128 && !super::device::on_cpu() {
+            // MLX 0.32.2's CUDA quantized matmul gives wrong results for K = 64 (one group of 64
+            // per row, up to 7% off; tests/quantize.rs shows it on an H200). Matrices this narrow
+            // are tiny, so multiply the dequantized weights instead.
+            return Ok(x.matmul(self.dequantize()?.as_dtype(x.dtype())?.t())?);
+        }
         let wide = self.scales.dtype() == Dtype::Float32 && x.dtype() != Dtype::Float32;
         let input = if wide { x.as_dtype(Dtype::Float32)? } else { x.clone() };
         let y = ops::quantized_matmul(
@@ -151,6 +157,11 @@ impl QuantizedMatrix {
             self.format.bits,
         )?;
         Ok(if wide { y.as_dtype(x.dtype())? } else { y })
+    }
+
+    /// Input features (columns of the unpacked matrix).
+    pub fn in_features(&self) -> i32 {
+        self.packed.shape()[1] * 32 / self.format.bits
     }
 
     /// Scales and biases in `dtype`, or in float32 when running on the CPU (see `matmul_t`).
