@@ -169,6 +169,11 @@ fn smollm2_q8_keeps_the_reference_greedy_answer() {
 #[test]
 fn sala_golden_model_quantizes_and_reports() {
     let src = common::golden("A_dense_f32");
+    let before: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| (p.clone(), std::fs::read(&p).unwrap()))
+        .collect();
     let out = temp_dir("sala-q8");
     let csv = std::env::temp_dir().join(format!("sala-q8-report-{}.csv", std::process::id()));
     let result = sala(&[
@@ -177,6 +182,9 @@ fn sala_golden_model_quantizes_and_reports() {
     ]);
     assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
     check_quantized_layout(&out, 8);
+    for (path, bytes) in &before {
+        assert!(std::fs::read(path).unwrap() == *bytes, "{} changed", path.display());
+    }
     let stdout = String::from_utf8_lossy(&result.stdout);
     assert!(stdout.contains("top-1 agreement"), "{stdout}");
 
