@@ -37,7 +37,7 @@ fn mlx_lm_quantized_checkpoints_give_mlx_lm_logits() {
         println!("{case}: max |Δlogit| {diff:.2e} (logits up to {spread:.2})");
         assert!(diff < 1e-3 && spread > 0.1, "{case}: logits differ from mlx-lm's by {diff}");
         // The summary sees mlx-lm's quantized embeddings.
-        let (summary, _) = sala::store::summary::summarize(&dir).unwrap();
+        let (summary, _) = sala::store::summary::summarize(&dir, None).unwrap();
         assert!(summary.quantization.contains("-bit group"), "{case}: {}", summary.quantization);
     }
     std::fs::remove_dir_all(out).unwrap();

@@ -1,5 +1,6 @@
 //! Command-line interface: one module per subcommand.
 
+pub mod list;
 pub mod pack;
 pub mod quantize;
 pub mod run;
@@ -22,8 +23,12 @@ pub enum Command {
     Quantize(quantize::QuantizeArgs),
     /// Pack a model into one .sala file (weights, config, tokenizer, template), or extract one
     Pack(pack::PackArgs),
-    /// Show what a model is: architecture, parameters, quantization, files
+    /// Show what a model is: architecture, parameters, quantization, files, memory needed
     Show(show::ShowArgs),
+    /// List the models in the store (the HuggingFace cache)
+    List(list::ListArgs),
+    /// Delete a model from the store
+    Rm(list::RmArgs),
 }
 
 pub fn main() -> anyhow::Result<()> {
@@ -32,6 +37,8 @@ pub fn main() -> anyhow::Result<()> {
         Command::Quantize(args) => quantize::run(args),
         Command::Pack(args) => pack::run(args),
         Command::Show(args) => show::run(args),
+        Command::List(args) => list::list(args),
+        Command::Rm(args) => list::rm(args),
     }
 }
 

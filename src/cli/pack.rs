@@ -26,7 +26,7 @@ pub struct PackArgs {
 
 pub fn run(args: PackArgs) -> anyhow::Result<()> {
     if let Some(file) = args.info {
-        return crate::cli::show::run(crate::cli::show::ShowArgs { model: file, tensors: false, json: false });
+        return crate::cli::show::run(crate::cli::show::ShowArgs { model: file, context: None, tensors: false, json: false });
     }
     let output = args.output.expect("clap requires --output");
     let bar = crate::cli::bytes_progress("packing", 0);

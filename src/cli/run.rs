@@ -8,6 +8,7 @@ use crate::engine::model::LanguageModel;
 use crate::engine::sampler::{Sampler, SamplingParams};
 use crate::engine::tokenizer::{Message, StreamDecoder, TextTokenizer, ThinkFilter};
 use crate::models;
+use crate::store::memory;
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use mlx_rs::Dtype;
@@ -42,7 +43,8 @@ impl DtypeArg {
 pub struct RunArgs {
     /// The prompt; `-` (or nothing, with piped input) reads it from stdin
     pub prompt: Option<String>,
-    /// Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file or a .gguf file
+    /// Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file,
+    /// or a name from `sala list`
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
     /// Most tokens to generate
@@ -130,13 +132,30 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         DeviceArg::Cpu => DeviceKind::Cpu,
         DeviceArg::Gpu => DeviceKind::Gpu,
     }))?;
-    let (mut model, tokenizer) = models::load_with_tokenizer(model_dir, args.dtype.map(DtypeArg::dtype))
+    // Preflight: the weights and a cache for the generated tokens must fit before anything loads.
+    let mut source = models::open(model_dir).with_context(|| format!("opening {}", model_dir.display()))?;
+    let cfg = source.config()?;
+    let dtype = args.dtype.map(DtypeArg::dtype).or_else(|| source.weights.storage_dtype()).unwrap_or(Dtype::Bfloat16);
+    let weights_bytes = memory::weights_bytes(&source, dtype);
+    // A StreamingLLM window caps what the cache holds.
+    let cache_bytes = |tokens: usize| {
+        let held = args.context_size.map_or(tokens, |n| tokens.min(n + n / 8));
+        models::cache_bytes(&cfg, held, memory::dtype_bytes(dtype))
+    };
+    memory::check_fits(&model_dir.display().to_string(), weights_bytes, cache_bytes(args.max_tokens)?, args.max_tokens)?;
+    let mut model = models::build(&cfg, &mut source.weights, Some(dtype))
         .with_context(|| format!("loading {}", model_dir.display()))?;
+    let tokenizer = match source.tokenizer_files()? {
+        Some(files) => Some(TextTokenizer::new(&files, model.info().bos_token_id)?),
+        None => None,
+    };
     if let Some(window) = window(args.context_size, args.num_sink_tokens)? {
         model.set_window(window)?;
     }
 
     let (prompt_ids, prompt_text) = prompt_tokens(&args, model_dir, tokenizer.as_ref())?;
+    let context = prompt_ids.len() + args.max_tokens;
+    memory::check_fits(&model_dir.display().to_string(), weights_bytes, cache_bytes(context)?, context)?;
     let mut cache = model.new_cache();
     let mut sampler = Sampler::new(sampling);
     let opts = GenerateOptions {

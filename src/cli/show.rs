@@ -1,14 +1,18 @@
 //! `sala show`: what a model is (architecture, size, quantization, files), optionally every tensor.
 
+use crate::store::memory::human;
 use crate::store::summary::summarize;
 use clap::Args;
 use std::path::PathBuf;
 
 #[derive(Args)]
-#[command(after_help = "Examples:\n  sala show ./MiniCPM-SALA-8bit\n  sala show model.sala --tensors\n  sala show SmolLM2.gguf --json")]
+#[command(after_help = "Examples:\n  sala show ./MiniCPM-SALA-8bit\n  sala show model.sala --tensors\n  sala show SmolLM2.gguf --json\n  sala show moxin-org/MiniCPM4-SALA-9B-8bit-mlx --context 131072")]
 pub struct ShowArgs {
-    /// A model directory, .sala file or .gguf file
+    /// A model directory, .sala file, .gguf file, or a name from `sala list`
     pub model: PathBuf,
+    /// Estimate memory for this many tokens of context (default: the model's, at most 4096)
+    #[arg(long)]
+    pub context: Option<usize>,
     /// Also list every tensor with its dtype and shape
     #[arg(long)]
     pub tensors: bool,
@@ -18,7 +22,7 @@ pub struct ShowArgs {
 }
 
 pub fn run(args: ShowArgs) -> anyhow::Result<()> {
-    let (s, source) = summarize(&args.model)?;
+    let (s, source) = summarize(&args.model, args.context)?;
     if args.json {
         let mut value = serde_json::to_value(&s)?;
         if args.tensors {
@@ -45,6 +49,15 @@ pub fn run(args: ShowArgs) -> anyhow::Result<()> {
     println!("size         {:.1} MB on disk", s.disk_bytes as f64 / 1e6);
     println!("tokenizer    {}{}", if s.has_tokenizer { "yes" } else { "no" }, if s.has_chat_template { ", chat template" } else { "" });
     println!("files        {}", s.files.join(", "));
+    let m = &s.memory;
+    println!(
+        "memory       {} at {} tokens: weights {} ({}) + cache {}",
+        human(m.weights_bytes + m.cache_bytes),
+        m.context,
+        human(m.weights_bytes),
+        m.dtype,
+        human(m.cache_bytes)
+    );
     if args.tensors {
         for (name, info) in source.weights.infos() {
             println!("  {name:<60} {:<5} {:?}", info.dtype, info.shape);

@@ -41,7 +41,8 @@ impl ModelSource {
         for entry in entries {
             let entry = entry.map_err(|e| Error::io(dir, e))?;
             let name = entry.file_name().to_string_lossy().to_string();
-            let meta = entry.metadata().map_err(|e| Error::io(entry.path(), e))?;
+            // Follows symlinks: hub-cache snapshots link every file into blobs/.
+            let meta = std::fs::metadata(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
             if !meta.is_file() || name.starts_with('.') || name.ends_with(".safetensors") || name == INDEX_FILE || meta.len() > MAX_SIDE_FILE {
                 continue;
             }

@@ -126,6 +126,11 @@ impl DecoderConfig {
         Ok(self)
     }
 
+    /// Bytes of the per-sequence cache after `context` tokens: keys and values of every layer.
+    pub fn cache_bytes(&self, context: usize, dtype_bytes: usize) -> u64 {
+        (self.num_layers * 2 * self.kv_heads * self.head_dim * context * dtype_bytes) as u64
+    }
+
     pub fn tensor_specs(&self) -> Vec<TensorSpec> {
         let (h, f, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
         let (q, kv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);

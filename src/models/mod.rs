@@ -29,10 +29,9 @@ pub fn supported_model_types() -> Vec<&'static str> {
 }
 
 /// Finds the model at `path`: a directory, a `.sala`/`.safetensors` single file, or a `.gguf` file.
+/// A name that is not a path is looked up in the model store (`org/name[@revision]`).
 pub fn open(path: &Path) -> Result<ModelSource> {
-    if !path.exists() {
-        return Err(Error::Usage(format!("{}: no such file or directory", path.display())));
-    }
+    let path = &crate::store::cache::resolve(path)?;
     if path.is_dir() {
         ModelSource::from_dir(path)
     } else if gguf::is_gguf(path) {
@@ -66,6 +65,17 @@ pub fn check(cfg: &ConfigFile, weights: &mut Weights) -> Result<()> {
     }
     match cfg.str("model_type")? {
         sala::MODEL_TYPE => weights.check(&sala::SalaConfig::from_file(cfg)?.tensor_specs(), sala::MODEL_TYPE),
+        other => Err(unsupported(cfg, other)),
+    }
+}
+
+/// Bytes of one sequence's cache after `context` tokens, for the architecture `cfg` describes.
+pub fn cache_bytes(cfg: &ConfigFile, context: usize, dtype_bytes: usize) -> Result<u64> {
+    if let Some(config) = decoder_config(cfg)? {
+        return Ok(config.cache_bytes(context, dtype_bytes));
+    }
+    match cfg.str("model_type")? {
+        sala::MODEL_TYPE => Ok(sala::SalaConfig::from_file(cfg)?.cache_bytes(context, dtype_bytes)),
         other => Err(unsupported(cfg, other)),
     }
 }

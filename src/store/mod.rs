@@ -1,4 +1,6 @@
-//! Models on disk: single-file packing (and, later, the download store).
+//! Models on disk: the model store (the HuggingFace hub cache), single-file packing, summaries.
 
+pub mod cache;
+pub mod memory;
 pub mod pack;
 pub mod summary;

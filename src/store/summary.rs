@@ -2,6 +2,7 @@
 
 use crate::engine::error::Result;
 use crate::engine::source::ModelSource;
+use crate::store::memory;
 use crate::models;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -27,9 +28,22 @@ pub struct ModelSummary {
     pub files: Vec<String>,
     pub has_tokenizer: bool,
     pub has_chat_template: bool,
+    /// Memory to run it: weights in the default dtype, plus one sequence's cache at `context`.
+    pub memory: MemoryEstimate,
 }
 
-pub fn summarize(path: &Path) -> Result<(ModelSummary, ModelSource)> {
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryEstimate {
+    pub dtype: String,
+    pub weights_bytes: u64,
+    pub context: usize,
+    pub cache_bytes: u64,
+}
+
+/// Describes the model at `path` (or store name); the memory estimate is for `context` tokens
+/// (default: the model's context length, at most 4096).
+pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, ModelSource)> {
+    let path = &crate::store::cache::resolve(path)?;
     let mut source = models::open(path)?;
     let cfg = source.config()?;
     models::check(&cfg, &mut source.weights)?;
@@ -64,6 +78,14 @@ pub fn summarize(path: &Path) -> Result<(ModelSummary, ModelSource)> {
     let tokenizer = source.tokenizer_files()?;
     let has_chat_template = tokenizer.as_ref().is_some_and(|t| t.chat_template.is_some() || t.config.get("chat_template").is_some());
     let key = |k: &str| cfg.opt(k).and_then(|v| v.as_u64());
+    let dtype = weights.storage_dtype().unwrap_or(mlx_rs::Dtype::Bfloat16);
+    let context = context.unwrap_or_else(|| key("max_position_embeddings").map_or(4096, |m| m.min(4096) as usize));
+    let memory = MemoryEstimate {
+        dtype: format!("{dtype:?}"),
+        weights_bytes: memory::weights_bytes(&source, dtype),
+        context,
+        cache_bytes: models::cache_bytes(&cfg, context, memory::dtype_bytes(dtype))?,
+    };
     let summary = ModelSummary {
         path: path.display().to_string(),
         layout: layout.into(),
@@ -80,6 +102,7 @@ pub fn summarize(path: &Path) -> Result<(ModelSummary, ModelSource)> {
         files: source.files.keys().cloned().collect(),
         has_tokenizer: tokenizer.is_some(),
         has_chat_template,
+        memory,
     };
     Ok((summary, source))
 }

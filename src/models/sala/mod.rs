@@ -111,6 +111,24 @@ impl SalaConfig {
         self.scale_depth / (self.num_layers as f32).sqrt()
     }
 
+    /// Bytes of the per-sequence state after `context` tokens: keys, values and both levels of
+    /// pooled keys of the sparse layers, plus the fixed float32 state of the lightning layers.
+    pub fn cache_bytes(&self, context: usize, dtype_bytes: usize) -> u64 {
+        let s = &self.sparse;
+        let sel = &s.selection;
+        let rows = 2 * context + context / sel.stride + context / sel.stride2;
+        let sparse = (rows * s.kv_heads * s.head_dim * dtype_bytes) as u64;
+        let l = &self.lightning;
+        let lightning = (l.heads * l.head_dim * l.head_dim * 4) as u64;
+        self.mixers
+            .iter()
+            .map(|m| match m {
+                Mixer::Sparse => sparse,
+                Mixer::Lightning => lightning,
+            })
+            .sum()
+    }
+
     /// Every tensor the checkpoint must hold, with its shape.
     pub fn tensor_specs(&self) -> Vec<TensorSpec> {
         let (h, f, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);

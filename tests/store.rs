@@ -1,0 +1,96 @@
+//! The model store (HuggingFace hub cache layout): names resolve to snapshots for every command,
+//! `list` / `show` / `rm`, bad names refused, and the memory preflight refusing with the numbers.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// A hub cache holding golden case A as `test-org/tiny-sala`, laid out like huggingface_hub does
+/// (snapshot files are symlinks into blobs/).
+fn store(name: &str) -> PathBuf {
+    let cache = std::env::temp_dir().join(format!("sala-store-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let repo = cache.join("models--test-org--tiny-sala");
+    let snapshot = repo.join("snapshots").join(COMMIT);
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), COMMIT).unwrap();
+    for (i, f) in ["config.json", "model.safetensors"].iter().enumerate() {
+        let blob = repo.join("blobs").join(format!("blob{i}"));
+        std::fs::copy(common::golden("A_dense_f32").join(f), &blob).unwrap();
+        std::os::unix::fs::symlink(format!("../../blobs/blob{i}"), snapshot.join(f)).unwrap();
+    }
+    cache
+}
+
+fn sala(cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sala"));
+    cmd.args(args).env("HF_HUB_CACHE", cache).env_remove("SALA_AVAILABLE_MEMORY");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).to_string(), String::from_utf8_lossy(&o.stderr).to_string())
+}
+
+#[test]
+fn store_names_list_show_run_and_rm() {
+    let cache = store("names");
+    let (out, err) = text(&sala(&cache, &["list"], &[]));
+    assert!(out.contains("test-org/tiny-sala") && out.contains("minicpm_sala") && out.contains("none"), "{out}{err}");
+
+    // A store name works wherever a path does.
+    let shown = sala(&cache, &["show", "test-org/tiny-sala", "--context", "1000", "--json"], &[]);
+    let (out, err) = text(&shown);
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    assert_eq!(json["model_type"], "minicpm_sala");
+    assert_eq!(json["memory"]["context"], 1000);
+    // Golden A: 2 sparse layers × (2·1000 + 1000/16 + 1000/64) rows × 2 KV heads × 32 × 4 bytes
+    // + 2 lightning layers × 4 heads × 32 × 32 × 4 bytes.
+    let expected = 2 * (2 * 1000 + 1000 / 16 + 1000 / 64) * 2 * 32 * 4 + 2 * 4 * 32 * 32 * 4;
+    assert_eq!(json["memory"]["cache_bytes"], expected);
+    let ran = sala(&cache, &["run", "--model", "test-org/tiny-sala", "--input-ids", "1,2,3", "--max-tokens", "2", "--temperature", "0", "--json"], &[]);
+    assert!(ran.status.success(), "{}", text(&ran).1);
+
+    // Unknown names say how to get them; unsafe names are refused before touching the disk.
+    let (_, err) = text(&sala(&cache, &["run", "--model", "test-org/other", "--input-ids", "1"], &[]));
+    assert!(err.contains("not in the model store") && err.contains("download test-org/other"), "{err}");
+    for bad in ["../tiny-sala", "test-org/../x", "/etc/passwd-like/x", "a/b/c"] {
+        let o = sala(&cache, &["rm", bad], &[]);
+        assert!(!o.status.success(), "{bad} accepted");
+    }
+
+    let removed = sala(&cache, &["rm", "test-org/tiny-sala"], &[]);
+    assert!(removed.status.success(), "{}", text(&removed).1);
+    assert!(!cache.join("models--test-org--tiny-sala").exists());
+    let (out, _) = text(&sala(&cache, &["list"], &[]));
+    assert!(out.contains("no models"), "{out}");
+    std::fs::remove_dir_all(cache).unwrap();
+}
+
+#[test]
+fn preflight_refuses_what_does_not_fit() {
+    let cache = store("preflight");
+    let model = common::golden("A_dense_f32");
+    // Golden A's weights are ~1 MB in f32; 100 kB of memory cannot hold them.
+    let o = sala(&cache, &["run", "--model", model.to_str().unwrap(), "--input-ids", "1,2"], &[("SALA_AVAILABLE_MEMORY", "100000")]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("needs") && err.contains("weights") && err.contains("only 0.1 MB is available"), "{err}");
+    // Enough for the weights but not for a long generation's cache.
+    let o = sala(
+        &cache,
+        &["run", "--model", model.to_str().unwrap(), "--input-ids", "1,2", "--max-tokens", "100000"],
+        &[("SALA_AVAILABLE_MEMORY", "20000000")],
+    );
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("cache") && err.contains("100000 tokens"), "{err}");
+    std::fs::remove_dir_all(cache).unwrap();
+}
