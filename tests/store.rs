@@ -61,7 +61,7 @@ fn store_names_list_show_run_and_rm() {
 
     // Unknown names say how to get them; unsafe names are refused before touching the disk.
     let (_, err) = text(&sala(&cache, &["run", "--model", "test-org/other", "--input-ids", "1"], &[]));
-    assert!(err.contains("not in the model store") && err.contains("download test-org/other"), "{err}");
+    assert!(err.contains("not in the model store") && err.contains("sala pull test-org/other"), "{err}");
     for bad in ["../tiny-sala", "test-org/../x", "/etc/passwd-like/x", "a/b/c"] {
         let o = sala(&cache, &["rm", bad], &[]);
         assert!(!o.status.success(), "{bad} accepted");

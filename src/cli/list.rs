@@ -41,7 +41,7 @@ pub fn list(args: ListArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else if models.is_empty() {
-        println!("no models in {} (the HuggingFace cache; `huggingface-cli download org/name` adds one)", store.display());
+        println!("no models in {} (fetch one with `sala pull`)", store.display());
     } else {
         println!("{}", report.table());
     }

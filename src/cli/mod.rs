@@ -2,6 +2,7 @@
 
 pub mod list;
 pub mod pack;
+pub mod pull;
 pub mod quantize;
 pub mod run;
 pub mod show;
@@ -25,6 +26,8 @@ pub enum Command {
     Pack(pack::PackArgs),
     /// Show what a model is: architecture, parameters, quantization, files, memory needed
     Show(show::ShowArgs),
+    /// Download a model into the store (the HuggingFace cache), verified
+    Pull(pull::PullArgs),
     /// List the models in the store (the HuggingFace cache)
     List(list::ListArgs),
     /// Delete a model from the store
@@ -37,6 +40,7 @@ pub fn main() -> anyhow::Result<()> {
         Command::Quantize(args) => quantize::run(args),
         Command::Pack(args) => pack::run(args),
         Command::Show(args) => show::run(args),
+        Command::Pull(args) => pull::run(args),
         Command::List(args) => list::list(args),
         Command::Rm(args) => list::rm(args),
     }

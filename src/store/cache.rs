@@ -139,8 +139,7 @@ pub fn resolve(name: &Path) -> Result<PathBuf> {
     let cache = cache_dir();
     reference.snapshot(&cache).ok_or_else(|| {
         Error::Usage(format!(
-            "{text}: no such file or directory, and not in the model store ({}); download it into the \
-             HuggingFace cache first (e.g. `huggingface-cli download {}`)",
+            "{text}: no such file or directory, and not in the model store ({}); fetch it with `sala pull {}`",
             cache.display(),
             reference.repo
         ))

@@ -3,4 +3,5 @@
 pub mod cache;
 pub mod memory;
 pub mod pack;
+pub mod pull;
 pub mod summary;

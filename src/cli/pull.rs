@@ -1,0 +1,36 @@
+//! `sala pull`: download a model into the store (the HuggingFace cache).
+
+use crate::store::cache::ModelRef;
+use crate::store::memory::human;
+use crate::store::pull::{pull, DEFAULT_REPO};
+use clap::Args;
+
+#[derive(Args)]
+#[command(after_help = "Examples:\n  sala pull                                   # moxin-org/MiniCPM4-SALA-9B-8bit-mlx\n  sala pull HuggingFaceTB/SmolLM2-135M-Instruct --revision main\n  HF_ENDPOINT=https://hf-mirror.com sala pull org/name")]
+pub struct PullArgs {
+    /// Repository id (org/name)
+    #[arg(default_value = DEFAULT_REPO)]
+    pub repo: String,
+    /// Branch, tag or commit
+    #[arg(long, default_value = "main")]
+    pub revision: String,
+}
+
+pub fn run(args: PullArgs) -> anyhow::Result<()> {
+    let reference = ModelRef::parse(&format!("{}@{}", args.repo, args.revision))?;
+    let bars = indicatif::MultiProgress::new();
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        bars.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let pulled = pull(&reference, &bars)?;
+    eprintln!(
+        "{}@{}: {} files, {} ({} already here, all verified) in {}",
+        reference.repo,
+        reference.revision,
+        pulled.files,
+        human(pulled.bytes),
+        pulled.reused,
+        pulled.snapshot.display()
+    );
+    Ok(())
+}
