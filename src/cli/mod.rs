@@ -1,5 +1,6 @@
 //! Command-line interface: one module per subcommand.
 
+pub mod chat;
 pub mod list;
 pub mod pack;
 pub mod pull;
@@ -7,7 +8,18 @@ pub mod quantize;
 pub mod run;
 pub mod show;
 
-use clap::{Parser, Subcommand};
+use crate::engine::cache::Window;
+use crate::engine::device::{self, DeviceKind};
+use crate::engine::error::Error;
+use crate::engine::model::LanguageModel;
+use crate::engine::sampler::SamplingParams;
+use crate::engine::tokenizer::TextTokenizer;
+use crate::models;
+use crate::store::memory;
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use mlx_rs::Dtype;
+use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(name = "sala", version, about = "Run MiniCPM-SALA and other LLMs locally on MLX")]
@@ -20,6 +32,8 @@ pub struct Cli {
 pub enum Command {
     /// Generate text from a prompt and stream it to stdout
     Run(run::RunArgs),
+    /// Chat with a model interactively (multi-turn, streaming)
+    Chat(chat::ChatArgs),
     /// Write an MLX-quantized (8/4-bit) copy of a model
     Quantize(quantize::QuantizeArgs),
     /// Pack a model into one .sala file (weights, config, tokenizer, template), or extract one
@@ -37,6 +51,7 @@ pub enum Command {
 pub fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Run(args) => run::run(args),
+        Command::Chat(args) => chat::run(args),
         Command::Quantize(args) => quantize::run(args),
         Command::Pack(args) => pack::run(args),
         Command::Show(args) => show::run(args),
@@ -57,4 +72,155 @@ pub fn bytes_progress(label: &str, total: u64) -> indicatif::ProgressBar {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     bar
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum DeviceArg {
+    Cpu,
+    Gpu,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum DtypeArg {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl DtypeArg {
+    pub fn dtype(self) -> Dtype {
+        match self {
+            DtypeArg::F32 => Dtype::Float32,
+            DtypeArg::Bf16 => Dtype::Bfloat16,
+            DtypeArg::F16 => Dtype::Float16,
+        }
+    }
+}
+
+/// Which model, where it runs, and how its cache behaves (shared by `run`, `chat`, `serve`).
+#[derive(Args)]
+pub struct ModelArgs {
+    /// Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file,
+    /// or a name from `sala list`
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// Device to run on (default: the GPU when MLX has one)
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceArg>,
+    /// Compute dtype (default: the checkpoint's)
+    #[arg(long, value_enum)]
+    pub dtype: Option<DtypeArg>,
+    /// Prompt tokens per forward pass during prefill
+    #[arg(long, default_value_t = 2048)]
+    pub prefill_step: usize,
+    /// StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so
+    /// generation can run past N; dense models only
+    #[arg(long, value_name = "N")]
+    pub context_size: Option<usize>,
+    /// StreamingLLM: tokens at the start that are never evicted (with --context-size)
+    #[arg(long, value_name = "K", requires = "context_size")]
+    pub num_sink_tokens: Option<usize>,
+}
+
+/// Sampling flags (shared by `run` and `chat`).
+#[derive(Args)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 = greedy
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens up to this total probability (1 = off)
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Keep only the k most likely tokens (0 = off)
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Drop tokens less likely than this fraction of the most likely one (0 = off)
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalise tokens seen in the last 64 (1 = off)
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Random seed for reproducible sampling
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> anyhow::Result<SamplingParams> {
+        let params = SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            seed: self.seed,
+            ..Default::default()
+        };
+        params.validate().map_err(Error::Usage)?;
+        Ok(params)
+    }
+}
+
+/// A model ready to run, with what the memory checks need.
+pub struct LoadedModel {
+    pub model: Box<dyn LanguageModel>,
+    pub tokenizer: Option<TextTokenizer>,
+    pub path: PathBuf,
+    pub device: DeviceKind,
+    weights_bytes: u64,
+    cfg: crate::engine::config::ConfigFile,
+    dtype: Dtype,
+    window: Option<Window>,
+}
+
+impl LoadedModel {
+    /// Refuses when weights + a cache of `tokens` tokens will not fit in memory.
+    pub fn check_fits(&self, tokens: usize) -> anyhow::Result<()> {
+        check_fits(&self.path, &self.cfg, self.dtype, self.weights_bytes, self.window, tokens)
+    }
+}
+
+fn check_fits(
+    path: &std::path::Path,
+    cfg: &crate::engine::config::ConfigFile,
+    dtype: Dtype,
+    weights_bytes: u64,
+    window: Option<Window>,
+    tokens: usize,
+) -> anyhow::Result<()> {
+    // A StreamingLLM window caps what the cache holds.
+    let held = window.map_or(tokens, |w| tokens.min(w.capacity + w.capacity / 8));
+    let cache = models::cache_bytes(cfg, held, memory::dtype_bytes(dtype))?;
+    memory::check_fits(&path.display().to_string(), weights_bytes, cache, tokens)?;
+    Ok(())
+}
+
+/// Selects the device, checks that weights + a cache of `tokens` fit, and loads the model and its
+/// tokenizer.
+pub fn load(args: &ModelArgs, tokens: usize) -> anyhow::Result<LoadedModel> {
+    let Some(path) = args.model.clone() else {
+        bail!("no model given: pass --model PATH (a model directory, a .sala or .gguf file, or a name from `sala list`)");
+    };
+    let device = device::select(args.device.map(|d| match d {
+        DeviceArg::Cpu => DeviceKind::Cpu,
+        DeviceArg::Gpu => DeviceKind::Gpu,
+    }))?;
+    let mut source = models::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let cfg = source.config()?;
+    let dtype = args.dtype.map(DtypeArg::dtype).or_else(|| source.weights.storage_dtype()).unwrap_or(Dtype::Bfloat16);
+    let window = match args.context_size {
+        Some(capacity) => Some(Window { capacity, sinks: args.num_sink_tokens.unwrap_or(4) }.validate().map_err(Error::Usage)?),
+        None => None,
+    };
+    let weights_bytes = memory::weights_bytes(&source, dtype);
+    check_fits(&path, &cfg, dtype, weights_bytes, window, tokens)?;
+    let mut model = models::build(&cfg, &mut source.weights, Some(dtype)).with_context(|| format!("loading {}", path.display()))?;
+    if let Some(window) = window {
+        model.set_window(window)?;
+    }
+    let tokenizer = match source.tokenizer_files()? {
+        Some(files) => Some(TextTokenizer::new(&files, model.info().bos_token_id)?),
+        None => None,
+    };
+    Ok(LoadedModel { model, tokenizer, path, device, weights_bytes, cfg, dtype, window })
 }

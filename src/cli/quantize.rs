@@ -1,6 +1,6 @@
 //! `sala quantize`: write an MLX-quantized copy of a model, optionally measuring what it changed.
 
-use crate::cli::run::DtypeArg;
+use crate::cli::DtypeArg;
 use crate::engine::quant::{quantize_checkpoint, QuantFormat, QuantizeRequest};
 use crate::engine::tokenizer::TextTokenizer;
 use crate::eval::quant_report;

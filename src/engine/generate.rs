@@ -137,6 +137,21 @@ pub fn generate(
     Ok(generation)
 }
 
+/// Runs `tokens` into `cache` in chunks of `step` without sampling (a chat turn's history).
+pub fn extend(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32], step: usize) -> Result<()> {
+    let info = model.info();
+    if let Some(&id) = tokens.iter().find(|&&id| id as usize >= info.vocab_size) {
+        return Err(Error::TokenOutOfRange { id, vocab: info.vocab_size });
+    }
+    if cache.len() + tokens.len() > info.max_context {
+        return Err(Error::ContextOverflow { prompt_tokens: cache.len() + tokens.len(), limit: info.max_context });
+    }
+    for chunk in tokens.chunks(step.max(1)) {
+        forward_eval(model, cache, chunk)?;
+    }
+    Ok(())
+}
+
 /// One forward call over `tokens` returning the last position's logits, evaluated together with
 /// the cache so the lazy graph never outlives the step.
 fn forward_eval(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32]) -> Result<Array> {

@@ -12,6 +12,7 @@ pub mod model;
 pub mod ops;
 pub mod quant;
 pub mod sampler;
+pub mod session;
 pub mod source;
 pub mod tokenizer;
 pub mod weights;
