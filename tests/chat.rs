@@ -173,3 +173,36 @@ fn ctrl_c_stops_an_answer_without_leaving() {
     assert_eq!(code, 0, "{transcript}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Two sequences advanced a token at a time in turn (as the server interleaves requests) give
+/// what each gives alone, and a stopped sequence's cache holds every token but the last.
+#[test]
+fn interleaved_decodings_match_separate_runs() {
+    use sala::engine::generate::Decoding;
+    let model = sala::models::load(&common::golden("B_chunk_boundary"), None).unwrap();
+    let opts = GenerateOptions { max_tokens: 12, ignore_eos: true, ..Default::default() };
+    let prompts: [Vec<u32>; 2] = [(1..90).collect(), (5..40).map(|i| i * 3).collect()];
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let mut cache = model.new_cache();
+            generate(model.as_ref(), &mut cache, p, &mut greedy(), &opts, |_, _| {}, |_| Flow::Continue).unwrap().tokens
+        })
+        .collect();
+    let mut caches = [model.new_cache(), model.new_cache()];
+    let mut samplers = [greedy(), greedy()];
+    let mut runs: Vec<Decoding> = Vec::new();
+    for (p, c) in prompts.iter().zip(caches.iter_mut()) {
+        runs.push(Decoding::start(model.as_ref(), c, p, &opts, |_, _| {}).unwrap());
+    }
+    while runs.iter().any(|r| !r.is_done()) {
+        for (i, run) in runs.iter_mut().enumerate() {
+            run.next(model.as_ref(), &mut caches[i], &mut samplers[i]).unwrap();
+        }
+    }
+    for (i, run) in runs.into_iter().enumerate() {
+        let tokens = run.finish().tokens;
+        assert_eq!(tokens, alone[i], "sequence {i}");
+        assert_eq!(caches[i].len(), prompts[i].len() + tokens.len() - 1);
+    }
+}

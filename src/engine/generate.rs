@@ -75,66 +75,132 @@ pub fn generate(
     prompt: &[u32],
     sampler: &mut Sampler,
     opts: &GenerateOptions,
-    mut on_prefill: impl FnMut(usize, usize),
+    on_prefill: impl FnMut(usize, usize),
     mut on_token: impl FnMut(u32) -> Flow,
 ) -> Result<Generation> {
-    let info = model.info();
-    if prompt.is_empty() {
-        return Err(Error::Usage("the prompt is empty: give at least one token".into()));
-    }
-    if let Some(&id) = prompt.iter().find(|&&id| id as usize >= info.vocab_size) {
-        return Err(Error::TokenOutOfRange { id, vocab: info.vocab_size });
-    }
-    let total = cache.len() + prompt.len();
-    if total > info.max_context {
-        return Err(Error::ContextOverflow { prompt_tokens: total, limit: info.max_context });
-    }
-    let _ = mlx_rs::memory::reset_peak_memory();
-    let mut stats = Stats { prompt_tokens: prompt.len(), ..Default::default() };
-    let mut history: Vec<u32> = prompt.to_vec();
-
-    let start = Instant::now();
-    let mut last = None;
-    let step = opts.prefill_step.max(1);
-    for (i, chunk) in prompt.chunks(step).enumerate() {
-        let logits = forward_eval(model, cache, chunk)?;
-        last = Some(logits);
-        on_prefill((i * step + chunk.len()).min(prompt.len()), prompt.len());
-    }
-    let mut logits = to_vec_f32(&last.expect("prompt is not empty"))?;
-    stats.prompt_seconds = start.elapsed().as_secs_f64();
-
-    let mut generation = Generation { tokens: Vec::new(), logits: Vec::new(), stop: StopReason::MaxTokens, stats: Stats::default() };
-    let decode_start = Instant::now();
-    while generation.tokens.len() < opts.max_tokens {
-        let token = sampler.sample(&logits, &history);
-        if opts.keep_logits {
-            generation.logits.push(std::mem::take(&mut logits));
-        }
-        generation.tokens.push(token);
-        history.push(token);
+    let mut decoding = Decoding::start(model, cache, prompt, opts, on_prefill)?;
+    while let Some(token) = decoding.next(model, cache, sampler)? {
         if let Flow::Stop = on_token(token) {
-            generation.stop = StopReason::Cancelled;
+            decoding.cancel();
             break;
         }
-        if !opts.ignore_eos && info.eos_token_ids.contains(&token) {
-            generation.stop = StopReason::EndOfSequence;
-            break;
-        }
-        if generation.tokens.len() >= opts.max_tokens {
-            break;
-        }
-        if cache.len() + 1 > info.max_context {
-            generation.stop = StopReason::ContextLimit;
-            break;
-        }
-        logits = to_vec_f32(&forward_eval(model, cache, &[token])?)?;
     }
-    stats.generated_tokens = generation.tokens.len();
-    stats.decode_seconds = decode_start.elapsed().as_secs_f64();
-    stats.peak_memory_bytes = mlx_rs::memory::peak_memory().unwrap_or(0);
-    generation.stats = stats;
-    Ok(generation)
+    Ok(decoding.finish())
+}
+
+/// One sequence being generated a token at a time, so a caller can interleave several (the
+/// server) or stop whenever it likes. The cache is passed to each call rather than owned, so
+/// callers keep their own state layout (a chat session, a server slot).
+pub struct Decoding {
+    /// The distribution the next token is drawn from.
+    logits: Vec<f32>,
+    history: Vec<u32>,
+    generation: Generation,
+    opts: GenerateOptions,
+    started: Instant,
+    done: bool,
+    /// The last token sampled, not yet run through the model: it is fed at the next call, so the
+    /// cache never holds a token the caller stopped on.
+    pending: Option<u32>,
+}
+
+impl Decoding {
+    /// Prefills `prompt` (in `opts.prefill_step` chunks) and readies the first token.
+    pub fn start(
+        model: &dyn LanguageModel,
+        cache: &mut ModelCache,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        mut on_prefill: impl FnMut(usize, usize),
+    ) -> Result<Self> {
+        let info = model.info();
+        if prompt.is_empty() {
+            return Err(Error::Usage("the prompt is empty: give at least one token".into()));
+        }
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= info.vocab_size) {
+            return Err(Error::TokenOutOfRange { id, vocab: info.vocab_size });
+        }
+        let total = cache.len() + prompt.len();
+        if total > info.max_context {
+            return Err(Error::ContextOverflow { prompt_tokens: total, limit: info.max_context });
+        }
+        let _ = mlx_rs::memory::reset_peak_memory();
+        let start = Instant::now();
+        let mut last = None;
+        let step = opts.prefill_step.max(1);
+        for (i, chunk) in prompt.chunks(step).enumerate() {
+            last = Some(forward_eval(model, cache, chunk)?);
+            on_prefill((i * step + chunk.len()).min(prompt.len()), prompt.len());
+        }
+        let logits = to_vec_f32(&last.expect("prompt is not empty"))?;
+        let stats = Stats { prompt_tokens: prompt.len(), prompt_seconds: start.elapsed().as_secs_f64(), ..Default::default() };
+        let generation = Generation { tokens: Vec::new(), logits: Vec::new(), stop: StopReason::MaxTokens, stats };
+        Ok(Self {
+            logits,
+            history: prompt.to_vec(),
+            generation,
+            opts: opts.clone(),
+            started: Instant::now(),
+            done: false,
+            pending: None,
+        })
+    }
+
+    /// Runs the previous token through the model and samples the next; `None` once a stop
+    /// condition (end of sequence, max tokens, context limit, cancel) was met. The cache holds the
+    /// prompt and every returned token but the last.
+    pub fn next(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, sampler: &mut Sampler) -> Result<Option<u32>> {
+        if self.done {
+            return Ok(None);
+        }
+        if let Some(previous) = self.pending.take() {
+            self.logits = to_vec_f32(&forward_eval(model, cache, &[previous])?)?;
+        }
+        let info = model.info();
+        let token = sampler.sample_with(&self.logits, &self.history, self.generation.tokens.len());
+        if self.opts.keep_logits {
+            self.generation.logits.push(std::mem::take(&mut self.logits));
+        }
+        self.generation.tokens.push(token);
+        self.history.push(token);
+        if !self.opts.ignore_eos && info.eos_token_ids.contains(&token) {
+            self.stop(StopReason::EndOfSequence);
+        } else if self.generation.tokens.len() >= self.opts.max_tokens {
+            self.stop(StopReason::MaxTokens);
+        } else if cache.len() + 1 > info.max_context {
+            self.stop(StopReason::ContextLimit);
+        } else {
+            self.pending = Some(token);
+        }
+        Ok(Some(token))
+    }
+
+    fn stop(&mut self, reason: StopReason) {
+        self.generation.stop = reason;
+        self.done = true;
+    }
+
+    /// Stops on the caller's behalf.
+    pub fn cancel(&mut self) {
+        self.stop(StopReason::Cancelled);
+    }
+
+    pub fn tokens(&self) -> &[u32] {
+        &self.generation.tokens
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// The finished generation with its timings.
+    pub fn finish(mut self) -> Generation {
+        let stats = &mut self.generation.stats;
+        stats.generated_tokens = self.generation.tokens.len();
+        stats.decode_seconds = self.started.elapsed().as_secs_f64();
+        stats.peak_memory_bytes = mlx_rs::memory::peak_memory().unwrap_or(0);
+        self.generation
+    }
 }
 
 /// Runs `tokens` into `cache` in chunks of `step` without sampling (a chat turn's history).

@@ -1,5 +1,6 @@
-//! Token sampling on host-side float32 logits: repetition penalty, then greedy (temperature 0) or
-//! temperature + top-k + top-p + min-p, drawn from a seeded generator.
+//! Token sampling on host-side float32 logits: logit bias, repetition penalty (llama.cpp style) and
+//! frequency/presence penalties (OpenAI style) over the generated tokens, then greedy
+//! (temperature 0) or temperature + top-k + top-p + min-p, drawn from a seeded generator.
 
 use rand::{rngs::StdRng, RngExt, SeedableRng};
 
@@ -17,6 +18,12 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// How many recent tokens the penalty looks at.
     pub repetition_window: usize,
+    /// Subtracted once per occurrence of a token already generated (OpenAI `frequency_penalty`).
+    pub frequency_penalty: f32,
+    /// Subtracted once from every token already generated (OpenAI `presence_penalty`).
+    pub presence_penalty: f32,
+    /// Added to the logits of these tokens (OpenAI `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
     pub seed: Option<u64>,
 }
 
@@ -29,6 +36,9 @@ impl Default for SamplingParams {
             min_p: 0.0,
             repetition_penalty: 1.0,
             repetition_window: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: None,
         }
     }
@@ -49,6 +59,14 @@ impl SamplingParams {
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
             return Err(format!("--repeat-penalty must be > 0 (got {})", self.repetition_penalty));
         }
+        for (name, v) in [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(format!("{name} must be in [-2, 2] (got {v})"));
+            }
+        }
+        if let Some((id, b)) = self.logit_bias.iter().find(|(_, b)| !(-100.0..=100.0).contains(b)) {
+            return Err(format!("logit_bias for token {id} must be in [-100, 100] (got {b})"));
+        }
         Ok(())
     }
 }
@@ -67,10 +85,32 @@ impl Sampler {
         Self { params, rng }
     }
 
-    /// Picks the next token from `logits` (one row, float32) given the tokens so far.
+    /// Picks the next token from `logits` (one row, float32) given the tokens so far (`history`:
+    /// the prompt and what was generated, the last `generated` of them generated).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        self.sample_with(logits, history, 0)
+    }
+
+    /// [`Sampler::sample`] with frequency/presence penalties over the last `generated` tokens.
+    pub fn sample_with(&mut self, logits: &[f32], history: &[u32], generated: usize) -> u32 {
         let mut logits = logits.to_vec();
         let p = &self.params;
+        for &(id, bias) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
+        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            let mut counts: std::collections::HashMap<u32, f32> = std::collections::HashMap::new();
+            for &id in &history[history.len().saturating_sub(generated)..] {
+                *counts.entry(id).or_default() += 1.0;
+            }
+            for (id, n) in counts {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l -= n * p.frequency_penalty + p.presence_penalty;
+                }
+            }
+        }
         if p.repetition_penalty != 1.0 {
             let start = history.len().saturating_sub(p.repetition_window);
             let mut seen: Vec<u32> = history[start..].to_vec();
@@ -176,6 +216,17 @@ mod tests {
         let mut again = Sampler::new(SamplingParams { min_p: 0.5, ..params(1.0) });
         let repeat: Vec<u32> = (0..200).map(|_| again.sample(&logits, &[])).collect();
         assert_eq!(draws, repeat);
+    }
+
+    #[test]
+    fn logit_bias_and_openai_penalties() {
+        let mut s = Sampler::new(SamplingParams { logit_bias: vec![(2, 5.0)], ..params(0.0) });
+        assert_eq!(s.sample(&[1.0, 2.0, 0.0], &[]), 2);
+        // Token 1 was generated twice: 2.0 − 2·0.4 − 0.3 = 0.9 < 1.0. The prompt does not count.
+        let mut s = Sampler::new(SamplingParams { frequency_penalty: 0.4, presence_penalty: 0.3, ..params(0.0) });
+        assert_eq!(s.sample_with(&[1.0, 2.0, 0.0], &[1, 1, 1, 1], 2), 0);
+        assert_eq!(s.sample_with(&[1.0, 2.0, 0.0], &[1, 1, 1, 1], 1), 1);
+        assert!(SamplingParams { presence_penalty: 3.0, ..params(0.0) }.validate().is_err());
     }
 
     #[test]
