@@ -5,4 +5,5 @@ pub mod engine;
 pub mod eval;
 pub mod kernels;
 pub mod models;
+pub mod server;
 pub mod store;

@@ -6,6 +6,7 @@ pub mod pack;
 pub mod pull;
 pub mod quantize;
 pub mod run;
+pub mod serve;
 pub mod show;
 
 use crate::engine::cache::Window;
@@ -34,6 +35,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Chat with a model interactively (multi-turn, streaming)
     Chat(chat::ChatArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API
+    Serve(serve::ServeArgs),
     /// Write an MLX-quantized (8/4-bit) copy of a model
     Quantize(quantize::QuantizeArgs),
     /// Pack a model into one .sala file (weights, config, tokenizer, template), or extract one
@@ -52,6 +55,7 @@ pub fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Quantize(args) => quantize::run(args),
         Command::Pack(args) => pack::run(args),
         Command::Show(args) => show::run(args),

@@ -193,6 +193,11 @@ impl Decoding {
         self.done
     }
 
+    /// Why it stopped (meaningful once [`Decoding::is_done`]).
+    pub fn stop_reason(&self) -> StopReason {
+        self.generation.stop
+    }
+
     /// The finished generation with its timings.
     pub fn finish(mut self) -> Generation {
         let stats = &mut self.generation.stats;

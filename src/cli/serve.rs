@@ -1,0 +1,27 @@
+//! `sala serve`: the OpenAI-compatible HTTP server.
+
+use super::ModelArgs;
+use clap::Args;
+
+#[derive(Args)]
+#[command(after_help = "Examples:\n  sala serve --model ./MiniCPM-SALA-8bit\n  sala serve -m org/name --host 0.0.0.0 --port 8080 --api-key secret\n\nThen: curl http://127.0.0.1:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}'")]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub load: ModelArgs,
+    /// Address to listen on (127.0.0.1: this machine only)
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on the API
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Tokens per answer when a request does not say
+    #[arg(long, default_value_t = 2048)]
+    pub max_tokens: usize,
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    crate::server::serve(args.load, &args.host, args.port, args.api_key, args.max_tokens)
+}

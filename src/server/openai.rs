@@ -1,0 +1,223 @@
+//! The OpenAI chat-completions request, read field by field so that every wrong type or value is
+//! answered with a 4xx error naming the parameter, and the error type itself.
+
+use crate::engine::sampler::SamplingParams;
+use crate::engine::tokenizer::Message;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub code: &'static str,
+    pub param: Option<String>,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, code: &'static str, param: Option<&str>, message: &str) -> Self {
+        Self { status, kind, code, param: param.map(str::to_string), message: message.to_string() }
+    }
+
+    pub fn bad_request(param: &str, message: &str) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_value", Some(param), message)
+    }
+
+    pub fn not_found(message: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "not_found", None, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// A validated chat-completions request.
+#[derive(Debug)]
+pub struct ChatRequest {
+    pub messages: Vec<Message>,
+    pub sampling: SamplingParams,
+    pub max_tokens: Option<usize>,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub enable_thinking: bool,
+}
+
+fn wrong(param: &str, expected: &str) -> ApiError {
+    ApiError::bad_request(param, &format!("`{param}` must be {expected}"))
+}
+
+fn number(obj: &Map<String, Value>, key: &str, range: std::ops::RangeInclusive<f64>) -> Result<Option<f64>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => {
+            let x = v.as_f64().ok_or_else(|| wrong(key, "a number"))?;
+            if !range.contains(&x) {
+                return Err(wrong(key, &format!("between {} and {}", range.start(), range.end())));
+            }
+            Ok(Some(x))
+        }
+    }
+}
+
+fn integer(obj: &Map<String, Value>, key: &str, min: u64) -> Result<Option<u64>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => {
+            let x = v.as_u64().filter(|&x| x >= min).ok_or_else(|| wrong(key, &format!("an integer ≥ {min}")))?;
+            Ok(Some(x))
+        }
+    }
+}
+
+fn boolean(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_bool().map(Some).ok_or_else(|| wrong(key, "true or false")),
+    }
+}
+
+impl ChatRequest {
+    pub fn parse(body: &[u8], served_model: &str) -> Result<Self, ApiError> {
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_json", None, &format!("the body is not valid JSON: {e}")))?;
+        let obj = value.as_object().ok_or_else(|| ApiError::bad_request("body", "the body must be a JSON object"))?;
+        match obj.get("model") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(m)) if m == served_model => {}
+            Some(Value::String(m)) => {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    "model_not_found",
+                    Some("model"),
+                    &format!("model `{m}` is not served here (this server serves `{served_model}`; see GET /v1/models)"),
+                ))
+            }
+            Some(_) => return Err(wrong("model", "a string")),
+        }
+        if obj.get("tools").is_some_and(|t| !t.is_null()) {
+            return Err(ApiError::bad_request("tools", "tool calling is not supported by this server yet"));
+        }
+        if let Some(n) = integer(obj, "n", 1)? {
+            if n != 1 {
+                return Err(ApiError::bad_request("n", "only n = 1 is supported"));
+            }
+        }
+        let messages = parse_messages(obj.get("messages"))?;
+        let stop = match obj.get("stop") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(items)) => {
+                let stops: Vec<String> = items
+                    .iter()
+                    .map(|v| v.as_str().map(str::to_string))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| wrong("stop", "a string or a list of strings"))?;
+                if stops.len() > 4 {
+                    return Err(ApiError::bad_request("stop", "at most 4 stop sequences"));
+                }
+                stops
+            }
+            Some(_) => return Err(wrong("stop", "a string or a list of strings")),
+        };
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::bad_request("stop", "stop sequences must not be empty"));
+        }
+        let logit_bias = match obj.get("logit_bias") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Object(map)) => map
+                .iter()
+                .map(|(k, v)| {
+                    let id: u32 = k.parse().map_err(|_| wrong("logit_bias", "an object of token id → bias"))?;
+                    let bias = v.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| wrong("logit_bias", "biases between -100 and 100"))?;
+                    Ok((id, bias as f32))
+                })
+                .collect::<Result<Vec<_>, ApiError>>()?,
+            Some(_) => return Err(wrong("logit_bias", "an object of token id → bias")),
+        };
+        let max_tokens = match integer(obj, "max_completion_tokens", 1)? {
+            Some(n) => Some(n),
+            None => integer(obj, "max_tokens", 1)?,
+        };
+        let stream = boolean(obj, "stream")?.unwrap_or(false);
+        let include_usage = match obj.get("stream_options") {
+            None | Some(Value::Null) => false,
+            Some(Value::Object(o)) => boolean(o, "include_usage")?.unwrap_or(false),
+            Some(_) => return Err(wrong("stream_options", "an object")),
+        };
+        let enable_thinking = match obj.get("chat_template_kwargs") {
+            None | Some(Value::Null) => true,
+            Some(Value::Object(o)) => boolean(o, "enable_thinking")?.unwrap_or(true),
+            Some(_) => return Err(wrong("chat_template_kwargs", "an object")),
+        };
+        let sampling = SamplingParams {
+            temperature: number(obj, "temperature", 0.0..=2.0)?.unwrap_or(1.0) as f32,
+            top_p: number(obj, "top_p", 0.0..=1.0)?.unwrap_or(1.0).max(f64::MIN_POSITIVE) as f32,
+            top_k: integer(obj, "top_k", 0)?.unwrap_or(0) as usize,
+            min_p: number(obj, "min_p", 0.0..=1.0)?.unwrap_or(0.0) as f32,
+            frequency_penalty: number(obj, "frequency_penalty", -2.0..=2.0)?.unwrap_or(0.0) as f32,
+            presence_penalty: number(obj, "presence_penalty", -2.0..=2.0)?.unwrap_or(0.0) as f32,
+            logit_bias,
+            seed: integer(obj, "seed", 0)?,
+            ..Default::default()
+        };
+        sampling.validate().map_err(|m| ApiError::bad_request("sampling", &m))?;
+        Ok(Self { messages, sampling, max_tokens: max_tokens.map(|n| n as usize), stop, stream, include_usage, enable_thinking })
+    }
+}
+
+fn parse_messages(value: Option<&Value>) -> Result<Vec<Message>, ApiError> {
+    let items = value.and_then(Value::as_array).ok_or_else(|| wrong("messages", "a non-empty list of messages"))?;
+    if items.is_empty() {
+        return Err(wrong("messages", "a non-empty list of messages"));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let param = format!("messages[{i}]");
+            let obj = m.as_object().ok_or_else(|| wrong(&param, "an object"))?;
+            let role = match obj.get("role").and_then(Value::as_str) {
+                Some("developer") => "system",
+                Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
+                _ => return Err(wrong(&format!("{param}.role"), "one of system, developer, user, assistant, tool")),
+            };
+            let content = match obj.get("content") {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                        (Some("text"), Some(t)) => Ok(t.to_string()),
+                        _ => Err(wrong(&format!("{param}.content"), "a string or a list of text parts")),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join(""),
+                Some(_) => return Err(wrong(&format!("{param}.content"), "a string or a list of text parts")),
+            };
+            Ok(Message::new(role, &content))
+        })
+        .collect()
+}
+
+pub fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+pub fn completion_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!("chatcmpl-{}-{}", now(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+pub fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,97 @@
+"""Exercises `sala serve` with the official `openai` Python client (tests/serve.rs).
+
+usage: openai_client.py BASE_URL API_KEY
+Prints one line per check; exits non-zero on the first failure.
+"""
+import concurrent.futures
+import json
+import sys
+import urllib.error
+import urllib.request
+
+import openai
+
+base, key = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=300)
+model = client.models.list().data[0].id
+question = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def check(name, ok, detail=""):
+    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
+    if not ok:
+        sys.exit(1)
+
+
+# Non-streaming, with usage.
+r = client.chat.completions.create(model=model, messages=question, temperature=0)
+check("non-streaming answer", r.choices[0].message.content == "The capital of France is Paris.", r.choices[0].message.content)
+check("finish_reason stop", r.choices[0].finish_reason == "stop", r.choices[0].finish_reason)
+check("usage counts", r.usage.prompt_tokens == 37 and r.usage.completion_tokens == 8 and r.usage.total_tokens == 45, str(r.usage))
+
+# Streaming with usage in a final chunk.
+chunks = list(client.chat.completions.create(model=model, messages=question, temperature=0, stream=True, stream_options={"include_usage": True}))
+text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+check("streamed answer", text == "The capital of France is Paris.", text)
+check("streamed finish_reason", [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop")
+check("streamed usage", chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8 and not chunks[-1].choices, str(chunks[-1]))
+
+# Stop sequences end the answer and are not echoed; max_tokens gives finish_reason length.
+r = client.chat.completions.create(model=model, messages=question, temperature=0, stop=[" Paris", "zzz"])
+check("stop sequence", r.choices[0].message.content == "The capital of France is" and r.choices[0].finish_reason == "stop", repr(r.choices[0].message.content))
+r = client.chat.completions.create(model=model, messages=question, temperature=0, max_tokens=3)
+check("max_tokens", r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length", str(r.usage))
+r = client.chat.completions.create(model=model, messages=question, temperature=0, logit_bias={"504": -100}, max_tokens=8)
+check("logit_bias", not r.choices[0].message.content.startswith("The capital"), r.choices[0].message.content)
+
+# Errors arrive in OpenAI's schema with the right status.
+for name, kwargs, status in [
+    ("unknown model", dict(model="nope", messages=question), 404),
+    ("bad temperature", dict(model=model, messages=question, temperature="hot"), 400),
+    ("too many stops", dict(model=model, messages=question, stop=["a", "b", "c", "d", "e"]), 400),
+    ("context overflow", dict(model=model, messages=question, max_tokens=10**7), 400),
+]:
+    try:
+        client.chat.completions.create(**kwargs)
+        check(name, False, "no error")
+    except openai.APIStatusError as e:
+        check(name, e.status_code == status and "message" in e.response.json()["error"], f"{e.status_code} {e.response.text}")
+
+# A wrong key is refused.
+try:
+    openai.OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0).models.list()
+    check("api key", False, "accepted a wrong key")
+except openai.AuthenticationError:
+    check("api key", True)
+
+# A client that disconnects mid-stream frees its slot; others are served concurrently.
+stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Tell me a long story."}], stream=True, max_tokens=400)
+next(iter(stream))
+stream.close()
+
+
+def one(i):
+    r = client.chat.completions.create(model=model, messages=question, temperature=0, max_tokens=8)
+    return r.choices[0].message.content
+
+
+with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    answers = list(pool.map(one, range(4)))
+check("concurrent requests", all(a == "The capital of France is Paris." for a in answers), str(answers))
+
+# Oversized and malformed bodies: JSON errors, never a crash.
+def raw(body, content_type="application/json"):
+    req = urllib.request.Request(base + "/v1/chat/completions", data=body, headers={"Content-Type": content_type, "Authorization": "Bearer " + key})
+    try:
+        with urllib.request.urlopen(req) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+status, body = raw(b"x" * (9 << 20))
+check("oversized body", status == 413 and "error" in body, str(status))
+status, body = raw(b"{\"messages\": [")
+check("malformed JSON", status == 400 and body["error"]["code"] == "invalid_json", str(body))
+status, body = raw(json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}).encode())
+check("bad role", status == 400 and body["error"]["param"] == "messages[0].role", str(body))
+print("all checks passed")
