@@ -1,7 +1,8 @@
 //! `sala serve` against the official `openai` Python client (PyPI, in a venv cached under
 //! `$SALA_TEST_ASSETS`): answers, streaming with usage, stop sequences, max_tokens, logit_bias,
 //! OpenAI-schema errors, the API key, a client leaving mid-stream, concurrent requests, oversized
-//! and malformed bodies (tests/reference/openai_client.py). Real weights: SmolLM2.
+//! and malformed bodies (tests/reference/openai_client.py); then 16 concurrent streaming clients for
+//! 20 s and a bounded fuzz of bad requests (tests/reference/openai_load.py). Real weights: SmolLM2.
 
 mod common;
 
@@ -61,4 +62,17 @@ fn openai_client_against_sala_serve() {
     let out = Command::new(python).arg(script).arg(format!("http://127.0.0.1:{port}")).arg("test-key").output().unwrap();
     let transcript = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && transcript.contains("all checks passed"), "{transcript}");
+
+    // 16 concurrent streaming clients for 20 s, then 300 malformed requests: zero failures, no 5xx.
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/openai_load.py");
+    let python = common::venv_python("openai-venv", "SALA_OPENAI_PYTHON", "openai", &["openai==1.109.1"]);
+    let out = Command::new(python)
+        .arg(script)
+        .arg(format!("http://127.0.0.1:{port}"))
+        .args(["test-key", "16", "20"])
+        .output()
+        .unwrap();
+    let transcript = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("{transcript}");
+    assert!(out.status.success() && transcript.contains("server healthy after load and fuzz"), "{transcript}");
 }
