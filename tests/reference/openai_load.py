@@ -63,7 +63,8 @@ print(f"load: {clients} clients, {elapsed:.0f} s: {requests} requests, 0 failed,
 
 # Fuzz.
 rng = random.Random(0)
-valid = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+# Both length keys, so a cut that spoils one name still leaves the answer short.
+valid = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "max_completion_tokens": 2}
 values = [None, True, False, 0, -1, 3.5, 1e308, "", "x", [], {}, [1, 2], {"a": 1}, "\u0000", "🦀" * 50, [{"role": "user"}], 10 ** 30]
 keys = list(valid) + ["temperature", "top_p", "top_k", "min_p", "stop", "stream", "seed", "logit_bias", "n",
                       "frequency_penalty", "presence_penalty", "stream_options", "chat_template_kwargs", "max_completion_tokens", "tools"]
