@@ -5,7 +5,6 @@
 
 mod common;
 
-use sha2::{Digest, Sha256};
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -44,12 +43,8 @@ struct Hub {
     port: u16,
 }
 
-fn sha256(data: &[u8]) -> String {
-    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn etag(f: &File) -> String {
-    if f.lfs { sha256(&f.data) } else { sha256(&f.data)[..40].to_string() }
+    if f.lfs { common::sha256_hex(&f.data) } else { common::sha256_hex(&f.data)[..40].to_string() }
 }
 
 impl Hub {
@@ -99,7 +94,7 @@ impl Hub {
                 .map(|f| {
                     let mut s = serde_json::json!({"rfilename": f.name, "size": f.data.len(), "blobId": etag(f)});
                     if f.lfs {
-                        s["lfs"] = serde_json::json!({"sha256": sha256(&f.data), "size": f.data.len(), "pointerSize": 134});
+                        s["lfs"] = serde_json::json!({"sha256": common::sha256_hex(&f.data), "size": f.data.len(), "pointerSize": 134});
                     }
                     s
                 })
@@ -115,7 +110,7 @@ impl Hub {
                 ("Content-Length".to_string(), "0".to_string()),
             ];
             if f.lfs {
-                headers.push(("X-Linked-Etag".into(), format!("\"{}\"", sha256(&f.data))));
+                headers.push(("X-Linked-Etag".into(), format!("\"{}\"", common::sha256_hex(&f.data))));
                 headers.push(("X-Linked-Size".into(), f.data.len().to_string()));
             }
             send(&mut stream, "302 Found", &headers, b"");
@@ -256,7 +251,7 @@ fn an_interrupted_pull_resumes_from_its_part_file() {
     let blobs = cache.join("models--test-org--tiny-sala/blobs");
     std::fs::create_dir_all(&blobs).unwrap();
     let done = model.data.len() * 2 / 5;
-    std::fs::write(blobs.join(format!("{}.part", sha256(&model.data))), &model.data[..done]).unwrap();
+    std::fs::write(blobs.join(format!("{}.part", common::sha256_hex(&model.data))), &model.data[..done]).unwrap();
     let out = sala(&cache, &hub, &["pull", REPO], &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let requests: Vec<u64> = hub.log.lock().unwrap().data_requests.iter().filter(|(n, _)| n == "model.safetensors").map(|r| r.1).collect();

@@ -222,9 +222,6 @@ pub fn load(args: &ModelArgs, tokens: usize) -> anyhow::Result<LoadedModel> {
     if let Some(window) = window {
         model.set_window(window)?;
     }
-    let tokenizer = match source.tokenizer_files()? {
-        Some(files) => Some(TextTokenizer::new(&files, model.info().bos_token_id)?),
-        None => None,
-    };
+    let tokenizer = source.tokenizer(model.info().bos_token_id)?;
     Ok(LoadedModel { model, tokenizer, path, device, weights_bytes, cfg, dtype, window })
 }

@@ -46,6 +46,6 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
     pack::pack(&source, &output, &|n| bar.inc(n))?;
     bar.finish_and_clear();
     let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
-    eprintln!("wrote {} ({:.1} MB)", output.display(), size as f64 / 1e6);
+    eprintln!("wrote {} ({})", output.display(), crate::store::memory::human(size));
     Ok(())
 }

@@ -2,9 +2,9 @@
 
 use crate::cli::DtypeArg;
 use crate::engine::quant::{quantize_checkpoint, QuantFormat, QuantizeRequest};
-use crate::engine::tokenizer::TextTokenizer;
 use crate::eval::quant_report;
 use crate::models;
+use crate::store::memory::human;
 use anyhow::{bail, Context};
 use clap::Args;
 use mlx_rs::Dtype;
@@ -57,14 +57,14 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let out = quantize_checkpoint(&source, &request, &args.output, &|bytes| bar.inc(bytes))?;
     bar.finish_and_clear();
-    let size = dir_size(&out);
+    let size = crate::store::cache::dir_size(&out);
     eprintln!(
-        "wrote {} ({} bits, group size {}, {:.1} MB, source {:.1} MB) in {:.1} s",
+        "wrote {} ({} bits, group size {}, {}, source {}) in {:.1} s",
         out.display(),
         format.bits,
         format.group_size,
-        size as f64 / 1e6,
-        total as f64 / 1e6,
+        human(size),
+        human(total),
         started.elapsed().as_secs_f64()
     );
     if args.report {
@@ -77,10 +77,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
 fn report(args: &QuantizeArgs, dtype: Dtype, mut source: crate::engine::source::ModelSource) -> anyhow::Result<()> {
     let cfg = source.config()?;
     let reference_model = models::build(&cfg, &mut source.weights, Some(dtype))?;
-    let tokenizer = match source.tokenizer_files()? {
-        Some(files) => Some(TextTokenizer::new(&files, reference_model.info().bos_token_id)?),
-        None => None,
-    };
+    let tokenizer = source.tokenizer(reference_model.info().bos_token_id)?;
     let prompts = quant_report::prompts(tokenizer.as_ref(), reference_model.info().vocab_size)?;
     let reference = quant_report::run(reference_model.as_ref(), &prompts)?;
     drop(reference_model);
@@ -100,10 +97,4 @@ fn report(args: &QuantizeArgs, dtype: Dtype, mut source: crate::engine::source::
         report.write_csv(path)?;
     }
     Ok(())
-}
-
-fn dir_size(dir: &std::path::Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|entries| entries.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
-        .unwrap_or(0)
 }

@@ -224,8 +224,8 @@ pub fn quantize_checkpoint(
     let float_name = dtype_name(dtype).expect("float dtype");
     let format = request.format;
     let mut overrides = BTreeMap::new();
-    // The writer asks for a module's packed weight, scales and biases at different times (it orders
-    // tensors by dtype); quantize once and keep the parts not yet written.
+    // The writer asks for a module's packed weight, scales and biases one at a time; quantize once
+    // and keep the parts not yet written.
     let pending: std::cell::RefCell<std::collections::HashMap<String, [Option<Array>; 3]>> = Default::default();
     let pending = &pending;
     let mut writer = CheckpointWriter::new();

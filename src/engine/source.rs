@@ -7,7 +7,7 @@
 
 use super::config::ConfigFile;
 use super::error::{Error, Result};
-use super::tokenizer::TokenizerFiles;
+use super::tokenizer::{TextTokenizer, TokenizerFiles};
 use super::weights::{Weights, INDEX_FILE};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -82,6 +82,11 @@ impl ModelSource {
 
     pub fn tokenizer_files(&self) -> Result<Option<TokenizerFiles>> {
         TokenizerFiles::from_texts(&self.path, &self.files)
+    }
+
+    /// The model's tokenizer, if it ships one; `bos_fallback` is the model config's bos id.
+    pub fn tokenizer(&self, bos_fallback: Option<u32>) -> Result<Option<TextTokenizer>> {
+        self.tokenizer_files()?.map(|files| TextTokenizer::new(&files, bos_fallback)).transpose()
     }
 
     /// How to name a side file in messages.

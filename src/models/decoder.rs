@@ -126,6 +126,13 @@ impl DecoderConfig {
         Ok(self)
     }
 
+    /// A config silent about `tie_word_embeddings` is tied when the checkpoint has no `lm_head`.
+    pub fn resolve_tie(&mut self, weights: &Weights) {
+        if self.tie_unspecified {
+            self.tie_word_embeddings = !weights.infos().contains_key("lm_head.weight");
+        }
+    }
+
     /// Bytes of the per-sequence cache after `context` tokens: keys and values of every layer.
     pub fn cache_bytes(&self, context: usize, dtype_bytes: usize) -> u64 {
         (self.num_layers * 2 * self.kv_heads * self.head_dim * context * dtype_bytes) as u64
@@ -242,9 +249,7 @@ pub struct DecoderModel {
 
 impl DecoderModel {
     pub fn load(mut config: DecoderConfig, weights: &mut Weights, dtype: Option<Dtype>) -> Result<Self> {
-        if config.tie_unspecified {
-            config.tie_word_embeddings = !weights.infos().contains_key("lm_head.weight");
-        }
+        config.resolve_tie(weights);
         weights.check(&config.tensor_specs(), &config.model_type)?;
         let dtype = dtype.or_else(|| weights.storage_dtype()).unwrap_or(Dtype::Bfloat16);
         let eps = config.rms_norm_eps;

@@ -58,9 +58,7 @@ pub fn decoder_config(cfg: &ConfigFile) -> Result<Option<DecoderConfig>> {
 pub fn check(cfg: &ConfigFile, weights: &mut Weights) -> Result<()> {
     weights.set_quantization(QuantConfig::from_config(cfg)?);
     if let Some(mut config) = decoder_config(cfg)? {
-        if config.tie_unspecified {
-            config.tie_word_embeddings = !weights.infos().contains_key("lm_head.weight");
-        }
+        config.resolve_tie(weights);
         return weights.check(&config.tensor_specs(), &config.model_type);
     }
     match cfg.str("model_type")? {
@@ -110,9 +108,6 @@ pub fn load_with_tokenizer(path: &Path, dtype: Option<Dtype>) -> Result<(Box<dyn
     let mut source = open(path)?;
     let cfg = source.config()?;
     let model = build(&cfg, &mut source.weights, dtype)?;
-    let tokenizer = match source.tokenizer_files()? {
-        Some(files) => Some(TextTokenizer::new(&files, model.info().bos_token_id)?),
-        None => None,
-    };
+    let tokenizer = source.tokenizer(model.info().bos_token_id)?;
     Ok((model, tokenizer))
 }

@@ -17,10 +17,10 @@ pub struct Rope {
     pub dims: i32,
     pub base: f32,
     /// Periods per rotated pair (`dims/2`), when they are not plain `base^(2i/dims)`.
-    periods: Option<Vec<f32>>,
+    periods: Option<Array>,
     /// longrope: periods used once the sequence passes `original_max`, and the attention factor
     /// the length ratio implies (MiniCPM's code uses it even when the config names another).
-    long_periods: Option<(usize, Vec<f32>, f32)>,
+    long_periods: Option<(usize, Array, f32)>,
     /// Multiplies positions (linear scaling: 1/factor).
     position_scale: f32,
     /// Multiplies q and k (yarn / longrope attention factor).
@@ -67,7 +67,7 @@ impl Rope {
                     .and_then(|l| l.iter().map(|v| v.as_f64().map(|f| f as f32)).collect::<Option<Vec<_>>>())
                     .filter(|l| l.len() == half)
                     .ok_or_else(|| cfg.invalid(&key("factors"), format!("expected {half} numbers")))?;
-                rope.periods = Some(factors.iter().zip(&default_periods).map(|(f, p)| f * p).collect());
+                rope.periods = Some(table(factors.iter().zip(&default_periods).map(|(f, p)| f * p).collect()));
             }
             "linear" => rope.position_scale = 1.0 / num("factor")? as f32,
             "llama3" => {
@@ -92,7 +92,7 @@ impl Rope {
                     })
                     .map(|p| p as f32)
                     .collect();
-                rope.periods = Some(periods);
+                rope.periods = Some(table(periods));
             }
             "yarn" => {
                 let factor = num("factor")?;
@@ -120,7 +120,7 @@ impl Rope {
                         (1.0 / inv) as f32
                     })
                     .collect();
-                rope.periods = Some(periods);
+                rope.periods = Some(table(periods));
                 let get_mscale = |m: f64| if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 };
                 // HF: an explicit attention_factor wins; else the mscale ratio when both are set
                 // (and non-zero); else 0.1·ln(factor) + 1.
@@ -148,11 +148,11 @@ impl Rope {
                     None => cfg.f64("original_max_position_embeddings")?,
                 };
                 let max = cfg.f64("max_position_embeddings")?;
-                rope.periods = Some(factors("short_factor")?);
+                rope.periods = Some(table(factors("short_factor")?));
                 let factor = max / original;
                 let default_factor =
                     if factor <= 1.0 { 1.0 } else { (1.0 + factor.ln() / original.ln()).sqrt() };
-                rope.long_periods = Some((original as usize, factors("long_factor")?, default_factor as f32));
+                rope.long_periods = Some((original as usize, table(factors("long_factor")?), default_factor as f32));
                 rope.mscale = num_or("attention_factor", default_factor)? as f32;
             }
             other => {
@@ -186,11 +186,13 @@ impl Rope {
         };
         let x = if self.mscale != 1.0 { scale(x, self.mscale)? } else { x.clone() };
         Ok(match periods {
-            Some(p) => {
-                let freqs = Array::from_slice(p, &[p.len() as i32]);
-                fast::rope(&x, self.dims, false, None, self.position_scale, offset as i32, &freqs)?
-            }
+            Some(freqs) => fast::rope(&x, self.dims, false, None, self.position_scale, offset as i32, freqs)?,
             None => fast::rope(&x, self.dims, false, self.base, self.position_scale, offset as i32, None)?,
         })
     }
+}
+
+/// A period table as the MLX array `fast::rope` takes, built once rather than per call.
+fn table(periods: Vec<f32>) -> Array {
+    Array::from_slice(&periods, &[periods.len() as i32])
 }

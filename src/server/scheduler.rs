@@ -118,7 +118,7 @@ fn step(model: &dyn LanguageModel, tokenizer: &TextTokenizer, a: &mut Active) ->
     }
     if a.decoding.is_done() {
         flush(a, a.held.len());
-        let reason = match a.decoding_stop() {
+        let reason = match a.decoding.stop_reason() {
             StopReason::EndOfSequence | StopReason::Cancelled => "stop",
             StopReason::MaxTokens | StopReason::ContextLimit => "length",
         };
@@ -148,10 +148,4 @@ fn finish(a: &mut Active, finish_reason: &'static str) {
         prompt_tokens: a.job.prompt.len(),
         completion_tokens: a.decoding.tokens().len(),
     });
-}
-
-impl Active {
-    fn decoding_stop(&self) -> StopReason {
-        self.decoding.stop_reason()
-    }
 }

@@ -121,9 +121,10 @@ fn newest_snapshot(repo_dir: &Path) -> Option<PathBuf> {
         .map(|e| e.path())
 }
 
-fn dir_size(dir: &Path) -> u64 {
+/// Bytes of the regular files directly in `dir` (symlinks followed); 0 if it cannot be read.
+pub fn dir_size(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
-        .map(|entries| entries.filter_map(|e| e.ok()?.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
+        .map(|entries| entries.filter_map(|e| std::fs::metadata(e.ok()?.path()).ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
         .unwrap_or(0)
 }
 

@@ -43,8 +43,8 @@ pub struct MemoryEstimate {
 /// Describes the model at `path` (or store name); the memory estimate is for `context` tokens
 /// (default: the model's context length, at most 4096).
 pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, ModelSource)> {
-    let path = &crate::store::cache::resolve(path)?;
     let mut source = models::open(path)?;
+    let path = &source.path.clone();
     let cfg = source.config()?;
     models::check(&cfg, &mut source.weights)?;
     let weights = &source.weights;
@@ -69,9 +69,7 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
         "single file"
     };
     let disk_bytes = if path.is_dir() {
-        std::fs::read_dir(path)
-            .map(|entries| entries.filter_map(|e| e.ok()?.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
-            .unwrap_or(0)
+        crate::store::cache::dir_size(path)
     } else {
         std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
     };
