@@ -120,3 +120,22 @@ fn gguf_packs_into_a_runnable_single_file() {
     assert_eq!(answer, "The capital of France is Paris.\n");
     std::fs::remove_file(packed).unwrap();
 }
+
+#[test]
+fn extract_refuses_side_file_names_that_leave_the_directory() {
+    let file = temp("evil.sala");
+    let mut metadata = std::collections::BTreeMap::new();
+    let config = std::fs::read_to_string(common::golden("A_dense_f32").join("config.json")).unwrap();
+    metadata.insert("sala.file.config.json".to_string(), config);
+    metadata.insert("sala.file.../escaped.txt".to_string(), "x".to_string());
+    let mut writer = sala::engine::checkpoint::CheckpointWriter::new();
+    writer.add("t", "F32", vec![1], || Ok(vec![0; 4])).unwrap();
+    writer.write_file(&file, &metadata).unwrap();
+    let out = temp("evil-out");
+    let result = sala(&["pack", "--extract", file.to_str().unwrap(), "--output", out.to_str().unwrap()]);
+    assert!(!result.status.success());
+    let err = String::from_utf8_lossy(&result.stderr);
+    assert!(err.contains("`../escaped.txt`") && err.contains("not a plain file name"), "{err}");
+    assert!(!out.exists() && !out.parent().unwrap().join("escaped.txt").exists());
+    std::fs::remove_file(file).unwrap();
+}

@@ -314,3 +314,21 @@ fn check_quantized_matmul(out_features: usize, in_features: usize, failures: &mu
         }
     }
 }
+
+#[test]
+fn unsupported_formats_are_refused_before_any_work() {
+    let src = common::golden("A_dense_f32");
+    for (args, message) in [
+        (["--bits", "7", "--group-size", "64"], "7 bits is not supported"),
+        (["--bits", "4", "--group-size", "48"], "group size 48 is not supported"),
+    ] {
+        let out = temp_dir("refused");
+        let mut cmd = vec!["quantize", "--model", src.to_str().unwrap(), "--output", out.to_str().unwrap()];
+        cmd.extend(args);
+        let result = sala(&cmd);
+        assert!(!result.status.success());
+        let err = String::from_utf8_lossy(&result.stderr);
+        assert!(err.contains(message), "{err}");
+        assert!(!out.exists(), "nothing may be written");
+    }
+}
