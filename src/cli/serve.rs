@@ -20,8 +20,18 @@ pub struct ServeArgs {
     /// Tokens per answer when a request does not say
     #[arg(long, default_value_t = 2048)]
     pub max_tokens: usize,
+    /// Requests decoded together in one batch; more wait in line
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub parallel: u16,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    crate::server::serve(args.load, &args.host, args.port, args.api_key, args.max_tokens)
+    let options = crate::server::ServerOptions {
+        host: args.host,
+        port: args.port,
+        api_key: args.api_key,
+        default_max_tokens: args.max_tokens,
+        parallel: args.parallel as usize,
+    };
+    crate::server::serve(args.load, options)
 }

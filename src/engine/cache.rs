@@ -301,3 +301,37 @@ impl ModelCache {
         out
     }
 }
+
+/// Layer `layer`'s caches of every sequence in a batch, all of the kind `pick` accepts; an error
+/// names the layer when a cache belongs to another model.
+pub fn layer_caches<'a, T>(
+    caches: &'a mut [&mut ModelCache],
+    layer: usize,
+    pick: impl Fn(&mut LayerCache) -> Option<&mut T>,
+) -> crate::engine::error::Result<Vec<&'a mut T>> {
+    caches
+        .iter_mut()
+        .map(|c| {
+            c.layers
+                .get_mut(layer)
+                .and_then(&pick)
+                .ok_or_else(|| crate::engine::error::Error::Usage(format!("layer {layer}: cache does not belong to this model")))
+        })
+        .collect()
+}
+
+impl LayerCache {
+    pub fn as_attention(&mut self) -> Option<&mut KvCache> {
+        match self {
+            LayerCache::Attention(kv) => Some(kv),
+            LayerCache::Recurrent(_) => None,
+        }
+    }
+
+    pub fn as_recurrent(&mut self) -> Option<&mut RecurrentState> {
+        match self {
+            LayerCache::Recurrent(r) => Some(r),
+            LayerCache::Attention(_) => None,
+        }
+    }
+}

@@ -208,6 +208,35 @@ impl Decoding {
     }
 }
 
+/// One sequence's part in a batched decode step.
+pub struct Step<'a> {
+    pub decoding: &'a mut Decoding,
+    pub cache: &'a mut ModelCache,
+    pub sampler: &'a mut Sampler,
+}
+
+/// Advances several sequences by a token each, like [`Decoding::next`] for every one, but runs
+/// their previous tokens through the model in a single batched forward (the sequences may be at
+/// different lengths). Sequences that are done give `None`.
+pub fn next_batch(model: &dyn LanguageModel, steps: &mut [Step]) -> Result<Vec<Option<u32>>> {
+    let mut fed: Vec<&mut Step> = steps.iter_mut().filter(|s| !s.decoding.done && s.decoding.pending.is_some()).collect();
+    if !fed.is_empty() {
+        let ids: Vec<i32> = fed.iter().map(|s| s.decoding.pending.expect("filtered above") as i32).collect();
+        let input = Array::from_slice(&ids, &[ids.len() as i32, 1]);
+        let mut caches: Vec<&mut ModelCache> = fed.iter_mut().map(|s| &mut *s.cache).collect();
+        let logits = model.forward_batch(&input, &mut caches, Logits::Last, None)?;
+        let state: Vec<Array> = caches.iter().flat_map(|c| c.arrays()).collect();
+        eval(std::iter::once(&logits).chain(state.iter()))?;
+        let rows = to_vec_f32(&logits)?;
+        let vocab = rows.len() / fed.len();
+        for (s, row) in fed.iter_mut().zip(rows.chunks(vocab)) {
+            s.decoding.logits = row.to_vec();
+            s.decoding.pending = None;
+        }
+    }
+    steps.iter_mut().map(|s| s.decoding.next(model, s.cache, s.sampler)).collect()
+}
+
 /// Runs `tokens` into `cache` in chunks of `step` without sampling (a chat turn's history).
 pub fn extend(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32], step: usize) -> Result<()> {
     let info = model.info();

@@ -61,11 +61,30 @@ pub trait LanguageModel: Send {
 
     /// Runs `tokens` (`[1, T]` int32) on top of `cache` and returns float32 logits `[T, vocab]`
     /// (or `[1, vocab]` for [`Logits::Last`]).
-    fn forward(
+    fn forward(&self, tokens: &Array, cache: &mut ModelCache, logits: Logits, trace: Option<&mut Trace>) -> Result<Array> {
+        self.forward_batch(tokens, &mut [cache], logits, trace)
+    }
+
+    /// Runs `tokens` (`[B, T]` int32), row b on top of `caches[b]`, and returns float32 logits
+    /// `[B·T, vocab]` (or `[B, vocab]` for [`Logits::Last`]). The histories may differ in length:
+    /// projections and MLPs run once for the whole batch (one read of the weights, which is what
+    /// decode time is spent on), attention runs per sequence against its own cache.
+    fn forward_batch(
         &self,
         tokens: &Array,
-        cache: &mut ModelCache,
+        caches: &mut [&mut ModelCache],
         logits: Logits,
         trace: Option<&mut Trace>,
     ) -> Result<Array>;
+}
+
+/// `tokens` must be `[B, T]` with one cache per row.
+pub fn check_batch(tokens: &Array, caches: &[&mut ModelCache]) -> Result<()> {
+    match tokens.shape() {
+        [b, t] if *b as usize == caches.len() && *t > 0 => Ok(()),
+        shape => Err(Error::Usage(format!(
+            "forward: token ids have shape {shape:?}, expected [{}, T ≥ 1] (one row per cache)",
+            caches.len()
+        ))),
+    }
 }

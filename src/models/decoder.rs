@@ -6,12 +6,12 @@
 //!   per layer:  h += α · Attn(RMSNorm(h));  h += α · MLP(RMSNorm(h))
 //!   logits = RMSNorm(h) · logit_scale · W_lmᵀ
 
-use crate::engine::cache::{KvCache, LayerCache, ModelCache, Window};
+use crate::engine::cache::{layer_caches, KvCache, LayerCache, ModelCache, Window};
 use crate::engine::config::ConfigFile;
 use crate::engine::error::{Error, Result};
-use crate::engine::model::{LanguageModel, Logits, ModelInfo, Trace};
+use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::models::layers::{scale, Embedding, Linear, LmHead, Mlp, RmsNorm};
+use crate::models::layers::{per_sequence, scale, Embedding, Linear, LmHead, Mlp, RmsNorm};
 use crate::models::rope::Rope;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::{Array, Dtype};
@@ -208,7 +208,8 @@ impl Attention {
         })
     }
 
-    fn forward(&self, x: &Array, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
+    /// `x`: `[B, T, hidden]`, row b continuing `caches[b]`.
+    fn forward(&self, x: &Array, caches: &mut [&mut KvCache], rope: &Rope) -> Result<Array> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let heads = |proj: &Linear, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
             let y = proj.forward(x)?.reshape(&[b, t, n, self.head_dim])?;
@@ -218,15 +219,20 @@ impl Attention {
             };
             Ok(y.swap_axes(1, 2)?)
         };
-        let position = cache.position();
-        let q = rope.apply(&heads(&self.q_proj, self.heads, &self.q_norm)?, position)?;
-        let k = rope.apply(&heads(&self.k_proj, self.kv_heads, &self.k_norm)?, position)?;
+        let q = heads(&self.q_proj, self.heads, &self.q_norm)?;
+        let k = heads(&self.k_proj, self.kv_heads, &self.k_norm)?;
         let v = heads(&self.v_proj, self.kv_heads, &None)?;
-        let (keys, values) = cache.append(&k, &v)?;
-        let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
-        let scale = (self.head_dim as f32).powf(-0.5);
-        let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?;
-        cache.evict()?;
+        let o = per_sequence(&[&q, &k, &v], caches, |qkv, cache| {
+            let position = cache.position();
+            let q = rope.apply(&qkv[0], position)?;
+            let k = rope.apply(&qkv[1], position)?;
+            let (keys, values) = cache.append(&k, &qkv[2])?;
+            let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
+            let scale = (self.head_dim as f32).powf(-0.5);
+            let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?;
+            cache.evict()?;
+            Ok(o)
+        })?;
         self.o_proj.forward(&o.swap_axes(1, 2)?.reshape(&[b, t, self.heads * self.head_dim])?)
     }
 }
@@ -303,8 +309,9 @@ impl LanguageModel for DecoderModel {
         Ok(())
     }
 
-    fn forward(&self, tokens: &Array, cache: &mut ModelCache, logits: Logits, mut trace: Option<&mut Trace>) -> Result<Array> {
+    fn forward_batch(&self, tokens: &Array, caches: &mut [&mut ModelCache], logits: Logits, mut trace: Option<&mut Trace>) -> Result<Array> {
         let c = &self.config;
+        check_batch(tokens, caches)?;
         let mut h = self.embed_tokens.forward(tokens)?;
         if c.embedding_scale != 1.0 {
             h = scale(&h, c.embedding_scale)?;
@@ -313,11 +320,9 @@ impl LanguageModel for DecoderModel {
             t.record("hidden.embeddings", &h);
         }
         let residual = |branch: Array| if c.residual_scale != 1.0 { scale(&branch, c.residual_scale) } else { Ok(branch) };
-        for (i, (layer, state)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
-            let LayerCache::Attention(kv) = state else {
-                return Err(Error::Usage(format!("layer {i}: cache does not belong to this model")));
-            };
-            let mixed = layer.attn.forward(&layer.input_norm.forward(&h)?, kv, &c.rope)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut kv = layer_caches(caches, i, LayerCache::as_attention)?;
+            let mixed = layer.attn.forward(&layer.input_norm.forward(&h)?, &mut kv, &c.rope)?;
             h = h.add(residual(mixed.clone())?)?;
             h = h.add(residual(layer.mlp.forward(&layer.post_norm.forward(&h)?)?)?)?;
             if let Some(t) = trace.as_deref_mut() {

@@ -92,7 +92,8 @@ impl Embedding {
 }
 
 /// The model's end: final RMSNorm, an optional scale (muP), then the output projection (or the
-/// tied embeddings); float32 logits `[T, vocab]`, only for the last position with [`Logits::Last`].
+/// tied embeddings); float32 logits `[B·T, vocab]`, only for the last position of each sequence
+/// with [`Logits::Last`].
 pub struct LmHead {
     pub norm: RmsNorm,
     pub proj: Option<Linear>,
@@ -125,8 +126,8 @@ impl LmHead {
             Some(head) => head.forward(&h)?,
             None => embed.as_linear(&h)?,
         };
-        let t = out.shape()[1];
-        Ok(out.reshape(&[t, -1])?.as_dtype(Dtype::Float32)?)
+        let rows = out.shape()[0] * out.shape()[1];
+        Ok(out.reshape(&[rows, -1])?.as_dtype(Dtype::Float32)?)
     }
 }
 
@@ -177,4 +178,25 @@ pub fn sigmoid_gate(x: &Array, gate: &Array) -> Result<Array> {
 /// x · c with c in x's dtype (a float scalar would promote bf16 to f32).
 pub fn scale(x: &Array, c: f32) -> Result<Array> {
     Ok(x.multiply(scalar(c, x.dtype())?)?)
+}
+
+/// Splits the `[B, …]` arrays `inputs` into their B sequences, runs `f` on each together with that
+/// sequence's cache, and joins the outputs along axis 0. Attention runs this way in a batch: every
+/// sequence has its own history length (and position).
+pub fn per_sequence<C: ?Sized>(
+    inputs: &[&Array],
+    caches: &mut [&mut C],
+    mut f: impl FnMut(&[Array], &mut C) -> Result<Array>,
+) -> Result<Array> {
+    if let [cache] = caches {
+        let whole: Vec<Array> = inputs.iter().map(|a| (*a).clone()).collect();
+        return f(&whole, cache);
+    }
+    let mut outputs = Vec::with_capacity(caches.len());
+    for (b, cache) in caches.iter_mut().enumerate() {
+        let b = b as i32;
+        let parts = inputs.iter().map(|a| a.try_index(b..b + 1)).collect::<std::result::Result<Vec<_>, _>>()?;
+        outputs.push(f(&parts, cache)?);
+    }
+    Ok(ops::concatenate(&outputs, 0)?)
 }

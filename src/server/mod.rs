@@ -36,8 +36,19 @@ pub struct AppState {
     pub default_max_tokens: usize,
 }
 
+pub struct ServerOptions {
+    pub host: String,
+    pub port: u16,
+    pub api_key: Option<String>,
+    /// Answer length when a request gives none.
+    pub default_max_tokens: usize,
+    /// Requests decoded together.
+    pub parallel: usize,
+}
+
 /// Binds, starts loading the model on the worker thread, and serves until Ctrl-C.
-pub fn serve(model: ModelArgs, host: &str, port: u16, api_key: Option<String>, default_max_tokens: usize) -> anyhow::Result<()> {
+pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
+    let ServerOptions { host, port, api_key, default_max_tokens, parallel } = options;
     let Some(path) = model.model.clone() else {
         anyhow::bail!("no model given: pass --model PATH (a model directory, a .sala or .gguf file, or a name from `sala list`)");
     };
@@ -68,7 +79,7 @@ pub fn serve(model: ModelArgs, host: &str, port: u16, api_key: Option<String>, d
         let max_context = loaded.model.info().max_context;
         let _ = worker_state.ready.set(Ready { tokenizer: tokenizer.clone(), jobs: Mutex::new(tx), max_context });
         eprintln!("model ready: {}", worker_state.model_id);
-        scheduler::run(loaded.model, tokenizer, prefill_step, rx);
+        scheduler::run(loaded.model, tokenizer, prefill_step, parallel, rx);
     })?;
 
     let app = Router::new()
@@ -79,7 +90,7 @@ pub fn serve(model: ModelArgs, host: &str, port: u16, api_key: Option<String>, d
         .with_state(state);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((host, port)).await?;
+        let listener = tokio::net::TcpListener::bind((host.as_str(), port)).await?;
         eprintln!("listening on http://{}", listener.local_addr()?);
         axum::serve(listener, app)
             .with_graceful_shutdown(async {

@@ -1,16 +1,15 @@
-//! The worker that owns the model and serves every request: new requests are admitted between
-//! decode steps and each active request advances one token per round (continuous scheduling), so
-//! a long answer never blocks a short one. A request whose client went away is dropped at its
-//! next step, freeing its slot and cache at once.
-//!
-//! Today each active sequence runs its own forward per step; batching those steps into one
-//! forward (sequences of different lengths) is the performance work of issue 6.
+//! The worker that owns the model and serves every request (continuous batching): new requests
+//! are admitted between decode steps (up to `parallel` at once, the rest wait in order), and every
+//! round runs one batched forward that advances each active request by a token, whatever its
+//! length. A long answer never blocks a short one; a request whose client went away is dropped
+//! before the next round, freeing its slot and cache at once.
 
 use crate::engine::cache::ModelCache;
-use crate::engine::generate::{Decoding, GenerateOptions, StopReason};
+use crate::engine::generate::{next_batch, Decoding, GenerateOptions, Step, StopReason};
 use crate::engine::model::LanguageModel;
 use crate::engine::sampler::{Sampler, SamplingParams};
 use crate::engine::tokenizer::{StreamDecoder, TextTokenizer};
+use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -43,63 +42,81 @@ struct Active {
 }
 
 /// Runs until every sender of `jobs` is gone.
-pub fn run(model: Box<dyn LanguageModel>, tokenizer: std::sync::Arc<TextTokenizer>, prefill_step: usize, jobs: Receiver<Job>) {
+pub fn run(model: Box<dyn LanguageModel>, tokenizer: std::sync::Arc<TextTokenizer>, prefill_step: usize, parallel: usize, jobs: Receiver<Job>) {
     let model = model.as_ref();
     let mut active: Vec<Active> = Vec::new();
+    let mut waiting: VecDeque<Job> = VecDeque::new();
     loop {
-        // Admit new requests: wait for one when idle, take whatever is queued otherwise.
-        let mut incoming = Vec::new();
-        if active.is_empty() {
+        // Take what is queued; block for the next request only when there is nothing to do.
+        if active.is_empty() && waiting.is_empty() {
             match jobs.recv() {
-                Ok(job) => incoming.push(job),
+                Ok(job) => waiting.push_back(job),
                 Err(_) => return,
             }
         }
         loop {
             match jobs.try_recv() {
-                Ok(job) => incoming.push(job),
+                Ok(job) => waiting.push_back(job),
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) if active.is_empty() && incoming.is_empty() => return,
+                Err(TryRecvError::Disconnected) if active.is_empty() && waiting.is_empty() => return,
                 Err(TryRecvError::Disconnected) => break,
             }
         }
-        for job in incoming {
-            if job.events.is_closed() {
-                continue;
+        waiting.retain(|job| !job.events.is_closed());
+        active.retain(|a| !a.job.events.is_closed());
+        while active.len() < parallel.max(1) {
+            let Some(job) = waiting.pop_front() else { break };
+            if let Some(a) = admit(model, job, prefill_step) {
+                active.push(a);
             }
-            let mut cache = model.new_cache();
-            let opts = GenerateOptions { max_tokens: job.max_tokens, prefill_step, ..Default::default() };
-            match Decoding::start(model, &mut cache, &job.prompt, &opts, |_, _| {}) {
-                Ok(decoding) => active.push(Active {
-                    sampler: Sampler::new(job.sampling.clone()),
-                    job,
-                    cache,
-                    decoding,
-                    decoder: StreamDecoder::default(),
-                    held: String::new(),
-                }),
-                Err(e) => {
-                    let _ = job.events.send(Event::Error(e.to_string()));
+        }
+        if active.is_empty() {
+            continue;
+        }
+        // One batched step for every active request.
+        let tokens = {
+            let mut steps: Vec<Step> = active
+                .iter_mut()
+                .map(|a| Step { decoding: &mut a.decoding, cache: &mut a.cache, sampler: &mut a.sampler })
+                .collect();
+            next_batch(model, &mut steps)
+        };
+        match tokens {
+            Ok(tokens) => {
+                let mut tokens = tokens.into_iter();
+                active.retain_mut(|a| emit(model, &tokenizer, a, tokens.next().flatten()));
+            }
+            Err(e) => {
+                for a in active.drain(..) {
+                    let _ = a.job.events.send(Event::Error(e.to_string()));
                 }
             }
         }
-        // One step for every active request.
-        active.retain_mut(|a| step(model, &tokenizer, a));
     }
 }
 
-/// Advances one request by a token; `false` when it is finished (or its client left).
-fn step(model: &dyn LanguageModel, tokenizer: &TextTokenizer, a: &mut Active) -> bool {
-    if a.job.events.is_closed() {
-        return false;
-    }
-    let token = match a.decoding.next(model, &mut a.cache, &mut a.sampler) {
-        Ok(t) => t,
+/// Prefills a request's prompt; `None` (after telling the client) when that fails.
+fn admit(model: &dyn LanguageModel, job: Job, prefill_step: usize) -> Option<Active> {
+    let mut cache = model.new_cache();
+    let opts = GenerateOptions { max_tokens: job.max_tokens, prefill_step, ..Default::default() };
+    match Decoding::start(model, &mut cache, &job.prompt, &opts, |_, _| {}) {
+        Ok(decoding) => Some(Active {
+            sampler: Sampler::new(job.sampling.clone()),
+            job,
+            cache,
+            decoding,
+            decoder: StreamDecoder::default(),
+            held: String::new(),
+        }),
         Err(e) => {
-            let _ = a.job.events.send(Event::Error(e.to_string()));
-            return false;
+            let _ = job.events.send(Event::Error(e.to_string()));
+            None
         }
-    };
+    }
+}
+
+/// Sends what a request's new token adds to its answer; `false` when it is finished.
+fn emit(model: &dyn LanguageModel, tokenizer: &TextTokenizer, a: &mut Active, token: Option<u32>) -> bool {
     let eos = model.info().eos_token_ids.contains(&token.unwrap_or(u32::MAX));
     if let Some(token) = token.filter(|_| !eos) {
         if let Ok(piece) = a.decoder.push(tokenizer, token) {

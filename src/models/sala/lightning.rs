@@ -16,7 +16,7 @@ use crate::engine::config::ConfigFile;
 use crate::engine::error::Result;
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::gla;
-use crate::models::layers::{sigmoid_gate, Linear, RmsNorm};
+use crate::models::layers::{per_sequence, sigmoid_gate, Linear, RmsNorm};
 use mlx_rs::{fast, Array, Dtype};
 
 #[derive(Debug, Clone)]
@@ -119,8 +119,8 @@ impl LightningAttention {
         })
     }
 
-    /// `x`: the normed hidden state `[B, T, hidden]`.
-    pub fn forward(&self, x: &Array, cache: &mut RecurrentState) -> Result<Array> {
+    /// `x`: the normed hidden state `[B, T, hidden]`, row b continuing `states[b]`.
+    pub fn forward(&self, x: &Array, states: &mut [&mut RecurrentState]) -> Result<Array> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (h, d) = (self.cfg.heads as i32, self.cfg.head_dim as i32);
         let heads = |proj: &Linear, norm: &Option<RmsNorm>| -> Result<Array> {
@@ -130,19 +130,23 @@ impl LightningAttention {
             }
             Ok(y.swap_axes(1, 2)?) // [B, H, T, d]
         };
-        let mut q = heads(&self.q_proj, &self.q_norm)?;
-        let mut k = heads(&self.k_proj, &self.k_norm)?;
+        let q = heads(&self.q_proj, &self.q_norm)?;
+        let k = heads(&self.k_proj, &self.k_norm)?;
         let v = heads(&self.v_proj, &None)?;
-        if self.cfg.use_rope {
-            let offset = cache.len as i32;
-            q = fast::rope(&q, d, false, self.cfg.rope_theta, 1.0, offset, None)?;
-            k = fast::rope(&k, d, false, self.cfg.rope_theta, 1.0, offset, None)?;
-        }
-        let f32 = |a: &Array| a.as_dtype(Dtype::Float32);
-        let (o, state) =
-            gla::simple_gla(&f32(&q)?, &f32(&k)?, &f32(&v)?, &self.slopes, cache.state.as_ref(), self.cfg.q_scale)?;
-        cache.state = Some(state);
-        cache.len += t as usize;
+        let o = per_sequence(&[&q, &k, &v], states, |qkv, cache| {
+            let (mut q, mut k) = (qkv[0].clone(), qkv[1].clone());
+            if self.cfg.use_rope {
+                let offset = cache.len as i32;
+                q = fast::rope(&q, d, false, self.cfg.rope_theta, 1.0, offset, None)?;
+                k = fast::rope(&k, d, false, self.cfg.rope_theta, 1.0, offset, None)?;
+            }
+            let f32 = |a: &Array| a.as_dtype(Dtype::Float32);
+            let (o, state) =
+                gla::simple_gla(&f32(&q)?, &f32(&k)?, &f32(&qkv[2])?, &self.slopes, cache.state.as_ref(), self.cfg.q_scale)?;
+            cache.state = Some(state);
+            cache.len += t as usize;
+            Ok(o)
+        })?;
 
         let mut o = o.as_dtype(x.dtype())?.swap_axes(1, 2)?.reshape(&[b, t, h * d])?;
         if let Some(norm) = &self.o_norm {

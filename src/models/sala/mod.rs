@@ -9,10 +9,10 @@
 pub mod lightning;
 pub mod sparse;
 
-use crate::engine::cache::{KvCache, LayerCache, ModelCache, RecurrentState};
+use crate::engine::cache::{layer_caches, KvCache, LayerCache, ModelCache, RecurrentState};
 use crate::engine::config::ConfigFile;
 use crate::engine::error::{Error, Result};
-use crate::engine::model::{LanguageModel, Logits, ModelInfo, Trace};
+use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::models::layers::{scale, Embedding, LmHead, Mlp, RmsNorm};
 use lightning::{LightningAttention, LightningConfig};
@@ -245,24 +245,26 @@ impl LanguageModel for SalaModel {
         ))
     }
 
-    fn forward(
+    fn forward_batch(
         &self,
         tokens: &Array,
-        cache: &mut ModelCache,
+        caches: &mut [&mut ModelCache],
         logits: Logits,
         mut trace: Option<&mut Trace>,
     ) -> Result<Array> {
+        check_batch(tokens, caches)?;
         let alpha = self.config.residual_scale();
         let mut h = scale(&self.embed_tokens.forward(tokens)?, self.config.scale_emb)?;
         if let Some(t) = trace.as_deref_mut() {
             t.record("hidden.embeddings", &h);
         }
-        for (i, (layer, state)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
+        for (i, layer) in self.layers.iter().enumerate() {
             let x = layer.input_norm.forward(&h)?;
-            let mixed = match (&layer.mixer, state) {
-                (MixerLayer::Sparse(attn), LayerCache::Attention(kv)) => attn.forward(&x, kv, i, trace.as_deref_mut())?,
-                (MixerLayer::Lightning(attn), LayerCache::Recurrent(s)) => attn.forward(&x, s)?,
-                _ => return Err(Error::Usage(format!("layer {i}: cache does not belong to this model"))),
+            let mixed = match &layer.mixer {
+                MixerLayer::Sparse(attn) => {
+                    attn.forward(&x, &mut layer_caches(caches, i, LayerCache::as_attention)?, i, trace.as_deref_mut())?
+                }
+                MixerLayer::Lightning(attn) => attn.forward(&x, &mut layer_caches(caches, i, LayerCache::as_recurrent)?)?,
             };
             h = h.add(scale(&mixed, alpha)?)?;
             let x = layer.post_norm.forward(&h)?;

@@ -18,7 +18,7 @@ use crate::engine::error::Result;
 use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::sparse::{block_sparse_attention, select_blocks, BlockSelection};
-use crate::models::layers::{sigmoid_gate, Linear};
+use crate::models::layers::{per_sequence, sigmoid_gate, Linear};
 use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// The level-2 compressed keys use 4× the level-1 window and stride (hard-coded in the reference).
@@ -121,25 +121,25 @@ impl SparseAttention {
         })
     }
 
-    /// `x`: the normed hidden state `[B, T, hidden]`. Records the block selection under
-    /// `sparse.layer{i}.blocks` / `.block_scores` when tracing.
-    pub fn forward(&self, x: &Array, cache: &mut KvCache, layer: usize, trace: Option<&mut Trace>) -> Result<Array> {
+    /// `x`: the normed hidden state `[B, T, hidden]`, row b continuing `caches[b]`. Records the
+    /// block selection under `sparse.layer{i}.blocks` / `.block_scores` when tracing.
+    pub fn forward(&self, x: &Array, caches: &mut [&mut KvCache], layer: usize, mut trace: Option<&mut Trace>) -> Result<Array> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (hq, hkv, d) = (self.cfg.heads as i32, self.cfg.kv_heads as i32, self.cfg.head_dim as i32);
         let q = self.q_proj.forward(x)?.reshape(&[b, t, hq, d])?.swap_axes(1, 2)?;
         let k = self.k_proj.forward(x)?.reshape(&[b, t, hkv, d])?.swap_axes(1, 2)?;
         let v = self.v_proj.forward(x)?.reshape(&[b, t, hkv, d])?.swap_axes(1, 2)?;
-        let past = cache.len();
-        let (keys, values) = cache.append(&k, &v)?;
-        let kv_len = past + t as usize;
         let scale = (d as f32).powf(-0.5);
-
-        let o = if kv_len < self.cfg.dense_len {
-            let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
-            fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?
-        } else {
-            self.sparse_attention(&q, &keys, &values, cache, past, layer, trace)?
-        };
+        let o = per_sequence(&[&q, &k, &v], caches, |qkv, cache| {
+            let past = cache.len();
+            let (keys, values) = cache.append(&qkv[1], &qkv[2])?;
+            if past + (t as usize) < self.cfg.dense_len {
+                let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
+                Ok(fast::scaled_dot_product_attention(&qkv[0], &keys, &values, scale, mask, None)?)
+            } else {
+                self.sparse_attention(&qkv[0], &keys, &values, cache, past, layer, trace.as_deref_mut())
+            }
+        })?;
         let mut o = o.swap_axes(1, 2)?.reshape(&[b, t, hq * d])?;
         if let Some(gate) = &self.o_gate {
             o = sigmoid_gate(&o, &gate.forward(x)?)?;
