@@ -22,7 +22,7 @@ pub fn run(args: PullArgs) -> anyhow::Result<()> {
     if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         bars.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let pulled = pull(&reference, &bars)?;
+    let pulled = pull(&reference, &bars, Default::default())?;
     eprintln!(
         "{}@{}: {} files, {} ({} already here, all verified) in {}",
         reference.repo,

@@ -15,4 +15,5 @@ pub mod sampler;
 pub mod session;
 pub mod source;
 pub mod tokenizer;
+pub mod tools;
 pub mod weights;

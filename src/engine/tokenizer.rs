@@ -14,11 +14,17 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// An assistant's function calls (OpenAI objects, arguments as JSON objects for templates).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+    /// Which call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
     pub fn new(role: &str, content: &str) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self { role: role.into(), content: content.into(), tool_calls: None, tool_call_id: None }
     }
 }
 
@@ -155,6 +161,21 @@ impl TextTokenizer {
 
     /// Renders the chat prompt. `enable_thinking` is passed to templates that understand it.
     pub fn apply_chat_template(&self, messages: &[Message], enable_thinking: bool) -> Result<String> {
+        self.apply_chat_template_with_tools(messages, &[], enable_thinking)
+    }
+
+    /// Renders the chat prompt offering `tools` (OpenAI tool objects): through the template when it
+    /// handles tools, else written into the messages ([`super::tools::plain_template_messages`]).
+    pub fn apply_chat_template_with_tools(&self, messages: &[Message], tools: &[Value], enable_thinking: bool) -> Result<String> {
+        let template_knows_tools = self.chat_template.contains("tools");
+        let rewritten;
+        let messages = if template_knows_tools || (tools.is_empty() && messages.iter().all(|m| m.tool_calls.is_none() && m.role != "tool")) {
+            messages
+        } else {
+            rewritten = super::tools::plain_template_messages(messages, tools);
+            &rewritten
+        };
+        let tools = (template_knows_tools && !tools.is_empty()).then_some(tools);
         let mut env = minijinja::Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -168,6 +189,7 @@ impl TextTokenizer {
             bos_token => self.bos.as_ref().map(|(_, t)| t.clone()).unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
             enable_thinking => enable_thinking,
+            tools => tools.map(|t| minijinja::Value::from(minijinja::value::Serde(t))),
         };
         env.get_template("chat")
             .and_then(|t| t.render(context))
@@ -209,13 +231,21 @@ impl StreamDecoder {
     }
 }
 
-/// Hides `<think>…</think>` from streamed text, also when a tag is split across pieces.
+/// Separates `<think>…</think>` reasoning from the answer in streamed text, also when a tag is
+/// split across pieces.
 #[derive(Default)]
 pub struct ThinkFilter {
     inside: bool,
     pending: String,
     /// After a closing tag, leading whitespace of the answer is dropped.
     trim_next: bool,
+}
+
+/// What a piece of streamed text adds to the reasoning and to the answer.
+#[derive(Debug, Default, PartialEq)]
+pub struct ThinkSplit {
+    pub reasoning: String,
+    pub answer: String,
 }
 
 impl ThinkFilter {
@@ -232,15 +262,19 @@ impl ThinkFilter {
         Self::new(prompt.trim_end().ends_with(Self::OPEN))
     }
 
+    /// The answer text only (reasoning hidden).
     pub fn push(&mut self, text: &str) -> String {
+        self.split(text).answer
+    }
+
+    pub fn split(&mut self, text: &str) -> ThinkSplit {
         self.pending.push_str(text);
-        let mut out = String::new();
+        let mut out = ThinkSplit::default();
         loop {
             let tag = if self.inside { Self::CLOSE } else { Self::OPEN };
             if let Some(at) = self.pending.find(tag) {
-                if !self.inside {
-                    out.push_str(&self.pending[..at]);
-                }
+                let part = if self.inside { &mut out.reasoning } else { &mut out.answer };
+                part.push_str(&self.pending[..at]);
                 self.pending.drain(..at + tag.len());
                 self.inside = !self.inside;
                 self.trim_next = !self.inside;
@@ -252,34 +286,41 @@ impl ThinkFilter {
                 .find(|&n| self.pending.len() >= n && self.pending.is_char_boundary(self.pending.len() - n) && tag.starts_with(&self.pending[self.pending.len() - n..]))
                 .unwrap_or(0);
             let release: String = self.pending.drain(..self.pending.len() - keep).collect();
-            if !self.inside {
-                out.push_str(&release);
+            if self.inside {
+                out.reasoning.push_str(&release);
+            } else {
+                out.answer.push_str(&release);
             }
             break;
         }
         if self.trim_next {
-            let trimmed = out.trim_start();
+            let trimmed = out.answer.trim_start();
             if !trimmed.is_empty() {
                 self.trim_next = false;
             }
-            return trimmed.to_string();
+            out.answer = trimmed.to_string();
         }
         out
     }
 
+    /// The answer text still held back.
     pub fn finish(&mut self) -> String {
+        self.finish_split().answer
+    }
+
+    pub fn finish_split(&mut self) -> ThinkSplit {
         let rest = std::mem::take(&mut self.pending);
         if self.inside {
-            String::new()
+            ThinkSplit { reasoning: rest, answer: String::new() }
         } else {
-            rest
+            ThinkSplit { reasoning: String::new(), answer: rest }
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::ThinkFilter;
+    use super::{ThinkFilter, ThinkSplit};
 
     fn run(pieces: &[&str], inside: bool) -> String {
         let mut f = ThinkFilter::new(inside);
@@ -301,6 +342,20 @@ mod tests {
         let chars: Vec<String> = text.chars().map(String::from).collect();
         let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
         assert_eq!(run(&pieces, false), want);
+    }
+
+    #[test]
+    fn keeps_the_reasoning_apart() {
+        let text = "<think>\nplan the answer\n</think>\n\nParis.";
+        for cut in 1..text.len() {
+            let mut f = ThinkFilter::new(false);
+            let (a, b, c) = (f.split(&text[..cut]), f.split(&text[cut..]), f.finish_split());
+            let reasoning = [a.reasoning, b.reasoning, c.reasoning].concat();
+            let answer = [a.answer, b.answer, c.answer].concat();
+            assert_eq!((reasoning.as_str(), answer.as_str()), ("\nplan the answer\n", "Paris."), "cut at {cut}");
+        }
+        let mut f = ThinkFilter::new(true);
+        assert_eq!(f.split("unfinished"), ThinkSplit { reasoning: "unfinished".into(), answer: String::new() });
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! (`/health` answers 503 until it is ready) on the worker thread that then serves every request
 //! ([`scheduler`]). Errors follow OpenAI's schema: `{"error": {"message", "type", "param", "code"}}`.
 
+pub mod answer;
+pub mod models;
 pub mod openai;
 pub mod scheduler;
 
@@ -13,6 +15,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use answer::AnswerParser;
 use openai::{ApiError, ChatRequest};
 use scheduler::{Event, Job};
 use serde_json::json;
@@ -30,6 +33,9 @@ pub struct Ready {
 
 pub struct AppState {
     pub model_id: String,
+    /// Where the served model is (a store name resolved to its snapshot).
+    pub model_path: std::path::PathBuf,
+    pub downloads: Mutex<Vec<Arc<models::Download>>>,
     pub api_key: Option<String>,
     pub ready: OnceLock<Ready>,
     pub load_error: OnceLock<String>,
@@ -54,6 +60,8 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
     };
     let state = Arc::new(AppState {
         model_id: path.display().to_string(),
+        model_path: crate::store::cache::resolve(&path).unwrap_or_else(|_| path.clone()),
+        downloads: Mutex::new(Vec::new()),
         api_key,
         ready: OnceLock::new(),
         load_error: OnceLock::new(),
@@ -84,9 +92,14 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
 
     let app = Router::new()
         .route("/health", get(health))
-        .route("/v1/models", get(models))
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/download", post(models::download).get(models::downloads))
+        .route("/v1/models/{*id}", axum::routing::delete(models::delete))
         .route("/v1/chat/completions", post(chat_completions))
         .fallback(|| async { ApiError::not_found("no such endpoint").into_response() })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed", None, "this endpoint does not take that method").into_response()
+        })
         .with_state(state);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
@@ -101,7 +114,7 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
     })
 }
 
-fn authorized(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn authorized(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &state.api_key else { return Ok(()) };
     let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
     if given == Some(key.as_str()) {
@@ -121,17 +134,6 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorized(&state, &headers) {
-        return e.into_response();
-    }
-    let data = json!([{
-        "id": state.model_id, "object": "model", "created": 0, "owned_by": "sala",
-        "loaded": state.ready.get().is_some(),
-    }]);
-    Json(json!({"object": "list", "data": data})).into_response()
-}
-
 async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Response {
     match chat(state, headers, body).await {
         Ok(r) => r,
@@ -148,10 +150,15 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
     let Some(ready) = state.ready.get() else {
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_loading", None, "the model is still loading; retry shortly (GET /health says when it is ready)"));
     };
-    let prompt_text = ready
+    let mut prompt_text = ready
         .tokenizer
-        .apply_chat_template(&request.messages, request.enable_thinking)
+        .apply_chat_template_with_tools(&request.messages, &request.tools, request.enable_thinking)
         .map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
+    // tool_choice required/named: the answer is started as a call, so the model has to make one.
+    let forced = if request.tools.is_empty() { String::new() } else { request.tool_choice.forced_prefix() };
+    prompt_text.push_str(&forced);
+    let tool_names = (!request.tools.is_empty()).then(|| openai::tool_names(&request.tools)).transpose()?;
+    let parser = AnswerParser::new(&prompt_text, tool_names, &forced, request.parallel_tool_calls);
     let prompt = ready.tokenizer.encode(&prompt_text).map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
     let max_tokens = request.max_tokens.unwrap_or(state.default_max_tokens.min(ready.max_context.saturating_sub(prompt.len())).max(1));
     if prompt.len() + max_tokens > ready.max_context {
@@ -169,7 +176,12 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
         ));
     }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let job = Job { prompt, sampling: request.sampling.clone(), max_tokens, stop: request.stop.clone(), events: tx };
+    let mut stop = request.stop.clone();
+    if !request.tools.is_empty() && matches!(request.tool_choice, openai::ToolChoice::Function(_)) {
+        // One named call is all that was asked for: end the answer when it is complete.
+        stop.push(crate::engine::tools::CALL_CLOSE.to_string());
+    }
+    let job = Job { prompt, sampling: request.sampling.clone(), max_tokens, stop, events: tx };
     ready
         .jobs
         .lock()
@@ -181,18 +193,39 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
     if request.stream {
         let model = state.model_id.clone();
         let include_usage = request.include_usage;
-        let stream = async_stream(id, created, model, include_usage, rx);
+        let stream = async_stream(id, created, model, include_usage, parser, rx);
         return Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response());
     }
-    let mut text = String::new();
+    let mut parser = parser;
+    let (mut reasoning, mut content) = (String::new(), String::new());
     while let Some(event) = rx.recv().await {
         match event {
-            Event::Text(t) => text.push_str(&t),
+            Event::Text(t) => {
+                let d = parser.push(&t);
+                reasoning.push_str(&d.reasoning);
+                content.push_str(&d.content);
+            }
             Event::Error(e) => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "generation_failed", None, &e)),
             Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
+                let (d, calls) = parser.finish();
+                reasoning.push_str(&d.reasoning);
+                content.push_str(&d.content);
+                let mut message = json!({"role": "assistant", "content": content});
+                if !reasoning.trim().is_empty() {
+                    message["reasoning_content"] = json!(reasoning.trim());
+                }
+                let finish_reason = if calls.is_empty() {
+                    finish_reason
+                } else {
+                    if content.is_empty() {
+                        message["content"] = serde_json::Value::Null;
+                    }
+                    message["tool_calls"] = answer::tool_calls_json(&calls, false);
+                    "tool_calls"
+                };
                 return Ok(Json(json!({
                     "id": id, "object": "chat.completion", "created": created, "model": state.model_id,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}],
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
                     "usage": openai::usage(prompt_tokens, completion_tokens),
                 }))
                 .into_response());
@@ -210,6 +243,7 @@ fn async_stream(
     created: u64,
     model: String,
     include_usage: bool,
+    mut parser: AnswerParser,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) -> impl tokio_stream::Stream<Item = Result<SseEvent, std::convert::Infallible>> {
     let (out, out_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -224,12 +258,22 @@ fn async_stream(
         }
         while let Some(event) = rx.recv().await {
             let more = match event {
-                Event::Text(t) => send(chunk(json!({"content": t}), None)),
+                Event::Text(t) => parser.push(&t).chunks().into_iter().all(|delta| send(chunk(delta, None))),
                 Event::Error(e) => {
                     send(json!({"error": {"message": e, "type": "server_error", "param": null, "code": "generation_failed"}}));
                     false
                 }
                 Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
+                    let (rest, calls) = parser.finish();
+                    for delta in rest.chunks() {
+                        send(chunk(delta, None));
+                    }
+                    let finish_reason = if calls.is_empty() {
+                        finish_reason
+                    } else {
+                        send(chunk(json!({"tool_calls": answer::tool_calls_json(&calls, true)}), None));
+                        "tool_calls"
+                    };
                     send(chunk(json!({}), Some(finish_reason)));
                     if include_usage {
                         let mut last = chunk(json!({}), None);

@@ -49,6 +49,55 @@ pub struct ChatRequest {
     pub stream: bool,
     pub include_usage: bool,
     pub enable_thinking: bool,
+    /// The offered functions (OpenAI tool objects); empty with `tool_choice: "none"`.
+    pub tools: Vec<Value>,
+    pub tool_choice: ToolChoice,
+    pub parallel_tool_calls: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolChoice {
+    /// The model may answer or call.
+    Auto,
+    /// The model must call one of the tools.
+    Required,
+    /// The model must call this one.
+    Function(String),
+}
+
+impl ToolChoice {
+    /// What the answer is started with to make the model call (appended to the prompt).
+    pub fn forced_prefix(&self) -> String {
+        use crate::engine::tools::CALL_OPEN;
+        match self {
+            ToolChoice::Auto => String::new(),
+            ToolChoice::Required => format!("{CALL_OPEN}\n{{\"name\": \""),
+            ToolChoice::Function(name) => format!("{CALL_OPEN}\n{{\"name\": {}, \"arguments\": ", Value::String(name.clone())),
+        }
+    }
+}
+
+/// The names of the functions in `tools`, each checked.
+pub fn tool_names(tools: &[Value]) -> Result<Vec<String>, ApiError> {
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| {
+            let param = format!("tools[{i}]");
+            if tool.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(wrong(&format!("{param}.type"), "\"function\""));
+            }
+            let function = tool.get("function").and_then(Value::as_object).ok_or_else(|| wrong(&format!("{param}.function"), "an object"))?;
+            let name = function.get("name").and_then(Value::as_str).unwrap_or_default();
+            if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                return Err(wrong(&format!("{param}.function.name"), "1 to 64 letters, digits, underscores or dashes"));
+            }
+            if function.get("parameters").is_some_and(|p| !p.is_object()) {
+                return Err(wrong(&format!("{param}.function.parameters"), "a JSON Schema object"));
+            }
+            Ok(name.to_string())
+        })
+        .collect()
 }
 
 fn wrong(param: &str, expected: &str) -> ApiError {
@@ -104,9 +153,35 @@ impl ChatRequest {
             }
             Some(_) => return Err(wrong("model", "a string")),
         }
-        if obj.get("tools").is_some_and(|t| !t.is_null()) {
-            return Err(ApiError::bad_request("tools", "tool calling is not supported by this server yet"));
+        let tools = match obj.get("tools") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(tools)) => tools.clone(),
+            Some(_) => return Err(wrong("tools", "a list of tools")),
+        };
+        let names = tool_names(&tools)?;
+        let tool_choice = match obj.get("tool_choice") {
+            None | Some(Value::Null) => Some(ToolChoice::Auto),
+            Some(Value::String(s)) if s == "none" => None,
+            Some(Value::String(s)) if s == "auto" => Some(ToolChoice::Auto),
+            Some(Value::String(s)) if s == "required" => Some(ToolChoice::Required),
+            Some(Value::Object(o)) => {
+                let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
+                match name {
+                    Some(name) if names.iter().any(|n| n == name) => Some(ToolChoice::Function(name.to_string())),
+                    Some(name) => return Err(ApiError::bad_request("tool_choice", &format!("`tool_choice` names `{name}`, which is not in `tools`"))),
+                    None => return Err(wrong("tool_choice", "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}")),
+                }
+            }
+            Some(_) => return Err(wrong("tool_choice", "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}")),
+        };
+        if tools.is_empty() && matches!(tool_choice, Some(ToolChoice::Required | ToolChoice::Function(_))) {
+            return Err(ApiError::bad_request("tool_choice", "`tool_choice` asks for a tool call but no `tools` are given"));
         }
+        let parallel_tool_calls = boolean(obj, "parallel_tool_calls")?.unwrap_or(true);
+        let (tools, tool_choice) = match tool_choice {
+            Some(choice) => (tools, choice),
+            None => (Vec::new(), ToolChoice::Auto),
+        };
         if let Some(n) = integer(obj, "n", 1)? {
             if n != 1 {
                 return Err(ApiError::bad_request("n", "only n = 1 is supported"));
@@ -171,7 +246,18 @@ impl ChatRequest {
             ..Default::default()
         };
         sampling.validate().map_err(|m| ApiError::bad_request("sampling", &m))?;
-        Ok(Self { messages, sampling, max_tokens: max_tokens.map(|n| n as usize), stop, stream, include_usage, enable_thinking })
+        Ok(Self {
+            messages,
+            sampling,
+            max_tokens: max_tokens.map(|n| n as usize),
+            stop,
+            stream,
+            include_usage,
+            enable_thinking,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+        })
     }
 }
 
@@ -204,9 +290,50 @@ fn parse_messages(value: Option<&Value>) -> Result<Vec<Message>, ApiError> {
                     .join(""),
                 Some(_) => return Err(wrong(&format!("{param}.content"), "a string or a list of text parts")),
             };
-            Ok(Message::new(role, &content))
+            let mut message = Message::new(role, &content);
+            if role == "assistant" {
+                message.tool_calls = parse_tool_calls(obj.get("tool_calls"), &param)?;
+            }
+            if role == "tool" {
+                match obj.get("tool_call_id") {
+                    None | Some(Value::Null) => {}
+                    Some(Value::String(id)) => message.tool_call_id = Some(id.clone()),
+                    Some(_) => return Err(wrong(&format!("{param}.tool_call_id"), "a string")),
+                }
+            }
+            Ok(message)
         })
         .collect()
+}
+
+/// An assistant message's earlier calls, with each `arguments` string turned back into the object
+/// it holds (chat templates expect objects).
+fn parse_tool_calls(value: Option<&Value>, param: &str) -> Result<Option<Vec<Value>>, ApiError> {
+    let items = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(items)) => items,
+        Some(_) => return Err(wrong(&format!("{param}.tool_calls"), "a list of tool calls")),
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(j, call)| {
+            let p = format!("{param}.tool_calls[{j}]");
+            let function = call.get("function").ok_or_else(|| wrong(&format!("{p}.function"), "an object with name and arguments"))?;
+            let name = function.get("name").and_then(Value::as_str).ok_or_else(|| wrong(&format!("{p}.function.name"), "a string"))?;
+            let arguments = match function.get("arguments") {
+                None | Some(Value::Null) => json!({}),
+                Some(Value::String(s)) => serde_json::from_str::<Value>(s)
+                    .ok()
+                    .filter(Value::is_object)
+                    .ok_or_else(|| wrong(&format!("{p}.function.arguments"), "a JSON object encoded as a string"))?,
+                Some(v @ Value::Object(_)) => v.clone(),
+                Some(_) => return Err(wrong(&format!("{p}.function.arguments"), "a JSON object encoded as a string")),
+            };
+            Ok(json!({"id": call.get("id"), "type": "function", "function": {"name": name, "arguments": arguments}}))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
 }
 
 pub fn usage(prompt: usize, completion: usize) -> Value {

@@ -12,6 +12,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// The repository `sala pull` fetches when none is named.
 pub const DEFAULT_REPO: &str = "moxin-org/MiniCPM4-SALA-9B-8bit-mlx";
@@ -42,8 +44,17 @@ fn hub_error(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Usage(format!("{what}: {e}"))
 }
 
-/// A per-file progress bar (bytes, rate, ETA) in `bars`.
-struct FileBar(indicatif::ProgressBar);
+/// Counters another thread can watch while a pull runs (the server's download status).
+#[derive(Debug, Default)]
+pub struct PullProgress {
+    pub total_bytes: AtomicU64,
+    pub done_bytes: AtomicU64,
+    pub files_total: AtomicUsize,
+    pub files_done: AtomicUsize,
+}
+
+/// A per-file progress bar (bytes, rate, ETA) in `bars`, mirrored into the counters.
+struct FileBar(indicatif::ProgressBar, Arc<PullProgress>);
 
 impl hf_hub::api::Progress for FileBar {
     fn init(&mut self, size: usize, filename: &str) {
@@ -52,11 +63,12 @@ impl hf_hub::api::Progress for FileBar {
     }
     fn update(&mut self, size: usize) {
         self.0.inc(size as u64);
+        self.1.done_bytes.fetch_add(size as u64, Ordering::Relaxed);
     }
     fn finish(&mut self) {}
 }
 
-pub fn pull(reference: &ModelRef, bars: &indicatif::MultiProgress) -> Result<Pulled> {
+pub fn pull(reference: &ModelRef, bars: &indicatif::MultiProgress, progress: Arc<PullProgress>) -> Result<Pulled> {
     let cache = cache_dir();
     if offline() {
         let snapshot = reference.snapshot(&cache).ok_or_else(|| {
@@ -73,6 +85,8 @@ pub fn pull(reference: &ModelRef, bars: &indicatif::MultiProgress) -> Result<Pul
     let (commit, files) = list_files(&repo, reference)?;
     let snapshot = reference.repo_dir(&cache).join("snapshots").join(&commit);
     let mut pulled = Pulled { snapshot: snapshot.clone(), files: files.len(), bytes: 0, reused: 0 };
+    progress.files_total.store(files.len(), Ordering::Relaxed);
+    progress.total_bytes.store(files.iter().filter_map(|f| f.size).sum(), Ordering::Relaxed);
     for file in &files {
         if !safe_name(&file.name) {
             return Err(hub_error(&reference.repo, format!("the hub lists a file `{}` that is not a safe relative path", file.name)));
@@ -81,15 +95,19 @@ pub fn pull(reference: &ModelRef, bars: &indicatif::MultiProgress) -> Result<Pul
         if local.is_file() && verify(&local, file).is_ok() {
             pulled.reused += 1;
             pulled.bytes += file.size.unwrap_or(0);
+            progress.done_bytes.fetch_add(file.size.unwrap_or(0), Ordering::Relaxed);
+            progress.files_done.fetch_add(1, Ordering::Relaxed);
             continue;
         }
         let style = indicatif::ProgressStyle::with_template("{msg:30!} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .expect("valid template");
         let mut attempt = 0;
+        let done_before = progress.done_bytes.load(Ordering::Relaxed);
         loop {
+            progress.done_bytes.store(done_before, Ordering::Relaxed);
             let bar = bars.add(indicatif::ProgressBar::new(file.size.unwrap_or(0)).with_style(style.clone()));
             let path = repo
-                .download_with_progress(&file.name, FileBar(bar.clone()))
+                .download_with_progress(&file.name, FileBar(bar.clone(), progress.clone()))
                 .map_err(|e| hub_error(&format!("downloading {}/{}", reference.repo, file.name), e))?;
             bar.finish_and_clear();
             match verify(&path, file) {
@@ -107,6 +125,9 @@ pub fn pull(reference: &ModelRef, bars: &indicatif::MultiProgress) -> Result<Pul
             }
         }
         pulled.bytes += file.size.unwrap_or(0);
+        // A resumed download counts the bytes it had already.
+        progress.done_bytes.store(done_before + file.size.unwrap_or(0), Ordering::Relaxed);
+        progress.files_done.fetch_add(1, Ordering::Relaxed);
     }
     Ok(pulled)
 }

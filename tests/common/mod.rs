@@ -1,6 +1,8 @@
 //! Shared helpers for the integration tests: paths into ../shared and safetensors reading.
 #![allow(dead_code)]
 
+pub mod hub;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 

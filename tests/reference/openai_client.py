@@ -44,12 +44,43 @@ check("max_tokens", r.usage.completion_tokens == 3 and r.choices[0].finish_reaso
 r = client.chat.completions.create(model=model, messages=question, temperature=0, logit_bias={"504": -100}, max_tokens=8)
 check("logit_bias", not r.choices[0].message.content.startswith("The capital"), r.choices[0].message.content)
 
+# Tools round trip: a forced call comes back parsed into tool_calls (also streamed), the tool's
+# result goes back in, and the model answers in text.
+weather = [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+named = {"type": "function", "function": {"name": "get_weather"}}
+r = client.chat.completions.create(model=model, messages=ask, temperature=0, max_tokens=60, tools=weather, tool_choice=named)
+m = r.choices[0].message
+check("tool call parsed", r.choices[0].finish_reason == "tool_calls" and m.content is None and len(m.tool_calls) == 1
+      and m.tool_calls[0].function.name == "get_weather" and m.tool_calls[0].id.startswith("call_"), str(r))
+arguments = json.loads(m.tool_calls[0].function.arguments)
+check("tool call arguments are a JSON object", isinstance(arguments, dict), m.tool_calls[0].function.arguments)
+chunks = list(client.chat.completions.create(model=model, messages=ask, temperature=0, max_tokens=60, tools=weather, tool_choice=named, stream=True))
+deltas = [c.choices[0].delta for c in chunks if c.choices]
+streamed = [t for d in deltas for t in (d.tool_calls or [])]
+check("streamed tool call", len(streamed) == 1 and streamed[0].function.name == "get_weather"
+      and json.loads(streamed[0].function.arguments) == arguments and chunks[-1].choices[0].finish_reason == "tool_calls", str(streamed))
+followup = ask + [
+    {"role": "assistant", "content": None, "tool_calls": [{"id": m.tool_calls[0].id, "type": "function",
+     "function": {"name": "get_weather", "arguments": m.tool_calls[0].function.arguments}}]},
+    {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": json.dumps({"city": "Paris", "temperature_c": 21, "sky": "sunny"})},
+]
+r = client.chat.completions.create(model=model, messages=followup, temperature=0, max_tokens=40, tools=weather)
+check("answer after the tool result", r.choices[0].finish_reason in ("stop", "length") and r.choices[0].message.content
+      and not r.choices[0].message.tool_calls and r.usage.prompt_tokens > 150, repr(r.choices[0].message.content))
+r = client.chat.completions.create(model=model, messages=ask, temperature=0, max_tokens=20, tools=weather, tool_choice="none")
+check("tool_choice none", not r.choices[0].message.tool_calls and r.choices[0].message.content, str(r.choices[0].message))
+
 # Errors arrive in OpenAI's schema with the right status.
 for name, kwargs, status in [
     ("unknown model", dict(model="nope", messages=question), 404),
     ("bad temperature", dict(model=model, messages=question, temperature="hot"), 400),
     ("too many stops", dict(model=model, messages=question, stop=["a", "b", "c", "d", "e"]), 400),
     ("context overflow", dict(model=model, messages=question, max_tokens=10**7), 400),
+    ("tool_choice names no tool", dict(model=model, messages=question, tools=weather, tool_choice={"type": "function", "function": {"name": "nope"}}), 400),
+    ("tool without a name", dict(model=model, messages=question, tools=[{"type": "function", "function": {}}]), 400),
+    ("tool_choice without tools", dict(model=model, messages=question, tool_choice="required"), 400),
 ]:
     try:
         client.chat.completions.create(**kwargs)

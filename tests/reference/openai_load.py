@@ -1,8 +1,9 @@
 """Load and fuzz for `sala serve` (tests/serve.rs).
 
-usage: openai_load.py BASE_URL API_KEY CLIENTS SECONDS
-1. CLIENTS threads stream chat completions back to back for SECONDS; every request must finish
-   with a finish_reason and no error. Prints requests, tokens/s and latency percentiles.
+usage: openai_load.py BASE_URL API_KEY CLIENTS SECONDS [MAX_TOKENS [--load-only]]
+1. CLIENTS threads stream chat completions (MAX_TOKENS each, default 16) back to back for SECONDS;
+   every request must finish with a finish_reason and no error. Prints requests, tokens/s and
+   latency percentiles (eval/serve-load.sh uses this part alone).
 2. A bounded fuzz: 300 malformed or mutated requests; every answer must be JSON (an OpenAI error
    for 4xx), and the server must still answer correctly afterwards.
 """
@@ -17,6 +18,8 @@ import urllib.request
 import openai
 
 base, key, clients, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+max_tokens = int(sys.argv[5]) if len(sys.argv) > 5 else 16
+load_only = "--load-only" in sys.argv[6:]
 client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=600)
 model = client.models.list().data[0].id
 prompts = ["What is the capital of France?", "Name a color.", "Say hello.", "What is 2 + 2?"]
@@ -32,7 +35,7 @@ def worker(i):
         usage = None
         stream = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": prompts[(i + done) % len(prompts)]}],
-            stream=True, max_tokens=4, stream_options={"include_usage": True})
+            stream=True, max_tokens=max_tokens, stream_options={"include_usage": True})
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content and first is None:
                 first = time.time() - start
@@ -59,7 +62,9 @@ lat = sorted(x for r in results for x in r[2])
 ttft = sorted(x for r in results for x in r[3])
 pct = lambda v, p: v[min(len(v) - 1, int(p * len(v)))]
 print(f"load: {clients} clients, {elapsed:.0f} s: {requests} requests, 0 failed, {tokens / elapsed:.1f} generated tok/s, "
-      f"latency p50 {pct(lat, 0.5):.2f} s p95 {pct(lat, 0.95):.2f} s, first token p50 {pct(ttft, 0.5):.2f} s p95 {pct(ttft, 0.95):.2f} s")
+      f"latency p50 {pct(lat, 0.5):.2f} s p95 {pct(lat, 0.95):.2f} s, first token p50 {pct(ttft, 0.5):.2f} s p95 {pct(ttft, 0.95):.2f} s", flush=True)
+if load_only:
+    sys.exit(0)
 
 # Fuzz.
 rng = random.Random(0)

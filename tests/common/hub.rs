@@ -1,0 +1,198 @@
+//! A local server that speaks the HuggingFace hub's file protocol, for `sala pull` and the
+//! server's download endpoint: the repo API with `blobs=true`, `resolve` URLs answering with a
+//! redirect and the X-Repo-Commit / ETag / X-Linked-Etag / X-Linked-Size headers, a "CDN" serving
+//! Range requests — and faults on request: a connection cut mid-file, a corrupted byte.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+pub const COMMIT: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f9012345678";
+pub const REPO: &str = "test-org/tiny-sala";
+
+pub struct File {
+    pub name: &'static str,
+    pub data: Vec<u8>,
+    pub lfs: bool,
+}
+
+#[derive(Default)]
+pub struct Faults {
+    /// The first full download of these files stops halfway (connection closed).
+    pub cut_once: HashSet<&'static str>,
+    /// The first full download of these files has one byte flipped.
+    pub corrupt_once: HashSet<&'static str>,
+}
+
+#[derive(Default)]
+pub struct Log {
+    /// (file, first byte asked for) of every data request to the CDN.
+    pub data_requests: Vec<(String, u64)>,
+    pub authorization: Vec<String>,
+}
+
+pub struct Hub {
+    pub files: Vec<File>,
+    pub faults: Mutex<Faults>,
+    pub log: Mutex<Log>,
+    pub port: u16,
+}
+
+fn etag(f: &File) -> String {
+    if f.lfs { super::sha256_hex(&f.data) } else { super::sha256_hex(&f.data)[..40].to_string() }
+}
+
+impl Hub {
+    pub fn file(&self, name: &str) -> Option<&File> {
+        self.files.iter().find(|f| f.name == name)
+    }
+
+    fn handle(&self, mut stream: TcpStream) {
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line).is_err() {
+            return;
+        }
+        let mut range: Option<(u64, Option<u64>)> = None;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                break;
+            }
+            let (key, value) = line.split_once(':').unwrap_or(("", ""));
+            let value = value.trim();
+            match key.to_ascii_lowercase().as_str() {
+                "range" => {
+                    let spec = value.trim_start_matches("bytes=");
+                    let (a, b) = spec.split_once('-').unwrap();
+                    range = Some((a.parse().unwrap(), b.parse().ok()));
+                }
+                "authorization" => self.log.lock().unwrap().authorization.push(value.to_string()),
+                _ => {}
+            }
+        }
+        let path = request_line.split_whitespace().nth(1).unwrap_or("/").to_string();
+        let path = path.split('?').next().unwrap();
+        let send = |stream: &mut TcpStream, status: &str, headers: &[(String, String)], body: &[u8]| {
+            let mut head = format!("HTTP/1.1 {status}\r\nConnection: close\r\n");
+            for (k, v) in headers {
+                head.push_str(&format!("{k}: {v}\r\n"));
+            }
+            head.push_str("\r\n");
+            let _ = stream.write_all(head.as_bytes());
+            let _ = stream.write_all(body);
+        };
+        if path == format!("/api/models/{REPO}/revision/main") {
+            let siblings: Vec<serde_json::Value> = self
+                .files
+                .iter()
+                .map(|f| {
+                    let mut s = serde_json::json!({"rfilename": f.name, "size": f.data.len(), "blobId": etag(f)});
+                    if f.lfs {
+                        s["lfs"] = serde_json::json!({"sha256": super::sha256_hex(&f.data), "size": f.data.len(), "pointerSize": 134});
+                    }
+                    s
+                })
+                .collect();
+            let body = serde_json::json!({"id": REPO, "sha": COMMIT, "siblings": siblings}).to_string();
+            send(&mut stream, "200 OK", &[("Content-Type".into(), "application/json".into()), ("Content-Length".into(), body.len().to_string())], body.as_bytes());
+        } else if let Some(name) = path.strip_prefix(&format!("/{REPO}/resolve/main/")) {
+            let Some(f) = self.file(name) else { return send(&mut stream, "404 Not Found", &[("Content-Length".into(), "0".into())], b"") };
+            let mut headers = vec![
+                ("Location".to_string(), format!("http://127.0.0.1:{}/cdn/{name}", self.port)),
+                ("X-Repo-Commit".to_string(), COMMIT.to_string()),
+                ("ETag".to_string(), format!("\"{}\"", etag(f))),
+                ("Content-Length".to_string(), "0".to_string()),
+            ];
+            if f.lfs {
+                headers.push(("X-Linked-Etag".into(), format!("\"{}\"", super::sha256_hex(&f.data))));
+                headers.push(("X-Linked-Size".into(), f.data.len().to_string()));
+            }
+            send(&mut stream, "302 Found", &headers, b"");
+        } else if let Some(name) = path.strip_prefix("/cdn/") {
+            let Some(f) = self.file(name) else { return send(&mut stream, "404 Not Found", &[("Content-Length".into(), "0".into())], b"") };
+            let total = f.data.len() as u64;
+            let (start, end) = match range {
+                Some((a, b)) => (a, b.unwrap_or(total - 1).min(total - 1)),
+                None => (0, total - 1),
+            };
+            let probe = range == Some((0, Some(0)));
+            let mut body = f.data[start as usize..=end as usize].to_vec();
+            let mut cut = false;
+            if !probe {
+                self.log.lock().unwrap().data_requests.push((name.to_string(), start));
+                let mut faults = self.faults.lock().unwrap();
+                if start == 0 && faults.corrupt_once.remove(f.name) {
+                    let at = body.len() / 3;
+                    body[at] ^= 0x5a;
+                }
+                if start == 0 && faults.cut_once.remove(f.name) {
+                    cut = true;
+                }
+            }
+            let headers = vec![
+                ("Content-Range".to_string(), format!("bytes {start}-{end}/{total}")),
+                ("Content-Length".to_string(), (end + 1 - start).to_string()),
+                ("Accept-Ranges".to_string(), "bytes".to_string()),
+            ];
+            let status = if range.is_some() { "206 Partial Content" } else { "200 OK" };
+            if cut {
+                // Promise the whole body, send half, hang up.
+                send(&mut stream, status, &headers, &body[..body.len() / 2]);
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            } else {
+                send(&mut stream, status, &headers, &body);
+            }
+        } else {
+            send(&mut stream, "404 Not Found", &[("Content-Length".into(), "0".into())], b"");
+        }
+    }
+}
+
+pub fn start_hub(faults: Faults) -> Arc<Hub> {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let golden = super::golden("A_dense_f32");
+    let files = vec![
+        File { name: "config.json", data: std::fs::read(golden.join("config.json")).unwrap(), lfs: false },
+        File { name: "model.safetensors", data: std::fs::read(golden.join("model.safetensors")).unwrap(), lfs: true },
+        File { name: "extra/notes.bin", data: (0..200_000u32).flat_map(|i| (i * 7919).to_le_bytes()).collect(), lfs: true },
+    ];
+    let hub = Arc::new(Hub { files, faults: Mutex::new(faults), log: Mutex::new(Log::default()), port });
+    let server = hub.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let hub = server.clone();
+            std::thread::spawn(move || hub.handle(stream));
+        }
+    });
+    hub
+}
+
+/// Points a command at `hub` with the store in `cache` (and a token the hub records).
+pub fn hub_env<'a>(cmd: &'a mut Command, cache: &Path, hub: &Hub) -> &'a mut Command {
+    cmd.env("HF_HUB_CACHE", cache)
+        .env("HF_HOME", cache.join("hf-home"))
+        .env("HF_ENDPOINT", format!("http://127.0.0.1:{}", hub.port))
+        .env("HF_TOKEN", "test-token")
+        .env_remove("HF_HUB_OFFLINE")
+}
+
+pub fn sala(cache: &Path, hub: &Hub, args: &[&str], extra_env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sala"));
+    hub_env(&mut cmd, cache, hub).args(args);
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+pub fn temp_cache(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sala-pull-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
