@@ -1,5 +1,6 @@
-//! Continuous batching: decoding several sequences of different lengths in one batched forward
-//! gives the same tokens and logits as decoding each alone — for SALA (lightning states, dense and
+//! Continuous batching: decoding several sequences of different lengths in one batched forward,
+//! with prompts going in a chunk per round in between, gives the same tokens and logits as
+//! decoding each alone — for SALA (lightning states, dense and
 //! InfLLM-V2 sparse attention, a sequence crossing `dense_len` mid-batch) and for a dense Llama.
 
 mod common;
@@ -36,30 +37,33 @@ fn alone(model: &dyn LanguageModel, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, Vec<
         .collect()
 }
 
-/// All prompts decoded together, one batched forward per step. The prompts start at different
-/// rounds (the second joins one step late) to mimic requests arriving while others decode.
+/// All prompts decoded together the way the server does it: every round one prefill chunk (of
+/// 100 tokens, so prompts go in over many rounds) for the oldest prompt not yet in, then one
+/// batched forward for every sequence whose prompt is in.
 fn batched(model: &dyn LanguageModel, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
     let mut caches: Vec<ModelCache> = prompts.iter().map(|_| model.new_cache()).collect();
     let mut samplers: Vec<Sampler> = prompts.iter().map(|_| greedy()).collect();
-    let mut decodings: Vec<Decoding> = Vec::new();
+    let opts = GenerateOptions { prefill_step: 100, ..options() };
+    let mut decodings: Vec<Decoding> =
+        prompts.iter().zip(&caches).map(|(p, c)| Decoding::begin(model, c, p, &opts).unwrap()).collect();
     let mut rounds = 0;
     loop {
-        if decodings.len() < prompts.len() && (rounds != 1 || decodings.is_empty()) {
-            let i = decodings.len();
-            decodings.push(Decoding::start(model, &mut caches[i], &prompts[i], &options(), |_, _| {}).unwrap());
+        if let Some(i) = decodings.iter().position(|d| !d.is_prefilled()) {
+            decodings[i].prefill_step(model, &mut caches[i]).unwrap();
         }
         let mut steps: Vec<Step> = decodings
             .iter_mut()
             .zip(caches.iter_mut())
             .zip(samplers.iter_mut())
+            .filter(|((d, _), _)| d.is_prefilled())
             .map(|((decoding, cache), sampler)| Step { decoding, cache, sampler })
             .collect();
         let got = next_batch(model, &mut steps).unwrap();
         rounds += 1;
-        if decodings.len() == prompts.len() && got.iter().all(Option::is_none) {
+        if decodings.iter().all(Decoding::is_prefilled) && got.iter().all(Option::is_none) {
             break;
         }
-        assert!(rounds < 100, "batched decoding never finished");
+        assert!(rounds < 200, "batched decoding never finished");
     }
     decodings
         .into_iter()

@@ -102,6 +102,8 @@ pub struct Decoding {
     /// The last token sampled, not yet run through the model: it is fed at the next call, so the
     /// cache never holds a token the caller stopped on.
     pending: Option<u32>,
+    /// Prompt tokens run through the model so far.
+    prefilled: usize,
 }
 
 impl Decoding {
@@ -113,6 +115,17 @@ impl Decoding {
         opts: &GenerateOptions,
         mut on_prefill: impl FnMut(usize, usize),
     ) -> Result<Self> {
+        let mut decoding = Self::begin(model, cache, prompt, opts)?;
+        while !decoding.prefill_step(model, cache)? {
+            on_prefill(decoding.prefilled, prompt.len());
+        }
+        on_prefill(prompt.len(), prompt.len());
+        Ok(decoding)
+    }
+
+    /// Checks `prompt` against the model and the cache; the prompt then goes in through
+    /// [`Decoding::prefill_step`] (a caller can interleave those with other work).
+    pub fn begin(model: &dyn LanguageModel, cache: &ModelCache, prompt: &[u32], opts: &GenerateOptions) -> Result<Self> {
         let info = model.info();
         if prompt.is_empty() {
             return Err(Error::Usage("the prompt is empty: give at least one token".into()));
@@ -125,25 +138,38 @@ impl Decoding {
             return Err(Error::ContextOverflow { prompt_tokens: total, limit: info.max_context });
         }
         let _ = mlx_rs::memory::reset_peak_memory();
-        let start = Instant::now();
-        let mut last = None;
-        let step = opts.prefill_step.max(1);
-        for (i, chunk) in prompt.chunks(step).enumerate() {
-            last = Some(forward_eval(model, cache, chunk)?);
-            on_prefill((i * step + chunk.len()).min(prompt.len()), prompt.len());
-        }
-        let logits = to_vec_f32(&last.expect("prompt is not empty"))?;
-        let stats = Stats { prompt_tokens: prompt.len(), prompt_seconds: start.elapsed().as_secs_f64(), ..Default::default() };
-        let generation = Generation { tokens: Vec::new(), logits: Vec::new(), stop: StopReason::MaxTokens, stats };
+        let stats = Stats { prompt_tokens: prompt.len(), ..Default::default() };
         Ok(Self {
-            logits,
+            logits: Vec::new(),
             history: prompt.to_vec(),
-            generation,
+            generation: Generation { tokens: Vec::new(), logits: Vec::new(), stop: StopReason::MaxTokens, stats },
             opts: opts.clone(),
             started: Instant::now(),
             done: false,
             pending: None,
+            prefilled: 0,
         })
+    }
+
+    /// Runs the next `opts.prefill_step` prompt tokens; `true` once the whole prompt is in.
+    pub fn prefill_step(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache) -> Result<bool> {
+        let total = self.generation.stats.prompt_tokens;
+        if self.prefilled < total {
+            let start = Instant::now();
+            let end = (self.prefilled + self.opts.prefill_step.max(1)).min(total);
+            let logits = forward_eval(model, cache, &self.history[self.prefilled..end])?;
+            if end == total {
+                self.logits = to_vec_f32(&logits)?;
+                self.started = Instant::now();
+            }
+            self.prefilled = end;
+            self.generation.stats.prompt_seconds += start.elapsed().as_secs_f64();
+        }
+        Ok(self.is_prefilled())
+    }
+
+    pub fn is_prefilled(&self) -> bool {
+        self.prefilled == self.generation.stats.prompt_tokens
     }
 
     /// Runs the previous token through the model and samples the next; `None` once a stop
@@ -152,6 +178,9 @@ impl Decoding {
     pub fn next(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, sampler: &mut Sampler) -> Result<Option<u32>> {
         if self.done {
             return Ok(None);
+        }
+        if !self.is_prefilled() {
+            return Err(Error::Usage("Decoding::next before the prompt was prefilled".into()));
         }
         if let Some(previous) = self.pending.take() {
             self.logits = to_vec_f32(&forward_eval(model, cache, &[previous])?)?;

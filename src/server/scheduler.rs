@@ -1,7 +1,7 @@
 //! The worker that owns the model and serves every request (continuous batching): new requests
-//! are admitted between decode steps (up to `parallel` at once, the rest wait in order), and every
-//! round runs one batched forward that advances each active request by a token, whatever its
-//! length. A long answer never blocks a short one; a request whose client went away is dropped
+//! are admitted between decode steps (up to `parallel` at once, the rest wait in order), their
+//! prompts go in a chunk per round, and every round runs one batched forward that advances each
+//! request whose prompt is in by a token, whatever its length. A long answer never blocks a short one; a request whose client went away is dropped
 //! before the next round, freeing its slot and cache at once.
 
 use crate::engine::cache::ModelCache;
@@ -70,36 +70,52 @@ pub fn run(model: Box<dyn LanguageModel>, tokenizer: std::sync::Arc<TextTokenize
                 active.push(a);
             }
         }
-        if active.is_empty() {
+        // One prefill chunk per round (the oldest waiting prompt), so a long prompt delays the
+        // others' next tokens by a chunk at a time instead of all at once.
+        if let Some(i) = active.iter().position(|a| !a.decoding.is_prefilled()) {
+            let a = &mut active[i];
+            if let Err(e) = a.decoding.prefill_step(model, &mut a.cache) {
+                let _ = a.job.events.send(Event::Error(e.to_string()));
+                active.remove(i);
+            }
+        }
+        // One batched step for every request whose prompt is in.
+        let ready: Vec<usize> = (0..active.len()).filter(|&i| active[i].decoding.is_prefilled()).collect();
+        if ready.is_empty() {
             continue;
         }
-        // One batched step for every active request.
         let tokens = {
             let mut steps: Vec<Step> = active
                 .iter_mut()
+                .filter(|a| a.decoding.is_prefilled())
                 .map(|a| Step { decoding: &mut a.decoding, cache: &mut a.cache, sampler: &mut a.sampler })
                 .collect();
             next_batch(model, &mut steps)
         };
+        let mut keep = vec![true; active.len()];
         match tokens {
             Ok(tokens) => {
-                let mut tokens = tokens.into_iter();
-                active.retain_mut(|a| emit(model, &tokenizer, a, tokens.next().flatten()));
+                for (&i, token) in ready.iter().zip(tokens) {
+                    keep[i] = emit(model, &tokenizer, &mut active[i], token);
+                }
             }
             Err(e) => {
-                for a in active.drain(..) {
-                    let _ = a.job.events.send(Event::Error(e.to_string()));
+                for &i in &ready {
+                    let _ = active[i].job.events.send(Event::Error(e.to_string()));
+                    keep[i] = false;
                 }
             }
         }
+        let mut keep = keep.into_iter();
+        active.retain(|_| keep.next().unwrap_or(true));
     }
 }
 
-/// Prefills a request's prompt; `None` (after telling the client) when that fails.
+/// Checks a request's prompt; `None` (after telling the client) when it cannot run.
 fn admit(model: &dyn LanguageModel, job: Job, prefill_step: usize) -> Option<Active> {
-    let mut cache = model.new_cache();
+    let cache = model.new_cache();
     let opts = GenerateOptions { max_tokens: job.max_tokens, prefill_step, ..Default::default() };
-    match Decoding::start(model, &mut cache, &job.prompt, &opts, |_, _| {}) {
+    match Decoding::begin(model, &cache, &job.prompt, &opts) {
         Ok(decoding) => Some(Active {
             sampler: Sampler::new(job.sampling.clone()),
             job,
