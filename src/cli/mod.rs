@@ -1,5 +1,6 @@
 //! Command-line interface: one module per subcommand.
 
+pub mod bench;
 pub mod chat;
 pub mod list;
 pub mod pack;
@@ -49,6 +50,8 @@ pub enum Command {
     List(list::ListArgs),
     /// Delete a model from the store
     Rm(list::RmArgs),
+    /// Measure prompt and generation speed (llama-bench's test matrix)
+    Bench(bench::BenchArgs),
 }
 
 pub fn main() -> anyhow::Result<()> {
@@ -62,6 +65,7 @@ pub fn main() -> anyhow::Result<()> {
         Command::Pull(args) => pull::run(args),
         Command::List(args) => list::list(args),
         Command::Rm(args) => list::rm(args),
+        Command::Bench(args) => bench::run(args),
     }
 }
 
@@ -178,6 +182,11 @@ pub struct LoadedModel {
 }
 
 impl LoadedModel {
+    /// Bytes of the weights as loaded.
+    pub fn weights_bytes(&self) -> u64 {
+        self.weights_bytes
+    }
+
     /// Refuses when weights + a cache of `tokens` tokens will not fit in memory.
     pub fn check_fits(&self, tokens: usize) -> anyhow::Result<()> {
         check_fits(&self.path, &self.cfg, self.dtype, self.weights_bytes, self.window, tokens)

@@ -1,4 +1,6 @@
 //! Evaluation: comparisons and benchmarks, and the table/CSV writers they share.
 
+pub mod bench;
+pub mod bench_report;
 pub mod quant_report;
 pub mod report;

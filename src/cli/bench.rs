@@ -1,0 +1,122 @@
+//! `sala bench`: throughput on llama-bench's test matrix, for one model or several side by side.
+
+use super::{load, DeviceArg, DtypeArg, ModelArgs};
+use crate::engine::device::{self, DeviceKind};
+use crate::engine::weights::dtype_name;
+use crate::eval::bench::{run_test, BenchPlan, ModelMeta};
+use crate::eval::bench_report::{self, Format};
+use clap::Args;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+#[derive(Args)]
+#[command(after_help = "Examples:\n  sala bench -m model.gguf\n  sala bench -m sala-8bit -m qwen3-8b-8bit -p 512,4096 -n 128 -d 0,32768 -r 3\n  sala bench -m model -o csv --output-file results.csv      # appends")]
+pub struct BenchArgs {
+    /// Model to measure; repeat to compare several side by side
+    #[arg(long = "model", short = 'm', required = true)]
+    pub models: Vec<PathBuf>,
+    /// Prompt-processing tests: prompt lengths (comma-separated; 0 = none)
+    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    pub prompts: Vec<usize>,
+    /// Generation tests: tokens to generate (comma-separated; 0 = none)
+    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
+    pub generations: Vec<usize>,
+    /// Tokens already in the cache before each test (comma-separated)
+    #[arg(short = 'd', long = "n-depth", value_delimiter = ',', default_value = "0")]
+    pub depths: Vec<usize>,
+    /// Timed runs per test (after one warm-up run)
+    #[arg(short = 'r', long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repetitions: u32,
+    /// Output format
+    #[arg(short = 'o', long, value_enum, default_value = "md")]
+    pub output: Format,
+    /// Append the results to this file (in the --output format) and print the table
+    #[arg(long)]
+    pub output_file: Option<PathBuf>,
+    /// Device to run on (default: the GPU when MLX has one)
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceArg>,
+    /// Compute dtype (default: the checkpoint's on a GPU, f32 on the CPU)
+    #[arg(long, value_enum)]
+    pub dtype: Option<DtypeArg>,
+    /// Prompt tokens per forward pass (llama-bench's n_batch)
+    #[arg(long, default_value_t = 2048)]
+    pub prefill_step: usize,
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let plan = BenchPlan {
+        prompts: args.prompts.clone(),
+        generations: args.generations.clone(),
+        depths: args.depths.clone(),
+        repetitions: args.repetitions as usize,
+        prefill_step: args.prefill_step.max(1),
+    };
+    let tests = plan.tests();
+    if tests.is_empty() {
+        anyhow::bail!("nothing to measure: give -p and/or -n a length above 0");
+    }
+    let test_time = bench_report::iso8601(crate::server::openai::now());
+    let bar = indicatif::ProgressBar::new((args.models.len() * tests.len() * (plan.repetitions + 1)) as u64);
+    if std::io::stderr().is_terminal() {
+        bar.set_style(indicatif::ProgressStyle::with_template("bench {bar:40} {pos}/{len} runs, eta {eta} {msg}").expect("valid template"));
+    } else {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let mut rows = Vec::new();
+    for path in &args.models {
+        let model_args = ModelArgs {
+            model: Some(path.clone()),
+            device: args.device,
+            dtype: args.dtype,
+            prefill_step: plan.prefill_step,
+            context_size: None,
+            num_sink_tokens: None,
+        };
+        // Refuses up front when the deepest test will not fit in memory.
+        let loaded = load(&model_args, plan.max_tokens())?;
+        let info = loaded.model.info();
+        if plan.max_tokens() > info.max_context {
+            anyhow::bail!(
+                "{}: the deepest test needs {} tokens (depth + prompt/generation) but the model's context is {}; lower -d/-p/-n",
+                path.display(),
+                plan.max_tokens(),
+                info.max_context
+            );
+        }
+        let meta = ModelMeta {
+            model_filename: path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().to_string()),
+            model_type: info.model_type.clone(),
+            model_size: loaded.weights_bytes(),
+            n_params: info.n_params,
+            backend: match loaded.device {
+                DeviceKind::Cpu => "cpu".into(),
+                DeviceKind::Gpu => device::gpu_backend().unwrap_or("gpu").into(),
+            },
+            dtype: dtype_name(info.dtype).unwrap_or("?").to_ascii_lowercase(),
+        };
+        for &(test, depth) in &tests {
+            bar.set_message(format!("{} {:?} @ d{depth}", meta.model_filename, test));
+            rows.push(run_test(loaded.model.as_ref(), &meta, &plan, test, depth, || bar.inc(1))?);
+        }
+    }
+    bar.finish_and_clear();
+    let stdout = &mut std::io::stdout().lock();
+    if let Some(file) = &args.output_file {
+        bench_report::append(&rows, args.output, &test_time, file)?;
+        eprintln!("appended {} results to {}", rows.len(), file.display());
+    }
+    if args.output == Format::Md || args.output_file.is_some() {
+        if std::io::stdout().is_terminal() {
+            println!("{}", bench_report::table(&rows).table());
+            if let Some(c) = bench_report::comparison(&rows) {
+                println!("{}", c.table());
+            }
+        } else {
+            bench_report::write(&rows, Format::Md, &test_time, true, stdout)?;
+        }
+    } else {
+        bench_report::write(&rows, args.output, &test_time, true, stdout)?;
+    }
+    Ok(())
+}

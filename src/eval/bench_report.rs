@@ -1,0 +1,259 @@
+//! `sala bench` output: llama-bench's field names in CSV / JSON / JSONL, a markdown (or terminal)
+//! table, and a side-by-side table with ratios when several models ran. Files are appended to, so
+//! a CI job can keep one history file.
+
+use super::bench::BenchRow;
+use super::report::Report;
+use crate::store::memory::human;
+use anyhow::Context;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::Path;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Md,
+    Csv,
+    Json,
+    Jsonl,
+}
+
+/// The CSV columns, in order (llama-bench's names where it has one).
+pub const FIELDS: &[&str] = &[
+    "model_filename", "model_type", "model_size", "n_params", "backend", "dtype", "n_batch", "n_prompt", "n_gen", "n_depth",
+    "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts", "peak_mem",
+];
+
+fn join<T: ToString>(xs: &[T]) -> String {
+    xs.iter().map(ToString::to_string).collect::<Vec<_>>().join(" ")
+}
+
+/// One row as `FIELDS` → value.
+pub fn record(row: &BenchRow, test_time: &str) -> Vec<(&'static str, Value)> {
+    let m = &row.model;
+    let values = vec![
+        json!(m.model_filename), json!(m.model_type), json!(m.model_size), json!(m.n_params), json!(m.backend), json!(m.dtype),
+        json!(row.n_batch), json!(row.n_prompt()), json!(row.n_gen()), json!(row.depth), json!(test_time),
+        json!(row.avg_ns().round() as u64), json!(row.stddev_ns().round() as u64), json!(row.avg_ts()), json!(row.stddev_ts()),
+        json!(row.samples_ns), json!(row.samples_ts()), json!(row.peak_mem),
+    ];
+    FIELDS.iter().copied().zip(values).collect()
+}
+
+fn csv_cell(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(items) => join(&items.iter().map(|x| x.to_string()).collect::<Vec<_>>()),
+        other => other.to_string(),
+    }
+}
+
+/// `pp512 @ d4096`-style rows: model, size, params, backend, dtype, test, t/s (mean ± sd), peak memory.
+pub fn table(rows: &[BenchRow]) -> Report {
+    let mut report = Report::new(&["model", "size", "params", "backend", "dtype", "test", "t/s", "peak mem"]);
+    for r in rows {
+        report.push(vec![
+            r.model.model_filename.clone(),
+            human(r.model.model_size),
+            params(r.model.n_params),
+            r.model.backend.clone(),
+            r.model.dtype.clone(),
+            r.name(),
+            format!("{:.2} ± {:.2}", r.avg_ts(), r.stddev_ts()),
+            human(r.peak_mem),
+        ]);
+    }
+    report
+}
+
+fn params(n: usize) -> String {
+    if n >= 1_000_000_000 {
+        format!("{:.2} B", n as f64 / 1e9)
+    } else {
+        format!("{:.1} M", n as f64 / 1e6)
+    }
+}
+
+/// With several models: one row per test, each model's t/s side by side, and every model's ratio
+/// to the first.
+pub fn comparison(rows: &[BenchRow]) -> Option<Report> {
+    let mut models: Vec<&str> = Vec::new();
+    for r in rows {
+        if !models.contains(&r.model.model_filename.as_str()) {
+            models.push(&r.model.model_filename);
+        }
+    }
+    if models.len() < 2 {
+        return None;
+    }
+    let mut headers = vec!["test".to_string()];
+    headers.extend(models.iter().map(|m| format!("{m} t/s")));
+    headers.extend(models[1..].iter().map(|m| format!("{m} / {}", models[0])));
+    let mut tests: Vec<String> = Vec::new();
+    for r in rows {
+        if !tests.contains(&r.name()) {
+            tests.push(r.name());
+        }
+    }
+    let mut report = Report { headers, rows: Vec::new() };
+    for test in tests {
+        let speed = |m: &str| rows.iter().find(|r| r.model.model_filename == m && r.name() == test).map(BenchRow::avg_ts);
+        let speeds: Vec<Option<f64>> = models.iter().map(|m| speed(m)).collect();
+        let mut row = vec![test];
+        row.extend(speeds.iter().map(|s| s.map_or("—".into(), |v| format!("{v:.2}"))));
+        row.extend(speeds[1..].iter().map(|s| match (s, speeds[0]) {
+            (Some(s), Some(base)) if base > 0.0 => format!("{:.2}×", s / base),
+            _ => "—".into(),
+        }));
+        report.rows.push(row);
+    }
+    Some(report)
+}
+
+/// A markdown table (what `-o md` writes to a file or a pipe).
+pub fn markdown(report: &Report) -> String {
+    let mut out = format!("| {} |\n|", report.headers.join(" | "));
+    for i in 0..report.headers.len() {
+        out.push_str(if i == 0 { " --- |" } else { " ---: |" });
+    }
+    out.push('\n');
+    for row in &report.rows {
+        out.push_str(&format!("| {} |\n", row.join(" | ")));
+    }
+    out
+}
+
+/// Writes `rows` in `format` to `out`. For CSV the header is written only when `header` is set
+/// (a new or empty file).
+pub fn write(rows: &[BenchRow], format: Format, test_time: &str, header: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+    match format {
+        Format::Md => {
+            write!(out, "{}", markdown(&table(rows)))?;
+            if let Some(c) = comparison(rows) {
+                write!(out, "\n{}", markdown(&c))?;
+            }
+        }
+        Format::Csv => {
+            let mut w = csv::WriterBuilder::new().from_writer(out);
+            if header {
+                w.write_record(FIELDS)?;
+            }
+            for r in rows {
+                w.write_record(record(r, test_time).iter().map(|(_, v)| csv_cell(v)))?;
+            }
+            w.flush()?;
+        }
+        Format::Json | Format::Jsonl => {
+            let objects: Vec<Value> = rows.iter().map(|r| Value::Object(record(r, test_time).into_iter().map(|(k, v)| (k.to_string(), v)).collect())).collect();
+            if format == Format::Json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&objects)?)?;
+            } else {
+                for o in objects {
+                    writeln!(out, "{o}")?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Appends `rows` to the results file `path` (a JSON file keeps one array, extended).
+pub fn append(rows: &[BenchRow], format: Format, test_time: &str, path: &Path) -> anyhow::Result<()> {
+    let existing = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    if format == Format::Json {
+        let mut all: Vec<Value> = if existing > 0 {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("{} is not a JSON array of results; use a new file", path.display()))?
+        } else {
+            Vec::new()
+        };
+        let mut fresh = Vec::new();
+        write(rows, format, test_time, true, &mut fresh)?;
+        all.extend(serde_json::from_slice::<Vec<Value>>(&fresh)?);
+        std::fs::write(path, serde_json::to_string_pretty(&all)? + "\n").with_context(|| format!("writing {}", path.display()))?;
+        return Ok(());
+    }
+    if format == Format::Csv && existing > 0 {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        if text.lines().next() != Some(FIELDS.join(",").as_str()) {
+            anyhow::bail!("{} has other columns than `sala bench` writes; append to a file it wrote, or start a new one", path.display());
+        }
+    }
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).with_context(|| format!("opening {}", path.display()))?;
+    write(rows, format, test_time, existing == 0, &mut file)?;
+    Ok(())
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for a Unix time (UTC).
+pub fn iso8601(unix: u64) -> String {
+    let (days, secs) = ((unix / 86400) as i64, unix % 86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eval::bench::{BenchRow, ModelMeta, Test};
+
+    fn row(model: &str, test: Test, depth: usize, samples_ns: Vec<u64>) -> BenchRow {
+        let model = ModelMeta {
+            model_filename: model.into(),
+            model_type: "llama".into(),
+            model_size: 1000,
+            n_params: 2_000_000_000,
+            backend: "cpu".into(),
+            dtype: "f32".into(),
+        };
+        BenchRow { model, test, depth, n_batch: 512, samples_ns, peak_mem: 4096 }
+    }
+
+    #[test]
+    fn statistics_names_and_ratios() {
+        let a = row("a.gguf", Test::Generate(100), 0, vec![1_000_000_000, 2_000_000_000]);
+        assert_eq!((a.name(), a.samples_ts()), ("tg100".to_string(), vec![100.0, 50.0]));
+        assert_eq!(a.avg_ts(), 75.0);
+        assert!((a.stddev_ts() - 35.355339).abs() < 1e-5);
+        let b = row("b.gguf", Test::Generate(100), 0, vec![500_000_000; 3]);
+        assert_eq!(row("a", Test::Prompt(512), 4096, vec![1]).name(), "pp512 @ d4096");
+        let c = comparison(&[a.clone(), b]).unwrap();
+        assert_eq!(c.headers, ["test", "a.gguf t/s", "b.gguf t/s", "b.gguf / a.gguf"]);
+        assert_eq!(c.rows, vec![vec!["tg100", "75.00", "200.00", "2.67×"]]);
+        assert!(comparison(&[a]).is_none());
+    }
+
+    #[test]
+    fn csv_and_jsonl_carry_every_field() {
+        let rows = [row("a.gguf", Test::Prompt(64), 0, vec![2_000_000, 4_000_000])];
+        let mut out = Vec::new();
+        write(&rows, Format::Csv, "2026-01-01T00:00:00Z", true, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let mut lines = text.lines();
+        assert_eq!(lines.next().unwrap(), FIELDS.join(","));
+        let cells: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let want = "a.gguf,llama,1000,2000000000,cpu,f32,512,64,0,0,2026-01-01T00:00:00Z,3000000,1414214,24000.0,SD,2000000 4000000,32000.0 16000.0,4096";
+        for (i, (got, want)) in cells.iter().zip(want.split(',')).enumerate() {
+            match want {
+                // sqrt(2) · 8000, to the last digit the float printer chooses
+                "SD" => assert!((got.parse::<f64>().unwrap() - 2f64.sqrt() * 8000.0).abs() < 1e-9, "{got}"),
+                _ => assert_eq!(*got, want, "column {}", FIELDS[i]),
+            }
+        }
+        assert_eq!(cells.len(), FIELDS.len());
+        let mut out = Vec::new();
+        write(&rows, Format::Jsonl, "t", false, &mut out).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!((v["n_prompt"].as_u64(), v["avg_ts"].as_f64(), v["samples_ns"][1].as_u64()), (Some(64), Some(24000.0), Some(4_000_000)));
+        assert_eq!(iso8601(1_795_300_000), "2026-11-21T22:26:40Z");
+        assert_eq!(iso8601(951_782_400), "2000-02-29T00:00:00Z");
+    }
+}

@@ -1,0 +1,93 @@
+//! `sala bench` end to end on a golden SALA model and SmolLM2, on the smallest grid: the rows of
+//! the test matrix, every output format, appending to a results file, the side-by-side table, and
+//! the refusals. Formats and counts are checked, not speeds.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn bench(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_sala")).arg("bench").args(args).output().unwrap()
+}
+
+fn ok(out: &std::process::Output) -> String {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn temp(name: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("sala-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn results_in_every_format_and_appended() {
+    let sala = common::golden("A_dense_f32");
+    let smol = common::smollm2_gguf();
+    let csv = temp("results.csv");
+    let grid = ["-p", "16", "-n", "4", "-d", "0,24", "-r", "2"];
+    for _ in 0..2 {
+        let mut args = vec!["-m", path(&sala), "-m", path(&smol), "-o", "csv", "--output-file", path(&csv)];
+        args.extend(grid);
+        let table = ok(&bench(&args));
+        // The printed table: 4 tests × 2 models, then the comparison with a ratio column.
+        assert!(table.contains("| A_dense_f32 |") && table.contains("| pp16 @ d24 |") && table.contains("| tg4 |"), "{table}");
+        assert!(table.contains("SmolLM2-135M-Instruct.Q4_1.gguf / A_dense_f32"), "{table}");
+    }
+    let mut reader = csv::Reader::from_path(&csv).unwrap();
+    let headers = reader.headers().unwrap().clone();
+    let column = |name: &str| headers.iter().position(|h| h == name).unwrap_or_else(|| panic!("no column {name}"));
+    let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 16, "two runs of 8 rows, one header");
+    // Each run: per model (in -m order) the pp tests, then the tg tests, each at every depth.
+    let tests: Vec<(String, String, String, String)> = rows[..8]
+        .iter()
+        .map(|r| (r[column("model_filename")].to_string(), r[column("n_prompt")].to_string(), r[column("n_gen")].to_string(), r[column("n_depth")].to_string()))
+        .collect();
+    let want: Vec<(String, String, String, String)> = ["A_dense_f32", "SmolLM2-135M-Instruct.Q4_1.gguf"]
+        .iter()
+        .flat_map(|m| [("16", "0", "0"), ("16", "0", "24"), ("0", "4", "0"), ("0", "4", "24")].map(|(p, n, d)| (m.to_string(), p.into(), n.into(), d.into())))
+        .collect();
+    assert_eq!(tests, want);
+    for r in &rows {
+        let samples: Vec<f64> = r[column("samples_ts")].split(' ').map(|s| s.parse().unwrap()).collect();
+        let avg: f64 = r[column("avg_ts")].parse().unwrap();
+        assert_eq!(samples.len(), 2, "-r 2 gives two samples");
+        assert!((avg - samples.iter().sum::<f64>() / 2.0).abs() < 1e-6 * avg && avg > 0.0);
+        assert!(r[column("peak_mem")].parse::<u64>().unwrap() > 0);
+        assert_eq!(&r[column("backend")], "cpu");
+    }
+    assert_eq!(&rows[0][column("model_type")], "minicpm_sala");
+    assert_eq!(&rows[4][column("model_type")], "llama");
+    assert_eq!(rows[4][column("n_params")].parse::<u64>().unwrap(), 134_515_008);
+
+    // JSON lines on stdout; a JSON results file stays one array as it grows.
+    let lines = ok(&bench(&["-m", path(&sala), "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl"]));
+    let v: serde_json::Value = serde_json::from_str(lines.trim()).unwrap();
+    assert_eq!((v["n_prompt"].as_u64(), v["n_gen"].as_u64(), v["samples_ns"].as_array().map(Vec::len)), (Some(8), Some(0), Some(1)));
+    let json = temp("results.json");
+    for _ in 0..2 {
+        ok(&bench(&["-m", path(&sala), "-p", "8", "-n", "2", "-r", "1", "-o", "json", "--output-file", path(&json)]));
+    }
+    let all: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(all.len(), 4);
+
+    // Refusals: nothing to measure, a depth past the context, a results file of another shape.
+    let out = bench(&["-m", path(&sala), "-p", "0", "-n", "0"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("nothing to measure"));
+    let out = bench(&["-m", path(&smol), "-p", "8", "-n", "0", "-d", "100000"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("100008") && stderr.contains("8192"), "{stderr}");
+    std::fs::write(&csv, "a,b\n1,2\n").unwrap();
+    let out = bench(&["-m", path(&sala), "-p", "8", "-n", "0", "-r", "1", "-o", "csv", "--output-file", path(&csv)]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("other columns"));
+    for f in [csv, json] {
+        let _ = std::fs::remove_file(f);
+    }
+}
