@@ -1,6 +1,6 @@
 //! `sala bench`: throughput on llama-bench's test matrix, for one model or several side by side.
 
-use super::{load, DeviceArg, DtypeArg, ModelArgs};
+use super::{load, progress_bar, ModelArgs, RuntimeArgs};
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::weights::dtype_name;
 use crate::eval::bench::{run_test, BenchPlan, ModelMeta};
@@ -33,15 +33,9 @@ pub struct BenchArgs {
     /// Append the results to this file (in the --output format) and print the table
     #[arg(long)]
     pub output_file: Option<PathBuf>,
-    /// Device to run on (default: the GPU when MLX has one)
-    #[arg(long, value_enum)]
-    pub device: Option<DeviceArg>,
-    /// Compute dtype (default: the checkpoint's on a GPU, f32 on the CPU)
-    #[arg(long, value_enum)]
-    pub dtype: Option<DtypeArg>,
-    /// Prompt tokens per forward pass (llama-bench's n_batch)
-    #[arg(long, default_value_t = 2048)]
-    pub prefill_step: usize,
+    /// Device, dtype and prefill chunk (`--prefill-step` is llama-bench's n_batch)
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -50,26 +44,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         generations: args.generations.clone(),
         depths: args.depths.clone(),
         repetitions: args.repetitions as usize,
-        prefill_step: args.prefill_step.max(1),
+        prefill_step: args.runtime.prefill_step.max(1),
     };
     let tests = plan.tests();
     if tests.is_empty() {
         anyhow::bail!("nothing to measure: give -p and/or -n a length above 0");
     }
     let test_time = bench_report::iso8601(crate::server::openai::now());
-    let bar = indicatif::ProgressBar::new((args.models.len() * tests.len() * (plan.repetitions + 1)) as u64);
-    if std::io::stderr().is_terminal() {
-        bar.set_style(indicatif::ProgressStyle::with_template("bench {bar:40} {pos}/{len} runs, eta {eta} {msg}").expect("valid template"));
-    } else {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
+    let runs = args.models.len() * tests.len() * (plan.repetitions + 1);
+    let bar = progress_bar(runs as u64, "bench {bar:40} {pos}/{len} runs, eta {eta} {msg}");
     let mut rows = Vec::new();
     for path in &args.models {
         let model_args = ModelArgs {
             model: Some(path.clone()),
-            device: args.device,
-            dtype: args.dtype,
-            prefill_step: plan.prefill_step,
+            runtime: RuntimeArgs { prefill_step: plan.prefill_step, ..args.runtime },
             context_size: None,
             num_sink_tokens: None,
         };

@@ -84,7 +84,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let mut conversation = Conversation { system: args.system.clone(), messages: Vec::new(), think: !args.no_think };
     let mut session = ChatSession::new(model);
     let mut sampler = Sampler::new(sampling);
-    let opts = GenerateOptions { max_tokens: args.max_tokens, prefill_step: args.load.prefill_step, ..Default::default() };
+    let opts = GenerateOptions { max_tokens: args.max_tokens, prefill_step: args.load.runtime.prefill_step, ..Default::default() };
     let mut editor = rustyline::DefaultEditor::new().context("starting the line editor")?;
     eprintln!("{} ({}) — /help for commands, Ctrl-D to leave", loaded.path.display(), model.info().model_type);
 

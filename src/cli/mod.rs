@@ -69,17 +69,21 @@ pub fn main() -> anyhow::Result<()> {
     }
 }
 
-/// A byte-counting progress bar on stderr (hidden when stderr is not a terminal).
-pub fn bytes_progress(label: &str, total: u64) -> indicatif::ProgressBar {
+/// A progress bar on stderr drawn with `template` (hidden when stderr is not a terminal).
+pub fn progress_bar(total: u64, template: &str) -> indicatif::ProgressBar {
     use std::io::IsTerminal;
     let bar = indicatif::ProgressBar::new(total);
     if std::io::stderr().is_terminal() {
-        let template = format!("{label} {{bar:40}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, eta {{eta}})");
-        bar.set_style(indicatif::ProgressStyle::with_template(&template).expect("valid template"));
+        bar.set_style(indicatif::ProgressStyle::with_template(template).expect("valid template"));
     } else {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     bar
+}
+
+/// A byte-counting progress bar on stderr.
+pub fn bytes_progress(label: &str, total: u64) -> indicatif::ProgressBar {
+    progress_bar(total, &format!("{label} {{bar:40}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, eta {{eta}})"))
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -105,13 +109,9 @@ impl DtypeArg {
     }
 }
 
-/// Which model, where it runs, and how its cache behaves (shared by `run`, `chat`, `serve`).
-#[derive(Args)]
-pub struct ModelArgs {
-    /// Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file,
-    /// or a name from `sala list`
-    #[arg(long, short = 'm')]
-    pub model: Option<PathBuf>,
+/// Where a model runs and in what precision (shared by every command that runs one).
+#[derive(Args, Clone, Copy)]
+pub struct RuntimeArgs {
     /// Device to run on (default: the GPU when MLX has one)
     #[arg(long, value_enum)]
     pub device: Option<DeviceArg>,
@@ -121,6 +121,17 @@ pub struct ModelArgs {
     /// Prompt tokens per forward pass during prefill
     #[arg(long, default_value_t = 2048)]
     pub prefill_step: usize,
+}
+
+/// Which model, where it runs, and how its cache behaves (shared by `run`, `chat`, `serve`).
+#[derive(Args)]
+pub struct ModelArgs {
+    /// Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file,
+    /// or a name from `sala list`
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
     /// StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so
     /// generation can run past N; dense models only
     #[arg(long, value_name = "N")]
@@ -214,7 +225,7 @@ pub fn load(args: &ModelArgs, tokens: usize) -> anyhow::Result<LoadedModel> {
     let Some(path) = args.model.clone() else {
         bail!("no model given: pass --model PATH (a model directory, a .sala or .gguf file, or a name from `sala list`)");
     };
-    let device = device::select(args.device.map(|d| match d {
+    let device = device::select(args.runtime.device.map(|d| match d {
         DeviceArg::Cpu => DeviceKind::Cpu,
         DeviceArg::Gpu => DeviceKind::Gpu,
     }))?;
@@ -225,7 +236,7 @@ pub fn load(args: &ModelArgs, tokens: usize) -> anyhow::Result<LoadedModel> {
         DeviceKind::Cpu => Some(Dtype::Float32),
         DeviceKind::Gpu => source.weights.storage_dtype(),
     };
-    let dtype = args.dtype.map(DtypeArg::dtype).or(default_dtype).unwrap_or(Dtype::Bfloat16);
+    let dtype = args.runtime.dtype.map(DtypeArg::dtype).or(default_dtype).unwrap_or(Dtype::Bfloat16);
     let window = match args.context_size {
         Some(capacity) => Some(Window { capacity, sinks: args.num_sink_tokens.unwrap_or(4) }.validate().map_err(Error::Usage)?),
         None => None,

@@ -58,7 +58,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         ignore_eos: args.ignore_eos,
-        prefill_step: args.load.prefill_step,
+        prefill_step: args.load.runtime.prefill_step,
         keep_logits: args.logits_out.is_some(),
     };
 

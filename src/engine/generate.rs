@@ -253,10 +253,7 @@ pub fn next_batch(model: &dyn LanguageModel, steps: &mut [Step]) -> Result<Vec<O
         let ids: Vec<i32> = fed.iter().map(|s| s.decoding.pending.expect("filtered above") as i32).collect();
         let input = Array::from_slice(&ids, &[ids.len() as i32, 1]);
         let mut caches: Vec<&mut ModelCache> = fed.iter_mut().map(|s| &mut *s.cache).collect();
-        let logits = model.forward_batch(&input, &mut caches, Logits::Last, None)?;
-        let state: Vec<Array> = caches.iter().flat_map(|c| c.arrays()).collect();
-        eval(std::iter::once(&logits).chain(state.iter()))?;
-        let rows = to_vec_f32(&logits)?;
+        let rows = to_vec_f32(&forward_eval_batch(model, &input, &mut caches)?)?;
         let vocab = rows.len() / fed.len();
         for (s, row) in fed.iter_mut().zip(rows.chunks(vocab)) {
             s.decoding.logits = row.to_vec();
@@ -285,9 +282,13 @@ pub fn extend(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32],
 /// the cache so the lazy graph never outlives the step.
 fn forward_eval(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32]) -> Result<Array> {
     let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-    let input = Array::from_slice(&ids, &[1, ids.len() as i32]);
-    let logits = model.forward(&input, cache, Logits::Last, None)?;
-    let state = cache.arrays();
+    forward_eval_batch(model, &Array::from_slice(&ids, &[1, ids.len() as i32]), &mut [cache])
+}
+
+/// [`forward_eval`] for a batch: `input` `[B, T]`, row b on `caches[b]`; logits `[B, vocab]`.
+fn forward_eval_batch(model: &dyn LanguageModel, input: &Array, caches: &mut [&mut ModelCache]) -> Result<Array> {
+    let logits = model.forward_batch(input, caches, Logits::Last, None)?;
+    let state: Vec<Array> = caches.iter().flat_map(|c| c.arrays()).collect();
     eval(std::iter::once(&logits).chain(state.iter()))?;
     Ok(logits)
 }

@@ -231,6 +231,15 @@ impl StreamDecoder {
     }
 }
 
+/// Bytes at the end of `text` that could be the start of `tag` (held back from a stream until the
+/// next piece shows whether the tag completes).
+pub fn partial_tag_len(text: &str, tag: &str) -> usize {
+    (1..tag.len())
+        .rev()
+        .find(|&n| text.len() >= n && text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..]))
+        .unwrap_or(0)
+}
+
 /// Separates `<think>…</think>` reasoning from the answer in streamed text, also when a tag is
 /// split across pieces.
 #[derive(Default)]
@@ -281,10 +290,7 @@ impl ThinkFilter {
                 continue;
             }
             // Keep a suffix that could still become the tag; release the rest.
-            let keep = (1..tag.len())
-                .rev()
-                .find(|&n| self.pending.len() >= n && self.pending.is_char_boundary(self.pending.len() - n) && tag.starts_with(&self.pending[self.pending.len() - n..]))
-                .unwrap_or(0);
+            let keep = partial_tag_len(&self.pending, tag);
             let release: String = self.pending.drain(..self.pending.len() - keep).collect();
             if self.inside {
                 out.reasoning.push_str(&release);

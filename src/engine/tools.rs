@@ -12,7 +12,7 @@
 //! don't, [`plain_template_messages`] writes the tools block and earlier calls/results into the
 //! messages. [`ToolCallSplitter`] then separates calls from text as the answer streams.
 
-use super::tokenizer::Message;
+use super::tokenizer::{partial_tag_len, Message};
 use serde_json::{json, Value};
 
 pub const CALL_OPEN: &str = "<tool_call>";
@@ -139,10 +139,7 @@ impl ToolCallSplitter {
             self.pending.drain(..at);
             return text;
         }
-        let keep = (1..CALL_OPEN.len())
-            .rev()
-            .find(|&n| self.pending.len() >= n && self.pending.is_char_boundary(self.pending.len() - n) && CALL_OPEN.starts_with(&self.pending[self.pending.len() - n..]))
-            .unwrap_or(0);
+        let keep = partial_tag_len(&self.pending, CALL_OPEN);
         // Trailing whitespace waits too: it may turn out to precede a call.
         let release = self.pending[..self.pending.len() - keep].trim_end().len();
         self.pending.drain(..release).collect()

@@ -40,6 +40,11 @@ pub fn record(row: &BenchRow, test_time: &str) -> Vec<(&'static str, Value)> {
     FIELDS.iter().copied().zip(values).collect()
 }
 
+/// The rows as JSON objects keyed by `FIELDS`.
+fn objects(rows: &[BenchRow], test_time: &str) -> Vec<Value> {
+    rows.iter().map(|r| Value::Object(record(r, test_time).into_iter().map(|(k, v)| (k.to_string(), v)).collect())).collect()
+}
+
 fn csv_cell(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -144,7 +149,7 @@ pub fn write(rows: &[BenchRow], format: Format, test_time: &str, header: bool, o
             w.flush()?;
         }
         Format::Json | Format::Jsonl => {
-            let objects: Vec<Value> = rows.iter().map(|r| Value::Object(record(r, test_time).into_iter().map(|(k, v)| (k.to_string(), v)).collect())).collect();
+            let objects = objects(rows, test_time);
             if format == Format::Json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&objects)?)?;
             } else {
@@ -167,9 +172,7 @@ pub fn append(rows: &[BenchRow], format: Format, test_time: &str, path: &Path) -
         } else {
             Vec::new()
         };
-        let mut fresh = Vec::new();
-        write(rows, format, test_time, true, &mut fresh)?;
-        all.extend(serde_json::from_slice::<Vec<Value>>(&fresh)?);
+        all.extend(objects(rows, test_time));
         std::fs::write(path, serde_json::to_string_pretty(&all)? + "\n").with_context(|| format!("writing {}", path.display()))?;
         return Ok(());
     }

@@ -68,7 +68,7 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
         default_max_tokens,
     });
     let worker_state = state.clone();
-    let prefill_step = model.prefill_step;
+    let prefill_step = model.runtime.prefill_step;
     std::thread::Builder::new().name("sala-worker".into()).spawn(move || {
         let loaded = match load(&model, default_max_tokens) {
             Ok(l) => l,
@@ -157,7 +157,7 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
     // tool_choice required/named: the answer is started as a call, so the model has to make one.
     let forced = if request.tools.is_empty() { String::new() } else { request.tool_choice.forced_prefix() };
     prompt_text.push_str(&forced);
-    let tool_names = (!request.tools.is_empty()).then(|| openai::tool_names(&request.tools)).transpose()?;
+    let tool_names = (!request.tools.is_empty()).then(|| request.tool_names.clone());
     let parser = AnswerParser::new(&prompt_text, tool_names, &forced, request.parallel_tool_calls);
     let prompt = ready.tokenizer.encode(&prompt_text).map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
     let max_tokens = request.max_tokens.unwrap_or(state.default_max_tokens.min(ready.max_context.saturating_sub(prompt.len())).max(1));

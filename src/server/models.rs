@@ -151,13 +151,17 @@ pub async fn delete(State(state): State<Arc<AppState>>, headers: HeaderMap, Path
 
 fn remove(state: &AppState, headers: &HeaderMap, id: &str) -> Result<Value, ApiError> {
     authorized(state, headers)?;
+    let in_use = || {
+        ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "model_in_use", Some("model"), &format!("`{id}` is the model this server is running; stop the server to delete it"))
+    };
+    // The served model's own id may be a path, which is no store name: checked before parsing.
     if id == state.model_id {
-        return Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "model_in_use", Some("model"), &format!("`{id}` is the model this server is running; stop the server to delete it")));
+        return Err(in_use());
     }
     let reference = parse_ref(id, "model")?;
     let store = cache_dir();
     if reference.snapshot(&store).is_some_and(|s| s == state.model_path) {
-        return Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "model_in_use", Some("model"), &format!("`{id}` is the model this server is running; stop the server to delete it")));
+        return Err(in_use());
     }
     if state.downloads.lock().expect("downloads lock").iter().any(|d| d.reference.repo == reference.repo && d.running()) {
         return Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "download_running", Some("model"), &format!("`{id}` is still downloading")));

@@ -51,6 +51,8 @@ pub struct ChatRequest {
     pub enable_thinking: bool,
     /// The offered functions (OpenAI tool objects); empty with `tool_choice: "none"`.
     pub tools: Vec<Value>,
+    /// The functions' names, in the order of `tools`.
+    pub tool_names: Vec<String>,
     pub tool_choice: ToolChoice,
     pub parallel_tool_calls: bool,
 }
@@ -78,7 +80,7 @@ impl ToolChoice {
 }
 
 /// The names of the functions in `tools`, each checked.
-pub fn tool_names(tools: &[Value]) -> Result<Vec<String>, ApiError> {
+fn tool_names(tools: &[Value]) -> Result<Vec<String>, ApiError> {
     tools
         .iter()
         .enumerate()
@@ -159,6 +161,7 @@ impl ChatRequest {
             Some(_) => return Err(wrong("tools", "a list of tools")),
         };
         let names = tool_names(&tools)?;
+        let bad_choice = || wrong("tool_choice", "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}");
         let tool_choice = match obj.get("tool_choice") {
             None | Some(Value::Null) => Some(ToolChoice::Auto),
             Some(Value::String(s)) if s == "none" => None,
@@ -169,18 +172,18 @@ impl ChatRequest {
                 match name {
                     Some(name) if names.iter().any(|n| n == name) => Some(ToolChoice::Function(name.to_string())),
                     Some(name) => return Err(ApiError::bad_request("tool_choice", &format!("`tool_choice` names `{name}`, which is not in `tools`"))),
-                    None => return Err(wrong("tool_choice", "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}")),
+                    None => return Err(bad_choice()),
                 }
             }
-            Some(_) => return Err(wrong("tool_choice", "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}")),
+            Some(_) => return Err(bad_choice()),
         };
         if tools.is_empty() && matches!(tool_choice, Some(ToolChoice::Required | ToolChoice::Function(_))) {
             return Err(ApiError::bad_request("tool_choice", "`tool_choice` asks for a tool call but no `tools` are given"));
         }
         let parallel_tool_calls = boolean(obj, "parallel_tool_calls")?.unwrap_or(true);
-        let (tools, tool_choice) = match tool_choice {
-            Some(choice) => (tools, choice),
-            None => (Vec::new(), ToolChoice::Auto),
+        let (tools, tool_names, tool_choice) = match tool_choice {
+            Some(choice) => (tools, names, choice),
+            None => (Vec::new(), Vec::new(), ToolChoice::Auto),
         };
         if let Some(n) = integer(obj, "n", 1)? {
             if n != 1 {
@@ -255,6 +258,7 @@ impl ChatRequest {
             include_usage,
             enable_thinking,
             tools,
+            tool_names,
             tool_choice,
             parallel_tool_calls,
         })

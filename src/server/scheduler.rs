@@ -1,8 +1,9 @@
 //! The worker that owns the model and serves every request (continuous batching): new requests
 //! are admitted between decode steps (up to `parallel` at once, the rest wait in order), their
 //! prompts go in a chunk per round, and every round runs one batched forward that advances each
-//! request whose prompt is in by a token, whatever its length. A long answer never blocks a short one; a request whose client went away is dropped
-//! before the next round, freeing its slot and cache at once.
+//! request whose prompt is in by a token, whatever its length. A long answer never blocks a short
+//! one; a request whose client went away is dropped before the next round, freeing its slot and
+//! cache at once.
 
 use crate::engine::cache::ModelCache;
 use crate::engine::generate::{next_batch, Decoding, GenerateOptions, Step, StopReason};
