@@ -87,6 +87,10 @@ fn results_in_every_format_and_appended() {
     std::fs::write(&csv, "a,b\n1,2\n").unwrap();
     let out = bench(&["-m", path(&sala), "-p", "8", "-n", "0", "-r", "1", "-o", "csv", "--output-file", path(&csv)]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("other columns"));
+    std::fs::write(&json, "{}").unwrap();
+    let out = bench(&["-m", path(&sala), "-p", "8", "-n", "0", "-r", "1", "-o", "json", "--output-file", path(&json)]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not a JSON array"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&json).unwrap(), "{}", "a file it cannot extend is left as it was");
     for f in [csv, json] {
         let _ = std::fs::remove_file(f);
     }

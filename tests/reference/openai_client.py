@@ -81,6 +81,8 @@ for name, kwargs, status in [
     ("tool_choice names no tool", dict(model=model, messages=question, tools=weather, tool_choice={"type": "function", "function": {"name": "nope"}}), 400),
     ("tool without a name", dict(model=model, messages=question, tools=[{"type": "function", "function": {}}]), 400),
     ("tool_choice without tools", dict(model=model, messages=question, tool_choice="required"), 400),
+    ("tool call arguments not JSON", dict(model=model, messages=question + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "not json"}}]}], tools=weather), 400),
 ]:
     try:
         client.chat.completions.create(**kwargs)
