@@ -95,3 +95,49 @@ fn results_in_every_format_and_appended() {
         let _ = std::fs::remove_file(f);
     }
 }
+
+#[test]
+fn synthetic_presets_have_the_released_shapes() {
+    use sala::eval::synthetic::SyntheticModel;
+    // Parameter counts of the released checkpoints (spec §1.4; Qwen3-8B's model card: 8.19 B).
+    assert_eq!(SyntheticModel::new("minicpm-sala-9b", None).unwrap().n_params(), 9_477_203_968);
+    assert_eq!(SyntheticModel::new("qwen3-8b", None).unwrap().n_params(), 8_190_735_360);
+    // bf16: 2 bytes a parameter. Quantized: the packed weights (1 or ½ byte each) plus a bf16
+    // scale and bias per group of 64; the embeddings (73448 × 4096) and norms stay bf16.
+    let bytes = |bits| SyntheticModel::new("minicpm-sala-9b", bits).unwrap().weights_bytes(mlx_rs::Dtype::Bfloat16);
+    let params = 9_477_203_968u64;
+    assert_eq!(bytes(None), 2 * params);
+    let quantized = 2 * (bytes(Some(8)) - bytes(Some(4)));
+    let float = params - quantized;
+    let embeddings = 73448 * 4096;
+    assert!(float > embeddings && float < embeddings + 1_000_000, "{float} float parameters");
+    assert_eq!(bytes(Some(8)), quantized + quantized / 16 + 2 * float);
+    let err = SyntheticModel::new("llama-70b", None).err().unwrap().to_string();
+    assert!(err.contains("minicpm-sala-9b, qwen3-8b"), "{err}");
+}
+
+#[test]
+fn synthetic_model_matches_the_real_ones_shapes() {
+    // The golden checkpoint and a synthetic model of its config.json, side by side: same
+    // architecture and parameter count; the 8-bit one is smaller.
+    let golden = common::golden("C_sparse_prefill");
+    let config = golden.join("config.json");
+    let out = ok(&bench(&["-m", path(&golden), "--synthetic", path(&config), "--bits", "8", "-p", "16", "-n", "2", "-r", "1", "-o", "json"]));
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(rows.len(), 4, "{out}");
+    let (real, synthetic) = (&rows[0], &rows[2]);
+    assert_eq!(synthetic["model_filename"], "C_sparse_prefill-q8 (synthetic)");
+    assert_eq!(synthetic["model_type"], real["model_type"]);
+    assert_eq!(synthetic["n_params"], real["n_params"]);
+    let size = |r: &serde_json::Value| r["model_size"].as_u64().unwrap();
+    assert!(size(synthetic) < size(real) / 2, "8-bit {} vs f32 {}", size(synthetic), size(real));
+    assert!(synthetic["avg_ts"].as_f64().unwrap() > 0.0);
+    // A preset that does not fit is refused before anything is built, with the fix named.
+    let out = Command::new(env!("CARGO_BIN_EXE_sala"))
+        .args(["bench", "--synthetic", "minicpm-sala-9b", "-p", "16", "-n", "0"])
+        .env("SALA_AVAILABLE_MEMORY", "8000000000")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--bits 8 or 4") && err.contains("8.00 GB is available"), "{err}");
+}

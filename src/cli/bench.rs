@@ -1,20 +1,31 @@
 //! `sala bench`: throughput on llama-bench's test matrix, for one model or several side by side.
 
-use super::{load, progress_bar, ModelArgs, RuntimeArgs};
+use super::{bytes_progress, compute_dtype, load, load_source, progress_bar, select_device, ModelArgs, RuntimeArgs};
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::weights::dtype_name;
 use crate::eval::bench::{run_test, BenchPlan, ModelMeta};
 use crate::eval::bench_report::{self, Format};
+use crate::eval::synthetic::SyntheticModel;
+use crate::models;
+use crate::store::memory;
+use mlx_rs::Dtype;
 use clap::Args;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
 #[derive(Args)]
-#[command(after_help = "Examples:\n  sala bench -m model.gguf\n  sala bench -m sala-8bit -m qwen3-8b-8bit -p 512,4096 -n 128 -d 0,32768 -r 3\n  sala bench -m model -o csv --output-file results.csv      # appends")]
+#[command(after_help = "Examples:\n  sala bench -m model.gguf\n  sala bench --synthetic minicpm-sala-9b --synthetic qwen3-8b --bits 8 -p 1024 -n 128 -d 0,32768\n  sala bench -m sala-8bit -m qwen3-8b-8bit -p 512,4096 -n 128 -d 0,32768 -r 3\n  sala bench -m model -o csv --output-file results.csv      # appends")]
 pub struct BenchArgs {
     /// Model to measure; repeat to compare several side by side
-    #[arg(long = "model", short = 'm', required = true)]
+    #[arg(long = "model", short = 'm', required_unless_present = "synthetic")]
     pub models: Vec<PathBuf>,
+    /// A model with random weights and the shapes of a preset (minicpm-sala-9b, qwen3-8b) or of a
+    /// config.json, built in memory (no download); repeatable, measured after the --model ones
+    #[arg(long, value_name = "PRESET|CONFIG")]
+    pub synthetic: Vec<String>,
+    /// Quantize the --synthetic models to this many bits (as `sala quantize`: group 64)
+    #[arg(long, value_parser = clap::value_parser!(i32).range(2..=8), requires = "synthetic")]
+    pub bits: Option<i32>,
     /// Prompt-processing tests: prompt lengths (comma-separated; 0 = none)
     #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
     pub prompts: Vec<usize>,
@@ -38,6 +49,11 @@ pub struct BenchArgs {
     pub runtime: RuntimeArgs,
 }
 
+enum ModelChoice {
+    Path(PathBuf),
+    Synthetic(String),
+}
+
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let plan = BenchPlan {
         prompts: args.prompts.clone(),
@@ -51,29 +67,48 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         anyhow::bail!("nothing to measure: give -p and/or -n a length above 0");
     }
     let test_time = bench_report::iso8601(crate::server::openai::now());
-    let runs = args.models.len() * tests.len() * (plan.repetitions + 1);
+    let runs = (args.models.len() + args.synthetic.len()) * tests.len() * (plan.repetitions + 1);
     let bar = progress_bar(runs as u64, "bench {bar:40} {pos}/{len} runs, eta {eta} {msg}");
     let mut rows = Vec::new();
-    for path in &args.models {
+    let sources = args.models.iter().map(|p| ModelChoice::Path(p.clone()));
+    let sources = sources.chain(args.synthetic.iter().map(|s| ModelChoice::Synthetic(s.clone())));
+    for choice in sources {
         let model_args = ModelArgs {
-            model: Some(path.clone()),
+            model: None,
             runtime: RuntimeArgs { prefill_step: plan.prefill_step, ..args.runtime },
             context_size: None,
             num_sink_tokens: None,
         };
         // Refuses up front when the deepest test will not fit in memory.
-        let loaded = load(&model_args, plan.max_tokens())?;
+        let (loaded, name) = match choice {
+            ModelChoice::Path(path) => {
+                let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().to_string());
+                (load(&ModelArgs { model: Some(path), ..model_args }, plan.max_tokens())?, name)
+            }
+            ModelChoice::Synthetic(preset) => {
+                let synthetic = SyntheticModel::new(&preset, args.bits)?;
+                let device = select_device(&args.runtime)?;
+                let dtype = compute_dtype(&args.runtime, device, Some(Dtype::Bfloat16));
+                let cache = models::cache_bytes(&synthetic.cfg, plan.max_tokens(), memory::dtype_bytes(dtype))?;
+                memory::check_fits(&synthetic.name, synthetic.weights_bytes(dtype), cache, plan.max_tokens())
+                    .map_err(|e| anyhow::anyhow!("{e}; for a synthetic model, --bits 8 or 4 quantizes it"))?;
+                let build = bytes_progress(&format!("building {}", synthetic.name), synthetic.weights_bytes(dtype));
+                let source = synthetic.build(dtype, |bytes| build.inc(bytes))?;
+                build.finish_and_clear();
+                let name = synthetic.name.clone();
+                (load_source(source, PathBuf::from(&name), device, &model_args, plan.max_tokens())?, name)
+            }
+        };
         let info = loaded.model.info();
         if plan.max_tokens() > info.max_context {
             anyhow::bail!(
-                "{}: the deepest test needs {} tokens (depth + prompt/generation) but the model's context is {}; lower -d/-p/-n",
-                path.display(),
+                "{name}: the deepest test needs {} tokens (depth + prompt/generation) but the model's context is {}; lower -d/-p/-n",
                 plan.max_tokens(),
                 info.max_context
             );
         }
         let meta = ModelMeta {
-            model_filename: path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().to_string()),
+            model_filename: name,
             model_type: info.model_type.clone(),
             model_size: loaded.weights_bytes(),
             n_params: info.n_params,

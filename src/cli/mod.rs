@@ -225,18 +225,40 @@ pub fn load(args: &ModelArgs, tokens: usize) -> anyhow::Result<LoadedModel> {
     let Some(path) = args.model.clone() else {
         bail!("no model given: pass --model PATH (a model directory, a .sala or .gguf file, or a name from `sala list`)");
     };
-    let device = device::select(args.runtime.device.map(|d| match d {
+    let device = select_device(&args.runtime)?;
+    let source = models::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    load_source(source, path, device, args, tokens)
+}
+
+/// The device `runtime` asks for (or the default one), made MLX's default.
+pub fn select_device(runtime: &RuntimeArgs) -> anyhow::Result<DeviceKind> {
+    Ok(device::select(runtime.device.map(|d| match d {
         DeviceArg::Cpu => DeviceKind::Cpu,
         DeviceArg::Gpu => DeviceKind::Gpu,
-    }))?;
-    let mut source = models::open(&path).with_context(|| format!("opening {}", path.display()))?;
-    let cfg = source.config()?;
-    // MLX's CPU backend multiplies only f32 through BLAS (bf16/f16 are ~40× slower there).
-    let default_dtype = match device {
+    }))?)
+}
+
+/// The compute dtype: the one asked for, else f32 on the CPU (MLX's CPU backend multiplies only
+/// f32 through BLAS; bf16/f16 are ~40× slower there), else the checkpoint's.
+pub fn compute_dtype(runtime: &RuntimeArgs, device: DeviceKind, storage: Option<Dtype>) -> Dtype {
+    let default = match device {
         DeviceKind::Cpu => Some(Dtype::Float32),
-        DeviceKind::Gpu => source.weights.storage_dtype(),
+        DeviceKind::Gpu => storage,
     };
-    let dtype = args.runtime.dtype.map(DtypeArg::dtype).or(default_dtype).unwrap_or(Dtype::Bfloat16);
+    runtime.dtype.map(DtypeArg::dtype).or(default).unwrap_or(Dtype::Bfloat16)
+}
+
+/// [`load`] for a model already opened (or built in memory) on `device`; `path` is what the user
+/// named it.
+pub fn load_source(
+    mut source: crate::engine::source::ModelSource,
+    path: PathBuf,
+    device: DeviceKind,
+    args: &ModelArgs,
+    tokens: usize,
+) -> anyhow::Result<LoadedModel> {
+    let cfg = source.config()?;
+    let dtype = compute_dtype(&args.runtime, device, source.weights.storage_dtype());
     let window = match args.context_size {
         Some(capacity) => Some(Window { capacity, sinks: args.num_sink_tokens.unwrap_or(4) }.validate().map_err(Error::Usage)?),
         None => None,

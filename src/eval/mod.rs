@@ -4,3 +4,4 @@ pub mod bench;
 pub mod bench_report;
 pub mod quant_report;
 pub mod report;
+pub mod synthetic;

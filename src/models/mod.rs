@@ -16,7 +16,7 @@ use crate::engine::model::LanguageModel;
 use crate::engine::quant::QuantConfig;
 use crate::engine::source::ModelSource;
 use crate::engine::tokenizer::TextTokenizer;
-use crate::engine::weights::Weights;
+use crate::engine::weights::{TensorSpec, Weights};
 use decoder::{DecoderConfig, DecoderModel};
 use mlx_rs::Dtype;
 use std::path::Path;
@@ -63,6 +63,18 @@ pub fn check(cfg: &ConfigFile, weights: &mut Weights) -> Result<()> {
     }
     match cfg.str("model_type")? {
         sala::MODEL_TYPE => weights.check(&sala::SalaConfig::from_file(cfg)?.tensor_specs(), sala::MODEL_TYPE),
+        other => Err(unsupported(cfg, other)),
+    }
+}
+
+/// Every tensor of the architecture `cfg` describes, unquantized (a config silent about
+/// `tie_word_embeddings` counts as untied).
+pub fn tensor_specs(cfg: &ConfigFile) -> Result<Vec<TensorSpec>> {
+    if let Some(config) = decoder_config(cfg)? {
+        return Ok(config.tensor_specs());
+    }
+    match cfg.str("model_type")? {
+        sala::MODEL_TYPE => Ok(sala::SalaConfig::from_file(cfg)?.tensor_specs()),
         other => Err(unsupported(cfg, other)),
     }
 }
