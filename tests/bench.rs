@@ -141,3 +141,77 @@ fn synthetic_model_matches_the_real_ones_shapes() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--bits 8 or 4") && err.contains("8.00 GB is available"), "{err}");
 }
+
+/// Reads a JSONL file into objects.
+fn jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn quality_suite_on_smollm2() {
+    let smol = common::smollm2_gguf();
+    let (csv, samples) = (temp("quality.csv"), temp("quality-samples.jsonl"));
+    let args = ["--suite", "quality", "-m", path(&smol), "--limit", "1", "--max-tokens", "48", "-o", "csv"];
+    let mut args = args.to_vec();
+    args.extend(["--output-file", path(&csv), "--samples", path(&samples)]);
+    let table = ok(&bench(&args));
+    assert!(table.contains("| category | questions | answered | correct | think loops | accuracy |"), "{table}");
+    // One question per category, every answer recorded with its verdict.
+    let samples = jsonl(&samples);
+    let ids: Vec<&str> = samples.iter().map(|s| s["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["arithmetic-01", "algebra-01", "word-problems-01", "logic-01", "sequences-01"]);
+    for s in &samples {
+        assert_eq!(s["model_filename"], "SmolLM2-135M-Instruct.Q4_1.gguf");
+        let ending = s["ending"].as_str().unwrap();
+        assert!(["finished", "cap", "loop"].contains(&ending), "{s}");
+        assert!(s["gen_tokens"].as_u64().unwrap() <= 48);
+        if ending == "cap" {
+            assert_eq!(s["gen_tokens"], 48, "{s}");
+        }
+        // A verdict follows from the extracted answer (SmolLM2 does not think: no reasoning).
+        assert_eq!(s["reasoning"], "");
+        if s["correct"] == true {
+            assert_eq!(ending, "finished");
+            assert!(s["extracted"].as_str().unwrap().to_lowercase().contains(s["expected"].as_str().unwrap()), "{s}");
+        }
+    }
+    // The summary: a row per category and the total, consistent with the samples.
+    let mut reader = csv::Reader::from_path(&csv).unwrap();
+    assert_eq!(
+        reader.headers().unwrap().iter().collect::<Vec<_>>(),
+        ["model_filename", "category", "questions", "answered", "correct", "think_loops", "accuracy", "avg_gen_tokens"]
+    );
+    let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 6);
+    let total = &rows[5];
+    assert_eq!((&total[1], &total[2]), ("total", "5"));
+    let correct = samples.iter().filter(|s| s["correct"] == true).count();
+    let answered = samples.iter().filter(|s| s["ending"] == "finished" && s["answer"] != "").count();
+    assert_eq!((total[3].parse::<usize>().unwrap(), total[4].parse::<usize>().unwrap()), (answered, correct));
+    assert_eq!(total[6].parse::<f64>().unwrap(), correct as f64 / 5.0);
+    std::fs::remove_file(csv).unwrap();
+}
+
+#[test]
+fn quality_suite_counts_think_loops() {
+    // Golden SALA (random weights) whose template opens a think block and whose end-of-sequence
+    // id is outside the vocabulary: every answer rambles inside <think> until the cap or a loop.
+    let dir = common::golden_with_tokenizer("A_dense_f32", "quality", Some(100000));
+    let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n<think>\n";
+    std::fs::write(dir.join("tokenizer_config.json"), serde_json::json!({ "chat_template": template }).to_string()).unwrap();
+    let samples = temp("loops.jsonl");
+    let out = ok(&bench(&["--suite", "quality", "-m", path(&dir), "--limit", "1", "--max-tokens", "40", "-o", "jsonl", "--samples", path(&samples)]));
+    let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let total = rows.last().unwrap();
+    assert_eq!((total["category"].as_str(), total["questions"].as_u64(), total["answered"].as_u64()), (Some("total"), Some(5), Some(0)));
+    assert_eq!((total["correct"].as_u64(), total["think_loops"].as_u64()), (Some(0), Some(5)));
+    for s in jsonl(&samples) {
+        assert!(s["ending"] == "cap" || s["ending"] == "loop", "{s}");
+        assert_eq!(s["answer"], "", "all of it is reasoning");
+        assert!(!s["reasoning"].as_str().unwrap().is_empty());
+    }
+    // Synthetic models have random weights: no quality suite for them.
+    let out = bench(&["--suite", "quality", "--synthetic", "qwen3-8b"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("random"));
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -53,37 +53,6 @@ fn session_turns_equal_a_fresh_run_and_reuse_state() {
     assert_eq!(edit.generation.tokens, fresh.tokens);
 }
 
-/// A byte-level BPE tokenizer with no merges: ids 0..256 are the bytes, then ChatML's markers.
-fn byte_tokenizer() -> serde_json::Value {
-    // GPT-2's byte → character map: printable bytes stand for themselves, the rest for 256 + n.
-    let mut n = 0;
-    let vocab: serde_json::Map<String, serde_json::Value> = (0u32..256)
-        .map(|b| {
-            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-            let c = if printable {
-                char::from_u32(b).unwrap()
-            } else {
-                n += 1;
-                char::from_u32(255 + n).unwrap()
-            };
-            (c.to_string(), json!(b))
-        })
-        .chain([("<|im_start|>".to_string(), json!(256)), ("<|im_end|>".to_string(), json!(257))])
-        .collect();
-    let special = |id: u32, content: &str| json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true});
-    json!({
-        "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": [special(256, "<|im_start|>"), special(257, "<|im_end|>")],
-        "normalizer": null,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-        "post_processor": null,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                  "vocab": vocab, "merges": []},
-    })
-}
-
 fn drive(cmd: &[String], steps: serde_json::Value) -> (i32, String) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/pty/drive.py");
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
@@ -145,15 +114,8 @@ fn smollm2_chat_in_a_terminal() {
 fn ctrl_c_stops_an_answer_without_leaving() {
     // Golden SALA case A (vocabulary 512) with a byte-level tokenizer that fits in it: random
     // weights ramble until stopped.
-    let dir = std::env::temp_dir().join(format!("sala-chat-sala-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(common::golden("A_dense_f32").join("model.safetensors"), dir.join("model.safetensors")).unwrap();
     // An end-of-sequence id outside the vocabulary, so the rambling only ends when stopped.
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(common::golden("A_dense_f32").join("config.json")).unwrap()).unwrap();
-    config["eos_token_id"] = json!([100000]);
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), byte_tokenizer().to_string()).unwrap();
+    let dir = common::golden_with_tokenizer("A_dense_f32", "chat", Some(100000));
     let steps = json!([
         {"expect": ">>> ", "timeout": 60},
         {"send": "1 2 3\r"},

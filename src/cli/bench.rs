@@ -1,16 +1,17 @@
 //! `sala bench`: throughput on llama-bench's test matrix, for one model or several side by side.
 
-use super::{bytes_progress, compute_dtype, load, load_source, progress_bar, select_device, ModelArgs, RuntimeArgs};
+use super::{bytes_progress, compute_dtype, load, load_source, progress_bar, select_device, LoadedModel, ModelArgs, RuntimeArgs};
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::weights::dtype_name;
 use crate::eval::bench::{run_test, BenchPlan, ModelMeta};
 use crate::eval::bench_report::{self, Format};
+use crate::eval::quality;
 use crate::eval::synthetic::SyntheticModel;
 use crate::models;
 use crate::store::memory;
 use mlx_rs::Dtype;
 use clap::Args;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -44,9 +45,31 @@ pub struct BenchArgs {
     /// Append the results to this file (in the --output format) and print the table
     #[arg(long)]
     pub output_file: Option<PathBuf>,
+    /// What to measure: `speed` (the test matrix above) or `quality` (math and reasoning questions
+    /// from eval/quality.jsonl, greedy, answered / correct / think loops per category)
+    #[arg(long, value_enum, default_value = "speed")]
+    pub suite: Suite,
+    /// Quality suite: most tokens per answer; an answer still thinking here is a think loop
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens: usize,
+    /// Quality suite: answer without thinking (enable_thinking=false in the chat template)
+    #[arg(long)]
+    pub no_think: bool,
+    /// Quality suite: only the first N questions of each category
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+    /// Quality suite: append every answer with its verdict to this JSONL file
+    #[arg(long, value_name = "FILE")]
+    pub samples: Option<PathBuf>,
     /// Device, dtype and prefill chunk (`--prefill-step` is llama-bench's n_batch)
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Suite {
+    Speed,
+    Quality,
 }
 
 enum ModelChoice {
@@ -54,7 +77,39 @@ enum ModelChoice {
     Synthetic(String),
 }
 
+fn file_label(path: &std::path::Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().to_string())
+}
+
+/// Loads (or builds) one model to measure, checking that `tokens` of context fit; returns it with
+/// the name reports give it.
+fn load_choice(choice: ModelChoice, args: &BenchArgs, tokens: usize) -> anyhow::Result<(LoadedModel, String)> {
+    let model_args = ModelArgs { model: None, runtime: args.runtime, context_size: None, num_sink_tokens: None };
+    match choice {
+        ModelChoice::Path(path) => {
+            let name = file_label(&path);
+            Ok((load(&ModelArgs { model: Some(path), ..model_args }, tokens)?, name))
+        }
+        ModelChoice::Synthetic(preset) => {
+            let synthetic = SyntheticModel::new(&preset, args.bits)?;
+            let device = select_device(&args.runtime)?;
+            let dtype = compute_dtype(&args.runtime, device, Some(Dtype::Bfloat16));
+            let cache = models::cache_bytes(&synthetic.cfg, tokens, memory::dtype_bytes(dtype))?;
+            memory::check_fits(&synthetic.name, synthetic.weights_bytes(dtype), cache, tokens)
+                .map_err(|e| anyhow::anyhow!("{e}; for a synthetic model, --bits 8 or 4 quantizes it"))?;
+            let build = bytes_progress(&format!("building {}", synthetic.name), synthetic.weights_bytes(dtype));
+            let source = synthetic.build(dtype, |bytes| build.inc(bytes))?;
+            build.finish_and_clear();
+            let name = synthetic.name.clone();
+            Ok((load_source(source, PathBuf::from(&name), device, &model_args, tokens)?, name))
+        }
+    }
+}
+
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.suite == Suite::Quality {
+        return run_quality(args);
+    }
     let plan = BenchPlan {
         prompts: args.prompts.clone(),
         generations: args.generations.clone(),
@@ -73,32 +128,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let sources = args.models.iter().map(|p| ModelChoice::Path(p.clone()));
     let sources = sources.chain(args.synthetic.iter().map(|s| ModelChoice::Synthetic(s.clone())));
     for choice in sources {
-        let model_args = ModelArgs {
-            model: None,
-            runtime: RuntimeArgs { prefill_step: plan.prefill_step, ..args.runtime },
-            context_size: None,
-            num_sink_tokens: None,
-        };
         // Refuses up front when the deepest test will not fit in memory.
-        let (loaded, name) = match choice {
-            ModelChoice::Path(path) => {
-                let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().to_string());
-                (load(&ModelArgs { model: Some(path), ..model_args }, plan.max_tokens())?, name)
-            }
-            ModelChoice::Synthetic(preset) => {
-                let synthetic = SyntheticModel::new(&preset, args.bits)?;
-                let device = select_device(&args.runtime)?;
-                let dtype = compute_dtype(&args.runtime, device, Some(Dtype::Bfloat16));
-                let cache = models::cache_bytes(&synthetic.cfg, plan.max_tokens(), memory::dtype_bytes(dtype))?;
-                memory::check_fits(&synthetic.name, synthetic.weights_bytes(dtype), cache, plan.max_tokens())
-                    .map_err(|e| anyhow::anyhow!("{e}; for a synthetic model, --bits 8 or 4 quantizes it"))?;
-                let build = bytes_progress(&format!("building {}", synthetic.name), synthetic.weights_bytes(dtype));
-                let source = synthetic.build(dtype, |bytes| build.inc(bytes))?;
-                build.finish_and_clear();
-                let name = synthetic.name.clone();
-                (load_source(source, PathBuf::from(&name), device, &model_args, plan.max_tokens())?, name)
-            }
-        };
+        let (loaded, name) = load_choice(choice, &args, plan.max_tokens())?;
         let info = loaded.model.info();
         if plan.max_tokens() > info.max_context {
             anyhow::bail!(
@@ -140,6 +171,80 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     } else {
         bench_report::write(&rows, args.output, &test_time, true, stdout)?;
+    }
+    Ok(())
+}
+
+/// `--suite quality`: every model answers the shipped questions.
+fn run_quality(args: BenchArgs) -> anyhow::Result<()> {
+    if !args.synthetic.is_empty() {
+        anyhow::bail!("--suite quality needs trained weights: a --synthetic model has random ones");
+    }
+    let mut items = quality::items()?;
+    if let Some(limit) = args.limit {
+        let mut seen: Vec<(String, usize)> = Vec::new();
+        items.retain(|item| {
+            let count = match seen.iter_mut().find(|(c, _)| *c == item.category) {
+                Some((_, n)) => n,
+                None => {
+                    seen.push((item.category.clone(), 0));
+                    &mut seen.last_mut().expect("pushed").1
+                }
+            };
+            *count += 1;
+            *count <= limit
+        });
+    }
+    // Questions are a few dozen tokens; the chat template adds a few more.
+    let context = args.max_tokens + 512;
+    let bar = progress_bar((args.models.len() * items.len()) as u64, "quality {bar:40} {pos}/{len} questions, eta {eta} {msg}");
+    let stdout = &mut std::io::stdout().lock();
+    let mut appended = 0;
+    for path in &args.models {
+        let (loaded, name) = load_choice(ModelChoice::Path(path.clone()), &args, context)?;
+        let Some(tokenizer) = loaded.tokenizer.as_ref() else {
+            anyhow::bail!("{}: no tokenizer; the quality suite asks questions in text", path.display());
+        };
+        let mut outcomes = Vec::new();
+        for item in &items {
+            let outcome = quality::run_item(
+                loaded.model.as_ref(),
+                tokenizer,
+                item,
+                !args.no_think,
+                args.max_tokens,
+                args.runtime.prefill_step.max(1),
+            )?;
+            outcomes.push(outcome);
+            let correct = outcomes.iter().filter(|o| o.correct).count();
+            bar.set_message(format!("{name}: {correct}/{} correct", outcomes.len()));
+            bar.inc(1);
+        }
+        let (report, summary) = quality::summary(&name, &outcomes);
+        if let Some(file) = &args.samples {
+            quality::samples(&name, &outcomes).append(Format::Jsonl, file, "", "sala bench --suite quality")?;
+        }
+        bar.suspend(|| -> anyhow::Result<()> {
+            if args.output == Format::Md || args.output_file.is_some() {
+                writeln!(stdout, "{name}")?;
+                if std::io::stdout().is_terminal() {
+                    writeln!(stdout, "{}", report.table())?;
+                } else {
+                    write!(stdout, "{}", report.markdown())?;
+                }
+            } else {
+                summary.write(args.output, true, stdout)?;
+            }
+            Ok(())
+        })?;
+        if let Some(file) = &args.output_file {
+            summary.append(args.output, file, &format!("{name}\n{}", report.markdown()), "sala bench --suite quality")?;
+            appended += summary.rows.len();
+        }
+    }
+    bar.finish_and_clear();
+    if let Some(file) = &args.output_file {
+        eprintln!("appended {appended} results to {}", file.display());
     }
     Ok(())
 }

@@ -3,30 +3,18 @@
 //! a CI job can keep one history file.
 
 use super::bench::BenchRow;
-use super::report::Report;
+pub use super::report::Format;
+use super::report::{Records, Report};
 use crate::store::memory::human;
-use anyhow::Context;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::Path;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
-    Md,
-    Csv,
-    Json,
-    Jsonl,
-}
 
 /// The CSV columns, in order (llama-bench's names where it has one).
 pub const FIELDS: &[&str] = &[
     "model_filename", "model_type", "model_size", "n_params", "backend", "dtype", "n_batch", "n_prompt", "n_gen", "n_depth",
     "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts", "peak_mem",
 ];
-
-fn join<T: ToString>(xs: &[T]) -> String {
-    xs.iter().map(ToString::to_string).collect::<Vec<_>>().join(" ")
-}
 
 /// One row as `FIELDS` → value.
 pub fn record(row: &BenchRow, test_time: &str) -> Vec<(&'static str, Value)> {
@@ -40,17 +28,13 @@ pub fn record(row: &BenchRow, test_time: &str) -> Vec<(&'static str, Value)> {
     FIELDS.iter().copied().zip(values).collect()
 }
 
-/// The rows as JSON objects keyed by `FIELDS`.
-fn objects(rows: &[BenchRow], test_time: &str) -> Vec<Value> {
-    rows.iter().map(|r| Value::Object(record(r, test_time).into_iter().map(|(k, v)| (k.to_string(), v)).collect())).collect()
-}
-
-fn csv_cell(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Array(items) => join(&items.iter().map(|x| x.to_string()).collect::<Vec<_>>()),
-        other => other.to_string(),
+/// The rows as records with `FIELDS`.
+fn records(rows: &[BenchRow], test_time: &str) -> Records {
+    let mut records = Records::new(FIELDS);
+    for r in rows {
+        records.push(record(r, test_time).into_iter().map(|(_, v)| v).collect());
     }
+    records
 }
 
 /// `pp512 @ d4096`-style rows: model, size, params, backend, dtype, test, t/s (mean ± sd), peak memory.
@@ -115,15 +99,12 @@ pub fn comparison(rows: &[BenchRow]) -> Option<Report> {
     Some(report)
 }
 
-/// A markdown table (what `-o md` writes to a file or a pipe).
-pub fn markdown(report: &Report) -> String {
-    let mut out = format!("| {} |\n|", report.headers.join(" | "));
-    for i in 0..report.headers.len() {
-        out.push_str(if i == 0 { " --- |" } else { " ---: |" });
-    }
-    out.push('\n');
-    for row in &report.rows {
-        out.push_str(&format!("| {} |\n", row.join(" | ")));
+/// The markdown tables: the rows, then the side-by-side comparison when several models ran.
+fn markdown(rows: &[BenchRow]) -> String {
+    let mut out = table(rows).markdown();
+    if let Some(c) = comparison(rows) {
+        out.push('\n');
+        out.push_str(&c.markdown());
     }
     out
 }
@@ -132,59 +113,14 @@ pub fn markdown(report: &Report) -> String {
 /// (a new or empty file).
 pub fn write(rows: &[BenchRow], format: Format, test_time: &str, header: bool, out: &mut dyn Write) -> anyhow::Result<()> {
     match format {
-        Format::Md => {
-            write!(out, "{}", markdown(&table(rows)))?;
-            if let Some(c) = comparison(rows) {
-                write!(out, "\n{}", markdown(&c))?;
-            }
-        }
-        Format::Csv => {
-            let mut w = csv::WriterBuilder::new().from_writer(out);
-            if header {
-                w.write_record(FIELDS)?;
-            }
-            for r in rows {
-                w.write_record(record(r, test_time).iter().map(|(_, v)| csv_cell(v)))?;
-            }
-            w.flush()?;
-        }
-        Format::Json | Format::Jsonl => {
-            let objects = objects(rows, test_time);
-            if format == Format::Json {
-                writeln!(out, "{}", serde_json::to_string_pretty(&objects)?)?;
-            } else {
-                for o in objects {
-                    writeln!(out, "{o}")?;
-                }
-            }
-        }
+        Format::Md => Ok(write!(out, "{}", markdown(rows))?),
+        _ => records(rows, test_time).write(format, header, out),
     }
-    Ok(())
 }
 
 /// Appends `rows` to the results file `path` (a JSON file keeps one array, extended).
 pub fn append(rows: &[BenchRow], format: Format, test_time: &str, path: &Path) -> anyhow::Result<()> {
-    let existing = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    if format == Format::Json {
-        let mut all: Vec<Value> = if existing > 0 {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            serde_json::from_str(&text).with_context(|| format!("{} is not a JSON array of results; use a new file", path.display()))?
-        } else {
-            Vec::new()
-        };
-        all.extend(objects(rows, test_time));
-        std::fs::write(path, serde_json::to_string_pretty(&all)? + "\n").with_context(|| format!("writing {}", path.display()))?;
-        return Ok(());
-    }
-    if format == Format::Csv && existing > 0 {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        if text.lines().next() != Some(FIELDS.join(",").as_str()) {
-            anyhow::bail!("{} has other columns than `sala bench` writes; append to a file it wrote, or start a new one", path.display());
-        }
-    }
-    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).with_context(|| format!("opening {}", path.display()))?;
-    write(rows, format, test_time, existing == 0, &mut file)?;
-    Ok(())
+    records(rows, test_time).append(format, path, &markdown(rows), "sala bench")
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for a Unix time (UTC).

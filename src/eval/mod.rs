@@ -1,7 +1,9 @@
 //! Evaluation: comparisons and benchmarks, and the table/CSV writers they share.
 
+pub mod ask;
 pub mod bench;
 pub mod bench_report;
+pub mod quality;
 pub mod quant_report;
 pub mod report;
 pub mod synthetic;

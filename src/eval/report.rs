@@ -1,7 +1,19 @@
-//! A result table that prints on a terminal (comfy-table) and writes as CSV.
+//! Result tables (printed with comfy-table on a terminal, markdown elsewhere) and result records
+//! (CSV / JSON / JSONL files that are appended to, so a CI job can keep one history file).
 
 use anyhow::Context;
+use serde_json::Value;
+use std::io::Write;
 use std::path::Path;
+
+/// How results are written (`-o`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Md,
+    Csv,
+    Json,
+    Jsonl,
+}
 
 pub struct Report {
     pub headers: Vec<String>,
@@ -32,6 +44,19 @@ impl Report {
         table
     }
 
+    /// A markdown table (what `-o md` writes to a file or a pipe).
+    pub fn markdown(&self) -> String {
+        let mut out = format!("| {} |\n|", self.headers.join(" | "));
+        for i in 0..self.headers.len() {
+            out.push_str(if i == 0 { " --- |" } else { " ---: |" });
+        }
+        out.push('\n');
+        for row in &self.rows {
+            out.push_str(&format!("| {} |\n", row.join(" | ")));
+        }
+        out
+    }
+
     pub fn write_csv(&self, path: &Path) -> anyhow::Result<()> {
         let mut writer = csv::Writer::from_path(path).with_context(|| format!("creating {}", path.display()))?;
         writer.write_record(&self.headers)?;
@@ -40,5 +65,101 @@ impl Report {
         }
         writer.flush().with_context(|| format!("writing {}", path.display()))?;
         Ok(())
+    }
+}
+
+/// Result rows with named fields, in the order of `fields`.
+pub struct Records {
+    pub fields: &'static [&'static str],
+    pub rows: Vec<Vec<Value>>,
+}
+
+impl Records {
+    pub fn new(fields: &'static [&'static str]) -> Self {
+        Self { fields, rows: Vec::new() }
+    }
+
+    pub fn push(&mut self, row: Vec<Value>) {
+        debug_assert_eq!(row.len(), self.fields.len());
+        self.rows.push(row);
+    }
+
+    /// The rows as JSON objects keyed by the field names.
+    pub fn objects(&self) -> Vec<Value> {
+        let object = |row: &Vec<Value>| Value::Object(self.fields.iter().map(|f| f.to_string()).zip(row.iter().cloned()).collect());
+        self.rows.iter().map(object).collect()
+    }
+
+    /// Writes the rows as CSV (the header only when `header` is set: a new or empty file), JSON
+    /// (one array) or JSONL. Markdown is the caller's table, not a record format.
+    pub fn write(&self, format: Format, header: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+        match format {
+            Format::Csv => {
+                let mut w = csv::WriterBuilder::new().from_writer(out);
+                if header {
+                    w.write_record(self.fields)?;
+                }
+                for row in &self.rows {
+                    w.write_record(row.iter().map(csv_cell))?;
+                }
+                w.flush()?;
+            }
+            Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&self.objects())?)?,
+            Format::Jsonl => {
+                for o in self.objects() {
+                    writeln!(out, "{o}")?;
+                }
+            }
+            Format::Md => anyhow::bail!("internal: markdown is written from a table"),
+        }
+        Ok(())
+    }
+
+    /// Appends to the results file `path`: a JSON file stays one array (extended), a CSV file must
+    /// have the same columns (its header is written when new), `markdown` is what an md file gets.
+    /// `writer` names the command, for the message when the file is someone else's.
+    pub fn append(&self, format: Format, path: &Path, markdown: &str, writer: &str) -> anyhow::Result<()> {
+        let existing = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let read = || std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()));
+        match format {
+            Format::Json => {
+                let mut all: Vec<Value> = if existing > 0 {
+                    serde_json::from_str(&read()?)
+                        .with_context(|| format!("{} is not a JSON array of results; use a new file", path.display()))?
+                } else {
+                    Vec::new()
+                };
+                all.extend(self.objects());
+                let text = serde_json::to_string_pretty(&all)? + "\n";
+                return std::fs::write(path, text).with_context(|| format!("writing {}", path.display()));
+            }
+            Format::Csv if existing > 0 => {
+                if read()?.lines().next() != Some(self.fields.join(",").as_str()) {
+                    anyhow::bail!(
+                        "{} has other columns than `{writer}` writes; append to a file it wrote, or start a new one",
+                        path.display()
+                    );
+                }
+            }
+            _ => {}
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        match format {
+            Format::Md => file.write_all(markdown.as_bytes()).with_context(|| format!("writing {}", path.display())),
+            _ => self.write(format, existing == 0, &mut file),
+        }
+    }
+}
+
+/// A CSV cell: strings bare, arrays space-separated, the rest as JSON.
+fn csv_cell(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(items) => items.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" "),
+        other => other.to_string(),
     }
 }

@@ -158,3 +158,49 @@ pub fn venv_python(name: &str, env_var: &str, module: &str, packages: &[&str]) -
     }
     python
 }
+
+/// A byte-level BPE tokenizer with no merges: ids 0..256 are the bytes, then ChatML's markers.
+pub fn byte_tokenizer() -> serde_json::Value {
+    // GPT-2's byte → character map: printable bytes stand for themselves, the rest for 256 + n.
+    let mut n = 0;
+    let vocab: serde_json::Map<String, serde_json::Value> = (0u32..256)
+        .map(|b| {
+            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+            let c = if printable {
+                char::from_u32(b).unwrap()
+            } else {
+                n += 1;
+                char::from_u32(255 + n).unwrap()
+            };
+            (c.to_string(), serde_json::json!(b))
+        })
+        .chain([("<|im_start|>".to_string(), serde_json::json!(256)), ("<|im_end|>".to_string(), serde_json::json!(257))])
+        .collect();
+    let special = |id: u32, content: &str| serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true});
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [special(256, "<|im_start|>"), special(257, "<|im_end|>")],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": []},
+    })
+}
+
+/// A copy of golden case `case` (random weights) with [`byte_tokenizer`] (its vocabulary has
+/// room for it), so text commands can run on it; `eos` replaces its end-of-sequence ids.
+pub fn golden_with_tokenizer(case: &str, label: &str, eos: Option<u32>) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sala-{label}-{case}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(golden(case).join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(golden(case).join("config.json")).unwrap()).unwrap();
+    if let Some(eos) = eos {
+        config["eos_token_id"] = serde_json::json!([eos]);
+    }
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), byte_tokenizer().to_string()).unwrap();
+    dir
+}
