@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod chat;
 pub mod list;
+pub mod needle;
 pub mod pack;
 pub mod pull;
 pub mod quantize;
@@ -50,8 +51,10 @@ pub enum Command {
     List(list::ListArgs),
     /// Delete a model from the store
     Rm(list::RmArgs),
-    /// Measure prompt and generation speed (llama-bench's test matrix)
+    /// Measure prompt and generation speed (llama-bench's test matrix), or answer quality
     Bench(bench::BenchArgs),
+    /// Needle-in-a-haystack retrieval over context lengths × depths (table, CSV, SVG heatmap)
+    Needle(needle::NeedleArgs),
 }
 
 pub fn main() -> anyhow::Result<()> {
@@ -66,6 +69,7 @@ pub fn main() -> anyhow::Result<()> {
         Command::List(args) => list::list(args),
         Command::Rm(args) => list::rm(args),
         Command::Bench(args) => bench::run(args),
+        Command::Needle(args) => needle::run(args),
     }
 }
 

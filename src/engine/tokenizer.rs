@@ -155,6 +155,11 @@ impl TextTokenizer {
         Ok(ids)
     }
 
+    /// Token ids of `text` alone: no BOS (for pieces of a prompt).
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?.get_ids().to_vec())
+    }
+
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner.decode(ids, true).map_err(|e| Error::Tokenizer(e.to_string()))
     }

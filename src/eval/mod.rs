@@ -3,6 +3,8 @@
 pub mod ask;
 pub mod bench;
 pub mod bench_report;
+pub mod needle;
+pub mod pypi;
 pub mod quality;
 pub mod quant_report;
 pub mod report;
