@@ -46,8 +46,10 @@ check("logit_bias", not r.choices[0].message.content.startswith("The capital"), 
 
 # Tools round trip: a forced call comes back parsed into tool_calls (also streamed), the tool's
 # result goes back in, and the model answers in text.
-weather = [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather for a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+# (Keys in sorted order: the server passes tools on in the client's order, and this is the order
+# in which the 135M test model then writes a call rather than copying the schema.)
+weather = [{"function": {"description": "Get the current weather for a city", "name": "get_weather",
+            "parameters": {"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"}}, "type": "function"}]
 ask = [{"role": "user", "content": "What is the weather in Paris?"}]
 named = {"type": "function", "function": {"name": "get_weather"}}
 r = client.chat.completions.create(model=model, messages=ask, temperature=0, max_tokens=60, tools=weather, tool_choice=named)
