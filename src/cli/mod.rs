@@ -1,6 +1,7 @@
 //! Command-line interface: one module per subcommand.
 
 pub mod bench;
+pub mod bfcl;
 pub mod chat;
 pub mod list;
 pub mod needle;
@@ -55,6 +56,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Needle-in-a-haystack retrieval over context lengths × depths (table, CSV, SVG heatmap)
     Needle(needle::NeedleArgs),
+    /// Function calling: BFCL v4's non-live categories, checked like the leaderboard
+    Bfcl(bfcl::BfclArgs),
 }
 
 pub fn main() -> anyhow::Result<()> {
@@ -70,6 +73,7 @@ pub fn main() -> anyhow::Result<()> {
         Command::Rm(args) => list::rm(args),
         Command::Bench(args) => bench::run(args),
         Command::Needle(args) => needle::run(args),
+        Command::Bfcl(args) => bfcl::run(args),
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub mod ask;
 pub mod bench;
+pub mod bfcl;
 pub mod bench_report;
 pub mod needle;
 pub mod pypi;
