@@ -1,6 +1,6 @@
 //! `sala bench`: throughput on llama-bench's test matrix, for one model or several side by side.
 
-use super::{bytes_progress, compute_dtype, load, load_source, progress_bar, select_device, LoadedModel, ModelArgs, RuntimeArgs};
+use super::{bytes_progress, compute_dtype, file_label, load, load_source, progress_bar, select_device, LoadedModel, ModelArgs, RuntimeArgs};
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::weights::dtype_name;
 use crate::eval::bench::{run_test, BenchPlan, ModelMeta};
@@ -75,10 +75,6 @@ pub enum Suite {
 enum ModelChoice {
     Path(PathBuf),
     Synthetic(String),
-}
-
-fn file_label(path: &std::path::Path) -> String {
-    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().to_string())
 }
 
 /// Loads (or builds) one model to measure, checking that `tokens` of context fit; returns it with
@@ -182,15 +178,9 @@ fn run_quality(args: BenchArgs) -> anyhow::Result<()> {
     }
     let mut items = quality::items()?;
     if let Some(limit) = args.limit {
-        let mut seen: Vec<(String, usize)> = Vec::new();
+        let mut asked: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
         items.retain(|item| {
-            let count = match seen.iter_mut().find(|(c, _)| *c == item.category) {
-                Some((_, n)) => n,
-                None => {
-                    seen.push((item.category.clone(), 0));
-                    &mut seen.last_mut().expect("pushed").1
-                }
-            };
+            let count = asked.entry(item.category.clone()).or_default();
             *count += 1;
             *count <= limit
         });

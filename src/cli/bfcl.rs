@@ -2,7 +2,7 @@
 //! prompt or FC mode and checked by our port of BFCL's AST checker; a per-category table, the
 //! leaderboard row, `data_non_live.csv` and per-sample JSONL.
 
-use super::{bytes_progress, load, progress_bar, ModelArgs, RuntimeArgs};
+use super::{bytes_progress, file_label, load, progress_bar, ModelArgs, RuntimeArgs};
 use crate::eval::bfcl::harness::{run_entry, sample_json, Mode, Settings};
 use crate::eval::bfcl::score::{non_live_csv, percent_cell, summarize, CategoryScore, NonLiveSummary};
 use crate::eval::bfcl::{load as load_entries, Category};
@@ -89,7 +89,7 @@ pub fn run(args: BfclArgs) -> anyhow::Result<()> {
     let mut summaries: Vec<(String, NonLiveSummary)> = Vec::new();
     let stdout = &mut std::io::stdout().lock();
     for path in &args.models {
-        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().to_string());
+        let name = file_label(path);
         let model_args = ModelArgs { model: Some(path.clone()), runtime: args.runtime, context_size: None, num_sink_tokens: None };
         let loaded = load(&model_args, context)?;
         let Some(tokenizer) = loaded.tokenizer.as_ref() else {

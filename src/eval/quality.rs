@@ -5,7 +5,7 @@
 //! `\boxed{}` or `Answer:` line if there is one, else the whole answer; numbers compare as numbers
 //! (the last one given), words as the first or last word.
 
-use super::ask::{ask, Answer, Question};
+use super::ask::{ask, Answer, Budget};
 use super::report::{Records, Report};
 use crate::engine::error::{Error, Result};
 use crate::engine::model::LanguageModel;
@@ -46,8 +46,7 @@ pub struct Outcome {
 
 pub fn run_item(model: &dyn LanguageModel, tokenizer: &TextTokenizer, item: &Item, enable_thinking: bool, max_tokens: usize, prefill_step: usize) -> Result<Outcome> {
     let messages = [Message::new("user", &item.question)];
-    let question = Question { messages: &messages, enable_thinking, max_tokens, prefill_step };
-    let answer = ask(model, tokenizer, &question, |_, _| {})?;
+    let answer = ask(model, tokenizer, &messages, enable_thinking, &Budget { max_tokens, prefill_step }, |_, _| {})?;
     let extracted = final_answer(&answer.text);
     let correct = answer.answered() && matches(&extracted, &item.answer);
     Ok(Outcome { item: item.clone(), answer, extracted, correct })

@@ -19,11 +19,15 @@ pub fn cache_dir() -> PathBuf {
     if let Some(home) = std::env::var_os("HF_HOME") {
         return PathBuf::from(home).join("hub");
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
+    user_cache_dir().join("huggingface").join("hub")
+}
+
+/// `$XDG_CACHE_HOME`, or `~/.cache`.
+pub fn user_cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"));
-    base.join("huggingface").join("hub")
+        .unwrap_or_else(|| PathBuf::from(".cache"))
 }
 
 /// A repo id with an optional revision: `org/name[@revision]`.

@@ -12,7 +12,7 @@ use crate::engine::error::Result;
 use crate::engine::model::LanguageModel;
 use crate::engine::tokenizer::{Message, TextTokenizer};
 use crate::engine::tools::ToolCallSplitter;
-use crate::eval::ask::{ask_tokens, Question};
+use crate::eval::ask::{ask_tokens, Budget};
 use serde_json::{json, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -67,8 +67,8 @@ pub fn run_entry(model: &dyn LanguageModel, tokenizer: &TextTokenizer, entry: &E
         }
     };
     let ids = tokenizer.encode(&prompt_text)?;
-    let question = Question { messages: &[], enable_thinking: settings.think, max_tokens: settings.max_tokens, prefill_step: settings.prefill_step };
-    let answer = ask_tokens(model, tokenizer, &prompt_text, &ids, &question, |_, _| {})?;
+    let budget = Budget { max_tokens: settings.max_tokens, prefill_step: settings.prefill_step };
+    let answer = ask_tokens(model, tokenizer, &prompt_text, &ids, &budget, |_, _| {})?;
     let decoded = match settings.mode {
         // BFCL decodes irrelevance replies as Python whatever the language.
         Mode::Prompt => decode_prompt(&answer.text, if entry.category == Category::Irrelevance { super::data::Language::Python } else { entry.category.language() }),

@@ -37,7 +37,9 @@ pub fn hinted_functions(functions: &[Value], category: Category) -> Vec<Value> {
     };
     let mut docs = functions.to_vec();
     for doc in &mut docs {
-        append_description(doc, hint);
+        if let Some(map) = doc.as_object_mut() {
+            append_description(map, hint);
+        }
         if language == Language::Python {
             continue;
         }
@@ -92,27 +94,20 @@ pub fn hinted_functions(functions: &[Value], category: Category) -> Vec<Value> {
                     ));
                 }
             }
-            let description = schema
-                .get("description")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let description = format!("{}{}", description, note);
-            schema.insert("description".into(), Value::String(description));
+            append_description(schema, &note);
             schema.insert("type".into(), Value::String("string".into()));
         }
     }
     docs
 }
 
-fn append_description(doc: &mut Value, suffix: &str) {
-    if let Some(map) = doc.as_object_mut() {
-        let description = map
-            .get("description")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let description = format!("{}{}", description, suffix);
-        map.insert("description".into(), Value::String(description));
-    }
+fn append_description(map: &mut Map<String, Value>, suffix: &str) {
+    let description = map
+        .get("description")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let description = format!("{}{}", description, suffix);
+    map.insert("description".into(), Value::String(description));
 }
 
 const SYSTEM_PROMPT_HEAD: &str = "You are an expert in composing functions.You are given a question and a set of possible functions. Based on the question, you will need to make one or more function/tool calls to achieve the purpose. If none of the functions can be used, point it out. If the given question lacks the parameters required by the function, also point it out.\n\nYou should only return the function calls in your response.\n\nIf you decide to invoke any of the function(s), you MUST put it in the format of [func_name1(params_name1=params_value1, params_name2=params_value2...), func_name2(params)].  You SHOULD NOT include any other text in the response.\n\nAt each turn, you should try your best to complete the tasks requested by the user within the current turn. Continue to output functions to call until you have fulfilled the user's request to the best of your ability. Once you have no more functions to call, the system will consider the current turn complete and proceed to the next turn or task.\n\nHere is a list of functions in json format that you can invoke.\n";
@@ -176,12 +171,7 @@ fn cast_properties(properties: &mut Map<String, Value>) {
             Some(t) => {
                 if t == "float" {
                     schema.insert("format".into(), Value::String("float".into()));
-                    let description = schema
-                        .get("description")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default();
-                    let description = format!("{} This is a float type value.", description);
-                    schema.insert("description".into(), Value::String(description));
+                    append_description(schema, " This is a float type value.");
                 }
                 openapi_type(t)
             }
