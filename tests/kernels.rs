@@ -4,7 +4,7 @@
 
 use mlx_rs::{random, Array, Dtype};
 use sala::engine::ops::{to_vec_f32, to_vec_i32};
-use sala::kernels::gla::{alibi_slopes, simple_gla_chunked, simple_gla_step};
+use sala::kernels::gla::{alibi_slopes, simple_gla_chunked, simple_gla_recurrent};
 use sala::kernels::sparse::{block_sparse_attention, select_blocks, BlockSelection};
 
 fn randn(shape: &[i32], seed: u64) -> Array {
@@ -29,7 +29,7 @@ fn chunked_gla_equals_recurrent_gla() {
         let v = randn(&[b, h, t, d], seed + 2);
         let s0 = randn(&[b, h, d, d], seed + 3);
         for state in [None, Some(&s0)] {
-            let (o_ref, s_ref) = simple_gla_step(&q, &k, &v, &slopes, state, 0.25).unwrap();
+            let (o_ref, s_ref) = simple_gla_recurrent(&q, &k, &v, &slopes, state, 0.25).unwrap();
             let (o, s) = simple_gla_chunked(&q, &k, &v, &slopes, state, 0.25).unwrap();
             let (eo, es) = (max_diff(&o, &o_ref), max_diff(&s, &s_ref));
             assert!(eo < 1e-4 && es < 1e-4, "T={t} state={}: output {eo}, state {es}", state.is_some());
@@ -173,7 +173,7 @@ fn block_sparse_attention_matches_masked_dense_attention() {
         }
     }
     let blocks = Array::from_slice(&idx, &[1, hkv, t, 4]);
-    let got = to_vec_f32(&block_sparse_attention(&q, &k, &v, &blocks, first, 64, 0.3).unwrap()).unwrap();
+    let got = to_vec_f32(&block_sparse_attention(&q, &k, &v, kv_len, &blocks, first, 64, 0.3).unwrap()).unwrap();
     let (qh, kh, vh) = (to_vec_f32(&q).unwrap(), to_vec_f32(&k).unwrap(), to_vec_f32(&v).unwrap());
     let (d, t) = (d as usize, t as usize);
     for head in 0..hq as usize {

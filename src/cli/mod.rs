@@ -61,7 +61,9 @@ pub enum Command {
 }
 
 pub fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+    let command = Cli::parse().command;
+    crate::engine::device::configure_runtime();
+    match command {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::run(args),
         Command::Serve(args) => serve::run(args),

@@ -60,6 +60,12 @@ impl SeqBuffer {
         }
     }
 
+    /// The whole buffer `[B, H, capacity, D]`, of which the first `len` positions are filled
+    /// (kernels read it in place rather than a copy of the filled part).
+    pub fn storage(&self) -> Option<&Array> {
+        self.data.as_ref().filter(|_| self.len > 0)
+    }
+
     /// Keeps only the first `len` entries (speculative-decoding rollback).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
@@ -118,7 +124,10 @@ impl PooledKeys {
         for j in 1..ratio {
             total = total.add(sums.try_index((.., .., j as i32..(j + new) as i32, ..))?)?;
         }
+        // Rounded to the keys' dtype (as the reference stores them), kept in float32: every use
+        // scores them in float32, and converting the whole history each step would cost more.
         let means = total.multiply(scalar(1.0 / self.kernel as f32, Dtype::Float32)?)?.as_dtype(keys.dtype())?;
+        let means = means.as_dtype(Dtype::Float32)?;
         self.windows.append(&means)
     }
 }
@@ -199,7 +208,12 @@ impl KvCache {
         Ok((self.keys.view()?.expect("just appended"), self.values.view()?.expect("just appended")))
     }
 
-    /// Mean-pooled keys `[B, Hkv, n, d]` over windows of `kernel` with `stride` (kernel must be a
+    /// The key and value buffers `[B, Hkv, capacity, d]` (filled up to [`KvCache::len`]).
+    pub fn storage(&self) -> Option<(&Array, &Array)> {
+        Some((self.keys.storage()?, self.values.storage()?))
+    }
+
+    /// Mean-pooled keys `[B, Hkv, n, d]` (float32 holding values rounded to the keys' dtype) over windows of `kernel` with `stride` (kernel must be a
     /// multiple of stride), brought up to date with the cache: computed in full on first use,
     /// incrementally afterwards. `None` while no window is complete.
     pub fn pooled_keys(&mut self, kernel: usize, stride: usize) -> Result<Option<Array>> {

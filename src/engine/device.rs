@@ -9,6 +9,16 @@ pub enum DeviceKind {
     Gpu,
 }
 
+/// MLX-CUDA replays recorded CUDA graphs keyed by the sequence of kernels; a long prompt or a
+/// growing context makes more distinct sequences than its default cache of 400, and MLX 0.32.2
+/// then stops with "Cache thrashing is happening" (seen on an H200 prefilling 131K tokens). Raise
+/// the default unless the user set it. Must run before the first MLX call.
+pub fn configure_runtime() {
+    if std::env::var_os("MLX_CUDA_GRAPH_CACHE_SIZE").is_none() {
+        std::env::set_var("MLX_CUDA_GRAPH_CACHE_SIZE", "4096");
+    }
+}
+
 /// Whether this libmlx has a usable GPU backend (Metal or CUDA).
 pub fn gpu_available() -> bool {
     let mut available = false;

@@ -278,6 +278,24 @@ pub fn extend(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32],
     Ok(())
 }
 
+/// Decodes known `tokens` one forward call each, building step n+1 while the device still runs
+/// step n (`async_eval`, as mlx-lm's generate loop does), so graph construction on the host
+/// overlaps the device's work. For measuring decode speed (`sala bench`).
+pub fn decode_pipelined(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32]) -> Result<()> {
+    let mut last = None;
+    for &token in tokens {
+        let input = Array::from_slice(&[token as i32], &[1, 1]);
+        let logits = model.forward_batch(&input, &mut [&mut *cache], Logits::Last, None)?;
+        let state = cache.arrays();
+        mlx_rs::transforms::async_eval(std::iter::once(&logits).chain(state.iter()))?;
+        last = Some((logits, state));
+    }
+    if let Some((logits, state)) = last {
+        eval(std::iter::once(&logits).chain(state.iter()))?;
+    }
+    Ok(())
+}
+
 /// One forward call over `tokens` returning the last position's logits, evaluated together with
 /// the cache so the lazy graph never outlives the step.
 fn forward_eval(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32]) -> Result<Array> {

@@ -6,7 +6,7 @@
 //! go in).
 
 use crate::engine::error::{Error, Result};
-use crate::engine::generate::extend;
+use crate::engine::generate::{decode_pipelined, extend};
 use crate::engine::model::LanguageModel;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
@@ -169,12 +169,9 @@ pub fn run_test(
         let start = Instant::now();
         match test {
             Test::Prompt(_) => extend(model, &mut cache, &tokens, plan.prefill_step)?,
-            // One forward per token, synchronised, as a decode loop runs.
-            Test::Generate(_) => {
-                for token in &tokens {
-                    extend(model, &mut cache, std::slice::from_ref(token), 1)?;
-                }
-            }
+            // One forward per token; the next step's graph is built while the device runs the
+            // previous one, as mlx-lm's generate loop does.
+            Test::Generate(_) => decode_pipelined(model, &mut cache, &tokens)?,
         }
         let elapsed = start.elapsed().as_nanos() as u64;
         // Run 0 warms up (kernel compilation, allocator) and is not counted.

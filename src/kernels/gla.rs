@@ -3,7 +3,9 @@
 //!   S_t = γ_h · S_{t−1} + k_tᵀ v_t,   o_t = (scale · q_t) · S_t        (γ_h = exp(−slope_h))
 //!
 //! Inputs are float32 `[B, H, T, d]`, the state is float32 `[B, H, d_k, d_v]`. No normaliser.
+//! The decode step has a GPU kernel (`cuda/gla_decode.cu`, `metal/gla_decode.metal`).
 
+use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
 use crate::engine::ops::{arange_f32, scalar};
 use mlx_rs::{error::Result, ops, Array, Dtype};
 
@@ -37,8 +39,58 @@ fn zero_state(q: &Array, v: &Array) -> Result<Array> {
     Array::zeros::<f32>(&[b, h, dk, dv])
 }
 
-/// The recurrent form, one token at a time (the decode step; also the test oracle).
+/// One decode step (T = 1): the fused kernel on a GPU (`cuda/gla_decode.cu`), reading and
+/// writing the state once; the recurrence in MLX ops otherwise.
 pub fn simple_gla_step(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    slopes: &Array,
+    state: Option<&Array>,
+    scale: f32,
+) -> Result<(Array, Array)> {
+    if backend() == Backend::Cpu || q.shape()[0] != 1 || q.shape()[2] != 1 {
+        return simple_gla_recurrent(q, k, v, slopes, state, scale);
+    }
+    let (h, dk, dv) = (q.shape()[1], q.shape()[3], v.shape()[3]);
+    let state = match state {
+        Some(s) => s.clone(),
+        None => zero_state(q, v)?,
+    };
+    let threads = dv.min(128);
+    let out = apply(
+        &GLA_DECODE,
+        &[q, k, v, slopes, &state],
+        Launch {
+            grid: (dv, h, 1),
+            threads: (threads, 1, 1),
+            outputs: vec![(vec![1, h, 1, dv], Dtype::Float32), (vec![1, h, dk, dv], Dtype::Float32)],
+            // The scale as its bit pattern: a compile-time constant, no upload per step.
+            template: vec![
+                ("DK", TemplateArg::Int(dk)),
+                ("DV", TemplateArg::Int(dv)),
+                ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
+            ],
+            init: None,
+        },
+    )?;
+    let mut out = out.into_iter();
+    Ok((out.next().expect("2 outputs"), out.next().expect("2 outputs")))
+}
+
+static GLA_DECODE: KernelSource = KernelSource {
+    name: "sala_gla_decode",
+    inputs: &["q", "k", "v", "slopes", "state"],
+    outputs: &["out", "next_state"],
+    cuda_header: include_str!("../../cuda/gla_decode.cu"),
+    cuda_body: "sala_gla_decode<DK, DV, SCALE_BITS>(q, k, v, slopes, state, out, next_state);",
+    metal_header: include_str!("../../metal/gla_decode.metal"),
+    metal_body: "sala_gla_decode<DK, DV, SCALE_BITS>(q, k, v, slopes, state, out, next_state, \
+                 thread_position_in_grid.x, thread_position_in_grid.y);",
+};
+
+/// The recurrent form in MLX ops, one token at a time (the CPU decode step; the test oracle).
+pub fn simple_gla_recurrent(
     q: &Array,
     k: &Array,
     v: &Array,

@@ -1,9 +1,12 @@
-//! InfLLM-V2 block selection and block-sparse attention (MLX-ops versions).
+//! InfLLM-V2 block selection and block-sparse attention: the GPU kernels (`cuda/select_blocks.cu`,
+//! `cuda/block_sparse_attention.cu` and their Metal twins) and the MLX-ops versions, which run on
+//! the CPU and are the kernels' test oracle.
 //!
 //! Shapes: queries `[B, Hq, T, d]` at absolute positions `first_pos ..`, keys/values
 //! `[B, Hkv, L, d]`, level-1/level-2 compressed keys `[B, Hkv, n, d]`. The `Hq / Hkv` query heads of
 //! a KV group share one block selection.
 
+use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
 use crate::engine::ops::{arange_i32, scalar};
 use mlx_rs::{error::Result, ops, ops::indexing::{IntoStrideBy, TryIndexOp}, Array, Dtype};
 
@@ -37,6 +40,22 @@ pub struct Selected {
 /// Stage 1 (compressed-key relevance with the level-2 LSE), max-pooling to blocks, forced init
 /// and local blocks, and the per-group top-k (exact ties: the lower block index wins).
 pub fn select_blocks(
+    q: &Array,
+    c1: &Array,
+    c2: &Array,
+    first_pos: usize,
+    kv_len: usize,
+    sel: &BlockSelection,
+    score_dtype: Dtype,
+) -> Result<Selected> {
+    if backend() == Backend::Cpu || q.shape()[0] != 1 {
+        return select_blocks_mlx(q, c1, c2, first_pos, kv_len, sel, score_dtype);
+    }
+    select_blocks_gpu(q, c1, c2, first_pos, kv_len, sel, score_dtype)
+}
+
+/// The MLX-ops version of [`select_blocks`].
+pub fn select_blocks_mlx(
     q: &Array,
     c1: &Array,
     c2: &Array,
@@ -130,8 +149,29 @@ pub fn select_blocks(
 }
 
 /// Softmax attention of each query over its group's selected blocks, causally clipped to
-/// positions ≤ the query's own. `blocks`: `[B, Hkv, T, K]` (−1 = none). Returns `[B, Hq, T, d]`.
+/// positions ≤ the query's own. `keys`/`values`: `[B, Hkv, capacity, d]` cache buffers of which
+/// the first `kv_len` positions are filled; `blocks`: `[B, Hkv, T, K]` (−1 = none).
+/// Returns `[B, Hq, T, d]`.
+#[allow(clippy::too_many_arguments)]
 pub fn block_sparse_attention(
+    q: &Array,
+    keys: &Array,
+    values: &Array,
+    kv_len: usize,
+    blocks: &Array,
+    first_pos: usize,
+    block: usize,
+    scale: f32,
+) -> Result<Array> {
+    if backend() == Backend::Cpu || q.shape()[0] != 1 {
+        let filled = |a: &Array| a.try_index((.., .., ..kv_len as i32, ..));
+        return block_sparse_attention_mlx(q, &filled(keys)?, &filled(values)?, blocks, first_pos, block, scale);
+    }
+    block_sparse_attention_gpu(q, keys, values, kv_len, blocks, first_pos, block, scale)
+}
+
+/// The MLX-ops version of [`block_sparse_attention`], over filled keys/values `[B, Hkv, L, d]`.
+pub fn block_sparse_attention_mlx(
     q: &Array,
     k: &Array,
     v: &Array,
@@ -178,3 +218,164 @@ pub fn block_sparse_attention(
     let out = probs.matmul(&vg)?; // [B,Hkv,T,G,d]
     out.swap_axes(2, 3)?.reshape(&[b, hq, t, d])?.as_dtype(q.dtype())
 }
+
+static SELECT_BLOCKS: KernelSource = KernelSource {
+    name: "sala_select_blocks",
+    inputs: &["l1", "l2", "params"],
+    outputs: &["blocks", "scores", "window_scores"],
+    cuda_header: include_str!("../../cuda/select_blocks.cu"),
+    cuda_body: "sala_select_blocks<R, G, KERNEL, STRIDE, KERNEL2, STRIDE2, BLOCK, INIT, LOCAL, TOPK, SCALE_BITS>(\
+                l1, l2, params, blocks, scores, window_scores, l1_shape[1] / G, l1_shape[2], l2_shape[2]);",
+    metal_header: include_str!("../../metal/select_blocks.metal"),
+    metal_body: "threadgroup float lse[G]; threadgroup atomic_uint hist[256]; threadgroup ulong prefix; \
+                 threadgroup int remaining; threadgroup int warp_counts[32]; \
+                 sala_select_blocks<R, G, KERNEL, STRIDE, KERNEL2, STRIDE2, BLOCK, INIT, LOCAL, TOPK, SCALE_BITS>(\
+                 l1, l2, params, blocks, scores, window_scores, int(l1_shape[1]) / G, int(l1_shape[2]), \
+                 int(l2_shape[2]), threadgroup_position_in_grid, thread_index_in_threadgroup, \
+                 threads_per_threadgroup.x, thread_index_in_simdgroup, simdgroup_index_in_threadgroup, \
+                 lse, hist, &prefix, &remaining, warp_counts);",
+};
+
+/// Threads per thread block of the sparse kernels.
+const THREADS: i32 = 256;
+
+fn select_blocks_gpu(
+    q: &Array,
+    c1: &Array,
+    c2: &Array,
+    first_pos: usize,
+    kv_len: usize,
+    sel: &BlockSelection,
+    score_dtype: Dtype,
+) -> Result<Selected> {
+    let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
+    let hkv = c1.shape()[1];
+    let g = hq / hkv;
+    let scale_bits = (d as f32).powf(-0.5).to_bits() as i32;
+    // Both score products as batched matrix products, one per KV group: [Hkv, G·T, n] (the
+    // kernel applies the scale). The pooled keys are float32 already (see KvCache::pooled_keys).
+    let qg = q.as_dtype(Dtype::Float32)?.reshape(&[hkv, g * t, d])?;
+    let dot = |c: &Array| -> Result<Array> {
+        let ct = c.as_dtype(Dtype::Float32)?.reshape(&[hkv, -1, d])?.swap_axes(1, 2)?;
+        qg.matmul(ct)
+    };
+    let (l1, l2) = (dot(c1)?, dot(c2)?);
+    let n1 = c1.shape()[2];
+    let nb = kv_len.div_ceil(sel.block) as i32;
+    let params = Array::from_slice(&[first_pos as i32, kv_len as i32, nb], &[3]);
+    let int = |v: usize| TemplateArg::Int(v as i32);
+    let out = apply(
+        &SELECT_BLOCKS,
+        &[&l1, &l2, &params],
+        Launch {
+            grid: (THREADS, t, hkv),
+            threads: (THREADS, 1, 1),
+            outputs: vec![
+                (vec![1, hkv, t, sel.topk as i32], Dtype::Int32),
+                (vec![1, hkv, t, nb], Dtype::Float32),
+                (vec![hkv, t, n1], Dtype::Float32),
+            ],
+            template: vec![
+                ("R", TemplateArg::Type(score_dtype)),
+                ("G", TemplateArg::Int(g)),
+                ("KERNEL", int(sel.kernel)),
+                ("STRIDE", int(sel.stride)),
+                ("KERNEL2", int(sel.kernel2)),
+                ("STRIDE2", int(sel.stride2)),
+                ("BLOCK", int(sel.block)),
+                ("INIT", int(sel.init_blocks)),
+                ("LOCAL", int(sel.local_blocks)),
+                ("TOPK", int(sel.topk)),
+                // Scales as bit patterns: compile-time constants, no upload per call.
+                ("SCALE_BITS", TemplateArg::Int(scale_bits)),
+            ],
+            init: None,
+        },
+    )?;
+    let mut out = out.into_iter();
+    let (blocks, scores) = (out.next().expect("3 outputs"), out.next().expect("3 outputs"));
+    Ok(Selected { blocks, scores })
+}
+
+static BLOCK_SPARSE_ATTENTION: KernelSource = KernelSource {
+    name: "sala_block_sparse_attention",
+    inputs: &["q", "k", "v", "blocks", "params"],
+    outputs: &["out", "lse"],
+    cuda_header: include_str!("../../cuda/block_sparse_attention.cu"),
+    cuda_body: "sala_block_sparse_attention<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(\
+                q, k, v, blocks, params, out, lse, q_shape[1], k_shape[2], blocks_shape[3]);",
+    metal_header: include_str!("../../metal/block_sparse_attention.metal"),
+    metal_body: "threadgroup float qs[G * D]; threadgroup float ks[32 * (D + 1)]; threadgroup float vs[32 * (D + 1)]; \
+                 sala_block_sparse_attention<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(\
+                 q, k, v, blocks, params, out, lse, int(q_shape[1]), int(k_shape[2]), int(blocks_shape[3]), \
+                 threadgroup_position_in_grid, thread_index_in_threadgroup, threads_per_threadgroup.x, \
+                 threadgroups_per_grid.z, thread_index_in_simdgroup, simdgroup_index_in_threadgroup, qs, ks, vs);",
+};
+
+#[allow(clippy::too_many_arguments)]
+fn block_sparse_attention_gpu(
+    q: &Array,
+    keys: &Array,
+    values: &Array,
+    kv_len: usize,
+    blocks: &Array,
+    first_pos: usize,
+    block: usize,
+    scale: f32,
+) -> Result<Array> {
+    let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
+    let hkv = keys.shape()[1];
+    let nsel = blocks.shape()[3];
+    // Few queries (decode) split the selected blocks among thread blocks to fill the GPU; a
+    // power of two keeps the number of compiled variants small.
+    let nsplit = ((2 * 132) / (t * hkv)).clamp(1, 32).min(nsel.max(1)) as u32;
+    let nsplit = 1i32 << (31 - nsplit.leading_zeros());
+    let params = Array::from_slice(&[first_pos as i32, kv_len as i32], &[2]);
+    let q3 = q.reshape(&[hq, t, d])?;
+    let out = apply(
+        &BLOCK_SPARSE_ATTENTION,
+        &[&q3, keys, values, blocks, &params],
+        Launch {
+            grid: (THREADS * nsplit, t, hkv),
+            threads: (THREADS, 1, 1),
+            outputs: vec![(vec![t, hq, nsplit, d], Dtype::Float32), (vec![t, hq, nsplit], Dtype::Float32)],
+            template: vec![
+                ("T", TemplateArg::Type(q.dtype())),
+                ("D", TemplateArg::Int(d)),
+                ("G", TemplateArg::Int(hq / hkv)),
+                ("BLOCK", TemplateArg::Int(block as i32)),
+                ("NSPLIT", TemplateArg::Int(nsplit)),
+                ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
+            ],
+            init: None,
+        },
+    )?;
+    let total = t * hq * d;
+    let merged = apply(
+        &MERGE_SPLITS,
+        &[&out[0], &out[1]],
+        Launch {
+            grid: (total, 1, 1),
+            threads: (THREADS, 1, 1),
+            outputs: vec![(vec![1, hq, t, d], q.dtype())],
+            template: vec![
+                ("T", TemplateArg::Type(q.dtype())),
+                ("D", TemplateArg::Int(d)),
+                ("NSPLIT", TemplateArg::Int(nsplit)),
+                ("HQ", TemplateArg::Int(hq)),
+            ],
+            init: None,
+        },
+    )?;
+    Ok(merged.into_iter().next().expect("one output"))
+}
+
+static MERGE_SPLITS: KernelSource = KernelSource {
+    name: "sala_merge_splits",
+    inputs: &["partial", "lse"],
+    outputs: &["out"],
+    cuda_header: include_str!("../../cuda/block_sparse_attention.cu"),
+    cuda_body: "sala_merge_splits<T, D, NSPLIT>(partial, lse, out, partial_shape[0], HQ);",
+    metal_header: include_str!("../../metal/block_sparse_attention.metal"),
+    metal_body: "sala_merge_splits<T, D, NSPLIT>(partial, lse, out, int(partial_shape[0]), HQ, thread_position_in_grid.x);",
+};

@@ -112,12 +112,13 @@ impl SalaConfig {
     }
 
     /// Bytes of the per-sequence state after `context` tokens: keys, values and both levels of
-    /// pooled keys of the sparse layers, plus the fixed float32 state of the lightning layers.
+    /// pooled keys (float32) of the sparse layers, plus the fixed float32 state of the lightning layers.
     pub fn cache_bytes(&self, context: usize, dtype_bytes: usize) -> u64 {
         let s = &self.sparse;
         let sel = &s.selection;
-        let rows = 2 * context + context / sel.stride + context / sel.stride2;
-        let sparse = (rows * s.kv_heads * s.head_dim * dtype_bytes) as u64;
+        // Keys and values in the compute dtype, pooled keys in float32.
+        let rows = 2 * context * dtype_bytes + (context / sel.stride + context / sel.stride2) * 4;
+        let sparse = (rows * s.kv_heads * s.head_dim) as u64;
         let l = &self.lightning;
         let lightning = (l.heads * l.head_dim * l.head_dim * 4) as u64;
         self.mixers

@@ -23,8 +23,11 @@ use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, ops, ops::indexing::TryI
 
 /// The level-2 compressed keys use 4× the level-1 window and stride (hard-coded in the reference).
 const LEVEL2_FACTOR: usize = 4;
-/// Queries handled together in the sparse path (bounds the stage-1 score memory).
-const SPARSE_QUERY_CHUNK: i32 = 512;
+/// Queries handled together in the sparse path: at most 512, fewer at long contexts so that the
+/// stage-1 scores (query heads × queries × level-1 windows, float32) stay within 512 MiB.
+fn query_chunk(heads: usize, windows: usize) -> i32 {
+    ((1usize << 29) / (4 * heads * windows.max(1))).clamp(16, 512) as i32
+}
 
 #[derive(Debug, Clone)]
 pub struct SparseConfig {
@@ -132,12 +135,13 @@ impl SparseAttention {
         let scale = (d as f32).powf(-0.5);
         let o = per_sequence(&[&q, &k, &v], caches, |qkv, cache| {
             let past = cache.len();
-            let (keys, values) = cache.append(&qkv[1], &qkv[2])?;
             if past + (t as usize) < self.cfg.dense_len {
+                let (keys, values) = cache.append(&qkv[1], &qkv[2])?;
                 let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
                 Ok(fast::scaled_dot_product_attention(&qkv[0], &keys, &values, scale, mask, None)?)
             } else {
-                self.sparse_attention(&qkv[0], &keys, &values, cache, past, layer, trace.as_deref_mut())
+                cache.append(&qkv[1], &qkv[2])?;
+                self.sparse_attention(&qkv[0], cache, past, layer, trace.as_deref_mut())
             }
         })?;
         let mut o = o.swap_axes(1, 2)?.reshape(&[b, t, hq * d])?;
@@ -151,8 +155,6 @@ impl SparseAttention {
     fn sparse_attention(
         &self,
         q: &Array,
-        keys: &Array,
-        values: &Array,
         cache: &mut KvCache,
         past: usize,
         layer: usize,
@@ -164,13 +166,15 @@ impl SparseAttention {
         let (Some(c1), Some(c2)) = (c1, c2) else {
             unreachable!("dense_len ≥ one level-2 window, so both levels exist here")
         };
-        let kv_len = keys.shape()[2] as usize;
+        let kv_len = cache.len();
+        let storage = cache.storage().expect("keys were just appended");
         let t = q.shape()[2];
         let scale = (q.shape()[3] as f32).powf(-0.5);
         let mut outputs = Vec::new();
+        let chunk = query_chunk(self.cfg.heads, c1.shape()[2] as usize);
         let mut start = 0;
         while start < t {
-            let end = (start + SPARSE_QUERY_CHUNK).min(t);
+            let end = (start + chunk).min(t);
             let qc = q.try_index((.., .., start..end, ..))?;
             let first = past + start as usize;
             let selected = select_blocks(&qc, &c1, &c2, first, kv_len, sel, q.dtype())?;
@@ -178,7 +182,7 @@ impl SparseAttention {
                 tr.record(format!("sparse.layer{layer}.blocks"), &selected.blocks);
                 tr.record(format!("sparse.layer{layer}.block_scores"), &selected.scores);
             }
-            outputs.push(block_sparse_attention(&qc, keys, values, &selected.blocks, first, sel.block, scale)?);
+            outputs.push(block_sparse_attention(&qc, storage.0, storage.1, kv_len, &selected.blocks, first, sel.block, scale)?);
             start = end;
         }
         Ok(if outputs.len() == 1 { outputs.pop().unwrap() } else { ops::concatenate(&outputs, 2)? })

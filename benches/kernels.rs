@@ -1,0 +1,142 @@
+//! Kernel timings on the GPU, each next to its MLX-ops version (`cargo bench --bench kernels`;
+//! `eval/device-kernels.sh` runs it on the lent GPU). Medians of 20 timed runs after warm-up; the
+//! quantized products rotate over 8 weight sets (more than the L2 cache) and report the achieved
+//! bandwidth, so compare it with the device's measured copy bandwidth.
+
+use mlx_rs::{ops, random, transforms::eval, Array, Dtype};
+use sala::engine::device::{select, DeviceKind};
+use sala::kernels::custom::{backend, Backend};
+use sala::kernels::gla::{alibi_slopes, simple_gla_recurrent, simple_gla_step};
+use sala::kernels::qmv::{quantized_matmul_t, quantized_matmul_t_mlx};
+use sala::kernels::sparse::{
+    block_sparse_attention, block_sparse_attention_mlx, select_blocks, select_blocks_mlx, BlockSelection,
+};
+use std::time::Instant;
+
+fn randn(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
+    let key = random::key(seed).unwrap();
+    random::normal::<f32>(shape, None, None, &key).unwrap().as_dtype(dtype).unwrap()
+}
+
+/// Median seconds of `f` (which builds the outputs lazily) including its evaluation.
+fn time(mut f: impl FnMut() -> Vec<Array>) -> f64 {
+    for _ in 0..3 {
+        eval(&f()).unwrap();
+    }
+    let mut times: Vec<f64> = (0..20)
+        .map(|_| {
+            let start = Instant::now();
+            eval(&f()).unwrap();
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn row(name: &str, kernel: f64, mlx: f64, extra: &str) {
+    println!("| {name} | {:.1} | {:.1} | {:.2}× | {extra} |", kernel * 1e6, mlx * 1e6, mlx / kernel);
+}
+
+fn main() {
+    if select(Some(DeviceKind::Gpu)).is_err() || backend() == Backend::Cpu {
+        println!("no GPU backend in this MLX build: nothing to time");
+        return;
+    }
+    println!("| kernel | kernel µs | MLX µs | speed-up | note |");
+    println!("|---|---:|---:|---:|---|");
+    const SETS: usize = 8;
+    for bits in [8, 4] {
+        for (n, k) in [(4096, 4096), (16384, 4096), (4096, 16384), (73448, 4096)] {
+            for rows in [1, 2, 4] {
+                let sets: Vec<_> = (0..SETS)
+                    .map(|i| {
+                        let w = randn(&[n, k], 100 + i as u64, Dtype::Bfloat16);
+                        let (p, s, b) = ops::quantize(&w, 64, bits).unwrap();
+                        eval([&p, &s, &b]).unwrap();
+                        (p, s, b)
+                    })
+                    .collect();
+                let x = randn(&[rows, k], 7, Dtype::Bfloat16);
+                let bytes = (sets[0].0.nbytes() + sets[0].1.nbytes() + sets[0].2.nbytes()) as f64;
+                let kern = time(|| sets.iter().map(|(p, s, b)| quantized_matmul_t(&x, p, s, b, 64, bits).unwrap()).collect())
+                    / SETS as f64;
+                let mlx = time(|| sets.iter().map(|(p, s, b)| quantized_matmul_t_mlx(&x, p, s, b, 64, bits).unwrap()).collect())
+                    / SETS as f64;
+                row(
+                    &format!("qmv q{bits} {n}×{k} rows {rows}"),
+                    kern,
+                    mlx,
+                    &format!("{:.0} GB/s vs {:.0} GB/s", bytes / kern / 1e9, bytes / mlx / 1e9),
+                );
+            }
+        }
+    }
+    // Prefill-sized products: MLX's quantized matmul against dequantize + matmul.
+    for bits in [8, 4] {
+        let (n, k, m) = (16384, 4096, 2048);
+        let w = randn(&[n, k], 3, Dtype::Bfloat16);
+        let (p, s, b) = ops::quantize(&w, 64, bits).unwrap();
+        let x = randn(&[m, k], 4, Dtype::Bfloat16);
+        let qmm = time(|| vec![quantized_matmul_t_mlx(&x, &p, &s, &b, 64, bits).unwrap()]);
+        let deq = time(|| vec![x.matmul(ops::dequantize(&p, &s, &b, 64, bits).unwrap().t()).unwrap()]);
+        let flops = 2.0 * n as f64 * k as f64 * m as f64;
+        row(
+            &format!("dequantize+matmul vs qmm q{bits} {m}×{k}·{k}×{n}"),
+            deq,
+            qmm,
+            &format!("{:.0} vs {:.0} TFLOP/s", flops / deq / 1e12, flops / qmm / 1e12),
+        );
+    }
+    // Lightning decode step, 24 layers' worth of state per token on the 9B.
+    {
+        let (h, d) = (32, 128);
+        let slopes = Array::from_slice(&alibi_slopes(h as usize), &[h]);
+        let q = randn(&[1, h, 1, d], 1, Dtype::Float32);
+        let kk = randn(&[1, h, 1, d], 2, Dtype::Float32);
+        let v = randn(&[1, h, 1, d], 3, Dtype::Float32);
+        let s0 = randn(&[1, h, d, d], 4, Dtype::Float32);
+        // 24 chained steps (one token through the 9B's lightning layers) per evaluation.
+        let chain = |step: fn(&Array, &Array, &Array, &Array, Option<&Array>, f32) -> mlx_rs::error::Result<(Array, Array)>| {
+            let mut s = s0.clone();
+            let mut outs = Vec::new();
+            for _ in 0..24 {
+                let (o, next) = step(&q, &kk, &v, &slopes, Some(&s), 0.1).unwrap();
+                outs.push(o);
+                s = next;
+            }
+            outs.push(s);
+            outs
+        };
+        let kern = time(|| chain(simple_gla_step)) / 24.0;
+        let mlx = time(|| chain(simple_gla_recurrent)) / 24.0;
+        row("GLA decode step H=32 d=128 (24 chained)", kern, mlx, "");
+    }
+    // InfLLM-V2 on the 9B geometry: decode at 32K and 128K, a 512-query prefill chunk at 32K.
+    let sel = BlockSelection { block: 64, kernel: 32, stride: 16, kernel2: 128, stride2: 64, init_blocks: 1, local_blocks: 32, topk: 96 };
+    for (kv_len, t) in [(32768usize, 1i32), (131072, 1), (32768, 512)] {
+        let (hq, hkv, d) = (32, 2, 128);
+        let first = kv_len - t as usize;
+        let n1 = ((kv_len - 32) / 16 + 1) as i32;
+        let n2 = ((kv_len - 128) / 64 + 1) as i32;
+        let q = randn(&[1, hq, t, d], 11, Dtype::Bfloat16);
+        let c1 = randn(&[1, hkv, n1, d], 12, Dtype::Bfloat16);
+        let c2 = randn(&[1, hkv, n2, d], 13, Dtype::Bfloat16);
+        let k = randn(&[1, hkv, kv_len as i32, d], 14, Dtype::Bfloat16);
+        let v = randn(&[1, hkv, kv_len as i32, d], 15, Dtype::Bfloat16);
+        eval([&q, &c1, &c2, &k, &v]).unwrap();
+        // 8 layers' worth per evaluation, as in one decode step of the 9B.
+        let c1 = c1.as_dtype(Dtype::Float32).unwrap();
+        let c2 = c2.as_dtype(Dtype::Float32).unwrap();
+        eval([&c1, &c2]).unwrap();
+        let kern = time(|| (0..8).map(|_| select_blocks(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap().blocks).collect()) / 8.0;
+        let mlx = time(|| (0..8).map(|_| select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap().blocks).collect()) / 8.0;
+        row(&format!("block selection L={kv_len} T={t} (×8)"), kern, mlx, "");
+        let blocks = select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap().blocks;
+        eval([&blocks]).unwrap();
+        let scale = (d as f32).powf(-0.5);
+        let kern = time(|| (0..8).map(|_| block_sparse_attention(&q, &k, &v, kv_len, &blocks, first, 64, scale).unwrap()).collect()) / 8.0;
+        let mlx = time(|| (0..8).map(|_| block_sparse_attention_mlx(&q, &k, &v, &blocks, first, 64, scale).unwrap()).collect()) / 8.0;
+        row(&format!("block-sparse attention L={kv_len} T={t} (×8)"), kern, mlx, "");
+    }
+}

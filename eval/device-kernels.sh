@@ -1,0 +1,18 @@
+#!/bin/bash
+# The GPU kernels on the lent GPU: correctness against their MLX-ops versions (tests/gpu_kernels.rs),
+# kernel timings next to MLX's (benches/kernels.rs), then the synthetic 9B with kernels on and off.
+# Binaries built on the CPU machine (SALA_OPENBLAS=off) and carried in $BIN; the MLX-CUDA runtime
+# from ../shared/tools/mlx-cuda-bundle in $MLX_BUNDLE.
+set -u
+BIN=${BIN:-.device/bin}
+source ${MLX_BUNDLE:-.device/mlx-cuda-py}/activate.sh
+OUT=${OUT:-/tmp}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+MLX_ENABLE_TF32=0 $BIN/gpu_kernels --test-threads=1 2>&1 | tee $OUT/gpu_kernels.log | grep -E "^test |test result|panicked|error" 
+$BIN/kernels 2>&1 | tee $OUT/kernels.md
+[ "${KERNELS_ONLY:-0}" = 1 ] && exit 0
+for kernels in on off; do
+  echo "== kernels $kernels"
+  SALA_KERNELS=$kernels $BIN/sala bench --synthetic minicpm-sala-9b --bits 8 -p 2048 -n 64 -d 0,16384 -r 1 \
+    -o md --output-file $OUT/bench-kernels-$kernels.md 2>&1 | tail -12
+done

@@ -1,0 +1,17 @@
+#!/bin/bash
+# Issue 6's table on the lent GPU in one call: synthetic MiniCPM-SALA-9B (8-bit, and 4-bit decode)
+# through `sala bench`, and mlx-lm (Python) on Qwen3-8B-shaped 8-bit random weights in the same
+# run. Prefill = an N-token prompt in 2048-token steps; decode = 64 tokens after an N-token prompt.
+# Prepare on the CPU machine: SALA_OPENBLAS=off cargo build --release; copy target/release/sala to
+# $BIN; ../shared/tools/mlx-cuda-bundle $MLX_BUNDLE --with-python. Carry both.
+set -u
+BIN=${BIN:-.device/bin}
+source ${MLX_BUNDLE:-.device/mlx-cuda-py}/activate.sh
+OUT=${OUT:-/tmp}
+CONTEXTS=${CONTEXTS:-4096,32768,131008}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/device.txt
+bench() { $BIN/sala bench --synthetic "$@" -r 1 -o csv --output-file $OUT/sala.csv 2>&1 | grep -v "^appended"; }
+bench minicpm-sala-9b --bits 8 -p $CONTEXTS -n 0
+bench minicpm-sala-9b --bits 8 -p 0 -n 64 -d $CONTEXTS
+bench minicpm-sala-9b --bits 4 -p 0 -n 64 -d 4096
+python3 eval/mlx_lm_baseline.py eval/synthetic/qwen3-8b.json 8 $CONTEXTS $OUT/mlx_lm.csv 2>&1 | grep -v Warning

@@ -1,0 +1,20 @@
+// Metal twin of cuda/gla_decode.cu: thread (j, h) owns column j of head h's state. Untested on hardware.
+
+template <int DK, int DV, int SCALE_BITS>
+inline void sala_gla_decode(
+    const device float* q, const device float* k, const device float* v, const device float* slopes,
+    const device float* state, device float* out, device float* next_state,
+    uint j, uint h) {
+  if (int(j) >= DV) return;
+  const float gamma = exp(-slopes[h]);
+  const float vj = v[h * DV + j];
+  const device float* sh = state + size_t(h) * DK * DV;
+  device float* nh = next_state + size_t(h) * DK * DV;
+  float o = 0.f;
+  for (int i = 0; i < DK; ++i) {
+    const float s = fma(gamma, sh[size_t(i) * DV + j], k[h * DK + i] * vj);
+    nh[size_t(i) * DV + j] = s;
+    o = fma(q[h * DK + i], s, o);
+  }
+  out[h * DV + j] = o * as_type<float>(SCALE_BITS);
+}

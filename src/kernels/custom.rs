@@ -1,0 +1,249 @@
+//! Custom GPU kernels through MLX's run-time compiled kernels (`mlx_fast_cuda_kernel` on CUDA,
+//! `mlx_fast_metal_kernel` on Metal). A kernel's source lives in `cuda/NAME.cu` and
+//! `metal/NAME.metal` as an ordinary device function; MLX writes the `__global__`/`kernel`
+//! signature from the input and output names, and the short body given here calls that function.
+
+use crate::engine::device;
+use mlx_rs::{Array, Dtype, StreamOrDevice};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::CString;
+
+/// Where kernels run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Cpu,
+    Cuda,
+    Metal,
+}
+
+/// The backend of the current default device. `SALA_KERNELS=off` reports the CPU for a GPU too,
+/// so every kernel takes its MLX-ops version (for A/B measurements and bisecting).
+pub fn backend() -> Backend {
+    if device::on_cpu() || std::env::var("SALA_KERNELS").is_ok_and(|v| v == "off" || v == "0") {
+        return Backend::Cpu;
+    }
+    match device::gpu_backend() {
+        Some("cuda") => Backend::Cuda,
+        Some("metal") => Backend::Metal,
+        _ => Backend::Cpu,
+    }
+}
+
+/// One kernel's source for both GPU backends. `cuda_body`/`metal_body` call the device function
+/// defined in the shared source with the named inputs and outputs.
+pub struct KernelSource {
+    pub name: &'static str,
+    pub inputs: &'static [&'static str],
+    pub outputs: &'static [&'static str],
+    pub cuda_header: &'static str,
+    pub cuda_body: &'static str,
+    pub metal_header: &'static str,
+    pub metal_body: &'static str,
+}
+
+/// A compile-time argument (`constexpr int` / `using T =` in the generated source).
+#[derive(Clone, Copy)]
+pub enum TemplateArg {
+    Int(i32),
+    Bool(bool),
+    Type(Dtype),
+}
+
+/// How one call runs: the grid and thread group are counted in threads (as in Metal), the
+/// outputs are allocated with the given shapes and types (uninitialised unless `init` is set).
+pub struct Launch<'a> {
+    pub grid: (i32, i32, i32),
+    pub threads: (i32, i32, i32),
+    pub outputs: Vec<(Vec<i32>, Dtype)>,
+    pub template: Vec<(&'a str, TemplateArg)>,
+    pub init: Option<f32>,
+}
+
+struct Compiled {
+    backend: Backend,
+    handle: *mut std::ffi::c_void,
+}
+
+impl Drop for Compiled {
+    fn drop(&mut self) {
+        unsafe {
+            match self.backend {
+                Backend::Cuda => mlx_sys::mlx_fast_cuda_kernel_free(mlx_sys::mlx_fast_cuda_kernel { ctx: self.handle }),
+                Backend::Metal => {
+                    mlx_sys::mlx_fast_metal_kernel_free(mlx_sys::mlx_fast_metal_kernel { ctx: self.handle })
+                }
+                Backend::Cpu => {}
+            }
+        }
+    }
+}
+
+thread_local! {
+    // MLX kernel objects are not thread-safe handles; each thread keeps its own.
+    static KERNELS: RefCell<HashMap<(&'static str, u8), Compiled>> = RefCell::new(HashMap::new());
+}
+
+fn cstring(s: &str) -> CString {
+    CString::new(s).expect("kernel sources and names hold no NUL byte")
+}
+
+fn string_vector(items: &[&str]) -> mlx_sys::mlx_vector_string {
+    unsafe {
+        let v = mlx_sys::mlx_vector_string_new();
+        for item in items {
+            let c = cstring(item);
+            mlx_sys::mlx_vector_string_append_value(v, c.as_ptr());
+        }
+        v
+    }
+}
+
+fn compile(source: &KernelSource, backend: Backend) -> Compiled {
+    let name = cstring(source.name);
+    let inputs = string_vector(source.inputs);
+    let outputs = string_vector(source.outputs);
+    let handle = unsafe {
+        match backend {
+            Backend::Cuda => {
+                let (body, header) = (cstring(source.cuda_body), cstring(source.cuda_header));
+                mlx_sys::mlx_fast_cuda_kernel_new(name.as_ptr(), inputs, outputs, body.as_ptr(), header.as_ptr(), true, 0).ctx
+            }
+            Backend::Metal => {
+                let (body, header) = (cstring(source.metal_body), cstring(source.metal_header));
+                mlx_sys::mlx_fast_metal_kernel_new(name.as_ptr(), inputs, outputs, body.as_ptr(), header.as_ptr(), true, false)
+                    .ctx
+            }
+            Backend::Cpu => std::ptr::null_mut(),
+        }
+    };
+    unsafe {
+        mlx_sys::mlx_vector_string_free(inputs);
+        mlx_sys::mlx_vector_string_free(outputs);
+    }
+    Compiled { backend, handle }
+}
+
+fn launch_error(source: &KernelSource, what: &str) -> mlx_rs::error::Exception {
+    mlx_rs::error::Exception::custom(format!("kernel `{}`: {what}", source.name))
+}
+
+/// Runs `source` on the current GPU backend. Compilation happens lazily inside MLX at the first
+/// evaluation; its errors surface there with the generated source's line numbers.
+pub fn apply(source: &'static KernelSource, inputs: &[&Array], launch: Launch) -> mlx_rs::error::Result<Vec<Array>> {
+    let backend = backend();
+    if backend == Backend::Cpu {
+        return Err(launch_error(source, "no GPU backend (the MLX-ops version runs on the CPU)"));
+    }
+    if inputs.len() != source.inputs.len() || launch.outputs.len() != source.outputs.len() {
+        return Err(launch_error(source, "wrong number of inputs or outputs"));
+    }
+    KERNELS.with(|kernels| {
+        let mut kernels = kernels.borrow_mut();
+        let compiled = kernels.entry((source.name, backend as u8)).or_insert_with(|| compile(source, backend));
+        if compiled.handle.is_null() {
+            return Err(launch_error(source, "MLX could not create the kernel"));
+        }
+        unsafe { run(compiled, source, inputs, &launch) }
+    })
+}
+
+unsafe fn run(
+    compiled: &Compiled,
+    source: &KernelSource,
+    inputs: &[&Array],
+    launch: &Launch,
+) -> mlx_rs::error::Result<Vec<Array>> {
+    use mlx_sys::*;
+    let cuda = compiled.backend == Backend::Cuda;
+    let (cuda_cfg, metal_cfg) = if cuda {
+        (mlx_fast_cuda_kernel_config_new(), mlx_fast_metal_kernel_config { ctx: std::ptr::null_mut() })
+    } else {
+        (mlx_fast_cuda_kernel_config { ctx: std::ptr::null_mut() }, mlx_fast_metal_kernel_config_new())
+    };
+    let mut status = 0;
+    for (shape, dtype) in &launch.outputs {
+        let dtype = *dtype as mlx_dtype;
+        status |= if cuda {
+            mlx_fast_cuda_kernel_config_add_output_arg(cuda_cfg, shape.as_ptr(), shape.len(), dtype)
+        } else {
+            mlx_fast_metal_kernel_config_add_output_arg(metal_cfg, shape.as_ptr(), shape.len(), dtype)
+        };
+    }
+    let (g, t) = (launch.grid, launch.threads);
+    status |= if cuda {
+        mlx_fast_cuda_kernel_config_set_grid(cuda_cfg, g.0, g.1, g.2)
+            | mlx_fast_cuda_kernel_config_set_thread_group(cuda_cfg, t.0, t.1, t.2)
+    } else {
+        mlx_fast_metal_kernel_config_set_grid(metal_cfg, g.0, g.1, g.2)
+            | mlx_fast_metal_kernel_config_set_thread_group(metal_cfg, t.0, t.1, t.2)
+    };
+    if let Some(init) = launch.init {
+        status |= if cuda {
+            mlx_fast_cuda_kernel_config_set_init_value(cuda_cfg, init)
+        } else {
+            mlx_fast_metal_kernel_config_set_init_value(metal_cfg, init)
+        };
+    }
+    for (name, arg) in &launch.template {
+        let name = cstring(name);
+        status |= match (*arg, cuda) {
+            (TemplateArg::Int(v), true) => mlx_fast_cuda_kernel_config_add_template_arg_int(cuda_cfg, name.as_ptr(), v),
+            (TemplateArg::Int(v), false) => mlx_fast_metal_kernel_config_add_template_arg_int(metal_cfg, name.as_ptr(), v),
+            (TemplateArg::Bool(v), true) => mlx_fast_cuda_kernel_config_add_template_arg_bool(cuda_cfg, name.as_ptr(), v),
+            (TemplateArg::Bool(v), false) => {
+                mlx_fast_metal_kernel_config_add_template_arg_bool(metal_cfg, name.as_ptr(), v)
+            }
+            (TemplateArg::Type(d), true) => {
+                mlx_fast_cuda_kernel_config_add_template_arg_dtype(cuda_cfg, name.as_ptr(), d as mlx_dtype)
+            }
+            (TemplateArg::Type(d), false) => {
+                mlx_fast_metal_kernel_config_add_template_arg_dtype(metal_cfg, name.as_ptr(), d as mlx_dtype)
+            }
+        };
+    }
+    let input_vector = mlx_vector_array_new();
+    for input in inputs {
+        mlx_vector_array_append_value(input_vector, input.as_ptr());
+    }
+    let mut outputs = mlx_vector_array_new();
+    let stream = StreamOrDevice::default();
+    if status == 0 {
+        status = if cuda {
+            mlx_fast_cuda_kernel_apply(
+                &mut outputs,
+                mlx_fast_cuda_kernel { ctx: compiled.handle },
+                input_vector,
+                cuda_cfg,
+                stream.as_ref().as_ptr(),
+            )
+        } else {
+            mlx_fast_metal_kernel_apply(
+                &mut outputs,
+                mlx_fast_metal_kernel { ctx: compiled.handle },
+                input_vector,
+                metal_cfg,
+                stream.as_ref().as_ptr(),
+            )
+        };
+    }
+    let mut result = Vec::new();
+    if status == 0 {
+        for i in 0..mlx_vector_array_size(outputs) {
+            let mut out = mlx_array_new();
+            mlx_vector_array_get(&mut out, outputs, i);
+            result.push(Array::from_ptr(out));
+        }
+    }
+    mlx_vector_array_free(input_vector);
+    mlx_vector_array_free(outputs);
+    if cuda {
+        mlx_fast_cuda_kernel_config_free(cuda_cfg);
+    } else {
+        mlx_fast_metal_kernel_config_free(metal_cfg);
+    }
+    if status != 0 || result.len() != source.outputs.len() {
+        return Err(launch_error(source, "MLX refused the launch (see MLX's message above)"));
+    }
+    Ok(result)
+}

@@ -1,0 +1,173 @@
+//! Every GPU kernel against its MLX-ops version on fresh random inputs. These need a GPU build of
+//! MLX (CUDA or Metal) and are skipped, saying so, on the CPU; `eval/device-kernels.sh` runs them
+//! on the lent GPU (one test thread: MLX's default device is process-wide).
+
+use mlx_rs::{ops, ops::indexing::TryIndexOp, random, Array, Dtype};
+use sala::engine::device::{select, DeviceKind};
+use sala::engine::ops::{to_vec_f32, to_vec_i32};
+use sala::kernels::custom::{backend, Backend};
+use sala::kernels::gla::{alibi_slopes, simple_gla_recurrent, simple_gla_step};
+use sala::kernels::qmv::{quantized_matmul_t, quantized_matmul_t_mlx};
+use sala::kernels::sparse::{
+    block_sparse_attention, block_sparse_attention_mlx, select_blocks, select_blocks_mlx, BlockSelection,
+};
+
+fn on_gpu() -> bool {
+    if select(Some(DeviceKind::Gpu)).is_err() || backend() == Backend::Cpu {
+        eprintln!("skipped: no GPU backend in this MLX build (run eval/device-kernels.sh on a GPU)");
+        return false;
+    }
+    true
+}
+
+fn randn(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
+    let key = random::key(seed).unwrap();
+    random::normal::<f32>(shape, None, None, &key).unwrap().as_dtype(dtype).unwrap()
+}
+
+/// ‖a − b‖ / ‖b‖ over float32 copies.
+fn rel_err(a: &Array, b: &Array) -> f32 {
+    let (a, b) = (to_vec_f32(&a.as_dtype(Dtype::Float32).unwrap()).unwrap(), to_vec_f32(&b.as_dtype(Dtype::Float32).unwrap()).unwrap());
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().all(|x| x.is_finite()), "kernel output holds NaN/inf");
+    let num: f64 = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den).sqrt() as f32
+}
+
+#[test]
+fn qmv_matches_mlx_quantized_matmul() {
+    if !on_gpu() {
+        return;
+    }
+    let mut seed = 10;
+    for bits in [8, 4] {
+        for (n, k) in [(4100, 4096), (256, 16384), (1000, 384)] {
+            for rows in [1, 3, 8] {
+                for dtype in [Dtype::Bfloat16, Dtype::Float32] {
+                    seed += 3;
+                    let w = randn(&[n, k], seed, Dtype::Float32);
+                    let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
+                    let (scales, biases) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
+                    let x = randn(&[rows, k], seed + 1, dtype);
+                    let got = quantized_matmul_t(&x, &packed, &scales, &biases, 64, bits).unwrap();
+                    // The oracle in float32 throughout.
+                    let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+                    let want = quantized_matmul_t_mlx(&f(&x), &packed, &f(&scales), &f(&biases), 64, bits).unwrap();
+                    assert_eq!(got.shape(), &[rows, n]);
+                    let err = rel_err(&got, &want);
+                    let tol = if dtype == Dtype::Float32 { 1e-5 } else { 8e-3 };
+                    assert!(err < tol, "q{bits} {n}x{k} rows {rows} {dtype:?}: relative error {err}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gla_decode_step_matches_the_recurrence() {
+    if !on_gpu() {
+        return;
+    }
+    for (h, d, seed) in [(32, 128, 1u64), (4, 32, 2), (3, 8, 3)] {
+        let slopes = Array::from_slice(&alibi_slopes(h as usize), &[h]);
+        let q = randn(&[1, h, 1, d], seed, Dtype::Float32);
+        let k = randn(&[1, h, 1, d], seed + 10, Dtype::Float32);
+        let v = randn(&[1, h, 1, d], seed + 20, Dtype::Float32);
+        let s0 = randn(&[1, h, d, d], seed + 30, Dtype::Float32);
+        for state in [None, Some(&s0)] {
+            let (o, s) = simple_gla_step(&q, &k, &v, &slopes, state, 0.125).unwrap();
+            let (o_ref, s_ref) = simple_gla_recurrent(&q, &k, &v, &slopes, state, 0.125).unwrap();
+            let (eo, es) = (rel_err(&o, &o_ref), rel_err(&s, &s_ref));
+            assert!(eo < 1e-5 && es < 1e-6, "H={h} d={d} state={}: output {eo}, state {es}", state.is_some());
+        }
+    }
+}
+
+fn sel_9b() -> BlockSelection {
+    BlockSelection { block: 64, kernel: 32, stride: 16, kernel2: 128, stride2: 64, init_blocks: 1, local_blocks: 32, topk: 96 }
+}
+
+fn windows(len: usize, kernel: usize, stride: usize) -> i32 {
+    ((len - kernel) / stride + 1) as i32
+}
+
+#[test]
+fn block_selection_kernel_matches_mlx() {
+    if !on_gpu() {
+        return;
+    }
+    // The 9B geometry (G = 16) at decode and prefill positions, and golden C's small one.
+    let small = BlockSelection { block: 64, kernel: 32, stride: 16, kernel2: 128, stride2: 64, init_blocks: 1, local_blocks: 2, topk: 6 };
+    let cases = [
+        (sel_9b(), 32, 2, 128, 20000usize, 19999usize, 1i32),
+        (sel_9b(), 32, 2, 128, 131072, 131071, 1),
+        (sel_9b(), 32, 2, 128, 9000, 8900, 100),
+        (small, 32, 2, 8, 1300, 1000, 300),
+    ];
+    for (i, &(sel, hq, hkv, d, kv_len, first, t)) in cases.iter().enumerate() {
+        let seed = 500 + 10 * i as u64;
+        let n1 = windows(kv_len, sel.kernel, sel.stride);
+        let n2 = windows(kv_len, sel.kernel2, sel.stride2);
+        let q = randn(&[1, hq, t, d], seed, Dtype::Float32);
+        let c1 = randn(&[1, hkv, n1, d], seed + 1, Dtype::Float32);
+        let c2 = randn(&[1, hkv, n2, d], seed + 2, Dtype::Float32);
+        // Float32 scores: the selections must agree exactly.
+        let got = select_blocks(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap();
+        let want = select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap();
+        assert_eq!(to_vec_i32(&got.blocks).unwrap(), to_vec_i32(&want.blocks).unwrap(), "case {i}: blocks");
+        let (gs, ws) = (to_vec_f32(&got.scores).unwrap(), to_vec_f32(&want.scores).unwrap());
+        for (j, (g, w)) in gs.iter().zip(&ws).enumerate() {
+            assert!(g == w || (g - w).abs() <= 1e-4 * w.abs().max(1e-3), "case {i}: score {j}: {g} vs {w}");
+        }
+        // bf16-rounded scores (the model's setting): ties are frequent, the rule must hold too.
+        let got = select_blocks(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap();
+        let want = select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap();
+        let (gb, wb) = (to_vec_i32(&got.blocks).unwrap(), to_vec_i32(&want.blocks).unwrap());
+        let same = gb.iter().zip(&wb).filter(|(a, b)| a == b).count();
+        assert!(same as f64 >= 0.999 * wb.len() as f64, "case {i}: bf16 blocks agree on {same} of {}", wb.len());
+    }
+}
+
+#[test]
+fn block_sparse_attention_kernel_matches_mlx() {
+    if !on_gpu() {
+        return;
+    }
+    // (Hq, Hkv, d, kv_len, first query, queries, dtype): decode (split) and prefill shapes.
+    let cases = [
+        (32, 2, 128, 20000usize, 19999usize, 1i32, Dtype::Bfloat16),
+        (32, 2, 128, 9000, 8900, 100, Dtype::Bfloat16),
+        (32, 2, 128, 9000, 8990, 10, Dtype::Float32),
+        (32, 2, 8, 1300, 1000, 300, Dtype::Float32),
+        (4, 2, 32, 700, 699, 1, Dtype::Float32),
+    ];
+    for (i, &(hq, hkv, d, kv_len, first, t, dtype)) in cases.iter().enumerate() {
+        let seed = 900 + 10 * i as u64;
+        let sel = if d == 128 { sel_9b() } else { BlockSelection { local_blocks: 2, topk: 6, ..sel_9b() } };
+        let n1 = windows(kv_len, sel.kernel, sel.stride);
+        let n2 = windows(kv_len, sel.kernel2, sel.stride2);
+        let q = randn(&[1, hq, t, d], seed, dtype);
+        // Cache buffers with spare room after kv_len, poisoned: the kernel must not read it.
+        let cap = kv_len as i32 + 100;
+        let poison = |x: Array| {
+            let filled = x.try_index((.., .., ..kv_len as i32, ..)).unwrap();
+            let junk = ops::full::<f32>(&[1, hkv, 100, d], Array::from_f32(1e4)).unwrap().as_dtype(dtype).unwrap();
+            ops::concatenate(&[filled, junk], 2).unwrap()
+        };
+        let k = poison(randn(&[1, hkv, cap, d], seed + 1, dtype));
+        let v = poison(randn(&[1, hkv, cap, d], seed + 2, dtype));
+        let c1 = randn(&[1, hkv, n1, d], seed + 3, Dtype::Float32);
+        let c2 = randn(&[1, hkv, n2, d], seed + 4, Dtype::Float32);
+        let blocks = select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap().blocks;
+        let scale = (d as f32).powf(-0.5);
+        let got = block_sparse_attention(&q, &k, &v, kv_len, &blocks, first, sel.block, scale).unwrap();
+        let filled = |a: &Array| a.try_index((.., .., ..kv_len as i32, ..)).unwrap();
+        let want = block_sparse_attention_mlx(&q, &filled(&k), &filled(&v), &blocks, first, sel.block, scale).unwrap();
+        assert_eq!(got.shape(), want.shape());
+        assert_eq!(got.dtype(), dtype);
+        let err = rel_err(&got, &want);
+        let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
+        assert!(err < tol, "case {i}: relative error {err}");
+    }
+}
