@@ -13,6 +13,9 @@ use sala::kernels::sparse::{
 };
 use std::time::Instant;
 
+/// `simple_gla_step` / `simple_gla_recurrent`.
+type GlaStep = fn(&Array, &Array, &Array, &Array, Option<&Array>, f32) -> mlx_rs::error::Result<(Array, Array)>;
+
 fn randn(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
     let key = random::key(seed).unwrap();
     random::normal::<f32>(shape, None, None, &key).unwrap().as_dtype(dtype).unwrap()
@@ -97,7 +100,7 @@ fn main() {
         let v = randn(&[1, h, 1, d], 3, Dtype::Float32);
         let s0 = randn(&[1, h, d, d], 4, Dtype::Float32);
         // 24 chained steps (one token through the 9B's lightning layers) per evaluation.
-        let chain = |step: fn(&Array, &Array, &Array, &Array, Option<&Array>, f32) -> mlx_rs::error::Result<(Array, Array)>| {
+        let chain = |step: GlaStep| {
             let mut s = s0.clone();
             let mut outs = Vec::new();
             for _ in 0..24 {

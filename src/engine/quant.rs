@@ -144,24 +144,22 @@ impl QuantizedMatrix {
     /// the CPU the product runs in float32 (scales and biases are kept in f32 there, see
     /// [`QuantizedMatrix::for_device`]) and is cast back.
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
-        if self.in_features() < 128 && !super::device::on_cpu() {
-            // MLX 0.32.2's CUDA quantized matmul gives wrong results for K = 64 (one group of 64
-            // per row, up to 7% off; tests/quantize.rs shows it on an H200). Matrices this narrow
-            // are tiny, so multiply the dequantized weights instead.
-            return Ok(x.matmul(self.dequantize()?.as_dtype(x.dtype())?.t())?);
-        }
         let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
-        if rows >= CPU_DEQUANTIZE_ROWS && super::device::on_cpu() {
-            // MLX's CPU quantized matmul handles one row at a time; for a prefill chunk or a
-            // decode batch, expanding the weights and multiplying through BLAS is far faster
-            // (measured: 8 rows × 4096² in 102 ms against 125 ms, 16 rows 85 against 248).
-            let y = x.as_dtype(Dtype::Float32)?.matmul(self.dequantize()?.as_dtype(Dtype::Float32)?.t())?;
-            return Ok(y.as_dtype(x.dtype())?);
-        }
-        if rows >= GPU_DEQUANTIZE_ROWS && !super::device::on_cpu() {
-            // A prefill chunk: expanding the weights and multiplying on the matrix units beats
-            // MLX 0.32.2's CUDA quantized matmul by 2.7× (q8) to 3.9× (q4) at 2048 rows
-            // (benches/kernels.rs on an H200); the expanded copy lives for one product.
+        if super::device::on_cpu() {
+            if rows >= CPU_DEQUANTIZE_ROWS {
+                // MLX's CPU quantized matmul handles one row at a time; for a prefill chunk or a
+                // decode batch, expanding the weights and multiplying through BLAS is far faster
+                // (measured: 8 rows × 4096² in 102 ms against 125 ms, 16 rows 85 against 248).
+                let y = x.as_dtype(Dtype::Float32)?.matmul(self.dequantize()?.as_dtype(Dtype::Float32)?.t())?;
+                return Ok(y.as_dtype(x.dtype())?);
+            }
+        } else if self.in_features() < 128 || rows >= GPU_DEQUANTIZE_ROWS {
+            // On a GPU, multiply the expanded weights (the copy lives for one product):
+            // * MLX 0.32.2's CUDA quantized matmul gives wrong results for K = 64 (one group of 64
+            //   per row, up to 7% off; tests/quantize.rs shows it on an H200), and matrices this
+            //   narrow are tiny;
+            // * for a prefill chunk the matrix units beat MLX's CUDA quantized matmul by 2.4× (q8)
+            //   to 4.3× (q4) at 2048 rows (benches/kernels.rs on an H200).
             return Ok(x.matmul(self.dequantize()?.as_dtype(x.dtype())?.t())?);
         }
         let wide = self.scales.dtype() == Dtype::Float32 && x.dtype() != Dtype::Float32;

@@ -20,13 +20,23 @@ pub enum Backend {
 /// The backend of the current default device. `SALA_KERNELS=off` reports the CPU for a GPU too,
 /// so every kernel takes its MLX-ops version (for A/B measurements and bisecting).
 pub fn backend() -> Backend {
-    if device::on_cpu() || std::env::var("SALA_KERNELS").is_ok_and(|v| v == "off" || v == "0") {
-        return Backend::Cpu;
-    }
-    match device::gpu_backend() {
-        Some("cuda") => Backend::Cuda,
-        Some("metal") => Backend::Metal,
-        _ => Backend::Cpu,
+    // Asked on every quantized product and attention call: the build's GPU backend and the
+    // environment switch are fixed for the process, so look them up once.
+    static GPU: std::sync::OnceLock<Backend> = std::sync::OnceLock::new();
+    let gpu = *GPU.get_or_init(|| {
+        if std::env::var("SALA_KERNELS").is_ok_and(|v| v == "off" || v == "0") {
+            return Backend::Cpu;
+        }
+        match device::gpu_backend() {
+            Some("cuda") => Backend::Cuda,
+            Some("metal") => Backend::Metal,
+            _ => Backend::Cpu,
+        }
+    });
+    if device::on_cpu() {
+        Backend::Cpu
+    } else {
+        gpu
     }
 }
 

@@ -41,7 +41,7 @@ pub fn quantized_matmul_t(
         && biases.dtype() == x.dtype()
         && k % 128 == 0;
     if backend() == Backend::Cpu || !fits {
-        return ops::quantized_matmul(x, packed, scales, biases, true, group_size, bits);
+        return quantized_matmul_t_mlx(x, packed, scales, biases, group_size, bits);
     }
     let n = packed.shape()[0];
     let mut shape = x.shape().to_vec();
@@ -67,7 +67,7 @@ pub fn quantized_matmul_t(
     Ok(y.into_iter().next().expect("one output"))
 }
 
-/// MLX's own quantized matmul (the reference the kernel is tested against).
+/// MLX's own quantized matmul (the fallback, and the reference the kernel is tested against).
 pub fn quantized_matmul_t_mlx(
     x: &Array,
     packed: &Array,
