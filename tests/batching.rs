@@ -19,7 +19,7 @@ fn greedy() -> Sampler {
 }
 
 fn options() -> GenerateOptions {
-    GenerateOptions { max_tokens: STEPS, ignore_eos: true, keep_logits: true, prefill_step: 512 }
+    GenerateOptions { max_tokens: STEPS, ignore_eos: true, keep_logits: true, prefill_step: 512, draft: None }
 }
 
 /// Each prompt decoded on its own: (tokens, logits rows).

@@ -215,3 +215,39 @@ fn quality_suite_counts_think_loops() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("random"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn batched_and_speculative_generation_tests() {
+    let sala = common::golden("C_sparse_prefill");
+    let out = ok(&bench(&[
+        "-m", path(&sala), "-p", "0", "-n", "6", "-d", "0,300", "--n-seq", "1,3", "--draft-layers", "0,3", "--num-draft", "2", "-r", "1", "-o", "jsonl",
+    ]));
+    let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let got: Vec<(u64, u64, Option<u64>, Option<u64>)> = rows
+        .iter()
+        .map(|r| (r["n_depth"].as_u64().unwrap(), r["n_seq"].as_u64().unwrap(), r["draft_layers"].as_u64(), r["n_draft"].as_u64()))
+        .collect();
+    // Per depth: pipelined x1, x3, then greedy plain, greedy with a 3-layer draft of 2 tokens.
+    let want: Vec<_> = [(1u64, None, None), (3, None, None), (1, Some(0), Some(0)), (1, Some(3), Some(2))]
+        .iter()
+        .flat_map(|&(s, l, k)| [0u64, 300].map(move |d| (d, s, l, k)))
+        .collect();
+    assert_eq!(got, want, "{out}");
+    for r in &rows {
+        let (ns, ts) = (r["samples_ns"][0].as_f64().unwrap(), r["avg_ts"].as_f64().unwrap());
+        // t/s counts every sequence's tokens.
+        let tokens = 6.0 * r["n_seq"].as_f64().unwrap();
+        assert!((ts - tokens * 1e9 / ns).abs() < 1e-6 * ts, "{r}");
+        match r["draft_layers"].as_u64() {
+            Some(l) if l > 0 => {
+                let a = r["acceptance"].as_f64().unwrap();
+                assert!((0.0..=1.0).contains(&a), "{r}");
+            }
+            _ => assert!(r["acceptance"].is_null(), "{r}"),
+        }
+    }
+    // A draft as deep as the model is refused before anything runs.
+    let out = bench(&["-m", path(&sala), "-p", "0", "-n", "4", "--draft-layers", "4"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("between 1 and 3 of the model's 4 layers"), "{stderr}");
+}

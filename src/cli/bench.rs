@@ -2,6 +2,7 @@
 
 use super::{bytes_progress, compute_dtype, file_label, load, load_source, progress_bar, select_device, LoadedModel, ModelArgs, RuntimeArgs};
 use crate::engine::device::{self, DeviceKind};
+use crate::engine::generate::Draft;
 use crate::engine::weights::dtype_name;
 use crate::eval::bench::{run_test, BenchPlan, ModelMeta};
 use crate::eval::bench_report::{self, Format};
@@ -15,7 +16,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 #[derive(Args)]
-#[command(after_help = "Examples:\n  sala bench -m model.gguf\n  sala bench --synthetic minicpm-sala-9b --synthetic qwen3-8b --bits 8 -p 1024 -n 128 -d 0,32768\n  sala bench -m sala-8bit -m qwen3-8b-8bit -p 512,4096 -n 128 -d 0,32768 -r 3\n  sala bench -m model -o csv --output-file results.csv      # appends")]
+#[command(after_help = "Examples:\n  sala bench -m model.gguf\n  sala bench --synthetic minicpm-sala-9b --synthetic qwen3-8b --bits 8 -p 1024 -n 128 -d 0,32768\n  sala bench -m sala-8bit -m qwen3-8b-8bit -p 512,4096 -n 128 -d 0,32768 -r 3\n  sala bench -m model -o csv --output-file results.csv      # appends\n  sala bench -m model -p 0 -n 128 --n-seq 1,8                # batched decode\n  sala bench -m model -p 0 -n 128 --draft-layers 0,8 --num-draft 4   # speculative vs plain")]
 pub struct BenchArgs {
     /// Model to measure; repeat to compare several side by side
     #[arg(long = "model", short = 'm', required_unless_present = "synthetic")]
@@ -36,6 +37,17 @@ pub struct BenchArgs {
     /// Tokens already in the cache before each test (comma-separated)
     #[arg(short = 'd', long = "n-depth", value_delimiter = ',', default_value = "0")]
     pub depths: Vec<usize>,
+    /// Generation tests: sequences decoded together in one batched step (comma-separated;
+    /// t/s counts every sequence's tokens)
+    #[arg(long = "n-seq", value_delimiter = ',', default_value = "1", value_parser = clap::value_parser!(u64).range(1..))]
+    pub seqs: Vec<u64>,
+    /// Generation tests: also measure real greedy generation (the host samples each token),
+    /// self-speculative with a draft of the first N layers (comma-separated; 0 = no draft)
+    #[arg(long, value_delimiter = ',', value_name = "N")]
+    pub draft_layers: Vec<usize>,
+    /// Tokens the draft guesses ahead per round (with --draft-layers)
+    #[arg(long, value_name = "K", default_value_t = 4, requires = "draft_layers")]
+    pub num_draft: usize,
     /// Timed runs per test (after one warm-up run)
     #[arg(short = 'r', long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub repetitions: u32,
@@ -112,6 +124,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         depths: args.depths.clone(),
         repetitions: args.repetitions as usize,
         prefill_step: args.runtime.prefill_step.max(1),
+        seqs: args.seqs.iter().map(|&n| n as usize).collect(),
+        draft_layers: args.draft_layers.clone(),
+        num_draft: args.num_draft,
     };
     let tests = plan.tests();
     if tests.is_empty() {
@@ -125,8 +140,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let sources = sources.chain(args.synthetic.iter().map(|s| ModelChoice::Synthetic(s.clone())));
     for choice in sources {
         // Refuses up front when the deepest test will not fit in memory.
-        let (loaded, name) = load_choice(choice, &args, plan.max_tokens())?;
+        let (loaded, name) = load_choice(choice, &args, plan.max_cached_tokens())?;
         let info = loaded.model.info();
+        for &layers in args.draft_layers.iter().filter(|&&l| l > 0) {
+            Draft { layers, tokens: args.num_draft }.validate(loaded.model.as_ref(), &loaded.model.new_cache())?;
+        }
         if plan.max_tokens() > info.max_context {
             anyhow::bail!(
                 "{name}: the deepest test needs {} tokens (depth + prompt/generation) but the model's context is {}; lower -d/-p/-n",

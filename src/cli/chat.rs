@@ -2,7 +2,7 @@
 //! (`ChatSession`), so each turn prefills only what is new; `/retry` and `/edit` restore the state
 //! saved at the last message boundary instead of re-reading the history.
 
-use super::{load, ModelArgs, SamplingArgs};
+use super::{load, DraftArgs, ModelArgs, SamplingArgs};
 use crate::engine::generate::{Flow, GenerateOptions, StopReason};
 use crate::engine::sampler::Sampler;
 use crate::engine::session::ChatSession;
@@ -21,6 +21,8 @@ pub struct ChatArgs {
     pub load: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub draft: DraftArgs,
     /// System prompt
     #[arg(long)]
     pub system: Option<String>,
@@ -84,7 +86,12 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let mut conversation = Conversation { system: args.system.clone(), messages: Vec::new(), think: !args.no_think };
     let mut session = ChatSession::new(model);
     let mut sampler = Sampler::new(sampling);
-    let opts = GenerateOptions { max_tokens: args.max_tokens, prefill_step: args.load.runtime.prefill_step, ..Default::default() };
+    let opts = GenerateOptions {
+        max_tokens: args.max_tokens,
+        prefill_step: args.load.runtime.prefill_step,
+        draft: args.draft.draft(model)?,
+        ..Default::default()
+    };
     let mut editor = rustyline::DefaultEditor::new().context("starting the line editor")?;
     eprintln!("{} ({}) — /help for commands, Ctrl-D to leave", loaded.path.display(), model.info().model_type);
 

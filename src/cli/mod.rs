@@ -15,6 +15,7 @@ pub mod show;
 use crate::engine::cache::Window;
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::error::Error;
+use crate::engine::generate::Draft;
 use crate::engine::model::LanguageModel;
 use crate::engine::sampler::SamplingParams;
 use crate::engine::tokenizer::TextTokenizer;
@@ -192,6 +193,25 @@ impl SamplingArgs {
         };
         params.validate().map_err(Error::Usage)?;
         Ok(params)
+    }
+}
+
+/// Self-speculative decoding flags (shared by `run` and `chat`).
+#[derive(Args)]
+pub struct DraftArgs {
+    /// Self-speculative decoding: the model's first N layers guess tokens ahead and one pass of
+    /// the whole model checks them; the output is the same, faster when the guesses are good
+    #[arg(long, value_name = "N")]
+    pub draft_layers: Option<usize>,
+    /// Tokens the draft guesses ahead per round (with --draft-layers)
+    #[arg(long, value_name = "K", default_value_t = 4, requires = "draft_layers")]
+    pub num_draft: usize,
+}
+
+impl DraftArgs {
+    pub fn draft(&self, model: &dyn LanguageModel) -> anyhow::Result<Option<Draft>> {
+        let Some(layers) = self.draft_layers else { return Ok(None) };
+        Ok(Some(Draft { layers, tokens: self.num_draft }.validate(model, &model.new_cache())?))
     }
 }
 

@@ -1,6 +1,6 @@
 //! `sala run`: one prompt in, a streamed answer out, a summary line on stderr.
 
-use super::{load, ModelArgs, SamplingArgs};
+use super::{load, DraftArgs, ModelArgs, SamplingArgs};
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::generate::{generate, Flow, GenerateOptions, Generation};
 use crate::engine::model::LanguageModel;
@@ -12,7 +12,7 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 
 #[derive(Args)]
-#[command(after_help = "Examples:\n  sala run --model ./MiniCPM-SALA \"Why is the sky blue?\"\n  echo \"Summarise: ...\" | sala run --model ./MiniCPM-SALA -\n  sala run --model ./case --input-ids 1,2,3 --temperature 0 --json")]
+#[command(after_help = "Examples:\n  sala run --model ./MiniCPM-SALA \"Why is the sky blue?\"\n  echo \"Summarise: ...\" | sala run --model ./MiniCPM-SALA -\n  sala run --model ./case --input-ids 1,2,3 --temperature 0 --json\n  sala run --model ./MiniCPM-SALA --draft-layers 8 --num-draft 4 \"Write a haiku\"")]
 pub struct RunArgs {
     /// The prompt; `-` (or nothing, with piped input) reads it from stdin
     pub prompt: Option<String>,
@@ -23,6 +23,8 @@ pub struct RunArgs {
     pub max_tokens: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub draft: DraftArgs,
     /// System prompt
     #[arg(long)]
     pub system: Option<String>,
@@ -60,6 +62,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         ignore_eos: args.ignore_eos,
         prefill_step: args.load.runtime.prefill_step,
         keep_logits: args.logits_out.is_some(),
+        draft: args.draft.draft(model)?,
     };
 
     let progress = prefill_progress(prompt_ids.len());
@@ -196,8 +199,12 @@ fn write_logits(path: &Path, generation: &Generation, vocab: usize) -> anyhow::R
 
 fn print_summary(generation: &Generation, model: &dyn LanguageModel, device: DeviceKind) {
     let s = &generation.stats;
+    let draft = match s.acceptance() {
+        Some(rate) => format!(" ({} of {} drafted tokens accepted, {:.0}%)", s.accepted_tokens, s.draft_tokens, rate * 100.0),
+        None => String::new(),
+    };
     eprintln!(
-        "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | peak memory: {:.2} GB | {} {:?} on {}",
+        "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s{draft} | peak memory: {:.2} GB | {} {:?} on {}",
         s.prompt_tokens,
         s.prompt_tps(),
         s.generated_tokens,

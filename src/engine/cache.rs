@@ -231,6 +231,11 @@ impl KvCache {
         self.pooled[i].windows.view()
     }
 
+    /// Whether it keeps a StreamingLLM window (and may drop tokens).
+    pub fn is_windowed(&self) -> bool {
+        self.window.is_some()
+    }
+
     /// Rolls back to `len` tokens stored.
     pub fn truncate(&mut self, len: usize) {
         self.keys.truncate(len);
@@ -251,6 +256,21 @@ impl KvCache {
 pub struct RecurrentState {
     pub state: Option<Array>,
     pub len: usize,
+    /// Set while speculative decoding verifies a draft: the layer then keeps `replay` for its
+    /// next forward call, so the state can be rolled back to any length inside that call.
+    pub record_replay: bool,
+    /// The last forward call's starting point and inputs (only while `record_replay`; a call
+    /// without it clears this, so a replay never describes anything but the last call).
+    pub replay: Option<Replay>,
+}
+
+/// What a recurrent layer needs to recompute its state at any length inside one forward call:
+/// the state before it and the call's per-token inputs (layer-specific, `[B, H, T, ·]`).
+#[derive(Clone)]
+pub struct Replay {
+    pub state: Option<Array>,
+    pub len: usize,
+    pub inputs: Vec<Array>,
 }
 
 #[derive(Clone)]
@@ -285,7 +305,69 @@ pub struct ModelCache {
     pub layers: Vec<LayerCache>,
 }
 
+/// A point a [`ModelCache`] can go back to after a draft ran on it: each layer's length and the
+/// recurrent states (holding them is free: arrays are immutable and a step makes a new state,
+/// whereas a clone of the whole cache would make the next key write copy the key buffer).
+pub struct Checkpoint {
+    lens: Vec<usize>,
+    recurrent: Vec<Option<RecurrentState>>,
+}
+
 impl ModelCache {
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            lens: self.layers.iter().map(LayerCache::len).collect(),
+            recurrent: self
+                .layers
+                .iter()
+                .map(|l| match l {
+                    LayerCache::Recurrent(r) => Some(r.clone()),
+                    LayerCache::Attention(_) => None,
+                })
+                .collect(),
+        }
+    }
+
+    /// Goes back to `checkpoint` (taken from this cache, with no tokens evicted since).
+    pub fn restore(&mut self, checkpoint: Checkpoint) {
+        for ((layer, len), recurrent) in self.layers.iter_mut().zip(checkpoint.lens).zip(checkpoint.recurrent) {
+            match (layer, recurrent) {
+                (LayerCache::Attention(kv), _) => kv.truncate(len),
+                (LayerCache::Recurrent(r), Some(saved)) => *r = saved,
+                (LayerCache::Recurrent(_), None) => {}
+            }
+        }
+    }
+
+    /// Makes recurrent layers record (or stop recording) a [`Replay`] of their next forward call.
+    pub fn record_replay(&mut self, on: bool) {
+        for layer in &mut self.layers {
+            if let LayerCache::Recurrent(r) = layer {
+                r.record_replay = on;
+            }
+        }
+    }
+
+    /// Rolls every attention layer back to `len` tokens (recurrent layers are the model's job).
+    pub fn truncate_attention(&mut self, len: usize) -> crate::engine::error::Result<()> {
+        for layer in &mut self.layers {
+            if let LayerCache::Attention(kv) = layer {
+                if kv.evicted > 0 {
+                    return Err(crate::engine::error::Error::Usage(
+                        "cannot roll back a cache that dropped tokens (--context-size window)".into(),
+                    ));
+                }
+                kv.truncate(len);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any layer keeps a StreamingLLM window.
+    pub fn is_windowed(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l, LayerCache::Attention(kv) if kv.is_windowed()))
+    }
+
     /// Tokens processed so far.
     pub fn len(&self) -> usize {
         self.layers.first().map_or(0, LayerCache::len)

@@ -7,6 +7,7 @@ use super::model::{LanguageModel, Logits};
 use super::ops::to_vec_f32;
 use super::sampler::Sampler;
 use mlx_rs::{transforms::eval, Array};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 #[derive(Debug, Clone)]
@@ -18,11 +19,47 @@ pub struct GenerateOptions {
     pub prefill_step: usize,
     /// Keep a host copy of every logits row a token was drawn from.
     pub keep_logits: bool,
+    /// Self-speculative decoding.
+    pub draft: Option<Draft>,
 }
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        Self { max_tokens: 512, ignore_eos: false, prefill_step: 2048, keep_logits: false }
+        Self { max_tokens: 512, ignore_eos: false, prefill_step: 2048, keep_logits: false, draft: None }
+    }
+}
+
+/// Self-speculative decoding: the model's first `layers` layers and its output head guess up to
+/// `tokens` tokens ahead (greedily), then one forward call of the whole model over all of them
+/// checks the guesses. Each position's token is drawn from the full model's distribution with
+/// the caller's sampler, and guesses are kept while they equal those draws, so the output is what
+/// plain decoding gives (the same tokens when greedy); rejected guesses are rolled back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Draft {
+    pub layers: usize,
+    pub tokens: usize,
+}
+
+impl Draft {
+    /// Checks the draft against `model` and its cache.
+    pub fn validate(self, model: &dyn LanguageModel, cache: &ModelCache) -> Result<Self> {
+        let layers = model.info().num_layers;
+        if self.layers == 0 || self.layers >= layers {
+            return Err(Error::Usage(format!(
+                "--draft-layers {}: the draft must run between 1 and {} of the model's {layers} layers",
+                self.layers,
+                layers - 1
+            )));
+        }
+        if self.tokens == 0 {
+            return Err(Error::Usage("--num-draft 0: draft at least one token ahead (or leave out --draft-layers)".into()));
+        }
+        if cache.is_windowed() {
+            return Err(Error::Usage(
+                "--draft-layers cannot be used with --context-size: a cache that drops tokens cannot be rolled back".into(),
+            ));
+        }
+        Ok(self)
     }
 }
 
@@ -42,6 +79,9 @@ pub struct Stats {
     /// Time of the decode steps (every generated token after the first).
     pub decode_seconds: f64,
     pub peak_memory_bytes: usize,
+    /// Speculative decoding: tokens the draft guessed, and how many of them the model kept.
+    pub draft_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 impl Stats {
@@ -50,6 +90,10 @@ impl Stats {
     }
     pub fn decode_tps(&self) -> f64 {
         self.generated_tokens.saturating_sub(1) as f64 / self.decode_seconds.max(1e-9)
+    }
+    /// Fraction of drafted tokens accepted (`None` without speculative decoding).
+    pub fn acceptance(&self) -> Option<f64> {
+        (self.draft_tokens > 0).then(|| self.accepted_tokens as f64 / self.draft_tokens as f64)
     }
 }
 
@@ -81,7 +125,7 @@ pub fn generate(
     let mut decoding = Decoding::start(model, cache, prompt, opts, on_prefill)?;
     while let Some(token) = decoding.next(model, cache, sampler)? {
         if let Flow::Stop = on_token(token) {
-            decoding.cancel();
+            decoding.cancel(model, cache)?;
             break;
         }
     }
@@ -104,6 +148,18 @@ pub struct Decoding {
     pending: Option<u32>,
     /// Prompt tokens run through the model so far.
     prefilled: usize,
+    /// Tokens drawn but not handed out yet (a speculative round draws several at once).
+    ready: VecDeque<Drawn>,
+}
+
+/// A token drawn from the model, waiting to be handed out.
+struct Drawn {
+    token: u32,
+    /// Already run through the model (an accepted draft token): rolled back if generation stops
+    /// before it is handed out.
+    in_cache: bool,
+    /// The distribution it was drawn from.
+    logits: Vec<f32>,
 }
 
 impl Decoding {
@@ -148,6 +204,7 @@ impl Decoding {
             done: false,
             pending: None,
             prefilled: 0,
+            ready: VecDeque::new(),
         })
     }
 
@@ -157,7 +214,7 @@ impl Decoding {
         if self.prefilled < total {
             let start = Instant::now();
             let end = (self.prefilled + self.opts.prefill_step.max(1)).min(total);
-            let logits = forward_eval(model, cache, &self.history[self.prefilled..end])?;
+            let logits = forward_eval(model, cache, &self.history[self.prefilled..end], Logits::Last)?;
             if end == total {
                 self.logits = to_vec_f32(&logits)?;
                 self.started = Instant::now();
@@ -182,36 +239,108 @@ impl Decoding {
         if !self.is_prefilled() {
             return Err(Error::Usage("Decoding::next before the prompt was prefilled".into()));
         }
-        if let Some(previous) = self.pending.take() {
-            self.logits = to_vec_f32(&forward_eval(model, cache, &[previous])?)?;
+        if self.ready.is_empty() {
+            match (self.pending.take(), self.opts.draft) {
+                (Some(previous), Some(draft)) => self.speculate(model, cache, sampler, previous, draft)?,
+                (previous, _) => {
+                    if let Some(previous) = previous {
+                        self.logits = to_vec_f32(&forward_eval(model, cache, &[previous], Logits::Last)?)?;
+                    }
+                    let token = sampler.sample_with(&self.logits, &self.history, self.generation.tokens.len());
+                    self.ready.push_back(Drawn { token, in_cache: false, logits: std::mem::take(&mut self.logits) });
+                }
+            }
         }
-        let info = model.info();
-        let token = sampler.sample_with(&self.logits, &self.history, self.generation.tokens.len());
+        let Drawn { token, in_cache, logits } = self.ready.pop_front().expect("drawn above");
         if self.opts.keep_logits {
-            self.generation.logits.push(std::mem::take(&mut self.logits));
+            self.generation.logits.push(logits);
         }
         self.generation.tokens.push(token);
         self.history.push(token);
+        let info = model.info();
         if !self.opts.ignore_eos && info.eos_token_ids.contains(&token) {
-            self.stop(StopReason::EndOfSequence);
+            self.stop(model, cache, StopReason::EndOfSequence, in_cache)?;
         } else if self.generation.tokens.len() >= self.opts.max_tokens {
-            self.stop(StopReason::MaxTokens);
-        } else if cache.len() + 1 > info.max_context {
-            self.stop(StopReason::ContextLimit);
-        } else {
+            self.stop(model, cache, StopReason::MaxTokens, in_cache)?;
+        } else if cache.len() - self.ahead(in_cache) + 1 > info.max_context {
+            self.stop(model, cache, StopReason::ContextLimit, in_cache)?;
+        } else if !in_cache {
             self.pending = Some(token);
         }
         Ok(Some(token))
     }
 
-    fn stop(&mut self, reason: StopReason) {
-        self.generation.stop = reason;
-        self.done = true;
+    /// Tokens in the cache the caller has not been handed (counting the one being handed out
+    /// when `current_in_cache`).
+    fn ahead(&self, current_in_cache: bool) -> usize {
+        current_in_cache as usize + self.ready.iter().filter(|d| d.in_cache).count()
     }
 
-    /// Stops on the caller's behalf.
-    pub fn cancel(&mut self) {
-        self.stop(StopReason::Cancelled);
+    /// Stops; the cache is rolled back to what plain decoding would hold (the prompt and every
+    /// token handed out but the last).
+    fn stop(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, reason: StopReason, current_in_cache: bool) -> Result<()> {
+        let ahead = self.ahead(current_in_cache);
+        if ahead > 0 {
+            model.truncate_cache(cache, cache.len() - ahead)?;
+        }
+        self.ready.clear();
+        self.generation.stop = reason;
+        self.done = true;
+        Ok(())
+    }
+
+    /// Stops on the caller's behalf, after the last token handed out.
+    pub fn cancel(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache) -> Result<()> {
+        self.stop(model, cache, StopReason::Cancelled, false)
+    }
+
+    /// One speculative round after `first` (drawn, not yet in the cache): the draft guesses up to
+    /// `draft.tokens` tokens, the whole model runs over `first` and the guesses in one call, and
+    /// tokens are drawn from its distributions while they agree with the guesses. Leaves the
+    /// accepted guesses in the cache and every drawn token in `ready`.
+    fn speculate(
+        &mut self,
+        model: &dyn LanguageModel,
+        cache: &mut ModelCache,
+        sampler: &mut Sampler,
+        first: u32,
+        draft: Draft,
+    ) -> Result<()> {
+        let generated = self.generation.tokens.len();
+        // No guesses past max_tokens or the context limit.
+        let room = (model.info().max_context - cache.len() - 1).min(self.opts.max_tokens.saturating_sub(generated + 1));
+        let guesses = draft.tokens.min(room);
+        let start = cache.len();
+        let guessed = if guesses == 0 { Vec::new() } else { draft_guesses(model, cache, first, draft.layers, guesses)? };
+
+        let mut input: Vec<u32> = vec![first];
+        input.extend(&guessed);
+        cache.record_replay(true);
+        let logits = forward_eval(model, cache, &input, Logits::All);
+        cache.record_replay(false);
+        let rows = to_vec_f32(&logits?)?;
+        let vocab = rows.len() / input.len();
+
+        // Draw from the full model position by position; the guess at i+1 stands while it equals
+        // the token drawn at i (the history grows as plain decoding's would).
+        let base = self.history.len();
+        let mut accepted = 0;
+        for (i, row) in rows.chunks(vocab).enumerate() {
+            let token = sampler.sample_with(row, &self.history, generated + i);
+            self.history.push(token);
+            let agrees = guessed.get(i) == Some(&token);
+            self.ready.push_back(Drawn { token, in_cache: agrees, logits: row.to_vec() });
+            if !agrees {
+                break;
+            }
+            accepted += 1;
+        }
+        self.history.truncate(base);
+        // Keep `first` and the accepted guesses.
+        model.truncate_cache(cache, start + 1 + accepted)?;
+        self.generation.stats.draft_tokens += guessed.len();
+        self.generation.stats.accepted_tokens += accepted;
+        Ok(())
     }
 
     pub fn tokens(&self) -> &[u32] {
@@ -253,7 +382,7 @@ pub fn next_batch(model: &dyn LanguageModel, steps: &mut [Step]) -> Result<Vec<O
         let ids: Vec<i32> = fed.iter().map(|s| s.decoding.pending.expect("filtered above") as i32).collect();
         let input = Array::from_slice(&ids, &[ids.len() as i32, 1]);
         let mut caches: Vec<&mut ModelCache> = fed.iter_mut().map(|s| &mut *s.cache).collect();
-        let rows = to_vec_f32(&forward_eval_batch(model, &input, &mut caches)?)?;
+        let rows = to_vec_f32(&forward_eval_batch(model, &input, &mut caches, Logits::Last)?)?;
         let vocab = rows.len() / fed.len();
         for (s, row) in fed.iter_mut().zip(rows.chunks(vocab)) {
             s.decoding.logits = row.to_vec();
@@ -261,6 +390,26 @@ pub fn next_batch(model: &dyn LanguageModel, steps: &mut [Step]) -> Result<Vec<O
         }
     }
     steps.iter_mut().map(|s| s.decoding.next(model, s.cache, s.sampler)).collect()
+}
+
+/// The draft's greedy guesses of the `count` tokens after `first`, from the first `layers`
+/// layers; the cache is left as it was. The guesses stay on the device until all are made.
+fn draft_guesses(model: &dyn LanguageModel, cache: &mut ModelCache, first: u32, layers: usize, count: usize) -> Result<Vec<u32>> {
+    let checkpoint = cache.checkpoint();
+    let mut token = Array::from_slice(&[first as i32], &[1, 1]);
+    let mut guesses = Vec::with_capacity(count);
+    for _ in 0..count {
+        let logits = model.forward_draft(&token, cache, layers)?;
+        token = mlx_rs::ops::indexing::argmax_axis(&logits, -1, false)?.as_dtype(mlx_rs::Dtype::Int32)?.reshape(&[1, 1])?;
+        let state = cache.arrays();
+        mlx_rs::transforms::async_eval(std::iter::once(&token).chain(state.iter()))?;
+        guesses.push(token.clone());
+    }
+    let guesses = mlx_rs::ops::concatenate(&guesses, 1)?;
+    eval([&guesses])?;
+    let ids = guesses.as_slice::<i32>().iter().map(|&t| t as u32).collect();
+    cache.restore(checkpoint);
+    Ok(ids)
 }
 
 /// Runs `tokens` into `cache` in chunks of `step` without sampling (a chat turn's history).
@@ -273,20 +422,20 @@ pub fn extend(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32],
         return Err(Error::ContextOverflow { prompt_tokens: cache.len() + tokens.len(), limit: info.max_context });
     }
     for chunk in tokens.chunks(step.max(1)) {
-        forward_eval(model, cache, chunk)?;
+        forward_eval(model, cache, chunk, Logits::Last)?;
     }
     Ok(())
 }
 
-/// Decodes known `tokens` one forward call each, building step n+1 while the device still runs
+/// Decodes known tokens, `steps[i]` holding step i's token for each sequence (row b on
+/// `caches[b]`), one batched forward call a step, building step n+1 while the device still runs
 /// step n (`async_eval`, as mlx-lm's generate loop does), so graph construction on the host
 /// overlaps the device's work. For measuring decode speed (`sala bench`).
-pub fn decode_pipelined(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32]) -> Result<()> {
+pub fn decode_pipelined(model: &dyn LanguageModel, caches: &mut [&mut ModelCache], steps: &[&[u32]]) -> Result<()> {
     let mut last = None;
-    for &token in tokens {
-        let input = Array::from_slice(&[token as i32], &[1, 1]);
-        let logits = model.forward_batch(&input, &mut [&mut *cache], Logits::Last, None)?;
-        let state = cache.arrays();
+    for step in steps {
+        let ids: Vec<i32> = step.iter().map(|&t| t as i32).collect();
+        let (logits, state) = forward_batch_lazy(model, &Array::from_slice(&ids, &[ids.len() as i32, 1]), caches, Logits::Last)?;
         mlx_rs::transforms::async_eval(std::iter::once(&logits).chain(state.iter()))?;
         last = Some((logits, state));
     }
@@ -296,17 +445,22 @@ pub fn decode_pipelined(model: &dyn LanguageModel, cache: &mut ModelCache, token
     Ok(())
 }
 
-/// One forward call over `tokens` returning the last position's logits, evaluated together with
-/// the cache so the lazy graph never outlives the step.
-fn forward_eval(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32]) -> Result<Array> {
-    let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-    forward_eval_batch(model, &Array::from_slice(&ids, &[1, ids.len() as i32]), &mut [cache])
+/// One forward call, not evaluated: the logits and every array the caches hold.
+fn forward_batch_lazy(model: &dyn LanguageModel, input: &Array, caches: &mut [&mut ModelCache], which: Logits) -> Result<(Array, Vec<Array>)> {
+    let logits = model.forward_batch(input, caches, which, None)?;
+    Ok((logits, caches.iter().flat_map(|c| c.arrays()).collect()))
 }
 
-/// [`forward_eval`] for a batch: `input` `[B, T]`, row b on `caches[b]`; logits `[B, vocab]`.
-fn forward_eval_batch(model: &dyn LanguageModel, input: &Array, caches: &mut [&mut ModelCache]) -> Result<Array> {
-    let logits = model.forward_batch(input, caches, Logits::Last, None)?;
-    let state: Vec<Array> = caches.iter().flat_map(|c| c.arrays()).collect();
+/// One forward call over `tokens` returning the logits `which` asks for, evaluated together with
+/// the cache so the lazy graph never outlives the step.
+fn forward_eval(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32], which: Logits) -> Result<Array> {
+    let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+    forward_eval_batch(model, &Array::from_slice(&ids, &[1, ids.len() as i32]), &mut [cache], which)
+}
+
+/// [`forward_eval`] for a batch: `input` `[B, T]`, row b on `caches[b]`.
+fn forward_eval_batch(model: &dyn LanguageModel, input: &Array, caches: &mut [&mut ModelCache], which: Logits) -> Result<Array> {
+    let (logits, state) = forward_batch_lazy(model, input, caches, which)?;
     eval(std::iter::once(&logits).chain(state.iter()))?;
     Ok(logits)
 }

@@ -1,6 +1,6 @@
 //! What the engine needs from a model: run tokens on top of a cache, give logits.
 
-use super::cache::{ModelCache, Window};
+use super::cache::{LayerCache, ModelCache, Window};
 use super::error::{Error, Result};
 use mlx_rs::{Array, Dtype};
 
@@ -16,6 +16,8 @@ pub struct ModelInfo {
     /// Activation/weight dtype the model runs in.
     pub dtype: Dtype,
     pub n_params: usize,
+    /// Decoder layers (a self-speculative draft runs the first few of them).
+    pub num_layers: usize,
 }
 
 /// Which positions to compute logits for.
@@ -76,6 +78,25 @@ pub trait LanguageModel: Send {
         logits: Logits,
         trace: Option<&mut Trace>,
     ) -> Result<Array>;
+
+    /// Runs `tokens` (`[1, T]`) through only the first `layers` layers and the output head, on
+    /// top of `cache` (whose first `layers` layers it extends): the draft of self-speculative
+    /// decoding. Returns float32 logits `[1, vocab]` for the last position.
+    fn forward_draft(&self, tokens: &Array, cache: &mut ModelCache, layers: usize) -> Result<Array> {
+        let _ = (tokens, cache, layers);
+        Err(Error::Usage(format!("{}: self-speculative decoding (--draft-layers) is not supported for this model", self.info().model_type)))
+    }
+
+    /// Rolls `cache` back to its first `len` tokens (speculative decoding drops rejected draft
+    /// tokens). Attention layers keep every key, so any shorter length works; a recurrent layer
+    /// can only go back inside the forward call it recorded (see [`ModelCache::record_replay`]).
+    fn truncate_cache(&self, cache: &mut ModelCache, len: usize) -> Result<()> {
+        cache.truncate_attention(len)?;
+        if cache.layers.iter().any(|l| matches!(l, LayerCache::Recurrent(r) if r.len != len)) {
+            return Err(Error::Usage(format!("{}: cannot roll back its recurrent state", self.info().model_type)));
+        }
+        Ok(())
+    }
 }
 
 /// `tokens` must be `[B, T]` with one cache per row.

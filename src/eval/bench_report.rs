@@ -13,7 +13,7 @@ use std::path::Path;
 /// The CSV columns, in order (llama-bench's names where it has one).
 pub const FIELDS: &[&str] = &[
     "model_filename", "model_type", "model_size", "n_params", "backend", "dtype", "n_batch", "n_prompt", "n_gen", "n_depth",
-    "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts", "peak_mem",
+    "n_seq", "draft_layers", "n_draft", "acceptance", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts", "peak_mem",
 ];
 
 /// One row as `FIELDS` → value.
@@ -21,7 +21,8 @@ pub fn record(row: &BenchRow, test_time: &str) -> Vec<(&'static str, Value)> {
     let m = &row.model;
     let values = vec![
         json!(m.model_filename), json!(m.model_type), json!(m.model_size), json!(m.n_params), json!(m.backend), json!(m.dtype),
-        json!(row.n_batch), json!(row.n_prompt()), json!(row.n_gen()), json!(row.depth), json!(test_time),
+        json!(row.n_batch), json!(row.n_prompt()), json!(row.n_gen()), json!(row.depth), json!(row.n_seq()),
+        json!(row.draft().map(|d| d.0)), json!(row.draft().map(|d| d.1)), json!(row.acceptance), json!(test_time),
         json!(row.avg_ns().round() as u64), json!(row.stddev_ns().round() as u64), json!(row.avg_ts()), json!(row.stddev_ts()),
         json!(row.samples_ns), json!(row.samples_ts()), json!(row.peak_mem),
     ];
@@ -37,11 +38,18 @@ fn records(rows: &[BenchRow], test_time: &str) -> Records {
     records
 }
 
-/// `pp512 @ d4096`-style rows: model, size, params, backend, dtype, test, t/s (mean ± sd), peak memory.
+/// `pp512 @ d4096`-style rows: model, size, params, backend, dtype, test, t/s (mean ± sd), peak
+/// memory, and the draft acceptance when a speculative test ran.
 pub fn table(rows: &[BenchRow]) -> Report {
-    let mut report = Report::new(&["model", "size", "params", "backend", "dtype", "test", "t/s", "peak mem"]);
+    let speculative = rows.iter().any(|r| r.acceptance.is_some());
+    let mut headers = vec!["model", "size", "params", "backend", "dtype", "test", "t/s", "peak mem"];
+    if speculative {
+        headers.push("accepted");
+    }
+    let mut report = Report::new(&headers);
     for r in rows {
-        report.push(vec![
+        let accepted = r.acceptance.map_or_else(String::new, |a| format!("{:.0}%", a * 100.0));
+        report.push([vec![
             r.model.model_filename.clone(),
             human(r.model.model_size),
             params(r.model.n_params),
@@ -50,7 +58,8 @@ pub fn table(rows: &[BenchRow]) -> Report {
             r.name(),
             format!("{:.2} ± {:.2}", r.avg_ts(), r.stddev_ts()),
             human(r.peak_mem),
-        ]);
+        ], if speculative { vec![accepted] } else { vec![] }]
+        .concat());
     }
     report
 }
@@ -142,7 +151,7 @@ pub fn iso8601(unix: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eval::bench::{BenchRow, ModelMeta, Test};
+    use crate::eval::bench::{BenchRow, Decode, ModelMeta, Test};
 
     fn row(model: &str, test: Test, depth: usize, samples_ns: Vec<u64>) -> BenchRow {
         let model = ModelMeta {
@@ -153,17 +162,22 @@ mod tests {
             backend: "cpu".into(),
             dtype: "f32".into(),
         };
-        BenchRow { model, test, depth, n_batch: 512, samples_ns, peak_mem: 4096 }
+        BenchRow { model, test, depth, n_batch: 512, samples_ns, peak_mem: 4096, acceptance: None }
     }
 
     #[test]
     fn statistics_names_and_ratios() {
-        let a = row("a.gguf", Test::Generate(100), 0, vec![1_000_000_000, 2_000_000_000]);
+        let a = row("a.gguf", Test::Generate(100, Decode::Pipelined { seqs: 1 }), 0, vec![1_000_000_000, 2_000_000_000]);
         assert_eq!((a.name(), a.samples_ts()), ("tg100".to_string(), vec![100.0, 50.0]));
         assert_eq!(a.avg_ts(), 75.0);
         assert!((a.stddev_ts() - 35.355339).abs() < 1e-5);
-        let b = row("b.gguf", Test::Generate(100), 0, vec![500_000_000; 3]);
+        let b = row("b.gguf", Test::Generate(100, Decode::Pipelined { seqs: 1 }), 0, vec![500_000_000; 3]);
         assert_eq!(row("a", Test::Prompt(512), 4096, vec![1]).name(), "pp512 @ d4096");
+        // Batched: aggregate tokens/s over the sequences.
+        let batched = row("a", Test::Generate(100, Decode::Pipelined { seqs: 8 }), 0, vec![1_000_000_000]);
+        assert_eq!((batched.name(), batched.avg_ts()), ("tg100 x8".to_string(), 800.0));
+        let draft = Test::Generate(64, Decode::Greedy { draft_layers: 8, num_draft: 4 });
+        assert_eq!(row("a", draft, 4096, vec![1]).name(), "tg64 draft 8/4 @ d4096");
         let c = comparison(&[a.clone(), b]).unwrap();
         assert_eq!(c.headers, ["test", "a.gguf t/s", "b.gguf t/s", "b.gguf / a.gguf"]);
         assert_eq!(c.rows, vec![vec!["tg100", "75.00", "200.00", "2.67×"]]);
@@ -179,7 +193,7 @@ mod tests {
         let mut lines = text.lines();
         assert_eq!(lines.next().unwrap(), FIELDS.join(","));
         let cells: Vec<&str> = lines.next().unwrap().split(',').collect();
-        let want = "a.gguf,llama,1000,2000000000,cpu,f32,512,64,0,0,2026-01-01T00:00:00Z,3000000,1414214,24000.0,SD,2000000 4000000,32000.0 16000.0,4096";
+        let want = "a.gguf,llama,1000,2000000000,cpu,f32,512,64,0,0,1,,,,2026-01-01T00:00:00Z,3000000,1414214,24000.0,SD,2000000 4000000,32000.0 16000.0,4096";
         for (i, (got, want)) in cells.iter().zip(want.split(',')).enumerate() {
             match want {
                 // sqrt(2) · 8000, to the last digit the float printer chooses

@@ -155,10 +155,11 @@ impl Records {
     }
 }
 
-/// A CSV cell: strings bare, arrays space-separated, the rest as JSON.
+/// A CSV cell: strings bare, null empty, arrays space-separated, the rest as JSON.
 fn csv_cell(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
+        Value::Null => String::new(),
         Value::Array(items) => items.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" "),
         other => other.to_string(),
     }

@@ -29,6 +29,12 @@ pub fn simple_gla(
     }
 }
 
+/// The state after folding the keys and values `[B, H, T, d]` into `state`, computed as
+/// [`simple_gla`] computes it (the output, not asked for, is never evaluated).
+pub fn fold_state(k: &Array, v: &Array, slopes: &Array, state: Option<&Array>) -> Result<Array> {
+    Ok(simple_gla(k, k, v, slopes, state, 1.0)?.1)
+}
+
 /// `slopes` [H] → `[1, H, 1, 1]` decay factors exp(−slope · x) for a scalar exponent x.
 fn decay(slopes: &Array, exponent: f32) -> Result<Array> {
     slopes.multiply(scalar(-exponent, Dtype::Float32)?)?.exp()?.reshape(&[1, -1, 1, 1])

@@ -278,6 +278,7 @@ impl DecoderModel {
             eos_token_ids: config.eos_token_ids.clone(),
             dtype,
             n_params: weights.n_params(),
+            num_layers: config.num_layers,
         };
         Ok(Self {
             embed_tokens: Embedding::load(weights, "model.embed_tokens", dtype)?,
@@ -309,7 +310,18 @@ impl LanguageModel for DecoderModel {
         Ok(())
     }
 
-    fn forward_batch(&self, tokens: &Array, caches: &mut [&mut ModelCache], logits: Logits, mut trace: Option<&mut Trace>) -> Result<Array> {
+    fn forward_batch(&self, tokens: &Array, caches: &mut [&mut ModelCache], logits: Logits, trace: Option<&mut Trace>) -> Result<Array> {
+        self.run(tokens, caches, logits, trace, self.layers.len())
+    }
+
+    fn forward_draft(&self, tokens: &Array, cache: &mut ModelCache, layers: usize) -> Result<Array> {
+        self.run(tokens, &mut [cache], Logits::Last, None, layers)
+    }
+}
+
+impl DecoderModel {
+    /// The forward pass through the first `depth` layers, then the output head.
+    fn run(&self, tokens: &Array, caches: &mut [&mut ModelCache], logits: Logits, mut trace: Option<&mut Trace>, depth: usize) -> Result<Array> {
         let c = &self.config;
         check_batch(tokens, caches)?;
         let mut h = self.embed_tokens.forward(tokens)?;
@@ -320,7 +332,7 @@ impl LanguageModel for DecoderModel {
             t.record("hidden.embeddings", &h);
         }
         let residual = |branch: Array| if c.residual_scale != 1.0 { scale(&branch, c.residual_scale) } else { Ok(branch) };
-        for (i, layer) in self.layers.iter().enumerate() {
+        for (i, layer) in self.layers.iter().enumerate().take(depth) {
             let mut kv = layer_caches(caches, i, LayerCache::as_attention)?;
             let mixed = layer.attn.forward(&layer.input_norm.forward(&h)?, &mut kv, &c.rope)?;
             h = h.add(residual(mixed.clone())?)?;

@@ -11,13 +11,13 @@
 //! form, decode the recurrent step (both exact, see kernels::gla).
 
 use super::SalaConfig;
-use crate::engine::cache::RecurrentState;
+use crate::engine::cache::{RecurrentState, Replay};
 use crate::engine::config::ConfigFile;
-use crate::engine::error::Result;
+use crate::engine::error::{Error, Result};
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::gla;
 use crate::models::layers::{per_sequence, sigmoid_gate, Linear, RmsNorm};
-use mlx_rs::{fast, Array, Dtype};
+use mlx_rs::{fast, ops::indexing::TryIndexOp, Array, Dtype};
 
 #[derive(Debug, Clone)]
 pub struct LightningConfig {
@@ -140,9 +140,10 @@ impl LightningAttention {
                 q = fast::rope(&q, d, false, self.cfg.rope_theta, 1.0, offset, None)?;
                 k = fast::rope(&k, d, false, self.cfg.rope_theta, 1.0, offset, None)?;
             }
-            let f32 = |a: &Array| a.as_dtype(Dtype::Float32);
+            let (k, v) = (k.as_dtype(Dtype::Float32)?, qkv[2].as_dtype(Dtype::Float32)?);
             let (o, state) =
-                gla::simple_gla(&f32(&q)?, &f32(&k)?, &f32(&qkv[2])?, &self.slopes, cache.state.as_ref(), self.cfg.q_scale)?;
+                gla::simple_gla(&q.as_dtype(Dtype::Float32)?, &k, &v, &self.slopes, cache.state.as_ref(), self.cfg.q_scale)?;
+            cache.replay = cache.record_replay.then(|| Replay { state: cache.state.clone(), len: cache.len, inputs: vec![k, v] });
             cache.state = Some(state);
             cache.len += t as usize;
             Ok(o)
@@ -156,5 +157,29 @@ impl LightningAttention {
             o = sigmoid_gate(&o, &z.forward(x)?)?;
         }
         self.o_proj.forward(&o)
+    }
+
+    /// Rolls the state back to `len` tokens, inside the last forward call (recorded with
+    /// `record_replay`): the state before that call folded over its first keys and values.
+    pub fn rollback(&self, cache: &mut RecurrentState, len: usize) -> Result<()> {
+        if cache.len == len {
+            return Ok(());
+        }
+        let replay = cache.replay.as_ref().filter(|r| r.len <= len && len <= cache.len).ok_or_else(|| {
+            Error::Usage(format!(
+                "lightning layer: cannot roll back from {} to {len} tokens: its last forward call was not recorded \
+                 (ModelCache::record_replay) or does not cover that length",
+                cache.len
+            ))
+        })?;
+        let kept = (len - replay.len) as i32;
+        cache.state = if kept == 0 {
+            replay.state.clone()
+        } else {
+            let [k, v] = [&replay.inputs[0], &replay.inputs[1]].map(|a| a.try_index((.., .., ..kept, ..)));
+            Some(gla::fold_state(&k?, &v?, &self.slopes, replay.state.as_ref())?)
+        };
+        cache.len = len;
+        Ok(())
     }
 }

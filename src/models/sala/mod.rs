@@ -206,6 +206,7 @@ impl SalaModel {
             eos_token_ids: config.eos_token_ids.clone(),
             dtype,
             n_params,
+            num_layers: config.num_layers,
         };
         Ok(Self {
             embed_tokens: Embedding::load(weights, "model.embed_tokens", dtype)?,
@@ -251,7 +252,35 @@ impl LanguageModel for SalaModel {
         tokens: &Array,
         caches: &mut [&mut ModelCache],
         logits: Logits,
+        trace: Option<&mut Trace>,
+    ) -> Result<Array> {
+        self.run(tokens, caches, logits, trace, self.layers.len())
+    }
+
+    fn forward_draft(&self, tokens: &Array, cache: &mut ModelCache, layers: usize) -> Result<Array> {
+        self.run(tokens, &mut [cache], Logits::Last, None, layers)
+    }
+
+    fn truncate_cache(&self, cache: &mut ModelCache, len: usize) -> Result<()> {
+        cache.truncate_attention(len)?;
+        for (layer, state) in self.layers.iter().zip(&mut cache.layers) {
+            if let (MixerLayer::Lightning(attn), LayerCache::Recurrent(state)) = (&layer.mixer, state) {
+                attn.rollback(state, len)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SalaModel {
+    /// The forward pass through the first `depth` layers, then the output head.
+    fn run(
+        &self,
+        tokens: &Array,
+        caches: &mut [&mut ModelCache],
+        logits: Logits,
         mut trace: Option<&mut Trace>,
+        depth: usize,
     ) -> Result<Array> {
         check_batch(tokens, caches)?;
         let alpha = self.config.residual_scale();
@@ -259,7 +288,7 @@ impl LanguageModel for SalaModel {
         if let Some(t) = trace.as_deref_mut() {
             t.record("hidden.embeddings", &h);
         }
-        for (i, layer) in self.layers.iter().enumerate() {
+        for (i, layer) in self.layers.iter().enumerate().take(depth) {
             let x = layer.input_norm.forward(&h)?;
             let mixed = match &layer.mixer {
                 MixerLayer::Sparse(attn) => {
