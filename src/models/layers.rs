@@ -39,6 +39,81 @@ impl Matrix {
             Matrix::Quantized(q) => q.matmul_t(x),
         }
     }
+
+    fn eval(&self) -> Result<()> {
+        match self {
+            Matrix::Dense(w) => mlx_rs::transforms::eval([w])?,
+            Matrix::Quantized(q) => mlx_rs::transforms::eval([&q.packed, &q.scales, &q.biases])?,
+        }
+        Ok(())
+    }
+
+    /// Output rows.
+    pub fn out_features(&self) -> i32 {
+        match self {
+            Matrix::Dense(w) => w.shape()[0],
+            Matrix::Quantized(q) => q.packed.shape()[0],
+        }
+    }
+
+    /// The matrices stacked along their output rows, when they are stored alike (all float, or all
+    /// quantized in one format); `None` otherwise.
+    fn stack(parts: &[&Matrix]) -> Result<Option<Matrix>> {
+        let dense: Option<Vec<&Array>> = parts.iter().map(|m| if let Matrix::Dense(w) = m { Some(w) } else { None }).collect();
+        if let Some(ws) = dense {
+            return Ok(Some(Matrix::Dense(ops::concatenate(&ws, 0)?)));
+        }
+        let quantized: Option<Vec<&QuantizedMatrix>> =
+            parts.iter().map(|m| if let Matrix::Quantized(q) = m { Some(q) } else { None }).collect();
+        let Some(qs) = quantized.filter(|qs| qs.iter().all(|q| q.format == qs[0].format)) else { return Ok(None) };
+        let join = |pick: fn(&QuantizedMatrix) -> &Array| ops::concatenate(&qs.iter().map(|q| pick(q)).collect::<Vec<_>>(), 0);
+        Ok(Some(Matrix::Quantized(QuantizedMatrix {
+            packed: join(|q| &q.packed)?,
+            scales: join(|q| &q.scales)?,
+            biases: join(|q| &q.biases)?,
+            format: qs[0].format,
+        })))
+    }
+}
+
+/// Several bias-free projections of the same input (q/k/v, gate/up) multiplied as one stacked
+/// matrix: one kernel launch instead of several, which is what a decode step is short of. Kept
+/// apart when their storage differs (a mixed-precision quantization).
+pub struct Projections<const N: usize> {
+    stacked: Option<(Matrix, [i32; N])>,
+    parts: Vec<Linear>,
+}
+
+impl<const N: usize> Projections<N> {
+    pub fn load(weights: &Weights, names: [String; N], dtype: Dtype) -> Result<Self> {
+        let parts = names.iter().map(|n| Linear::load(weights, n, dtype)).collect::<Result<Vec<_>>>()?;
+        let matrices: Vec<&Matrix> = parts.iter().map(|p| &p.weight).collect();
+        let Some(stacked) = Matrix::stack(&matrices)? else { return Ok(Self { stacked: None, parts }) };
+        // Built now, so the separate matrices are freed as loading goes rather than all being held
+        // until the first forward pass.
+        stacked.eval()?;
+        let widths = std::array::from_fn(|i| matrices[i].out_features());
+        Ok(Self { stacked: Some((stacked, widths)), parts: Vec::new() })
+    }
+
+    /// Each projection of `x` `[B, T, in]`, in the order they were named.
+    pub fn forward(&self, x: &Array) -> Result<[Array; N]> {
+        let outputs: Vec<Array> = match &self.stacked {
+            None => self.parts.iter().map(|p| p.forward(x)).collect::<Result<_>>()?,
+            Some((matrix, widths)) => {
+                let y = matrix.matmul_t(x)?;
+                let mut start = 0;
+                widths
+                    .iter()
+                    .map(|&w| {
+                        start += w;
+                        y.try_index((.., .., start - w..start))
+                    })
+                    .collect::<std::result::Result<_, _>>()?
+            }
+        };
+        Ok(outputs.try_into().unwrap_or_else(|_| unreachable!("N names give N outputs")))
+    }
 }
 
 /// y = x · Wᵀ (+ b).
@@ -149,24 +224,23 @@ impl RmsNorm {
 
 /// SwiGLU feed-forward: down(silu(gate(x)) ⊙ up(x)).
 pub struct Mlp {
-    pub gate: Linear,
-    pub up: Linear,
-    pub down: Linear,
+    gate_up: Projections<2>,
+    down: Linear,
 }
 
 impl Mlp {
     pub fn load(weights: &Weights, prefix: &str, dtype: Dtype) -> Result<Self> {
         Ok(Self {
-            gate: Linear::load(weights, &format!("{prefix}.gate_proj"), dtype)?,
-            up: Linear::load(weights, &format!("{prefix}.up_proj"), dtype)?,
+            gate_up: Projections::load(weights, [format!("{prefix}.gate_proj"), format!("{prefix}.up_proj")], dtype)?,
             down: Linear::load(weights, &format!("{prefix}.down_proj"), dtype)?,
         })
     }
 
+    /// `x` `[B, T, hidden]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let gate = self.gate.forward(x)?;
+        let [gate, up] = self.gate_up.forward(x)?;
         let act = gate.multiply(ops::sigmoid(&gate)?)?;
-        self.down.forward(&act.multiply(self.up.forward(x)?)?)
+        self.down.forward(&act.multiply(&up)?)
     }
 }
 

@@ -16,7 +16,7 @@ use crate::engine::config::ConfigFile;
 use crate::engine::error::{Error, Result};
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::gla;
-use crate::models::layers::{per_sequence, sigmoid_gate, Linear, RmsNorm};
+use crate::models::layers::{per_sequence, sigmoid_gate, Linear, Projections, RmsNorm};
 use mlx_rs::{fast, ops::indexing::TryIndexOp, Array, Dtype};
 
 #[derive(Debug, Clone)]
@@ -87,9 +87,7 @@ impl LightningConfig {
 
 pub struct LightningAttention {
     cfg: LightningConfig,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    qkv_proj: Projections<3>,
     o_proj: Linear,
     z_proj: Option<Linear>,
     q_norm: Option<RmsNorm>,
@@ -106,9 +104,7 @@ impl LightningAttention {
         let linear = |w: &mut Weights, name: &str| Linear::load(w, &format!("{prefix}.{name}"), dtype);
         let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{prefix}.{name}"), eps, dtype);
         Ok(Self {
-            q_proj: linear(weights, "q_proj")?,
-            k_proj: linear(weights, "k_proj")?,
-            v_proj: linear(weights, "v_proj")?,
+            qkv_proj: Projections::load(weights, ["q_proj", "k_proj", "v_proj"].map(|n| format!("{prefix}.{n}")), dtype)?,
             o_proj: linear(weights, "o_proj")?,
             z_proj: if cfg.use_output_gate { Some(linear(weights, "z_proj")?) } else { None },
             q_norm: if cfg.qk_norm { Some(norm(weights, "q_norm")?) } else { None },
@@ -123,16 +119,17 @@ impl LightningAttention {
     pub fn forward(&self, x: &Array, states: &mut [&mut RecurrentState]) -> Result<Array> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (h, d) = (self.cfg.heads as i32, self.cfg.head_dim as i32);
-        let heads = |proj: &Linear, norm: &Option<RmsNorm>| -> Result<Array> {
-            let mut y = proj.forward(x)?.reshape(&[b, t, h, d])?;
+        let [q, k, v] = self.qkv_proj.forward(x)?;
+        let heads = |y: Array, norm: &Option<RmsNorm>| -> Result<Array> {
+            let mut y = y.reshape(&[b, t, h, d])?;
             if let Some(norm) = norm {
                 y = norm.forward(&y)?;
             }
             Ok(y.swap_axes(1, 2)?) // [B, H, T, d]
         };
-        let q = heads(&self.q_proj, &self.q_norm)?;
-        let k = heads(&self.k_proj, &self.k_norm)?;
-        let v = heads(&self.v_proj, &None)?;
+        let q = heads(q, &self.q_norm)?;
+        let k = heads(k, &self.k_norm)?;
+        let v = heads(v, &None)?;
         let o = per_sequence(&[&q, &k, &v], states, |qkv, cache| {
             let (mut q, mut k) = (qkv[0].clone(), qkv[1].clone());
             if self.cfg.use_rope {

@@ -18,7 +18,7 @@ use crate::engine::error::Result;
 use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::sparse::{block_sparse_attention, select_blocks, BlockSelection};
-use crate::models::layers::{per_sequence, sigmoid_gate, Linear};
+use crate::models::layers::{per_sequence, sigmoid_gate, Linear, Projections};
 use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// The level-2 compressed keys use 4× the level-1 window and stride (hard-coded in the reference).
@@ -103,9 +103,7 @@ impl SparseConfig {
 
 pub struct SparseAttention {
     cfg: SparseConfig,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    qkv_proj: Projections<3>,
     o_proj: Linear,
     o_gate: Option<Linear>,
 }
@@ -115,9 +113,7 @@ impl SparseAttention {
         let linear = |w: &mut Weights, name: &str| Linear::load(w, &format!("{prefix}.{name}"), dtype);
         let cfg = config.sparse.clone();
         Ok(Self {
-            q_proj: linear(weights, "q_proj")?,
-            k_proj: linear(weights, "k_proj")?,
-            v_proj: linear(weights, "v_proj")?,
+            qkv_proj: Projections::load(weights, ["q_proj", "k_proj", "v_proj"].map(|n| format!("{prefix}.{n}")), dtype)?,
             o_proj: linear(weights, "o_proj")?,
             o_gate: if cfg.use_output_gate { Some(linear(weights, "o_gate")?) } else { None },
             cfg,
@@ -129,9 +125,10 @@ impl SparseAttention {
     pub fn forward(&self, x: &Array, caches: &mut [&mut KvCache], layer: usize, mut trace: Option<&mut Trace>) -> Result<Array> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (hq, hkv, d) = (self.cfg.heads as i32, self.cfg.kv_heads as i32, self.cfg.head_dim as i32);
-        let q = self.q_proj.forward(x)?.reshape(&[b, t, hq, d])?.swap_axes(1, 2)?;
-        let k = self.k_proj.forward(x)?.reshape(&[b, t, hkv, d])?.swap_axes(1, 2)?;
-        let v = self.v_proj.forward(x)?.reshape(&[b, t, hkv, d])?.swap_axes(1, 2)?;
+        let [q, k, v] = self.qkv_proj.forward(x)?;
+        let q = q.reshape(&[b, t, hq, d])?.swap_axes(1, 2)?;
+        let k = k.reshape(&[b, t, hkv, d])?.swap_axes(1, 2)?;
+        let v = v.reshape(&[b, t, hkv, d])?.swap_axes(1, 2)?;
         let scale = (d as f32).powf(-0.5);
         let o = per_sequence(&[&q, &k, &v], caches, |qkv, cache| {
             let past = cache.len();
