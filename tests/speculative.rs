@@ -1,8 +1,9 @@
-//! Self-speculative decoding gives exactly what plain decoding gives: the same greedy tokens, the
-//! same seeded samples, the same distributions (within float tolerance), and a cache that holds
-//! the same tokens when generation stops — for SALA (lightning states rolled back inside a
-//! verified chunk, dense and InfLLM-V2 sparse attention, a chunk crossing `dense_len`) and for a
-//! dense Llama (SmolLM2).
+//! Decoding that runs ahead of the caller gives exactly what plain decoding gives: the same greedy
+//! tokens, the same seeded samples, the same distributions (within float tolerance), and a cache
+//! that holds the same tokens when generation stops (end of sequence, max tokens, the caller
+//! cancelling). Self-speculative decoding — for SALA (lightning states rolled back inside a verified
+//! chunk, dense and InfLLM-V2 sparse attention, a chunk crossing `dense_len`) and for a dense Llama
+//! (SmolLM2) — and plain greedy decoding pipelined on the device.
 
 mod common;
 
@@ -21,10 +22,35 @@ fn sampler(temperature: f32) -> Sampler {
 /// Generates `steps` tokens after `prompt` (prefilled in 512-token chunks); returns the generation
 /// and the cache it left.
 fn decode(model: &dyn LanguageModel, prompt: &[u32], steps: usize, draft: Option<Draft>, temperature: f32) -> (Generation, ModelCache) {
-    let mut cache = model.new_cache();
     let opts = GenerateOptions { max_tokens: steps, ignore_eos: true, prefill_step: 512, keep_logits: true, draft };
-    let g = generate(model, &mut cache, prompt, &mut sampler(temperature), &opts, |_, _| {}, |_| Flow::Continue).unwrap();
+    decode_with(model, prompt, &opts, temperature, usize::MAX)
+}
+
+/// [`decode`] with any options, the caller cancelling after `cancel_after` tokens.
+fn decode_with(model: &dyn LanguageModel, prompt: &[u32], opts: &GenerateOptions, temperature: f32, cancel_after: usize) -> (Generation, ModelCache) {
+    let mut cache = model.new_cache();
+    let mut seen = 0;
+    let on_token = |_| {
+        seen += 1;
+        if seen >= cancel_after {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
+    };
+    let g = generate(model, &mut cache, prompt, &mut sampler(temperature), opts, |_, _| {}, on_token).unwrap();
     (g, cache)
+}
+
+/// Two generations handed out the same tokens and left caches of the same length that carry on
+/// the same way.
+fn assert_same_outcome(model: &dyn LanguageModel, label: &str, want: (&Generation, &ModelCache), got: (&Generation, &ModelCache)) {
+    assert_eq!(got.0.tokens, want.0.tokens, "{label}");
+    assert_eq!(got.0.stop, want.0.stop, "{label}");
+    assert_eq!(got.1.len(), want.1.len(), "{label}: cache lengths");
+    let last = *got.0.tokens.last().unwrap();
+    let diff = max_diff(&next_logits(model, want.1, last), &next_logits(model, got.1, last));
+    assert!(diff <= 1e-4, "{label}: the caches differ by {diff} in the next logits");
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -151,4 +177,35 @@ fn draft_settings_are_checked() {
         assert!(err.contains(want), "{draft:?}: {err}");
     }
     assert!(Draft { layers: 3, tokens: 1 }.validate(model.as_ref(), &cache).is_ok());
+}
+
+#[test]
+fn stops_leave_the_cache_as_plain_decoding_does() {
+    // End of sequence (the golden model's EOS comes early after these prompts), max tokens and the
+    // caller cancelling mid-round: greedy on the device and speculative decoding hand out the same
+    // tokens as host-side greedy decoding and leave the same cache.
+    let (model, prompt) = sala_case();
+    let model = model.as_ref();
+    let host = GenerateOptions { max_tokens: 40, prefill_step: 512, keep_logits: true, ..Default::default() };
+    let on_device = GenerateOptions { keep_logits: false, ..host.clone() };
+    let speculative = GenerateOptions { draft: Some(Draft { layers: 4, tokens: 4 }), ..host.clone() };
+    let mut ends = Vec::new();
+    for (prompt, cancel_after) in [(&[1u32, 2, 3][..], usize::MAX), (&prompt[..250], usize::MAX), (&prompt[..250], 6), (&prompt[..40], 3)] {
+        let want = decode_with(model, prompt, &host, 0.0, cancel_after);
+        ends.push(want.0.stop);
+        for (name, opts) in [("on device", &on_device), ("speculative", &speculative)] {
+            let got = decode_with(model, prompt, opts, 0.0, cancel_after);
+            let label = format!("{name}, prompt of {} tokens, cancel after {cancel_after}", prompt.len());
+            assert_same_outcome(model, &label, (&want.0, &want.1), (&got.0, &got.1));
+        }
+    }
+    use sala::engine::generate::StopReason::*;
+    for reason in [EndOfSequence, Cancelled] {
+        assert!(ends.contains(&reason), "no case ended with {reason:?}: {ends:?}");
+    }
+    // Greedy on the device for many steps (ignore_eos, max tokens): same tokens as on the host.
+    let long = GenerateOptions { ignore_eos: true, max_tokens: 30, ..host.clone() };
+    let want = decode_with(model, &prompt[..250], &long, 0.0, usize::MAX);
+    let got = decode_with(model, &prompt[..250], &GenerateOptions { keep_logits: false, ..long }, 0.0, usize::MAX);
+    assert_same_outcome(model, "on device, 30 tokens", (&want.0, &want.1), (&got.0, &got.1));
 }

@@ -150,6 +150,11 @@ pub struct Decoding {
     prefilled: usize,
     /// Tokens drawn but not handed out yet (a speculative round draws several at once).
     ready: VecDeque<Drawn>,
+    /// Greedy decoding on the device: the next token, chosen (argmax) and being computed on the
+    /// device from the cache as it stands, not read yet.
+    in_flight: Option<Array>,
+    /// Whether the token handed out last is already in the cache (run ahead or an accepted guess).
+    last_in_cache: bool,
 }
 
 /// A token drawn from the model, waiting to be handed out.
@@ -205,6 +210,8 @@ impl Decoding {
             pending: None,
             prefilled: 0,
             ready: VecDeque::new(),
+            in_flight: None,
+            last_in_cache: false,
         })
     }
 
@@ -233,15 +240,23 @@ impl Decoding {
     /// condition (end of sequence, max tokens, context limit, cancel) was met. The cache holds the
     /// prompt and every returned token but the last.
     pub fn next(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, sampler: &mut Sampler) -> Result<Option<u32>> {
+        self.advance(model, cache, sampler, true)
+    }
+
+    /// [`Decoding::next`]; `pipeline` lets plain greedy decoding run ahead on the device (not in a
+    /// batch, whose forward the caller runs).
+    fn advance(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, sampler: &mut Sampler, pipeline: bool) -> Result<Option<u32>> {
         if self.done {
             return Ok(None);
         }
         if !self.is_prefilled() {
             return Err(Error::Usage("Decoding::next before the prompt was prefilled".into()));
         }
+        let on_device = pipeline && sampler.is_plain_greedy() && !self.opts.keep_logits && self.opts.draft.is_none();
         if self.ready.is_empty() {
             match (self.pending.take(), self.opts.draft) {
                 (Some(previous), Some(draft)) => self.speculate(model, cache, sampler, previous, draft)?,
+                (previous, _) if on_device => self.greedy_ahead(model, cache, previous)?,
                 (previous, _) => {
                     if let Some(previous) = previous {
                         self.logits = to_vec_f32(&forward_eval(model, cache, &[previous], Logits::Last)?)?;
@@ -257,33 +272,35 @@ impl Decoding {
         }
         self.generation.tokens.push(token);
         self.history.push(token);
+        self.last_in_cache = in_cache;
         let info = model.info();
         if !self.opts.ignore_eos && info.eos_token_ids.contains(&token) {
-            self.stop(model, cache, StopReason::EndOfSequence, in_cache)?;
+            self.stop(model, cache, StopReason::EndOfSequence)?;
         } else if self.generation.tokens.len() >= self.opts.max_tokens {
-            self.stop(model, cache, StopReason::MaxTokens, in_cache)?;
-        } else if cache.len() - self.ahead(in_cache) + 1 > info.max_context {
-            self.stop(model, cache, StopReason::ContextLimit, in_cache)?;
+            self.stop(model, cache, StopReason::MaxTokens)?;
+        } else if cache.len() - self.ahead() + 1 > info.max_context {
+            self.stop(model, cache, StopReason::ContextLimit)?;
         } else if !in_cache {
             self.pending = Some(token);
         }
         Ok(Some(token))
     }
 
-    /// Tokens in the cache the caller has not been handed (counting the one being handed out
-    /// when `current_in_cache`).
-    fn ahead(&self, current_in_cache: bool) -> usize {
-        current_in_cache as usize + self.ready.iter().filter(|d| d.in_cache).count()
+    /// Tokens in the cache that plain decoding would not have fed yet: the last one handed out
+    /// (plain decoding feeds it at the next call) and those drawn but not handed out.
+    fn ahead(&self) -> usize {
+        self.last_in_cache as usize + self.ready.iter().filter(|d| d.in_cache).count()
     }
 
     /// Stops; the cache is rolled back to what plain decoding would hold (the prompt and every
     /// token handed out but the last).
-    fn stop(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, reason: StopReason, current_in_cache: bool) -> Result<()> {
-        let ahead = self.ahead(current_in_cache);
+    fn stop(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, reason: StopReason) -> Result<()> {
+        let ahead = self.ahead();
         if ahead > 0 {
             model.truncate_cache(cache, cache.len() - ahead)?;
         }
         self.ready.clear();
+        self.in_flight = None;
         self.generation.stop = reason;
         self.done = true;
         Ok(())
@@ -291,7 +308,42 @@ impl Decoding {
 
     /// Stops on the caller's behalf, after the last token handed out.
     pub fn cancel(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache) -> Result<()> {
-        self.stop(model, cache, StopReason::Cancelled, false)
+        if self.done {
+            return Ok(());
+        }
+        self.stop(model, cache, StopReason::Cancelled)
+    }
+
+    /// Plain greedy decoding that keeps the device busy: the token to hand out (in flight, or the
+    /// argmax of the prompt's logits) is run through the model and the argmax after it queued
+    /// (`async_eval`) before the token is read, so the host builds step n+1 while the device runs
+    /// step n and no logits come to the host. The token handed out is thus already in the cache;
+    /// if generation stops on it, it is rolled back (the step records a replay for that).
+    fn greedy_ahead(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, previous: Option<u32>) -> Result<()> {
+        let token = match self.in_flight.take() {
+            Some(token) => token,
+            None => {
+                if let Some(previous) = previous {
+                    self.logits = to_vec_f32(&forward_eval(model, cache, &[previous], Logits::Last)?)?;
+                }
+                Array::from_slice(&[super::sampler::argmax(&std::mem::take(&mut self.logits)) as i32], &[1, 1])
+            }
+        };
+        // Nothing to run ahead for when this token is the last one allowed.
+        let last = self.generation.tokens.len() + 1 >= self.opts.max_tokens || cache.len() + 1 >= model.info().max_context;
+        if !last {
+            cache.record_replay(true);
+            let step = forward_batch_lazy(model, &token, &mut [&mut *cache], Logits::Last);
+            cache.record_replay(false);
+            let (logits, state) = step?;
+            let next = mlx_rs::ops::indexing::argmax_axis(&logits, -1, false)?.as_dtype(mlx_rs::Dtype::Int32)?.reshape(&[1, 1])?;
+            mlx_rs::transforms::async_eval(std::iter::once(&next).chain(state.iter()))?;
+            self.in_flight = Some(next);
+        }
+        eval([&token])?;
+        let id = token.as_slice::<i32>()[0] as u32;
+        self.ready.push_back(Drawn { token: id, in_cache: !last, logits: Vec::new() });
+        Ok(())
     }
 
     /// One speculative round after `first` (drawn, not yet in the cache): the draft guesses up to
@@ -389,7 +441,7 @@ pub fn next_batch(model: &dyn LanguageModel, steps: &mut [Step]) -> Result<Vec<O
             s.decoding.pending = None;
         }
     }
-    steps.iter_mut().map(|s| s.decoding.next(model, s.cache, s.sampler)).collect()
+    steps.iter_mut().map(|s| s.decoding.advance(model, s.cache, s.sampler, false)).collect()
 }
 
 /// The draft's greedy guesses of the `count` tokens after `first`, from the first `layers`

@@ -85,6 +85,17 @@ impl Sampler {
         Self { params, rng }
     }
 
+    /// Greedy with nothing that depends on the history: the choice is the argmax of the logits,
+    /// which the device can make itself.
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0
+            && p.repetition_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+            && p.logit_bias.is_empty()
+    }
+
     /// Picks the next token from `logits` (one row, float32) given the tokens so far (`history`:
     /// the prompt and what was generated, the last `generated` of them generated).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
@@ -125,12 +136,16 @@ impl Sampler {
         if p.temperature == 0.0 {
             return argmax(&logits);
         }
-        // Candidates sorted by logit (descending; ties to the lower id).
+        // Candidates sorted by logit (descending; ties to the lower id). With top-k only the k best
+        // are sorted, after an O(vocab) selection (a full sort of the vocabulary costs
+        // milliseconds a token).
         let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-        order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
-        if p.top_k > 0 {
+        let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+        if p.top_k > 0 && p.top_k < order.len() {
+            order.select_nth_unstable_by(p.top_k - 1, by_logit);
             order.truncate(p.top_k);
         }
+        order.sort_unstable_by(by_logit);
         let max = logits[order[0] as usize];
         let mut probs: Vec<f32> =
             order.iter().map(|&id| ((logits[id as usize] - max) / p.temperature).exp()).collect();
