@@ -1,21 +1,22 @@
-// One decode step of Simple GLA for every head, reading and writing the float32 state once:
+// One decode step of Simple GLA for every head of every sequence in the batch, reading and
+// writing the float32 state once:
 //   S' = γ_h S + k_hᵀ v_h,   o_h = scale · q_h S'
-// Thread (j, h) owns column j of head h's [DK, DV] state; consecutive threads touch consecutive
-// columns, so every state row is one coalesced access.
+// Thread (j, b·H + h) owns column j of sequence b's head h [DK, DV] state; consecutive threads
+// touch consecutive columns, so every state row is one coalesced access.
 
-template <int DK, int DV, int SCALE_BITS>
+template <int H, int DK, int DV, int SCALE_BITS>
 __device__ void sala_gla_decode(
-    const float* q,        // [H, DK]
-    const float* k,        // [H, DK]
-    const float* v,        // [H, DV]
+    const float* q,        // [B·H, DK]
+    const float* k,        // [B·H, DK]
+    const float* v,        // [B·H, DV]
     const float* slopes,   // [H]  γ_h = exp(−slope_h)
-    const float* state,    // [H, DK, DV]
-    float* out,            // [H, DV]
-    float* next_state) {   // [H, DK, DV]
+    const float* state,    // [B·H, DK, DV]
+    float* out,            // [B·H, DV]
+    float* next_state) {   // [B·H, DK, DV]
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  const int h = blockIdx.y;
+  const int h = blockIdx.y;  // b·H + head
   if (j >= DV) return;
-  const float gamma = expf(-slopes[h]);
+  const float gamma = expf(-slopes[h % H]);
   const float vj = v[h * DV + j];
   const float* sh = state + (size_t)h * DK * DV;
   float* nh = next_state + (size_t)h * DK * DV;

@@ -1,12 +1,13 @@
-// Metal twin of cuda/gla_decode.cu: thread (j, h) owns column j of head h's state. Untested on hardware.
+// Metal twin of cuda/gla_decode.cu: thread (j, b·H + h) owns column j of sequence b's head h state.
+// Untested on hardware.
 
-template <int DK, int DV, int SCALE_BITS>
+template <int H, int DK, int DV, int SCALE_BITS>
 inline void sala_gla_decode(
     const device float* q, const device float* k, const device float* v, const device float* slopes,
     const device float* state, device float* out, device float* next_state,
     uint j, uint h) {
   if (int(j) >= DV) return;
-  const float gamma = exp(-slopes[h]);
+  const float gamma = exp(-slopes[h % H]);
   const float vj = v[h * DV + j];
   const device float* sh = state + size_t(h) * DK * DV;
   device float* nh = next_state + size_t(h) * DK * DV;

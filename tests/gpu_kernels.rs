@@ -69,17 +69,18 @@ fn gla_decode_step_matches_the_recurrence() {
     if !on_gpu() {
         return;
     }
-    for (h, d, seed) in [(32, 128, 1u64), (4, 32, 2), (3, 8, 3)] {
+    // Batch 1 and a batch of sequences (each head's decay found from b·H + h).
+    for (b, h, d, seed) in [(1, 32, 128, 1u64), (1, 4, 32, 2), (1, 3, 8, 3), (5, 32, 128, 4), (3, 3, 8, 5)] {
         let slopes = Array::from_slice(&alibi_slopes(h as usize), &[h]);
-        let q = randn(&[1, h, 1, d], seed, Dtype::Float32);
-        let k = randn(&[1, h, 1, d], seed + 10, Dtype::Float32);
-        let v = randn(&[1, h, 1, d], seed + 20, Dtype::Float32);
-        let s0 = randn(&[1, h, d, d], seed + 30, Dtype::Float32);
+        let q = randn(&[b, h, 1, d], seed, Dtype::Float32);
+        let k = randn(&[b, h, 1, d], seed + 10, Dtype::Float32);
+        let v = randn(&[b, h, 1, d], seed + 20, Dtype::Float32);
+        let s0 = randn(&[b, h, d, d], seed + 30, Dtype::Float32);
         for state in [None, Some(&s0)] {
             let (o, s) = simple_gla_step(&q, &k, &v, &slopes, state, 0.125).unwrap();
             let (o_ref, s_ref) = simple_gla_recurrent(&q, &k, &v, &slopes, state, 0.125).unwrap();
             let (eo, es) = (rel_err(&o, &o_ref), rel_err(&s, &s_ref));
-            assert!(eo < 1e-5 && es < 1e-6, "H={h} d={d} state={}: output {eo}, state {es}", state.is_some());
+            assert!(eo < 1e-5 && es < 1e-6, "B={b} H={h} d={d} state={}: output {eo}, state {es}", state.is_some());
         }
     }
 }

@@ -55,10 +55,10 @@ pub fn simple_gla_step(
     state: Option<&Array>,
     scale: f32,
 ) -> Result<(Array, Array)> {
-    if backend() == Backend::Cpu || q.shape()[0] != 1 || q.shape()[2] != 1 {
+    if backend() == Backend::Cpu || q.shape()[2] != 1 {
         return simple_gla_recurrent(q, k, v, slopes, state, scale);
     }
-    let (h, dk, dv) = (q.shape()[1], q.shape()[3], v.shape()[3]);
+    let (b, h, dk, dv) = (q.shape()[0], q.shape()[1], q.shape()[3], v.shape()[3]);
     let state = match state {
         Some(s) => s.clone(),
         None => zero_state(q, v)?,
@@ -68,11 +68,12 @@ pub fn simple_gla_step(
         &GLA_DECODE,
         &[q, k, v, slopes, &state],
         Launch {
-            grid: (dv, h, 1),
+            grid: (dv, b * h, 1),
             threads: (threads, 1, 1),
-            outputs: vec![(vec![1, h, 1, dv], Dtype::Float32), (vec![1, h, dk, dv], Dtype::Float32)],
+            outputs: vec![(vec![b, h, 1, dv], Dtype::Float32), (vec![b, h, dk, dv], Dtype::Float32)],
             // The scale as its bit pattern: a compile-time constant, no upload per step.
             template: vec![
+                ("H", TemplateArg::Int(h)),
                 ("DK", TemplateArg::Int(dk)),
                 ("DV", TemplateArg::Int(dv)),
                 ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
@@ -89,9 +90,9 @@ static GLA_DECODE: KernelSource = KernelSource {
     inputs: &["q", "k", "v", "slopes", "state"],
     outputs: &["out", "next_state"],
     cuda_header: include_str!("../../cuda/gla_decode.cu"),
-    cuda_body: "sala_gla_decode<DK, DV, SCALE_BITS>(q, k, v, slopes, state, out, next_state);",
+    cuda_body: "sala_gla_decode<H, DK, DV, SCALE_BITS>(q, k, v, slopes, state, out, next_state);",
     metal_header: include_str!("../../metal/gla_decode.metal"),
-    metal_body: "sala_gla_decode<DK, DV, SCALE_BITS>(q, k, v, slopes, state, out, next_state, \
+    metal_body: "sala_gla_decode<H, DK, DV, SCALE_BITS>(q, k, v, slopes, state, out, next_state, \
                  thread_position_in_grid.x, thread_position_in_grid.y);",
 };
 

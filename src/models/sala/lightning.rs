@@ -17,7 +17,7 @@ use crate::engine::error::{Error, Result};
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::gla;
 use crate::models::layers::{per_sequence, sigmoid_gate, Linear, Projections, RmsNorm};
-use mlx_rs::{fast, ops::indexing::TryIndexOp, Array, Dtype};
+use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 #[derive(Debug, Clone)]
 pub struct LightningConfig {
@@ -130,21 +130,19 @@ impl LightningAttention {
         let q = heads(q, &self.q_norm)?;
         let k = heads(k, &self.k_norm)?;
         let v = heads(v, &None)?;
-        let o = per_sequence(&[&q, &k, &v], states, |qkv, cache| {
-            let (mut q, mut k) = (qkv[0].clone(), qkv[1].clone());
-            if self.cfg.use_rope {
-                let offset = cache.len as i32;
-                q = fast::rope(&q, d, false, self.cfg.rope_theta, 1.0, offset, None)?;
-                k = fast::rope(&k, d, false, self.cfg.rope_theta, 1.0, offset, None)?;
-            }
-            let (k, v) = (k.as_dtype(Dtype::Float32)?, qkv[2].as_dtype(Dtype::Float32)?);
-            let (o, state) =
-                gla::simple_gla(&q.as_dtype(Dtype::Float32)?, &k, &v, &self.slopes, cache.state.as_ref(), self.cfg.q_scale)?;
-            cache.replay = cache.record_replay.then(|| Replay { state: cache.state.clone(), len: cache.len, inputs: vec![k, v] });
-            cache.state = Some(state);
-            cache.len += t as usize;
-            Ok(o)
-        })?;
+        let o = if t == 1 && b > 1 {
+            self.step_batch(&q, &k, &v, states)?
+        } else {
+            per_sequence(&[&q, &k, &v], states, |qkv, cache| {
+                let offset = Array::from_int(cache.len as i32);
+                let (q, k, v) = self.rotate(&qkv[0], &qkv[1], &qkv[2], &offset)?;
+                let (o, state) = gla::simple_gla(&q, &k, &v, &self.slopes, cache.state.as_ref(), self.cfg.q_scale)?;
+                cache.replay = cache.record_replay.then(|| Replay { state: cache.state.clone(), len: cache.len, inputs: vec![k, v] });
+                cache.state = Some(state);
+                cache.len += t as usize;
+                Ok(o)
+            })?
+        };
 
         let mut o = o.as_dtype(x.dtype())?.swap_axes(1, 2)?.reshape(&[b, t, h * d])?;
         if let Some(norm) = &self.o_norm {
@@ -154,6 +152,40 @@ impl LightningAttention {
             o = sigmoid_gate(&o, &z.forward(x)?)?;
         }
         self.o_proj.forward(&o)
+    }
+
+    /// RoPE at the positions from `offset` (a scalar, or one per sequence), and float32 q, k, v.
+    fn rotate(&self, q: &Array, k: &Array, v: &Array, offset: &Array) -> Result<(Array, Array, Array)> {
+        let (mut q, mut k) = (q.clone(), k.clone());
+        if self.cfg.use_rope {
+            let (d, theta) = (self.cfg.head_dim as i32, self.cfg.rope_theta);
+            q = fast::rope_dynamic(&q, d, false, theta, 1.0, offset, None)?;
+            k = fast::rope_dynamic(&k, d, false, theta, 1.0, offset, None)?;
+        }
+        let f32 = |a: &Array| a.as_dtype(Dtype::Float32);
+        Ok((f32(&q)?, f32(&k)?, f32(v)?))
+    }
+
+    /// One decode step for several sequences at once: their states stacked into one `[B, H, d, d]`
+    /// array, so the step costs the same few operations whatever B is (decode is short of
+    /// launches, not bandwidth); each sequence keeps its slice of the result.
+    fn step_batch(&self, q: &Array, k: &Array, v: &Array, states: &mut [&mut RecurrentState]) -> Result<Array> {
+        let positions: Vec<i32> = states.iter().map(|s| s.len as i32).collect();
+        let (q, k, v) = self.rotate(q, k, v, &Array::from_slice(&positions, &[positions.len() as i32]))?;
+        let (h, d) = (self.cfg.heads as i32, self.cfg.head_dim as i32);
+        let zero = Array::zeros::<f32>(&[1, h, d, d])?;
+        let before: Vec<Array> = states.iter().map(|s| s.state.clone().unwrap_or_else(|| zero.clone())).collect();
+        let (o, after) = gla::simple_gla(&q, &k, &v, &self.slopes, Some(&ops::concatenate(&before, 0)?), self.cfg.q_scale)?;
+        for (i, state) in states.iter_mut().enumerate() {
+            let row = i as i32..i as i32 + 1;
+            state.replay = match state.record_replay {
+                true => Some(Replay { state: state.state.clone(), len: state.len, inputs: vec![k.try_index(row.clone())?, v.try_index(row.clone())?] }),
+                false => None,
+            };
+            state.state = Some(after.try_index(row)?);
+            state.len += 1;
+        }
+        Ok(o)
     }
 
     /// Rolls the state back to `len` tokens, inside the last forward call (recorded with
