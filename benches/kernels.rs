@@ -51,7 +51,7 @@ fn main() {
     const SETS: usize = 8;
     for bits in [8, 4] {
         for (n, k) in [(4096, 4096), (16384, 4096), (4096, 16384), (73448, 4096)] {
-            for rows in [1, 2, 4] {
+            for rows in [1, 2, 4, 8] {
                 let sets: Vec<_> = (0..SETS)
                     .map(|i| {
                         let w = randn(&[n, k], 100 + i as u64, Dtype::Bfloat16);
