@@ -133,13 +133,11 @@ impl Records {
                 let text = serde_json::to_string_pretty(&all)? + "\n";
                 return std::fs::write(path, text).with_context(|| format!("writing {}", path.display()));
             }
-            Format::Csv if existing > 0 => {
-                if read()?.lines().next() != Some(self.fields.join(",").as_str()) {
-                    anyhow::bail!(
-                        "{} has other columns than `{writer}` writes; append to a file it wrote, or start a new one",
-                        path.display()
-                    );
-                }
+            Format::Csv if existing > 0 && read()?.lines().next() != Some(self.fields.join(",").as_str()) => {
+                anyhow::bail!(
+                    "{} has other columns than `{writer}` writes; append to a file it wrote, or start a new one",
+                    path.display()
+                );
             }
             _ => {}
         }
