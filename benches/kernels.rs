@@ -4,6 +4,7 @@
 //! bandwidth, so compare it with the device's measured copy bandwidth.
 
 use mlx_rs::{ops, random, transforms::eval, Array, Dtype};
+use sala::engine::cache::KvCache;
 use sala::engine::device::{select, DeviceKind};
 use sala::kernels::custom::{backend, Backend};
 use sala::kernels::gla::{alibi_slopes, simple_gla_recurrent, simple_gla_step};
@@ -141,5 +142,53 @@ fn main() {
         let kern = time(|| (0..8).map(|_| block_sparse_attention(&q, &k, &v, kv_len, &blocks, first, 64, scale).unwrap()).collect()) / 8.0;
         let mlx = time(|| (0..8).map(|_| block_sparse_attention_mlx(&q, &k, &v, &blocks, first, 64, scale).unwrap()).collect()) / 8.0;
         row(&format!("block-sparse attention L={kv_len} T={t} (×8)"), kern, mlx, "");
+    }
+    sparse_step_on_a_cache(&sel);
+}
+
+/// One sparse layer's decode step on a real `KvCache` (keys in a buffer with spare capacity,
+/// pooled keys kept up to date) at 32K and 128K, built up piece by piece: the 9B's decode slows
+/// with context above dense_len, and this shows which piece grows. Each step is evaluated before
+/// the next, so a piece that copies the history shows up as time proportional to it.
+fn sparse_step_on_a_cache(sel: &BlockSelection) {
+    let (hq, hkv, d) = (32, 2, 128);
+    let scale = (d as f32).powf(-0.5);
+    for kv_len in [32768usize, 131072] {
+        let mut cache = KvCache::default();
+        for chunk in 0..kv_len / 4096 {
+            let seed = 1000 + 2 * chunk as u64;
+            cache.append(&randn(&[1, hkv, 4096, d], seed, Dtype::Bfloat16), &randn(&[1, hkv, 4096, d], seed + 1, Dtype::Bfloat16)).unwrap();
+            let (k, v) = cache.storage().unwrap();
+            eval([k, v]).unwrap();
+        }
+        let (k1, v1) = (randn(&[1, hkv, 1, d], 7, Dtype::Bfloat16), randn(&[1, hkv, 1, d], 8, Dtype::Bfloat16));
+        let q = randn(&[1, hq, 1, d], 9, Dtype::Bfloat16);
+        eval([&k1, &v1, &q]).unwrap();
+        let mut pieces = Vec::new();
+        for upto in 0..4 {
+            let secs = time(|| {
+                let first = cache.len();
+                cache.append(&k1, &v1).unwrap();
+                let (k, v) = cache.storage().map(|(k, v)| (k.clone(), v.clone())).unwrap();
+                let mut out = vec![k.clone(), v.clone()];
+                if upto >= 1 {
+                    out.push(cache.pooled_keys(sel.kernel, sel.stride).unwrap().unwrap());
+                    out.push(cache.pooled_keys(sel.kernel2, sel.stride2).unwrap().unwrap());
+                }
+                if upto >= 2 {
+                    let selected = select_blocks(&q, &out[2], &out[3], first, first + 1, sel, Dtype::Bfloat16).unwrap();
+                    out.push(selected.blocks.clone());
+                    if upto >= 3 {
+                        out.push(block_sparse_attention(&q, &k, &v, first + 1, &selected.blocks, first, sel.block, scale).unwrap());
+                    }
+                }
+                out
+            });
+            pieces.push(secs);
+        }
+        let names = ["append k, v", "+ pooled keys", "+ block selection", "+ block-sparse attention"];
+        for (name, secs) in names.iter().zip(&pieces) {
+            println!("| sparse layer step L={kv_len}: {name} | {:.1} | | | cumulative, one layer |", secs * 1e6);
+        }
     }
 }
