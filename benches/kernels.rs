@@ -200,7 +200,7 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
         // contiguous copies.
         let first = cache.len() - 1;
         let (c1, c2) = (cache.pooled_keys(sel.kernel, sel.stride).unwrap().unwrap(), cache.pooled_keys(sel.kernel2, sel.stride2).unwrap().unwrap());
-        let (d1, d2) = (ops::add(&c1, &Array::from_f32(0.0)).unwrap(), ops::add(&c2, &Array::from_f32(0.0)).unwrap());
+        let (d1, d2) = (ops::add(&c1, Array::from_f32(0.0)).unwrap(), ops::add(&c2, Array::from_f32(0.0)).unwrap());
         eval([&c1, &c2, &d1, &d2]).unwrap();
         for (name, a, b) in [("views", &c1, &c2), ("contiguous", &d1, &d2)] {
             let secs = time(|| vec![select_blocks(&q, a, b, first, first + 1, sel, Dtype::Bfloat16).unwrap().blocks]);
