@@ -41,7 +41,7 @@ pub struct BenchArgs {
     /// t/s counts every sequence's tokens)
     #[arg(long = "n-seq", value_delimiter = ',', default_value = "1", value_parser = clap::value_parser!(u64).range(1..))]
     pub seqs: Vec<u64>,
-    /// Generation tests: also measure real greedy generation (the host samples each token),
+    /// Generation tests: also measure real greedy generation (every token read back as `sala run` does),
     /// self-speculative with a draft of the first N layers (comma-separated; 0 = no draft)
     #[arg(long, value_delimiter = ',', value_name = "N")]
     pub draft_layers: Vec<usize>,

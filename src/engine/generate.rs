@@ -332,13 +332,8 @@ impl Decoding {
         // Nothing to run ahead for when this token is the last one allowed.
         let last = self.generation.tokens.len() + 1 >= self.opts.max_tokens || cache.len() + 1 >= model.info().max_context;
         if !last {
-            cache.record_replay(true);
-            let step = forward_batch_lazy(model, &token, &mut [&mut *cache], Logits::Last);
-            cache.record_replay(false);
-            let (logits, state) = step?;
-            let next = mlx_rs::ops::indexing::argmax_axis(&logits, -1, false)?.as_dtype(mlx_rs::Dtype::Int32)?.reshape(&[1, 1])?;
-            mlx_rs::transforms::async_eval(std::iter::once(&next).chain(state.iter()))?;
-            self.in_flight = Some(next);
+            let (logits, state) = with_replay(cache, |cache| forward_batch_lazy(model, &token, &mut [cache], Logits::Last))?;
+            self.in_flight = Some(queue_argmax(&logits, &state)?);
         }
         eval([&token])?;
         let id = token.as_slice::<i32>()[0] as u32;
@@ -367,10 +362,7 @@ impl Decoding {
 
         let mut input: Vec<u32> = vec![first];
         input.extend(&guessed);
-        cache.record_replay(true);
-        let logits = forward_eval(model, cache, &input, Logits::All);
-        cache.record_replay(false);
-        let rows = to_vec_f32(&logits?)?;
+        let rows = to_vec_f32(&with_replay(cache, |cache| forward_eval(model, cache, &input, Logits::All))?)?;
         let vocab = rows.len() / input.len();
 
         // Draw from the full model position by position; the guess at i+1 stands while it equals
@@ -451,10 +443,7 @@ fn draft_guesses(model: &dyn LanguageModel, cache: &mut ModelCache, first: u32, 
     let mut token = Array::from_slice(&[first as i32], &[1, 1]);
     let mut guesses = Vec::with_capacity(count);
     for _ in 0..count {
-        let logits = model.forward_draft(&token, cache, layers)?;
-        token = mlx_rs::ops::indexing::argmax_axis(&logits, -1, false)?.as_dtype(mlx_rs::Dtype::Int32)?.reshape(&[1, 1])?;
-        let state = cache.arrays();
-        mlx_rs::transforms::async_eval(std::iter::once(&token).chain(state.iter()))?;
+        token = queue_argmax(&model.forward_draft(&token, cache, layers)?, &cache.arrays())?;
         guesses.push(token.clone());
     }
     let guesses = mlx_rs::ops::concatenate(&guesses, 1)?;
@@ -462,6 +451,23 @@ fn draft_guesses(model: &dyn LanguageModel, cache: &mut ModelCache, first: u32, 
     let ids = guesses.as_slice::<i32>().iter().map(|&t| t as u32).collect();
     cache.restore(checkpoint);
     Ok(ids)
+}
+
+/// The argmax of `logits` `[1, vocab]` as a `[1, 1]` token id, queued for evaluation together
+/// with `state` (the caches it depends on), so the device computes it while the host goes on.
+fn queue_argmax(logits: &Array, state: &[Array]) -> Result<Array> {
+    let token = mlx_rs::ops::indexing::argmax_axis(logits, -1, false)?.as_dtype(mlx_rs::Dtype::Int32)?.reshape(&[1, 1])?;
+    mlx_rs::transforms::async_eval(std::iter::once(&token).chain(state))?;
+    Ok(token)
+}
+
+/// Runs `forward` with the cache's recurrent layers recording a replay of it (so the cache can be
+/// rolled back to any length inside the call), and recording off again afterwards.
+fn with_replay<T>(cache: &mut ModelCache, forward: impl FnOnce(&mut ModelCache) -> Result<T>) -> Result<T> {
+    cache.record_replay(true);
+    let result = forward(cache);
+    cache.record_replay(false);
+    result
 }
 
 /// Runs `tokens` into `cache` in chunks of `step` without sampling (a chat turn's history).

@@ -5,7 +5,7 @@
 //! device synchronisation after each are timed — no tokenization, no sampling (random token ids
 //! go in). Generation can also be measured for several sequences decoded together (`tg128 x8`,
 //! aggregate tokens/s) and as real greedy generation, plain or self-speculative (`tg128 greedy`,
-//! `tg128 draft 8/4`), where the host samples every token.
+//! `tg128 draft 8/4`), where every token is read back and checked for a stop as `sala run` does.
 
 use crate::engine::error::{Error, Result};
 use crate::engine::cache::ModelCache;
@@ -29,9 +29,9 @@ pub enum Decode {
     /// `seqs` sequences decoded together (one batched forward a step), random tokens in, the
     /// next step's graph built while the device runs the last: llama-bench's tg.
     Pipelined { seqs: usize },
-    /// Greedy generation as `sala run` does it (the host samples each token before the next
-    /// step), self-speculative with a draft of `draft_layers` layers guessing `num_draft`
-    /// tokens ahead when `draft_layers` > 0.
+    /// Greedy generation as `sala run` does it (every token read back and checked for a stop;
+    /// plain greedy picks tokens on the device and runs one step ahead), self-speculative with
+    /// a draft of `draft_layers` layers guessing `num_draft` tokens ahead when `draft_layers` > 0.
     Greedy { draft_layers: usize, num_draft: usize },
 }
 

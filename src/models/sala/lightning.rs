@@ -178,9 +178,10 @@ impl LightningAttention {
         let (o, after) = gla::simple_gla(&q, &k, &v, &self.slopes, Some(&ops::concatenate(&before, 0)?), self.cfg.q_scale)?;
         for (i, state) in states.iter_mut().enumerate() {
             let row = i as i32..i as i32 + 1;
-            state.replay = match state.record_replay {
-                true => Some(Replay { state: state.state.clone(), len: state.len, inputs: vec![k.try_index(row.clone())?, v.try_index(row.clone())?] }),
-                false => None,
+            state.replay = if state.record_replay {
+                Some(Replay { state: state.state.clone(), len: state.len, inputs: vec![k.try_index(row.clone())?, v.try_index(row.clone())?] })
+            } else {
+                None
             };
             state.state = Some(after.try_index(row)?);
             state.len += 1;
