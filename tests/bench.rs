@@ -250,4 +250,11 @@ fn batched_and_speculative_generation_tests() {
     let out = bench(&["-m", path(&sala), "-p", "0", "-n", "4", "--draft-layers", "4"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("between 1 and 3 of the model's 4 layers"), "{stderr}");
+    // No sequences, or a draft size without a draft: refused by name.
+    let out = bench(&["-m", path(&sala), "-p", "0", "-n", "4", "--n-seq", "0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--n-seq"), "{stderr}");
+    let out = bench(&["-m", path(&sala), "-p", "0", "-n", "4", "--num-draft", "3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--draft-layers"), "{stderr}");
 }
