@@ -4,7 +4,7 @@
 //! bandwidth, so compare it with the device's measured copy bandwidth.
 
 use mlx_rs::{ops, random, transforms::eval, Array, Dtype};
-use sala::engine::cache::KvCache;
+use sala::engine::cache::{KvCache, KvParts};
 use sala::engine::device::{select, DeviceKind};
 use sala::kernels::custom::{backend, Backend};
 use sala::kernels::gla::{alibi_slopes, simple_gla_recurrent, simple_gla_step};
@@ -144,7 +144,7 @@ fn main() {
         let blocks = select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap().blocks;
         eval([&blocks]).unwrap();
         let scale = (d as f32).powf(-0.5);
-        let kern = time(|| (0..8).map(|_| block_sparse_attention(&q, &k, &v, kv_len, &blocks, first, 64, scale).unwrap()).collect()) / 8.0;
+        let kern = time(|| (0..8).map(|_| block_sparse_attention(&q, &KvParts::history(&k, &v, kv_len), &blocks, first, 64, scale).unwrap()).collect()) / 8.0;
         let mlx = time(|| (0..8).map(|_| block_sparse_attention_mlx(&q, &k, &v, &blocks, first, 64, scale).unwrap()).collect()) / 8.0;
         row(&format!("block-sparse attention L={kv_len} T={t} (×8)"), kern, mlx, "");
     }
@@ -152,9 +152,11 @@ fn main() {
 }
 
 /// One sparse layer's decode step on a real `KvCache` (keys in a buffer with spare capacity,
-/// pooled keys kept up to date) at 32K and 128K, built up piece by piece: the 9B's decode slows
-/// with context above dense_len, and this shows which piece grows. Each step is evaluated before
-/// the next, so a piece that copies the history shows up as time proportional to it.
+/// pooled keys kept up to date) at 32K and 128K, built up piece by piece, each step evaluated
+/// before the next; then 64 whole steps queued back to back as pipelined decoding does (each
+/// step's write queued while the previous step's kernels may still read the cache), with the
+/// keys written into the history (a copy of it whenever the device still holds it) and into
+/// the recent-token buffer.
 fn sparse_step_on_a_cache(sel: &BlockSelection) {
     let (hq, hkv, d) = (32, 2, 128);
     let scale = (d as f32).powf(-0.5);
@@ -163,37 +165,54 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
         for chunk in 0..kv_len / 4096 {
             let seed = 1000 + 2 * chunk as u64;
             cache.append(&randn(&[1, hkv, 4096, d], seed, Dtype::Bfloat16), &randn(&[1, hkv, 4096, d], seed + 1, Dtype::Bfloat16)).unwrap();
-            let (k, v) = cache.storage().unwrap();
-            eval([k, v]).unwrap();
+            let parts = cache.parts().unwrap().unwrap();
+            eval([parts.keys, parts.values]).unwrap();
         }
         let (k1, v1) = (randn(&[1, hkv, 1, d], 7, Dtype::Bfloat16), randn(&[1, hkv, 1, d], 8, Dtype::Bfloat16));
         let q = randn(&[1, hq, 1, d], 9, Dtype::Bfloat16);
         eval([&k1, &v1, &q]).unwrap();
-        let mut pieces = Vec::new();
-        for upto in 0..4 {
-            let secs = time(|| {
-                let first = cache.len();
+        // One step up to piece `upto`: its outputs and the cache's arrays.
+        let step = |cache: &mut KvCache, upto: usize, recent: bool| -> Vec<Array> {
+            let first = cache.len();
+            if recent {
+                cache.append_recent(&k1, &v1).unwrap();
+            } else {
                 cache.append(&k1, &v1).unwrap();
-                let (k, v) = cache.storage().map(|(k, v)| (k.clone(), v.clone())).unwrap();
-                let mut out = vec![k.clone(), v.clone()];
-                if upto >= 1 {
-                    out.push(cache.pooled_keys(sel.kernel, sel.stride).unwrap().unwrap());
-                    out.push(cache.pooled_keys(sel.kernel2, sel.stride2).unwrap().unwrap());
-                }
+            }
+            let mut out = Vec::new();
+            if upto >= 1 {
+                let c1 = cache.pooled_keys(sel.kernel, sel.stride).unwrap().unwrap();
+                let c2 = cache.pooled_keys(sel.kernel2, sel.stride2).unwrap().unwrap();
                 if upto >= 2 {
-                    let selected = select_blocks(&q, &out[2], &out[3], first, first + 1, sel, Dtype::Bfloat16).unwrap();
-                    out.push(selected.blocks.clone());
+                    let selected = select_blocks(&q, &c1, &c2, first, first + 1, sel, Dtype::Bfloat16).unwrap();
                     if upto >= 3 {
-                        out.push(block_sparse_attention(&q, &k, &v, first + 1, &selected.blocks, first, sel.block, scale).unwrap());
+                        let kv = cache.parts().unwrap().unwrap();
+                        out.push(block_sparse_attention(&q, &kv, &selected.blocks, first, sel.block, scale).unwrap());
                     }
+                    out.push(selected.blocks);
                 }
-                out
-            });
-            pieces.push(secs);
-        }
+                out.extend([c1, c2]);
+            }
+            let kv = cache.parts().unwrap().unwrap();
+            out.extend([kv.keys.clone(), kv.values.clone()]);
+            out.extend(kv.recent.iter().flat_map(|(k, v)| [(*k).clone(), (*v).clone()]));
+            out
+        };
         let names = ["append k, v", "+ pooled keys", "+ block selection", "+ block-sparse attention"];
-        for (name, secs) in names.iter().zip(&pieces) {
+        for (upto, name) in names.iter().enumerate() {
+            let secs = time(|| step(&mut cache, upto, true));
             println!("| sparse layer step L={kv_len}: {name} | {:.1} | | | cumulative, one layer |", secs * 1e6);
+        }
+        for (recent, name) in [(false, "keys written into the history"), (true, "keys written into the recent buffer")] {
+            let start = Instant::now();
+            let mut last = Vec::new();
+            for _ in 0..64 {
+                last = step(&mut cache, 3, recent);
+                mlx_rs::transforms::async_eval(&last).unwrap();
+            }
+            eval(&last).unwrap();
+            let per_step = start.elapsed().as_secs_f64() / 64.0;
+            println!("| sparse layer step L={kv_len}, 64 steps queued, {name} | {:.1} | | | one layer, per step |", per_step * 1e6);
         }
         // Selection alone with the cache left as it is (same shapes every call): on the pooled
         // keys as the cache holds them (views into a buffer with spare capacity), then on

@@ -4,7 +4,8 @@
 // Thread block = (KV head h, query t, split s) with 8 warps; the G query heads of the group share
 // every key/value tile loaded into shared memory (32 tokens × D, as float). Warp w owns heads
 // w, w+8, ...; lane j scores token j of the tile, then every lane accumulates its D/32 output
-// dimensions (online softmax, float32). Splits divide the selected blocks among thread blocks
+// dimensions (online softmax, float32). Keys and values come from two buffers, the cache's history
+// and its recent tokens (SeqBuffer in src/engine/cache.rs says why). Splits divide the selected blocks among thread blocks
 // (decode has one query, so one block per KV head would leave the GPU idle); each writes its
 // normalised partial output and log-sum-exp, merged afterwards.
 
@@ -13,13 +14,15 @@
 template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS>
 __device__ void sala_block_sparse_attention(
     const T* q,              // [Hq, Tq, D]
-    const T* k,              // [Hkv, cap, D]  (the cache buffer; rows ≥ kv_len unused)
+    const T* k,              // [Hkv, cap, D]  the cache's history: positions < settled
     const T* v,              // [Hkv, cap, D]
+    const T* kr,             // [Hkv, rcap, D] its recent tokens: positions settled .. kv_len
+    const T* vr,             // [Hkv, rcap, D]
     const int32_t* blocks,   // [Hkv, Tq, nsel], ascending, -1 = none
-    const int32_t* params,   // first_pos, kv_len
+    const int32_t* params,   // first_pos, kv_len, settled
     float* out,              // [Tq, Hq, NSPLIT, D]
     float* lse,              // [Tq, Hq, NSPLIT]
-    int Tq, int cap, int nsel) {
+    int Tq, int cap, int rcap, int nsel) {
   constexpr int DPL = (D + 31) / 32;          // output dims per lane
   constexpr int HPW = (G + 7) / 8;            // heads per warp
   __shared__ float qs[G][D];
@@ -31,6 +34,7 @@ __device__ void sala_block_sparse_attention(
   const int Hq = gridDim.z * G;
   const int pos = params[0] + t;
   const int kv_len = params[1];
+  const int settled = params[2];
   const float scale = __int_as_float(SCALE_BITS);  // passed as its bit pattern
 
   for (int e = tid; e < G * D; e += blockDim.x) {
@@ -52,6 +56,8 @@ __device__ void sala_block_sparse_attention(
   const int32_t* sel = blocks + ((size_t)h * Tq + t) * nsel;
   const T* kh = k + (size_t)h * cap * D;
   const T* vh = v + (size_t)h * cap * D;
+  const T* krh = kr + (size_t)h * rcap * D;
+  const T* vrh = vr + (size_t)h * rcap * D;
 
   for (int bi = b0; bi < b1; ++bi) {
     const int blk = sel[bi];
@@ -64,8 +70,10 @@ __device__ void sala_block_sparse_attention(
         const int j = e / D, c = e % D;
         const int tok = base + j;
         const bool ok = tok < kv_len;
-        ks[j][c] = ok ? static_cast<float>(kh[(size_t)tok * D + c]) : 0.f;
-        vs[j][c] = ok ? static_cast<float>(vh[(size_t)tok * D + c]) : 0.f;
+        const bool old = tok < settled;
+        const size_t at = (size_t)(old ? tok : tok - settled) * D + c;
+        ks[j][c] = ok ? static_cast<float>(old ? kh[at] : krh[at]) : 0.f;
+        vs[j][c] = ok ? static_cast<float>(old ? vh[at] : vrh[at]) : 0.f;
       }
       __syncthreads();
       const int tok = base + lane;

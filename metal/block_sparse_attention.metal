@@ -5,9 +5,9 @@
 
 template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS>
 inline void sala_block_sparse_attention(
-    const device T* q, const device T* k, const device T* v, const device int32_t* blocks,
-    const device int32_t* params, device float* out, device float* lse,
-    int Tq, int cap, int nsel, uint3 group, uint tid, uint nthreads, uint kv_heads, uint lane, uint warp,
+    const device T* q, const device T* k, const device T* v, const device T* kr, const device T* vr,
+    const device int32_t* blocks, const device int32_t* params, device float* out, device float* lse,
+    int Tq, int cap, int rcap, int nsel, uint3 group, uint tid, uint nthreads, uint kv_heads, uint lane, uint warp,
     threadgroup float* qs, threadgroup float* ks, threadgroup float* vs) {
   constexpr int DPL = (D + 31) / 32;
   constexpr int HPW = (G + 7) / 8;
@@ -16,6 +16,7 @@ inline void sala_block_sparse_attention(
   const int Hq = int(kv_heads) * G;
   const int pos = params[0] + t;
   const int kv_len = params[1];
+  const int settled = params[2];
   const float scale = as_type<float>(SCALE_BITS);
   for (int e = tid; e < G * D; e += nthreads) {
     qs[e] = float(q[(size_t(h * G + e / D) * Tq + t) * D + e % D]) * scale;
@@ -31,6 +32,8 @@ inline void sala_block_sparse_attention(
   const device int32_t* sel = blocks + (size_t(h) * Tq + t) * nsel;
   const device T* kh = k + size_t(h) * cap * D;
   const device T* vh = v + size_t(h) * cap * D;
+  const device T* krh = kr + size_t(h) * rcap * D;
+  const device T* vrh = vr + size_t(h) * rcap * D;
   for (int bi = b0; bi < b1; ++bi) {
     const int blk = sel[bi];
     if (blk < 0) continue;
@@ -41,8 +44,10 @@ inline void sala_block_sparse_attention(
       for (int e = tid; e < SALA_TILE * D; e += nthreads) {
         const int j = e / D, c = e % D, tok = base + j;
         const bool ok = tok < kv_len;
-        ks[j * KS + c] = ok ? float(kh[size_t(tok) * D + c]) : 0.f;
-        vs[j * KS + c] = ok ? float(vh[size_t(tok) * D + c]) : 0.f;
+        const bool old = tok < settled;
+        const size_t at = size_t(old ? tok : tok - settled) * D + c;
+        ks[j * KS + c] = ok ? float(old ? kh[at] : krh[at]) : 0.f;
+        vs[j * KS + c] = ok ? float(old ? vh[at] : vrh[at]) : 0.f;
       }
       threadgroup_barrier(mem_flags::mem_threadgroup);
       const int tok = base + int(lane);

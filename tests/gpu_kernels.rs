@@ -3,6 +3,7 @@
 //! on the lent GPU (one test thread: MLX's default device is process-wide).
 
 use mlx_rs::{ops, ops::indexing::TryIndexOp, random, Array, Dtype};
+use sala::engine::cache::KvParts;
 use sala::engine::device::{select, DeviceKind};
 use sala::engine::ops::{to_vec_f32, to_vec_i32};
 use sala::kernels::custom::{backend, Backend};
@@ -130,6 +131,12 @@ fn block_selection_kernel_matches_mlx() {
     }
 }
 
+/// `filled` followed by 100 positions of junk (1e4), like a cache buffer with spare capacity.
+fn poison_from(filled: &Array, hkv: i32, d: i32, dtype: Dtype) -> Array {
+    let junk = ops::full::<f32>(&[1, hkv, 100, d], Array::from_f32(1e4)).unwrap().as_dtype(dtype).unwrap();
+    ops::concatenate(&[filled, &junk], 2).unwrap()
+}
+
 #[test]
 fn block_sparse_attention_kernel_matches_mlx() {
     if !on_gpu() {
@@ -150,25 +157,34 @@ fn block_sparse_attention_kernel_matches_mlx() {
         let n2 = windows(kv_len, sel.kernel2, sel.stride2);
         let q = randn(&[1, hq, t, d], seed, dtype);
         // Cache buffers with spare room after kv_len, poisoned: the kernel must not read it.
-        let cap = kv_len as i32 + 100;
-        let poison = |x: Array| {
-            let filled = x.try_index((.., .., ..kv_len as i32, ..)).unwrap();
-            let junk = ops::full::<f32>(&[1, hkv, 100, d], Array::from_f32(1e4)).unwrap().as_dtype(dtype).unwrap();
-            ops::concatenate(&[filled, junk], 2).unwrap()
-        };
-        let k = poison(randn(&[1, hkv, cap, d], seed + 1, dtype));
-        let v = poison(randn(&[1, hkv, cap, d], seed + 2, dtype));
+        let k = poison_from(&randn(&[1, hkv, kv_len as i32, d], seed + 1, dtype), hkv, d, dtype);
+        let v = poison_from(&randn(&[1, hkv, kv_len as i32, d], seed + 2, dtype), hkv, d, dtype);
         let c1 = randn(&[1, hkv, n1, d], seed + 3, Dtype::Float32);
         let c2 = randn(&[1, hkv, n2, d], seed + 4, Dtype::Float32);
         let blocks = select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap().blocks;
         let scale = (d as f32).powf(-0.5);
-        let got = block_sparse_attention(&q, &k, &v, kv_len, &blocks, first, sel.block, scale).unwrap();
         let filled = |a: &Array| a.try_index((.., .., ..kv_len as i32, ..)).unwrap();
         let want = block_sparse_attention_mlx(&q, &filled(&k), &filled(&v), &blocks, first, sel.block, scale).unwrap();
-        assert_eq!(got.shape(), want.shape());
-        assert_eq!(got.dtype(), dtype);
-        let err = rel_err(&got, &want);
-        let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
-        assert!(err < tol, "case {i}: relative error {err}");
+        // As one history buffer, then as a cache holds it after pipelined decode steps: the last
+        // 40 positions in a recent-token buffer (both poisoned past what they hold).
+        let settled = kv_len - 40;
+        let split = |x: &Array| {
+            let history = poison_from(&x.try_index((.., .., ..settled as i32, ..)).unwrap(), hkv, d, dtype);
+            let recent = poison_from(&x.try_index((.., .., settled as i32..kv_len as i32, ..)).unwrap(), hkv, d, dtype);
+            (history, recent)
+        };
+        let ((kh, kr), (vh, vr)) = (split(&k), split(&v));
+        let views = [
+            KvParts::history(&k, &v, kv_len),
+            KvParts { keys: &kh, values: &vh, recent: Some((&kr, &vr)), settled, len: kv_len },
+        ];
+        for (layout, kv) in ["history", "history + recent"].iter().zip(&views) {
+            let got = block_sparse_attention(&q, kv, &blocks, first, sel.block, scale).unwrap();
+            assert_eq!(got.shape(), want.shape());
+            assert_eq!(got.dtype(), dtype);
+            let err = rel_err(&got, &want);
+            let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
+            assert!(err < tol, "case {i} ({layout}): relative error {err}");
+        }
     }
 }

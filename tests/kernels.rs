@@ -3,6 +3,7 @@
 //! block-sparse attention against straightforward host-side implementations of the spec.
 
 use mlx_rs::{random, Array, Dtype};
+use sala::engine::cache::KvParts;
 use sala::engine::ops::{to_vec_f32, to_vec_i32};
 use sala::kernels::gla::{alibi_slopes, simple_gla_chunked, simple_gla_recurrent};
 use sala::kernels::sparse::{block_sparse_attention, select_blocks, BlockSelection};
@@ -173,7 +174,7 @@ fn block_sparse_attention_matches_masked_dense_attention() {
         }
     }
     let blocks = Array::from_slice(&idx, &[1, hkv, t, 4]);
-    let got = to_vec_f32(&block_sparse_attention(&q, &k, &v, kv_len, &blocks, first, 64, 0.3).unwrap()).unwrap();
+    let got = to_vec_f32(&block_sparse_attention(&q, &KvParts::history(&k, &v, kv_len), &blocks, first, 64, 0.3).unwrap()).unwrap();
     let (qh, kh, vh) = (to_vec_f32(&q).unwrap(), to_vec_f32(&k).unwrap(), to_vec_f32(&v).unwrap());
     let (d, t) = (d as usize, t as usize);
     for head in 0..hq as usize {

@@ -7,6 +7,7 @@
 //! a KV group share one block selection.
 
 use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
+use crate::engine::cache::KvParts;
 use crate::engine::ops::{arange_i32, scalar};
 use mlx_rs::{error::Result, ops, ops::indexing::{IntoStrideBy, TryIndexOp}, Array, Dtype};
 
@@ -149,25 +150,22 @@ pub fn select_blocks_mlx(
 }
 
 /// Softmax attention of each query over its group's selected blocks, causally clipped to
-/// positions ≤ the query's own. `keys`/`values`: `[B, Hkv, capacity, d]` cache buffers of which
-/// the first `kv_len` positions are filled; `blocks`: `[B, Hkv, T, K]` (−1 = none).
+/// positions ≤ the query's own. `kv`: the cache's keys and values as stored (history buffers
+/// with spare capacity, then recent tokens), read in place; `blocks`: `[B, Hkv, T, K]` (−1 = none).
 /// Returns `[B, Hq, T, d]`.
-#[allow(clippy::too_many_arguments)]
 pub fn block_sparse_attention(
     q: &Array,
-    keys: &Array,
-    values: &Array,
-    kv_len: usize,
+    kv: &KvParts,
     blocks: &Array,
     first_pos: usize,
     block: usize,
     scale: f32,
 ) -> Result<Array> {
     if backend() == Backend::Cpu || q.shape()[0] != 1 {
-        let filled = |a: &Array| a.try_index((.., .., ..kv_len as i32, ..));
-        return block_sparse_attention_mlx(q, &filled(keys)?, &filled(values)?, blocks, first_pos, block, scale);
+        let (k, v) = kv.filled()?;
+        return block_sparse_attention_mlx(q, &k, &v, blocks, first_pos, block, scale);
     }
-    block_sparse_attention_gpu(q, keys, values, kv_len, blocks, first_pos, block, scale)
+    block_sparse_attention_gpu(q, kv, blocks, first_pos, block, scale)
 }
 
 /// The MLX-ops version of [`block_sparse_attention`], over filled keys/values `[B, Hkv, L, d]`.
@@ -299,42 +297,36 @@ fn select_blocks_gpu(
 
 static BLOCK_SPARSE_ATTENTION: KernelSource = KernelSource {
     name: "sala_block_sparse_attention",
-    inputs: &["q", "k", "v", "blocks", "params"],
+    inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
     outputs: &["out", "lse"],
     cuda_header: include_str!("../../cuda/block_sparse_attention.cu"),
     cuda_body: "sala_block_sparse_attention<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(\
-                q, k, v, blocks, params, out, lse, q_shape[1], k_shape[2], blocks_shape[3]);",
+                q, k, v, k_recent, v_recent, blocks, params, out, lse, q_shape[1], k_shape[2], k_recent_shape[2], \
+                blocks_shape[3]);",
     metal_header: include_str!("../../metal/block_sparse_attention.metal"),
     metal_body: "threadgroup float qs[G * D]; threadgroup float ks[32 * (D + 1)]; threadgroup float vs[32 * (D + 1)]; \
                  sala_block_sparse_attention<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(\
-                 q, k, v, blocks, params, out, lse, int(q_shape[1]), int(k_shape[2]), int(blocks_shape[3]), \
+                 q, k, v, k_recent, v_recent, blocks, params, out, lse, int(q_shape[1]), int(k_shape[2]), \
+                 int(k_recent_shape[2]), int(blocks_shape[3]), \
                  threadgroup_position_in_grid, thread_index_in_threadgroup, threads_per_threadgroup.x, \
                  threadgroups_per_grid.z, thread_index_in_simdgroup, simdgroup_index_in_threadgroup, qs, ks, vs);",
 };
 
-#[allow(clippy::too_many_arguments)]
-fn block_sparse_attention_gpu(
-    q: &Array,
-    keys: &Array,
-    values: &Array,
-    kv_len: usize,
-    blocks: &Array,
-    first_pos: usize,
-    block: usize,
-    scale: f32,
-) -> Result<Array> {
+fn block_sparse_attention_gpu(q: &Array, kv: &KvParts, blocks: &Array, first_pos: usize, block: usize, scale: f32) -> Result<Array> {
     let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
-    let hkv = keys.shape()[1];
+    let hkv = kv.keys.shape()[1];
     let nsel = blocks.shape()[3];
     // Few queries (decode) split the selected blocks among thread blocks to fill the GPU; a
     // power of two keeps the number of compiled variants small.
     let nsplit = ((2 * 132) / (t * hkv)).clamp(1, 32).min(nsel.max(1)) as u32;
     let nsplit = 1i32 << (31 - nsplit.leading_zeros());
-    let params = Array::from_slice(&[first_pos as i32, kv_len as i32], &[2]);
+    let params = Array::from_slice(&[first_pos as i32, kv.len as i32, kv.settled as i32], &[3]);
     let q3 = q.reshape(&[hq, t, d])?;
+    // Without recent tokens the history stands in for them (never read: settled = len).
+    let (recent_k, recent_v) = kv.recent.unwrap_or((kv.keys, kv.values));
     let out = apply(
         &BLOCK_SPARSE_ATTENTION,
-        &[&q3, keys, values, blocks, &params],
+        &[&q3, kv.keys, kv.values, recent_k, recent_v, blocks, &params],
         Launch {
             grid: (THREADS * nsplit, t, hkv),
             threads: (THREADS, 1, 1),

@@ -137,7 +137,7 @@ impl SparseAttention {
                 let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
                 Ok(fast::scaled_dot_product_attention(&qkv[0], &keys, &values, scale, mask, None)?)
             } else {
-                cache.append(&qkv[1], &qkv[2])?;
+                cache.append_recent(&qkv[1], &qkv[2])?;
                 self.sparse_attention(&qkv[0], cache, past, layer, trace.as_deref_mut())
             }
         })?;
@@ -164,7 +164,7 @@ impl SparseAttention {
             unreachable!("dense_len ≥ one level-2 window, so both levels exist here")
         };
         let kv_len = cache.len();
-        let storage = cache.storage().expect("keys were just appended");
+        let kv = cache.parts()?.expect("keys were just appended");
         let t = q.shape()[2];
         let scale = (q.shape()[3] as f32).powf(-0.5);
         let mut outputs = Vec::new();
@@ -179,7 +179,7 @@ impl SparseAttention {
                 tr.record(format!("sparse.layer{layer}.blocks"), &selected.blocks);
                 tr.record(format!("sparse.layer{layer}.block_scores"), &selected.scores);
             }
-            outputs.push(block_sparse_attention(&qc, storage.0, storage.1, kv_len, &selected.blocks, first, sel.block, scale)?);
+            outputs.push(block_sparse_attention(&qc, &kv, &selected.blocks, first, sel.block, scale)?);
             start = end;
         }
         Ok(if outputs.len() == 1 { outputs.pop().unwrap() } else { ops::concatenate(&outputs, 2)? })

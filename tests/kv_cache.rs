@@ -1,0 +1,91 @@
+//! The key/value cache's two parts (history + recent tokens, `SeqBuffer`): whatever mix of
+//! appends, flushes and rollbacks, every reader sees the positions in order, and the pooled keys
+//! are those of a cache filled the plain way.
+
+use mlx_rs::Array;
+use sala::engine::cache::{KvCache, SeqBuffer};
+use sala::engine::ops::to_vec_f32;
+
+/// `[1, 1, t, 1]` holding the token positions `from..from+t`.
+fn positions(from: usize, t: usize) -> Array {
+    let v: Vec<f32> = (from..from + t).map(|p| p as f32).collect();
+    Array::from_slice(&v, &[1, 1, t as i32, 1])
+}
+
+fn expected(len: usize) -> Vec<f32> {
+    (0..len).map(|p| p as f32).collect()
+}
+
+/// Reads the cache back through `parts` (what the kernels get) and checks it holds 0..len.
+fn assert_holds_positions(cache: &mut KvCache, len: usize) {
+    assert_eq!(cache.len(), len);
+    let parts = cache.parts().unwrap().expect("not empty");
+    assert_eq!(parts.len, len);
+    assert!(parts.settled <= len && (parts.recent.is_some() || parts.settled == len));
+    let (keys, values) = parts.filled().unwrap();
+    assert_eq!(to_vec_f32(&keys).unwrap(), expected(len), "keys at length {len}");
+    assert_eq!(to_vec_f32(&values).unwrap(), expected(len), "values at length {len}");
+}
+
+#[test]
+fn recent_tokens_follow_the_history_in_every_reader() {
+    let recent = SeqBuffer::RECENT;
+    let mut cache = KvCache::default();
+    // A prefill chunk (to the history), single tokens past one flush of the recent buffer, then
+    // a verify-sized chunk that does not fit the recent room left.
+    let mut len = 0;
+    for t in std::iter::once(300).chain(std::iter::repeat_n(1, recent + 10)).chain([7, recent - 3, recent + 5]) {
+        cache.append_recent(&positions(len, t), &positions(len, t)).unwrap();
+        len += t;
+        assert_holds_positions(&mut cache, len);
+    }
+    // A mixed-up cache and a plain one give the same pooled keys, at both levels.
+    let mut plain = KvCache::default();
+    plain.append(&positions(0, len), &positions(0, len)).unwrap();
+    for (kernel, stride) in [(32, 16), (128, 64)] {
+        let got = to_vec_f32(&cache.pooled_keys(kernel, stride).unwrap().unwrap()).unwrap();
+        let want = to_vec_f32(&plain.pooled_keys(kernel, stride).unwrap().unwrap()).unwrap();
+        assert_eq!(got, want, "pooled keys {kernel}/{stride}");
+    }
+    // The contiguous reader (dense attention) moves the recent tokens into the history.
+    cache.append_recent(&positions(len, 1), &positions(len, 1)).unwrap();
+    len += 1;
+    let (keys, _) = cache.append(&positions(len, 1), &positions(len, 1)).unwrap();
+    len += 1;
+    assert_eq!(to_vec_f32(&keys).unwrap(), expected(len));
+    assert_eq!(cache.parts().unwrap().unwrap().settled, len);
+}
+
+#[test]
+fn rollback_inside_the_recent_tokens_and_inside_the_history() {
+    let mut cache = KvCache::default();
+    cache.append(&positions(0, 500), &positions(0, 500)).unwrap();
+    for p in 500..520 {
+        cache.append_recent(&positions(p, 1), &positions(p, 1)).unwrap();
+    }
+    // Inside the recent tokens: the history stays, the recent part shrinks.
+    cache.truncate(510);
+    assert_holds_positions(&mut cache, 510);
+    assert_eq!(cache.parts().unwrap().unwrap().settled, 500);
+    // Writing again after a rollback overwrites the dropped positions.
+    for p in 510..515 {
+        cache.append_recent(&positions(p, 1), &positions(p, 1)).unwrap();
+    }
+    assert_holds_positions(&mut cache, 515);
+    // Inside the history: the recent tokens go too.
+    cache.truncate(450);
+    assert_holds_positions(&mut cache, 450);
+    cache.append_recent(&positions(450, 3), &positions(450, 3)).unwrap();
+    assert_holds_positions(&mut cache, 453);
+    assert_eq!(to_vec_f32(&cache.pooled_keys(32, 16).unwrap().unwrap()).unwrap().len(), (453 - 32) / 16 + 1);
+}
+
+#[test]
+fn a_cache_of_recent_tokens_only_is_read_from_its_history() {
+    let mut cache = KvCache::default();
+    cache.append_recent(&positions(0, 5), &positions(0, 5)).unwrap();
+    // Kernels read the history buffer first, so it is started from the recent tokens.
+    let parts = cache.parts().unwrap().unwrap();
+    assert_eq!((parts.settled, parts.len, parts.recent.is_none()), (5, 5, true));
+    assert_holds_positions(&mut cache, 5);
+}
