@@ -19,7 +19,9 @@ __device__ void sala_block_sparse_attention(
     const T* kr,             // [Hkv, rcap, D] its recent tokens: positions settled .. kv_len
     const T* vr,             // [Hkv, rcap, D]
     const int32_t* blocks,   // [Hkv, Tq, nsel], ascending, -1 = none
-    const int32_t* params,   // first_pos, kv_len, settled
+    int first_pos,           // position of query 0
+    int kv_len,              // positions in the cache
+    int settled,             // of which in the history buffers
     float* out,              // [Tq, Hq, NSPLIT, D]
     float* lse,              // [Tq, Hq, NSPLIT]
     int Tq, int cap, int rcap, int nsel) {
@@ -32,9 +34,7 @@ __device__ void sala_block_sparse_attention(
   const int s = blockIdx.x, t = blockIdx.y, h = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int Hq = gridDim.z * G;
-  const int pos = params[0] + t;
-  const int kv_len = params[1];
-  const int settled = params[2];
+  const int pos = first_pos + t;
   const float scale = __int_as_float(SCALE_BITS);  // passed as its bit pattern
 
   for (int e = tid; e < G * D; e += blockDim.x) {

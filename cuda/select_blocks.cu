@@ -13,7 +13,8 @@ template <typename R, int G, int KERNEL, int STRIDE, int KERNEL2, int STRIDE2, i
 __device__ void sala_select_blocks(
     const float* l1,          // [Hkv, G, Tq, n1]
     const float* l2,          // [Hkv, G, Tq, n2]
-    const int32_t* params,    // first_pos, kv_len, nb
+    int first_pos,            // position of query 0
+    int nb,                   // blocks in the cache (⌈kv_len / BLOCK⌉)
     int32_t* blocks,          // [Hkv, Tq, TOPK]
     float* scores,            // [Hkv, Tq, nb]
     float* window_scores,     // [Hkv, Tq, n1] (scratch)
@@ -26,8 +27,7 @@ __device__ void sala_select_blocks(
 
   const int t = blockIdx.y, h = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
-  const int pos = params[0] + t;
-  const int nb = params[2];
+  const int pos = first_pos + t;
   const float scale = __int_as_float(SCALE_BITS);  // the products are unscaled
   const int qb = pos / BLOCK;
 

@@ -6,7 +6,7 @@
 template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS>
 inline void sala_block_sparse_attention(
     const device T* q, const device T* k, const device T* v, const device T* kr, const device T* vr,
-    const device int32_t* blocks, const device int32_t* params, device float* out, device float* lse,
+    const device int32_t* blocks, int first_pos, int kv_len, int settled, device float* out, device float* lse,
     int Tq, int cap, int rcap, int nsel, uint3 group, uint tid, uint nthreads, uint kv_heads, uint lane, uint warp,
     threadgroup float* qs, threadgroup float* ks, threadgroup float* vs) {
   constexpr int DPL = (D + 31) / 32;
@@ -14,9 +14,7 @@ inline void sala_block_sparse_attention(
   constexpr int KS = D + 1;
   const int s = group.x, t = group.y, h = group.z;
   const int Hq = int(kv_heads) * G;
-  const int pos = params[0] + t;
-  const int kv_len = params[1];
-  const int settled = params[2];
+  const int pos = first_pos + t;
   const float scale = as_type<float>(SCALE_BITS);
   for (int e = tid; e < G * D; e += nthreads) {
     qs[e] = float(q[(size_t(h * G + e / D) * Tq + t) * D + e % D]) * scale;

@@ -5,14 +5,13 @@
 template <typename R, int G, int KERNEL, int STRIDE, int KERNEL2, int STRIDE2, int BLOCK, int INIT, int LOCAL,
           int TOPK, int SCALE_BITS>
 inline void sala_select_blocks(
-    const device float* l1, const device float* l2, const device int32_t* params, device int32_t* blocks,
+    const device float* l1, const device float* l2, int first_pos, int nb, device int32_t* blocks,
     device float* scores, device float* window_scores, int Tq, int n1, int n2, uint3 group, uint tid,
     uint nthreads, uint lane, uint warp, threadgroup float* lse, threadgroup atomic_uint* hist,
     threadgroup ulong* prefix_sh, threadgroup int* remaining_sh, threadgroup int* warp_counts) {
   const int t = group.y, h = group.z;
   const int warps = int(nthreads) / 32;
-  const int pos = params[0] + t;
-  const int nb = params[2];
+  const int pos = first_pos + t;
   const float scale = as_type<float>(SCALE_BITS);
   const int qb = pos / BLOCK;
   const int n2v = pos >= KERNEL2 - 1 ? min(n2, (pos - KERNEL2 + 1) / STRIDE2 + 1) : 0;

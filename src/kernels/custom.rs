@@ -50,6 +50,21 @@ pub struct KernelSource {
     pub cuda_body: &'static str,
     pub metal_header: &'static str,
     pub metal_body: &'static str,
+    /// Whether MLX copies inputs that are not row-contiguous before the launch. Kernels taking
+    /// [`shape_args`] need `false` (the copy would materialise the broadcast) and must either
+    /// read their other inputs through `NAME_strides` or be given contiguous ones.
+    pub contiguous_inputs: bool,
+}
+
+/// Integers for a kernel without an array written by the host: the shape `[v₀+1, v₁+1, …]` of a
+/// zero-strided broadcast of a device constant. MLX passes input shapes by value with the
+/// launch, so the kernel reads `vᵢ` as `NAME_shape[i] - 1` and never touches the data. (On CUDA
+/// MLX keeps arrays in managed memory: a small parameter array written by the host costs the GPU
+/// a page fault where the kernel reads it — about a third of a decode step at 128K tokens with
+/// two such arrays per sparse layer, measured on an H100.)
+pub fn shape_args(values: &[usize]) -> mlx_rs::error::Result<Array> {
+    let shape: Vec<i32> = values.iter().map(|&v| v as i32 + 1).collect();
+    mlx_rs::ops::broadcast_to(crate::engine::ops::scalar(0.0, Dtype::Int32)?, &shape)
 }
 
 /// A compile-time argument (`constexpr int` / `using T =` in the generated source).
@@ -117,11 +132,12 @@ fn compile(source: &KernelSource, backend: Backend) -> Compiled {
         match backend {
             Backend::Cuda => {
                 let (body, header) = (cstring(source.cuda_body), cstring(source.cuda_header));
-                mlx_sys::mlx_fast_cuda_kernel_new(name.as_ptr(), inputs, outputs, body.as_ptr(), header.as_ptr(), true, 0).ctx
+                mlx_sys::mlx_fast_cuda_kernel_new(name.as_ptr(), inputs, outputs, body.as_ptr(), header.as_ptr(), source.contiguous_inputs, 0)
+                    .ctx
             }
             Backend::Metal => {
                 let (body, header) = (cstring(source.metal_body), cstring(source.metal_header));
-                mlx_sys::mlx_fast_metal_kernel_new(name.as_ptr(), inputs, outputs, body.as_ptr(), header.as_ptr(), true, false)
+                mlx_sys::mlx_fast_metal_kernel_new(name.as_ptr(), inputs, outputs, body.as_ptr(), header.as_ptr(), source.contiguous_inputs, false)
                     .ctx
             }
             Backend::Cpu => std::ptr::null_mut(),

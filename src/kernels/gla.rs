@@ -94,6 +94,7 @@ static GLA_DECODE: KernelSource = KernelSource {
     metal_header: include_str!("../../metal/gla_decode.metal"),
     metal_body: "sala_gla_decode<H, DK, DV, SCALE_BITS>(q, k, v, slopes, state, out, next_state, \
                  thread_position_in_grid.x, thread_position_in_grid.y);",
+    contiguous_inputs: true,
 };
 
 /// The recurrent form in MLX ops, one token at a time (the CPU decode step; the test oracle).

@@ -22,6 +22,7 @@ static QMV: KernelSource = KernelSource {
     metal_header: include_str!("../../metal/qmv.metal"),
     metal_body: "sala_qmv<T, BITS, GROUP, ROWS>(x, w, scales, biases, y, int(w_shape[0]), int(w_shape[1]) * 32 / BITS, \
                  thread_index_in_simdgroup, threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
+    contiguous_inputs: true,
 };
 
 /// x · Wᵀ for W given as MLX's (packed, scales, biases) with `group_size` and `bits`.

@@ -6,7 +6,7 @@
 //! `[B, Hkv, L, d]`, level-1/level-2 compressed keys `[B, Hkv, n, d]`. The `Hq / Hkv` query heads of
 //! a KV group share one block selection.
 
-use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
+use super::custom::{apply, backend, shape_args, Backend, KernelSource, Launch, TemplateArg};
 use crate::engine::cache::KvParts;
 use crate::engine::ops::{arange_i32, scalar};
 use mlx_rs::{error::Result, ops, ops::indexing::{IntoStrideBy, TryIndexOp}, Array, Dtype};
@@ -223,15 +223,19 @@ static SELECT_BLOCKS: KernelSource = KernelSource {
     outputs: &["blocks", "scores", "window_scores"],
     cuda_header: include_str!("../../cuda/select_blocks.cu"),
     cuda_body: "sala_select_blocks<R, G, KERNEL, STRIDE, KERNEL2, STRIDE2, BLOCK, INIT, LOCAL, TOPK, SCALE_BITS>(\
-                l1, l2, params, blocks, scores, window_scores, l1_shape[1] / G, l1_shape[2], l2_shape[2]);",
+                l1, l2, params_shape[0] - 1, params_shape[1] - 1, blocks, scores, window_scores, l1_shape[1] / G, \
+                l1_shape[2], l2_shape[2]);",
     metal_header: include_str!("../../metal/select_blocks.metal"),
     metal_body: "threadgroup float lse[G]; threadgroup atomic_uint hist[256]; threadgroup ulong prefix; \
                  threadgroup int remaining; threadgroup int warp_counts[32]; \
                  sala_select_blocks<R, G, KERNEL, STRIDE, KERNEL2, STRIDE2, BLOCK, INIT, LOCAL, TOPK, SCALE_BITS>(\
-                 l1, l2, params, blocks, scores, window_scores, int(l1_shape[1]) / G, int(l1_shape[2]), \
+                 l1, l2, int(params_shape[0]) - 1, int(params_shape[1]) - 1, blocks, scores, window_scores, \
+                 int(l1_shape[1]) / G, int(l1_shape[2]), \
                  int(l2_shape[2]), threadgroup_position_in_grid, thread_index_in_threadgroup, \
                  threads_per_threadgroup.x, thread_index_in_simdgroup, simdgroup_index_in_threadgroup, \
                  lse, hist, &prefix, &remaining, warp_counts);",
+    // `params` is a shape_args broadcast; the other inputs are made contiguous by the caller.
+    contiguous_inputs: false,
 };
 
 /// Threads per thread block of the sparse kernels.
@@ -257,10 +261,10 @@ fn select_blocks_gpu(
         let ct = c.as_dtype(Dtype::Float32)?.reshape(&[hkv, -1, d])?.swap_axes(1, 2)?;
         qg.matmul(ct)
     };
-    let (l1, l2) = (dot(c1)?, dot(c2)?);
+    let (l1, l2) = (dot(c1)?.contiguous()?, dot(c2)?.contiguous()?);
     let n1 = c1.shape()[2];
     let nb = kv_len.div_ceil(sel.block) as i32;
-    let params = Array::from_slice(&[first_pos as i32, kv_len as i32, nb], &[3]);
+    let params = shape_args(&[first_pos, nb as usize])?;
     let int = |v: usize| TemplateArg::Int(v as i32);
     let out = apply(
         &SELECT_BLOCKS,
@@ -301,15 +305,18 @@ static BLOCK_SPARSE_ATTENTION: KernelSource = KernelSource {
     outputs: &["out", "lse"],
     cuda_header: include_str!("../../cuda/block_sparse_attention.cu"),
     cuda_body: "sala_block_sparse_attention<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(\
-                q, k, v, k_recent, v_recent, blocks, params, out, lse, q_shape[1], k_shape[2], k_recent_shape[2], \
-                blocks_shape[3]);",
+                q, k, v, k_recent, v_recent, blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
+                out, lse, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);",
     metal_header: include_str!("../../metal/block_sparse_attention.metal"),
     metal_body: "threadgroup float qs[G * D]; threadgroup float ks[32 * (D + 1)]; threadgroup float vs[32 * (D + 1)]; \
                  sala_block_sparse_attention<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(\
-                 q, k, v, k_recent, v_recent, blocks, params, out, lse, int(q_shape[1]), int(k_shape[2]), \
+                 q, k, v, k_recent, v_recent, blocks, int(params_shape[0]) - 1, int(params_shape[1]) - 1, \
+                 int(params_shape[2]) - 1, out, lse, int(q_shape[1]), int(k_shape[2]), \
                  int(k_recent_shape[2]), int(blocks_shape[3]), \
                  threadgroup_position_in_grid, thread_index_in_threadgroup, threads_per_threadgroup.x, \
                  threadgroups_per_grid.z, thread_index_in_simdgroup, simdgroup_index_in_threadgroup, qs, ks, vs);",
+    // `params` is a shape_args broadcast; the other inputs are made contiguous by the caller.
+    contiguous_inputs: false,
 };
 
 fn block_sparse_attention_gpu(q: &Array, kv: &KvParts, blocks: &Array, first_pos: usize, block: usize, scale: f32) -> Result<Array> {
@@ -320,13 +327,14 @@ fn block_sparse_attention_gpu(q: &Array, kv: &KvParts, blocks: &Array, first_pos
     // power of two keeps the number of compiled variants small.
     let nsplit = ((2 * 132) / (t * hkv)).clamp(1, 32).min(nsel.max(1)) as u32;
     let nsplit = 1i32 << (31 - nsplit.leading_zeros());
-    let params = Array::from_slice(&[first_pos as i32, kv.len as i32, kv.settled as i32], &[3]);
-    let q3 = q.reshape(&[hq, t, d])?;
+    let params = shape_args(&[first_pos, kv.len, kv.settled])?;
+    let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
     // Without recent tokens the history stands in for them (never read: settled = len).
     let (recent_k, recent_v) = kv.recent.unwrap_or((kv.keys, kv.values));
     let out = apply(
         &BLOCK_SPARSE_ATTENTION,
-        &[&q3, kv.keys, kv.values, recent_k, recent_v, blocks, &params],
+        // Whole cache buffers are contiguous already (`contiguous` shares them then).
+        &[&q3, &kv.keys.contiguous()?, &kv.values.contiguous()?, &recent_k.contiguous()?, &recent_v.contiguous()?, &blocks.contiguous()?, &params],
         Launch {
             grid: (THREADS * nsplit, t, hkv),
             threads: (THREADS, 1, 1),
@@ -370,4 +378,5 @@ static MERGE_SPLITS: KernelSource = KernelSource {
     cuda_body: "sala_merge_splits<T, D, NSPLIT>(partial, lse, out, partial_shape[0], HQ);",
     metal_header: include_str!("../../metal/block_sparse_attention.metal"),
     metal_body: "sala_merge_splits<T, D, NSPLIT>(partial, lse, out, int(partial_shape[0]), HQ, thread_position_in_grid.x);",
+    contiguous_inputs: true,
 };

@@ -85,6 +85,25 @@ impl LightningConfig {
     }
 }
 
+/// The sequences' positions for the lightning layers' RoPE: on the host, and as one device array
+/// (a scalar for one sequence, `[B]` for several) shared by every lightning layer of a forward
+/// call — on CUDA each array the host writes costs the GPU a page fault, so one per call rather
+/// than one per layer.
+pub struct Positions {
+    pub host: Vec<usize>,
+    pub device: Array,
+}
+
+impl Positions {
+    pub fn new(host: Vec<usize>) -> Self {
+        let device = match host[..] {
+            [one] => Array::from_int(one as i32),
+            _ => Array::from_slice(&host.iter().map(|&p| p as i32).collect::<Vec<_>>(), &[host.len() as i32]),
+        };
+        Self { host, device }
+    }
+}
+
 pub struct LightningAttention {
     cfg: LightningConfig,
     qkv_proj: Projections<3>,
@@ -115,8 +134,9 @@ impl LightningAttention {
         })
     }
 
-    /// `x`: the normed hidden state `[B, T, hidden]`, row b continuing `states[b]`.
-    pub fn forward(&self, x: &Array, states: &mut [&mut RecurrentState]) -> Result<Array> {
+    /// `x`: the normed hidden state `[B, T, hidden]`, row b continuing `states[b]` at
+    /// `positions` (made once per forward call for all lightning layers).
+    pub fn forward(&self, x: &Array, states: &mut [&mut RecurrentState], positions: &Positions) -> Result<Array> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (h, d) = (self.cfg.heads as i32, self.cfg.head_dim as i32);
         let [q, k, v] = self.qkv_proj.forward(x)?;
@@ -130,11 +150,13 @@ impl LightningAttention {
         let q = heads(q, &self.q_norm)?;
         let k = heads(k, &self.k_norm)?;
         let v = heads(v, &None)?;
+        debug_assert!(states.iter().zip(&positions.host).all(|(s, &p)| s.len == p), "lightning states at other positions");
         let o = if t == 1 && b > 1 {
-            self.step_batch(&q, &k, &v, states)?
+            self.step_batch(&q, &k, &v, states, &positions.device)?
         } else {
             per_sequence(&[&q, &k, &v], states, |qkv, cache| {
-                let offset = Array::from_int(cache.len as i32);
+                // One sequence: the shared position; several (prefill of a batch): its own.
+                let offset = if b == 1 { positions.device.clone() } else { Array::from_int(cache.len as i32) };
                 let (q, k, v) = self.rotate(&qkv[0], &qkv[1], &qkv[2], &offset)?;
                 let (o, state) = gla::simple_gla(&q, &k, &v, &self.slopes, cache.state.as_ref(), self.cfg.q_scale)?;
                 cache.replay = cache.record_replay.then(|| Replay { state: cache.state.clone(), len: cache.len, inputs: vec![k, v] });
@@ -169,9 +191,8 @@ impl LightningAttention {
     /// One decode step for several sequences at once: their states stacked into one `[B, H, d, d]`
     /// array, so the step costs the same few operations whatever B is (decode is short of
     /// launches, not bandwidth); each sequence keeps its slice of the result.
-    fn step_batch(&self, q: &Array, k: &Array, v: &Array, states: &mut [&mut RecurrentState]) -> Result<Array> {
-        let positions: Vec<i32> = states.iter().map(|s| s.len as i32).collect();
-        let (q, k, v) = self.rotate(q, k, v, &Array::from_slice(&positions, &[positions.len() as i32]))?;
+    fn step_batch(&self, q: &Array, k: &Array, v: &Array, states: &mut [&mut RecurrentState], positions: &Array) -> Result<Array> {
+        let (q, k, v) = self.rotate(q, k, v, positions)?;
         let (h, d) = (self.cfg.heads as i32, self.cfg.head_dim as i32);
         let zero = Array::zeros::<f32>(&[1, h, d, d])?;
         let before: Vec<Array> = states.iter().map(|s| s.state.clone().unwrap_or_else(|| zero.clone())).collect();

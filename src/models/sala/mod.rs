@@ -15,7 +15,7 @@ use crate::engine::error::{Error, Result};
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::models::layers::{scale, Embedding, LmHead, Mlp, RmsNorm};
-use lightning::{LightningAttention, LightningConfig};
+use lightning::{LightningAttention, LightningConfig, Positions};
 use mlx_rs::{Array, Dtype};
 use sparse::{SparseAttention, SparseConfig};
 
@@ -285,6 +285,7 @@ impl SalaModel {
         check_batch(tokens, caches)?;
         let alpha = self.config.residual_scale();
         let mut h = scale(&self.embed_tokens.forward(tokens)?, self.config.scale_emb)?;
+        let positions = Positions::new(caches.iter().map(|c| c.len()).collect());
         if let Some(t) = trace.as_deref_mut() {
             t.record("hidden.embeddings", &h);
         }
@@ -294,7 +295,9 @@ impl SalaModel {
                 MixerLayer::Sparse(attn) => {
                     attn.forward(&x, &mut layer_caches(caches, i, LayerCache::as_attention)?, i, trace.as_deref_mut())?
                 }
-                MixerLayer::Lightning(attn) => attn.forward(&x, &mut layer_caches(caches, i, LayerCache::as_recurrent)?)?,
+                MixerLayer::Lightning(attn) => {
+                    attn.forward(&x, &mut layer_caches(caches, i, LayerCache::as_recurrent)?, &positions)?
+                }
             };
             h = h.add(scale(&mixed, alpha)?)?;
             let x = layer.post_norm.forward(&h)?;
