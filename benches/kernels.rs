@@ -151,6 +151,9 @@ fn main() {
     sparse_step_on_a_cache(&sel);
 }
 
+/// A piece of stage 1 given the pooled keys (both levels) and the query's position.
+type Stage1Piece<'a> = dyn Fn(&Array, &Array, usize) -> Vec<Array> + 'a;
+
 /// One sparse layer's decode step on a real `KvCache` (keys in a buffer with spare capacity,
 /// pooled keys kept up to date) at 32K and 128K, built up piece by piece, each step evaluated
 /// before the next; then 64 whole steps queued back to back as pipelined decoding does (each
@@ -213,6 +216,44 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
             eval(&last).unwrap();
             let per_step = start.elapsed().as_secs_f64() / 64.0;
             println!("| sparse layer step L={kv_len}, 64 steps queued, {name} | {:.1} | | | one layer, per step |", per_step * 1e6);
+        }
+        // Stage 1's pieces, 64 steps queued on a growing cache (fresh pooled-key views each step):
+        // the score products as the selection does them (q·cᵀ with c a transposed view), with
+        // the pooled keys as the left operand instead (c·qᵀ), and the whole selection.
+        let g = hq / hkv;
+        let qg = q.as_dtype(Dtype::Float32).unwrap().reshape(&[hkv, g, d]).unwrap();
+        let qt = qg.swap_axes(1, 2).unwrap();
+        eval([&qg, &qt]).unwrap();
+        let pieces: [(&str, &Stage1Piece); 4] = [
+            ("append + pooled keys", &|_c1: &Array, _c2: &Array, _first: usize| Vec::new()),
+            ("+ score products q·cᵀ", &|c1: &Array, c2: &Array, _first: usize| {
+                [c1, c2].map(|c| qg.matmul(c.reshape(&[hkv, -1, d]).unwrap().swap_axes(1, 2).unwrap()).unwrap()).to_vec()
+            }),
+            ("+ score products c·qᵀ", &|c1: &Array, c2: &Array, _first: usize| {
+                [c1, c2].map(|c| c.reshape(&[hkv, -1, d]).unwrap().matmul(&qt).unwrap()).to_vec()
+            }),
+            ("+ whole selection", &|c1: &Array, c2: &Array, first: usize| {
+                vec![select_blocks(&q, c1, c2, first, first + 1, sel, Dtype::Bfloat16).unwrap().blocks]
+            }),
+        ];
+        for (name, piece) in pieces {
+            let start = Instant::now();
+            let mut last = Vec::new();
+            for _ in 0..64 {
+                let first = cache.len();
+                cache.append_recent(&k1, &v1).unwrap();
+                let c1 = cache.pooled_keys(sel.kernel, sel.stride).unwrap().unwrap();
+                let c2 = cache.pooled_keys(sel.kernel2, sel.stride2).unwrap().unwrap();
+                last = piece(&c1, &c2, first);
+                last.extend([c1, c2]);
+                let kv = cache.parts().unwrap().unwrap();
+                last.extend([kv.keys.clone(), kv.values.clone()]);
+                last.extend(kv.recent.iter().flat_map(|(k, v)| [(*k).clone(), (*v).clone()]));
+                mlx_rs::transforms::async_eval(&last).unwrap();
+            }
+            eval(&last).unwrap();
+            let per_step = start.elapsed().as_secs_f64() / 64.0;
+            println!("| stage 1 L={kv_len}, 64 steps queued: {name} | {:.1} | | | one layer, per step |", per_step * 1e6);
         }
         // Selection alone with the cache left as it is (same shapes every call): on the pooled
         // keys as the cache holds them (views into a buffer with spare capacity), then on

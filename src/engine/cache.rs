@@ -16,9 +16,10 @@ use mlx_rs::{error::Result, ops, ops::indexing::TryIndexMutOp, ops::indexing::Tr
 ///
 /// Why two parts: MLX writes a slice in place only when nothing else holds the buffer, and the
 /// previous step's kernels hold it until the device has run them. A decode step queued before
-/// the previous one finished would copy the whole history on every token (≈ 10 µs per 1K tokens
-/// per layer measured on an H100). [`SeqBuffer::append_recent`] writes into `recent` instead (a
-/// copy of at most [`SeqBuffer::RECENT`] tokens) and moves it into the history once it is full.
+/// the previous one finished would copy the whole history on every token (one sparse layer at
+/// 128K tokens on an H100: 332 µs a step, 215 µs without the copy). [`SeqBuffer::append_recent`]
+/// writes into `recent` instead (a copy of at most [`SeqBuffer::RECENT`] tokens) and moves it
+/// into the history once it is full (a copy of the history at most once per `RECENT` tokens).
 #[derive(Clone, Default)]
 pub struct SeqBuffer {
     data: Option<Array>,

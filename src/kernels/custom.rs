@@ -60,8 +60,8 @@ pub struct KernelSource {
 /// zero-strided broadcast of a device constant. MLX passes input shapes by value with the
 /// launch, so the kernel reads `vᵢ` as `NAME_shape[i] - 1` and never touches the data. (On CUDA
 /// MLX keeps arrays in managed memory: a small parameter array written by the host costs the GPU
-/// a page fault where the kernel reads it — about a third of a decode step at 128K tokens with
-/// two such arrays per sparse layer, measured on an H100.)
+/// a page fault where the kernel reads it. Without them, and with constants and RoPE offsets no
+/// longer made per layer, decode at 128K went from 60.6 to 70.4 tok/s on an H100.)
 pub fn shape_args(values: &[usize]) -> mlx_rs::error::Result<Array> {
     let shape: Vec<i32> = values.iter().map(|&v| v as i32 + 1).collect();
     mlx_rs::ops::broadcast_to(crate::engine::ops::scalar(0.0, Dtype::Int32)?, &shape)
