@@ -83,6 +83,15 @@ fn gla_decode_step_matches_the_recurrence() {
             let (eo, es) = (rel_err(&o, &o_ref), rel_err(&s, &s_ref));
             assert!(eo < 1e-5 && es < 1e-6, "B={b} H={h} d={d} state={}: output {eo}, state {es}", state.is_some());
         }
+        // Inputs in bfloat16 (as the model passes them): the same float32 arithmetic on the
+        // converted values, the output rounded to bfloat16.
+        let bf = |a: &Array| a.as_dtype(Dtype::Bfloat16).unwrap();
+        let (o, s) = simple_gla_step(&bf(&q), &bf(&k), &bf(&v), &slopes, Some(&s0), 0.125).unwrap();
+        let f32 = |a: &Array| bf(a).as_dtype(Dtype::Float32).unwrap();
+        let (o_ref, s_ref) = simple_gla_recurrent(&f32(&q), &f32(&k), &f32(&v), &slopes, Some(&s0), 0.125).unwrap();
+        assert_eq!(o.dtype(), Dtype::Bfloat16);
+        let (eo, es) = (rel_err(&o, &bf(&o_ref)), rel_err(&s, &s_ref));
+        assert!(eo < 1e-2 && es < 1e-6, "bfloat16 B={b} H={h} d={d}: output {eo}, state {es}");
     }
 }
 

@@ -5,7 +5,7 @@
 use mlx_rs::{random, Array, Dtype};
 use sala::engine::cache::KvParts;
 use sala::engine::ops::{to_vec_f32, to_vec_i32};
-use sala::kernels::gla::{alibi_slopes, simple_gla_chunked, simple_gla_recurrent};
+use sala::kernels::gla::{alibi_slopes, simple_gla, simple_gla_chunked, simple_gla_recurrent};
 use sala::kernels::sparse::{block_sparse_attention, select_blocks, BlockSelection};
 
 fn randn(shape: &[i32], seed: u64) -> Array {
@@ -197,5 +197,25 @@ fn block_sparse_attention_matches_masked_dense_attention() {
                 assert!((g - want).abs() < 1e-4, "head {head} query {ti} dim {j}: {g} vs {want}");
             }
         }
+    }
+}
+
+#[test]
+fn gla_takes_the_models_dtype_and_computes_in_float32() {
+    let (b, h, d) = (1, 4, 16);
+    let slopes = Array::from_slice(&alibi_slopes(h as usize), &[h]);
+    let s0 = randn(&[b, h, d, d], 7);
+    for t in [1, 5] {
+        let [q, k, v] = [1, 2, 3].map(|s| randn(&[b, h, t, d], 10 * t as u64 + s).as_dtype(Dtype::Bfloat16).unwrap());
+        let (o, s) = simple_gla(&q, &k, &v, &slopes, Some(&s0), 0.25).unwrap();
+        assert_eq!((o.dtype(), s.dtype()), (Dtype::Bfloat16, Dtype::Float32), "T={t}");
+        let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+        let (o_ref, s_ref) = simple_gla_recurrent(&f32(&q), &f32(&k), &f32(&v), &slopes, Some(&s0), 0.25).unwrap();
+        // The output is the float32 result rounded once to bfloat16 (within a rounding step of
+        // the recurrence's; the chunked form sums in another order).
+        let o_ref = o_ref.as_dtype(Dtype::Bfloat16).unwrap();
+        let scale = to_vec_f32(&f32(&o_ref)).unwrap().iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        assert!(max_diff(&f32(&o), &f32(&o_ref)) <= scale / 128.0, "T={t}: output");
+        assert!(max_diff(&s, &s_ref) < 1e-4, "T={t}: state");
     }
 }

@@ -2,8 +2,11 @@
 //!
 //!   S_t = γ_h · S_{t−1} + k_tᵀ v_t,   o_t = (scale · q_t) · S_t        (γ_h = exp(−slope_h))
 //!
-//! Inputs are float32 `[B, H, T, d]`, the state is float32 `[B, H, d_k, d_v]`. No normaliser.
-//! The decode step has a GPU kernel (`cuda/gla_decode.cu`, `metal/gla_decode.metal`).
+//! Inputs are `[B, H, T, d]`, the state is float32 `[B, H, d_k, d_v]`, everything is computed in
+//! float32. No normaliser. The decode step has a GPU kernel (`cuda/gla_decode.cu`,
+//! `metal/gla_decode.metal`) that reads the inputs and writes the output in the model's dtype,
+//! so a decode step makes no conversion operations (decode is bound by the host's work per
+//! operation, see eval/results/2026-11-22-h100-6453092).
 
 use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
 use crate::engine::ops::{arange_f32, scalar};
@@ -12,8 +15,9 @@ use mlx_rs::{error::Result, ops, Array, Dtype};
 /// Chunk length of the parallel form.
 pub const CHUNK: usize = 64;
 
-/// Runs GLA over the new tokens on top of `state` (zero when `None`); returns (output, new state).
-/// One token takes the recurrent step, more take the chunked parallel form; both are exact.
+/// Runs GLA over the new tokens on top of `state` (zero when `None`); returns (output in q's
+/// dtype, new float32 state). One token takes the recurrent step, more take the chunked parallel
+/// form; both are exact.
 pub fn simple_gla(
     q: &Array,
     k: &Array,
@@ -25,8 +29,20 @@ pub fn simple_gla(
     if q.shape()[2] == 1 {
         simple_gla_step(q, k, v, slopes, state, scale)
     } else {
-        simple_gla_chunked(q, k, v, slopes, state, scale)
+        in_float32(q, k, v, |q, k, v| simple_gla_chunked(q, k, v, slopes, state, scale))
     }
+}
+
+/// Runs a float32 form on `q, k, v` converted to float32 and gives its output back in q's dtype.
+fn in_float32(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    form: impl FnOnce(&Array, &Array, &Array) -> Result<(Array, Array)>,
+) -> Result<(Array, Array)> {
+    let f32 = |a: &Array| a.as_dtype(Dtype::Float32);
+    let (o, state) = form(&f32(q)?, &f32(k)?, &f32(v)?)?;
+    Ok((o.as_dtype(q.dtype())?, state))
 }
 
 /// The state after folding the keys and values `[B, H, T, d]` into `state`, computed as
@@ -46,7 +62,7 @@ fn zero_state(q: &Array, v: &Array) -> Result<Array> {
 }
 
 /// One decode step (T = 1): the fused kernel on a GPU (`cuda/gla_decode.cu`), reading and
-/// writing the state once; the recurrence in MLX ops otherwise.
+/// writing the state once; the recurrence in MLX ops otherwise. The output is in q's dtype.
 pub fn simple_gla_step(
     q: &Array,
     k: &Array,
@@ -56,7 +72,7 @@ pub fn simple_gla_step(
     scale: f32,
 ) -> Result<(Array, Array)> {
     if backend() == Backend::Cpu || q.shape()[2] != 1 {
-        return simple_gla_recurrent(q, k, v, slopes, state, scale);
+        return in_float32(q, k, v, |q, k, v| simple_gla_recurrent(q, k, v, slopes, state, scale));
     }
     let (b, h, dk, dv) = (q.shape()[0], q.shape()[1], q.shape()[3], v.shape()[3]);
     let state = match state {
@@ -70,9 +86,10 @@ pub fn simple_gla_step(
         Launch {
             grid: (dv, b * h, 1),
             threads: (threads, 1, 1),
-            outputs: vec![(vec![b, h, 1, dv], Dtype::Float32), (vec![b, h, dk, dv], Dtype::Float32)],
+            outputs: vec![(vec![b, h, 1, dv], q.dtype()), (vec![b, h, dk, dv], Dtype::Float32)],
             // The scale as its bit pattern: a compile-time constant, no upload per step.
             template: vec![
+                ("T", TemplateArg::Type(q.dtype())),
                 ("H", TemplateArg::Int(h)),
                 ("DK", TemplateArg::Int(dk)),
                 ("DV", TemplateArg::Int(dv)),
@@ -90,9 +107,9 @@ static GLA_DECODE: KernelSource = KernelSource {
     inputs: &["q", "k", "v", "slopes", "state"],
     outputs: &["out", "next_state"],
     cuda_header: include_str!("../../cuda/gla_decode.cu"),
-    cuda_body: "sala_gla_decode<H, DK, DV, SCALE_BITS>(q, k, v, slopes, state, out, next_state);",
+    cuda_body: "sala_gla_decode<T, H, DK, DV, SCALE_BITS>(q, k, v, slopes, state, out, next_state);",
     metal_header: include_str!("../../metal/gla_decode.metal"),
-    metal_body: "sala_gla_decode<H, DK, DV, SCALE_BITS>(q, k, v, slopes, state, out, next_state, \
+    metal_body: "sala_gla_decode<T, H, DK, DV, SCALE_BITS>(q, k, v, slopes, state, out, next_state, \
                  thread_position_in_grid.x, thread_position_in_grid.y);",
     contiguous_inputs: true,
 };

@@ -166,7 +166,9 @@ impl LightningAttention {
             })?
         };
 
-        let mut o = o.as_dtype(x.dtype())?.swap_axes(1, 2)?.reshape(&[b, t, h * d])?;
+        // GLA gives o `[B, H, T, d]` in the model's dtype; with one token that is already the
+        // memory layout of `[B, T, H·d]` (one operation fewer per layer and step).
+        let mut o = if t == 1 { o.reshape(&[b, t, h * d])? } else { o.swap_axes(1, 2)?.reshape(&[b, t, h * d])? };
         if let Some(norm) = &self.o_norm {
             o = norm.forward(&o)?;
         }
@@ -176,7 +178,8 @@ impl LightningAttention {
         self.o_proj.forward(&o)
     }
 
-    /// RoPE at the positions from `offset` (a scalar, or one per sequence), and float32 q, k, v.
+    /// RoPE at the positions from `offset` (a scalar, or one per sequence). GLA takes q, k, v in
+    /// the model's dtype and computes in float32 (see kernels::gla).
     fn rotate(&self, q: &Array, k: &Array, v: &Array, offset: &Array) -> Result<(Array, Array, Array)> {
         let (mut q, mut k) = (q.clone(), k.clone());
         if self.cfg.use_rope {
@@ -184,8 +187,7 @@ impl LightningAttention {
             q = fast::rope_dynamic(&q, d, false, theta, 1.0, offset, None)?;
             k = fast::rope_dynamic(&k, d, false, theta, 1.0, offset, None)?;
         }
-        let f32 = |a: &Array| a.as_dtype(Dtype::Float32);
-        Ok((f32(&q)?, f32(&k)?, f32(v)?))
+        Ok((q, k, v.clone()))
     }
 
     /// One decode step for several sequences at once: their states stacked into one `[B, H, d, d]`
