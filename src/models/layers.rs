@@ -116,6 +116,36 @@ impl<const N: usize> Projections<N> {
     }
 }
 
+/// An attention layer's q, k, v projections and, when it has one, its output-gate projection —
+/// all of the same input, so stacked into one matrix with them (one launch fewer per layer and
+/// decode step, which is bound by the host's work per operation).
+pub enum QkvGate {
+    Plain(Projections<3>),
+    Gated(Projections<4>),
+}
+
+impl QkvGate {
+    /// `{prefix}.q_proj`, `.k_proj`, `.v_proj` and `{prefix}.{gate}` when given.
+    pub fn load(weights: &Weights, prefix: &str, gate: Option<&str>, dtype: Dtype) -> Result<Self> {
+        let name = |n: &str| format!("{prefix}.{n}");
+        Ok(match gate {
+            None => Self::Plain(Projections::load(weights, ["q_proj", "k_proj", "v_proj"].map(name), dtype)?),
+            Some(g) => Self::Gated(Projections::load(weights, ["q_proj", "k_proj", "v_proj", g].map(name), dtype)?),
+        })
+    }
+
+    /// q, k, v and the gate's pre-activation (if any) of `x` `[B, T, in]`.
+    pub fn forward(&self, x: &Array) -> Result<([Array; 3], Option<Array>)> {
+        Ok(match self {
+            Self::Plain(p) => (p.forward(x)?, None),
+            Self::Gated(p) => {
+                let [q, k, v, g] = p.forward(x)?;
+                ([q, k, v], Some(g))
+            }
+        })
+    }
+}
+
 /// y = x · Wᵀ (+ b).
 pub struct Linear {
     pub weight: Matrix,

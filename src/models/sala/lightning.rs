@@ -16,7 +16,7 @@ use crate::engine::config::ConfigFile;
 use crate::engine::error::{Error, Result};
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::gla;
-use crate::models::layers::{per_sequence, sigmoid_gate, Linear, Projections, RmsNorm};
+use crate::models::layers::{per_sequence, sigmoid_gate, Linear, QkvGate, RmsNorm};
 use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 #[derive(Debug, Clone)]
@@ -106,9 +106,9 @@ impl Positions {
 
 pub struct LightningAttention {
     cfg: LightningConfig,
-    qkv_proj: Projections<3>,
+    /// q, k, v and z (the output gate) in one stacked projection.
+    qkvz_proj: QkvGate,
     o_proj: Linear,
-    z_proj: Option<Linear>,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
     o_norm: Option<RmsNorm>,
@@ -123,9 +123,8 @@ impl LightningAttention {
         let linear = |w: &mut Weights, name: &str| Linear::load(w, &format!("{prefix}.{name}"), dtype);
         let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{prefix}.{name}"), eps, dtype);
         Ok(Self {
-            qkv_proj: Projections::load(weights, ["q_proj", "k_proj", "v_proj"].map(|n| format!("{prefix}.{n}")), dtype)?,
+            qkvz_proj: QkvGate::load(weights, prefix, cfg.use_output_gate.then_some("z_proj"), dtype)?,
             o_proj: linear(weights, "o_proj")?,
-            z_proj: if cfg.use_output_gate { Some(linear(weights, "z_proj")?) } else { None },
             q_norm: if cfg.qk_norm { Some(norm(weights, "q_norm")?) } else { None },
             k_norm: if cfg.qk_norm { Some(norm(weights, "k_norm")?) } else { None },
             o_norm: if cfg.use_output_norm { Some(norm(weights, "o_norm")?) } else { None },
@@ -139,7 +138,7 @@ impl LightningAttention {
     pub fn forward(&self, x: &Array, states: &mut [&mut RecurrentState], positions: &Positions) -> Result<Array> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (h, d) = (self.cfg.heads as i32, self.cfg.head_dim as i32);
-        let [q, k, v] = self.qkv_proj.forward(x)?;
+        let ([q, k, v], z) = self.qkvz_proj.forward(x)?;
         let heads = |y: Array, norm: &Option<RmsNorm>| -> Result<Array> {
             let mut y = y.reshape(&[b, t, h, d])?;
             if let Some(norm) = norm {
@@ -172,8 +171,8 @@ impl LightningAttention {
         if let Some(norm) = &self.o_norm {
             o = norm.forward(&o)?;
         }
-        if let Some(z) = &self.z_proj {
-            o = sigmoid_gate(&o, &z.forward(x)?)?;
+        if let Some(z) = &z {
+            o = sigmoid_gate(&o, z)?;
         }
         self.o_proj.forward(&o)
     }

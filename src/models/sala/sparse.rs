@@ -18,7 +18,7 @@ use crate::engine::error::Result;
 use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::sparse::{block_sparse_attention, select_blocks, BlockSelection};
-use crate::models::layers::{per_sequence, sigmoid_gate, Linear, Projections};
+use crate::models::layers::{per_sequence, sigmoid_gate, Linear, QkvGate};
 use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// The level-2 compressed keys use 4× the level-1 window and stride (hard-coded in the reference).
@@ -103,9 +103,9 @@ impl SparseConfig {
 
 pub struct SparseAttention {
     cfg: SparseConfig,
-    qkv_proj: Projections<3>,
+    /// q, k, v and the output gate in one stacked projection.
+    qkv_gate_proj: QkvGate,
     o_proj: Linear,
-    o_gate: Option<Linear>,
 }
 
 impl SparseAttention {
@@ -113,9 +113,8 @@ impl SparseAttention {
         let linear = |w: &mut Weights, name: &str| Linear::load(w, &format!("{prefix}.{name}"), dtype);
         let cfg = config.sparse.clone();
         Ok(Self {
-            qkv_proj: Projections::load(weights, ["q_proj", "k_proj", "v_proj"].map(|n| format!("{prefix}.{n}")), dtype)?,
+            qkv_gate_proj: QkvGate::load(weights, prefix, cfg.use_output_gate.then_some("o_gate"), dtype)?,
             o_proj: linear(weights, "o_proj")?,
-            o_gate: if cfg.use_output_gate { Some(linear(weights, "o_gate")?) } else { None },
             cfg,
         })
     }
@@ -125,7 +124,7 @@ impl SparseAttention {
     pub fn forward(&self, x: &Array, caches: &mut [&mut KvCache], layer: usize, mut trace: Option<&mut Trace>) -> Result<Array> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (hq, hkv, d) = (self.cfg.heads as i32, self.cfg.kv_heads as i32, self.cfg.head_dim as i32);
-        let [q, k, v] = self.qkv_proj.forward(x)?;
+        let ([q, k, v], gate) = self.qkv_gate_proj.forward(x)?;
         let q = q.reshape(&[b, t, hq, d])?.swap_axes(1, 2)?;
         let k = k.reshape(&[b, t, hkv, d])?.swap_axes(1, 2)?;
         let v = v.reshape(&[b, t, hkv, d])?.swap_axes(1, 2)?;
@@ -142,8 +141,8 @@ impl SparseAttention {
             }
         })?;
         let mut o = o.swap_axes(1, 2)?.reshape(&[b, t, hq * d])?;
-        if let Some(gate) = &self.o_gate {
-            o = sigmoid_gate(&o, &gate.forward(x)?)?;
+        if let Some(gate) = &gate {
+            o = sigmoid_gate(&o, gate)?;
         }
         self.o_proj.forward(&o)
     }
