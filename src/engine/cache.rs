@@ -127,19 +127,15 @@ impl SeqBuffer {
     }
 
     /// The buffers as they are, for kernels that read in place: the history `[B, H, capacity,
-    /// D]` (first [`SeqBuffer::settled_len`] positions filled) and the recent tokens `[B, H,
-    /// RECENT, D]` (first `len − settled_len` filled; `None` when there are none). A buffer
-    /// holding only recent tokens moves them into the history first (kernels read the history).
-    pub fn parts(&mut self) -> Result<Option<(&Array, Option<&Array>)>> {
+    /// D]`, the recent tokens `[B, H, RECENT, D]` (`None` when there are none) and how many
+    /// positions the history holds (the recent buffer holds the rest). A buffer holding only
+    /// recent tokens moves them into the history first (kernels read the history).
+    pub fn parts(&mut self) -> Result<Option<(&Array, Option<&Array>, usize)>> {
         if self.len == 0 {
             self.flush()?;
         }
-        Ok(self.data.as_ref().filter(|_| self.len > 0).map(|d| (d, self.recent.as_ref().filter(|_| self.recent_len > 0))))
-    }
-
-    /// Tokens in the history part of [`SeqBuffer::parts`].
-    pub fn settled_len(&self) -> usize {
-        self.len
+        let recent = self.recent.as_ref().filter(|_| self.recent_len > 0);
+        Ok(self.data.as_ref().filter(|_| self.len > 0).map(|d| (d, recent, self.len)))
     }
 
     /// Keeps only the first `len` entries (speculative-decoding rollback).
@@ -336,9 +332,9 @@ impl KvCache {
     /// The keys and values as they are stored, for kernels that read them in place (`None`
     /// while empty).
     pub fn parts(&mut self) -> Result<Option<KvParts<'_>>> {
-        let (len, settled) = (self.len(), self.keys.settled_len());
-        let settled = if settled == 0 { len } else { settled }; // `parts` moves everything to the history then
-        let (Some((keys, recent_keys)), Some((values, recent_values))) = (self.keys.parts()?, self.values.parts()?) else {
+        let len = self.len();
+        let (Some((keys, recent_keys, settled)), Some((values, recent_values, _))) = (self.keys.parts()?, self.values.parts()?)
+        else {
             return Ok(None);
         };
         Ok(Some(KvParts { keys, values, recent: recent_keys.zip(recent_values), settled, len }))

@@ -156,7 +156,8 @@ impl LightningAttention {
             per_sequence(&[&q, &k, &v], states, |qkv, cache| {
                 // One sequence: the shared position; several (prefill of a batch): its own.
                 let offset = if b == 1 { positions.device.clone() } else { Array::from_int(cache.len as i32) };
-                let (q, k, v) = self.rotate(&qkv[0], &qkv[1], &qkv[2], &offset)?;
+                let (q, k) = self.rotate(&qkv[0], &qkv[1], &offset)?;
+                let v = qkv[2].clone();
                 let (o, state) = gla::simple_gla(&q, &k, &v, &self.slopes, cache.state.as_ref(), self.cfg.q_scale)?;
                 cache.replay = cache.record_replay.then(|| Replay { state: cache.state.clone(), len: cache.len, inputs: vec![k, v] });
                 cache.state = Some(state);
@@ -177,27 +178,25 @@ impl LightningAttention {
         self.o_proj.forward(&o)
     }
 
-    /// RoPE at the positions from `offset` (a scalar, or one per sequence). GLA takes q, k, v in
-    /// the model's dtype and computes in float32 (see kernels::gla).
-    fn rotate(&self, q: &Array, k: &Array, v: &Array, offset: &Array) -> Result<(Array, Array, Array)> {
-        let (mut q, mut k) = (q.clone(), k.clone());
-        if self.cfg.use_rope {
-            let (d, theta) = (self.cfg.head_dim as i32, self.cfg.rope_theta);
-            q = fast::rope_dynamic(&q, d, false, theta, 1.0, offset, None)?;
-            k = fast::rope_dynamic(&k, d, false, theta, 1.0, offset, None)?;
+    /// q and k with RoPE at the positions from `offset` (a scalar, or one per sequence), in the
+    /// model's dtype (GLA computes in float32, see kernels::gla).
+    fn rotate(&self, q: &Array, k: &Array, offset: &Array) -> Result<(Array, Array)> {
+        if !self.cfg.use_rope {
+            return Ok((q.clone(), k.clone()));
         }
-        Ok((q, k, v.clone()))
+        let (d, theta) = (self.cfg.head_dim as i32, self.cfg.rope_theta);
+        Ok((fast::rope_dynamic(q, d, false, theta, 1.0, offset, None)?, fast::rope_dynamic(k, d, false, theta, 1.0, offset, None)?))
     }
 
     /// One decode step for several sequences at once: their states stacked into one `[B, H, d, d]`
     /// array, so the step costs the same few operations whatever B is (decode is short of
     /// launches, not bandwidth); each sequence keeps its slice of the result.
     fn step_batch(&self, q: &Array, k: &Array, v: &Array, states: &mut [&mut RecurrentState], positions: &Array) -> Result<Array> {
-        let (q, k, v) = self.rotate(q, k, v, positions)?;
+        let (q, k) = self.rotate(q, k, positions)?;
         let (h, d) = (self.cfg.heads as i32, self.cfg.head_dim as i32);
         let zero = Array::zeros::<f32>(&[1, h, d, d])?;
         let before: Vec<Array> = states.iter().map(|s| s.state.clone().unwrap_or_else(|| zero.clone())).collect();
-        let (o, after) = gla::simple_gla(&q, &k, &v, &self.slopes, Some(&ops::concatenate(&before, 0)?), self.cfg.q_scale)?;
+        let (o, after) = gla::simple_gla(&q, &k, v, &self.slopes, Some(&ops::concatenate(&before, 0)?), self.cfg.q_scale)?;
         for (i, state) in states.iter_mut().enumerate() {
             let row = i as i32..i as i32 + 1;
             state.replay = if state.record_replay {

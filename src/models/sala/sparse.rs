@@ -162,8 +162,8 @@ impl SparseAttention {
         let (Some(c1), Some(c2)) = (c1, c2) else {
             unreachable!("dense_len ≥ one level-2 window, so both levels exist here")
         };
-        let kv_len = cache.len();
         let kv = cache.parts()?.expect("keys were just appended");
+        let kv_len = kv.len;
         let t = q.shape()[2];
         let scale = (q.shape()[3] as f32).powf(-0.5);
         let mut outputs = Vec::new();
