@@ -1,4 +1,5 @@
-// Quantized matrix-vector product for decode (a few rows of input):
+// Quantized matrix-vector product for decode (a few rows of input), plain or with the SwiGLU or
+// residual step that follows it fused in:
 //   y[r, n] = sum_k x[r, k] * (scale[n, g] * q[n, k] + bias[n, g]),   g = k / GROUP
 // with MLX's packing: BITS-bit values little-endian in uint32 words, groups of GROUP along k.
 //
@@ -36,22 +37,20 @@ __device__ __forceinline__ void sala_load8(const float* p, float* out) {
   out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
 }
 
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS>
-__device__ __forceinline__ void sala_qmv(
-    const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int N, int K) {
+// The warp's sums for output row n of every input row, reduced into every lane's acc.
+template <typename T, int BITS, int GROUP, int ROWS>
+__device__ __forceinline__ void sala_qmv_row(
+    const T* x, const uint32_t* w, const T* scales, const T* biases, int n, int K, float* acc) {
   constexpr int PER_CHUNK = 128 / BITS;       // weights per 16-byte chunk
   constexpr int PER_WORD = 32 / BITS;
   constexpr uint32_t MASK = (1u << BITS) - 1u;
   const int lane = threadIdx.x & 31;
-  const int n = blockIdx.x * WARPS + (threadIdx.x >> 5);
-  if (n >= N) return;
   const int chunks = K / PER_CHUNK;
   const int groups = K / GROUP;
   const uint4* row = reinterpret_cast<const uint4*>(w) + (size_t)n * chunks;
   const T* srow = scales + (size_t)n * groups;
   const T* brow = biases + (size_t)n * groups;
 
-  float acc[ROWS];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
 
@@ -95,9 +94,60 @@ __device__ __forceinline__ void sala_qmv(
 
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
-    float v = acc[r];
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == 0) y[(size_t)r * N + n] = static_cast<T>(v);
+    for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float sala_round(float v) { return static_cast<float>(static_cast<T>(v)); }
+
+// y = x · Wᵀ, W [N, K].
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS>
+__device__ __forceinline__ void sala_qmv(
+    const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int N, int K) {
+  const int n = blockIdx.x * WARPS + (threadIdx.x >> 5);
+  if (n >= N) return;
+  float acc[ROWS];
+  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, n, K, acc);
+  if ((threadIdx.x & 31) != 0) return;
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) y[(size_t)r * N + n] = static_cast<T>(acc[r]);
+}
+
+// SwiGLU of a stacked [gate; up] matrix W [2F, K]: y[r, n] = silu(g) · u for g, u the products with
+// rows n and F + n, each intermediate rounded to T as the separate operations round it.
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS>
+__device__ __forceinline__ void sala_qmv_swiglu(
+    const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int F, int K) {
+  const int n = blockIdx.x * WARPS + (threadIdx.x >> 5);
+  if (n >= F) return;
+  float gate[ROWS], up[ROWS];
+  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, n, K, gate);
+  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, F + n, K, up);
+  if ((threadIdx.x & 31) != 0) return;
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const float g = sala_round<T>(gate[r]);
+    const float act = sala_round<T>(g * sala_round<T>(1.f / (1.f + expf(-g))));
+    y[(size_t)r * F + n] = static_cast<T>(act * sala_round<T>(up[r]));
+  }
+}
+
+// y = residual + alpha · (x · Wᵀ), rounded as the separate operations round it.
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS>
+__device__ __forceinline__ void sala_qmv_residual(
+    const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, const T* alpha,
+    T* y, int N, int K) {
+  const int n = blockIdx.x * WARPS + (threadIdx.x >> 5);
+  if (n >= N) return;
+  float acc[ROWS];
+  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, n, K, acc);
+  if ((threadIdx.x & 31) != 0) return;
+  const float a = static_cast<float>(alpha[0]);
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const size_t i = (size_t)r * N + n;
+    y[i] = static_cast<T>(static_cast<float>(residual[i]) + sala_round<T>(a * sala_round<T>(acc[r])));
   }
 }

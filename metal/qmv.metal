@@ -1,18 +1,18 @@
-// Metal twin of cuda/qmv.cu (same arithmetic, one simdgroup per output n). Untested on hardware.
+// Metal twin of cuda/qmv.cu (same arithmetic, one simdgroup per output n; plain, SwiGLU and
+// residual forms). Untested on hardware.
 //   y[r, n] = sum_k x[r, k] * (scale[n, g] * q[n, k] + bias[n, g]),   g = k / GROUP
 
+// The simdgroup's sums for output row n of every input row, in every lane's acc.
 template <typename T, int BITS, int GROUP, int ROWS>
-inline void sala_qmv(
+inline void sala_qmv_row(
     const device T* x, const device uint32_t* w, const device T* scales, const device T* biases,
-    device T* y, int N, int K, uint lane, uint n) {
+    int n, int K, uint lane, thread float* acc) {
   constexpr int PER_CHUNK = 128 / BITS;
   constexpr int PER_WORD = 32 / BITS;
   constexpr uint32_t MASK = (1u << BITS) - 1u;
-  if (int(n) >= N) return;
   const int chunks = K / PER_CHUNK;
   const int groups = K / GROUP;
   const device uint4* row = reinterpret_cast<const device uint4*>(w) + size_t(n) * chunks;
-  float acc[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
   for (int c = int(lane); c < chunks; c += 32) {
     const uint4 packed = row[c];
@@ -31,8 +31,52 @@ inline void sala_qmv(
       acc[r] = fma(s, dot, fma(b, sum, acc[r]));
     }
   }
+  for (int r = 0; r < ROWS; ++r) acc[r] = simd_sum(acc[r]);
+}
+
+template <typename T>
+inline float sala_round(float v) { return float(T(v)); }
+
+template <typename T, int BITS, int GROUP, int ROWS>
+inline void sala_qmv(
+    const device T* x, const device uint32_t* w, const device T* scales, const device T* biases,
+    device T* y, int N, int K, uint lane, uint n) {
+  if (int(n) >= N) return;
+  float acc[ROWS];
+  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, int(n), K, lane, acc);
+  if (lane != 0) return;
+  for (int r = 0; r < ROWS; ++r) y[size_t(r) * N + n] = T(acc[r]);
+}
+
+// SwiGLU of a stacked [gate; up] matrix [2F, K]: y[r, n] = silu(g) · u.
+template <typename T, int BITS, int GROUP, int ROWS>
+inline void sala_qmv_swiglu(
+    const device T* x, const device uint32_t* w, const device T* scales, const device T* biases,
+    device T* y, int F, int K, uint lane, uint n) {
+  if (int(n) >= F) return;
+  float gate[ROWS], up[ROWS];
+  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, int(n), K, lane, gate);
+  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, F + int(n), K, lane, up);
+  if (lane != 0) return;
   for (int r = 0; r < ROWS; ++r) {
-    const float v = simd_sum(acc[r]);
-    if (lane == 0) y[size_t(r) * N + n] = T(v);
+    const float g = sala_round<T>(gate[r]);
+    const float act = sala_round<T>(g * sala_round<T>(1.f / (1.f + exp(-g))));
+    y[size_t(r) * F + n] = T(act * sala_round<T>(up[r]));
+  }
+}
+
+// y = residual + alpha · (x · Wᵀ).
+template <typename T, int BITS, int GROUP, int ROWS>
+inline void sala_qmv_residual(
+    const device T* x, const device uint32_t* w, const device T* scales, const device T* biases,
+    const device T* residual, const device T* alpha, device T* y, int N, int K, uint lane, uint n) {
+  if (int(n) >= N) return;
+  float acc[ROWS];
+  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, int(n), K, lane, acc);
+  if (lane != 0) return;
+  const float a = float(alpha[0]);
+  for (int r = 0; r < ROWS; ++r) {
+    const size_t i = size_t(r) * N + n;
+    y[i] = T(float(residual[i]) + sala_round<T>(a * sala_round<T>(acc[r])));
   }
 }

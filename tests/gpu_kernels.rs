@@ -8,7 +8,8 @@ use sala::engine::device::{select, DeviceKind};
 use sala::engine::ops::{to_vec_f32, to_vec_i32};
 use sala::kernels::custom::{backend, Backend};
 use sala::kernels::gla::{alibi_slopes, simple_gla_recurrent, simple_gla_step};
-use sala::kernels::qmv::{quantized_matmul_t, quantized_matmul_t_mlx};
+use sala::kernels::lightning::{decode_step, decode_step_mlx, norm_gate, norm_gate_mlx, StepParams};
+use sala::kernels::qmv::{epilogue_mlx, quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_then, Epilogue};
 use sala::kernels::sparse::{
     block_sparse_attention, block_sparse_attention_mlx, select_blocks, select_blocks_mlx, BlockSelection,
 };
@@ -66,6 +67,51 @@ fn qmv_matches_mlx_quantized_matmul() {
 }
 
 #[test]
+fn qmv_epilogues_match_mlx_operations() {
+    if !on_gpu() {
+        return;
+    }
+    let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+    let mut seed = 500;
+    for bits in [8, 4] {
+        // (rows of W, K): the SwiGLU form reads W as [gate; up], 2F rows.
+        for (n, k) in [(2 * 2048, 4096), (4096, 16384), (2 * 136, 384)] {
+            for rows in [1, 3] {
+                for dtype in [Dtype::Bfloat16, Dtype::Float32] {
+                    seed += 5;
+                    let w = randn(&[n, k], seed, Dtype::Float32);
+                    let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
+                    let (s, b) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
+                    let x = randn(&[rows, k], seed + 1, dtype);
+                    let residual = randn(&[rows, n], seed + 2, dtype);
+                    let alpha = Array::from_f32(0.183).as_dtype(dtype).unwrap();
+                    let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
+                    let cases = [
+                        ("swiglu", Epilogue::SwiGlu, Epilogue::SwiGlu, n / 2),
+                        (
+                            "residual",
+                            Epilogue::Residual { residual: &residual, alpha: &alpha },
+                            Epilogue::Residual { residual: &f(&residual), alpha: &f(&alpha) },
+                            n,
+                        ),
+                    ];
+                    for (name, epilogue, oracle_epilogue, width) in cases {
+                        let got = quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, epilogue).unwrap();
+                        // The oracle: MLX's product and operations in float32 throughout.
+                        let product = quantized_matmul_t_mlx(&f(&x), &packed, &f(&s), &f(&b), 64, bits).unwrap();
+                        let want = epilogue_mlx(&product, oracle_epilogue).unwrap();
+                        assert_eq!(got.shape(), &[rows, width]);
+                        assert_eq!(got.dtype(), dtype);
+                        let err = rel_err(&got, &want);
+                        assert!(err < tol, "{name} q{bits} {n}x{k} rows {rows} {dtype:?}: relative error {err}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn gla_decode_step_matches_the_recurrence() {
     if !on_gpu() {
         return;
@@ -92,6 +138,79 @@ fn gla_decode_step_matches_the_recurrence() {
         assert_eq!(o.dtype(), Dtype::Bfloat16);
         let (eo, es) = (rel_err(&o, &bf(&o_ref)), rel_err(&s, &s_ref));
         assert!(eo < 1e-2 && es < 1e-6, "bfloat16 B={b} H={h} d={d}: output {eo}, state {es}");
+    }
+}
+
+#[test]
+fn lightning_decode_step_matches_mlx_operations() {
+    if !on_gpu() {
+        return;
+    }
+    // (B, H, d, extra columns after q/k/v (a gate), positions per sequence, state given)
+    for (b, h, d, extra, positions, seed) in [
+        (1, 32, 128, 32 * 128, vec![4100], 600u64),
+        (1, 4, 32, 0, vec![0], 610),
+        (3, 32, 128, 32 * 128, vec![7, 300, 70000], 620),
+        (2, 3, 8, 24, vec![5, 5], 630),
+    ] {
+        let slopes = Array::from_slice(&alibi_slopes(h as usize), &[h]);
+        let q_norm = randn(&[d], seed, Dtype::Float32).add(Array::from_f32(1.0)).unwrap();
+        let k_norm = randn(&[d], seed + 1, Dtype::Float32).add(Array::from_f32(1.0)).unwrap();
+        let qkv = randn(&[b, 1, 3 * h * d + extra], seed + 2, Dtype::Float32);
+        let state = randn(&[b, h, d, d], seed + 3, Dtype::Float32);
+        let pos = match positions[..] {
+            [one] => Array::from_int(one),
+            _ => Array::from_slice(&positions, &[b]),
+        };
+        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            let c = |a: &Array| a.as_dtype(dtype).unwrap();
+            let (qn, kn) = (c(&q_norm), c(&k_norm));
+            let params = StepParams {
+                heads: h,
+                head_dim: d,
+                qk_norm: Some((&qn, &kn, 1e-6)),
+                rope_theta: Some(10000.0),
+                slopes: &slopes,
+                scale: (d as f32).powf(-0.5),
+            };
+            for keep_kv in [false, true] {
+                let got = decode_step(&params, &c(&qkv), &pos, &state, keep_kv).unwrap();
+                let want = decode_step_mlx(&params, &c(&qkv), &pos, &state, keep_kv).unwrap();
+                assert_eq!(got.o.shape(), &[b, 1, h * d]);
+                assert_eq!(got.o.dtype(), dtype);
+                let tol = if dtype == Dtype::Float32 { 2e-5 } else { 1e-2 };
+                let what = format!("B={b} H={h} d={d} {dtype:?} keep_kv={keep_kv}");
+                let (eo, es) = (rel_err(&got.o, &want.o), rel_err(&got.state, &want.state));
+                assert!(eo < tol && es < tol, "{what}: output {eo}, state {es}");
+                assert_eq!(got.kv.is_some(), keep_kv, "{what}");
+                if let (Some((k, v)), Some((k_ref, v_ref))) = (&got.kv, &want.kv) {
+                    assert_eq!(k.shape(), &[b, h, 1, d]);
+                    let (ek, ev) = (rel_err(k, k_ref), rel_err(v, v_ref));
+                    assert!(ek < tol && ev == 0.0, "{what}: rotated keys {ek}, values {ev}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn norm_gate_matches_mlx_operations() {
+    if !on_gpu() {
+        return;
+    }
+    for (b, t, dim, offset, seed) in [(1, 1, 4096, 3 * 4096, 700u64), (3, 1, 4096, 3 * 4096, 710), (2, 5, 256, 40, 720)] {
+        let o = randn(&[b, t, dim], seed, Dtype::Float32);
+        let src = randn(&[b, t, offset + dim + 8], seed + 1, Dtype::Float32);
+        let w = randn(&[dim], seed + 2, Dtype::Float32);
+        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            let c = |a: &Array| a.as_dtype(dtype).unwrap();
+            let got = norm_gate(&c(&o), &c(&src), offset, &c(&w), 1e-6).unwrap();
+            let want = norm_gate_mlx(&c(&o), &c(&src), offset, &c(&w), 1e-6).unwrap();
+            assert_eq!(got.shape(), &[b, t, dim]);
+            let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
+            let err = rel_err(&got, &want);
+            assert!(err < tol, "B={b} T={t} D={dim} {dtype:?}: relative error {err}");
+        }
     }
 }
 

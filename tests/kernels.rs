@@ -219,3 +219,42 @@ fn gla_takes_the_models_dtype_and_computes_in_float32() {
         assert!(max_diff(&s, &s_ref) < 1e-4, "T={t}: state");
     }
 }
+
+/// The quantized product's epilogues as the CPU runs them (MLX operations; on a GPU the decode
+/// kernel, tests/gpu_kernels.rs): SwiGLU of a stacked [gate; up] matrix and a scaled residual add,
+/// against the same arithmetic on the host from the dequantized weights.
+#[test]
+fn quantized_product_epilogues_follow_their_definitions() {
+    use sala::kernels::qmv::{quantized_matmul_t_then, Epilogue};
+    let (f, k, rows) = (48usize, 128usize, 2usize);
+    let w = randn(&[2 * f as i32, k as i32], 71);
+    let (packed, scales, biases) = mlx_rs::ops::quantize(&w, 64, 8).unwrap();
+    let wq = to_vec_f32(&mlx_rs::ops::dequantize(&packed, &scales, &biases, 64, 8).unwrap()).unwrap();
+    let x = randn(&[rows as i32, k as i32], 72);
+    let xs = to_vec_f32(&x).unwrap();
+    let dot = |r: usize, n: usize| -> f64 { (0..k).map(|i| xs[r * k + i] as f64 * wq[n * k + i] as f64).sum() };
+
+    let got = to_vec_f32(&quantized_matmul_t_then(&x, &packed, &scales, &biases, 64, 8, Epilogue::SwiGlu).unwrap()).unwrap();
+    assert_eq!(got.len(), rows * f);
+    for r in 0..rows {
+        for n in 0..f {
+            let (g, u) = (dot(r, n), dot(r, f + n));
+            let want = g / (1.0 + (-g).exp()) * u;
+            let have = got[r * f + n] as f64;
+            assert!((have - want).abs() < 1e-3 * (1.0 + want.abs()), "swiglu row {r} col {n}: {have} vs {want}");
+        }
+    }
+
+    let residual = randn(&[rows as i32, 2 * f as i32], 73);
+    let alpha = Array::from_f32(0.25);
+    let res = to_vec_f32(&residual).unwrap();
+    let got = quantized_matmul_t_then(&x, &packed, &scales, &biases, 64, 8, Epilogue::Residual { residual: &residual, alpha: &alpha });
+    let got = to_vec_f32(&got.unwrap()).unwrap();
+    for r in 0..rows {
+        for n in 0..2 * f {
+            let want = res[r * 2 * f + n] as f64 + 0.25 * dot(r, n);
+            let have = got[r * 2 * f + n] as f64;
+            assert!((have - want).abs() < 1e-3 * (1.0 + want.abs()), "residual row {r} col {n}: {have} vs {want}");
+        }
+    }
+}

@@ -8,6 +8,7 @@
 use super::config::ConfigFile;
 use super::error::{Error, Result};
 use mlx_rs::{ops, Array, Dtype};
+use crate::kernels::qmv::{epilogue_mlx, quantized_matmul_t, quantized_matmul_t_then, Epilogue};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
@@ -144,6 +145,12 @@ impl QuantizedMatrix {
     /// the CPU the product runs in float32 (scales and biases are kept in f32 there, see
     /// [`QuantizedMatrix::for_device`]) and is cast back.
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
+        self.matmul_t_then(x, Epilogue::Plain)
+    }
+
+    /// [`QuantizedMatrix::matmul_t`] followed by `epilogue`, fused into the decode kernel where
+    /// that runs (see kernels::qmv).
+    pub fn matmul_t_then(&self, x: &Array, epilogue: Epilogue) -> Result<Array> {
         let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
         if super::device::on_cpu() {
             if rows >= CPU_DEQUANTIZE_ROWS {
@@ -151,7 +158,7 @@ impl QuantizedMatrix {
                 // decode batch, expanding the weights and multiplying through BLAS is far faster
                 // (measured: 8 rows × 4096² in 102 ms against 125 ms, 16 rows 85 against 248).
                 let y = x.as_dtype(Dtype::Float32)?.matmul(self.dequantize()?.as_dtype(Dtype::Float32)?.t())?;
-                return Ok(y.as_dtype(x.dtype())?);
+                return Ok(epilogue_mlx(&y.as_dtype(x.dtype())?, epilogue)?);
             }
         } else if self.in_features() < 128 || rows >= GPU_DEQUANTIZE_ROWS {
             // On a GPU, multiply the expanded weights (the copy lives for one product):
@@ -160,19 +167,15 @@ impl QuantizedMatrix {
             //   narrow are tiny;
             // * for a prefill chunk the matrix units beat MLX's CUDA quantized matmul by 2.4× (q8)
             //   to 4.3× (q4) at 2048 rows (benches/kernels.rs on an H200).
-            return Ok(x.matmul(self.dequantize()?.as_dtype(x.dtype())?.t())?);
+            return Ok(epilogue_mlx(&x.matmul(self.dequantize()?.as_dtype(x.dtype())?.t())?, epilogue)?);
         }
-        let wide = self.scales.dtype() == Dtype::Float32 && x.dtype() != Dtype::Float32;
-        let input = if wide { x.as_dtype(Dtype::Float32)? } else { x.clone() };
-        let y = crate::kernels::qmv::quantized_matmul_t(
-            &input,
-            &self.packed,
-            &self.scales,
-            &self.biases,
-            self.format.group_size,
-            self.format.bits,
-        )?;
-        Ok(if wide { y.as_dtype(x.dtype())? } else { y })
+        let (q, fmt) = (self, self.format);
+        if self.scales.dtype() == Dtype::Float32 && x.dtype() != Dtype::Float32 {
+            // Scales wider than x: the product in float32, the epilogue in x's dtype.
+            let y = quantized_matmul_t(&x.as_dtype(Dtype::Float32)?, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits)?;
+            return Ok(epilogue_mlx(&y.as_dtype(x.dtype())?, epilogue)?);
+        }
+        Ok(quantized_matmul_t_then(x, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits, epilogue)?)
     }
 
     /// Input features (columns of the unpacked matrix).

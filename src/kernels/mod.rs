@@ -5,5 +5,6 @@
 
 pub mod custom;
 pub mod gla;
+pub mod lightning;
 pub mod qmv;
 pub mod sparse;

@@ -1,6 +1,7 @@
 //! Quantized matrix-vector product for decode: x `[…, K]` (at most [`MAX_ROWS`] rows) times an
 //! MLX-quantized `[N, K]` matrix, transposed. On a GPU the kernel streams each packed row once at
-//! full memory width (`cuda/qmv.cu`, `metal/qmv.metal`); elsewhere MLX's quantized matmul runs.
+//! full memory width (`cuda/qmv.cu`, `metal/qmv.metal`), optionally finishing with the SwiGLU or
+//! residual step that follows it; elsewhere MLX's quantized matmul and MLX operations run.
 
 use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
 use mlx_rs::{error::Result, ops, Array};
@@ -13,17 +14,74 @@ pub const MAX_ROWS: i32 = 4;
 /// Output rows per thread block (one warp each).
 const WARPS: i32 = 8;
 
-static QMV: KernelSource = KernelSource {
-    name: "sala_qmv",
-    inputs: &["x", "w", "scales", "biases"],
-    outputs: &["y"],
-    cuda_header: include_str!("../../cuda/qmv.cu"),
-    cuda_body: "sala_qmv<T, BITS, GROUP, ROWS, WARPS>(x, w, scales, biases, y, w_shape[0], w_shape[1] * 32 / BITS);",
-    metal_header: include_str!("../../metal/qmv.metal"),
-    metal_body: "sala_qmv<T, BITS, GROUP, ROWS>(x, w, scales, biases, y, int(w_shape[0]), int(w_shape[1]) * 32 / BITS, \
-                 thread_index_in_simdgroup, threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
-    contiguous_inputs: true,
-};
+/// What follows the product, fused into the kernel's store (a decode step is bound by the host's
+/// work per operation, so each operation folded in saves a few microseconds per layer).
+#[derive(Clone, Copy)]
+pub enum Epilogue<'a> {
+    /// y = x · Wᵀ.
+    Plain,
+    /// W is a stacked `[gate; up]` matrix of 2F rows: y = silu(x · W_gateᵀ) ⊙ (x · W_upᵀ), `[…, F]`.
+    SwiGlu,
+    /// y = residual + alpha · (x · Wᵀ), `alpha` a scalar in x's dtype.
+    Residual { residual: &'a Array, alpha: &'a Array },
+}
+
+const fn qmv_source(
+    name: &'static str,
+    inputs: &'static [&'static str],
+    cuda_body: &'static str,
+    metal_body: &'static str,
+) -> KernelSource {
+    KernelSource {
+        name,
+        inputs,
+        outputs: &["y"],
+        cuda_header: include_str!("../../cuda/qmv.cu"),
+        cuda_body,
+        metal_header: include_str!("../../metal/qmv.metal"),
+        metal_body,
+        contiguous_inputs: true,
+    }
+}
+
+static QMV: KernelSource = qmv_source(
+    "sala_qmv",
+    &["x", "w", "scales", "biases"],
+    "sala_qmv<T, BITS, GROUP, ROWS, WARPS>(x, w, scales, biases, y, w_shape[0], w_shape[1] * 32 / BITS);",
+    "sala_qmv<T, BITS, GROUP, ROWS>(x, w, scales, biases, y, int(w_shape[0]), int(w_shape[1]) * 32 / BITS, \
+     thread_index_in_simdgroup, threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
+);
+
+static QMV_SWIGLU: KernelSource = qmv_source(
+    "sala_qmv_swiglu",
+    &["x", "w", "scales", "biases"],
+    "sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS>(x, w, scales, biases, y, w_shape[0] / 2, w_shape[1] * 32 / BITS);",
+    "sala_qmv_swiglu<T, BITS, GROUP, ROWS>(x, w, scales, biases, y, int(w_shape[0]) / 2, int(w_shape[1]) * 32 / BITS, \
+     thread_index_in_simdgroup, threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
+);
+
+static QMV_RESIDUAL: KernelSource = qmv_source(
+    "sala_qmv_residual",
+    &["x", "w", "scales", "biases", "residual", "alpha"],
+    "sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS>(x, w, scales, biases, residual, alpha, y, w_shape[0], \
+     w_shape[1] * 32 / BITS);",
+    "sala_qmv_residual<T, BITS, GROUP, ROWS>(x, w, scales, biases, residual, alpha, y, int(w_shape[0]), \
+     int(w_shape[1]) * 32 / BITS, thread_index_in_simdgroup, \
+     threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
+);
+
+/// Whether the kernel runs this product on the current backend.
+pub fn fits(x: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32) -> bool {
+    let k = x.shape()[x.ndim() - 1];
+    let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
+    backend() != Backend::Cpu
+        && matches!(bits, 4 | 8)
+        && matches!(group_size, 32 | 64 | 128)
+        && rows <= MAX_ROWS
+        && scales.dtype() == x.dtype()
+        && biases.dtype() == x.dtype()
+        && k % 128 == 0
+}
 
 /// x · Wᵀ for W given as MLX's (packed, scales, biases) with `group_size` and `bits`.
 pub fn quantized_matmul_t(
@@ -34,24 +92,44 @@ pub fn quantized_matmul_t(
     group_size: i32,
     bits: i32,
 ) -> Result<Array> {
-    let k = x.shape()[x.ndim() - 1];
-    let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
-    let fits = matches!(bits, 4 | 8)
-        && matches!(group_size, 32 | 64 | 128)
-        && rows <= MAX_ROWS
-        && scales.dtype() == x.dtype()
-        && biases.dtype() == x.dtype()
-        && k % 128 == 0;
-    if backend() == Backend::Cpu || !fits {
-        return quantized_matmul_t_mlx(x, packed, scales, biases, group_size, bits);
-    }
+    quantized_matmul_t_then(x, packed, scales, biases, group_size, bits, Epilogue::Plain)
+}
+
+/// [`quantized_matmul_t`] followed by `epilogue`: one kernel where it [`fits`], MLX's quantized
+/// matmul and [`epilogue_mlx`] otherwise.
+pub fn quantized_matmul_t_then(
+    x: &Array,
+    packed: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+    epilogue: Epilogue,
+) -> Result<Array> {
     let n = packed.shape()[0];
     let mut shape = x.shape().to_vec();
-    *shape.last_mut().expect("x has a last axis") = n;
-    let n_blocks = (n + WARPS - 1) / WARPS;
+    let last = shape.len() - 1;
+    shape[last] = if matches!(epilogue, Epilogue::SwiGlu) { n / 2 } else { n };
+    let residual_fits = match epilogue {
+        Epilogue::Residual { residual, alpha } => {
+            residual.shape() == shape && residual.dtype() == x.dtype() && alpha.dtype() == x.dtype() && alpha.size() == 1
+        }
+        _ => true,
+    };
+    if !fits(x, scales, biases, group_size, bits) || !residual_fits || n % 2 != 0 {
+        let y = quantized_matmul_t_mlx(x, packed, scales, biases, group_size, bits)?;
+        return epilogue_mlx(&y, epilogue);
+    }
+    let rows: i32 = x.shape()[..last].iter().product();
+    let (source, inputs): (&'static KernelSource, Vec<&Array>) = match epilogue {
+        Epilogue::Plain => (&QMV, vec![x, packed, scales, biases]),
+        Epilogue::SwiGlu => (&QMV_SWIGLU, vec![x, packed, scales, biases]),
+        Epilogue::Residual { residual, alpha } => (&QMV_RESIDUAL, vec![x, packed, scales, biases, residual, alpha]),
+    };
+    let n_blocks = (shape[last] + WARPS - 1) / WARPS;
     let y = apply(
-        &QMV,
-        &[x, packed, scales, biases],
+        source,
+        &inputs,
         Launch {
             grid: (n_blocks * 32 * WARPS, 1, 1),
             threads: (32 * WARPS, 1, 1),
@@ -67,6 +145,23 @@ pub fn quantized_matmul_t(
         },
     )?;
     Ok(y.into_iter().next().expect("one output"))
+}
+
+/// The epilogue in MLX operations on the product `y` (the fallback and the kernels' reference).
+pub fn epilogue_mlx(y: &Array, epilogue: Epilogue) -> Result<Array> {
+    match epilogue {
+        Epilogue::Plain => Ok(y.clone()),
+        Epilogue::SwiGlu => {
+            let halves = ops::split_equal(y, 2, -1)?;
+            swiglu_mlx(&halves[0], &halves[1])
+        }
+        Epilogue::Residual { residual, alpha } => residual.add(y.multiply(alpha)?),
+    }
+}
+
+/// silu(gate) ⊙ up.
+pub fn swiglu_mlx(gate: &Array, up: &Array) -> Result<Array> {
+    gate.multiply(ops::sigmoid(gate)?)?.multiply(up)
 }
 
 /// MLX's own quantized matmul (the fallback, and the reference the kernel is tested against).

@@ -5,6 +5,7 @@ use crate::engine::model::{Logits, Trace};
 use crate::engine::ops::scalar;
 use crate::engine::quant::QuantizedMatrix;
 use crate::engine::weights::Weights;
+use crate::kernels::qmv::{epilogue_mlx, swiglu_mlx, Epilogue};
 use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// A `[out, in]` matrix, in float or MLX-quantized.
@@ -34,9 +35,14 @@ impl Matrix {
 
     /// x · Wᵀ.
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
+        self.matmul_t_then(x, Epilogue::Plain)
+    }
+
+    /// x · Wᵀ followed by `epilogue` (one kernel on the quantized decode path).
+    pub fn matmul_t_then(&self, x: &Array, epilogue: Epilogue) -> Result<Array> {
         match self {
-            Matrix::Dense(w) => Ok(x.matmul(w.t())?),
-            Matrix::Quantized(q) => q.matmul_t(x),
+            Matrix::Dense(w) => Ok(epilogue_mlx(&x.matmul(w.t())?, epilogue)?),
+            Matrix::Quantized(q) => q.matmul_t_then(x, epilogue),
         }
     }
 
@@ -96,6 +102,14 @@ impl<const N: usize> Projections<N> {
         Ok(Self { stacked: Some((stacked, widths)), parts: Vec::new() })
     }
 
+    /// The projections of `x` side by side `[B, T, Σ out]`, in the order they were named.
+    pub fn forward_joined(&self, x: &Array) -> Result<Array> {
+        match &self.stacked {
+            Some((matrix, _)) => matrix.matmul_t(x),
+            None => Ok(ops::concatenate(&self.parts.iter().map(|p| p.forward(x)).collect::<Result<Vec<_>>>()?, -1)?),
+        }
+    }
+
     /// Each projection of `x` `[B, T, in]`, in the order they were named.
     pub fn forward(&self, x: &Array) -> Result<[Array; N]> {
         let outputs: Vec<Array> = match &self.stacked {
@@ -134,6 +148,14 @@ impl QkvGate {
         })
     }
 
+    /// q, k, v and the gate's pre-activation (if any) of `x` side by side, `[B, T, W]`, in that order.
+    pub fn forward_joined(&self, x: &Array) -> Result<Array> {
+        match self {
+            Self::Plain(p) => p.forward_joined(x),
+            Self::Gated(p) => p.forward_joined(x),
+        }
+    }
+
     /// q, k, v and the gate's pre-activation (if any) of `x` `[B, T, in]`.
     pub fn forward(&self, x: &Array) -> Result<([Array; 3], Option<Array>)> {
         Ok(match self {
@@ -168,6 +190,17 @@ impl Linear {
             Some(b) => y.add(b)?,
             None => y,
         })
+    }
+
+    /// residual + α · (x · Wᵀ + b): a residual branch ending in this projection, added in one
+    /// kernel with the product on the quantized decode path.
+    pub fn forward_residual(&self, x: &Array, residual: &Array, alpha: f32) -> Result<Array> {
+        let alpha = scalar(alpha, residual.dtype())?;
+        let epilogue = Epilogue::Residual { residual, alpha: &alpha };
+        match &self.bias {
+            None => self.weight.matmul_t_then(x, epilogue),
+            Some(_) => Ok(epilogue_mlx(&self.forward(x)?, epilogue)?),
+        }
     }
 }
 
@@ -268,9 +301,23 @@ impl Mlp {
 
     /// `x` `[B, T, hidden]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let [gate, up] = self.gate_up.forward(x)?;
-        let act = gate.multiply(ops::sigmoid(&gate)?)?;
-        self.down.forward(&act.multiply(&up)?)
+        self.down.forward(&self.activation(x)?)
+    }
+
+    /// residual + α · MLP(x) (see [`Linear::forward_residual`]).
+    pub fn forward_residual(&self, x: &Array, residual: &Array, alpha: f32) -> Result<Array> {
+        self.down.forward_residual(&self.activation(x)?, residual, alpha)
+    }
+
+    /// silu(x · W_gateᵀ) ⊙ (x · W_upᵀ): one kernel from the stacked matrix on the decode path.
+    fn activation(&self, x: &Array) -> Result<Array> {
+        match &self.gate_up.stacked {
+            Some((matrix, _)) => matrix.matmul_t_then(x, Epilogue::SwiGlu),
+            None => {
+                let [gate, up] = self.gate_up.forward(x)?;
+                Ok(swiglu_mlx(&gate, &up)?)
+            }
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 //!   q, k    = RoPE(q, k) at positions P…P+T−1         (lightning_use_rope; rotate-half, θ)
 //!   S_t     = γ_h S_{t−1} + k_tᵀ v_t,  o_t = (q_t/√d) S_t     in float32, γ_h = exp(−ALiBi slope_h)
 //!   o       = RMSNorm_{H·d}(o) ⊙ σ(x·Wz)               (use_output_norm, use_output_gate)
-//!   y       = o·Wo
+//!   y       = o·Wo                                    (added to the residual by the caller)
 //!
 //! The state S is float32 `[B, H, d, d]` and is carried across calls; prefill uses the chunked
 //! form, decode the recurrent step (both exact, see kernels::gla).
@@ -15,7 +15,7 @@ use crate::engine::cache::{RecurrentState, Replay};
 use crate::engine::config::ConfigFile;
 use crate::engine::error::{Error, Result};
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::kernels::gla;
+use crate::kernels::{gla, lightning};
 use crate::models::layers::{per_sequence, sigmoid_gate, Linear, QkvGate, RmsNorm};
 use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
@@ -134,48 +134,88 @@ impl LightningAttention {
     }
 
     /// `x`: the normed hidden state `[B, T, hidden]`, row b continuing `states[b]` at
-    /// `positions` (made once per forward call for all lightning layers).
-    pub fn forward(&self, x: &Array, states: &mut [&mut RecurrentState], positions: &Positions) -> Result<Array> {
-        let (b, t) = (x.shape()[0], x.shape()[1]);
+    /// `positions` (made once per forward call for all lightning layers). Returns the gated output
+    /// `[B, T, H·d]` before [`LightningAttention::o_proj`], which the caller adds into the residual
+    /// stream in one step.
+    pub fn attend(&self, x: &Array, states: &mut [&mut RecurrentState], positions: &Positions) -> Result<Array> {
+        let inner = (self.cfg.heads * self.cfg.head_dim) as i32;
+        // q, k, v, z side by side: the kernels read them from the one stacked product.
+        let qkvz = self.qkvz_proj.forward_joined(x)?;
+        debug_assert!(states.iter().zip(&positions.host).all(|(s, &p)| s.len == p), "lightning states at other positions");
+        let o = if x.shape()[1] == 1 { self.decode(&qkvz, states, positions)? } else { self.prefill(&qkvz, states, positions)? };
+        Ok(match (&self.o_norm, self.cfg.use_output_gate) {
+            (Some(norm), true) => lightning::norm_gate(&o, &qkvz, 3 * inner, &norm.weight, norm.eps)?,
+            (Some(norm), false) => norm.forward(&o)?,
+            (None, true) => sigmoid_gate(&o, &qkvz.try_index((.., .., 3 * inner..4 * inner))?)?,
+            (None, false) => o,
+        })
+    }
+
+    /// One token for every sequence at once (`qkvz` `[B, 1, W]`): QK-norm, RoPE and the GLA
+    /// step in one kernel on a GPU, the states stacked into one `[B, H, d, d]` array.
+    fn decode(&self, qkvz: &Array, states: &mut [&mut RecurrentState], positions: &Positions) -> Result<Array> {
         let (h, d) = (self.cfg.heads as i32, self.cfg.head_dim as i32);
-        let ([q, k, v], z) = self.qkvz_proj.forward(x)?;
-        let heads = |y: Array, norm: &Option<RmsNorm>| -> Result<Array> {
-            let mut y = y.reshape(&[b, t, h, d])?;
+        let zero = || Array::zeros::<f32>(&[1, h, d, d]);
+        let state = match states {
+            [one] => one.state.clone().map_or_else(zero, Ok)?,
+            _ => ops::concatenate(&states.iter().map(|s| s.state.clone().map_or_else(zero, Ok)).collect::<std::result::Result<Vec<_>, _>>()?, 0)?,
+        };
+        let params = lightning::StepParams {
+            heads: h,
+            head_dim: d,
+            qk_norm: match (&self.q_norm, &self.k_norm) {
+                (Some(qn), Some(kn)) => Some((&qn.weight, &kn.weight, qn.eps)),
+                _ => None,
+            },
+            rope_theta: self.cfg.use_rope.then_some(self.cfg.rope_theta),
+            slopes: &self.slopes,
+            scale: self.cfg.q_scale,
+        };
+        let keep_kv = states.iter().any(|s| s.record_replay);
+        let step = lightning::decode_step(&params, qkvz, &positions.device, &state, keep_kv)?;
+        let several = states.len() > 1;
+        for (i, s) in states.iter_mut().enumerate() {
+            let row = |a: &Array| if several { a.try_index(i as i32..i as i32 + 1) } else { Ok(a.clone()) };
+            s.replay = match (&step.kv, s.record_replay) {
+                (Some((k, v)), true) => Some(Replay { state: s.state.clone(), len: s.len, inputs: vec![row(k)?, row(v)?] }),
+                _ => None,
+            };
+            s.state = Some(row(&step.state)?);
+            s.len += 1;
+        }
+        Ok(step.o)
+    }
+
+    /// Several tokens (prefill), each sequence on its own (its own position and state): the
+    /// chunked GLA form.
+    fn prefill(&self, qkvz: &Array, states: &mut [&mut RecurrentState], positions: &Positions) -> Result<Array> {
+        let (b, t) = (qkvz.shape()[0], qkvz.shape()[1]);
+        let (h, d) = (self.cfg.heads as i32, self.cfg.head_dim as i32);
+        let heads = |i: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+            let mut y = qkvz.try_index((.., .., i * h * d..(i + 1) * h * d))?.reshape(&[b, t, h, d])?;
             if let Some(norm) = norm {
                 y = norm.forward(&y)?;
             }
             Ok(y.swap_axes(1, 2)?) // [B, H, T, d]
         };
-        let q = heads(q, &self.q_norm)?;
-        let k = heads(k, &self.k_norm)?;
-        let v = heads(v, &None)?;
-        debug_assert!(states.iter().zip(&positions.host).all(|(s, &p)| s.len == p), "lightning states at other positions");
-        let o = if t == 1 && b > 1 {
-            self.step_batch(&q, &k, &v, states, &positions.device)?
-        } else {
-            per_sequence(&[&q, &k, &v], states, |qkv, cache| {
-                // One sequence: the shared position; several (prefill of a batch): its own.
-                let offset = if b == 1 { positions.device.clone() } else { Array::from_int(cache.len as i32) };
-                let (q, k) = self.rotate(&qkv[0], &qkv[1], &offset)?;
-                let v = qkv[2].clone();
-                let (o, state) = gla::simple_gla(&q, &k, &v, &self.slopes, cache.state.as_ref(), self.cfg.q_scale)?;
-                cache.replay = cache.record_replay.then(|| Replay { state: cache.state.clone(), len: cache.len, inputs: vec![k, v] });
-                cache.state = Some(state);
-                cache.len += t as usize;
-                Ok(o)
-            })?
-        };
+        let (q, k, v) = (heads(0, &self.q_norm)?, heads(1, &self.k_norm)?, heads(2, &None)?);
+        let o = per_sequence(&[&q, &k, &v], states, |qkv, cache| {
+            // One sequence: the shared position; several: its own.
+            let offset = if b == 1 { positions.device.clone() } else { Array::from_int(cache.len as i32) };
+            let (q, k) = self.rotate(&qkv[0], &qkv[1], &offset)?;
+            let v = qkv[2].clone();
+            let (o, state) = gla::simple_gla(&q, &k, &v, &self.slopes, cache.state.as_ref(), self.cfg.q_scale)?;
+            cache.replay = cache.record_replay.then(|| Replay { state: cache.state.clone(), len: cache.len, inputs: vec![k, v] });
+            cache.state = Some(state);
+            cache.len += t as usize;
+            Ok(o)
+        })?;
+        Ok(o.swap_axes(1, 2)?.reshape(&[b, t, h * d])?)
+    }
 
-        // GLA gives o `[B, H, T, d]` in the model's dtype; with one token that is already the
-        // memory layout of `[B, T, H·d]` (one operation fewer per layer and step).
-        let mut o = if t == 1 { o.reshape(&[b, t, h * d])? } else { o.swap_axes(1, 2)?.reshape(&[b, t, h * d])? };
-        if let Some(norm) = &self.o_norm {
-            o = norm.forward(&o)?;
-        }
-        if let Some(z) = &z {
-            o = sigmoid_gate(&o, z)?;
-        }
-        self.o_proj.forward(&o)
+    /// The output projection Wo.
+    pub fn o_proj(&self) -> &Linear {
+        &self.o_proj
     }
 
     /// q and k with RoPE at the positions from `offset` (a scalar, or one per sequence), in the
@@ -186,28 +226,6 @@ impl LightningAttention {
         }
         let (d, theta) = (self.cfg.head_dim as i32, self.cfg.rope_theta);
         Ok((fast::rope_dynamic(q, d, false, theta, 1.0, offset, None)?, fast::rope_dynamic(k, d, false, theta, 1.0, offset, None)?))
-    }
-
-    /// One decode step for several sequences at once: their states stacked into one `[B, H, d, d]`
-    /// array, so the step costs the same few operations whatever B is (decode is short of
-    /// launches, not bandwidth); each sequence keeps its slice of the result.
-    fn step_batch(&self, q: &Array, k: &Array, v: &Array, states: &mut [&mut RecurrentState], positions: &Array) -> Result<Array> {
-        let (q, k) = self.rotate(q, k, positions)?;
-        let (h, d) = (self.cfg.heads as i32, self.cfg.head_dim as i32);
-        let zero = Array::zeros::<f32>(&[1, h, d, d])?;
-        let before: Vec<Array> = states.iter().map(|s| s.state.clone().unwrap_or_else(|| zero.clone())).collect();
-        let (o, after) = gla::simple_gla(&q, &k, v, &self.slopes, Some(&ops::concatenate(&before, 0)?), self.cfg.q_scale)?;
-        for (i, state) in states.iter_mut().enumerate() {
-            let row = i as i32..i as i32 + 1;
-            state.replay = if state.record_replay {
-                Some(Replay { state: state.state.clone(), len: state.len, inputs: vec![k.try_index(row.clone())?, v.try_index(row.clone())?] })
-            } else {
-                None
-            };
-            state.state = Some(after.try_index(row)?);
-            state.len += 1;
-        }
-        Ok(o)
     }
 
     /// Rolls the state back to `len` tokens, inside the last forward call (recorded with

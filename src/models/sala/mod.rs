@@ -4,6 +4,7 @@
 //!
 //!   h = Embed[ids] · scale_emb
 //!   per layer:  h += α · Mixer(RMSNorm(h));  h += α · MLP(RMSNorm(h))      α = scale_depth/√L
+//!   (each branch's last projection adds itself into h: Linear::forward_residual)
 //!   logits = (RMSNorm(h) / (hidden/dim_model_base)) · W_lmᵀ
 
 pub mod lightning;
@@ -291,19 +292,24 @@ impl SalaModel {
         }
         for (i, layer) in self.layers.iter().enumerate().take(depth) {
             let x = layer.input_norm.forward(&h)?;
-            let mixed = match &layer.mixer {
-                MixerLayer::Sparse(attn) => {
-                    attn.forward(&x, &mut layer_caches(caches, i, LayerCache::as_attention)?, i, trace.as_deref_mut())?
-                }
+            let (o, o_proj) = match &layer.mixer {
+                MixerLayer::Sparse(attn) => (
+                    attn.attend(&x, &mut layer_caches(caches, i, LayerCache::as_attention)?, i, trace.as_deref_mut())?,
+                    attn.o_proj(),
+                ),
                 MixerLayer::Lightning(attn) => {
-                    attn.forward(&x, &mut layer_caches(caches, i, LayerCache::as_recurrent)?, &positions)?
+                    (attn.attend(&x, &mut layer_caches(caches, i, LayerCache::as_recurrent)?, &positions)?, attn.o_proj())
                 }
             };
-            h = h.add(scale(&mixed, alpha)?)?;
-            let x = layer.post_norm.forward(&h)?;
-            h = h.add(scale(&layer.mlp.forward(&x)?, alpha)?)?;
+            // Each residual branch ends in a projection that adds itself into h: one kernel per
+            // branch on the quantized decode path, not a product, a scale and an add.
+            h = o_proj.forward_residual(&o, &h, alpha)?;
             if let Some(t) = trace.as_deref_mut() {
-                t.record(format!("hidden.mixer_out.{i}"), &mixed);
+                t.record(format!("hidden.mixer_out.{i}"), &o_proj.forward(&o)?);
+            }
+            let x = layer.post_norm.forward(&h)?;
+            h = layer.mlp.forward_residual(&x, &h, alpha)?;
+            if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("hidden.layer_out.{i}"), &h);
             }
         }

@@ -120,8 +120,9 @@ impl SparseAttention {
     }
 
     /// `x`: the normed hidden state `[B, T, hidden]`, row b continuing `caches[b]`. Records the
-    /// block selection under `sparse.layer{i}.blocks` / `.block_scores` when tracing.
-    pub fn forward(&self, x: &Array, caches: &mut [&mut KvCache], layer: usize, mut trace: Option<&mut Trace>) -> Result<Array> {
+    /// block selection under `sparse.layer{i}.blocks` / `.block_scores` when tracing. Returns the
+    /// (gated) attention output `[B, T, Hq·d]` before [`SparseAttention::o_proj`].
+    pub fn attend(&self, x: &Array, caches: &mut [&mut KvCache], layer: usize, mut trace: Option<&mut Trace>) -> Result<Array> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (hq, hkv, d) = (self.cfg.heads as i32, self.cfg.kv_heads as i32, self.cfg.head_dim as i32);
         let ([q, k, v], gate) = self.qkv_gate_proj.forward(x)?;
@@ -144,7 +145,12 @@ impl SparseAttention {
         if let Some(gate) = &gate {
             o = sigmoid_gate(&o, gate)?;
         }
-        self.o_proj.forward(&o)
+        Ok(o)
+    }
+
+    /// The output projection Wo.
+    pub fn o_proj(&self) -> &Linear {
+        &self.o_proj
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -1,0 +1,111 @@
+// A lightning layer's decode step after its stacked q/k/v(/z) projection, and its output gate.
+//
+// sala_lightning_step: for sequence b and head h (one thread block of D threads), from the
+// projection row qkv[b] = [q | k | v | …] (head h at h·D inside each part):
+//   q, k ← RMSNorm_D(q, k) · w          (float32, each result rounded to T as MLX's rms_norm does)
+//   q, k ← RoPE(q, k) at positions[b]   (rotate-half, inv_freq = θ^(−2i/D), rounded to T)
+//   S'   = γ_h S + kᵀ v,  o = scale · q S'   (as cuda/gla_decode.cu, thread j owns state column j)
+// Optionally also writes the rotated k and v (a forward call that may be rolled back keeps them).
+//
+// sala_norm_gate: out = RMSNorm_D(o) · w ⊙ σ(z) per row, z taken from the projection row at Z_OFF.
+//
+// Float constants come as their bit patterns (template ints): compile-time, no upload per step.
+
+template <typename T>
+__device__ __forceinline__ float sala_to_t(float v) { return static_cast<float>(static_cast<T>(v)); }
+
+template <typename T, int H, int D, int SCALE_BITS, int EPS_BITS, int LOG2_THETA_BITS, bool PER_SEQ>
+__device__ void sala_lightning_step(
+    const T* qkv,          // [B, W]
+    int W,
+    const T* q_norm,       // [D]
+    const T* k_norm,       // [D]
+    const int* positions,  // [B] (PER_SEQ) or one shared position
+    const float* slopes,   // [H]
+    const float* state,    // [B·H, D, D]
+    T* out,                // [B, H·D]
+    float* next_state,     // [B·H, D, D]
+    T* k_out,              // [B·H, D] or null
+    T* v_out) {            // [B·H, D] or null
+  __shared__ float qs[D];
+  __shared__ float ks[D];
+  const int j = threadIdx.x;
+  const int bh = blockIdx.y;
+  const int b = bh / H, h = bh % H;
+  const T* row = qkv + (size_t)b * W + h * D;
+  const float vj = static_cast<float>(row[2 * H * D + j]);
+  qs[j] = static_cast<float>(row[j]);
+  ks[j] = static_cast<float>(row[H * D + j]);
+  __syncthreads();
+
+  // RMSNorm: every thread sums the squares itself (D reads of shared memory, same order for all).
+  float sq = 0.f, sk = 0.f;
+  for (int i = 0; i < D; ++i) {
+    sq = fmaf(qs[i], qs[i], sq);
+    sk = fmaf(ks[i], ks[i], sk);
+  }
+  const float eps = __int_as_float(EPS_BITS);
+  const float qn = sala_to_t<T>(static_cast<float>(q_norm[j]) * sala_to_t<T>(qs[j] * rsqrtf(sq / D + eps)));
+  const float kn = sala_to_t<T>(static_cast<float>(k_norm[j]) * sala_to_t<T>(ks[j] * rsqrtf(sk / D + eps)));
+  __syncthreads();
+  qs[j] = qn;
+  ks[j] = kn;
+  __syncthreads();
+
+  // RoPE, rotate-half: pairs (i, i + D/2).
+  constexpr int HALF = D / 2;
+  const int i = j < HALF ? j : j - HALF;
+  const float pos = static_cast<float>(positions[PER_SEQ ? b : 0]);
+  const float inv_freq = exp2f(-(static_cast<float>(i) / HALF) * __int_as_float(LOG2_THETA_BITS));
+  float sn, cs;
+  sincosf(pos * inv_freq, &sn, &cs);
+  const float qr = j < HALF ? qs[j] * cs - qs[j + HALF] * sn : qs[j] * cs + qs[j - HALF] * sn;
+  const float kr = j < HALF ? ks[j] * cs - ks[j + HALF] * sn : ks[j] * cs + ks[j - HALF] * sn;
+  __syncthreads();
+  qs[j] = sala_to_t<T>(qr);
+  ks[j] = sala_to_t<T>(kr);
+  __syncthreads();
+  if (k_out != nullptr) {
+    k_out[(size_t)bh * D + j] = static_cast<T>(ks[j]);
+    v_out[(size_t)bh * D + j] = static_cast<T>(vj);
+  }
+
+  const float gamma = expf(-slopes[h]);
+  const float* sh = state + (size_t)bh * D * D;
+  float* nh = next_state + (size_t)bh * D * D;
+  float o = 0.f;
+#pragma unroll 8
+  for (int r = 0; r < D; ++r) {
+    const float s = fmaf(gamma, sh[(size_t)r * D + j], ks[r] * vj);
+    nh[(size_t)r * D + j] = s;
+    o = fmaf(qs[r], s, o);
+  }
+  out[(size_t)bh * D + j] = static_cast<T>(o * __int_as_float(SCALE_BITS));
+}
+
+// One row per thread block of NT threads (a multiple of 32).
+template <typename T, int D, int Z_OFF, int EPS_BITS, int NT>
+__device__ void sala_norm_gate(const T* o, const T* gate_row, int W, const T* weight, T* out) {
+  __shared__ float partial[NT / 32];
+  const int r = blockIdx.y;
+  const T* orow = o + (size_t)r * D;
+  const T* z = gate_row + (size_t)r * W + Z_OFF;
+  float ss = 0.f;
+  for (int e = threadIdx.x; e < D; e += NT) {
+    const float x = static_cast<float>(orow[e]);
+    ss = fmaf(x, x, ss);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < NT / 32; ++w) total += partial[w];
+  const float inv = rsqrtf(total / D + __int_as_float(EPS_BITS));
+  for (int e = threadIdx.x; e < D; e += NT) {
+    const float y = sala_to_t<T>(static_cast<float>(weight[e]) * sala_to_t<T>(static_cast<float>(orow[e]) * inv));
+    const float g = sala_to_t<T>(1.f / (1.f + expf(-static_cast<float>(z[e]))));
+    out[(size_t)r * D + e] = static_cast<T>(y * g);
+  }
+}

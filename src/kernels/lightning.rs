@@ -1,0 +1,197 @@
+//! A lightning layer's decode step in two kernels (`cuda/lightning_decode.cu`,
+//! `metal/lightning_decode.metal`): [`decode_step`] takes the stacked q/k/v projection row through
+//! QK-norm, RoPE and the GLA recurrence, [`norm_gate`] applies the output norm and gate. In MLX
+//! operations that is ≈ 15 operations per layer and token, and a decode step is bound by the
+//! host's work per operation (eval/results/2026-11-22-h100-6453092). Elsewhere, and as the test
+//! oracle, the same computation runs in MLX operations.
+
+use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
+use super::gla;
+use mlx_rs::{error::Result, fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
+
+/// What a decode step of one lightning layer computes, beyond its inputs.
+pub struct StepParams<'a> {
+    pub heads: i32,
+    pub head_dim: i32,
+    /// QK-norm weights `[head_dim]` and ε, when the layer normalises q and k.
+    pub qk_norm: Option<(&'a Array, &'a Array, f32)>,
+    /// RoPE base θ, when the layer rotates q and k.
+    pub rope_theta: Option<f32>,
+    /// Per-head decay rates `[H]` (γ_h = exp(−slope_h)).
+    pub slopes: &'a Array,
+    /// Multiplier on q inside GLA.
+    pub scale: f32,
+}
+
+/// The outputs of [`decode_step`].
+pub struct StepOutput {
+    /// `[B, 1, H·d]` in the model's dtype.
+    pub o: Array,
+    /// The new float32 states `[B, H, d, d]`.
+    pub state: Array,
+    /// The rotated keys and the values `[B, H, 1, d]` (when asked for: a rollback refolds them).
+    pub kv: Option<(Array, Array)>,
+}
+
+/// One token of B sequences: `qkv` `[B, 1, W]` holds q, k and v (`H·d` columns each, in that order,
+/// from column 0; more columns may follow), `positions` is one shared int32 position or one per
+/// sequence `[B]`, `state` the float32 states `[B, H, d, d]`.
+pub fn decode_step(p: &StepParams, qkv: &Array, positions: &Array, state: &Array, keep_kv: bool) -> Result<StepOutput> {
+    let b = qkv.shape()[0];
+    let d = p.head_dim;
+    let dtype = qkv.dtype();
+    let fits = backend() != Backend::Cpu
+        && qkv.shape()[1] == 1
+        && p.qk_norm.is_some_and(|(q, k, _)| q.dtype() == dtype && k.dtype() == dtype)
+        && p.slopes.dtype() == Dtype::Float32
+        && state.dtype() == Dtype::Float32
+        && (2..=1024).contains(&d)
+        && d % 2 == 0
+        && positions.dtype() == Dtype::Int32
+        && (positions.size() == 1 || positions.size() == b as usize);
+    let (Some((q_norm, k_norm, eps)), Some(theta), true) = (p.qk_norm, p.rope_theta, fits) else {
+        return decode_step_mlx(p, qkv, positions, state, keep_kv);
+    };
+    let h = p.heads;
+    let mut outputs = vec![(vec![b, 1, h * d], dtype), (vec![b, h, d, d], Dtype::Float32)];
+    if keep_kv {
+        outputs.extend([(vec![b, h, 1, d], dtype), (vec![b, h, 1, d], dtype)]);
+    }
+    let bits = |x: f32| TemplateArg::Int(x.to_bits() as i32);
+    let out = apply(
+        if keep_kv { &STEP_KEEP_KV } else { &STEP },
+        &[qkv, q_norm, k_norm, positions, p.slopes, state],
+        Launch {
+            grid: (d, b * h, 1),
+            threads: (d, 1, 1),
+            outputs,
+            template: vec![
+                ("T", TemplateArg::Type(dtype)),
+                ("H", TemplateArg::Int(h)),
+                ("D", TemplateArg::Int(d)),
+                ("SCALE_BITS", bits(p.scale)),
+                ("EPS_BITS", bits(eps)),
+                // As MLX's RoPE: inv_freq = 2^(−(i/(d/2))·log₂θ), log₂θ computed on the host.
+                ("LOG2_THETA_BITS", bits((theta as f64).log2() as f32)),
+                ("PER_SEQ", TemplateArg::Bool(positions.size() > 1)),
+            ],
+            init: None,
+        },
+    )?;
+    let mut out = out.into_iter();
+    let (o, state) = (out.next().expect("outputs"), out.next().expect("outputs"));
+    let kv = if keep_kv { Some((out.next().expect("outputs"), out.next().expect("outputs"))) } else { None };
+    Ok(StepOutput { o, state, kv })
+}
+
+/// The MLX-ops version of [`decode_step`].
+pub fn decode_step_mlx(p: &StepParams, qkv: &Array, positions: &Array, state: &Array, keep_kv: bool) -> Result<StepOutput> {
+    let (b, t) = (qkv.shape()[0], qkv.shape()[1]);
+    let (h, d) = (p.heads, p.head_dim);
+    let part = |i: i32, norm: Option<(&Array, f32)>| -> Result<Array> {
+        let mut y = qkv.try_index((.., .., i * h * d..(i + 1) * h * d))?.reshape(&[b, t, h, d])?;
+        if let Some((weight, eps)) = norm {
+            y = fast::rms_norm(&y, Some(weight), eps)?;
+        }
+        y.swap_axes(1, 2) // [B, H, 1, d]
+    };
+    let (q, k, v) = match p.qk_norm {
+        Some((qn, kn, eps)) => (part(0, Some((qn, eps)))?, part(1, Some((kn, eps)))?, part(2, None)?),
+        None => (part(0, None)?, part(1, None)?, part(2, None)?),
+    };
+    let (q, k) = match p.rope_theta {
+        Some(theta) => {
+            let rope = |x: &Array| fast::rope_dynamic(x, d, false, theta, 1.0, positions, None);
+            (rope(&q)?, rope(&k)?)
+        }
+        None => (q, k),
+    };
+    let (o, state) = gla::simple_gla_step(&q, &k, &v, p.slopes, Some(state), p.scale)?;
+    // One token's [B, H, 1, d] is already the memory layout of [B, 1, H·d].
+    Ok(StepOutput { o: o.reshape(&[b, 1, h * d])?, state, kv: keep_kv.then_some((k, v)) })
+}
+
+/// RMSNorm(o) · w ⊙ σ(z) per row: `o` `[B, T, D]`, z the columns `z_offset..z_offset + D` of
+/// `gate_src` `[B, T, W]` (the stacked projection it came out of).
+pub fn norm_gate(o: &Array, gate_src: &Array, z_offset: i32, weight: &Array, eps: f32) -> Result<Array> {
+    let (b, t, dim) = (o.shape()[0], o.shape()[1], o.shape()[2]);
+    let fits = backend() != Backend::Cpu && gate_src.dtype() == o.dtype() && weight.dtype() == o.dtype();
+    if !fits {
+        return norm_gate_mlx(o, gate_src, z_offset, weight, eps);
+    }
+    const THREADS: i32 = 256;
+    let out = apply(
+        &NORM_GATE,
+        &[o, gate_src, weight],
+        Launch {
+            grid: (THREADS, b * t, 1),
+            threads: (THREADS, 1, 1),
+            outputs: vec![(vec![b, t, dim], o.dtype())],
+            template: vec![
+                ("T", TemplateArg::Type(o.dtype())),
+                ("D", TemplateArg::Int(dim)),
+                ("Z_OFF", TemplateArg::Int(z_offset)),
+                ("EPS_BITS", TemplateArg::Int(eps.to_bits() as i32)),
+                ("NT", TemplateArg::Int(THREADS)),
+            ],
+            init: None,
+        },
+    )?;
+    Ok(out.into_iter().next().expect("one output"))
+}
+
+/// The MLX-ops version of [`norm_gate`].
+pub fn norm_gate_mlx(o: &Array, gate_src: &Array, z_offset: i32, weight: &Array, eps: f32) -> Result<Array> {
+    let dim = o.shape()[2];
+    let z = gate_src.try_index((.., .., z_offset..z_offset + dim))?;
+    fast::rms_norm(o, Some(weight), eps)?.multiply(ops::sigmoid(&z)?)
+}
+
+const fn source(name: &'static str, outputs: &'static [&'static str], cuda_body: &'static str, metal_body: &'static str) -> KernelSource {
+    KernelSource {
+        name,
+        inputs: &["qkv", "q_norm", "k_norm", "positions", "slopes", "state"],
+        outputs,
+        cuda_header: include_str!("../../cuda/lightning_decode.cu"),
+        cuda_body,
+        metal_header: include_str!("../../metal/lightning_decode.metal"),
+        metal_body,
+        contiguous_inputs: true,
+    }
+}
+
+static STEP: KernelSource = source(
+    "sala_lightning_step",
+    &["out", "next_state"],
+    "sala_lightning_step<T, H, D, SCALE_BITS, EPS_BITS, LOG2_THETA_BITS, PER_SEQ>(qkv, qkv_shape[2], q_norm, k_norm, \
+     positions, slopes, state, out, next_state, (T*)nullptr, (T*)nullptr);",
+    "threadgroup float qs[D]; threadgroup float ks[D]; \
+     sala_lightning_step<T, H, D, SCALE_BITS, EPS_BITS, LOG2_THETA_BITS, PER_SEQ>(qkv, int(qkv_shape[2]), q_norm, \
+     k_norm, positions, slopes, state, out, next_state, (device T*)nullptr, (device T*)nullptr, qs, ks, \
+     thread_position_in_threadgroup.x, threadgroup_position_in_grid.y);",
+);
+
+static STEP_KEEP_KV: KernelSource = source(
+    "sala_lightning_step_kv",
+    &["out", "next_state", "k_out", "v_out"],
+    "sala_lightning_step<T, H, D, SCALE_BITS, EPS_BITS, LOG2_THETA_BITS, PER_SEQ>(qkv, qkv_shape[2], q_norm, k_norm, \
+     positions, slopes, state, out, next_state, k_out, v_out);",
+    "threadgroup float qs[D]; threadgroup float ks[D]; \
+     sala_lightning_step<T, H, D, SCALE_BITS, EPS_BITS, LOG2_THETA_BITS, PER_SEQ>(qkv, int(qkv_shape[2]), q_norm, \
+     k_norm, positions, slopes, state, out, next_state, k_out, v_out, qs, ks, \
+     thread_position_in_threadgroup.x, threadgroup_position_in_grid.y);",
+);
+
+static NORM_GATE: KernelSource = KernelSource {
+    name: "sala_norm_gate",
+    inputs: &["o", "gate_src", "weight"],
+    outputs: &["out"],
+    cuda_header: include_str!("../../cuda/lightning_decode.cu"),
+    cuda_body: "sala_norm_gate<T, D, Z_OFF, EPS_BITS, NT>(o, gate_src, gate_src_shape[2], weight, out);",
+    metal_header: include_str!("../../metal/lightning_decode.metal"),
+    metal_body: "threadgroup float partial[NT / 32]; \
+                 sala_norm_gate<T, D, Z_OFF, EPS_BITS, NT>(o, gate_src, int(gate_src_shape[2]), weight, out, partial, \
+                 thread_position_in_threadgroup.x, threadgroup_position_in_grid.y, thread_index_in_simdgroup, \
+                 simdgroup_index_in_threadgroup);",
+    contiguous_inputs: true,
+};
