@@ -3,8 +3,8 @@
 //   y[r, n] = sum_k x[r, k] * (scale[n, g] * q[n, k] + bias[n, g]),   g = k / GROUP
 // with MLX's packing: BITS-bit values little-endian in uint32 words, groups of GROUP along k.
 //
-// One warp per output n; each lane streams 16-byte chunks of the packed row (16 weights at 8 bits,
-// 32 at 4), four chunks in flight, and the warp reduces at the end. Weight bytes are read once;
+// One warp per NR output rows; each lane streams 16-byte chunks of the packed rows (16 weights at
+// 8 bits, 32 at 4), two chunks of each row in flight, and the warp reduces at the end. Weight bytes are read once;
 // x is small and stays in L1/L2 and is read 16 bytes at a time. Quantized values become floats
 // through the exponent trick (0x4B000000 | q is the float 2^23 + q), which is cheaper than an
 // integer conversion. Accumulation is float32.
@@ -37,117 +37,164 @@ __device__ __forceinline__ void sala_load8(const float* p, float* out) {
   out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
 }
 
-// The warp's sums for output row n of every input row, reduced into every lane's acc.
-template <typename T, int BITS, int GROUP, int ROWS>
-__device__ __forceinline__ void sala_qmv_row(
-    const T* x, const uint32_t* w, const T* scales, const T* biases, int n, int K, float* acc) {
+// The warp's sums for the NR output rows n[0..NR) of every input row, reduced into every lane's
+// acc. Each x chunk is loaded once for all NR rows (x traffic from L1/L2 had capped the one-row
+// form below the memory bandwidth: q4 ran no faster than q8).
+template <typename T, int BITS, int GROUP, int ROWS, int NR>
+__device__ __forceinline__ void sala_qmv_rows(
+    const T* x, const uint32_t* w, const T* scales, const T* biases, const int (&n)[NR], int K,
+    float (&acc)[NR][ROWS]) {
   constexpr int PER_CHUNK = 128 / BITS;       // weights per 16-byte chunk
   constexpr int PER_WORD = 32 / BITS;
   constexpr uint32_t MASK = (1u << BITS) - 1u;
   const int lane = threadIdx.x & 31;
   const int chunks = K / PER_CHUNK;
   const int groups = K / GROUP;
-  const uint4* row = reinterpret_cast<const uint4*>(w) + (size_t)n * chunks;
-  const T* srow = scales + (size_t)n * groups;
-  const T* brow = biases + (size_t)n * groups;
-
+  const uint4* rows[NR];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
-
-  auto consume = [&](uint4 packed, int c) {
-    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-    float q[PER_CHUNK];
+  for (int m = 0; m < NR; ++m) {
+    rows[m] = reinterpret_cast<const uint4*>(w) + (size_t)n[m] * chunks;
 #pragma unroll
-    for (int i = 0; i < PER_CHUNK; ++i) {
-      q[i] = __uint_as_float(0x4B000000u | ((words[i / PER_WORD] >> ((i % PER_WORD) * BITS)) & MASK)) - 8388608.f;
-    }
+    for (int r = 0; r < ROWS; ++r) acc[m][r] = 0.f;
+  }
+
+  auto consume = [&](const uint4 (&packed)[NR], int c) {
     const int k0 = c * PER_CHUNK;
-    const float s = static_cast<float>(srow[k0 / GROUP]);
-    const float b = static_cast<float>(brow[k0 / GROUP]);
+    float s[NR], b[NR];
+#pragma unroll
+    for (int m = 0; m < NR; ++m) {
+      s[m] = static_cast<float>(scales[(size_t)n[m] * groups + k0 / GROUP]);
+      b[m] = static_cast<float>(biases[(size_t)n[m] * groups + k0 / GROUP]);
+    }
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      const T* xr = x + (size_t)r * K + k0;
-      float dot = 0.f, sum = 0.f;
+      float xv[PER_CHUNK];
 #pragma unroll
-      for (int i = 0; i < PER_CHUNK; i += 8) {
-        float xv[8];
-        sala_load8(xr + i, xv);
+      for (int i = 0; i < PER_CHUNK; i += 8) sala_load8(x + (size_t)r * K + k0 + i, xv + i);
+      float sum = 0.f;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          dot = fmaf(xv[j], q[i + j], dot);
-          sum += xv[j];
+      for (int i = 0; i < PER_CHUNK; ++i) sum += xv[i];
+#pragma unroll
+      for (int m = 0; m < NR; ++m) {
+        const uint32_t words[4] = {packed[m].x, packed[m].y, packed[m].z, packed[m].w};
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < PER_CHUNK; ++i) {
+          const float q =
+              __uint_as_float(0x4B000000u | ((words[i / PER_WORD] >> ((i % PER_WORD) * BITS)) & MASK)) - 8388608.f;
+          dot = fmaf(xv[i], q, dot);
         }
+        acc[m][r] = fmaf(s[m], dot, fmaf(b[m], sum, acc[m][r]));
       }
-      acc[r] = fmaf(s, dot, fmaf(b, sum, acc[r]));
     }
   };
 
   int c = lane;
-  for (; c + 96 < chunks; c += 128) {
-    uint4 in_flight[4];
+  for (; c + 32 < chunks; c += 64) {  // two chunks of every row in flight
+    uint4 first[NR], second[NR];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) in_flight[u] = __ldg(row + c + 32 * u);
-#pragma unroll
-    for (int u = 0; u < 4; ++u) consume(in_flight[u], c + 32 * u);
+    for (int m = 0; m < NR; ++m) {
+      first[m] = __ldg(rows[m] + c);
+      second[m] = __ldg(rows[m] + c + 32);
+    }
+    consume(first, c);
+    consume(second, c + 32);
   }
-  for (; c < chunks; c += 32) consume(__ldg(row + c), c);
+  for (; c < chunks; c += 32) {
+    uint4 last[NR];
+#pragma unroll
+    for (int m = 0; m < NR; ++m) last[m] = __ldg(rows[m] + c);
+    consume(last, c);
+  }
 
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
+  for (int m = 0; m < NR; ++m) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) acc[m][r] += __shfl_xor_sync(0xffffffffu, acc[m][r], off);
+    }
   }
 }
 
 template <typename T>
 __device__ __forceinline__ float sala_round(float v) { return static_cast<float>(static_cast<T>(v)); }
 
+// The first of the NR consecutive output rows this warp computes.
+template <int WARPS, int NR>
+__device__ __forceinline__ int sala_qmv_first_row() { return (blockIdx.x * WARPS + (threadIdx.x >> 5)) * NR; }
+
 // y = x · Wᵀ, W [N, K].
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR>
 __device__ __forceinline__ void sala_qmv(
     const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int N, int K) {
-  const int n = blockIdx.x * WARPS + (threadIdx.x >> 5);
-  if (n >= N) return;
-  float acc[ROWS];
-  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, n, K, acc);
+  const int n0 = sala_qmv_first_row<WARPS, NR>();
+  if (n0 >= N) return;
+  int n[NR];
+#pragma unroll
+  for (int m = 0; m < NR; ++m) n[m] = min(n0 + m, N - 1);
+  float acc[NR][ROWS];
+  sala_qmv_rows<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, n, K, acc);
   if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) y[(size_t)r * N + n] = static_cast<T>(acc[r]);
+  for (int m = 0; m < NR; ++m) {
+    if (n0 + m >= N) break;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) y[(size_t)r * N + n0 + m] = static_cast<T>(acc[m][r]);
+  }
 }
 
 // SwiGLU of a stacked [gate; up] matrix W [2F, K]: y[r, n] = silu(g) · u for g, u the products with
-// rows n and F + n, each intermediate rounded to T as the separate operations round it.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS>
+// rows n and F + n, each intermediate rounded to T as the separate operations round it. A warp
+// takes NR / 2 gate rows and their up rows.
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR>
 __device__ __forceinline__ void sala_qmv_swiglu(
     const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int F, int K) {
-  const int n = blockIdx.x * WARPS + (threadIdx.x >> 5);
-  if (n >= F) return;
-  float gate[ROWS], up[ROWS];
-  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, n, K, gate);
-  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, F + n, K, up);
+  constexpr int HALF = NR / 2;
+  const int n0 = sala_qmv_first_row<WARPS, HALF>();
+  if (n0 >= F) return;
+  int n[NR];
+#pragma unroll
+  for (int m = 0; m < HALF; ++m) {
+    n[m] = min(n0 + m, F - 1);
+    n[HALF + m] = F + n[m];
+  }
+  float acc[NR][ROWS];
+  sala_qmv_rows<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, n, K, acc);
   if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const float g = sala_round<T>(gate[r]);
-    const float act = sala_round<T>(g * sala_round<T>(1.f / (1.f + expf(-g))));
-    y[(size_t)r * F + n] = static_cast<T>(act * sala_round<T>(up[r]));
+  for (int m = 0; m < HALF; ++m) {
+    if (n0 + m >= F) break;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const float g = sala_round<T>(acc[m][r]);
+      const float act = sala_round<T>(g * sala_round<T>(1.f / (1.f + expf(-g))));
+      y[(size_t)r * F + n0 + m] = static_cast<T>(act * sala_round<T>(acc[HALF + m][r]));
+    }
   }
 }
 
 // y = residual + alpha · (x · Wᵀ), rounded as the separate operations round it.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR>
 __device__ __forceinline__ void sala_qmv_residual(
     const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, const T* alpha,
     T* y, int N, int K) {
-  const int n = blockIdx.x * WARPS + (threadIdx.x >> 5);
-  if (n >= N) return;
-  float acc[ROWS];
-  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, n, K, acc);
+  const int n0 = sala_qmv_first_row<WARPS, NR>();
+  if (n0 >= N) return;
+  int n[NR];
+#pragma unroll
+  for (int m = 0; m < NR; ++m) n[m] = min(n0 + m, N - 1);
+  float acc[NR][ROWS];
+  sala_qmv_rows<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, n, K, acc);
   if ((threadIdx.x & 31) != 0) return;
   const float a = static_cast<float>(alpha[0]);
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const size_t i = (size_t)r * N + n;
-    y[i] = static_cast<T>(static_cast<float>(residual[i]) + sala_round<T>(a * sala_round<T>(acc[r])));
+  for (int m = 0; m < NR; ++m) {
+    if (n0 + m >= N) break;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const size_t i = (size_t)r * N + n0 + m;
+      y[i] = static_cast<T>(static_cast<float>(residual[i]) + sala_round<T>(a * sala_round<T>(acc[m][r])));
+    }
   }
 }

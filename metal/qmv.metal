@@ -1,5 +1,5 @@
-// Metal twin of cuda/qmv.cu (same arithmetic, one simdgroup per output n; plain, SwiGLU and
-// residual forms). Untested on hardware.
+// Metal twin of cuda/qmv.cu (same arithmetic and row assignment: NR output rows per simdgroup;
+// plain, SwiGLU and residual forms). Untested on hardware.
 //   y[r, n] = sum_k x[r, k] * (scale[n, g] * q[n, k] + bias[n, g]),   g = k / GROUP
 
 // The simdgroup's sums for output row n of every input row, in every lane's acc.
@@ -37,46 +37,59 @@ inline void sala_qmv_row(
 template <typename T>
 inline float sala_round(float v) { return float(T(v)); }
 
-template <typename T, int BITS, int GROUP, int ROWS>
+// Simdgroup `sg` computes the NR output rows from sg · NR (as the CUDA kernel's warps do).
+template <typename T, int BITS, int GROUP, int ROWS, int NR>
 inline void sala_qmv(
     const device T* x, const device uint32_t* w, const device T* scales, const device T* biases,
-    device T* y, int N, int K, uint lane, uint n) {
-  if (int(n) >= N) return;
-  float acc[ROWS];
-  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, int(n), K, lane, acc);
-  if (lane != 0) return;
-  for (int r = 0; r < ROWS; ++r) y[size_t(r) * N + n] = T(acc[r]);
+    device T* y, int N, int K, uint lane, uint sg) {
+  for (int m = 0; m < NR; ++m) {
+    const int n = int(sg) * NR + m;
+    if (n >= N) return;
+    float acc[ROWS];
+    sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, n, K, lane, acc);
+    if (lane == 0) {
+      for (int r = 0; r < ROWS; ++r) y[size_t(r) * N + n] = T(acc[r]);
+    }
+  }
 }
 
-// SwiGLU of a stacked [gate; up] matrix [2F, K]: y[r, n] = silu(g) · u.
-template <typename T, int BITS, int GROUP, int ROWS>
+// SwiGLU of a stacked [gate; up] matrix [2F, K]: y[r, n] = silu(g) · u; NR / 2 outputs per simdgroup.
+template <typename T, int BITS, int GROUP, int ROWS, int NR>
 inline void sala_qmv_swiglu(
     const device T* x, const device uint32_t* w, const device T* scales, const device T* biases,
-    device T* y, int F, int K, uint lane, uint n) {
-  if (int(n) >= F) return;
-  float gate[ROWS], up[ROWS];
-  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, int(n), K, lane, gate);
-  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, F + int(n), K, lane, up);
-  if (lane != 0) return;
-  for (int r = 0; r < ROWS; ++r) {
-    const float g = sala_round<T>(gate[r]);
-    const float act = sala_round<T>(g * sala_round<T>(1.f / (1.f + exp(-g))));
-    y[size_t(r) * F + n] = T(act * sala_round<T>(up[r]));
+    device T* y, int F, int K, uint lane, uint sg) {
+  for (int m = 0; m < NR / 2; ++m) {
+    const int n = int(sg) * (NR / 2) + m;
+    if (n >= F) return;
+    float gate[ROWS], up[ROWS];
+    sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, n, K, lane, gate);
+    sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, F + n, K, lane, up);
+    if (lane == 0) {
+      for (int r = 0; r < ROWS; ++r) {
+        const float g = sala_round<T>(gate[r]);
+        const float act = sala_round<T>(g * sala_round<T>(1.f / (1.f + exp(-g))));
+        y[size_t(r) * F + n] = T(act * sala_round<T>(up[r]));
+      }
+    }
   }
 }
 
 // y = residual + alpha · (x · Wᵀ).
-template <typename T, int BITS, int GROUP, int ROWS>
+template <typename T, int BITS, int GROUP, int ROWS, int NR>
 inline void sala_qmv_residual(
     const device T* x, const device uint32_t* w, const device T* scales, const device T* biases,
-    const device T* residual, const device T* alpha, device T* y, int N, int K, uint lane, uint n) {
-  if (int(n) >= N) return;
-  float acc[ROWS];
-  sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, int(n), K, lane, acc);
-  if (lane != 0) return;
+    const device T* residual, const device T* alpha, device T* y, int N, int K, uint lane, uint sg) {
   const float a = float(alpha[0]);
-  for (int r = 0; r < ROWS; ++r) {
-    const size_t i = size_t(r) * N + n;
-    y[i] = T(float(residual[i]) + sala_round<T>(a * sala_round<T>(acc[r])));
+  for (int m = 0; m < NR; ++m) {
+    const int n = int(sg) * NR + m;
+    if (n >= N) return;
+    float acc[ROWS];
+    sala_qmv_row<T, BITS, GROUP, ROWS>(x, w, scales, biases, n, K, lane, acc);
+    if (lane == 0) {
+      for (int r = 0; r < ROWS; ++r) {
+        const size_t i = size_t(r) * N + n;
+        y[i] = T(float(residual[i]) + sala_round<T>(a * sala_round<T>(acc[r])));
+      }
+    }
   }
 }
