@@ -55,6 +55,11 @@ fn main() {
         sparse_step_on_a_cache(&sel);
         return;
     }
+    // `kernels qmv` times only the quantized GEMV kernel on the 9B's decode shapes.
+    if std::env::args().skip(1).any(|a| a == "qmv") {
+        qmv_on_decode_shapes();
+        return;
+    }
     const SETS: usize = 8;
     for bits in [8, 4] {
         for (n, k) in [(4096, 4096), (16384, 4096), (4096, 16384), (73448, 4096)] {
@@ -265,6 +270,31 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
         for (name, a, b) in [("views", &c1, &c2), ("contiguous", &d1, &d2)] {
             let secs = time(|| vec![select_blocks(&q, a, b, first, first + 1, sel, Dtype::Bfloat16).unwrap().blocks]);
             println!("| block selection L={kv_len}, cache fixed, pooled keys as {name} | {:.1} | | | one layer |", secs * 1e6);
+        }
+    }
+}
+
+/// The GEMV kernel alone, one input row, on every matrix shape of a 9B decode step (32 products
+/// per evaluation over 8 weight sets, so launch overhead is shared and the weights come from HBM).
+fn qmv_on_decode_shapes() {
+    const SETS: usize = 8;
+    for bits in [8, 4] {
+        // lightning q/k/v/z, sparse q/k/v/gate, o_proj, gate/up, down, head
+        for (n, k) in [(16384, 4096), (8704, 4096), (4096, 4096), (32768, 4096), (4096, 16384), (73448, 4096)] {
+            let sets: Vec<_> = (0..SETS)
+                .map(|i| {
+                    let w = randn(&[n, k], 200 + i as u64, Dtype::Bfloat16);
+                    let (p, s, b) = ops::quantize(&w, 64, bits).unwrap();
+                    eval([&p, &s, &b]).unwrap();
+                    (p, s, b)
+                })
+                .collect();
+            let x = randn(&[1, k], 9, Dtype::Bfloat16);
+            let bytes = (sets[0].0.nbytes() + sets[0].1.nbytes() + sets[0].2.nbytes()) as f64;
+            let per = time(|| {
+                (0..4).flat_map(|_| sets.iter().map(|(p, s, b)| quantized_matmul_t(&x, p, s, b, 64, bits).unwrap())).collect()
+            }) / (4 * SETS) as f64;
+            row(&format!("qmv q{bits} {n}×{k}"), per, per, &format!("{:.0} GB/s", bytes / per / 1e9));
         }
     }
 }

@@ -66,6 +66,16 @@ __device__ __forceinline__ void sala_qmv_rows(
       s[m] = static_cast<float>(scales[(size_t)n[m] * groups + k0 / GROUP]);
       b[m] = static_cast<float>(biases[(size_t)n[m] * groups + k0 / GROUP]);
     }
+    // Each row's weights dequantized once, then used for every input row.
+    float q[NR][PER_CHUNK];
+#pragma unroll
+    for (int m = 0; m < NR; ++m) {
+      const uint32_t words[4] = {packed[m].x, packed[m].y, packed[m].z, packed[m].w};
+#pragma unroll
+      for (int i = 0; i < PER_CHUNK; ++i) {
+        q[m][i] = __uint_as_float(0x4B000000u | ((words[i / PER_WORD] >> ((i % PER_WORD) * BITS)) & MASK)) - 8388608.f;
+      }
+    }
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       float xv[PER_CHUNK];
@@ -76,14 +86,9 @@ __device__ __forceinline__ void sala_qmv_rows(
       for (int i = 0; i < PER_CHUNK; ++i) sum += xv[i];
 #pragma unroll
       for (int m = 0; m < NR; ++m) {
-        const uint32_t words[4] = {packed[m].x, packed[m].y, packed[m].z, packed[m].w};
         float dot = 0.f;
 #pragma unroll
-        for (int i = 0; i < PER_CHUNK; ++i) {
-          const float q =
-              __uint_as_float(0x4B000000u | ((words[i / PER_WORD] >> ((i % PER_WORD) * BITS)) & MASK)) - 8388608.f;
-          dot = fmaf(xv[i], q, dot);
-        }
+        for (int i = 0; i < PER_CHUNK; ++i) dot = fmaf(xv[i], q[m][i], dot);
         acc[m][r] = fmaf(s[m], dot, fmaf(b[m], sum, acc[m][r]));
       }
     }
