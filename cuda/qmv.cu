@@ -129,10 +129,12 @@ __device__ __forceinline__ float sala_round(float v) { return static_cast<float>
 template <int WARPS, int NR>
 __device__ __forceinline__ int sala_qmv_first_row() { return (blockIdx.x * WARPS + (threadIdx.x >> 5)) * NR; }
 
-// y = x · Wᵀ, W [N, K].
+// y = residual + alpha · (x · Wᵀ), rounded as the separate operations round it; x · Wᵀ when
+// residual is null.
 template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR>
-__device__ __forceinline__ void sala_qmv(
-    const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int N, int K) {
+__device__ __forceinline__ void sala_qmv_residual(
+    const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, const T* alpha,
+    T* y, int N, int K) {
   const int n0 = sala_qmv_first_row<WARPS, NR>();
   if (n0 >= N) return;
   int n[NR];
@@ -141,12 +143,25 @@ __device__ __forceinline__ void sala_qmv(
   float acc[NR][ROWS];
   sala_qmv_rows<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, n, K, acc);
   if ((threadIdx.x & 31) != 0) return;
+  const float a = residual != nullptr ? static_cast<float>(alpha[0]) : 0.f;
 #pragma unroll
   for (int m = 0; m < NR; ++m) {
     if (n0 + m >= N) break;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) y[(size_t)r * N + n0 + m] = static_cast<T>(acc[m][r]);
+    for (int r = 0; r < ROWS; ++r) {
+      const size_t i = (size_t)r * N + n0 + m;
+      y[i] = residual == nullptr
+          ? static_cast<T>(acc[m][r])
+          : static_cast<T>(static_cast<float>(residual[i]) + sala_round<T>(a * sala_round<T>(acc[m][r])));
+    }
   }
+}
+
+// y = x · Wᵀ, W [N, K]: the residual form above without a residual.
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR>
+__device__ __forceinline__ void sala_qmv(
+    const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int N, int K) {
+  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR>(x, w, scales, biases, nullptr, nullptr, y, N, K);
 }
 
 // SwiGLU of a stacked [gate; up] matrix W [2F, K]: y[r, n] = silu(g) · u for g, u the products with
@@ -179,27 +194,3 @@ __device__ __forceinline__ void sala_qmv_swiglu(
   }
 }
 
-// y = residual + alpha · (x · Wᵀ), rounded as the separate operations round it.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR>
-__device__ __forceinline__ void sala_qmv_residual(
-    const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, const T* alpha,
-    T* y, int N, int K) {
-  const int n0 = sala_qmv_first_row<WARPS, NR>();
-  if (n0 >= N) return;
-  int n[NR];
-#pragma unroll
-  for (int m = 0; m < NR; ++m) n[m] = min(n0 + m, N - 1);
-  float acc[NR][ROWS];
-  sala_qmv_rows<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, n, K, acc);
-  if ((threadIdx.x & 31) != 0) return;
-  const float a = static_cast<float>(alpha[0]);
-#pragma unroll
-  for (int m = 0; m < NR; ++m) {
-    if (n0 + m >= N) break;
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const size_t i = (size_t)r * N + n0 + m;
-      y[i] = static_cast<T>(static_cast<float>(residual[i]) + sala_round<T>(a * sala_round<T>(acc[m][r])));
-    }
-  }
-}
