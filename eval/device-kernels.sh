@@ -1,6 +1,7 @@
 #!/bin/bash
 # The GPU kernels on the lent GPU: correctness against their MLX-ops versions (tests/gpu_kernels.rs),
-# kernel timings next to MLX's (benches/kernels.rs), then the synthetic 9B with kernels on and off.
+# kernel timings next to MLX's (benches/kernels.rs; `kernels qmv`: the decode GEMV per 9B shape),
+# then the synthetic 9B with kernels on and off.
 # Binaries built on the CPU machine (SALA_OPENBLAS=off) and carried in $BIN; the MLX-CUDA runtime
 # from ../shared/tools/mlx-cuda-bundle in $MLX_BUNDLE.
 set -u
@@ -10,6 +11,8 @@ OUT=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 MLX_ENABLE_TF32=0 $BIN/gpu_kernels --test-threads=1 2>&1 | tee $OUT/gpu_kernels.log | grep -E "^test |test result|panicked|error" 
 $BIN/kernels 2>&1 | tee $OUT/kernels.md
+# The decode GEMV alone on every matrix shape of a 9B decode step (achieved bandwidth per shape).
+$BIN/kernels qmv 2>&1 | tee $OUT/kernels-qmv.md
 [ "${KERNELS_ONLY:-0}" = 1 ] && exit 0
 for kernels in on off; do
   echo "== kernels $kernels"
