@@ -7,33 +7,20 @@
 //   chosen    = the top min(TOPK, nb) blocks, ties to the lower index (radix select on a 64-bit
 //               key: order-preserving score bits above, reversed index below), then in ascending
 //               order without blocks after the query's own, padded with −1.
+//
+// Decode (one query) at long context splits this into sala_select_windows (the window scores,
+// many thread blocks per KV head) and sala_select_topk (pooling and top-k, one block per KV head):
+// every window score is computed by the same code in the same order, so the blocks are the same.
 
-template <typename R, int G, int KERNEL, int STRIDE, int KERNEL2, int STRIDE2, int BLOCK, int INIT, int LOCAL,
-          int TOPK, int SCALE_BITS>
-__device__ void sala_select_blocks(
-    const float* l1,          // [Hkv, G, Tq, n1]
-    const float* l2,          // [Hkv, G, Tq, n2]
-    int first_pos,            // position of query 0
-    int nb,                   // blocks in the cache (⌈kv_len / BLOCK⌉)
-    int32_t* blocks,          // [Hkv, Tq, TOPK]
-    float* scores,            // [Hkv, Tq, nb]
-    float* window_scores,     // [Hkv, Tq, n1] (scratch)
-    int Tq, int n1, int n2) {
-  __shared__ float lse[G];
-  __shared__ unsigned int hist[256];
-  __shared__ unsigned long long prefix_sh;
-  __shared__ int remaining_sh;
-  __shared__ int warp_counts[32];
+__device__ __forceinline__ int sala_visible(int pos, int kernel, int stride, int n) {
+  return pos >= kernel - 1 ? min(n, (pos - kernel + 1) / stride + 1) : 0;
+}
 
-  const int t = blockIdx.y, h = blockIdx.z;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
-  const int pos = first_pos + t;
-  const float scale = __int_as_float(SCALE_BITS);  // the products are unscaled
-  const int qb = pos / BLOCK;
-
-  const int n2v = pos >= KERNEL2 - 1 ? min(n2, (pos - KERNEL2 + 1) / STRIDE2 + 1) : 0;
-  const int n1v = pos >= KERNEL - 1 ? min(n1, (pos - KERNEL + 1) / STRIDE + 1) : 0;
-
+// lse[g] for every query head g of KV head h at query t (one warp per g).
+template <int G, int KERNEL2, int STRIDE2>
+__device__ void sala_select_lse(const float* l2, int h, int t, int Tq, int n2, int pos, float scale, float* lse) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int n2v = sala_visible(pos, KERNEL2, STRIDE2, n2);
   for (int g = warp; g < G; g += warps) {
     const float* row = l2 + (((size_t)h * G + g) * Tq + t) * n2;
     float mx = -INFINITY;
@@ -44,10 +31,17 @@ __device__ void sala_select_blocks(
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane == 0) lse[g] = n2v > 0 ? mx + logf(sum) : -INFINITY;
   }
-  __syncthreads();
+}
 
+// Window scores ws[w] for w in [w0, w1), one thread per window.
+template <typename R, int G, int KERNEL, int STRIDE, int KERNEL2, int STRIDE2>
+__device__ void sala_select_window_scores(
+    const float* l1, const float* lse, int h, int t, int Tq, int n1, int n2, int pos, float scale,
+    float* window_scores, int w0, int w1) {
+  const int n2v = sala_visible(pos, KERNEL2, STRIDE2, n2);
+  const int n1v = sala_visible(pos, KERNEL, STRIDE, n1);
   float* ws = window_scores + ((size_t)h * Tq + t) * n1;
-  for (int w = tid; w < n1; w += blockDim.x) {
+  for (int w = w0 + threadIdx.x; w < w1; w += blockDim.x) {
     float s = 0.f;
     if (w < n1v && n2v > 0) {
 #pragma unroll
@@ -55,8 +49,19 @@ __device__ void sala_select_blocks(
     }
     ws[w] = static_cast<float>(static_cast<R>(s));
   }
-  __syncthreads();
+}
 
+// Pooled block scores and the chosen blocks of (h, t) from its window scores.
+template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK>
+__device__ void sala_select_pool_topk(
+    const float* window_scores, int h, int t, int Tq, int n1, int nb, int pos, int32_t* blocks, float* scores) {
+  __shared__ unsigned int hist[256];
+  __shared__ unsigned long long prefix_sh;
+  __shared__ int remaining_sh;
+  __shared__ int warp_counts[32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+  const int qb = pos / BLOCK;
+  const float* ws = window_scores + ((size_t)h * Tq + t) * n1;
   constexpr int R_PER_BLOCK = BLOCK / STRIDE;
   constexpr int LEFT = KERNEL / STRIDE - 1;
   float* sc = scores + ((size_t)h * Tq + t) * nb;
@@ -126,4 +131,46 @@ __device__ void sala_select_blocks(
     __syncthreads();
   }
   for (int i = written + tid; i < TOPK; i += blockDim.x) out[i] = -1;
+}
+
+// The whole selection for (KV head blockIdx.z, query blockIdx.y).
+template <typename R, int G, int KERNEL, int STRIDE, int KERNEL2, int STRIDE2, int BLOCK, int INIT, int LOCAL,
+          int TOPK, int SCALE_BITS>
+__device__ void sala_select_blocks(
+    const float* l1,          // [Hkv, G, Tq, n1]
+    const float* l2,          // [Hkv, G, Tq, n2]
+    int first_pos,            // position of query 0
+    int nb,                   // blocks in the cache (⌈kv_len / BLOCK⌉)
+    int32_t* blocks,          // [Hkv, Tq, TOPK]
+    float* scores,            // [Hkv, Tq, nb]
+    float* window_scores,     // [Hkv, Tq, n1] (scratch)
+    int Tq, int n1, int n2) {
+  __shared__ float lse[G];
+  const int t = blockIdx.y, h = blockIdx.z, pos = first_pos + t;
+  const float scale = __int_as_float(SCALE_BITS);  // the products are unscaled
+  sala_select_lse<G, KERNEL2, STRIDE2>(l2, h, t, Tq, n2, pos, scale, lse);
+  __syncthreads();
+  sala_select_window_scores<R, G, KERNEL, STRIDE, KERNEL2, STRIDE2>(l1, lse, h, t, Tq, n1, n2, pos, scale, window_scores, 0, n1);
+  __syncthreads();
+  sala_select_pool_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK>(window_scores, h, t, Tq, n1, nb, pos, blocks, scores);
+}
+
+// Decode, part 1: the window scores of one query, CHUNK windows per thread block (blockIdx.y),
+// KV head blockIdx.z.
+template <typename R, int G, int KERNEL, int STRIDE, int KERNEL2, int STRIDE2, int SCALE_BITS, int CHUNK>
+__device__ void sala_select_windows(const float* l1, const float* l2, int first_pos, float* window_scores, int n1, int n2) {
+  __shared__ float lse[G];
+  const int h = blockIdx.z;
+  const float scale = __int_as_float(SCALE_BITS);
+  sala_select_lse<G, KERNEL2, STRIDE2>(l2, h, 0, 1, n2, first_pos, scale, lse);
+  __syncthreads();
+  const int w0 = blockIdx.y * CHUNK;
+  sala_select_window_scores<R, G, KERNEL, STRIDE, KERNEL2, STRIDE2>(
+      l1, lse, h, 0, 1, n1, n2, first_pos, scale, window_scores, w0, min(n1, w0 + CHUNK));
+}
+
+// Decode, part 2: pooling and top-k of one query, KV head blockIdx.z.
+template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK>
+__device__ void sala_select_topk(const float* window_scores, int first_pos, int nb, int32_t* blocks, float* scores, int n1) {
+  sala_select_pool_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK>(window_scores, blockIdx.z, 0, 1, n1, nb, first_pos, blocks, scores);
 }

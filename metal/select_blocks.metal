@@ -1,22 +1,17 @@
 // Metal twin of cuda/select_blocks.cu (same steps: level-2 LSE, level-1 window scores rounded to R,
 // max-pool to blocks with forced blocks, radix-select top-k with ties to the lower index, ordered
 // compaction). Untested on hardware.
+// Decode at long context splits it like the CUDA version (sala_select_windows, sala_select_topk).
 
-template <typename R, int G, int KERNEL, int STRIDE, int KERNEL2, int STRIDE2, int BLOCK, int INIT, int LOCAL,
-          int TOPK, int SCALE_BITS>
-inline void sala_select_blocks(
-    const device float* l1, const device float* l2, int first_pos, int nb, device int32_t* blocks,
-    device float* scores, device float* window_scores, int Tq, int n1, int n2, uint3 group, uint tid,
-    uint nthreads, uint lane, uint warp, threadgroup float* lse, threadgroup atomic_uint* hist,
-    threadgroup ulong* prefix_sh, threadgroup int* remaining_sh, threadgroup int* warp_counts) {
-  const int t = group.y, h = group.z;
-  const int warps = int(nthreads) / 32;
-  const int pos = first_pos + t;
-  const float scale = as_type<float>(SCALE_BITS);
-  const int qb = pos / BLOCK;
-  const int n2v = pos >= KERNEL2 - 1 ? min(n2, (pos - KERNEL2 + 1) / STRIDE2 + 1) : 0;
-  const int n1v = pos >= KERNEL - 1 ? min(n1, (pos - KERNEL + 1) / STRIDE + 1) : 0;
+inline int sala_visible(int pos, int kernel, int stride, int n) {
+  return pos >= kernel - 1 ? min(n, (pos - kernel + 1) / stride + 1) : 0;
+}
 
+template <int G, int KERNEL2, int STRIDE2>
+inline void sala_select_lse(
+    const device float* l2, int h, int t, int Tq, int n2, int pos, float scale, threadgroup float* lse,
+    uint lane, uint warp, int warps) {
+  const int n2v = sala_visible(pos, KERNEL2, STRIDE2, n2);
   for (int g = warp; g < G; g += warps) {
     const device float* row = l2 + ((size_t(h) * G + g) * Tq + t) * n2;
     float mx = -INFINITY;
@@ -27,18 +22,32 @@ inline void sala_select_blocks(
     sum = simd_sum(sum);
     if (lane == 0) lse[g] = n2v > 0 ? mx + log(sum) : -INFINITY;
   }
-  threadgroup_barrier(mem_flags::mem_threadgroup);
+}
 
+template <typename R, int G, int KERNEL, int STRIDE, int KERNEL2, int STRIDE2>
+inline void sala_select_window_scores(
+    const device float* l1, const threadgroup float* lse, int h, int t, int Tq, int n1, int n2, int pos,
+    float scale, device float* window_scores, int w0, int w1, uint tid, int nthreads) {
+  const int n2v = sala_visible(pos, KERNEL2, STRIDE2, n2);
+  const int n1v = sala_visible(pos, KERNEL, STRIDE, n1);
   device float* ws = window_scores + (size_t(h) * Tq + t) * n1;
-  for (int w = tid; w < n1; w += nthreads) {
+  for (int w = w0 + int(tid); w < w1; w += nthreads) {
     float s = 0.f;
     if (w < n1v && n2v > 0) {
       for (int g = 0; g < G; ++g) s += exp(l1[((size_t(h) * G + g) * Tq + t) * n1 + w] * scale - lse[g]);
     }
     ws[w] = float(R(s));
   }
-  threadgroup_barrier(mem_flags::mem_device);
+}
 
+template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK>
+inline void sala_select_pool_topk(
+    const device float* window_scores, int h, int t, int Tq, int n1, int nb, int pos, device int32_t* blocks,
+    device float* scores, uint tid, int nthreads, uint lane, uint warp, threadgroup atomic_uint* hist,
+    threadgroup ulong* prefix_sh, threadgroup int* remaining_sh, threadgroup int* warp_counts) {
+  const int warps = nthreads / 32;
+  const int qb = pos / BLOCK;
+  const device float* ws = window_scores + (size_t(h) * Tq + t) * n1;
   constexpr int R_PER_BLOCK = BLOCK / STRIDE;
   constexpr int LEFT = KERNEL / STRIDE - 1;
   device float* sc = scores + (size_t(h) * Tq + t) * nb;
@@ -109,4 +118,46 @@ inline void sala_select_blocks(
     threadgroup_barrier(mem_flags::mem_threadgroup);
   }
   for (int i = written + tid; i < TOPK; i += nthreads) out[i] = -1;
+}
+
+template <typename R, int G, int KERNEL, int STRIDE, int KERNEL2, int STRIDE2, int BLOCK, int INIT, int LOCAL,
+          int TOPK, int SCALE_BITS>
+inline void sala_select_blocks(
+    const device float* l1, const device float* l2, int first_pos, int nb, device int32_t* blocks,
+    device float* scores, device float* window_scores, int Tq, int n1, int n2, uint3 group, uint tid,
+    uint nthreads, uint lane, uint warp, threadgroup float* lse, threadgroup atomic_uint* hist,
+    threadgroup ulong* prefix_sh, threadgroup int* remaining_sh, threadgroup int* warp_counts) {
+  const int t = group.y, h = group.z, pos = first_pos + t;
+  const float scale = as_type<float>(SCALE_BITS);
+  sala_select_lse<G, KERNEL2, STRIDE2>(l2, h, t, Tq, n2, pos, scale, lse, lane, warp, int(nthreads) / 32);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  sala_select_window_scores<R, G, KERNEL, STRIDE, KERNEL2, STRIDE2>(
+      l1, lse, h, t, Tq, n1, n2, pos, scale, window_scores, 0, n1, tid, int(nthreads));
+  threadgroup_barrier(mem_flags::mem_device);
+  sala_select_pool_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK>(
+      window_scores, h, t, Tq, n1, nb, pos, blocks, scores, tid, int(nthreads), lane, warp, hist, prefix_sh,
+      remaining_sh, warp_counts);
+}
+
+template <typename R, int G, int KERNEL, int STRIDE, int KERNEL2, int STRIDE2, int SCALE_BITS, int CHUNK>
+inline void sala_select_windows(
+    const device float* l1, const device float* l2, int first_pos, device float* window_scores, int n1, int n2,
+    uint3 group, uint tid, uint nthreads, uint lane, uint warp, threadgroup float* lse) {
+  const int h = group.z;
+  const float scale = as_type<float>(SCALE_BITS);
+  sala_select_lse<G, KERNEL2, STRIDE2>(l2, h, 0, 1, n2, first_pos, scale, lse, lane, warp, int(nthreads) / 32);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  const int w0 = int(group.y) * CHUNK;
+  sala_select_window_scores<R, G, KERNEL, STRIDE, KERNEL2, STRIDE2>(
+      l1, lse, h, 0, 1, n1, n2, first_pos, scale, window_scores, w0, min(n1, w0 + CHUNK), tid, int(nthreads));
+}
+
+template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK>
+inline void sala_select_topk(
+    const device float* window_scores, int first_pos, int nb, device int32_t* blocks, device float* scores, int n1,
+    uint3 group, uint tid, uint nthreads, uint lane, uint warp, threadgroup atomic_uint* hist,
+    threadgroup ulong* prefix_sh, threadgroup int* remaining_sh, threadgroup int* warp_counts) {
+  sala_select_pool_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK>(
+      window_scores, int(group.z), 0, 1, n1, nb, first_pos, blocks, scores, tid, int(nthreads), lane, warp, hist,
+      prefix_sh, remaining_sh, warp_counts);
 }

@@ -227,11 +227,14 @@ fn block_selection_kernel_matches_mlx() {
     if !on_gpu() {
         return;
     }
-    // The 9B geometry (G = 16) at decode and prefill positions, and golden C's small one.
+    // The 9B geometry (G = 16) at decode and prefill positions, and golden C's small one. Decode
+    // with ≥ 2048 level-1 windows takes the two-kernel form.
     let small = BlockSelection { block: 64, kernel: 32, stride: 16, kernel2: 128, stride2: 64, init_blocks: 1, local_blocks: 2, topk: 6 };
     let cases = [
         (sel_9b(), 32, 2, 128, 20000usize, 19999usize, 1i32),
         (sel_9b(), 32, 2, 128, 131072, 131071, 1),
+        // Decode past kernels::sparse::SPLIT_WINDOWS (two kernels), the last chunk partial.
+        (sel_9b(), 32, 2, 128, 40000, 39999, 1),
         (sel_9b(), 32, 2, 128, 9000, 8900, 100),
         (small, 32, 2, 8, 1300, 1000, 300),
     ];
