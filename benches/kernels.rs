@@ -60,33 +60,7 @@ fn main() {
         qmv_on_decode_shapes();
         return;
     }
-    const SETS: usize = 8;
-    for bits in [8, 4] {
-        for (n, k) in [(4096, 4096), (16384, 4096), (4096, 16384), (73448, 4096)] {
-            for rows in [1, 2, 4, 8] {
-                let sets: Vec<_> = (0..SETS)
-                    .map(|i| {
-                        let w = randn(&[n, k], 100 + i as u64, Dtype::Bfloat16);
-                        let (p, s, b) = ops::quantize(&w, 64, bits).unwrap();
-                        eval([&p, &s, &b]).unwrap();
-                        (p, s, b)
-                    })
-                    .collect();
-                let x = randn(&[rows, k], 7, Dtype::Bfloat16);
-                let bytes = (sets[0].0.nbytes() + sets[0].1.nbytes() + sets[0].2.nbytes()) as f64;
-                let kern = time(|| sets.iter().map(|(p, s, b)| quantized_matmul_t(&x, p, s, b, 64, bits).unwrap()).collect())
-                    / SETS as f64;
-                let mlx = time(|| sets.iter().map(|(p, s, b)| quantized_matmul_t_mlx(&x, p, s, b, 64, bits).unwrap()).collect())
-                    / SETS as f64;
-                row(
-                    &format!("qmv q{bits} {n}×{k} rows {rows}"),
-                    kern,
-                    mlx,
-                    &format!("{:.0} GB/s vs {:.0} GB/s", bytes / kern / 1e9, bytes / mlx / 1e9),
-                );
-            }
-        }
-    }
+    qmv_table(&[(4096, 4096), (16384, 4096), (4096, 16384), (73448, 4096)], &[1, 2, 4, 8], 1);
     // Prefill-sized products: MLX's quantized matmul against dequantize + matmul.
     for bits in [8, 4] {
         let (n, k, m) = (16384, 4096, 2048);
@@ -274,27 +248,45 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
     }
 }
 
-/// The GEMV kernel alone, one input row, on every matrix shape of a 9B decode step (32 products
-/// per evaluation over 8 weight sets, so launch overhead is shared and the weights come from HBM).
+/// The GEMV kernel alone, one input row, on every matrix shape of a 9B decode step (lightning
+/// q/k/v/z, sparse q/k/v/gate, o_proj, gate/up, down, head), 32 products per evaluation so launch
+/// overhead is shared.
 fn qmv_on_decode_shapes() {
+    let shapes = [(16384, 4096), (8704, 4096), (4096, 4096), (32768, 4096), (4096, 16384), (73448, 4096)];
+    qmv_table(&shapes, &[1], 4);
+}
+
+/// The GEMV kernel against MLX's quantized matmul for each shape `[n, k]` and input row count:
+/// `rounds` passes over 8 weight sets (more than the L2 cache) per evaluation, time per product
+/// and the achieved bandwidth.
+fn qmv_table(shapes: &[(i32, i32)], rows: &[i32], rounds: usize) {
     const SETS: usize = 8;
     for bits in [8, 4] {
-        // lightning q/k/v/z, sparse q/k/v/gate, o_proj, gate/up, down, head
-        for (n, k) in [(16384, 4096), (8704, 4096), (4096, 4096), (32768, 4096), (4096, 16384), (73448, 4096)] {
+        for &(n, k) in shapes {
             let sets: Vec<_> = (0..SETS)
                 .map(|i| {
-                    let w = randn(&[n, k], 200 + i as u64, Dtype::Bfloat16);
+                    let w = randn(&[n, k], 100 + i as u64, Dtype::Bfloat16);
                     let (p, s, b) = ops::quantize(&w, 64, bits).unwrap();
                     eval([&p, &s, &b]).unwrap();
                     (p, s, b)
                 })
                 .collect();
-            let x = randn(&[1, k], 9, Dtype::Bfloat16);
             let bytes = (sets[0].0.nbytes() + sets[0].1.nbytes() + sets[0].2.nbytes()) as f64;
-            let per = time(|| {
-                (0..4).flat_map(|_| sets.iter().map(|(p, s, b)| quantized_matmul_t(&x, p, s, b, 64, bits).unwrap())).collect()
-            }) / (4 * SETS) as f64;
-            row(&format!("qmv q{bits} {n}×{k}"), per, per, &format!("{:.0} GB/s", bytes / per / 1e9));
+            for &r in rows {
+                let x = randn(&[r, k], 7, Dtype::Bfloat16);
+                type Product = fn(&Array, &Array, &Array, &Array, i32, i32) -> mlx_rs::error::Result<Array>;
+                let per = |product: Product| {
+                    time(|| (0..rounds).flat_map(|_| sets.iter().map(|(p, s, b)| product(&x, p, s, b, 64, bits).unwrap())).collect())
+                        / (rounds * SETS) as f64
+                };
+                let (kern, mlx) = (per(quantized_matmul_t), per(quantized_matmul_t_mlx));
+                row(
+                    &format!("qmv q{bits} {n}×{k} rows {r}"),
+                    kern,
+                    mlx,
+                    &format!("{:.0} GB/s vs {:.0} GB/s", bytes / kern / 1e9, bytes / mlx / 1e9),
+                );
+            }
         }
     }
 }

@@ -44,7 +44,7 @@ fn qmv_matches_mlx_quantized_matmul() {
     }
     let mut seed = 10;
     for bits in [8, 4] {
-        for (n, k) in [(4100, 4096), (256, 16384), (1000, 384)] {
+        for (n, k) in [(4100, 4096), (256, 16384), (1000, 384), (1001, 384)] {
             for rows in [1, 3, 8] {
                 for dtype in [Dtype::Bfloat16, Dtype::Float32] {
                     seed += 3;

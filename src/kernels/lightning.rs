@@ -86,29 +86,36 @@ pub fn decode_step(p: &StepParams, qkv: &Array, positions: &Array, state: &Array
 
 /// The MLX-ops version of [`decode_step`].
 pub fn decode_step_mlx(p: &StepParams, qkv: &Array, positions: &Array, state: &Array, keep_kv: bool) -> Result<StepOutput> {
-    let (b, t) = (qkv.shape()[0], qkv.shape()[1]);
-    let (h, d) = (p.heads, p.head_dim);
-    let part = |i: i32, norm: Option<(&Array, f32)>| -> Result<Array> {
-        let mut y = qkv.try_index((.., .., i * h * d..(i + 1) * h * d))?.reshape(&[b, t, h, d])?;
-        if let Some((weight, eps)) = norm {
-            y = fast::rms_norm(&y, Some(weight), eps)?;
-        }
-        y.swap_axes(1, 2) // [B, H, 1, d]
-    };
-    let (q, k, v) = match p.qk_norm {
-        Some((qn, kn, eps)) => (part(0, Some((qn, eps)))?, part(1, Some((kn, eps)))?, part(2, None)?),
-        None => (part(0, None)?, part(1, None)?, part(2, None)?),
-    };
-    let (q, k) = match p.rope_theta {
-        Some(theta) => {
-            let rope = |x: &Array| fast::rope_dynamic(x, d, false, theta, 1.0, positions, None);
-            (rope(&q)?, rope(&k)?)
-        }
-        None => (q, k),
-    };
+    let b = qkv.shape()[0];
+    let (q, k, v) = split_heads(p, qkv)?;
+    let (q, k) = rotate(p, &q, &k, positions)?;
     let (o, state) = gla::simple_gla_step(&q, &k, &v, p.slopes, Some(state), p.scale)?;
     // One token's [B, H, 1, d] is already the memory layout of [B, 1, H·d].
-    Ok(StepOutput { o: o.reshape(&[b, 1, h * d])?, state, kv: keep_kv.then_some((k, v)) })
+    Ok(StepOutput { o: o.reshape(&[b, 1, p.heads * p.head_dim])?, state, kv: keep_kv.then_some((k, v)) })
+}
+
+/// q, k and v `[B, H, T, d]` from the stacked projection `qkv` `[B, T, W]` (q and k through the
+/// QK-norm when the layer has one), in MLX operations: the first step of [`decode_step_mlx`], and
+/// of a lightning layer's prefill.
+pub fn split_heads(p: &StepParams, qkv: &Array) -> Result<(Array, Array, Array)> {
+    let (b, t) = (qkv.shape()[0], qkv.shape()[1]);
+    let (h, d) = (p.heads, p.head_dim);
+    let part = |i: i32, norm: Option<&Array>| -> Result<Array> {
+        let mut y = qkv.try_index((.., .., i * h * d..(i + 1) * h * d))?.reshape(&[b, t, h, d])?;
+        if let (Some(weight), Some((_, _, eps))) = (norm, p.qk_norm) {
+            y = fast::rms_norm(&y, Some(weight), eps)?;
+        }
+        y.swap_axes(1, 2)
+    };
+    Ok((part(0, p.qk_norm.map(|n| n.0))?, part(1, p.qk_norm.map(|n| n.1))?, part(2, None)?))
+}
+
+/// q and k `[B, H, T, d]` with RoPE from the positions in `offset` (a scalar, or one per
+/// sequence) when the layer rotates them.
+pub fn rotate(p: &StepParams, q: &Array, k: &Array, offset: &Array) -> Result<(Array, Array)> {
+    let Some(theta) = p.rope_theta else { return Ok((q.clone(), k.clone())) };
+    let rope = |x: &Array| fast::rope_dynamic(x, p.head_dim, false, theta, 1.0, offset, None);
+    Ok((rope(q)?, rope(k)?))
 }
 
 /// RMSNorm(o) · w ⊙ σ(z) per row: `o` `[B, T, D]`, z the columns `z_offset..z_offset + D` of

@@ -81,7 +81,7 @@ static QMV_RESIDUAL: KernelSource = qmv_source(
 );
 
 /// Whether the kernel runs this product on the current backend.
-pub fn fits(x: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32) -> bool {
+fn fits(x: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32) -> bool {
     let k = x.shape()[x.ndim() - 1];
     let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
     backend() != Backend::Cpu
@@ -126,7 +126,8 @@ pub fn quantized_matmul_t_then(
         }
         _ => true,
     };
-    if !fits(x, scales, biases, group_size, bits) || !residual_fits || n % 2 != 0 {
+    let swiglu = matches!(epilogue, Epilogue::SwiGlu);
+    if !fits(x, scales, biases, group_size, bits) || !residual_fits || (swiglu && n % 2 != 0) {
         let y = quantized_matmul_t_mlx(x, packed, scales, biases, group_size, bits)?;
         return epilogue_mlx(&y, epilogue);
     }
@@ -136,11 +137,9 @@ pub fn quantized_matmul_t_then(
         Epilogue::SwiGlu => (&QMV_SWIGLU, vec![x, packed, scales, biases]),
         Epilogue::Residual { residual, alpha } => (&QMV_RESIDUAL, vec![x, packed, scales, biases, residual, alpha]),
     };
-    // Output rows per warp (for SwiGLU: gate rows plus their up rows).
-    let per_warp = rows_per_warp(bits);
-    let swiglu = matches!(epilogue, Epilogue::SwiGlu);
-    let per_warp = if swiglu { per_warp.max(2) / 2 * 2 } else { per_warp };
-    let outputs_per_warp = if swiglu { per_warp / 2 } else { per_warp };
+    // Weight rows per warp, and the outputs they make (SwiGLU: gate rows paired with up rows).
+    let outputs_per_warp = if swiglu { (rows_per_warp(bits) / 2).max(1) } else { rows_per_warp(bits) };
+    let per_warp = if swiglu { 2 * outputs_per_warp } else { outputs_per_warp };
     let n_blocks = (shape[last] + WARPS * outputs_per_warp - 1) / (WARPS * outputs_per_warp);
     let y = apply(
         source,

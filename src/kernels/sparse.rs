@@ -313,10 +313,10 @@ fn select_blocks_gpu(
         // Scales as bit patterns: compile-time constants, no upload per call.
         ("SCALE_BITS", TemplateArg::Int(scale_bits)),
     ];
-    if t == 1 && n1 >= SPLIT_WINDOWS {
-        return select_blocks_decode(&l1, &l2, first_pos, nb, hkv, sel, template);
-    }
     let params = shape_args(&[first_pos, nb as usize])?;
+    if t == 1 && n1 >= SPLIT_WINDOWS {
+        return select_blocks_decode(&l1, &l2, &params, nb, hkv, sel, template);
+    }
     let out = apply(
         &SELECT_BLOCKS,
         &[&l1, &l2, &params],
@@ -348,20 +348,19 @@ const WINDOWS_PER_BLOCK: i32 = 512;
 fn select_blocks_decode(
     l1: &Array,
     l2: &Array,
-    first_pos: usize,
+    params: &Array,
     nb: i32,
     hkv: i32,
     sel: &BlockSelection,
     template: Vec<(&'static str, TemplateArg)>,
 ) -> Result<Selected> {
     let n1 = l1.shape()[2];
-    let params = shape_args(&[first_pos, nb as usize])?;
     let pick = |names: &[&str]| template.iter().filter(|(n, _)| names.contains(n)).cloned().collect::<Vec<_>>();
     let mut windows_template = pick(&["R", "G", "KERNEL", "STRIDE", "KERNEL2", "STRIDE2", "SCALE_BITS"]);
     windows_template.push(("CHUNK", TemplateArg::Int(WINDOWS_PER_BLOCK)));
     let window_scores = apply(
         &SELECT_WINDOWS,
-        &[l1, l2, &params],
+        &[l1, l2, params],
         Launch {
             grid: (THREADS, (n1 + WINDOWS_PER_BLOCK - 1) / WINDOWS_PER_BLOCK, hkv),
             threads: (THREADS, 1, 1),
@@ -375,7 +374,7 @@ fn select_blocks_decode(
     .expect("one output");
     let out = apply(
         &SELECT_TOPK,
-        &[&window_scores, &params],
+        &[&window_scores, params],
         Launch {
             grid: (THREADS, 1, hkv),
             threads: (THREADS, 1, 1),

@@ -17,7 +17,7 @@ use crate::engine::error::{Error, Result};
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::{gla, lightning};
 use crate::models::layers::{per_sequence, sigmoid_gate, Linear, QkvGate, RmsNorm};
-use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
+use mlx_rs::{ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 #[derive(Debug, Clone)]
 pub struct LightningConfig {
@@ -160,19 +160,8 @@ impl LightningAttention {
             [one] => one.state.clone().map_or_else(zero, Ok)?,
             _ => ops::concatenate(&states.iter().map(|s| s.state.clone().map_or_else(zero, Ok)).collect::<std::result::Result<Vec<_>, _>>()?, 0)?,
         };
-        let params = lightning::StepParams {
-            heads: h,
-            head_dim: d,
-            qk_norm: match (&self.q_norm, &self.k_norm) {
-                (Some(qn), Some(kn)) => Some((&qn.weight, &kn.weight, qn.eps)),
-                _ => None,
-            },
-            rope_theta: self.cfg.use_rope.then_some(self.cfg.rope_theta),
-            slopes: &self.slopes,
-            scale: self.cfg.q_scale,
-        };
         let keep_kv = states.iter().any(|s| s.record_replay);
-        let step = lightning::decode_step(&params, qkvz, &positions.device, &state, keep_kv)?;
+        let step = lightning::decode_step(&self.step_params(), qkvz, &positions.device, &state, keep_kv)?;
         let several = states.len() > 1;
         for (i, s) in states.iter_mut().enumerate() {
             let row = |a: &Array| if several { a.try_index(i as i32..i as i32 + 1) } else { Ok(a.clone()) };
@@ -190,19 +179,12 @@ impl LightningAttention {
     /// chunked GLA form.
     fn prefill(&self, qkvz: &Array, states: &mut [&mut RecurrentState], positions: &Positions) -> Result<Array> {
         let (b, t) = (qkvz.shape()[0], qkvz.shape()[1]);
-        let (h, d) = (self.cfg.heads as i32, self.cfg.head_dim as i32);
-        let heads = |i: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let mut y = qkvz.try_index((.., .., i * h * d..(i + 1) * h * d))?.reshape(&[b, t, h, d])?;
-            if let Some(norm) = norm {
-                y = norm.forward(&y)?;
-            }
-            Ok(y.swap_axes(1, 2)?) // [B, H, T, d]
-        };
-        let (q, k, v) = (heads(0, &self.q_norm)?, heads(1, &self.k_norm)?, heads(2, &None)?);
+        let params = self.step_params();
+        let (q, k, v) = lightning::split_heads(&params, qkvz)?;
         let o = per_sequence(&[&q, &k, &v], states, |qkv, cache| {
             // One sequence: the shared position; several: its own.
             let offset = if b == 1 { positions.device.clone() } else { Array::from_int(cache.len as i32) };
-            let (q, k) = self.rotate(&qkv[0], &qkv[1], &offset)?;
+            let (q, k) = lightning::rotate(&params, &qkv[0], &qkv[1], &offset)?;
             let v = qkv[2].clone();
             let (o, state) = gla::simple_gla(&q, &k, &v, &self.slopes, cache.state.as_ref(), self.cfg.q_scale)?;
             cache.replay = cache.record_replay.then(|| Replay { state: cache.state.clone(), len: cache.len, inputs: vec![k, v] });
@@ -210,7 +192,7 @@ impl LightningAttention {
             cache.len += t as usize;
             Ok(o)
         })?;
-        Ok(o.swap_axes(1, 2)?.reshape(&[b, t, h * d])?)
+        Ok(o.swap_axes(1, 2)?.reshape(&[b, t, (self.cfg.heads * self.cfg.head_dim) as i32])?)
     }
 
     /// The output projection Wo.
@@ -218,14 +200,19 @@ impl LightningAttention {
         &self.o_proj
     }
 
-    /// q and k with RoPE at the positions from `offset` (a scalar, or one per sequence), in the
-    /// model's dtype (GLA computes in float32, see kernels::gla).
-    fn rotate(&self, q: &Array, k: &Array, offset: &Array) -> Result<(Array, Array)> {
-        if !self.cfg.use_rope {
-            return Ok((q.clone(), k.clone()));
+    /// The layer's shapes, QK-norm, RoPE and decay for kernels::lightning.
+    fn step_params(&self) -> lightning::StepParams<'_> {
+        lightning::StepParams {
+            heads: self.cfg.heads as i32,
+            head_dim: self.cfg.head_dim as i32,
+            qk_norm: match (&self.q_norm, &self.k_norm) {
+                (Some(qn), Some(kn)) => Some((&qn.weight, &kn.weight, qn.eps)),
+                _ => None,
+            },
+            rope_theta: self.cfg.use_rope.then_some(self.cfg.rope_theta),
+            slopes: &self.slopes,
+            scale: self.cfg.q_scale,
         }
-        let (d, theta) = (self.cfg.head_dim as i32, self.cfg.rope_theta);
-        Ok((fast::rope_dynamic(q, d, false, theta, 1.0, offset, None)?, fast::rope_dynamic(k, d, false, theta, 1.0, offset, None)?))
     }
 
     /// Rolls the state back to `len` tokens, inside the last forward call (recorded with
