@@ -3,11 +3,12 @@
 //! quantized products rotate over 8 weight sets (more than the L2 cache) and report the achieved
 //! bandwidth, so compare it with the device's measured copy bandwidth.
 
-use mlx_rs::{ops, random, transforms::eval, Array, Dtype};
+use mlx_rs::{ops, ops::indexing::TryIndexOp, random, transforms::eval, Array, Dtype};
 use sala::engine::cache::{KvCache, KvParts};
 use sala::engine::device::{select, DeviceKind};
+use sala::engine::quant::{QuantFormat, QuantizedMatrix};
 use sala::kernels::custom::{backend, Backend};
-use sala::kernels::gla::{alibi_slopes, simple_gla_recurrent, simple_gla_step};
+use sala::kernels::gla::{alibi_slopes, simple_gla, simple_gla_recurrent, simple_gla_step};
 use sala::kernels::qmv::{quantized_matmul_t, quantized_matmul_t_mlx};
 use sala::kernels::sparse::{
     block_sparse_attention, block_sparse_attention_mlx, select_blocks, select_blocks_mlx, BlockSelection,
@@ -53,6 +54,11 @@ fn main() {
     // `kernels sparse-step` times only the sparse layer's step on a cache.
     if std::env::args().skip(1).any(|a| a == "sparse-step") {
         sparse_step_on_a_cache(&sel);
+        return;
+    }
+    // `kernels prefill` times the pieces of one 2048-token prefill chunk of the 9B.
+    if std::env::args().skip(1).any(|a| a == "prefill") {
+        prefill_chunk_pieces(&sel);
         return;
     }
     // `kernels qmv` times only the quantized GEMV kernel on the 9B's decode shapes.
@@ -288,5 +294,71 @@ fn qmv_table(shapes: &[(i32, i32)], rows: &[i32], rounds: usize) {
                 );
             }
         }
+    }
+}
+
+/// The pieces of one 2048-token prefill chunk of the 9B (8-bit), each as the model runs it: per
+/// layer the dequantize + matmul products, the chunked GLA of a lightning layer, and a sparse
+/// layer's block selection and block-sparse attention at 32K and 128K tokens (in query chunks of
+/// 512, as `SparseAttention` splits them there); the time of one layer and of all of its kind.
+fn prefill_chunk_pieces(sel: &BlockSelection) {
+    const T: i32 = 2048;
+    println!("| piece (2048 tokens) | µs per layer | layers | ms per chunk |");
+    println!("|---|---:|---:|---:|");
+    let line = |name: &str, secs: f64, layers: usize| {
+        println!("| {name} | {:.0} | {layers} | {:.1} |", secs * 1e6, secs * layers as f64 * 1e3);
+    };
+    // One (lightning) layer's products: q/k/v/gate stacked, o, the MLP's gate/up stacked, down.
+    let weights: Vec<_> = [(16384, 4096), (4096, 4096), (32768, 4096), (4096, 16384)]
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, k))| {
+            let (p, s, b) = ops::quantize(randn(&[n, k], 20 + i as u64, Dtype::Bfloat16), 64, 8).unwrap();
+            eval([&p, &s, &b]).unwrap();
+            (p, s, b, k)
+        })
+        .collect();
+    let inputs: Vec<_> = weights.iter().map(|w| randn(&[T, w.3], 30, Dtype::Bfloat16)).collect();
+    eval(&inputs).unwrap();
+    let matrices: Vec<_> = weights
+        .into_iter()
+        .map(|(packed, scales, biases, _)| QuantizedMatrix { packed, scales, biases, format: QuantFormat { group_size: 64, bits: 8 } })
+        .collect();
+    let products = time(|| matrices.iter().zip(&inputs).map(|(w, x)| w.matmul_t(x).unwrap()).collect());
+    line("dequantize + matmul, one layer's products", products, 32);
+    {
+        let (h, d) = (32, 128);
+        let slopes = Array::from_slice(&alibi_slopes(h as usize), &[h]);
+        let (q, k, v) = (randn(&[1, h, T, d], 2, Dtype::Bfloat16), randn(&[1, h, T, d], 3, Dtype::Bfloat16), randn(&[1, h, T, d], 4, Dtype::Bfloat16));
+        let state = randn(&[1, h, d, d], 5, Dtype::Float32);
+        eval([&q, &k, &v, &state]).unwrap();
+        let gla = time(|| {
+            let (o, s) = simple_gla(&q, &k, &v, &slopes, Some(&state), 0.088).unwrap();
+            vec![o, s]
+        });
+        line("chunked GLA H=32 d=128", gla, 24);
+    }
+    for kv_len in [32768usize, 131072] {
+        let (hq, hkv, d) = (32, 2, 128);
+        let first = kv_len - T as usize;
+        let n1 = ((kv_len - 32) / 16 + 1) as i32;
+        let n2 = ((kv_len - 128) / 64 + 1) as i32;
+        let q = randn(&[1, hq, T, d], 11, Dtype::Bfloat16);
+        let c1 = randn(&[1, hkv, n1, d], 12, Dtype::Float32);
+        let c2 = randn(&[1, hkv, n2, d], 13, Dtype::Float32);
+        let k = randn(&[1, hkv, kv_len as i32, d], 14, Dtype::Bfloat16);
+        let v = randn(&[1, hkv, kv_len as i32, d], 15, Dtype::Bfloat16);
+        eval([&q, &c1, &c2, &k, &v]).unwrap();
+        let chunks: Vec<(Array, usize)> =
+            (0..T / 512).map(|c| (q.try_index((.., .., 512 * c..512 * (c + 1), ..)).unwrap(), first + 512 * c as usize)).collect();
+        let selection = time(|| chunks.iter().map(|(qc, f)| select_blocks(qc, &c1, &c2, *f, kv_len, sel, Dtype::Bfloat16).unwrap().blocks).collect());
+        line(&format!("block selection at {}K", kv_len / 1024), selection, 8);
+        let blocks: Vec<Array> = chunks.iter().map(|(qc, f)| select_blocks(qc, &c1, &c2, *f, kv_len, sel, Dtype::Bfloat16).unwrap().blocks).collect();
+        eval(&blocks).unwrap();
+        let kv = KvParts::history(&k, &v, kv_len);
+        let attention = time(|| {
+            chunks.iter().zip(&blocks).map(|((qc, f), b)| block_sparse_attention(qc, &kv, b, *f, sel.block, (d as f32).powf(-0.5)).unwrap()).collect()
+        });
+        line(&format!("block-sparse attention at {}K", kv_len / 1024), attention, 8);
     }
 }

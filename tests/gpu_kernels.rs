@@ -280,6 +280,11 @@ fn block_sparse_attention_kernel_matches_mlx() {
         (32, 2, 128, 9000, 8990, 10, Dtype::Float32),
         (32, 2, 8, 1300, 1000, 300, Dtype::Float32),
         (4, 2, 32, 700, 699, 1, Dtype::Float32),
+        // Half-precision prefill takes the tensor-core kernel on CUDA: 16 heads per group, fewer
+        // (padded rows), half, queries from position 0, and a recent part inside the queries.
+        (32, 2, 128, 4000, 3500, 500, Dtype::Bfloat16),
+        (8, 2, 64, 5000, 4900, 100, Dtype::Float16),
+        (16, 1, 128, 300, 0, 300, Dtype::Bfloat16),
     ];
     for (i, &(hq, hkv, d, kv_len, first, t, dtype)) in cases.iter().enumerate() {
         let seed = 900 + 10 * i as u64;

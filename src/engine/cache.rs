@@ -510,17 +510,18 @@ impl ModelCache {
 
     /// Every array the cache holds, for evaluating them together with the logits.
     pub fn arrays(&self) -> Vec<Array> {
-        let mut out = Vec::new();
-        for layer in &self.layers {
-            match layer {
-                LayerCache::Attention(kv) => {
-                    out.extend(kv.keys.arrays().chain(kv.values.arrays()));
-                    out.extend(kv.pooled.iter().flat_map(|p| p.windows.arrays()));
-                }
-                LayerCache::Recurrent(r) => out.extend(r.state.clone()),
+        (0..self.layers.len()).flat_map(|i| self.layer_arrays(i)).collect()
+    }
+
+    /// The arrays of layer `layer`'s cache.
+    pub fn layer_arrays(&self, layer: usize) -> Vec<Array> {
+        match &self.layers[layer] {
+            LayerCache::Attention(kv) => {
+                let pooled = kv.pooled.iter().flat_map(|p| p.windows.arrays());
+                kv.keys.arrays().chain(kv.values.arrays()).chain(pooled).collect()
             }
+            LayerCache::Recurrent(r) => r.state.iter().cloned().collect(),
         }
-        out
     }
 }
 
@@ -540,6 +541,12 @@ pub fn layer_caches<'a, T>(
                 .ok_or_else(|| crate::engine::error::Error::Usage(format!("layer {layer}: cache does not belong to this model")))
         })
         .collect()
+}
+
+/// What layer `layer` of a forward call leaves behind: the hidden state `h` and every sequence's
+/// cache of that layer (for [`crate::engine::ops::Pacer`]).
+pub fn layer_outputs(h: &Array, caches: &[&mut ModelCache], layer: usize) -> Vec<Array> {
+    std::iter::once(h.clone()).chain(caches.iter().flat_map(|c| c.layer_arrays(layer))).collect()
 }
 
 impl LayerCache {

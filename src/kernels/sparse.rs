@@ -1,6 +1,7 @@
 //! InfLLM-V2 block selection and block-sparse attention: the GPU kernels (`cuda/select_blocks.cu`,
-//! `cuda/block_sparse_attention.cu` and their Metal twins) and the MLX-ops versions, which run on
-//! the CPU and are the kernels' test oracle.
+//! `cuda/block_sparse_attention.cu` and their Metal twins; `cuda/block_sparse_prefill.cu`, the
+//! tensor-core form for half-precision prefill on CUDA, has no Metal twin: Metal runs the general
+//! kernel there) and the MLX-ops versions, which run on the CPU and are the kernels' test oracle.
 //!
 //! Shapes: queries `[B, Hq, T, d]` at absolute positions `first_pos ..`, keys/values
 //! `[B, Hkv, L, d]`, level-1/level-2 compressed keys `[B, Hkv, n, d]`. The `Hq / Hkv` query heads of
@@ -411,6 +412,10 @@ fn block_sparse_attention_gpu(q: &Array, kv: &KvParts, blocks: &Array, first_pos
     let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
     let hkv = kv.keys.shape()[1];
     let nsel = blocks.shape()[3];
+    let half = matches!(q.dtype(), Dtype::Bfloat16 | Dtype::Float16);
+    if backend() == Backend::Cuda && half && t >= MMA_QUERIES && hq / hkv <= 16 && d % 32 == 0 && d <= 128 && block % 64 == 0 {
+        return block_sparse_prefill_cuda(q, kv, blocks, first_pos, block, scale);
+    }
     // Few queries (decode) split the selected blocks among thread blocks to fill the GPU; a
     // power of two keeps the number of compiled variants small.
     let nsplit = ((2 * 132) / (t * hkv)).clamp(1, 32).min(nsel.max(1)) as u32;
@@ -468,3 +473,56 @@ static MERGE_SPLITS: KernelSource = KernelSource {
     metal_body: "sala_merge_splits<T, D, NSPLIT>(partial, lse, out, int(partial_shape[0]), HQ, thread_position_in_grid.x);",
     contiguous_inputs: true,
 };
+
+/// Queries from which a half-precision call takes the tensor-core kernel: it gives each query one
+/// warp and does not split the selected blocks, which only fills the GPU with many queries.
+const MMA_QUERIES: i32 = 16;
+/// Queries (warps) per thread block of the tensor-core kernel, sharing each staged tile. H100,
+/// 2048 queries at 32K / 128K tokens: 2 → 7.8 / 8.0 ms, 4 → 7.2 / 8.0, 8 → 8.0 / 10.9 (before
+/// ldmatrix; 4 → 5.2 / 6.0 and 8 → 6.0 / 7.8 after).
+const MMA_QUERIES_PER_BLOCK: i32 = 4;
+
+static BLOCK_SPARSE_PREFILL: KernelSource = KernelSource {
+    name: "sala_block_sparse_prefill",
+    inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
+    outputs: &["out"],
+    cuda_header: include_str!("../../cuda/block_sparse_prefill.cu"),
+    cuda_body: "sala_block_sparse_attention_mma<T, D, G, BLOCK, SCALE_BITS, QPB>(\
+                q, k, v, k_recent, v_recent, blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
+                out, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);",
+    // CUDA only (mma.sync); Metal takes BLOCK_SPARSE_ATTENTION.
+    metal_header: "",
+    metal_body: "",
+    contiguous_inputs: false,
+};
+
+/// [`block_sparse_attention`] for many half-precision queries on CUDA's tensor cores
+/// (`cuda/block_sparse_prefill.cu`): the same attention, with the probabilities rounded to the
+/// model's dtype before they weight the values, as flash attention rounds them.
+fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_pos: usize, block: usize, scale: f32) -> Result<Array> {
+    let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
+    let hkv = kv.keys.shape()[1];
+    let params = shape_args(&[first_pos, kv.len, kv.settled])?;
+    let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
+    let (recent_k, recent_v) = kv.recent.unwrap_or((kv.keys, kv.values));
+    let qpb = MMA_QUERIES_PER_BLOCK;
+    let out = apply(
+        &BLOCK_SPARSE_PREFILL,
+        &[&q3, &kv.keys.contiguous()?, &kv.values.contiguous()?, &recent_k.contiguous()?, &recent_v.contiguous()?, &blocks.contiguous()?, &params],
+        Launch {
+            grid: (32 * qpb, (t + qpb - 1) / qpb, hkv),
+            threads: (32 * qpb, 1, 1),
+            outputs: vec![(vec![1, hq, t, d], q.dtype())],
+            template: vec![
+                ("T", TemplateArg::Type(q.dtype())),
+                ("D", TemplateArg::Int(d)),
+                ("G", TemplateArg::Int(hq / hkv)),
+                ("BLOCK", TemplateArg::Int(block as i32)),
+                ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
+                ("QPB", TemplateArg::Int(qpb)),
+            ],
+            init: None,
+        },
+    )?;
+    Ok(out.into_iter().next().expect("one output"))
+}

@@ -6,9 +6,10 @@
 //!   per layer:  h += α · Attn(RMSNorm(h));  h += α · MLP(RMSNorm(h))
 //!   logits = RMSNorm(h) · logit_scale · W_lmᵀ
 
-use crate::engine::cache::{layer_caches, KvCache, LayerCache, ModelCache, Window};
+use crate::engine::cache::{layer_caches, layer_outputs, KvCache, LayerCache, ModelCache, Window};
 use crate::engine::config::ConfigFile;
 use crate::engine::error::{Error, Result};
+use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::models::layers::{per_sequence, scale, Embedding, Linear, LmHead, Mlp, RmsNorm};
@@ -332,6 +333,7 @@ impl DecoderModel {
             t.record("hidden.embeddings", &h);
         }
         let residual = |branch: Array| if c.residual_scale != 1.0 { scale(&branch, c.residual_scale) } else { Ok(branch) };
+        let mut pacer = Pacer::new(tokens.size());
         for (i, layer) in self.layers.iter().enumerate().take(depth) {
             let mut kv = layer_caches(caches, i, LayerCache::as_attention)?;
             let mixed = layer.attn.forward(&layer.input_norm.forward(&h)?, &mut kv, &c.rope)?;
@@ -341,6 +343,7 @@ impl DecoderModel {
                 t.record(format!("hidden.mixer_out.{i}"), &mixed);
                 t.record(format!("hidden.layer_out.{i}"), &h);
             }
+            pacer.step(layer_outputs(&h, caches, i))?;
         }
         self.head.forward(&h, &self.embed_tokens, logits, trace)
     }

@@ -10,9 +10,10 @@
 pub mod lightning;
 pub mod sparse;
 
-use crate::engine::cache::{layer_caches, KvCache, LayerCache, ModelCache, RecurrentState};
+use crate::engine::cache::{layer_caches, layer_outputs, KvCache, LayerCache, ModelCache, RecurrentState};
 use crate::engine::config::ConfigFile;
 use crate::engine::error::{Error, Result};
+use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::models::layers::{scale, Embedding, LmHead, Mlp, RmsNorm};
@@ -290,6 +291,7 @@ impl SalaModel {
         if let Some(t) = trace.as_deref_mut() {
             t.record("hidden.embeddings", &h);
         }
+        let mut pacer = Pacer::new(tokens.size());
         for (i, layer) in self.layers.iter().enumerate().take(depth) {
             let x = layer.input_norm.forward(&h)?;
             let (o, o_proj) = match &layer.mixer {
@@ -312,6 +314,7 @@ impl SalaModel {
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("hidden.layer_out.{i}"), &h);
             }
+            pacer.step(layer_outputs(&h, caches, i))?;
         }
         self.head.forward(&h, &self.embed_tokens, logits, trace)
     }

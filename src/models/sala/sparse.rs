@@ -15,6 +15,7 @@ use super::SalaConfig;
 use crate::engine::cache::KvCache;
 use crate::engine::config::ConfigFile;
 use crate::engine::error::Result;
+use crate::engine::ops::Pacer;
 use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::sparse::{block_sparse_attention, select_blocks, BlockSelection};
@@ -174,6 +175,8 @@ impl SparseAttention {
         let scale = (q.shape()[3] as f32).powf(-0.5);
         let mut outputs = Vec::new();
         let chunk = query_chunk(self.cfg.heads, c1.shape()[2] as usize);
+        // Each query chunk's stage-1 scores take up to 512 MiB: keep two in flight, not all.
+        let mut pacer = Pacer::new(t as usize);
         let mut start = 0;
         while start < t {
             let end = (start + chunk).min(t);
@@ -184,7 +187,9 @@ impl SparseAttention {
                 tr.record(format!("sparse.layer{layer}.blocks"), &selected.blocks);
                 tr.record(format!("sparse.layer{layer}.block_scores"), &selected.scores);
             }
-            outputs.push(block_sparse_attention(&qc, &kv, &selected.blocks, first, sel.block, scale)?);
+            let o = block_sparse_attention(&qc, &kv, &selected.blocks, first, sel.block, scale)?;
+            pacer.step(vec![o.clone()])?;
+            outputs.push(o);
             start = end;
         }
         Ok(if outputs.len() == 1 { outputs.pop().unwrap() } else { ops::concatenate(&outputs, 2)? })

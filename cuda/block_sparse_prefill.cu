@@ -1,0 +1,241 @@
+// InfLLM-V2 block-sparse attention for prefill on tensor cores (bf16/f16 mma.sync, sm_80 and
+// later): the same attention as cuda/block_sparse_attention.cu. CUDA only; Metal's prefill uses
+// the general kernel. Thread block = QPB consecutive queries of one KV head, one warp each; the
+// G ≤ 16 query heads of the group are the 16 rows of the warp's mma tiles. Nearby queries select
+// mostly the same blocks (the local window and much of the top-k), so the thread block walks the
+// union of its queries' ascending block lists: each 64-token tile is staged in shared memory once
+// (rows padded by 8 elements so that ldmatrix reads without bank conflicts) and every warp whose query selected it scores it (Q·Kᵀ, float32 accumulation), keeps
+// its online softmax and adds P·V (P rounded to T, as flash attention does). Output in T,
+// [Hq, Tq, D].
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "sala_block_sparse_attention_mma needs mma.sync for bf16/f16 (compute capability 8.0 or later)"
+#endif
+
+#define SALA_MMA_TILE 64
+
+__device__ inline void sala_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, __nv_bfloat16) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ inline void sala_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, __half) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8×8 matrices of 16-bit elements from shared memory (lanes 8i .. 8i + 7 give the row
+// addresses of matrix i), transposed or not: the mma operand fragments without scalar loads.
+__device__ inline unsigned sala_shared_address(const void* p) {
+  unsigned a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+
+__device__ inline void sala_ldmatrix_x4(uint32_t (&d)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(sala_shared_address(row)));
+}
+
+__device__ inline void sala_ldmatrix_x4_trans(uint32_t (&d)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(sala_shared_address(row)));
+}
+
+// Two floats as one register of two T values (the lower index in the low half).
+__device__ inline uint32_t sala_pack(float lo, float hi, __nv_bfloat16) {
+  __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&p);
+}
+
+__device__ inline uint32_t sala_pack(float lo, float hi, __half) {
+  __half2 p = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&p);
+}
+
+template <typename T, int D, int G, int BLOCK, int SCALE_BITS, int QPB>
+__device__ void sala_block_sparse_attention_mma(
+    const T* q,              // [Hq, Tq, D]
+    const T* k,              // [Hkv, cap, D]  the cache's history: positions < settled
+    const T* v,              // [Hkv, cap, D]
+    const T* kr,             // [Hkv, rcap, D] its recent tokens: positions settled .. kv_len
+    const T* vr,             // [Hkv, rcap, D]
+    const int32_t* blocks,   // [Hkv, Tq, nsel], ascending, -1 = none
+    int first_pos, int kv_len, int settled,
+    T* out,                  // [Hq, Tq, D]
+    int Tq, int cap, int rcap, int nsel) {
+  static_assert(G <= 16 && D % 32 == 0 && BLOCK % SALA_MMA_TILE == 0, "one 16-row tile of heads");
+  constexpr int KS = D + 8;                           // padded row length (elements)
+  __shared__ __align__(16) T ks[SALA_MMA_TILE * KS];  // keys of the tile
+  __shared__ __align__(16) T vs[SALA_MMA_TILE * KS];  // its values
+  __shared__ int wanted[QPB];                         // each warp's next block
+
+  const int h = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r = lane >> 2, c = lane & 3;  // fragment row / column pair
+  const int t = blockIdx.y * QPB + warp;
+  const bool active = t < Tq;
+  const int pos = first_pos + t;
+  const int last_pos = first_pos + min(Tq - 1, (int)blockIdx.y * QPB + QPB - 1);
+  // exp2 instead of exp: scores in log2 units.
+  const float scale = __int_as_float(SCALE_BITS) * 1.4426950408889634f;
+
+  // Q as A fragments, one per 16 columns: rows r and r + 8 are heads h·G + r (+ 8).
+  uint32_t qa[D / 16][4];
+  {
+    const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q);
+    const bool lo = active && r < G, hi = active && r + 8 < G;
+    const size_t row_lo = ((size_t)(h * G + r) * Tq + t) * D, row_hi = ((size_t)(h * G + r + 8) * Tq + t) * D;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int col = 16 * kk + 2 * c;
+      qa[kk][0] = lo ? q32[(row_lo + col) / 2] : 0u;
+      qa[kk][1] = hi ? q32[(row_hi + col) / 2] : 0u;
+      qa[kk][2] = lo ? q32[(row_lo + col + 8) / 2] : 0u;
+      qa[kk][3] = hi ? q32[(row_hi + col + 8) / 2] : 0u;
+    }
+  }
+
+  float acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows r, r + 8; l per lane until the end
+
+  const int32_t* sel = blocks + ((size_t)h * Tq + (active ? t : 0)) * nsel;
+  int cursor = 0;  // the same in every lane of the warp
+  const T* kh = k + (size_t)h * cap * D;
+  const T* vh = v + (size_t)h * cap * D;
+  const T* krh = kr + (size_t)h * rcap * D;
+  const T* vrh = vr + (size_t)h * rcap * D;
+  // ldmatrix row addresses: lane 8i + j gives row j of matrix i.
+  const int mi = lane >> 3, mj = lane & 7;
+
+  while (true) {
+    // This warp's next visible block (none: INT_MAX), then the smallest over the thread block.
+    int mine = INT_MAX;
+    while (active && cursor < nsel) {
+      const int b = sel[cursor];
+      if (b >= 0 && b * BLOCK <= pos && b * BLOCK < kv_len) {
+        mine = b;
+        break;
+      }
+      ++cursor;
+    }
+    if (lane == 0) wanted[warp] = mine;
+    __syncthreads();
+    int blk = INT_MAX;
+#pragma unroll
+    for (int w = 0; w < QPB; ++w) blk = min(blk, wanted[w]);
+    if (blk == INT_MAX) break;
+    const bool take = mine == blk;
+    if (take) ++cursor;
+
+    for (int off = 0; off < BLOCK; off += SALA_MMA_TILE) {
+      const int base = blk * BLOCK + off;
+      if (base > last_pos || base >= kv_len) break;
+      __syncthreads();  // the previous tile is consumed (and `wanted` read)
+      for (int e = tid; e < SALA_MMA_TILE * D / 8; e += blockDim.x) {
+        const int j = e / (D / 8), col = (e % (D / 8)) * 8;
+        const int tok = base + j;
+        uint4 k8 = make_uint4(0, 0, 0, 0), v8 = make_uint4(0, 0, 0, 0);
+        if (tok < kv_len) {
+          const bool old = tok < settled;
+          const size_t at = (size_t)(old ? tok : tok - settled) * D + col;
+          k8 = *reinterpret_cast<const uint4*>((old ? kh : krh) + at);
+          v8 = *reinterpret_cast<const uint4*>((old ? vh : vrh) + at);
+        }
+        *reinterpret_cast<uint4*>(ks + j * KS + col) = k8;
+        *reinterpret_cast<uint4*>(vs + j * KS + col) = v8;
+      }
+      __syncthreads();
+      if (!take || base > pos) continue;
+
+      // Scores of the tile's 64 tokens: eight 8-column tiles. Matrices of one ldmatrix: tokens
+      // 8nt .. 8nt + 7 at columns 16kk, 16kk + 8, 16kk + 16, 16kk + 24 (b0, b1 of two k steps).
+      float s[SALA_MMA_TILE / 8][4];
+#pragma unroll
+      for (int nt = 0; nt < SALA_MMA_TILE / 8; ++nt) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk += 2) {
+          uint32_t b[4];
+          sala_ldmatrix_x4(b, ks + (8 * nt + mj) * KS + 16 * kk + 8 * mi);
+          sala_mma(s[nt], qa[kk], b[0], b[1], T());
+          sala_mma(s[nt], qa[kk + 1], b[2], b[3], T());
+        }
+      }
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int nt = 0; nt < SALA_MMA_TILE / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int tok = base + 8 * nt + 2 * c + (e & 1);
+          const float x = (tok <= pos && tok < kv_len) ? s[nt][e] * scale : -INFINITY;
+          s[nt][e] = x;
+          mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+      }
+      float alpha[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        const float new_m = fmaxf(m[i], mx[i]);
+        alpha[i] = new_m == -INFINITY ? 1.f : exp2f(m[i] - new_m);
+        m[i] = new_m;
+        l[i] *= alpha[i];
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        acc[n][0] *= alpha[0];
+        acc[n][1] *= alpha[0];
+        acc[n][2] *= alpha[1];
+        acc[n][3] *= alpha[1];
+      }
+      // P for 16 tokens at a time: two score tiles are one A fragment.
+#pragma unroll
+      for (int kk = 0; kk < SALA_MMA_TILE / 16; ++kk) {
+        float p[2][4];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float mm = m[e >> 1];
+            p[half][e] = mm == -INFINITY ? 0.f : exp2f(s[2 * kk + half][e] - mm);
+          }
+        }
+        l[0] += p[0][0] + p[0][1] + p[1][0] + p[1][1];
+        l[1] += p[0][2] + p[0][3] + p[1][2] + p[1][3];
+        const uint32_t pa[4] = {sala_pack(p[0][0], p[0][1], T()), sala_pack(p[0][2], p[0][3], T()),
+                                sala_pack(p[1][0], p[1][1], T()), sala_pack(p[1][2], p[1][3], T())};
+        // Values transposed on the way: tokens 16kk .. 16kk + 15 (b0, b1) of columns 8n and 8n + 8.
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          uint32_t b[4];
+          sala_ldmatrix_x4_trans(b, vs + (16 * kk + 8 * (mi & 1) + mj) * KS + 8 * n + 8 * (mi >> 1));
+          sala_mma(acc[n], pa, b[0], b[1], T());
+          sala_mma(acc[n + 1], pa, b[2], b[3], T());
+        }
+      }
+    }
+    __syncthreads();  // every warp has read `wanted` before it is written again
+  }
+
+  if (!active) return;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    const int row = r + 8 * i;
+    if (row >= G) continue;
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+    T* dst = out + ((size_t)(h * G + row) * Tq + t) * D + 2 * c;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      dst[8 * n] = static_cast<T>(acc[n][2 * i] * inv);
+      dst[8 * n + 1] = static_cast<T>(acc[n][2 * i + 1] * inv);
+    }
+  }
+}
