@@ -299,8 +299,8 @@ fn qmv_table(shapes: &[(i32, i32)], rows: &[i32], rounds: usize) {
 
 /// The pieces of one 2048-token prefill chunk of the 9B (8-bit), each as the model runs it: per
 /// layer the dequantize + matmul products, the chunked GLA of a lightning layer, and a sparse
-/// layer's block selection and block-sparse attention at 32K and 128K tokens (in query chunks of
-/// 512, as `SparseAttention` splits them there); the time of one layer and of all of its kind.
+/// layer's block selection (in query chunks as `SparseAttention` splits it) and block-sparse
+/// attention at 32K, 128K and 512K tokens; the time of one layer and of all of its kind.
 fn prefill_chunk_pieces(sel: &BlockSelection) {
     const T: i32 = 2048;
     println!("| piece (2048 tokens) | µs per layer | layers | ms per chunk |");
@@ -338,7 +338,7 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         });
         line("chunked GLA H=32 d=128", gla, 24);
     }
-    for kv_len in [32768usize, 131072] {
+    for kv_len in [32768usize, 131072, 524288] {
         let (hq, hkv, d) = (32, 2, 128);
         let first = kv_len - T as usize;
         let n1 = ((kv_len - 32) / 16 + 1) as i32;
@@ -349,16 +349,29 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         let k = randn(&[1, hkv, kv_len as i32, d], 14, Dtype::Bfloat16);
         let v = randn(&[1, hkv, kv_len as i32, d], 15, Dtype::Bfloat16);
         eval([&q, &c1, &c2, &k, &v]).unwrap();
+        // Query chunks as SparseAttention makes them: stage-1 scores within 512 MiB.
+        let qn = ((1usize << 29) / (4 * hq as usize * n1 as usize)).clamp(16, 512) as i32;
         let chunks: Vec<(Array, usize)> =
-            (0..T / 512).map(|c| (q.try_index((.., .., 512 * c..512 * (c + 1), ..)).unwrap(), first + 512 * c as usize)).collect();
+            (0..T / qn).map(|c| (q.try_index((.., .., qn * c..qn * (c + 1), ..)).unwrap(), first + (qn * c) as usize)).collect();
         let selection = time(|| chunks.iter().map(|(qc, f)| select_blocks(qc, &c1, &c2, *f, kv_len, sel, Dtype::Bfloat16).unwrap().blocks).collect());
         line(&format!("block selection at {}K", kv_len / 1024), selection, 8);
-        let blocks: Vec<Array> = chunks.iter().map(|(qc, f)| select_blocks(qc, &c1, &c2, *f, kv_len, sel, Dtype::Bfloat16).unwrap().blocks).collect();
-        eval(&blocks).unwrap();
-        let kv = KvParts::history(&k, &v, kv_len);
-        let attention = time(|| {
-            chunks.iter().zip(&blocks).map(|((qc, f), b)| block_sparse_attention(qc, &kv, b, *f, sel.block, (d as f32).powf(-0.5)).unwrap()).collect()
+        // Of which the two score products (as select_blocks makes them).
+        let products = time(|| {
+            chunks
+                .iter()
+                .flat_map(|(qc, _)| {
+                    let qg = qc.as_dtype(Dtype::Float32).unwrap().reshape(&[hkv, -1, d]).unwrap();
+                    [&c1, &c2].map(|c| qg.matmul(c.reshape(&[hkv, -1, d]).unwrap().swap_axes(1, 2).unwrap()).unwrap())
+                })
+                .collect()
         });
+        line(&format!("  of which score products at {}K", kv_len / 1024), products, 8);
+        let blocks: Vec<Array> = chunks.iter().map(|(qc, f)| select_blocks(qc, &c1, &c2, *f, kv_len, sel, Dtype::Bfloat16).unwrap().blocks).collect();
+        let blocks = ops::concatenate(&blocks, 2).unwrap();
+        eval([&blocks]).unwrap();
+        let kv = KvParts::history(&k, &v, kv_len);
+        // All queries in one call, as SparseAttention makes it.
+        let attention = time(|| vec![block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5)).unwrap()]);
         line(&format!("block-sparse attention at {}K", kv_len / 1024), attention, 8);
     }
 }
