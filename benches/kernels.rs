@@ -3,7 +3,7 @@
 //! quantized products rotate over 8 weight sets (more than the L2 cache) and report the achieved
 //! bandwidth, so compare it with the device's measured copy bandwidth.
 
-use mlx_rs::{ops, ops::indexing::TryIndexOp, random, transforms::eval, Array, Dtype};
+use mlx_rs::{ops, random, transforms::eval, Array, Dtype};
 use sala::engine::cache::{KvCache, KvParts};
 use sala::engine::device::{select, DeviceKind};
 use sala::engine::quant::{QuantFormat, QuantizedMatrix};
@@ -349,25 +349,15 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         let k = randn(&[1, hkv, kv_len as i32, d], 14, Dtype::Bfloat16);
         let v = randn(&[1, hkv, kv_len as i32, d], 15, Dtype::Bfloat16);
         eval([&q, &c1, &c2, &k, &v]).unwrap();
-        // Query chunks as SparseAttention makes them: stage-1 scores within 512 MiB.
-        let qn = ((1usize << 29) / (4 * hq as usize * n1 as usize)).clamp(16, 512) as i32;
-        let chunks: Vec<(Array, usize)> =
-            (0..T / qn).map(|c| (q.try_index((.., .., qn * c..qn * (c + 1), ..)).unwrap(), first + (qn * c) as usize)).collect();
-        let selection = time(|| chunks.iter().map(|(qc, f)| select_blocks(qc, &c1, &c2, *f, kv_len, sel, Dtype::Bfloat16).unwrap().blocks).collect());
+        // All queries in one call, as SparseAttention makes it (select_blocks chunks them itself).
+        let selection = time(|| vec![select_blocks(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap().blocks]);
         line(&format!("block selection at {}K", kv_len / 1024), selection, 8);
-        // Of which the two score products (as select_blocks makes them).
-        let products = time(|| {
-            chunks
-                .iter()
-                .flat_map(|(qc, _)| {
-                    let qg = qc.as_dtype(Dtype::Float32).unwrap().reshape(&[hkv, -1, d]).unwrap();
-                    [&c1, &c2].map(|c| qg.matmul(c.reshape(&[hkv, -1, d]).unwrap().swap_axes(1, 2).unwrap()).unwrap())
-                })
-                .collect()
-        });
-        line(&format!("  of which score products at {}K", kv_len / 1024), products, 8);
-        let blocks: Vec<Array> = chunks.iter().map(|(qc, f)| select_blocks(qc, &c1, &c2, *f, kv_len, sel, Dtype::Bfloat16).unwrap().blocks).collect();
-        let blocks = ops::concatenate(&blocks, 2).unwrap();
+        // The same with float32 queries: the score products by MLX, then the selection kernel
+        // (the form before the tensor-core stage 1; half-precision queries took it too).
+        let q32 = q.as_dtype(Dtype::Float32).unwrap();
+        let general = time(|| vec![select_blocks(&q32, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap().blocks]);
+        line(&format!("  float32 queries (products + kernel) at {}K", kv_len / 1024), general, 8);
+        let blocks = select_blocks(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap().blocks;
         eval([&blocks]).unwrap();
         let kv = KvParts::history(&k, &v, kv_len);
         // All queries in one call, as SparseAttention makes it.

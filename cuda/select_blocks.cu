@@ -169,8 +169,10 @@ __device__ void sala_select_windows(const float* l1, const float* l2, int first_
       l1, lse, h, 0, 1, n1, n2, first_pos, scale, window_scores, w0, min(n1, w0 + CHUNK));
 }
 
-// Decode, part 2: pooling and top-k of one query, KV head blockIdx.z.
+// Part 2 (decode, and prefill after sala_select_windows_mma): pooling and top-k of query
+// blockIdx.y, KV head blockIdx.z.
 template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK>
 __device__ void sala_select_topk(const float* window_scores, int first_pos, int nb, int32_t* blocks, float* scores, int n1) {
-  sala_select_pool_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK>(window_scores, blockIdx.z, 0, 1, n1, nb, first_pos, blocks, scores);
+  sala_select_pool_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK>(
+      window_scores, blockIdx.z, blockIdx.y, gridDim.y, n1, nb, first_pos + blockIdx.y, blocks, scores);
 }

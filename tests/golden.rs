@@ -165,7 +165,7 @@ fn run_case(case: &str, dt: &str) {
     for &l in &sparse_layers {
         let want = &exp[&key(&format!("sparse.layer{l}.prefill_topk_idx"))];
         let k = want.shape[2];
-        // Recorded per query chunk as [1, Hkv, t, K]: put the chunks side by side per head.
+        // Recorded per forward call as [1, Hkv, t, K]: put the calls side by side per head.
         let chunks: Vec<Array> = trace.all(&format!("sparse.layer{l}.blocks")).into_iter().cloned().collect();
         assert!(!chunks.is_empty(), "layer {l}: no sparse path ran");
         let got = to_vec_i32(&mlx_rs::ops::concatenate(&chunks, 2).unwrap()).unwrap();

@@ -259,6 +259,24 @@ fn block_selection_kernel_matches_mlx() {
         let (gb, wb) = (to_vec_i32(&got.blocks).unwrap(), to_vec_i32(&want.blocks).unwrap());
         let same = gb.iter().zip(&wb).filter(|(a, b)| a == b).count();
         assert!(same as f64 >= 0.999 * wb.len() as f64, "case {i}: bf16 blocks agree on {same} of {}", wb.len());
+        // Half-precision queries: many of them take the tensor-core stage 1 on CUDA (products
+        // float32-accurate, summed in another order than the oracle's).
+        for qdtype in [Dtype::Bfloat16, Dtype::Float16] {
+            let qh = q.as_dtype(qdtype).unwrap();
+            for score_dtype in [Dtype::Float32, Dtype::Bfloat16] {
+                let got = select_blocks(&qh, &c1, &c2, first, kv_len, &sel, score_dtype).unwrap();
+                let want = select_blocks_mlx(&qh, &c1, &c2, first, kv_len, &sel, score_dtype).unwrap();
+                let (gb, wb) = (to_vec_i32(&got.blocks).unwrap(), to_vec_i32(&want.blocks).unwrap());
+                let same = gb.iter().zip(&wb).filter(|(a, b)| a == b).count();
+                assert!(same as f64 >= 0.999 * wb.len() as f64, "case {i} {qdtype:?}/{score_dtype:?}: blocks agree on {same} of {}", wb.len());
+                if score_dtype == Dtype::Float32 {
+                    let (gs, ws) = (to_vec_f32(&got.scores).unwrap(), to_vec_f32(&want.scores).unwrap());
+                    for (j, (g, w)) in gs.iter().zip(&ws).enumerate() {
+                        assert!(g == w || (g - w).abs() <= 1e-3 * w.abs().max(1e-3), "case {i} {qdtype:?}: score {j}: {g} vs {w}");
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 
 use super::custom::{apply, backend, shape_args, Backend, KernelSource, Launch, TemplateArg};
 use crate::engine::cache::KvParts;
-use crate::engine::ops::{arange_i32, scalar};
+use crate::engine::ops::{arange_i32, scalar, Pacer};
 use mlx_rs::{error::Result, ops, ops::indexing::{IntoStrideBy, TryIndexOp}, Array, Dtype};
 
 /// Geometry of the block selection.
@@ -41,6 +41,9 @@ pub struct Selected {
 
 /// Stage 1 (compressed-key relevance with the level-2 LSE), max-pooling to blocks, forced init
 /// and local blocks, and the per-group top-k (exact ties: the lower block index wins).
+/// Queries are taken in chunks whose working memory stays within 512 MiB (the float32 stage-1
+/// scores of every query head and level-1 window; only the window scores per KV head for the
+/// tensor-core form), at most two chunks in flight.
 pub fn select_blocks(
     q: &Array,
     c1: &Array,
@@ -50,10 +53,43 @@ pub fn select_blocks(
     sel: &BlockSelection,
     score_dtype: Dtype,
 ) -> Result<Selected> {
-    if backend() == Backend::Cpu || q.shape()[0] != 1 {
-        return select_blocks_mlx(q, c1, c2, first_pos, kv_len, sel, score_dtype);
+    let (hq, t) = (q.shape()[1], q.shape()[2]);
+    let (hkv, n1) = (c1.shape()[1] as usize, c1.shape()[2] as usize);
+    let rows = if fused_stage1(q, hkv as i32, t) { hkv } else { hq as usize };
+    let chunk = ((1usize << 29) / (4 * rows * n1.max(1))).clamp(16, 4096) as i32;
+    let one = |q: &Array, first_pos: usize| {
+        if backend() == Backend::Cpu || q.shape()[0] != 1 {
+            select_blocks_mlx(q, c1, c2, first_pos, kv_len, sel, score_dtype)
+        } else {
+            select_blocks_gpu(q, c1, c2, first_pos, kv_len, sel, score_dtype)
+        }
+    };
+    if t <= chunk {
+        return one(q, first_pos);
     }
-    select_blocks_gpu(q, c1, c2, first_pos, kv_len, sel, score_dtype)
+    let mut pacer = Pacer::new(t as usize);
+    let (mut blocks, mut scores) = (Vec::new(), Vec::new());
+    for start in (0..t).step_by(chunk as usize) {
+        let end = (start + chunk).min(t);
+        let part = one(&q.try_index((.., .., start..end, ..))?, first_pos + start as usize)?;
+        pacer.step(vec![part.blocks.clone(), part.scores.clone()]).map_err(|e| mlx_rs::error::Exception::custom(e.to_string()))?;
+        blocks.push(part.blocks);
+        scores.push(part.scores);
+    }
+    Ok(Selected { blocks: ops::concatenate(&blocks, 2)?, scores: ops::concatenate(&scores, 2)? })
+}
+
+/// Whether the selection of `t` queries takes the tensor-core stage 1 (`cuda/select_prefill.cu`):
+/// CUDA, bf16 queries, many of them, at most 16 query heads per KV head.
+fn fused_stage1(q: &Array, hkv: i32, t: i32) -> bool {
+    let (hq, d) = (q.shape()[1], q.shape()[3]);
+    backend() == Backend::Cuda
+        && q.shape()[0] == 1
+        && q.dtype() == Dtype::Bfloat16
+        && t >= MMA_QUERIES
+        && hq / hkv <= 16
+        && d % 32 == 0
+        && d <= 128
 }
 
 /// The MLX-ops version of [`select_blocks`].
@@ -303,6 +339,9 @@ fn select_blocks_gpu(
     let hkv = c1.shape()[1];
     let g = hq / hkv;
     let scale_bits = (d as f32).powf(-0.5).to_bits() as i32;
+    if fused_stage1(q, hkv, t) {
+        return select_blocks_fused(q, c1, c2, first_pos, kv_len, sel, score_dtype);
+    }
     // Both score products as batched matrix products, one per KV group: [Hkv, G·T, n] (the
     // kernel applies the scale). The pooled keys are float32 already (see KvCache::pooled_keys).
     let qg = q.as_dtype(Dtype::Float32)?.reshape(&[hkv, g * t, d])?;
@@ -539,4 +578,88 @@ fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_pos:
         },
     )?;
     Ok(out.into_iter().next().expect("one output"))
+}
+
+static SELECT_WINDOWS_MMA: KernelSource = KernelSource {
+    name: "sala_select_windows_mma",
+    inputs: &["q", "c1", "c2", "params"],
+    outputs: &["window_scores"],
+    cuda_header: concat!(
+        include_str!("../../cuda/select_blocks.cu"),
+        include_str!("../../cuda/block_sparse_prefill.cu"),
+        include_str!("../../cuda/select_prefill.cu")
+    ),
+    cuda_body: "sala_select_windows_mma<R, D, G, KERNEL, STRIDE, KERNEL2, STRIDE2, SCALE_BITS, QPB>(\
+                q, c1, c2, params_shape[0] - 1, window_scores, q_shape[1], c1_shape[1], c2_shape[1]);",
+    // CUDA only (mma.sync); Metal takes SELECT_BLOCKS.
+    metal_header: "",
+    metal_body: "",
+    contiguous_inputs: false,
+};
+
+/// [`select_blocks_gpu`] for many bf16 queries on CUDA: the window scores on tensor cores
+/// straight from the pooled keys (no float32 score matrices; products with ≈ 2⁻¹⁷ relative error,
+/// see `cuda/select_prefill.cu`), then the pooling and top-k kernel, one thread block per query.
+fn select_blocks_fused(
+    q: &Array,
+    c1: &Array,
+    c2: &Array,
+    first_pos: usize,
+    kv_len: usize,
+    sel: &BlockSelection,
+    score_dtype: Dtype,
+) -> Result<Selected> {
+    let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
+    let hkv = c1.shape()[1];
+    let n1 = c1.shape()[2];
+    let nb = kv_len.div_ceil(sel.block) as i32;
+    let int = |v: usize| TemplateArg::Int(v as i32);
+    let qpb = MMA_QUERIES_PER_BLOCK;
+    let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
+    let flat = |c: &Array| -> Result<Array> { c.as_dtype(Dtype::Float32)?.reshape(&[hkv, -1, d])?.contiguous() };
+    let params = shape_args(&[first_pos, nb as usize])?;
+    let window_scores = apply(
+        &SELECT_WINDOWS_MMA,
+        &[&q3, &flat(c1)?, &flat(c2)?, &params],
+        Launch {
+            grid: (32 * qpb, (t + qpb - 1) / qpb, hkv),
+            threads: (32 * qpb, 1, 1),
+            outputs: vec![(vec![hkv, t, n1], Dtype::Float32)],
+            template: vec![
+                ("R", TemplateArg::Type(score_dtype)),
+                ("D", TemplateArg::Int(d)),
+                ("G", TemplateArg::Int(hq / hkv)),
+                ("KERNEL", int(sel.kernel)),
+                ("STRIDE", int(sel.stride)),
+                ("KERNEL2", int(sel.kernel2)),
+                ("STRIDE2", int(sel.stride2)),
+                ("SCALE_BITS", TemplateArg::Int((d as f32).powf(-0.5).to_bits() as i32)),
+                ("QPB", TemplateArg::Int(qpb)),
+            ],
+            init: None,
+        },
+    )?
+    .into_iter()
+    .next()
+    .expect("one output");
+    let out = apply(
+        &SELECT_TOPK,
+        &[&window_scores, &params],
+        Launch {
+            grid: (THREADS, t, hkv),
+            threads: (THREADS, 1, 1),
+            outputs: vec![(vec![1, hkv, t, sel.topk as i32], Dtype::Int32), (vec![1, hkv, t, nb], Dtype::Float32)],
+            template: vec![
+                ("KERNEL", int(sel.kernel)),
+                ("STRIDE", int(sel.stride)),
+                ("BLOCK", int(sel.block)),
+                ("INIT", int(sel.init_blocks)),
+                ("LOCAL", int(sel.local_blocks)),
+                ("TOPK", int(sel.topk)),
+            ],
+            init: None,
+        },
+    )?;
+    let mut out = out.into_iter();
+    Ok(Selected { blocks: out.next().expect("2 outputs"), scores: out.next().expect("2 outputs") })
 }

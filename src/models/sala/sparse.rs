@@ -15,21 +15,14 @@ use super::SalaConfig;
 use crate::engine::cache::KvCache;
 use crate::engine::config::ConfigFile;
 use crate::engine::error::Result;
-use crate::engine::ops::Pacer;
 use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::sparse::{block_sparse_attention, select_blocks, BlockSelection};
 use crate::models::layers::{per_sequence, sigmoid_gate, Linear, QkvGate};
-use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, ops, ops::indexing::TryIndexOp, Array, Dtype};
+use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, Array, Dtype};
 
 /// The level-2 compressed keys use 4× the level-1 window and stride (hard-coded in the reference).
 const LEVEL2_FACTOR: usize = 4;
-/// Queries handled together in the sparse path: at most 512, fewer at long contexts so that the
-/// stage-1 scores (query heads × queries × level-1 windows, float32) stay within 512 MiB.
-fn query_chunk(heads: usize, windows: usize) -> i32 {
-    ((1usize << 29) / (4 * heads * windows.max(1))).clamp(16, 512) as i32
-}
-
 #[derive(Debug, Clone)]
 pub struct SparseConfig {
     pub heads: usize,
@@ -161,7 +154,7 @@ impl SparseAttention {
         cache: &mut KvCache,
         past: usize,
         layer: usize,
-        mut trace: Option<&mut Trace>,
+        trace: Option<&mut Trace>,
     ) -> Result<Array> {
         let sel = &self.cfg.selection;
         let c1 = cache.pooled_keys(sel.kernel, sel.stride)?;
@@ -171,28 +164,14 @@ impl SparseAttention {
         };
         let kv = cache.parts()?.expect("keys were just appended");
         let kv_len = kv.len;
-        let t = q.shape()[2];
         let scale = (q.shape()[3] as f32).powf(-0.5);
-        // Selection in query chunks (its stage-1 scores grow with the context), attention for all
-        // queries in one call (at 512K tokens, 128-query calls left the GPU half idle).
-        let chunk = query_chunk(self.cfg.heads, c1.shape()[2] as usize);
-        // Each query chunk's stage-1 scores take up to 512 MiB: keep two in flight, not all.
-        let mut pacer = Pacer::new(t as usize);
-        let mut blocks = Vec::new();
-        let mut start = 0;
-        while start < t {
-            let end = (start + chunk).min(t);
-            let qc = q.try_index((.., .., start..end, ..))?;
-            let selected = select_blocks(&qc, &c1, &c2, past + start as usize, kv_len, sel, q.dtype())?;
-            if let Some(tr) = trace.as_deref_mut() {
-                tr.record(format!("sparse.layer{layer}.blocks"), &selected.blocks);
-                tr.record(format!("sparse.layer{layer}.block_scores"), &selected.scores);
-            }
-            pacer.step(vec![selected.blocks.clone()])?;
-            blocks.push(selected.blocks);
-            start = end;
+        // One call each for all queries (select_blocks bounds its own working memory; attention
+        // calls of few queries at a time had left the GPU half idle at 512K tokens).
+        let selected = select_blocks(q, &c1, &c2, past, kv_len, sel, q.dtype())?;
+        if let Some(tr) = trace {
+            tr.record(format!("sparse.layer{layer}.blocks"), &selected.blocks);
+            tr.record(format!("sparse.layer{layer}.block_scores"), &selected.scores);
         }
-        let blocks = if blocks.len() == 1 { blocks.pop().unwrap() } else { ops::concatenate(&blocks, 2)? };
-        Ok(block_sparse_attention(q, &kv, &blocks, past, sel.block, scale)?)
+        Ok(block_sparse_attention(q, &kv, &selected.blocks, past, sel.block, scale)?)
     }
 }
