@@ -1,7 +1,8 @@
 //! InfLLM-V2 block selection and block-sparse attention: the GPU kernels (`cuda/select_blocks.cu`,
-//! `cuda/block_sparse_attention.cu` and their Metal twins; `cuda/block_sparse_prefill.cu`, the
-//! tensor-core form for half-precision prefill on CUDA, has no Metal twin: Metal runs the general
-//! kernel there) and the MLX-ops versions, which run on the CPU and are the kernels' test oracle.
+//! `cuda/block_sparse_attention.cu` and their Metal twins; `cuda/select_prefill.cu` and
+//! `cuda/block_sparse_prefill.cu`, the tensor-core forms for prefill on CUDA, have no Metal twins:
+//! Metal runs the general kernels there) and the MLX-ops versions, which run on the CPU and are the
+//! kernels' test oracle.
 //!
 //! Shapes: queries `[B, Hq, T, d]` at absolute positions `first_pos ..`, keys/values
 //! `[B, Hkv, L, d]`, level-1/level-2 compressed keys `[B, Hkv, n, d]`. The `Hq / Hkv` query heads of
