@@ -1,6 +1,7 @@
 #!/bin/bash
 # The GPU kernels on the lent GPU: correctness against their MLX-ops versions (tests/gpu_kernels.rs),
-# kernel timings next to MLX's (benches/kernels.rs; `kernels qmv`: the decode GEMV per 9B shape),
+# kernel timings next to MLX's (benches/kernels.rs; `kernels qmv`: the decode GEMV per 9B shape,
+# `kernels prefill`: the pieces of a prefill chunk),
 # then the synthetic 9B with kernels on and off.
 # Binaries built on the CPU machine (SALA_OPENBLAS=off) and carried in $BIN; the MLX-CUDA runtime
 # from ../shared/tools/mlx-cuda-bundle in $MLX_BUNDLE.
@@ -13,6 +14,8 @@ MLX_ENABLE_TF32=0 $BIN/gpu_kernels --test-threads=1 2>&1 | tee $OUT/gpu_kernels.
 $BIN/kernels 2>&1 | tee $OUT/kernels.md
 # The decode GEMV alone on every matrix shape of a 9B decode step (achieved bandwidth per shape).
 $BIN/kernels qmv 2>&1 | tee $OUT/kernels-qmv.md
+# The pieces of one 2048-token prefill chunk at 32K / 128K / 512K tokens of context.
+$BIN/kernels prefill 2>&1 | tee $OUT/kernels-prefill.md
 [ "${KERNELS_ONLY:-0}" = 1 ] && exit 0
 for kernels in on off; do
   echo "== kernels $kernels"

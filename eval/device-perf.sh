@@ -17,7 +17,7 @@ bench minicpm-sala-9b --bits 4 -p 0 -n 64 -d 4096
 python3 eval/mlx_lm_baseline.py eval/synthetic/qwen3-8b.json 8 $CONTEXTS $OUT/mlx_lm.csv 2>&1 | grep -v Warning
 # Batched decode: aggregate tok/s of 8 sequences against one (target ≥ 5×).
 bench minicpm-sala-9b --bits 8 -p 0 -n 64 -d 4096 --n-seq 1,8
-# LONG=1: the 1M-token prompt (≥ 2 × 4 minutes: bench warms up with a full run first), on a copy
+# LONG=1: the 1M-token prompt (2 × 2.7 minutes at 8a59644: bench warms up with a full run first), on a copy
 # of the 9B config allowing 1,048,576 positions.
 if [ "${LONG:-0}" = 1 ]; then
   python3 -c "import json; c = json.load(open('eval/synthetic/minicpm-sala-9b.json')); c['max_position_embeddings'] = 1048576; json.dump(c, open('$OUT/minicpm-sala-9b-1m.json', 'w'))"
