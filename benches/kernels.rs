@@ -299,8 +299,8 @@ fn qmv_table(shapes: &[(i32, i32)], rows: &[i32], rounds: usize) {
 
 /// The pieces of one 2048-token prefill chunk of the 9B (8-bit), each as the model runs it: per
 /// layer the dequantize + matmul products, the chunked GLA of a lightning layer, and a sparse
-/// layer's block selection (in query chunks as `SparseAttention` splits it) and block-sparse
-/// attention at 32K, 128K and 512K tokens; the time of one layer and of all of its kind.
+/// layer's block selection and block-sparse attention (one call each for all 2048 queries) at
+/// 32K, 128K and 512K tokens; the time of one layer and of all of its kind.
 fn prefill_chunk_pieces(sel: &BlockSelection) {
     const T: i32 = 2048;
     println!("| piece (2048 tokens) | µs per layer | layers | ms per chunk |");

@@ -73,7 +73,7 @@ pub fn select_blocks(
     for start in (0..t).step_by(chunk as usize) {
         let end = (start + chunk).min(t);
         let part = one(&q.try_index((.., .., start..end, ..))?, first_pos + start as usize)?;
-        pacer.step(vec![part.blocks.clone(), part.scores.clone()]).map_err(|e| mlx_rs::error::Exception::custom(e.to_string()))?;
+        pacer.step(vec![part.blocks.clone(), part.scores.clone()])?;
         blocks.push(part.blocks);
         scores.push(part.scores);
     }
@@ -427,14 +427,29 @@ fn select_blocks_decode(
     .into_iter()
     .next()
     .expect("one output");
+    pool_topk(&window_scores, params, nb, sel)
+}
+
+/// Pooling and top-k from the window scores `[Hkv, T, n1]` (`sala_select_topk`, one thread block
+/// per query and KV head): the second kernel of both split forms.
+fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelection) -> Result<Selected> {
+    let (hkv, t) = (window_scores.shape()[0], window_scores.shape()[1]);
+    let int = |v: usize| TemplateArg::Int(v as i32);
     let out = apply(
         &SELECT_TOPK,
-        &[&window_scores, params],
+        &[window_scores, params],
         Launch {
-            grid: (THREADS, 1, hkv),
+            grid: (THREADS, t, hkv),
             threads: (THREADS, 1, 1),
-            outputs: vec![(vec![1, hkv, 1, sel.topk as i32], Dtype::Int32), (vec![1, hkv, 1, nb], Dtype::Float32)],
-            template: pick(&["KERNEL", "STRIDE", "BLOCK", "INIT", "LOCAL", "TOPK"]),
+            outputs: vec![(vec![1, hkv, t, sel.topk as i32], Dtype::Int32), (vec![1, hkv, t, nb], Dtype::Float32)],
+            template: vec![
+                ("KERNEL", int(sel.kernel)),
+                ("STRIDE", int(sel.stride)),
+                ("BLOCK", int(sel.block)),
+                ("INIT", int(sel.init_blocks)),
+                ("LOCAL", int(sel.local_blocks)),
+                ("TOPK", int(sel.topk)),
+            ],
             init: None,
         },
     )?;
@@ -643,24 +658,5 @@ fn select_blocks_fused(
     .into_iter()
     .next()
     .expect("one output");
-    let out = apply(
-        &SELECT_TOPK,
-        &[&window_scores, &params],
-        Launch {
-            grid: (THREADS, t, hkv),
-            threads: (THREADS, 1, 1),
-            outputs: vec![(vec![1, hkv, t, sel.topk as i32], Dtype::Int32), (vec![1, hkv, t, nb], Dtype::Float32)],
-            template: vec![
-                ("KERNEL", int(sel.kernel)),
-                ("STRIDE", int(sel.stride)),
-                ("BLOCK", int(sel.block)),
-                ("INIT", int(sel.init_blocks)),
-                ("LOCAL", int(sel.local_blocks)),
-                ("TOPK", int(sel.topk)),
-            ],
-            init: None,
-        },
-    )?;
-    let mut out = out.into_iter();
-    Ok(Selected { blocks: out.next().expect("2 outputs"), scores: out.next().expect("2 outputs") })
+    pool_topk(&window_scores, &params, nb, sel)
 }
