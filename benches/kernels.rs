@@ -119,10 +119,8 @@ fn main() {
         let k = randn(&[1, hkv, kv_len as i32, d], 14, Dtype::Bfloat16);
         let v = randn(&[1, hkv, kv_len as i32, d], 15, Dtype::Bfloat16);
         eval([&q, &c1, &c2, &k, &v]).unwrap();
-        // 8 layers' worth per evaluation, as in one decode step of the 9B.
-        let c1 = c1.as_dtype(Dtype::Float32).unwrap();
-        let c2 = c2.as_dtype(Dtype::Float32).unwrap();
-        eval([&c1, &c2]).unwrap();
+        // 8 layers' worth per evaluation, as in one decode step of the 9B (bf16 pooled keys, as
+        // the cache keeps them).
         let kern = time(|| (0..8).map(|_| select_blocks(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap().blocks).collect()) / 8.0;
         let mlx = time(|| (0..8).map(|_| select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap().blocks).collect()) / 8.0;
         row(&format!("block selection L={kv_len} T={t} (×8)"), kern, mlx, "");
@@ -300,7 +298,7 @@ fn qmv_table(shapes: &[(i32, i32)], rows: &[i32], rounds: usize) {
 /// The pieces of one 2048-token prefill chunk of the 9B (8-bit), each as the model runs it: per
 /// layer the dequantize + matmul products, the chunked GLA of a lightning layer, and a sparse
 /// layer's block selection and block-sparse attention (one call each for all 2048 queries) at
-/// 32K, 128K and 512K tokens; the time of one layer and of all of its kind.
+/// 32K, 128K, 512K and 1M tokens; the time of one layer and of all of its kind.
 fn prefill_chunk_pieces(sel: &BlockSelection) {
     const T: i32 = 2048;
     println!("| piece (2048 tokens) | µs per layer | layers | ms per chunk |");
@@ -338,22 +336,27 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         });
         line("chunked GLA H=32 d=128", gla, 24);
     }
-    for kv_len in [32768usize, 131072, 524288] {
+    for kv_len in [32768usize, 131072, 524288, 1048576] {
         let (hq, hkv, d) = (32, 2, 128);
         let first = kv_len - T as usize;
         let n1 = ((kv_len - 32) / 16 + 1) as i32;
         let n2 = ((kv_len - 128) / 64 + 1) as i32;
         let q = randn(&[1, hq, T, d], 11, Dtype::Bfloat16);
-        let c1 = randn(&[1, hkv, n1, d], 12, Dtype::Float32);
-        let c2 = randn(&[1, hkv, n2, d], 13, Dtype::Float32);
+        let c1 = randn(&[1, hkv, n1, d], 12, Dtype::Bfloat16);
+        let c2 = randn(&[1, hkv, n2, d], 13, Dtype::Bfloat16);
         let k = randn(&[1, hkv, kv_len as i32, d], 14, Dtype::Bfloat16);
         let v = randn(&[1, hkv, kv_len as i32, d], 15, Dtype::Bfloat16);
         eval([&q, &c1, &c2, &k, &v]).unwrap();
         // All queries in one call, as SparseAttention makes it (select_blocks chunks them itself).
         let selection = time(|| vec![select_blocks(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap().blocks]);
         line(&format!("block selection at {}K", kv_len / 1024), selection, 8);
-        // The same with float32 queries: the score products by MLX, then the selection kernel
-        // (the form before the tensor-core stage 1; half-precision queries took it too).
+        // The same from float32 pooled keys (staged as bf16 hi + lo, two products each).
+        let (c1f, c2f) = (c1.as_dtype(Dtype::Float32).unwrap(), c2.as_dtype(Dtype::Float32).unwrap());
+        eval([&c1f, &c2f]).unwrap();
+        let split = time(|| vec![select_blocks(&q, &c1f, &c2f, first, kv_len, sel, Dtype::Bfloat16).unwrap().blocks]);
+        line(&format!("  from float32 pooled keys at {}K", kv_len / 1024), split, 8);
+        // With float32 queries: the score products by MLX, then the selection kernel (the form
+        // before the tensor-core stage 1).
         let q32 = q.as_dtype(Dtype::Float32).unwrap();
         let general = time(|| vec![select_blocks(&q32, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap().blocks]);
         line(&format!("  float32 queries (products + kernel) at {}K", kv_len / 1024), general, 8);

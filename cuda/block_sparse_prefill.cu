@@ -3,13 +3,14 @@
 // the general kernel. Thread block = QPB consecutive queries of one KV head, one warp each; the
 // G ≤ 16 query heads of the group are the 16 rows of the warp's mma tiles. Nearby queries select
 // mostly the same blocks (the local window and much of the top-k), so the thread block walks the
-// union of its queries' ascending block lists: each 64-token tile is staged in shared memory once
-// (rows padded by 8 elements so that ldmatrix reads without bank conflicts) and every warp whose query selected it scores it (Q·Kᵀ, float32 accumulation), keeps
-// its online softmax and adds P·V (P rounded to T, as flash attention does). Output in T,
-// [Hq, Tq, D].
+// union of its queries' ascending block lists (64-token blocks): each block's keys and values are
+// copied to shared memory once, asynchronously (rows padded by 8 elements so that ldmatrix reads
+// without bank conflicts; the next block's keys load while this one's values are used), and every
+// warp whose query selected it scores it (Q·Kᵀ, float32 accumulation), keeps its online softmax
+// and adds P·V (P rounded to T, as flash attention does). Output in T, [Hq, Tq, D].
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "sala_block_sparse_attention_mma needs mma.sync for bf16/f16 (compute capability 8.0 or later)"
+#error "sala_block_sparse_attention_mma needs mma.sync for bf16/f16 and cp.async (compute capability 8.0 or later)"
 #endif
 
 #define SALA_MMA_TILE 64
@@ -34,6 +35,12 @@ __device__ inline unsigned sala_shared_address(const void* p) {
   return a;
 }
 
+// 16 bytes global → shared without passing through registers; src-size 0 writes zeros and
+// reads nothing.
+__device__ inline void sala_cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sala_shared_address(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+
 __device__ inline void sala_ldmatrix_x4(uint32_t (&d)[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(sala_shared_address(row)));
@@ -55,6 +62,24 @@ __device__ inline uint32_t sala_pack(float lo, float hi, __half) {
   return *reinterpret_cast<uint32_t*>(&p);
 }
 
+// Query t's G ≤ 16 heads of KV head h from q [Hq, Tq, D] as mma A fragments, one per 16
+// columns: rows r and r + 8 of the tile are heads h·G + r (+ 8), zero past G or when inactive.
+template <int D, int G, typename T>
+__device__ inline void sala_load_query_heads(uint32_t (&qa)[D / 16][4], const T* q, int h, int t, int Tq, bool active, int lane) {
+  const int r = lane >> 2, c = lane & 3;
+  const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q);
+  const bool lo = active && r < G, hi = active && r + 8 < G;
+  const size_t row_lo = ((size_t)(h * G + r) * Tq + t) * D, row_hi = ((size_t)(h * G + r + 8) * Tq + t) * D;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int col = 16 * kk + 2 * c;
+    qa[kk][0] = lo ? q32[(row_lo + col) / 2] : 0u;
+    qa[kk][1] = hi ? q32[(row_hi + col) / 2] : 0u;
+    qa[kk][2] = lo ? q32[(row_lo + col + 8) / 2] : 0u;
+    qa[kk][3] = hi ? q32[(row_hi + col + 8) / 2] : 0u;
+  }
+}
+
 template <typename T, int D, int G, int BLOCK, int SCALE_BITS, int QPB>
 __device__ void sala_block_sparse_attention_mma(
     const T* q,              // [Hq, Tq, D]
@@ -66,7 +91,8 @@ __device__ void sala_block_sparse_attention_mma(
     int first_pos, int kv_len, int settled,
     T* out,                  // [Hq, Tq, D]
     int Tq, int cap, int rcap, int nsel) {
-  static_assert(G <= 16 && D % 32 == 0 && BLOCK % SALA_MMA_TILE == 0, "one 16-row tile of heads");
+  static_assert(G <= 16 && D % 32 == 0, "one 16-row tile of heads");
+  static_assert(BLOCK == SALA_MMA_TILE, "one tile per block");
   constexpr int KS = D + 8;                           // padded row length (elements)
   __shared__ __align__(16) T ks[SALA_MMA_TILE * KS];  // keys of the tile
   __shared__ __align__(16) T vs[SALA_MMA_TILE * KS];  // its values
@@ -78,25 +104,11 @@ __device__ void sala_block_sparse_attention_mma(
   const int t = blockIdx.y * QPB + warp;
   const bool active = t < Tq;
   const int pos = first_pos + t;
-  const int last_pos = first_pos + min(Tq - 1, (int)blockIdx.y * QPB + QPB - 1);
   // exp2 instead of exp: scores in log2 units.
   const float scale = __int_as_float(SCALE_BITS) * 1.4426950408889634f;
 
-  // Q as A fragments, one per 16 columns: rows r and r + 8 are heads h·G + r (+ 8).
   uint32_t qa[D / 16][4];
-  {
-    const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q);
-    const bool lo = active && r < G, hi = active && r + 8 < G;
-    const size_t row_lo = ((size_t)(h * G + r) * Tq + t) * D, row_hi = ((size_t)(h * G + r + 8) * Tq + t) * D;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int col = 16 * kk + 2 * c;
-      qa[kk][0] = lo ? q32[(row_lo + col) / 2] : 0u;
-      qa[kk][1] = hi ? q32[(row_hi + col) / 2] : 0u;
-      qa[kk][2] = lo ? q32[(row_lo + col + 8) / 2] : 0u;
-      qa[kk][3] = hi ? q32[(row_hi + col + 8) / 2] : 0u;
-    }
-  }
+  sala_load_query_heads<D, G>(qa, q, h, t, Tq, active, lane);
 
   float acc[D / 8][4];
 #pragma unroll
@@ -112,49 +124,65 @@ __device__ void sala_block_sparse_attention_mma(
   // ldmatrix row addresses: lane 8i + j gives row j of matrix i.
   const int mi = lane >> 3, mj = lane & 7;
 
-  while (true) {
-    // This warp's next visible block (none: INT_MAX), then the smallest over the thread block.
-    int mine = INT_MAX;
+  // This warp's next visible block from its cursor (INT_MAX: none).
+  auto next_block = [&]() {
     while (active && cursor < nsel) {
       const int b = sel[cursor];
-      if (b >= 0 && b * BLOCK <= pos && b * BLOCK < kv_len) {
-        mine = b;
-        break;
-      }
+      if (b >= 0 && b * SALA_MMA_TILE <= pos && b * SALA_MMA_TILE < kv_len) return b;
       ++cursor;
     }
+    return (int)INT_MAX;
+  };
+  // The smallest of the warps' next blocks (every thread calls it; `wanted` is written again only
+  // after later barriers).
+  auto smallest = [&](int mine) {
     if (lane == 0) wanted[warp] = mine;
     __syncthreads();
-    int blk = INT_MAX;
+    int b = INT_MAX;
 #pragma unroll
-    for (int w = 0; w < QPB; ++w) blk = min(blk, wanted[w]);
-    if (blk == INT_MAX) break;
+    for (int w = 0; w < QPB; ++w) b = min(b, wanted[w]);
+    return b;
+  };
+  // Block b's 64 keys or values into `dst` asynchronously (zeros past kv_len), one commit group.
+  auto stage = [&](T* dst, const T* history, const T* recent, int b) {
+    constexpr int CHUNKS = SALA_MMA_TILE * D / 8;  // 16-byte pieces
+    static_assert(CHUNKS % (32 * QPB) == 0, "whole pieces per thread");
+#pragma unroll 1  // the copies do not wait: unrolling would only hold more addresses in registers
+    for (int i = 0; i < CHUNKS / (32 * QPB); ++i) {
+      const int e = i * 32 * QPB + tid, j = e / (D / 8), col = (e % (D / 8)) * 8;
+      const int tok = b * SALA_MMA_TILE + j;
+      const bool ok = tok < kv_len;
+      const T* src = !ok ? history : tok < settled ? history + (size_t)tok * D + col : recent + (size_t)(tok - settled) * D + col;
+      sala_cp_async16(dst + j * KS + col, src, ok);
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+
+  // The union of the warps' ascending block lists, one block at a time: the keys of the next
+  // block load while this one's values are used, its values while the next scores are computed
+  // (commit groups in the order K(b), V(b), K(next), V(next), ...).
+  int mine = next_block();
+  int blk = smallest(mine);
+  __syncthreads();
+  if (blk != INT_MAX) {
+    stage(ks, kh, krh, blk);
+    stage(vs, vh, vrh, blk);
+  }
+  while (blk != INT_MAX) {
     const bool take = mine == blk;
-    if (take) ++cursor;
+    if (take) {
+      ++cursor;
+      mine = next_block();
+    }
+    const int next = smallest(mine);
+    asm volatile("cp.async.wait_group 1;");  // K(blk)
+    __syncthreads();
+    const int base = blk * SALA_MMA_TILE;
 
-    for (int off = 0; off < BLOCK; off += SALA_MMA_TILE) {
-      const int base = blk * BLOCK + off;
-      if (base > last_pos || base >= kv_len) break;
-      __syncthreads();  // the previous tile is consumed (and `wanted` read)
-      for (int e = tid; e < SALA_MMA_TILE * D / 8; e += blockDim.x) {
-        const int j = e / (D / 8), col = (e % (D / 8)) * 8;
-        const int tok = base + j;
-        uint4 k8 = make_uint4(0, 0, 0, 0), v8 = make_uint4(0, 0, 0, 0);
-        if (tok < kv_len) {
-          const bool old = tok < settled;
-          const size_t at = (size_t)(old ? tok : tok - settled) * D + col;
-          k8 = *reinterpret_cast<const uint4*>((old ? kh : krh) + at);
-          v8 = *reinterpret_cast<const uint4*>((old ? vh : vrh) + at);
-        }
-        *reinterpret_cast<uint4*>(ks + j * KS + col) = k8;
-        *reinterpret_cast<uint4*>(vs + j * KS + col) = v8;
-      }
-      __syncthreads();
-      if (!take || base > pos) continue;
-
-      // Scores of the tile's 64 tokens: eight 8-column tiles. Matrices of one ldmatrix: tokens
-      // 8nt .. 8nt + 7 at columns 16kk, 16kk + 8, 16kk + 16, 16kk + 24 (b0, b1 of two k steps).
-      float s[SALA_MMA_TILE / 8][4];
+    // Scores of the block's 64 tokens: eight 8-column tiles. Matrices of one ldmatrix: tokens
+    // 8nt .. 8nt + 7 at columns 16kk, 16kk + 8, 16kk + 16, 16kk + 24 (b0, b1 of two k steps).
+    float s[SALA_MMA_TILE / 8][4];
+    if (take) {
 #pragma unroll
       for (int nt = 0; nt < SALA_MMA_TILE / 8; ++nt) {
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
@@ -194,6 +222,17 @@ __device__ void sala_block_sparse_attention_mma(
         acc[n][2] *= alpha[1];
         acc[n][3] *= alpha[1];
       }
+    }
+    __syncthreads();  // ks is free
+    if (next != INT_MAX) {
+      stage(ks, kh, krh, next);
+      asm volatile("cp.async.wait_group 1;");  // V(blk)
+    } else {
+      asm volatile("cp.async.wait_group 0;");
+    }
+    __syncthreads();
+
+    if (take) {
       // P for 16 tokens at a time: two score tiles are one A fragment.
 #pragma unroll
       for (int kk = 0; kk < SALA_MMA_TILE / 16; ++kk) {
@@ -220,7 +259,9 @@ __device__ void sala_block_sparse_attention_mma(
         }
       }
     }
-    __syncthreads();  // every warp has read `wanted` before it is written again
+    __syncthreads();  // vs is free
+    if (next != INT_MAX) stage(vs, vh, vrh, next);
+    blk = next;
   }
 
   if (!active) return;

@@ -99,15 +99,31 @@ __device__ void sala_select_pool_topk(
       if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255ull], 1u);
     }
     __syncthreads();
-    if (tid == 0) {
-      int remaining = remaining_sh, cum = 0;
-      for (int d = 255; d >= 0; --d) {
-        if (cum + (int)hist[d] >= remaining) {
-          prefix_sh = prefix | ((unsigned long long)d << shift);
-          remaining_sh = remaining - cum;
-          break;
+    if (warp == 0) {
+      // The digit holding the remaining-th largest key: lane L sums digits 255 − 8L .. 248 − 8L,
+      // a prefix sum over the lanes finds the lane, which then walks its eight digits.
+      const int remaining = remaining_sh;
+      int own = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) own += hist[255 - 8 * lane - j];
+      int upto = own;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(0xffffffffu, upto, o);
+        if (lane >= o) upto += x;
+      }
+      const unsigned int reached = __ballot_sync(0xffffffffu, upto >= remaining);
+      if (lane == __ffs(reached) - 1) {
+        int cum = upto - own;
+        for (int j = 0; j < 8; ++j) {
+          const int d = 255 - 8 * lane - j;
+          if (cum + (int)hist[d] >= remaining) {
+            prefix_sh = prefix | ((unsigned long long)d << shift);
+            remaining_sh = remaining - cum;
+            break;
+          }
+          cum += hist[d];
         }
-        cum += hist[d];
       }
     }
     __syncthreads();

@@ -89,3 +89,26 @@ fn a_cache_of_recent_tokens_only_is_read_from_its_history() {
     assert_eq!((parts.settled, parts.len, parts.recent.is_none()), (5, 5, true));
     assert_holds_positions(&mut cache, 5);
 }
+
+#[test]
+fn pooled_keys_are_the_windows_means_in_the_keys_dtype() {
+    // bf16 keys: each window's mean is summed in float32 and rounded once to bf16, as the
+    // reference stores it (CUDA's stage 1 reads these bf16 values as they are).
+    let len = 200;
+    let keys = positions(0, len).multiply(Array::from_f32(1.0 / 3.0)).unwrap().as_dtype(mlx_rs::Dtype::Bfloat16).unwrap();
+    let stored = to_vec_f32(&keys).unwrap();
+    let mut cache = KvCache::default();
+    cache.append(&keys, &keys).unwrap();
+    for (kernel, stride) in [(32usize, 16usize), (128, 64)] {
+        let pooled = cache.pooled_keys(kernel, stride).unwrap().unwrap();
+        assert_eq!(pooled.dtype(), mlx_rs::Dtype::Bfloat16, "{kernel}/{stride}");
+        let got = to_vec_f32(&pooled).unwrap();
+        let want: Vec<f32> = (0..(len - kernel) / stride + 1)
+            .map(|w| {
+                let mean = stored[w * stride..w * stride + kernel].iter().sum::<f32>() / kernel as f32;
+                half::bf16::from_f32(mean).to_f32()
+            })
+            .collect();
+        assert_eq!(got, want, "pooled keys {kernel}/{stride}");
+    }
+}

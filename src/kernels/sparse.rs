@@ -1,7 +1,7 @@
 //! InfLLM-V2 block selection and block-sparse attention: the GPU kernels (`cuda/select_blocks.cu`,
-//! `cuda/block_sparse_attention.cu` and their Metal twins; `cuda/select_prefill.cu` and
-//! `cuda/block_sparse_prefill.cu`, the tensor-core forms for prefill on CUDA, have no Metal twins:
-//! Metal runs the general kernels there) and the MLX-ops versions, which run on the CPU and are the
+//! `cuda/block_sparse_attention.cu` and their Metal twins; `cuda/select_mma.cu` (bf16 stage 1)
+//! and `cuda/block_sparse_prefill.cu` (prefill attention), the tensor-core forms on CUDA, have no
+//! Metal twins: Metal runs the general kernels there) and the MLX-ops versions, which run on the CPU and are the
 //! kernels' test oracle.
 //!
 //! Shapes: queries `[B, Hq, T, d]` at absolute positions `first_pos ..`, keys/values
@@ -56,7 +56,7 @@ pub fn select_blocks(
 ) -> Result<Selected> {
     let (hq, t) = (q.shape()[1], q.shape()[2]);
     let (hkv, n1) = (c1.shape()[1] as usize, c1.shape()[2] as usize);
-    let rows = if fused_stage1(q, hkv as i32, t) { hkv } else { hq as usize };
+    let rows = if fused_stage1(q, hkv as i32) { hkv } else { hq as usize };
     let chunk = ((1usize << 29) / (4 * rows * n1.max(1))).clamp(16, 4096) as i32;
     let one = |q: &Array, first_pos: usize| {
         if backend() == Backend::Cpu || q.shape()[0] != 1 {
@@ -80,14 +80,13 @@ pub fn select_blocks(
     Ok(Selected { blocks: ops::concatenate(&blocks, 2)?, scores: ops::concatenate(&scores, 2)? })
 }
 
-/// Whether the selection of `t` queries takes the tensor-core stage 1 (`cuda/select_prefill.cu`):
-/// CUDA, bf16 queries, many of them, at most 16 query heads per KV head.
-fn fused_stage1(q: &Array, hkv: i32, t: i32) -> bool {
+/// Whether the selection takes the tensor-core stage 1 (`cuda/select_mma.cu`): CUDA, bf16
+/// queries, at most 16 query heads per KV head.
+fn fused_stage1(q: &Array, hkv: i32) -> bool {
     let (hq, d) = (q.shape()[1], q.shape()[3]);
     backend() == Backend::Cuda
         && q.shape()[0] == 1
         && q.dtype() == Dtype::Bfloat16
-        && t >= MMA_QUERIES
         && hq / hkv <= 16
         && d % 32 == 0
         && d <= 128
@@ -326,6 +325,8 @@ static SELECT_TOPK: KernelSource = KernelSource {
 
 /// Threads per thread block of the sparse kernels.
 const THREADS: i32 = 256;
+/// Thread blocks that fill the GPU: two per streaming multiprocessor of an H100 (132).
+const FILL_BLOCKS: i32 = 2 * 132;
 
 fn select_blocks_gpu(
     q: &Array,
@@ -340,11 +341,11 @@ fn select_blocks_gpu(
     let hkv = c1.shape()[1];
     let g = hq / hkv;
     let scale_bits = (d as f32).powf(-0.5).to_bits() as i32;
-    if fused_stage1(q, hkv, t) {
+    if fused_stage1(q, hkv) {
         return select_blocks_fused(q, c1, c2, first_pos, kv_len, sel, score_dtype);
     }
-    // Both score products as batched matrix products, one per KV group: [Hkv, G·T, n] (the
-    // kernel applies the scale). The pooled keys are float32 already (see KvCache::pooled_keys).
+    // Both score products as float32 matrix products, one per KV group: [Hkv, G·T, n] (the
+    // kernel applies the scale).
     let qg = q.as_dtype(Dtype::Float32)?.reshape(&[hkv, g * t, d])?;
     let dot = |c: &Array| -> Result<Array> {
         let ct = c.as_dtype(Dtype::Float32)?.reshape(&[hkv, -1, d])?.swap_axes(1, 2)?;
@@ -482,12 +483,12 @@ fn block_sparse_attention_gpu(q: &Array, kv: &KvParts, blocks: &Array, first_pos
     let hkv = kv.keys.shape()[1];
     let nsel = blocks.shape()[3];
     let half = matches!(q.dtype(), Dtype::Bfloat16 | Dtype::Float16);
-    if backend() == Backend::Cuda && half && t >= MMA_QUERIES && hq / hkv <= 16 && d % 32 == 0 && d <= 128 && block % 64 == 0 {
+    if backend() == Backend::Cuda && half && t >= MMA_QUERIES && hq / hkv <= 16 && d % 32 == 0 && d <= 128 && block == 64 {
         return block_sparse_prefill_cuda(q, kv, blocks, first_pos, block, scale);
     }
     // Few queries (decode) split the selected blocks among thread blocks to fill the GPU; a
     // power of two keeps the number of compiled variants small.
-    let nsplit = ((2 * 132) / (t * hkv)).clamp(1, 32).min(nsel.max(1)) as u32;
+    let nsplit = (FILL_BLOCKS / (t * hkv)).clamp(1, 32).min(nsel.max(1)) as u32;
     let nsplit = 1i32 << (31 - nsplit.leading_zeros());
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
@@ -596,26 +597,47 @@ fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_pos:
     Ok(out.into_iter().next().expect("one output"))
 }
 
-static SELECT_WINDOWS_MMA: KernelSource = KernelSource {
-    name: "sala_select_windows_mma",
-    inputs: &["q", "c1", "c2", "params"],
-    outputs: &["window_scores"],
-    cuda_header: concat!(
-        include_str!("../../cuda/select_blocks.cu"),
-        include_str!("../../cuda/block_sparse_prefill.cu"),
-        include_str!("../../cuda/select_prefill.cu")
-    ),
-    cuda_body: "sala_select_windows_mma<R, D, G, KERNEL, STRIDE, KERNEL2, STRIDE2, SCALE_BITS, QPB>(\
-                q, c1, c2, params_shape[0] - 1, window_scores, q_shape[1], c1_shape[1], c2_shape[1]);",
-    // CUDA only (mma.sync); Metal takes SELECT_BLOCKS.
+static SELECT_LSE_MMA: KernelSource = KernelSource {
+    name: "sala_select_lse_mma",
+    inputs: &["q", "c2", "params"],
+    outputs: &["partial"],
+    cuda_header: SELECT_MMA_HEADER,
+    cuda_body: "sala_select_lse_mma<K, D, G, KERNEL2, STRIDE2, SCALE_BITS, QPB>(\
+                q, c2, params_shape[0] - 1, partial, q_shape[1], c2_shape[1]);",
+    // CUDA only (mma.sync, cp.async); Metal takes SELECT_BLOCKS / SELECT_WINDOWS.
     metal_header: "",
     metal_body: "",
     contiguous_inputs: false,
 };
 
-/// [`select_blocks_gpu`] for many bf16 queries on CUDA: the window scores on tensor cores
-/// straight from the pooled keys (no float32 score matrices; products with ≈ 2⁻¹⁷ relative error,
-/// see `cuda/select_prefill.cu`), then the pooling and top-k kernel, one thread block per query.
+static SELECT_WINDOWS_MMA: KernelSource = KernelSource {
+    name: "sala_select_windows_mma",
+    inputs: &["q", "c1", "partial", "params"],
+    outputs: &["window_scores"],
+    cuda_header: SELECT_MMA_HEADER,
+    cuda_body: "sala_select_windows_mma<R, K, D, G, KERNEL, STRIDE, SCALE_BITS, QPB>(\
+                q, c1, partial, params_shape[0] - 1, window_scores, q_shape[1], c1_shape[1], partial_shape[2]);",
+    metal_header: "",
+    metal_body: "",
+    contiguous_inputs: false,
+};
+
+const SELECT_MMA_HEADER: &str = concat!(
+    include_str!("../../cuda/select_blocks.cu"),
+    include_str!("../../cuda/block_sparse_prefill.cu"),
+    include_str!("../../cuda/select_mma.cu")
+);
+
+/// Queries (warps) per thread block of the tensor-core stage 1 when there are many queries; one
+/// query per thread block below [`MMA_QUERIES`]. H100, 2048 queries at 32K / 512K / 1M tokens,
+/// per layer: 4 → 0.65 / 6.2 / 12.7 ms, 8 → 0.62 / 5.9 / 11.9.
+const SELECT_QUERIES_PER_BLOCK: i32 = 8;
+
+/// [`select_blocks_gpu`] for bf16 queries on CUDA (`cuda/select_mma.cu`): the level-2
+/// log-sum-exp and the window scores on tensor cores straight from the pooled keys (no float32
+/// score matrices; bf16 keys scored as the reference scores them, float32 keys with ≈ 2⁻¹⁷
+/// relative error), then the pooling and top-k kernel, one thread block per query. Few queries
+/// (decode) split the windows into ranges over many thread blocks.
 fn select_blocks_fused(
     q: &Array,
     c1: &Array,
@@ -630,33 +652,42 @@ fn select_blocks_fused(
     let n1 = c1.shape()[2];
     let nb = kv_len.div_ceil(sel.block) as i32;
     let int = |v: usize| TemplateArg::Int(v as i32);
-    let qpb = MMA_QUERIES_PER_BLOCK;
+    let qpb = if t >= MMA_QUERIES { SELECT_QUERIES_PER_BLOCK } else { 1 };
+    let query_blocks = (t + qpb - 1) / qpb;
+    // Ranges of 64-window tiles: enough thread blocks to fill the GPU.
+    let ranges = |n: i32| (FILL_BLOCKS / (query_blocks * hkv)).clamp(1, ((n + 63) / 64).max(1));
+    let key_type = if c1.dtype() == Dtype::Bfloat16 { Dtype::Bfloat16 } else { Dtype::Float32 };
+    let keys = |c: &Array| -> Result<Array> { c.as_dtype(key_type)?.reshape(&[hkv, -1, d])?.contiguous() };
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
-    let flat = |c: &Array| -> Result<Array> { c.as_dtype(Dtype::Float32)?.reshape(&[hkv, -1, d])?.contiguous() };
     let params = shape_args(&[first_pos, nb as usize])?;
+    let common = [
+        ("K", TemplateArg::Type(key_type)),
+        ("D", TemplateArg::Int(d)),
+        ("G", TemplateArg::Int(hq / hkv)),
+        ("SCALE_BITS", TemplateArg::Int((d as f32).powf(-0.5).to_bits() as i32)),
+        ("QPB", TemplateArg::Int(qpb)),
+    ];
+    let launch = |ranges: i32, output: Vec<i32>, own: Vec<(&'static str, TemplateArg)>| Launch {
+        grid: (32 * qpb * ranges, query_blocks, hkv),
+        threads: (32 * qpb, 1, 1),
+        outputs: vec![(output, Dtype::Float32)],
+        template: common.iter().cloned().chain(own).collect(),
+        init: None,
+    };
+    let r2 = ranges(c2.shape()[2]);
+    let partial = apply(
+        &SELECT_LSE_MMA,
+        &[&q3, &keys(c2)?, &params],
+        launch(r2, vec![hkv, t, r2, 32], vec![("KERNEL2", int(sel.kernel2)), ("STRIDE2", int(sel.stride2))]),
+    )?;
     let window_scores = apply(
         &SELECT_WINDOWS_MMA,
-        &[&q3, &flat(c1)?, &flat(c2)?, &params],
-        Launch {
-            grid: (32 * qpb, (t + qpb - 1) / qpb, hkv),
-            threads: (32 * qpb, 1, 1),
-            outputs: vec![(vec![hkv, t, n1], Dtype::Float32)],
-            template: vec![
-                ("R", TemplateArg::Type(score_dtype)),
-                ("D", TemplateArg::Int(d)),
-                ("G", TemplateArg::Int(hq / hkv)),
-                ("KERNEL", int(sel.kernel)),
-                ("STRIDE", int(sel.stride)),
-                ("KERNEL2", int(sel.kernel2)),
-                ("STRIDE2", int(sel.stride2)),
-                ("SCALE_BITS", TemplateArg::Int((d as f32).powf(-0.5).to_bits() as i32)),
-                ("QPB", TemplateArg::Int(qpb)),
-            ],
-            init: None,
-        },
-    )?
-    .into_iter()
-    .next()
-    .expect("one output");
-    pool_topk(&window_scores, &params, nb, sel)
+        &[&q3, &keys(c1)?, &partial[0], &params],
+        launch(
+            ranges(n1),
+            vec![hkv, t, n1],
+            vec![("R", TemplateArg::Type(score_dtype)), ("KERNEL", int(sel.kernel)), ("STRIDE", int(sel.stride))],
+        ),
+    )?;
+    pool_topk(&window_scores[0], &params, nb, sel)
 }
