@@ -121,7 +121,7 @@ fn main() {
         eval([&q, &c1, &c2, &k, &v]).unwrap();
         // 8 layers' worth per evaluation, as in one decode step of the 9B (bf16 pooled keys, as
         // the cache keeps them).
-        let kern = time(|| (0..8).map(|_| select_blocks(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap().blocks).collect()) / 8.0;
+        let kern = time(|| (0..8).map(|_| select_blocks(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap()).collect()) / 8.0;
         let mlx = time(|| (0..8).map(|_| select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap().blocks).collect()) / 8.0;
         row(&format!("block selection L={kv_len} T={t} (×8)"), kern, mlx, "");
         let blocks = select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap().blocks;
@@ -170,12 +170,12 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
                 let c1 = cache.pooled_keys(sel.kernel, sel.stride).unwrap().unwrap();
                 let c2 = cache.pooled_keys(sel.kernel2, sel.stride2).unwrap().unwrap();
                 if upto >= 2 {
-                    let selected = select_blocks(&q, &c1, &c2, first, first + 1, sel, Dtype::Bfloat16).unwrap();
+                    let blocks = select_blocks(&q, &c1, &c2, first, first + 1, sel, Dtype::Bfloat16).unwrap();
                     if upto >= 3 {
                         let kv = cache.parts().unwrap().unwrap();
-                        out.push(block_sparse_attention(&q, &kv, &selected.blocks, first, sel.block, scale).unwrap());
+                        out.push(block_sparse_attention(&q, &kv, &blocks, first, sel.block, scale).unwrap());
                     }
-                    out.push(selected.blocks);
+                    out.push(blocks);
                 }
                 out.extend([c1, c2]);
             }
@@ -216,7 +216,7 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
                 [c1, c2].map(|c| c.reshape(&[hkv, -1, d]).unwrap().matmul(&qt).unwrap()).to_vec()
             }),
             ("+ whole selection", &|c1: &Array, c2: &Array, first: usize| {
-                vec![select_blocks(&q, c1, c2, first, first + 1, sel, Dtype::Bfloat16).unwrap().blocks]
+                vec![select_blocks(&q, c1, c2, first, first + 1, sel, Dtype::Bfloat16).unwrap()]
             }),
         ];
         for (name, piece) in pieces {
@@ -246,7 +246,7 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
         let (d1, d2) = (ops::add(&c1, Array::from_f32(0.0)).unwrap(), ops::add(&c2, Array::from_f32(0.0)).unwrap());
         eval([&c1, &c2, &d1, &d2]).unwrap();
         for (name, a, b) in [("views", &c1, &c2), ("contiguous", &d1, &d2)] {
-            let secs = time(|| vec![select_blocks(&q, a, b, first, first + 1, sel, Dtype::Bfloat16).unwrap().blocks]);
+            let secs = time(|| vec![select_blocks(&q, a, b, first, first + 1, sel, Dtype::Bfloat16).unwrap()]);
             println!("| block selection L={kv_len}, cache fixed, pooled keys as {name} | {:.1} | | | one layer |", secs * 1e6);
         }
     }
@@ -348,19 +348,19 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         let v = randn(&[1, hkv, kv_len as i32, d], 15, Dtype::Bfloat16);
         eval([&q, &c1, &c2, &k, &v]).unwrap();
         // All queries in one call, as SparseAttention makes it (select_blocks chunks them itself).
-        let selection = time(|| vec![select_blocks(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap().blocks]);
+        let selection = time(|| vec![select_blocks(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap()]);
         line(&format!("block selection at {}K", kv_len / 1024), selection, 8);
         // The same from float32 pooled keys (staged as bf16 hi + lo, two products each).
         let (c1f, c2f) = (c1.as_dtype(Dtype::Float32).unwrap(), c2.as_dtype(Dtype::Float32).unwrap());
         eval([&c1f, &c2f]).unwrap();
-        let split = time(|| vec![select_blocks(&q, &c1f, &c2f, first, kv_len, sel, Dtype::Bfloat16).unwrap().blocks]);
+        let split = time(|| vec![select_blocks(&q, &c1f, &c2f, first, kv_len, sel, Dtype::Bfloat16).unwrap()]);
         line(&format!("  from float32 pooled keys at {}K", kv_len / 1024), split, 8);
         // With float32 queries: the score products by MLX, then the selection kernel (the form
         // before the tensor-core stage 1).
         let q32 = q.as_dtype(Dtype::Float32).unwrap();
-        let general = time(|| vec![select_blocks(&q32, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap().blocks]);
+        let general = time(|| vec![select_blocks(&q32, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap()]);
         line(&format!("  float32 queries (products + kernel) at {}K", kv_len / 1024), general, 8);
-        let blocks = select_blocks(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap().blocks;
+        let blocks = select_blocks(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap();
         eval([&blocks]).unwrap();
         let kv = KvParts::history(&k, &v, kv_len);
         // All queries in one call, as SparseAttention makes it.

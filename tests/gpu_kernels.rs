@@ -11,7 +11,7 @@ use sala::kernels::gla::{alibi_slopes, simple_gla_recurrent, simple_gla_step};
 use sala::kernels::lightning::{decode_step, decode_step_mlx, norm_gate, norm_gate_mlx, StepParams};
 use sala::kernels::qmv::{epilogue_mlx, quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_then, Epilogue};
 use sala::kernels::sparse::{
-    block_sparse_attention, block_sparse_attention_mlx, select_blocks, select_blocks_mlx, BlockSelection,
+    block_sparse_attention, block_sparse_attention_mlx, select_blocks_chunked, select_blocks_mlx, select_blocks_scored, BlockSelection,
 };
 
 fn on_gpu() -> bool {
@@ -248,7 +248,7 @@ fn block_selection_kernel_matches_mlx() {
         let c1 = randn(&[1, hkv, n1, d], seed + 1, Dtype::Float32);
         let c2 = randn(&[1, hkv, n2, d], seed + 2, Dtype::Float32);
         // Float32 scores: the selections must agree exactly.
-        let got = select_blocks(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap();
+        let got = select_blocks_scored(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap();
         let want = select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap();
         assert_eq!(to_vec_i32(&got.blocks).unwrap(), to_vec_i32(&want.blocks).unwrap(), "case {i}: blocks");
         let (gs, ws) = (to_vec_f32(&got.scores).unwrap(), to_vec_f32(&want.scores).unwrap());
@@ -256,7 +256,7 @@ fn block_selection_kernel_matches_mlx() {
             assert!(g == w || (g - w).abs() <= 1e-4 * w.abs().max(1e-3), "case {i}: score {j}: {g} vs {w}");
         }
         // bf16-rounded scores (the model's setting): ties are frequent, the rule must hold too.
-        let got = select_blocks(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap();
+        let got = select_blocks_scored(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap();
         let want = select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap();
         let (gb, wb) = (to_vec_i32(&got.blocks).unwrap(), to_vec_i32(&want.blocks).unwrap());
         let same = gb.iter().zip(&wb).filter(|(a, b)| a == b).count();
@@ -268,11 +268,16 @@ fn block_selection_kernel_matches_mlx() {
             let qh = q.as_dtype(qdtype).unwrap();
             let (c1, c2) = (c1.as_dtype(key_dtype).unwrap(), c2.as_dtype(key_dtype).unwrap());
             for score_dtype in [Dtype::Float32, Dtype::Bfloat16] {
-                let got = select_blocks(&qh, &c1, &c2, first, kv_len, &sel, score_dtype).unwrap();
+                let got = select_blocks_scored(&qh, &c1, &c2, first, kv_len, &sel, score_dtype).unwrap();
                 let want = select_blocks_mlx(&qh, &c1, &c2, first, kv_len, &sel, score_dtype).unwrap();
                 let (gb, wb) = (to_vec_i32(&got.blocks).unwrap(), to_vec_i32(&want.blocks).unwrap());
                 let same = gb.iter().zip(&wb).filter(|(a, b)| a == b).count();
                 assert!(same as f64 >= 0.999 * wb.len() as f64, "case {i} {qdtype:?}/{key_dtype:?}/{score_dtype:?}: blocks agree on {same} of {}", wb.len());
+                if t >= 32 {
+                    // In query chunks (as at long context), the scores dropped part by part.
+                    let parts = select_blocks_chunked(&qh, &c1, &c2, first, kv_len, &sel, score_dtype, 32, false).unwrap();
+                    assert_eq!(to_vec_i32(&parts.blocks).unwrap(), gb, "case {i} {qdtype:?}/{key_dtype:?}/{score_dtype:?}: blocks in chunks of 32");
+                }
                 if score_dtype == Dtype::Float32 {
                     let (gs, ws) = (to_vec_f32(&got.scores).unwrap(), to_vec_f32(&want.scores).unwrap());
                     for (j, (g, w)) in gs.iter().zip(&ws).enumerate() {

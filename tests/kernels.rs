@@ -6,7 +6,7 @@ use mlx_rs::{random, Array, Dtype};
 use sala::engine::cache::KvParts;
 use sala::engine::ops::{to_vec_f32, to_vec_i32};
 use sala::kernels::gla::{alibi_slopes, simple_gla, simple_gla_chunked, simple_gla_recurrent};
-use sala::kernels::sparse::{block_sparse_attention, select_blocks, BlockSelection};
+use sala::kernels::sparse::{block_sparse_attention, select_blocks_chunked, select_blocks_scored, BlockSelection};
 
 fn randn(shape: &[i32], seed: u64) -> Array {
     let key = random::key(seed).unwrap();
@@ -145,7 +145,7 @@ fn block_selection_matches_the_spec_on_random_inputs() {
         let c2 = randn(&[1, hkv as i32, n2 as i32, d as i32], seed + 2);
         // Quantise the level-1 keys so exact score ties (and the tie rule) really occur.
         let c1 = c1.multiply(Array::from_f32(2.0)).unwrap().round(None).unwrap().multiply(Array::from_f32(0.5)).unwrap();
-        let got = select_blocks(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap();
+        let got = select_blocks_scored(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap();
         let (want_blocks, want_scores) = naive_select(
             &to_vec_f32(&q).unwrap(), &to_vec_f32(&c1).unwrap(), &to_vec_f32(&c2).unwrap(),
             (hq, hkv, t, d, n1, n2), first, kv_len, &sel,
@@ -154,6 +154,14 @@ fn block_selection_matches_the_spec_on_random_inputs() {
         let scores = to_vec_f32(&got.scores).unwrap();
         for (i, (g, w)) in scores.iter().zip(&want_scores).enumerate() {
             assert!(g == w || (g - w).abs() <= 1e-4 * w.abs().max(1.0), "case {case}: score {i}: {g} vs {w}");
+        }
+        // In query chunks (as at long context), with and without the scores: the same result.
+        for keep_scores in [true, false] {
+            let parts = select_blocks_chunked(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32, 16, keep_scores).unwrap();
+            assert_eq!(to_vec_i32(&parts.blocks).unwrap(), want_blocks, "case {case}: blocks in chunks of 16");
+            if keep_scores {
+                assert_eq!(to_vec_f32(&parts.scores).unwrap(), scores, "case {case}: scores in chunks of 16");
+            }
         }
     }
 }

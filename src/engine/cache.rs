@@ -339,7 +339,7 @@ impl KvCache {
         Ok(Some(KvParts { keys, values, recent: recent_keys.zip(recent_values), settled, len }))
     }
 
-    /// Mean-pooled keys `[B, Hkv, n, d]` (float32 holding values rounded to the keys' dtype) over windows of `kernel` with `stride` (kernel must be a
+    /// Mean-pooled keys `[B, Hkv, n, d]` in the keys' dtype over windows of `kernel` with `stride` (kernel must be a
     /// multiple of stride), brought up to date with the cache: computed in full on first use,
     /// incrementally afterwards. `None` while no window is complete.
     pub fn pooled_keys(&mut self, kernel: usize, stride: usize) -> Result<Option<Array>> {

@@ -41,10 +41,9 @@ pub struct Selected {
 }
 
 /// Stage 1 (compressed-key relevance with the level-2 LSE), max-pooling to blocks, forced init
-/// and local blocks, and the per-group top-k (exact ties: the lower block index wins).
-/// Queries are taken in chunks whose working memory stays within 512 MiB (the float32 stage-1
-/// scores of every query head and level-1 window; only the window scores per KV head for the
-/// tensor-core form), at most two chunks in flight.
+/// and local blocks, and the per-group top-k (exact ties: the lower block index wins): the
+/// chosen blocks `[B, Hkv, T, topk]`. Queries are taken in chunks whose working memory stays
+/// within [`SELECTION_CHUNK_BYTES`], at most two chunks in flight.
 pub fn select_blocks(
     q: &Array,
     c1: &Array,
@@ -53,11 +52,55 @@ pub fn select_blocks(
     kv_len: usize,
     sel: &BlockSelection,
     score_dtype: Dtype,
+) -> Result<Array> {
+    let chunk = selection_chunk(q, c1);
+    Ok(select_blocks_chunked(q, c1, c2, first_pos, kv_len, sel, score_dtype, chunk, false)?.blocks)
+}
+
+/// [`select_blocks`] with the pooled block scores kept (for tracing and tests: at long context
+/// and many queries they are the larger part of the result).
+pub fn select_blocks_scored(
+    q: &Array,
+    c1: &Array,
+    c2: &Array,
+    first_pos: usize,
+    kv_len: usize,
+    sel: &BlockSelection,
+    score_dtype: Dtype,
 ) -> Result<Selected> {
-    let (hq, t) = (q.shape()[1], q.shape()[2]);
+    let chunk = selection_chunk(q, c1);
+    select_blocks_chunked(q, c1, c2, first_pos, kv_len, sel, score_dtype, chunk, true)
+}
+
+/// Working memory of one query chunk of the selection: the float32 stage-1 scores of every query
+/// head and level-1 window, or only the window scores per KV head for the tensor-core form.
+/// At 1M tokens that is 256 queries a chunk: the 1M-token prompt took 107.5 s with these and
+/// with 1024-query chunks (H100), and the selection stays well below the MLPs' working memory.
+const SELECTION_CHUNK_BYTES: usize = 1 << 27;
+
+/// Queries per chunk of the selection, within [`SELECTION_CHUNK_BYTES`].
+fn selection_chunk(q: &Array, c1: &Array) -> usize {
     let (hkv, n1) = (c1.shape()[1] as usize, c1.shape()[2] as usize);
-    let rows = if fused_stage1(q, hkv as i32) { hkv } else { hq as usize };
-    let chunk = ((1usize << 29) / (4 * rows * n1.max(1))).clamp(16, 4096) as i32;
+    let rows = if fused_stage1(q, hkv as i32) { hkv } else { q.shape()[1] as usize };
+    (SELECTION_CHUNK_BYTES / (4 * rows * n1.max(1))).clamp(16, 4096)
+}
+
+/// The selection in chunks of `chunk` queries, at most two in flight; the scores are dropped
+/// part by part unless `keep_scores`. Public for the test that chunking changes nothing.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn select_blocks_chunked(
+    q: &Array,
+    c1: &Array,
+    c2: &Array,
+    first_pos: usize,
+    kv_len: usize,
+    sel: &BlockSelection,
+    score_dtype: Dtype,
+    chunk: usize,
+    keep_scores: bool,
+) -> Result<Selected> {
+    let t = q.shape()[2] as usize;
     let one = |q: &Array, first_pos: usize| {
         if backend() == Backend::Cpu || q.shape()[0] != 1 {
             select_blocks_mlx(q, c1, c2, first_pos, kv_len, sel, score_dtype)
@@ -68,16 +111,21 @@ pub fn select_blocks(
     if t <= chunk {
         return one(q, first_pos);
     }
-    let mut pacer = Pacer::new(t as usize);
+    let mut pacer = Pacer::new(t);
     let (mut blocks, mut scores) = (Vec::new(), Vec::new());
-    for start in (0..t).step_by(chunk as usize) {
+    for start in (0..t).step_by(chunk) {
         let end = (start + chunk).min(t);
-        let part = one(&q.try_index((.., .., start..end, ..))?, first_pos + start as usize)?;
+        let part = one(&q.try_index((.., .., start as i32..end as i32, ..))?, first_pos + start)?;
         pacer.step(vec![part.blocks.clone(), part.scores.clone()])?;
         blocks.push(part.blocks);
-        scores.push(part.scores);
+        if keep_scores {
+            scores.push(part.scores);
+        }
     }
-    Ok(Selected { blocks: ops::concatenate(&blocks, 2)?, scores: ops::concatenate(&scores, 2)? })
+    let blocks = ops::concatenate(&blocks, 2)?;
+    // Scores not kept are freed as each part has run.
+    let scores = if keep_scores { ops::concatenate(&scores, 2)? } else { Array::from_slice::<f32>(&[], &[0]) };
+    Ok(Selected { blocks, scores })
 }
 
 /// Whether the selection takes the tensor-core stage 1 (`cuda/select_mma.cu`): CUDA, bf16

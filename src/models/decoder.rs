@@ -338,6 +338,7 @@ impl DecoderModel {
             let mut kv = layer_caches(caches, i, LayerCache::as_attention)?;
             let mixed = layer.attn.forward(&layer.input_norm.forward(&h)?, &mut kv, &c.rope)?;
             h = h.add(residual(mixed.clone())?)?;
+            pacer.step(layer_outputs(&h, caches, i))?;
             h = layer.mlp.forward_residual(&layer.post_norm.forward(&h)?, &h, c.residual_scale)?;
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("hidden.mixer_out.{i}"), &mixed);

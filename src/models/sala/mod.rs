@@ -309,6 +309,7 @@ impl SalaModel {
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("hidden.mixer_out.{i}"), &o_proj.forward(&o)?);
             }
+            pacer.step(layer_outputs(&h, caches, i))?;
             let x = layer.post_norm.forward(&h)?;
             h = layer.mlp.forward_residual(&x, &h, alpha)?;
             if let Some(t) = trace.as_deref_mut() {

@@ -17,7 +17,7 @@ use crate::engine::config::ConfigFile;
 use crate::engine::error::Result;
 use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::kernels::sparse::{block_sparse_attention, select_blocks, BlockSelection};
+use crate::kernels::sparse::{block_sparse_attention, select_blocks, select_blocks_scored, BlockSelection};
 use crate::models::layers::{per_sequence, sigmoid_gate, Linear, QkvGate};
 use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, Array, Dtype};
 
@@ -167,11 +167,15 @@ impl SparseAttention {
         let scale = (q.shape()[3] as f32).powf(-0.5);
         // One call each for all queries (select_blocks bounds its own working memory; attention
         // calls of few queries at a time had left the GPU half idle at 512K tokens).
-        let selected = select_blocks(q, &c1, &c2, past, kv_len, sel, q.dtype())?;
-        if let Some(tr) = trace {
-            tr.record(format!("sparse.layer{layer}.blocks"), &selected.blocks);
-            tr.record(format!("sparse.layer{layer}.block_scores"), &selected.scores);
-        }
-        Ok(block_sparse_attention(q, &kv, &selected.blocks, past, sel.block, scale)?)
+        let blocks = match trace {
+            Some(tr) => {
+                let selected = select_blocks_scored(q, &c1, &c2, past, kv_len, sel, q.dtype())?;
+                tr.record(format!("sparse.layer{layer}.blocks"), &selected.blocks);
+                tr.record(format!("sparse.layer{layer}.block_scores"), &selected.scores);
+                selected.blocks
+            }
+            None => select_blocks(q, &c1, &c2, past, kv_len, sel, q.dtype())?,
+        };
+        Ok(block_sparse_attention(q, &kv, &blocks, past, sel.block, scale)?)
     }
 }
