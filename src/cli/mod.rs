@@ -3,6 +3,8 @@
 pub mod bench;
 pub mod bfcl;
 pub mod chat;
+pub mod completions;
+pub mod doctor;
 pub mod list;
 pub mod needle;
 pub mod pack;
@@ -27,7 +29,13 @@ use mlx_rs::Dtype;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "sala", version, about = "Run MiniCPM-SALA and other LLMs locally on MLX")]
+#[command(
+    name = "sala",
+    version,
+    propagate_version = true,
+    about = "Run MiniCPM-SALA and other LLMs locally on MLX",
+    after_help = "Examples:\n  sala pull\n  sala run -m moxin-org/MiniCPM4-SALA-9B-8bit-mlx \"Why is the sky blue?\"\n  sala chat -m ./MiniCPM-SALA-8bit\n  sala doctor\n\nsala COMMAND --help shows each command's options and examples."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -59,6 +67,10 @@ pub enum Command {
     Needle(needle::NeedleArgs),
     /// Function calling: BFCL v4's non-live categories, checked like the leaderboard
     Bfcl(bfcl::BfclArgs),
+    /// Check the setup: MLX and its backend, GPU, memory, model store, hub access
+    Doctor(doctor::DoctorArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions(completions::CompletionsArgs),
 }
 
 pub fn main() -> anyhow::Result<()> {
@@ -77,6 +89,8 @@ pub fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Needle(args) => needle::run(args),
         Command::Bfcl(args) => bfcl::run(args),
+        Command::Doctor(args) => doctor::run(args),
+        Command::Completions(args) => completions::run(args),
     }
 }
 

@@ -63,6 +63,55 @@ pub fn select(kind: Option<DeviceKind>) -> Result<DeviceKind> {
     Ok(kind)
 }
 
+/// The version of the MLX library loaded (e.g. "0.32.2").
+pub fn mlx_version() -> String {
+    unsafe {
+        let mut text = mlx_sys::mlx_string_new();
+        let version = if mlx_sys::mlx_version(&mut text) == 0 {
+            std::ffi::CStr::from_ptr(mlx_sys::mlx_string_data(text)).to_string_lossy().into_owned()
+        } else {
+            "unknown".into()
+        };
+        mlx_sys::mlx_string_free(text);
+        version
+    }
+}
+
+/// What MLX reports of GPU 0: its name and memory, where the backend tells.
+pub struct GpuInfo {
+    pub name: Option<String>,
+    pub memory_bytes: Option<u64>,
+}
+
+/// [`GpuInfo`] of GPU 0, `None` when this libmlx has no usable GPU.
+pub fn gpu_info() -> Option<GpuInfo> {
+    if !gpu_available() {
+        return None;
+    }
+    unsafe {
+        let dev = mlx_sys::mlx_device_new_type(mlx_sys::mlx_device_type__MLX_GPU, 0);
+        let mut info = mlx_sys::mlx_device_info_new();
+        let ok = mlx_sys::mlx_device_info_get(&mut info, dev) == 0;
+        let string = |key: &std::ffi::CStr| {
+            let mut value: *const std::os::raw::c_char = std::ptr::null();
+            (ok && mlx_sys::mlx_device_info_get_string(&mut value, info, key.as_ptr()) == 0 && !value.is_null())
+                .then(|| std::ffi::CStr::from_ptr(value).to_string_lossy().into_owned())
+        };
+        let size = |key: &std::ffi::CStr| {
+            let mut value = 0usize;
+            (ok && mlx_sys::mlx_device_info_get_size(&mut value, info, key.as_ptr()) == 0).then_some(value as u64)
+        };
+        // Backends name the same things differently (Metal: memory_size; CUDA: total_memory).
+        let result = GpuInfo {
+            name: string(c"device_name"),
+            memory_bytes: size(c"memory_size").or_else(|| size(c"total_memory")),
+        };
+        mlx_sys::mlx_device_info_free(info);
+        mlx_sys::mlx_device_free(dev);
+        Some(result)
+    }
+}
+
 pub fn describe(kind: DeviceKind) -> String {
     match kind {
         DeviceKind::Cpu => "cpu".into(),

