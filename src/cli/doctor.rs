@@ -288,8 +288,7 @@ fn token_check() -> Check {
 
 fn hub_check() -> Check {
     let endpoint = std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".into());
-    let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"));
-    if offline {
+    if crate::store::pull::offline() {
         return Check::warn(
             "hub",
             format!("HF_HUB_OFFLINE is set: sala pull uses only the store (endpoint {endpoint} not tried)"),

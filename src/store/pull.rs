@@ -36,7 +36,8 @@ pub struct Pulled {
     pub reused: usize,
 }
 
-fn offline() -> bool {
+/// Whether HF_HUB_OFFLINE asks for the store only (the values huggingface_hub accepts).
+pub fn offline() -> bool {
     std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
 }
 
