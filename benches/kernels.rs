@@ -66,7 +66,7 @@ fn main() {
         qmv_on_decode_shapes();
         return;
     }
-    qmv_table(&[(4096, 4096), (16384, 4096), (4096, 16384), (73448, 4096)], &[1, 2, 4, 8], 1);
+    qmv_table(&[(4096, 4096), (16384, 4096), (4096, 16384), (73448, 4096)], &[1, 2, 4, 8, 16], 1);
     // Prefill-sized products: MLX's quantized matmul against dequantize + matmul.
     for bits in [8, 4] {
         let (n, k, m) = (16384, 4096, 2048);
@@ -252,12 +252,12 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
     }
 }
 
-/// The GEMV kernel alone, one input row, on every matrix shape of a 9B decode step (lightning
+/// The GEMV kernel alone, one and eight input rows, on every matrix shape of a 9B decode step (lightning
 /// q/k/v/z, sparse q/k/v/gate, o_proj, gate/up, down, head), 32 products per evaluation so launch
 /// overhead is shared.
 fn qmv_on_decode_shapes() {
     let shapes = [(16384, 4096), (8704, 4096), (4096, 4096), (32768, 4096), (4096, 16384), (73448, 4096)];
-    qmv_table(&shapes, &[1], 4);
+    qmv_table(&shapes, &[1, 8], 4);
 }
 
 /// The GEMV kernel against MLX's quantized matmul for each shape `[n, k]` and input row count:

@@ -15,8 +15,8 @@
 // the reference stores them so) are copied asynchronously, the next tile while the current one is
 // scored, and scored with one product (float32 accumulation, as the reference's kernel).
 // float32 keys are staged as two bf16 values c = hi + lo (16 significant bits) and scored with
-// q·hi + q·lo, about 2⁻¹⁷ relative error. Uses sala_mma, sala_ldmatrix_x4, sala_cp_async16 and
-// sala_load_query_heads from block_sparse_prefill.cu.
+// q·hi + q·lo, about 2⁻¹⁷ relative error. Uses the helpers of mma.cu and sala_load_query_heads
+// from block_sparse_prefill.cu.
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "sala_select_*_mma need mma.sync for bf16 and cp.async (compute capability 8.0 or later)"

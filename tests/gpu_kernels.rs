@@ -45,7 +45,7 @@ fn qmv_matches_mlx_quantized_matmul() {
     let mut seed = 10;
     for bits in [8, 4] {
         for (n, k) in [(4100, 4096), (256, 16384), (1000, 384), (1001, 384)] {
-            for rows in [1, 3, 8] {
+            for rows in [1, 3, 8, 13, 16] {
                 for dtype in [Dtype::Bfloat16, Dtype::Float32] {
                     seed += 3;
                     let w = randn(&[n, k], seed, Dtype::Float32);
@@ -76,7 +76,7 @@ fn qmv_epilogues_match_mlx_operations() {
     for bits in [8, 4] {
         // (rows of W, K): the SwiGLU form reads W as [gate; up], 2F rows.
         for (n, k) in [(2 * 2048, 4096), (4096, 16384), (2 * 136, 384)] {
-            for rows in [1, 3] {
+            for rows in [1, 3, 11] {
                 for dtype in [Dtype::Bfloat16, Dtype::Float32] {
                     seed += 5;
                     let w = randn(&[n, k], seed, Dtype::Float32);

@@ -1,10 +1,13 @@
-//! Quantized matrix-vector product for decode: x `[…, K]` (at most [`MAX_ROWS`] rows) times an
-//! MLX-quantized `[N, K]` matrix, transposed. On a GPU the kernel streams each packed row once at
-//! full memory width (`cuda/qmv.cu`, `metal/qmv.metal`), optionally finishing with the SwiGLU or
-//! residual step that follows it; elsewhere MLX's quantized matmul and MLX operations run.
+//! Quantized matrix-vector product for decode: x `[…, K]` (a few rows) times an MLX-quantized
+//! `[N, K]` matrix, transposed, optionally finishing with the SwiGLU or residual step that follows
+//! it. On CUDA, bf16/f16 inputs of 2 to [`MAX_MMA_ROWS`] rows go through the tensor cores
+//! (`cuda/qmv_mma.cu`), whose time hardly grows with the rows (a decode batch); other GPU cases of
+//! up to [`MAX_ROWS`] rows take the general kernel (`cuda/qmv.cu`, `metal/qmv.metal`), which
+//! streams each packed row once at full memory width; elsewhere MLX's quantized matmul and MLX
+//! operations run.
 
 use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
-use mlx_rs::{error::Result, ops, Array};
+use mlx_rs::{error::Result, ops, Array, Dtype};
 
 /// Input rows up to which the kernel is used: measured on an H200 (benches/kernels.rs) it beats
 /// MLX's quantized matmul by 1.15–1.4× at one row and 1.9–2.2× at four on the 9B's large
@@ -80,7 +83,66 @@ static QMV_RESIDUAL: KernelSource = qmv_source(
      threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
 );
 
-/// Whether the kernel runs this product on the current backend.
+/// Input rows up to which the tensor-core kernel runs: the 16 rows of one mma tile.
+pub const MAX_MMA_ROWS: i32 = 16;
+/// Input rows from which it does: for one row the general kernel is faster (9B decode at 4K on
+/// an H100, same call: 148.9 against 134.3 tok/s), for a batch of 8 the tensor cores
+/// (745 against 510 tok/s).
+const MIN_MMA_ROWS: i32 = 2;
+
+const QMM_HEADER: &str =
+    concat!(include_str!("../../cuda/mma.cu"), include_str!("../../cuda/qmv.cu"), include_str!("../../cuda/qmv_mma.cu"));
+
+const fn qmm_source(name: &'static str, inputs: &'static [&'static str], cuda_body: &'static str) -> KernelSource {
+    // CUDA only (mma.sync); Metal takes the general kernel.
+    KernelSource { name, inputs, outputs: &["y"], cuda_header: QMM_HEADER, cuda_body, metal_header: "", metal_body: "", contiguous_inputs: true }
+}
+
+static QMM: KernelSource = qmm_source(
+    "sala_qmm",
+    &["x", "w", "scales", "biases"],
+    "sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 0>(x, w, scales, biases, nullptr, nullptr, y, x_shape[0], w_shape[0], \
+     w_shape[1] * 32 / BITS);",
+);
+
+static QMM_SWIGLU: KernelSource = qmm_source(
+    "sala_qmm_swiglu",
+    &["x", "w", "scales", "biases"],
+    "sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 2>(x, w, scales, biases, nullptr, nullptr, y, x_shape[0], w_shape[0], \
+     w_shape[1] * 32 / BITS);",
+);
+
+static QMM_RESIDUAL: KernelSource = qmm_source(
+    "sala_qmm_residual",
+    &["x", "w", "scales", "biases", "residual", "alpha"],
+    "sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 1>(x, w, scales, biases, residual, alpha, y, x_shape[0], w_shape[0], \
+     w_shape[1] * 32 / BITS);",
+);
+
+/// How the tensor-core kernel splits a product (H100, benches/kernels.rs `qmv` at 8 rows on the
+/// 9B's shapes, same call): one tile of 8 weight rows per thread block (SwiGLU: a gate tile and
+/// its up tile), 2 steps of loads in flight per warp (4 or 8: 1.2–1.6× slower on the large
+/// matrices; 2 tiles per block: up to 1.3× slower), and K split over a block's warps so that the
+/// grid holds about 8192 warps (4096 or 16384: slower).
+const MMA_OUT_TILES: i32 = 1;
+const MMA_IN_FLIGHT: i32 = 2;
+const MMA_GRID_WARPS: i32 = 8192;
+
+/// Whether the tensor-core kernel runs this product.
+fn mma_fits(x: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32) -> bool {
+    let k = x.shape()[x.ndim() - 1];
+    let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
+    backend() == Backend::Cuda
+        && matches!(x.dtype(), Dtype::Bfloat16 | Dtype::Float16)
+        && matches!(bits, 4 | 8)
+        && matches!(group_size, 32 | 64 | 128)
+        && (MIN_MMA_ROWS..=MAX_MMA_ROWS).contains(&rows)
+        && scales.dtype() == x.dtype()
+        && biases.dtype() == x.dtype()
+        && k % 128 == 0
+}
+
+/// Whether the general kernel runs this product on the current backend.
 fn fits(x: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32) -> bool {
     let k = x.shape()[x.ndim() - 1];
     let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
@@ -127,7 +189,14 @@ pub fn quantized_matmul_t_then(
         _ => true,
     };
     let swiglu = matches!(epilogue, Epilogue::SwiGlu);
-    if !fits(x, scales, biases, group_size, bits) || !residual_fits || (swiglu && n % 2 != 0) {
+    if !residual_fits || (swiglu && n % 2 != 0) {
+        let y = quantized_matmul_t_mlx(x, packed, scales, biases, group_size, bits)?;
+        return epilogue_mlx(&y, epilogue);
+    }
+    if mma_fits(x, scales, biases, group_size, bits) {
+        return quantized_matmul_t_mma(x, packed, scales, biases, group_size, bits, epilogue, shape);
+    }
+    if !fits(x, scales, biases, group_size, bits) {
         let y = quantized_matmul_t_mlx(x, packed, scales, biases, group_size, bits)?;
         return epilogue_mlx(&y, epilogue);
     }
@@ -160,6 +229,57 @@ pub fn quantized_matmul_t_then(
         },
     )?;
     Ok(y.into_iter().next().expect("one output"))
+}
+
+/// The tensor-core kernel (`cuda/qmv_mma.cu`) on x as `[rows, K]`; `shape` is y's.
+#[allow(clippy::too_many_arguments)]
+fn quantized_matmul_t_mma(
+    x: &Array,
+    packed: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+    epilogue: Epilogue,
+    shape: Vec<i32>,
+) -> Result<Array> {
+    let k = x.shape()[x.ndim() - 1];
+    let x2 = x.reshape(&[-1, k])?;
+    let rows = x2.shape()[0];
+    let width = shape[shape.len() - 1];
+    let (source, inputs): (&'static KernelSource, Vec<&Array>) = match epilogue {
+        Epilogue::Plain => (&QMM, vec![&x2, packed, scales, biases]),
+        Epilogue::SwiGlu => (&QMM_SWIGLU, vec![&x2, packed, scales, biases]),
+        Epilogue::Residual { residual, alpha } => (&QMM_RESIDUAL, vec![&x2, packed, scales, biases, residual, alpha]),
+    };
+    let blocks = (width + 8 * MMA_OUT_TILES - 1) / (8 * MMA_OUT_TILES);
+    // 64-byte steps along K; split over the block's warps so that the grid has about
+    // MMA_GRID_WARPS warps (small matrices fill the GPU with loads too), each with a few steps;
+    // at most 8 warps a block (16 × 32 threads run out of registers for 4 bits and > 8 rows).
+    let steps = k * bits / 8 / 64;
+    let wanted = (MMA_GRID_WARPS / blocks).clamp(1, 8).min((steps / MMA_IN_FLIGHT).max(1));
+    let warps = 1 << (31 - (wanted as u32).leading_zeros());
+    let nt = if matches!(epilogue, Epilogue::SwiGlu) { 2 * MMA_OUT_TILES } else { MMA_OUT_TILES };
+    let y = apply(
+        source,
+        &inputs,
+        Launch {
+            grid: (blocks * 32 * warps, 1, 1),
+            threads: (32 * warps, 1, 1),
+            outputs: vec![(vec![rows, width], x.dtype())],
+            template: vec![
+                ("T", TemplateArg::Type(x.dtype())),
+                ("BITS", TemplateArg::Int(bits)),
+                ("GROUP", TemplateArg::Int(group_size)),
+                ("HI", TemplateArg::Bool(rows > 8)),
+                ("WARPS", TemplateArg::Int(warps)),
+                ("NT", TemplateArg::Int(nt)),
+                ("U", TemplateArg::Int(MMA_IN_FLIGHT)),
+            ],
+            init: None,
+        },
+    )?;
+    y.into_iter().next().expect("one output").reshape(&shape)
 }
 
 /// The epilogue in MLX operations on the product `y` (the fallback and the kernels' reference).

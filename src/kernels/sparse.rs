@@ -604,7 +604,7 @@ static BLOCK_SPARSE_PREFILL: KernelSource = KernelSource {
     name: "sala_block_sparse_prefill",
     inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
     outputs: &["out"],
-    cuda_header: include_str!("../../cuda/block_sparse_prefill.cu"),
+    cuda_header: concat!(include_str!("../../cuda/mma.cu"), include_str!("../../cuda/block_sparse_prefill.cu")),
     cuda_body: "sala_block_sparse_attention_mma<T, D, G, BLOCK, SCALE_BITS, QPB>(\
                 q, k, v, k_recent, v_recent, blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
                 out, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);",
@@ -672,6 +672,7 @@ static SELECT_WINDOWS_MMA: KernelSource = KernelSource {
 
 const SELECT_MMA_HEADER: &str = concat!(
     include_str!("../../cuda/select_blocks.cu"),
+    include_str!("../../cuda/mma.cu"),
     include_str!("../../cuda/block_sparse_prefill.cu"),
     include_str!("../../cuda/select_mma.cu")
 );

@@ -1,0 +1,159 @@
+// Quantized matrix product for decode on tensor cores (bf16/f16 mma.sync, sm_80 and later): the
+// product of cuda/qmv.cu for 1–16 input rows, y = x · Wᵀ with W in MLX's affine layout, plain or
+// with its SwiGLU or residual epilogue. Uses mma.cu and sala_round from qmv.cu.
+//
+// Each m16n8k16 product takes 8 weight rows as its n columns and the input rows as its m rows,
+// so its cost hardly depends on how many input rows there are (one sequence or a decode batch).
+// Lane (r, t) = (lane / 4, lane % 4) reads 16 bytes of weight row r (16 weights at 8 bits, 32 at
+// 4); the 4 lanes of a row read 64 contiguous bytes, a "step". A dot product does not care in
+// which order it visits k, so the lane's k-slots {2t, 2t+1, 2t+8, 2t+9} of mma k-step j stand
+// for its own weights 4j .. 4j+3 in both operands: the weights need no shuffling, and the input
+// row's matching values are one contiguous load. Weights are dequantized to T (as MLX's
+// dequantize rounds them) and accumulated in float32.
+//
+// A thread block owns NT tiles of 8 weight rows (SwiGLU: NT / 2 gate tiles and their up tiles)
+// and splits K over its WARPS warps, which take interleaved steps with U steps of loads in
+// flight; the warps' partial sums meet in shared memory. WARPS is chosen so that small matrices
+// still fill the GPU with loads.
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "sala_qmm needs mma.sync for bf16/f16 (compute capability 8.0 or later)"
+#endif
+
+// 16 bytes of packed weights with scale s and bias b as T pairs: frag[p] = (w[2p], w[2p + 1]).
+template <typename T, int BITS>
+__device__ __forceinline__ void sala_qmm_dequant(const uint4& packed, float s, float b, uint32_t (&frag)[64 / BITS]) {
+  constexpr int PER_WORD = 32 / BITS;
+  constexpr uint32_t MASK = (1u << BITS) - 1u;
+  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+  for (int p = 0; p < 64 / BITS; ++p) {
+    float q[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int i = 2 * p + e;
+      // 0x4B000000 | q is the float 2^23 + q.
+      q[e] = __uint_as_float(0x4B000000u | ((words[i / PER_WORD] >> ((i % PER_WORD) * BITS)) & MASK)) - 8388608.f;
+    }
+    frag[p] = sala_pack(fmaf(s, q[0], b), fmaf(s, q[1], b), T());
+  }
+}
+
+// EPI: 0 plain (y = x · Wᵀ), 1 residual (y = residual + alpha · x · Wᵀ), 2 SwiGLU of the stacked
+// [gate; up] W of 2F rows (y = silu(x · W_gateᵀ) ⊙ x · W_upᵀ, F wide). HI: more than 8 rows.
+template <typename T, int BITS, int GROUP, bool HI, int WARPS, int NT, int U, int EPI>
+__device__ void sala_qmm(
+    const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, const T* alpha, T* y,
+    int rows, int N, int K) {
+  constexpr int PER_CHUNK = 128 / BITS;     // weights per 16-byte load
+  constexpr int KSTEPS = PER_CHUNK / 4;     // mma k-steps per load
+  constexpr int X_LOADS = PER_CHUNK * sizeof(T) / 16;
+  constexpr int OUT_TILES = EPI == 2 ? NT / 2 : NT;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r = lane >> 2, t = lane & 3;
+  const int width = EPI == 2 ? N / 2 : N;  // y's row length
+  const int o0 = blockIdx.x * 8 * OUT_TILES;
+  const int chunks = K / PER_CHUNK, steps = chunks / 4, groups = K / GROUP;
+
+  const uint4* wrow[NT];
+  int wr[NT];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    const int out = min(o0 + 8 * (i % OUT_TILES) + r, width - 1);
+    wr[i] = out + (EPI == 2 && i >= OUT_TILES ? width : 0);
+    wrow[i] = reinterpret_cast<const uint4*>(w) + (size_t)wr[i] * chunks;
+  }
+  const bool has_lo = r < rows, has_hi = HI && r + 8 < rows;
+  const uint4* x_lo = reinterpret_cast<const uint4*>(x + (size_t)min(r, rows - 1) * K);
+  const uint4* x_hi = reinterpret_cast<const uint4*>(x + (size_t)min(r + 8, rows - 1) * K);
+
+  float acc[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+
+  for (int s0 = warp; s0 < steps; s0 += WARPS * U) {
+    uint4 packed[U][NT];
+    float sc[U][NT], bi[U][NT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = 4 * (s0 + u * WARPS) + t;
+      if (s0 + u * WARPS < steps) {
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          packed[u][i] = __ldg(wrow[i] + c);
+          const size_t g = (size_t)wr[i] * groups + c * PER_CHUNK / GROUP;
+          sc[u][i] = static_cast<float>(scales[g]);
+          bi[u][i] = static_cast<float>(biases[g]);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = 4 * (s0 + u * WARPS) + t;
+      if (s0 + u * WARPS >= steps) break;
+      uint32_t xl[4 * X_LOADS], xh[4 * X_LOADS];
+#pragma unroll
+      for (int l = 0; l < X_LOADS; ++l) {
+        const uint4 a = has_lo ? __ldg(x_lo + (size_t)c * X_LOADS + l) : make_uint4(0, 0, 0, 0);
+        const uint4 b = has_hi ? __ldg(x_hi + (size_t)c * X_LOADS + l) : make_uint4(0, 0, 0, 0);
+        xl[4 * l] = a.x; xl[4 * l + 1] = a.y; xl[4 * l + 2] = a.z; xl[4 * l + 3] = a.w;
+        xh[4 * l] = b.x; xh[4 * l + 1] = b.y; xh[4 * l + 2] = b.z; xh[4 * l + 3] = b.w;
+      }
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        uint32_t frag[64 / BITS];
+        sala_qmm_dequant<T, BITS>(packed[u][i], sc[u][i], bi[u][i], frag);
+#pragma unroll
+        for (int j = 0; j < KSTEPS; ++j) {
+          const uint32_t a[4] = {xl[2 * j], xh[2 * j], xl[2 * j + 1], xh[2 * j + 1]};
+          sala_mma(acc[i], a, frag[2 * j], frag[2 * j + 1], T());
+        }
+      }
+    }
+  }
+
+  if (WARPS > 1) {
+    __shared__ float partial[WARPS][NT][4][32];
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) partial[warp][i][e][lane] = acc[i][e];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int v = 1; v < WARPS; ++v)
+#pragma unroll
+      for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][e] += partial[v][i][e][lane];
+  }
+
+  // acc[i][2h + e] is input row r + 8h, output 2t + e of tile i.
+  const float a = EPI == 1 ? static_cast<float>(alpha[0]) : 0.f;
+#pragma unroll
+  for (int h = 0; h < (HI ? 2 : 1); ++h) {
+    const int m = r + 8 * h;
+    if (m >= rows) break;
+#pragma unroll
+    for (int i = 0; i < OUT_TILES; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int o = o0 + 8 * i + 2 * t + e;
+        if (o >= width) continue;
+        const size_t at = (size_t)m * width + o;
+        const float v = acc[i][2 * h + e];
+        if (EPI == 0) {
+          y[at] = static_cast<T>(v);
+        } else if (EPI == 1) {
+          y[at] = static_cast<T>(static_cast<float>(residual[at]) + sala_round<T>(a * sala_round<T>(v)));
+        } else {
+          const float g = sala_round<T>(v);
+          const float act = sala_round<T>(g * sala_round<T>(1.f / (1.f + expf(-g))));
+          y[at] = static_cast<T>(act * sala_round<T>(acc[OUT_TILES + i][2 * h + e]));
+        }
+      }
+    }
+  }
+}
