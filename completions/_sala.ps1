@@ -43,8 +43,8 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             break
         }
         'sala;run' {
-            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`')
-            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`')
+            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
+            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
             [CompletionResult]::new('--device', '--device', [CompletionResultType]::ParameterName, 'Device to run on (default: the GPU when MLX has one)')
             [CompletionResult]::new('--dtype', '--dtype', [CompletionResultType]::ParameterName, 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)')
             [CompletionResult]::new('--prefill-step', '--prefill-step', [CompletionResultType]::ParameterName, 'Prompt tokens per forward pass during prefill')
@@ -73,8 +73,8 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             break
         }
         'sala;chat' {
-            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`')
-            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`')
+            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
+            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
             [CompletionResult]::new('--device', '--device', [CompletionResultType]::ParameterName, 'Device to run on (default: the GPU when MLX has one)')
             [CompletionResult]::new('--dtype', '--dtype', [CompletionResultType]::ParameterName, 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)')
             [CompletionResult]::new('--prefill-step', '--prefill-step', [CompletionResultType]::ParameterName, 'Prompt tokens per forward pass during prefill')
@@ -98,8 +98,8 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             break
         }
         'sala;serve' {
-            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`')
-            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`')
+            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
+            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
             [CompletionResult]::new('--device', '--device', [CompletionResultType]::ParameterName, 'Device to run on (default: the GPU when MLX has one)')
             [CompletionResult]::new('--dtype', '--dtype', [CompletionResultType]::ParameterName, 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)')
             [CompletionResult]::new('--prefill-step', '--prefill-step', [CompletionResultType]::ParameterName, 'Prompt tokens per forward pass during prefill')
@@ -213,8 +213,8 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             break
         }
         'sala;needle' {
-            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`')
-            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`')
+            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
+            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
             [CompletionResult]::new('--device', '--device', [CompletionResultType]::ParameterName, 'Device to run on (default: the GPU when MLX has one)')
             [CompletionResult]::new('--dtype', '--dtype', [CompletionResultType]::ParameterName, 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)')
             [CompletionResult]::new('--prefill-step', '--prefill-step', [CompletionResultType]::ParameterName, 'Prompt tokens per forward pass during prefill')

@@ -39,8 +39,8 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'sala;run'= {
-            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
-            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
+            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
+            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
             cand --device 'Device to run on (default: the GPU when MLX has one)'
             cand --dtype 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)'
             cand --prefill-step 'Prompt tokens per forward pass during prefill'
@@ -68,8 +68,8 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --version 'Print version'
         }
         &'sala;chat'= {
-            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
-            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
+            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
+            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
             cand --device 'Device to run on (default: the GPU when MLX has one)'
             cand --dtype 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)'
             cand --prefill-step 'Prompt tokens per forward pass during prefill'
@@ -92,8 +92,8 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --version 'Print version'
         }
         &'sala;serve'= {
-            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
-            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
+            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
+            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
             cand --device 'Device to run on (default: the GPU when MLX has one)'
             cand --dtype 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)'
             cand --prefill-step 'Prompt tokens per forward pass during prefill'
@@ -199,8 +199,8 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --version 'Print version'
         }
         &'sala;needle'= {
-            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
-            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`'
+            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
+            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
             cand --device 'Device to run on (default: the GPU when MLX has one)'
             cand --dtype 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)'
             cand --prefill-step 'Prompt tokens per forward pass during prefill'

@@ -41,7 +41,7 @@ complete -c sala -n "__fish_sala_needs_command" -f -a "bfcl" -d 'Function callin
 complete -c sala -n "__fish_sala_needs_command" -f -a "doctor" -d 'Check the setup: MLX and its backend, GPU, memory, model store, hub access'
 complete -c sala -n "__fish_sala_needs_command" -f -a "completions" -d 'Print a shell completion script (bash, zsh, fish, elvish, powershell)'
 complete -c sala -n "__fish_sala_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c sala -n "__fish_sala_using_subcommand run" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`' -r -F
+complete -c sala -n "__fish_sala_using_subcommand run" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)' -r -F
 complete -c sala -n "__fish_sala_using_subcommand run" -l device -d 'Device to run on (default: the GPU when MLX has one)' -r -f -a "cpu\t''
 gpu\t''"
 complete -c sala -n "__fish_sala_using_subcommand run" -l dtype -d 'Compute dtype (default: the checkpoint\'s on a GPU, f32 on the CPU)' -r -f -a "f32\t''
@@ -68,7 +68,7 @@ complete -c sala -n "__fish_sala_using_subcommand run" -l ignore-eos -d 'Keep ge
 complete -c sala -n "__fish_sala_using_subcommand run" -l json -d 'Print {"token_ids": [...], "text": "..."} instead of streaming text'
 complete -c sala -n "__fish_sala_using_subcommand run" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand run" -s V -l version -d 'Print version'
-complete -c sala -n "__fish_sala_using_subcommand chat" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`' -r -F
+complete -c sala -n "__fish_sala_using_subcommand chat" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)' -r -F
 complete -c sala -n "__fish_sala_using_subcommand chat" -l device -d 'Device to run on (default: the GPU when MLX has one)' -r -f -a "cpu\t''
 gpu\t''"
 complete -c sala -n "__fish_sala_using_subcommand chat" -l dtype -d 'Compute dtype (default: the checkpoint\'s on a GPU, f32 on the CPU)' -r -f -a "f32\t''
@@ -90,7 +90,7 @@ complete -c sala -n "__fish_sala_using_subcommand chat" -l max-tokens -d 'Most t
 complete -c sala -n "__fish_sala_using_subcommand chat" -l no-think -d 'Start with thinking off (`/think on` turns it back on)'
 complete -c sala -n "__fish_sala_using_subcommand chat" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand chat" -s V -l version -d 'Print version'
-complete -c sala -n "__fish_sala_using_subcommand serve" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`' -r -F
+complete -c sala -n "__fish_sala_using_subcommand serve" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)' -r -F
 complete -c sala -n "__fish_sala_using_subcommand serve" -l device -d 'Device to run on (default: the GPU when MLX has one)' -r -f -a "cpu\t''
 gpu\t''"
 complete -c sala -n "__fish_sala_using_subcommand serve" -l dtype -d 'Compute dtype (default: the checkpoint\'s on a GPU, f32 on the CPU)' -r -f -a "f32\t''
@@ -166,7 +166,7 @@ complete -c sala -n "__fish_sala_using_subcommand bench" -l prefill-step -d 'Pro
 complete -c sala -n "__fish_sala_using_subcommand bench" -l no-think -d 'Quality suite: answer without thinking (enable_thinking=false in the chat template)'
 complete -c sala -n "__fish_sala_using_subcommand bench" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand bench" -s V -l version -d 'Print version'
-complete -c sala -n "__fish_sala_using_subcommand needle" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list`' -r -F
+complete -c sala -n "__fish_sala_using_subcommand needle" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)' -r -F
 complete -c sala -n "__fish_sala_using_subcommand needle" -l device -d 'Device to run on (default: the GPU when MLX has one)' -r -f -a "cpu\t''
 gpu\t''"
 complete -c sala -n "__fish_sala_using_subcommand needle" -l dtype -d 'Compute dtype (default: the checkpoint\'s on a GPU, f32 on the CPU)' -r -f -a "f32\t''

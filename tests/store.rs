@@ -76,6 +76,30 @@ fn store_names_list_show_run_and_rm() {
 }
 
 #[test]
+fn the_pulled_default_model_runs_without_a_path() {
+    let cache = store("default");
+    let args = ["run", "--input-ids", "1,2,3", "--max-tokens", "2", "--temperature", "0", "--json"];
+    // Not pulled yet: the error says how to get it.
+    let missing = sala(&cache, &args, &[]);
+    let (_, err) = text(&missing);
+    assert!(!missing.status.success());
+    assert!(err.contains("no model given") && err.contains("sala pull") && err.contains("moxin-org/MiniCPM4-SALA-9B-8bit-mlx"), "{err}");
+    // Pulled (here: golden case A stored under the default name): used without --model, and the
+    // same answer as naming it.
+    std::fs::rename(cache.join("models--test-org--tiny-sala"), cache.join("models--moxin-org--MiniCPM4-SALA-9B-8bit-mlx")).unwrap();
+    let by_default = sala(&cache, &args, &[]);
+    assert!(by_default.status.success(), "{}", text(&by_default).1);
+    let mut named = args.to_vec();
+    named.extend(["--model", "moxin-org/MiniCPM4-SALA-9B-8bit-mlx"]);
+    let (expected, _) = text(&sala(&cache, &named, &[]));
+    let direct = sala(&cache, &["run", "--model", common::golden("A_dense_f32").to_str().unwrap(), "--input-ids", "1,2,3", "--max-tokens", "2", "--temperature", "0", "--json"], &[]);
+    assert_eq!(text(&by_default).0, expected);
+    assert_eq!(expected, text(&direct).0);
+    assert!(expected.contains("token_ids"), "{expected}");
+    std::fs::remove_dir_all(cache).unwrap();
+}
+
+#[test]
 fn preflight_refuses_what_does_not_fit() {
     let cache = store("preflight");
     let model = common::golden("A_dense_f32");

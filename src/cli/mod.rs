@@ -157,7 +157,7 @@ pub struct RuntimeArgs {
 #[derive(Args)]
 pub struct ModelArgs {
     /// Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file,
-    /// or a name from `sala list`
+    /// or a name from `sala list` (default: the model `sala pull` fetches, once it is there)
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
     #[command(flatten)]
@@ -229,6 +229,24 @@ impl DraftArgs {
     }
 }
 
+impl ModelArgs {
+    /// `--model`, else the model `sala pull` fetches by default once it is in the store (as
+    /// ollama runs what it pulled without a path).
+    pub fn model_or_default(&self) -> anyhow::Result<PathBuf> {
+        if let Some(path) = &self.model {
+            return Ok(path.clone());
+        }
+        let name = crate::store::pull::DEFAULT_REPO;
+        if crate::store::cache::ModelRef::parse(name)?.snapshot(&crate::store::cache::cache_dir()).is_some() {
+            return Ok(PathBuf::from(name));
+        }
+        bail!(
+            "no model given: pass --model PATH (a model directory, a .sala or .gguf file, or a name from `sala list`), \
+             or fetch the default model, {name}, with `sala pull`"
+        )
+    }
+}
+
 /// A model ready to run, with what the memory checks need.
 pub struct LoadedModel {
     pub model: Box<dyn LanguageModel>,
@@ -271,9 +289,7 @@ fn check_fits(
 /// Selects the device, checks that weights + a cache of `tokens` fit, and loads the model and its
 /// tokenizer.
 pub fn load(args: &ModelArgs, tokens: usize) -> anyhow::Result<LoadedModel> {
-    let Some(path) = args.model.clone() else {
-        bail!("no model given: pass --model PATH (a model directory, a .sala or .gguf file, or a name from `sala list`)");
-    };
+    let path = args.model_or_default()?;
     let device = select_device(&args.runtime)?;
     let source = models::open(&path).with_context(|| format!("opening {}", path.display()))?;
     load_source(source, path, device, args, tokens)

@@ -76,9 +76,7 @@ pub fn run(args: NeedleArgs) -> anyhow::Result<()> {
         bail!("--context-len: give lengths above 0");
     }
     let longest = *lengths.last().expect("not empty");
-    let Some(model_path) = args.load.model.clone() else {
-        bail!("no model given: pass --model PATH");
-    };
+    let model_path = args.load.model_or_default()?;
     let name = file_label(&model_path);
     // Refuses up front (with the numbers) when the longest cell will not fit in memory.
     let loaded = load(&args.load, longest + args.max_tokens)?;

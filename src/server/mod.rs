@@ -55,9 +55,7 @@ pub struct ServerOptions {
 /// Binds, starts loading the model on the worker thread, and serves until Ctrl-C.
 pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
     let ServerOptions { host, port, api_key, default_max_tokens, parallel } = options;
-    let Some(path) = model.model.clone() else {
-        anyhow::bail!("no model given: pass --model PATH (a model directory, a .sala or .gguf file, or a name from `sala list`)");
-    };
+    let path = model.model_or_default()?;
     let state = Arc::new(AppState {
         model_id: path.display().to_string(),
         model_path: crate::store::cache::resolve(&path).unwrap_or_else(|_| path.clone()),
