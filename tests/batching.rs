@@ -106,3 +106,42 @@ fn dense_batched_decode_matches_one_at_a_time() {
         .collect();
     assert_same(model.as_ref(), &prompts, 1e-3);
 }
+
+/// After a batched step the lightning layers keep their states as rows of the one stacked state
+/// the step made, so the next step over the same sequences in the same order reuses it as it is
+/// (no slicing and re-stacking); any other batch takes the rows out, with the same results.
+#[test]
+fn lightning_states_stay_stacked_across_batched_steps() {
+    use mlx_rs::Array;
+    use sala::engine::cache::{LayerCache, RecurrentState};
+    use sala::engine::model::Logits;
+    let model = sala::models::load(&golden("A_dense_f32"), Some(Dtype::Float32)).unwrap();
+    let forward = |caches: &mut [ModelCache], ids: &[i32]| {
+        let mut refs: Vec<&mut ModelCache> = caches.iter_mut().collect();
+        let input = Array::from_slice(ids, &[ids.len() as i32, 1]);
+        sala::engine::ops::to_vec_f32(&model.forward_batch(&input, &mut refs, Logits::Last, None).unwrap()).unwrap()
+    };
+    let mut caches = vec![model.new_cache(), model.new_cache()];
+    forward(&mut caches, &[5, 9]);
+    forward(&mut caches, &[7, 3]);
+    let lightning: Vec<usize> =
+        (0..caches[0].layers.len()).filter(|&i| matches!(caches[0].layers[i], LayerCache::Recurrent(_))).collect();
+    assert!(!lightning.is_empty());
+    for &i in &lightning {
+        let (first, second) = caches.split_at_mut(1);
+        let a = first[0].layers[i].as_recurrent().unwrap();
+        let b = second[0].layers[i].as_recurrent().unwrap();
+        assert!(RecurrentState::stacked(&[a, b]).is_some(), "layer {i}: the rows of one stacked state");
+        let (a, b) = (first[0].layers[i].as_recurrent().unwrap(), second[0].layers[i].as_recurrent().unwrap());
+        assert!(RecurrentState::stacked(&[b, a]).is_none(), "layer {i}: another order must not reuse it");
+        assert!(RecurrentState::stacked(&[first[0].layers[i].as_recurrent().unwrap()]).is_none(), "layer {i}: a sub-batch");
+    }
+    // The next step batched (reusing the stacked states) and each sequence alone (its row taken
+    // out) give the same logits.
+    let (mut one, mut two) = (vec![caches[0].clone()], vec![caches[1].clone()]);
+    let together = forward(&mut caches, &[11, 2]);
+    let apart: Vec<f32> = forward(&mut one, &[11]).into_iter().chain(forward(&mut two, &[2])).collect();
+    assert_eq!(together.len(), apart.len());
+    let diff = together.iter().zip(&apart).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(diff <= 1e-5, "batched and alone differ by {diff}");
+}

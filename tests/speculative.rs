@@ -136,7 +136,7 @@ fn rollback_inside_a_chunk_equals_the_shorter_chunk() {
     for (i, (a, b)) in cache.layers.iter().zip(&short.layers).enumerate() {
         if let (LayerCache::Recurrent(a), LayerCache::Recurrent(b)) = (a, b) {
             assert_eq!(a.len, b.len, "layer {i}");
-            let (a, b) = (to_vec_f32(a.state.as_ref().unwrap()).unwrap(), to_vec_f32(b.state.as_ref().unwrap()).unwrap());
+            let (a, b) = (to_vec_f32(&a.state().unwrap().unwrap()).unwrap(), to_vec_f32(&b.state().unwrap().unwrap()).unwrap());
             assert!(max_diff(&a, &b) <= 1e-4, "layer {i}: states differ by {}", max_diff(&a, &b));
         }
     }

@@ -380,7 +380,14 @@ impl KvCache {
 /// The state of a recurrent (linear-attention) layer after `len` tokens.
 #[derive(Clone, Default)]
 pub struct RecurrentState {
-    pub state: Option<Array>,
+    /// The sequence's own state `[1, …]` (None before the first token, or while `batch_row` holds it).
+    state: Option<Array>,
+    /// After a step decoded several sequences together: the stacked state `[B, …]` that step
+    /// made, this sequence's row in it, and the step's number. The next batched step over the
+    /// same sequences in the same order takes the stacked state as it is, instead of slicing B
+    /// rows out and concatenating them back (2 operations per sequence and layer, which bounded
+    /// batched decode on the host).
+    batch_row: Option<(Array, usize, u64)>,
     pub len: usize,
     /// Set while speculative decoding verifies a draft: the layer then keeps `replay` for its
     /// next forward call, so the state can be rolled back to any length inside that call.
@@ -388,6 +395,51 @@ pub struct RecurrentState {
     /// The last forward call's starting point and inputs (only while `record_replay`; a call
     /// without it clears this, so a replay never describes anything but the last call).
     pub replay: Option<Replay>,
+}
+
+impl RecurrentState {
+    /// The state `[1, …]`, None before the first token (a row of a stacked state is sliced out).
+    pub fn state(&self) -> Result<Option<Array>> {
+        match &self.batch_row {
+            Some((stacked, row, _)) => Ok(Some(stacked.try_index(*row as i32..*row as i32 + 1)?)),
+            None => Ok(self.state.clone()),
+        }
+    }
+
+    pub fn set_state(&mut self, state: Option<Array>) {
+        self.state = state;
+        self.batch_row = None;
+    }
+
+    /// Gives `states` the rows of `stacked` `[B, …]`, in order.
+    pub fn set_stacked(states: &mut [&mut RecurrentState], stacked: &Array) {
+        static STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let step = STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for (row, s) in states.iter_mut().enumerate() {
+            s.state = None;
+            s.batch_row = Some((stacked.clone(), row, step));
+        }
+    }
+
+    /// The stacked state of `states` if they are, in order, all the rows of one batched step's
+    /// state ([`RecurrentState::set_stacked`]).
+    pub fn stacked(states: &[&mut RecurrentState]) -> Option<Array> {
+        let (stacked, _, step) = states.first()?.batch_row.as_ref()?;
+        let whole = stacked.shape()[0] as usize == states.len()
+            && states.iter().enumerate().all(|(i, s)| matches!(&s.batch_row, Some((_, row, st)) if *row == i && st == step));
+        whole.then(|| stacked.clone())
+    }
+
+    fn nbytes(&self) -> usize {
+        match &self.batch_row {
+            Some((stacked, _, _)) => stacked.nbytes() / stacked.shape()[0].max(1) as usize,
+            None => self.state.as_ref().map_or(0, |s| s.nbytes()),
+        }
+    }
+
+    fn arrays(&self) -> Vec<Array> {
+        self.state.iter().chain(self.batch_row.as_ref().map(|(stacked, _, _)| stacked)).cloned().collect()
+    }
 }
 
 /// What a recurrent layer needs to recompute its state at any length inside one forward call:
@@ -420,7 +472,7 @@ impl LayerCache {
     pub fn nbytes(&self) -> usize {
         match self {
             LayerCache::Attention(kv) => kv.nbytes(),
-            LayerCache::Recurrent(r) => r.state.as_ref().map_or(0, |s| s.nbytes()),
+            LayerCache::Recurrent(r) => r.nbytes(),
         }
     }
 }
@@ -519,7 +571,7 @@ impl ModelCache {
                 let pooled = kv.pooled.iter().flat_map(|p| p.windows.arrays());
                 kv.keys.arrays().chain(kv.values.arrays()).chain(pooled).collect()
             }
-            LayerCache::Recurrent(r) => r.state.iter().cloned().collect(),
+            LayerCache::Recurrent(r) => r.arrays(),
         }
     }
 }

@@ -54,7 +54,7 @@ pub fn select_blocks(
     score_dtype: Dtype,
 ) -> Result<Array> {
     let chunk = selection_chunk(q, c1);
-    Ok(select_blocks_chunked(q, c1, c2, first_pos, kv_len, sel, score_dtype, chunk, false)?.blocks)
+    Ok(select_blocks_chunked(q, c1, c2, first_pos, kv_len, sel, score_dtype, chunk, false)?.0)
 }
 
 /// [`select_blocks`] with the pooled block scores kept (for tracing and tests: at long context
@@ -69,7 +69,8 @@ pub fn select_blocks_scored(
     score_dtype: Dtype,
 ) -> Result<Selected> {
     let chunk = selection_chunk(q, c1);
-    select_blocks_chunked(q, c1, c2, first_pos, kv_len, sel, score_dtype, chunk, true)
+    let (blocks, scores) = select_blocks_chunked(q, c1, c2, first_pos, kv_len, sel, score_dtype, chunk, true)?;
+    Ok(Selected { blocks, scores: scores.expect("kept") })
 }
 
 /// Working memory of one query chunk of the selection: the float32 stage-1 scores of every query
@@ -85,8 +86,9 @@ fn selection_chunk(q: &Array, c1: &Array) -> usize {
     (SELECTION_CHUNK_BYTES / (4 * rows * n1.max(1))).clamp(16, 4096)
 }
 
-/// The selection in chunks of `chunk` queries, at most two in flight; the scores are dropped
-/// part by part unless `keep_scores`. Public for the test that chunking changes nothing.
+/// The selection in chunks of `chunk` queries, at most two in flight: the blocks, and the scores
+/// if `keep_scores` (otherwise dropped part by part). Public for the test that chunking changes
+/// nothing.
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
 pub fn select_blocks_chunked(
@@ -99,7 +101,7 @@ pub fn select_blocks_chunked(
     score_dtype: Dtype,
     chunk: usize,
     keep_scores: bool,
-) -> Result<Selected> {
+) -> Result<(Array, Option<Array>)> {
     let t = q.shape()[2] as usize;
     let one = |q: &Array, first_pos: usize| {
         if backend() == Backend::Cpu || q.shape()[0] != 1 {
@@ -109,7 +111,8 @@ pub fn select_blocks_chunked(
         }
     };
     if t <= chunk {
-        return one(q, first_pos);
+        let whole = one(q, first_pos)?;
+        return Ok((whole.blocks, keep_scores.then_some(whole.scores)));
     }
     let mut pacer = Pacer::new(t);
     let (mut blocks, mut scores) = (Vec::new(), Vec::new());
@@ -124,8 +127,8 @@ pub fn select_blocks_chunked(
     }
     let blocks = ops::concatenate(&blocks, 2)?;
     // Scores not kept are freed as each part has run.
-    let scores = if keep_scores { ops::concatenate(&scores, 2)? } else { Array::from_slice::<f32>(&[], &[0]) };
-    Ok(Selected { blocks, scores })
+    let scores = if keep_scores { Some(ops::concatenate(&scores, 2)?) } else { None };
+    Ok((blocks, scores))
 }
 
 /// Whether the selection takes the tensor-core stage 1 (`cuda/select_mma.cu`): CUDA, bf16

@@ -343,10 +343,12 @@ pub fn per_sequence<C: ?Sized>(
         let whole: Vec<Array> = inputs.iter().map(|a| (*a).clone()).collect();
         return f(&whole, cache);
     }
+    // One split per input rather than a slice per sequence: a decode step is bound by the host's
+    // work per operation, and a batch of 8 has 8 sparse layers × 3 inputs here.
+    let mut rows = inputs.iter().map(|a| Ok(ops::split_equal(a, caches.len() as i32, 0)?.into_iter())).collect::<Result<Vec<_>>>()?;
     let mut outputs = Vec::with_capacity(caches.len());
-    for (b, cache) in caches.iter_mut().enumerate() {
-        let b = b as i32;
-        let parts = inputs.iter().map(|a| a.try_index(b..b + 1)).collect::<std::result::Result<Vec<_>, _>>()?;
+    for cache in caches.iter_mut() {
+        let parts: Vec<Array> = rows.iter_mut().map(|r| r.next().expect("one row per cache")).collect();
         outputs.push(f(&parts, cache)?);
     }
     Ok(ops::concatenate(&outputs, 0)?)

@@ -156,9 +156,11 @@ impl LightningAttention {
     fn decode(&self, qkvz: &Array, states: &mut [&mut RecurrentState], positions: &Positions) -> Result<Array> {
         let (h, d) = (self.cfg.heads as i32, self.cfg.head_dim as i32);
         let zero = || Array::zeros::<f32>(&[1, h, d, d]);
-        let state = match states {
-            [one] => one.state.clone().map_or_else(zero, Ok)?,
-            _ => ops::concatenate(&states.iter().map(|s| s.state.clone().map_or_else(zero, Ok)).collect::<std::result::Result<Vec<_>, _>>()?, 0)?,
+        let own = |s: &RecurrentState| s.state().and_then(|st| st.map_or_else(zero, Ok));
+        let state = match RecurrentState::stacked(states) {
+            Some(stacked) => stacked,
+            None if states.len() == 1 => own(states[0])?,
+            None => ops::concatenate(&states.iter().map(|s| own(s)).collect::<std::result::Result<Vec<_>, _>>()?, 0)?,
         };
         let keep_kv = states.iter().any(|s| s.record_replay);
         let step = lightning::decode_step(&self.step_params(), qkvz, &positions.device, &state, keep_kv)?;
@@ -166,11 +168,15 @@ impl LightningAttention {
         for (i, s) in states.iter_mut().enumerate() {
             let row = |a: &Array| if several { a.try_index(i as i32..i as i32 + 1) } else { Ok(a.clone()) };
             s.replay = match (&step.kv, s.record_replay) {
-                (Some((k, v)), true) => Some(Replay { state: s.state.clone(), len: s.len, inputs: vec![row(k)?, row(v)?] }),
+                (Some((k, v)), true) => Some(Replay { state: s.state()?, len: s.len, inputs: vec![row(k)?, row(v)?] }),
                 _ => None,
             };
-            s.state = Some(row(&step.state)?);
             s.len += 1;
+        }
+        if several {
+            RecurrentState::set_stacked(states, &step.state);
+        } else {
+            states[0].set_state(Some(step.state));
         }
         Ok(step.o)
     }
@@ -186,9 +192,10 @@ impl LightningAttention {
             let offset = if b == 1 { positions.device.clone() } else { Array::from_int(cache.len as i32) };
             let (q, k) = lightning::rotate(&params, &qkv[0], &qkv[1], &offset)?;
             let v = qkv[2].clone();
-            let (o, state) = gla::simple_gla(&q, &k, &v, &self.slopes, cache.state.as_ref(), self.cfg.q_scale)?;
-            cache.replay = cache.record_replay.then(|| Replay { state: cache.state.clone(), len: cache.len, inputs: vec![k, v] });
-            cache.state = Some(state);
+            let before = cache.state()?;
+            let (o, state) = gla::simple_gla(&q, &k, &v, &self.slopes, before.as_ref(), self.cfg.q_scale)?;
+            cache.replay = cache.record_replay.then(|| Replay { state: before, len: cache.len, inputs: vec![k, v] });
+            cache.set_state(Some(state));
             cache.len += t as usize;
             Ok(o)
         })?;
@@ -229,12 +236,13 @@ impl LightningAttention {
             ))
         })?;
         let kept = (len - replay.len) as i32;
-        cache.state = if kept == 0 {
+        let state = if kept == 0 {
             replay.state.clone()
         } else {
             let [k, v] = [&replay.inputs[0], &replay.inputs[1]].map(|a| a.try_index((.., .., ..kept, ..)));
             Some(gla::fold_state(&k?, &v?, &self.slopes, replay.state.as_ref())?)
         };
+        cache.set_state(state);
         cache.len = len;
         Ok(())
     }
