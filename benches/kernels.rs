@@ -61,6 +61,17 @@ fn main() {
         prefill_chunk_pieces(&sel);
         return;
     }
+    // `kernels decode-step` splits the 9B's decode step into host and device time.
+    if std::env::args().skip(1).any(|a| a == "decode-step") {
+        decode_step_split();
+        return;
+    }
+    // `kernels decode-profile`: a short prompt, then two decode steps evaluated one by one, for a
+    // kernel profiler (the last steps' kernels are the decode step's).
+    if std::env::args().skip(1).any(|a| a == "decode-profile") {
+        decode_steps_for_a_profiler();
+        return;
+    }
     // `kernels qmv` times only the quantized GEMV kernel on the 9B's decode shapes.
     if std::env::args().skip(1).any(|a| a == "qmv") {
         qmv_on_decode_shapes();
@@ -366,5 +377,90 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         // All queries in one call, as SparseAttention makes it.
         let attention = time(|| vec![block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5)).unwrap()]);
         line(&format!("block-sparse attention at {}K", kv_len / 1024), attention, 8);
+    }
+}
+
+/// The synthetic 8-bit 9B.
+fn synthetic_9b() -> Box<dyn sala::engine::model::LanguageModel> {
+    let synthetic = sala::eval::synthetic::SyntheticModel::new("minicpm-sala-9b", Some(8)).unwrap();
+    let mut source = synthetic.build(Dtype::Bfloat16, |_| {}).unwrap();
+    let cfg = source.config().unwrap();
+    sala::models::build(&cfg, &mut source.weights, Some(Dtype::Bfloat16)).unwrap()
+}
+
+fn decode_steps_for_a_profiler() {
+    use sala::engine::model::Logits;
+    let model = synthetic_9b();
+    let mut cache = model.new_cache();
+    let ids = random::randint::<_, i32>(0, 1000, &[1, 512], &random::key(3).unwrap()).unwrap();
+    let logits = model.forward(&ids, &mut cache, Logits::Last, None).unwrap();
+    eval(std::iter::once(&logits).chain(cache.arrays().iter())).unwrap();
+    for _ in 0..2 {
+        let logits = model.forward(&Array::from_slice(&[7i32], &[1, 1]), &mut cache, Logits::Last, None).unwrap();
+        eval(std::iter::once(&logits).chain(cache.arrays().iter())).unwrap();
+        println!("decode step done");
+    }
+}
+
+/// One decode step of the synthetic 8-bit 9B at 4K context, batch 1 and 8, split into where the
+/// time goes: building the lazy graph, encoding it for the device (`async_eval` returns once
+/// every operation is encoded), and waiting for the device after that; then the same steps
+/// pipelined as `sala bench` runs them (the host encodes step n+1 while the device runs step n).
+/// Pipelined ≈ build + encode means the host bounds decode; ≈ build + encode + wait, the device.
+fn decode_step_split() {
+    use mlx_rs::transforms::async_eval;
+    use sala::engine::cache::ModelCache;
+    use sala::engine::model::Logits;
+    let model = synthetic_9b();
+    println!("| batch | build µs | encode µs | wait µs | sequential µs | pipelined µs |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for batch in [1usize, 8] {
+        let mut caches: Vec<ModelCache> = (0..batch).map(|_| model.new_cache()).collect();
+        for (i, cache) in caches.iter_mut().enumerate() {
+            for chunk in 0..2u64 {
+                let ids = random::randint::<_, i32>(0, 1000, &[1, 2048], &random::key(10 * i as u64 + chunk).unwrap()).unwrap();
+                let logits = model.forward(&ids, cache, Logits::Last, None).unwrap();
+                eval(std::iter::once(&logits).chain(cache.arrays().iter())).unwrap();
+            }
+        }
+        let tokens = Array::from_slice(&vec![7i32; batch], &[batch as i32, 1]);
+        let step = |caches: &mut Vec<ModelCache>| {
+            let mut refs: Vec<&mut ModelCache> = caches.iter_mut().collect();
+            let logits = model.forward_batch(&tokens, &mut refs, Logits::Last, None).unwrap();
+            std::iter::once(logits).chain(caches.iter().flat_map(|c| c.arrays())).collect::<Vec<_>>()
+        };
+        let (mut build, mut encode, mut wait) = (0.0, 0.0, 0.0);
+        const STEPS: usize = 24;
+        for i in 0..STEPS + 4 {
+            let t0 = Instant::now();
+            let outputs = step(&mut caches);
+            let t1 = Instant::now();
+            async_eval(outputs.iter()).unwrap();
+            let t2 = Instant::now();
+            eval(outputs.iter()).unwrap();
+            let t3 = Instant::now();
+            if i >= 4 {
+                build += (t1 - t0).as_secs_f64();
+                encode += (t2 - t1).as_secs_f64();
+                wait += (t3 - t2).as_secs_f64();
+            }
+        }
+        let start = Instant::now();
+        let mut last = Vec::new();
+        for _ in 0..STEPS {
+            last = step(&mut caches);
+            async_eval(last.iter()).unwrap();
+        }
+        eval(last.iter()).unwrap();
+        let pipelined = start.elapsed().as_secs_f64();
+        let us = |x: f64| x / STEPS as f64 * 1e6;
+        println!(
+            "| {batch} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            us(build),
+            us(encode),
+            us(wait),
+            us(build + encode + wait),
+            us(pipelined)
+        );
     }
 }

@@ -37,13 +37,14 @@ __device__ __forceinline__ void sala_load8(const float* p, float* out) {
   out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
 }
 
-// The warp's sums for the NR output rows n[0..NR) of every input row, reduced into every lane's
-// acc. Each x chunk is loaded once for all NR rows (x traffic from L1/L2 had capped the one-row
-// form below the memory bandwidth: q4 ran no faster than q8).
+// The warp's sums over the 16-byte chunks [c_begin, c_end) of the NR output rows n[0..NR) of
+// every input row, reduced into every lane's acc. Each x chunk is loaded once for all NR rows (x
+// traffic from L1/L2 had capped the one-row form below the memory bandwidth: q4 ran no faster
+// than q8).
 template <typename T, int BITS, int GROUP, int ROWS, int NR>
 __device__ __forceinline__ void sala_qmv_rows(
     const T* x, const uint32_t* w, const T* scales, const T* biases, const int (&n)[NR], int K,
-    float (&acc)[NR][ROWS]) {
+    int c_begin, int c_end, float (&acc)[NR][ROWS]) {
   constexpr int PER_CHUNK = 128 / BITS;       // weights per 16-byte chunk
   constexpr int PER_WORD = 32 / BITS;
   constexpr uint32_t MASK = (1u << BITS) - 1u;
@@ -94,8 +95,8 @@ __device__ __forceinline__ void sala_qmv_rows(
     }
   };
 
-  int c = lane;
-  for (; c + 32 < chunks; c += 64) {  // two chunks of every row in flight
+  int c = c_begin + lane;
+  for (; c + 32 < c_end; c += 64) {  // two chunks of every row in flight
     uint4 first[NR], second[NR];
 #pragma unroll
     for (int m = 0; m < NR; ++m) {
@@ -105,7 +106,7 @@ __device__ __forceinline__ void sala_qmv_rows(
     consume(first, c);
     consume(second, c + 32);
   }
-  for (; c < chunks; c += 32) {
+  for (; c < c_end; c += 32) {
     uint4 last[NR];
 #pragma unroll
     for (int m = 0; m < NR; ++m) last[m] = __ldg(rows[m] + c);
@@ -130,19 +131,40 @@ template <int WARPS, int NR>
 __device__ __forceinline__ int sala_qmv_first_row() { return (blockIdx.x * WARPS + (threadIdx.x >> 5)) * NR; }
 
 // y = residual + alpha · (x · Wᵀ), rounded as the separate operations round it; x · Wᵀ when
-// residual is null.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR>
+// residual is null. SPLIT warps share each group of NR output rows, each taking a 1/SPLIT of K
+// (their sums meet in shared memory): a matrix of few rows (4096) then still has enough warps,
+// each with few loads one after another, to keep the memory busy.
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT>
 __device__ __forceinline__ void sala_qmv_residual(
     const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, const T* alpha,
     T* y, int N, int K) {
-  const int n0 = sala_qmv_first_row<WARPS, NR>();
-  if (n0 >= N) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int part = warp % SPLIT;
+  const int n0 = (blockIdx.x * (WARPS / SPLIT) + warp / SPLIT) * NR;
   int n[NR];
 #pragma unroll
   for (int m = 0; m < NR; ++m) n[m] = min(n0 + m, N - 1);
+  const int chunks = K / (128 / BITS), per = (chunks + SPLIT - 1) / SPLIT;
   float acc[NR][ROWS];
-  sala_qmv_rows<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, n, K, acc);
-  if ((threadIdx.x & 31) != 0) return;
+  sala_qmv_rows<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, n, K, part * per, min(chunks, (part + 1) * per), acc);
+  if (SPLIT > 1) {
+    __shared__ float partial[WARPS][NR][ROWS];
+    if (lane == 0) {
+#pragma unroll
+      for (int m = 0; m < NR; ++m)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) partial[warp][m][r] = acc[m][r];
+    }
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int p = 1; p < SPLIT; ++p)
+#pragma unroll
+      for (int m = 0; m < NR; ++m)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) acc[m][r] += partial[warp + p][m][r];
+  }
+  if (n0 >= N || lane != 0) return;
   const float a = residual != nullptr ? static_cast<float>(alpha[0]) : 0.f;
 #pragma unroll
   for (int m = 0; m < NR; ++m) {
@@ -158,10 +180,10 @@ __device__ __forceinline__ void sala_qmv_residual(
 }
 
 // y = x · Wᵀ, W [N, K]: the residual form above without a residual.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT>
 __device__ __forceinline__ void sala_qmv(
     const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int N, int K) {
-  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR>(x, w, scales, biases, nullptr, nullptr, y, N, K);
+  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT>(x, w, scales, biases, nullptr, nullptr, y, N, K);
 }
 
 // SwiGLU of a stacked [gate; up] matrix W [2F, K]: y[r, n] = silu(g) · u for g, u the products with
@@ -180,7 +202,7 @@ __device__ __forceinline__ void sala_qmv_swiglu(
     n[HALF + m] = F + n[m];
   }
   float acc[NR][ROWS];
-  sala_qmv_rows<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, n, K, acc);
+  sala_qmv_rows<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, n, K, 0, K / (128 / BITS), acc);
   if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
   for (int m = 0; m < HALF; ++m) {
