@@ -388,18 +388,54 @@ fn synthetic_9b() -> Box<dyn sala::engine::model::LanguageModel> {
     sala::models::build(&cfg, &mut source.weights, Some(Dtype::Bfloat16)).unwrap()
 }
 
+/// The prompt is 512 tokens, or as many as the number after `decode-profile` (in 2048-token
+/// chunks).
 fn decode_steps_for_a_profiler() {
     use sala::engine::model::Logits;
+    let context: i32 = std::env::args().skip_while(|a| a != "decode-profile").nth(1).and_then(|a| a.parse().ok()).unwrap_or(512);
     let model = synthetic_9b();
     let mut cache = model.new_cache();
-    let ids = random::randint::<_, i32>(0, 1000, &[1, 512], &random::key(3).unwrap()).unwrap();
-    let logits = model.forward(&ids, &mut cache, Logits::Last, None).unwrap();
-    eval(std::iter::once(&logits).chain(cache.arrays().iter())).unwrap();
+    for start in (0..context).step_by(2048) {
+        let len = 2048.min(context - start);
+        let ids = random::randint::<_, i32>(0, 1000, &[1, len], &random::key(3 + start as u64).unwrap()).unwrap();
+        let logits = model.forward(&ids, &mut cache, Logits::Last, None).unwrap();
+        eval(std::iter::once(&logits).chain(cache.arrays().iter())).unwrap();
+    }
+    // Only the decode steps are profiled under `ncu --profile-from-start off`.
+    cuda_profiler(true);
     for _ in 0..2 {
         let logits = model.forward(&Array::from_slice(&[7i32], &[1, 1]), &mut cache, Logits::Last, None).unwrap();
         eval(std::iter::once(&logits).chain(cache.arrays().iter())).unwrap();
         println!("decode step done");
     }
+    cuda_profiler(false);
+}
+
+/// cuProfilerStart / cuProfilerStop from the CUDA driver MLX loaded (MLX links the runtime
+/// statically).
+fn cuda_profiler(start: bool) {
+    extern "C" {
+        fn dlopen(file: *const std::ffi::c_char, mode: i32) -> *mut std::ffi::c_void;
+        fn dlsym(handle: *mut std::ffi::c_void, name: *const std::ffi::c_char) -> *mut std::ffi::c_void;
+    }
+    const RTLD_NOW: i32 = 2;
+    const RTLD_NOLOAD: i32 = 4;
+    for lib in [c"libcuda.so.1"] {
+        let name = if start { c"cuProfilerStart" } else { c"cuProfilerStop" };
+        unsafe {
+            let handle = dlopen(lib.as_ptr(), RTLD_NOW | RTLD_NOLOAD);
+            if handle.is_null() {
+                continue;
+            }
+            let f = dlsym(handle, name.as_ptr());
+            if !f.is_null() {
+                let f: extern "C" fn() -> i32 = std::mem::transmute(f);
+                f();
+                return;
+            }
+        }
+    }
+    eprintln!("no CUDA driver loaded: a profiler sees the whole run");
 }
 
 /// One decode step of the synthetic 8-bit 9B at 4K context, batch 1 and 8, split into where the
