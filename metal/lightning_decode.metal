@@ -1,4 +1,6 @@
-// Metal twin of cuda/lightning_decode.cu (same arithmetic and roundings). Untested on hardware.
+// Metal twin of cuda/lightning_decode.cu (same arithmetic and roundings; one threadgroup per head,
+// where CUDA spreads a head over d / 32 thread blocks and sums o in another order). Untested on
+// hardware.
 
 template <typename T>
 inline float sala_to_t(float v) { return float(T(v)); }

@@ -1,5 +1,6 @@
 // Metal twin of cuda/qmv.cu (same arithmetic and row assignment: NR output rows per simdgroup;
-// plain, SwiGLU and residual forms). Untested on hardware.
+// plain, SwiGLU and residual forms; CUDA also splits K over warps for matrices of few rows, and
+// has a tensor-core form for 2–16 input rows, cuda/qmv_mma.cu). Untested on hardware.
 //   y[r, n] = sum_k x[r, k] * (scale[n, g] * q[n, k] + bias[n, g]),   g = k / GROUP
 
 // The simdgroup's sums for output row n of every input row, in every lane's acc.
