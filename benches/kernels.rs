@@ -388,6 +388,17 @@ fn synthetic_9b() -> Box<dyn sala::engine::model::LanguageModel> {
     sala::models::build(&cfg, &mut source.weights, Some(Dtype::Bfloat16)).unwrap()
 }
 
+/// Puts `len` random tokens (seeded by `seed`) into `cache`, 2048 a forward call.
+fn prefill_random(model: &dyn sala::engine::model::LanguageModel, cache: &mut sala::engine::cache::ModelCache, len: i32, seed: u64) {
+    for start in (0..len).step_by(2048) {
+        let chunk = 2048.min(len - start);
+        let key = random::key(seed + start as u64).unwrap();
+        let ids = random::randint::<_, i32>(0, 1000, &[1, chunk], &key).unwrap();
+        let logits = model.forward(&ids, cache, sala::engine::model::Logits::Last, None).unwrap();
+        eval(std::iter::once(&logits).chain(cache.arrays().iter())).unwrap();
+    }
+}
+
 /// The prompt is 512 tokens, or as many as the number after `decode-profile` (in 2048-token
 /// chunks).
 fn decode_steps_for_a_profiler() {
@@ -395,12 +406,7 @@ fn decode_steps_for_a_profiler() {
     let context: i32 = std::env::args().skip_while(|a| a != "decode-profile").nth(1).and_then(|a| a.parse().ok()).unwrap_or(512);
     let model = synthetic_9b();
     let mut cache = model.new_cache();
-    for start in (0..context).step_by(2048) {
-        let len = 2048.min(context - start);
-        let ids = random::randint::<_, i32>(0, 1000, &[1, len], &random::key(3 + start as u64).unwrap()).unwrap();
-        let logits = model.forward(&ids, &mut cache, Logits::Last, None).unwrap();
-        eval(std::iter::once(&logits).chain(cache.arrays().iter())).unwrap();
-    }
+    prefill_random(model.as_ref(), &mut cache, context, 3);
     // Only the decode steps are profiled under `ncu --profile-from-start off`.
     cuda_profiler(true);
     for _ in 0..2 {
@@ -453,11 +459,7 @@ fn decode_step_split() {
     for batch in [1usize, 8] {
         let mut caches: Vec<ModelCache> = (0..batch).map(|_| model.new_cache()).collect();
         for (i, cache) in caches.iter_mut().enumerate() {
-            for chunk in 0..2u64 {
-                let ids = random::randint::<_, i32>(0, 1000, &[1, 2048], &random::key(10 * i as u64 + chunk).unwrap()).unwrap();
-                let logits = model.forward(&ids, cache, Logits::Last, None).unwrap();
-                eval(std::iter::once(&logits).chain(cache.arrays().iter())).unwrap();
-            }
+            prefill_random(model.as_ref(), cache, 4096, 10 * i as u64);
         }
         let tokens = Array::from_slice(&vec![7i32; batch], &[batch as i32, 1]);
         let step = |caches: &mut Vec<ModelCache>| {

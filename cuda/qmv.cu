@@ -126,6 +126,20 @@ __device__ __forceinline__ void sala_qmv_rows(
 template <typename T>
 __device__ __forceinline__ float sala_round(float v) { return static_cast<float>(static_cast<T>(v)); }
 
+// The epilogues on a float32 product, rounded as the separate operations round them (shared with
+// qmv_mma.cu): residual + alpha · product, and silu(gate) · up.
+template <typename T>
+__device__ __forceinline__ T sala_residual_add(T residual, float alpha, float product) {
+  return static_cast<T>(static_cast<float>(residual) + sala_round<T>(alpha * sala_round<T>(product)));
+}
+
+template <typename T>
+__device__ __forceinline__ T sala_swiglu(float gate, float up) {
+  const float g = sala_round<T>(gate);
+  const float act = sala_round<T>(g * sala_round<T>(1.f / (1.f + expf(-g))));
+  return static_cast<T>(act * sala_round<T>(up));
+}
+
 // The first of the NR consecutive output rows this warp computes.
 template <int WARPS, int NR>
 __device__ __forceinline__ int sala_qmv_first_row() { return (blockIdx.x * WARPS + (threadIdx.x >> 5)) * NR; }
@@ -174,7 +188,7 @@ __device__ __forceinline__ void sala_qmv_residual(
       const size_t i = (size_t)r * N + n0 + m;
       y[i] = residual == nullptr
           ? static_cast<T>(acc[m][r])
-          : static_cast<T>(static_cast<float>(residual[i]) + sala_round<T>(a * sala_round<T>(acc[m][r])));
+          : sala_residual_add<T>(residual[i], a, acc[m][r]);
     }
   }
 }
@@ -209,9 +223,7 @@ __device__ __forceinline__ void sala_qmv_swiglu(
     if (n0 + m >= F) break;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      const float g = sala_round<T>(acc[m][r]);
-      const float act = sala_round<T>(g * sala_round<T>(1.f / (1.f + expf(-g))));
-      y[(size_t)r * F + n0 + m] = static_cast<T>(act * sala_round<T>(acc[HALF + m][r]));
+      y[(size_t)r * F + n0 + m] = sala_swiglu<T>(acc[m][r], acc[HALF + m][r]);
     }
   }
 }

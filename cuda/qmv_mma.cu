@@ -1,6 +1,6 @@
 // Quantized matrix product for decode on tensor cores (bf16/f16 mma.sync, sm_80 and later): the
 // product of cuda/qmv.cu for 1–16 input rows, y = x · Wᵀ with W in MLX's affine layout, plain or
-// with its SwiGLU or residual epilogue. Uses mma.cu and sala_round from qmv.cu.
+// with its SwiGLU or residual epilogue. Uses mma.cu and the epilogues of qmv.cu.
 //
 // Each m16n8k16 product takes 8 weight rows as its n columns and the input rows as its m rows,
 // so its cost hardly depends on how many input rows there are (one sequence or a decode batch).
@@ -147,11 +147,9 @@ __device__ void sala_qmm(
         if (EPI == 0) {
           y[at] = static_cast<T>(v);
         } else if (EPI == 1) {
-          y[at] = static_cast<T>(static_cast<float>(residual[at]) + sala_round<T>(a * sala_round<T>(v)));
+          y[at] = sala_residual_add<T>(residual[at], a, v);
         } else {
-          const float g = sala_round<T>(v);
-          const float act = sala_round<T>(g * sala_round<T>(1.f / (1.f + expf(-g))));
-          y[at] = static_cast<T>(act * sala_round<T>(acc[OUT_TILES + i][2 * h + e]));
+          y[at] = sala_swiglu<T>(v, acc[OUT_TILES + i][2 * h + e]);
         }
       }
     }

@@ -67,6 +67,12 @@ pub fn shape_args(values: &[usize]) -> mlx_rs::error::Result<Array> {
     mlx_rs::ops::broadcast_to(crate::engine::ops::scalar(0.0, Dtype::Int32)?, &shape)
 }
 
+/// The largest power of two at most `v` (at least 1): launch shapes taken from a few compiled
+/// variants (each distinct template argument compiles a kernel).
+pub fn pow2_floor(v: i32) -> i32 {
+    1 << (31 - (v.max(1) as u32).leading_zeros())
+}
+
 /// A compile-time argument (`constexpr int` / `using T =` in the generated source).
 #[derive(Clone, Copy)]
 pub enum TemplateArg {

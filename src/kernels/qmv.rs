@@ -6,7 +6,7 @@
 //! streams each packed row once at full memory width; elsewhere MLX's quantized matmul and MLX
 //! operations run.
 
-use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
+use super::custom::{apply, backend, pow2_floor, Backend, KernelSource, Launch, TemplateArg};
 use mlx_rs::{error::Result, ops, Array, Dtype};
 
 /// Input rows up to which the kernel is used: measured on an H200 (benches/kernels.rs) it beats
@@ -167,8 +167,8 @@ pub fn quantized_matmul_t(
     quantized_matmul_t_then(x, packed, scales, biases, group_size, bits, Epilogue::Plain)
 }
 
-/// [`quantized_matmul_t`] followed by `epilogue`: one kernel where it [`fits`], MLX's quantized
-/// matmul and [`epilogue_mlx`] otherwise.
+/// [`quantized_matmul_t`] followed by `epilogue`: one kernel where one fits (the tensor-core
+/// kernel, else the general one), MLX's quantized matmul and [`epilogue_mlx`] otherwise.
 pub fn quantized_matmul_t_then(
     x: &Array,
     packed: &Array,
@@ -189,33 +189,59 @@ pub fn quantized_matmul_t_then(
         _ => true,
     };
     let swiglu = matches!(epilogue, Epilogue::SwiGlu);
-    if !residual_fits || (swiglu && n % 2 != 0) {
-        let y = quantized_matmul_t_mlx(x, packed, scales, biases, group_size, bits)?;
-        return epilogue_mlx(&y, epilogue);
+    if residual_fits && (!swiglu || n % 2 == 0) {
+        if mma_fits(x, scales, biases, group_size, bits) {
+            return quantized_matmul_t_mma(x, packed, scales, biases, group_size, bits, epilogue, shape);
+        }
+        if fits(x, scales, biases, group_size, bits) {
+            return quantized_matmul_t_general(x, packed, scales, biases, group_size, bits, epilogue, shape);
+        }
     }
-    if mma_fits(x, scales, biases, group_size, bits) {
-        return quantized_matmul_t_mma(x, packed, scales, biases, group_size, bits, epilogue, shape);
+    let y = quantized_matmul_t_mlx(x, packed, scales, biases, group_size, bits)?;
+    epilogue_mlx(&y, epilogue)
+}
+
+/// The kernel for `epilogue` of a family (plain, SwiGLU, residual) and its inputs.
+fn kernel_for<'a>(
+    family: [&'static KernelSource; 3],
+    epilogue: Epilogue<'a>,
+    x: &'a Array,
+    packed: &'a Array,
+    scales: &'a Array,
+    biases: &'a Array,
+) -> (&'static KernelSource, Vec<&'a Array>) {
+    match epilogue {
+        Epilogue::Plain => (family[0], vec![x, packed, scales, biases]),
+        Epilogue::SwiGlu => (family[1], vec![x, packed, scales, biases]),
+        Epilogue::Residual { residual, alpha } => (family[2], vec![x, packed, scales, biases, residual, alpha]),
     }
-    if !fits(x, scales, biases, group_size, bits) {
-        let y = quantized_matmul_t_mlx(x, packed, scales, biases, group_size, bits)?;
-        return epilogue_mlx(&y, epilogue);
-    }
+}
+
+/// The general kernel (`cuda/qmv.cu`, `metal/qmv.metal`); `shape` is y's.
+#[allow(clippy::too_many_arguments)]
+fn quantized_matmul_t_general(
+    x: &Array,
+    packed: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+    epilogue: Epilogue,
+    shape: Vec<i32>,
+) -> Result<Array> {
+    let (n, last) = (packed.shape()[0], shape.len() - 1);
+    let swiglu = matches!(epilogue, Epilogue::SwiGlu);
     let rows: i32 = x.shape()[..last].iter().product();
-    let (source, inputs): (&'static KernelSource, Vec<&Array>) = match epilogue {
-        Epilogue::Plain => (&QMV, vec![x, packed, scales, biases]),
-        Epilogue::SwiGlu => (&QMV_SWIGLU, vec![x, packed, scales, biases]),
-        Epilogue::Residual { residual, alpha } => (&QMV_RESIDUAL, vec![x, packed, scales, biases, residual, alpha]),
-    };
+    let (source, inputs) = kernel_for([&QMV, &QMV_SWIGLU, &QMV_RESIDUAL], epilogue, x, packed, scales, biases);
     // Weight rows per warp, and the outputs they make (SwiGLU: gate rows paired with up rows).
     let outputs_per_warp = if swiglu { (rows_per_warp(bits) / 2).max(1) } else { rows_per_warp(bits) };
     let per_warp = if swiglu { 2 * outputs_per_warp } else { outputs_per_warp };
     // Warps sharing a group of output rows, each over a part of K (CUDA, plain and residual forms):
     // a matrix of 4096 rows has one warp per row otherwise, each with many loads in a row, and ran
     // at a quarter of the memory bandwidth (o_proj 26 µs, down 45 µs per product on an H100).
-    let chunks = packed.shape()[1] * 32 / bits / (128 / bits);
+    let chunks = packed.shape()[1] / 4; // 16-byte chunks of a packed row
     let split = if backend() == Backend::Cuda && !swiglu {
-        let wanted = (16384 * outputs_per_warp / n).min(chunks / 64).clamp(1, WARPS);
-        1 << (31 - (wanted as u32).leading_zeros())
+        pow2_floor((16384 * outputs_per_warp / n).min(chunks / 64).min(WARPS))
     } else {
         1
     };
@@ -259,18 +285,13 @@ fn quantized_matmul_t_mma(
     let x2 = x.reshape(&[-1, k])?;
     let rows = x2.shape()[0];
     let width = shape[shape.len() - 1];
-    let (source, inputs): (&'static KernelSource, Vec<&Array>) = match epilogue {
-        Epilogue::Plain => (&QMM, vec![&x2, packed, scales, biases]),
-        Epilogue::SwiGlu => (&QMM_SWIGLU, vec![&x2, packed, scales, biases]),
-        Epilogue::Residual { residual, alpha } => (&QMM_RESIDUAL, vec![&x2, packed, scales, biases, residual, alpha]),
-    };
+    let (source, inputs) = kernel_for([&QMM, &QMM_SWIGLU, &QMM_RESIDUAL], epilogue, &x2, packed, scales, biases);
     let blocks = (width + 8 * MMA_OUT_TILES - 1) / (8 * MMA_OUT_TILES);
     // 64-byte steps along K; split over the block's warps so that the grid has about
     // MMA_GRID_WARPS warps (small matrices fill the GPU with loads too), each with a few steps;
     // at most 8 warps a block (16 × 32 threads run out of registers for 4 bits and > 8 rows).
     let steps = k * bits / 8 / 64;
-    let wanted = (MMA_GRID_WARPS / blocks).clamp(1, 8).min((steps / MMA_IN_FLIGHT).max(1));
-    let warps = 1 << (31 - (wanted as u32).leading_zeros());
+    let warps = pow2_floor((MMA_GRID_WARPS / blocks).min(8).min(steps / MMA_IN_FLIGHT));
     let nt = if matches!(epilogue, Epilogue::SwiGlu) { 2 * MMA_OUT_TILES } else { MMA_OUT_TILES };
     let y = apply(
         source,

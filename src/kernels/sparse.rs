@@ -8,7 +8,7 @@
 //! `[B, Hkv, L, d]`, level-1/level-2 compressed keys `[B, Hkv, n, d]`. The `Hq / Hkv` query heads of
 //! a KV group share one block selection.
 
-use super::custom::{apply, backend, shape_args, Backend, KernelSource, Launch, TemplateArg};
+use super::custom::{apply, backend, pow2_floor, shape_args, Backend, KernelSource, Launch, TemplateArg};
 use crate::engine::cache::KvParts;
 use crate::engine::ops::{arange_i32, scalar, Pacer};
 use mlx_rs::{error::Result, ops, ops::indexing::{IntoStrideBy, TryIndexOp}, Array, Dtype};
@@ -539,8 +539,7 @@ fn block_sparse_attention_gpu(q: &Array, kv: &KvParts, blocks: &Array, first_pos
     }
     // Few queries (decode) split the selected blocks among thread blocks to fill the GPU; a
     // power of two keeps the number of compiled variants small.
-    let nsplit = (FILL_BLOCKS / (t * hkv)).clamp(1, 32).min(nsel.max(1)) as u32;
-    let nsplit = 1i32 << (31 - nsplit.leading_zeros());
+    let nsplit = pow2_floor((FILL_BLOCKS / (t * hkv)).clamp(1, 32).min(nsel.max(1)));
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
     // Without recent tokens the history stands in for them (never read: settled = len).
