@@ -403,7 +403,10 @@ fn prefill_random(model: &dyn sala::engine::model::LanguageModel, cache: &mut sa
 /// chunks).
 fn decode_steps_for_a_profiler() {
     use sala::engine::model::Logits;
-    let context: i32 = std::env::args().skip_while(|a| a != "decode-profile").nth(1).and_then(|a| a.parse().ok()).unwrap_or(512);
+    let context: i32 = match std::env::args().skip_while(|a| a != "decode-profile").nth(1) {
+        Some(n) => n.parse().unwrap_or_else(|_| panic!("kernels decode-profile CONTEXT: `{n}` is not a number of tokens")),
+        None => 512,
+    };
     let model = synthetic_9b();
     let mut cache = model.new_cache();
     prefill_random(model.as_ref(), &mut cache, context, 3);
