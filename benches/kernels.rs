@@ -403,7 +403,8 @@ fn prefill_random(model: &dyn sala::engine::model::LanguageModel, cache: &mut sa
 /// chunks).
 fn decode_steps_for_a_profiler() {
     use sala::engine::model::Logits;
-    let context: i32 = match std::env::args().skip_while(|a| a != "decode-profile").nth(1) {
+    // (cargo bench appends `--bench`: flags are not the context.)
+    let context: i32 = match std::env::args().skip_while(|a| a != "decode-profile").nth(1).filter(|a| !a.starts_with('-')) {
         Some(n) => n.parse().unwrap_or_else(|_| panic!("kernels decode-profile CONTEXT: `{n}` is not a number of tokens")),
         None => 512,
     };
