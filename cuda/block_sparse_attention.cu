@@ -4,12 +4,38 @@
 // Thread block = (KV head h, query t, split s) with 8 warps; the G query heads of the group share
 // every key/value tile loaded into shared memory (32 tokens × D, as float). Warp w owns heads
 // w, w+8, ...; lane j scores token j of the tile, then every lane accumulates its D/32 output
-// dimensions (online softmax, float32). Keys and values come from two buffers, the cache's history
-// and its recent tokens (SeqBuffer in src/engine/cache.rs says why). Splits divide the selected blocks among thread blocks
-// (decode has one query, so one block per KV head would leave the GPU idle); each writes its
+// dimensions (online softmax, float32). Keys and values come from two buffers, the cache's
+// history and its recent tokens (SeqBuffer in src/engine/cache.rs says why). Splits share the
+// selected blocks evenly among thread blocks (decode has one query, so one thread block per KV
+// head would leave the GPU idle; it gets one split per selected block); each writes its
 // normalised partial output and log-sum-exp, merged afterwards.
 
 #define SALA_TILE 32
+
+// One 16-byte piece of keys or values as floats.
+__device__ __forceinline__ void sala_unpack16(const uint4& u, const __nv_bfloat16*, float* out) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(w[i] << 16);
+    out[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+  }
+}
+__device__ __forceinline__ void sala_unpack16(const uint4& u, const __half*, float* out) {
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void sala_unpack16(const uint4& u, const float*, float* out) {
+  out[0] = __uint_as_float(u.x);
+  out[1] = __uint_as_float(u.y);
+  out[2] = __uint_as_float(u.z);
+  out[3] = __uint_as_float(u.w);
+}
 
 template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS>
 __device__ void sala_block_sparse_attention(
@@ -25,8 +51,14 @@ __device__ void sala_block_sparse_attention(
     float* out,              // [Tq, Hq, NSPLIT, D]
     float* lse,              // [Tq, Hq, NSPLIT]
     int Tq, int cap, int rcap, int nsel) {
+  constexpr int THREADS = 256;                // the launch's
   constexpr int DPL = (D + 31) / 32;          // output dims per lane
   constexpr int HPW = (G + 7) / 8;            // heads per warp
+  constexpr int VEC = 16 / sizeof(T);         // elements per 16-byte piece
+  static_assert(D % VEC == 0, "whole 16-byte pieces per row");
+  constexpr int PIECES = SALA_TILE * D / VEC; // pieces per tile of keys (and of values)
+  constexpr int PER_THREAD = (PIECES + THREADS - 1) / THREADS;
+  constexpr int TILES = (BLOCK + SALA_TILE - 1) / SALA_TILE;  // tiles per selected block
   __shared__ float qs[G][D];
   __shared__ float ks[SALA_TILE][D + 1];      // +1: lanes reading different rows hit different banks
   __shared__ float vs[SALA_TILE][D + 1];
@@ -37,7 +69,7 @@ __device__ void sala_block_sparse_attention(
   const int pos = first_pos + t;
   const float scale = __int_as_float(SCALE_BITS);  // passed as its bit pattern
 
-  for (int e = tid; e < G * D; e += blockDim.x) {
+  for (int e = tid; e < G * D; e += THREADS) {
     const int g = e / D, c = e % D;
     qs[g][c] = static_cast<float>(q[((size_t)(h * G + g) * Tq + t) * D + c]) * scale;
   }
@@ -51,79 +83,109 @@ __device__ void sala_block_sparse_attention(
     for (int j = 0; j < DPL; ++j) acc[i][j] = 0.f;
   }
 
-  const int per = (nsel + NSPLIT - 1) / NSPLIT;
-  const int b0 = s * per, b1 = min(nsel, b0 + per);
+  // This split's selected blocks: an even share (each split one block when there are as many).
+  const int b0 = (int)((long long)s * nsel / NSPLIT), b1 = (int)((long long)(s + 1) * nsel / NSPLIT);
   const int32_t* sel = blocks + ((size_t)h * Tq + t) * nsel;
   const T* kh = k + (size_t)h * cap * D;
   const T* vh = v + (size_t)h * cap * D;
   const T* krh = kr + (size_t)h * rcap * D;
   const T* vrh = vr + (size_t)h * rcap * D;
 
-  for (int bi = b0; bi < b1; ++bi) {
-    const int blk = sel[bi];
-    if (blk < 0) continue;
-    for (int off = 0; off < BLOCK; off += SALA_TILE) {
-      const int base = blk * BLOCK + off;
-      if (base > pos || base >= kv_len) break;
-      __syncthreads();  // the previous tile is consumed (and qs written, the first time)
-      for (int e = tid; e < SALA_TILE * D; e += blockDim.x) {
-        const int j = e / D, c = e % D;
-        const int tok = base + j;
-        const bool ok = tok < kv_len;
-        const bool old = tok < settled;
-        const size_t at = (size_t)(old ? tok : tok - settled) * D + c;
-        ks[j][c] = ok ? static_cast<float>(old ? kh[at] : krh[at]) : 0.f;
-        vs[j][c] = ok ? static_cast<float>(old ? vh[at] : vrh[at]) : 0.f;
-      }
-      __syncthreads();
-      const int tok = base + lane;
-      const bool valid = tok <= pos && tok < kv_len;
+  // First token of tile i of the split (tiles of unselected blocks or past the query: −1).
+  auto tile_base = [&](int i) -> int {
+    const int blk = sel[b0 + i / TILES];
+    const int base = blk * BLOCK + (i % TILES) * SALA_TILE;
+    return blk < 0 || base > pos || base >= kv_len ? -1 : base;
+  };
+  // The next tile's keys and values are loaded into registers while the current one is scored,
+  // all pieces of a tile at once (one 16-byte load each): a decoding query's splits hold one or
+  // two blocks, so without this each tile waited a full memory latency.
+  uint4 kreg[PER_THREAD], vreg[PER_THREAD];
+  auto fetch = [&](int base) {
 #pragma unroll
-      for (int i = 0; i < HPW; ++i) {
-        const int g = warp + 8 * i;
-        if (g >= G) break;
-        float sc = 0.f;
-#pragma unroll 8
-        for (int c = 0; c < D; ++c) sc = fmaf(qs[g][c], ks[lane][c], sc);
-        sc = valid ? sc : -INFINITY;
-        float mx = sc;
+    for (int p = 0; p < PER_THREAD; ++p) {
+      const int e = p * THREADS + tid, j = e / (D / VEC), c = (e % (D / VEC)) * VEC;
+      const int tok = base + j;
+      const bool ok = e < PIECES && tok < kv_len;
+      const bool old = tok < settled;
+      const size_t at = (size_t)(old ? tok : tok - settled) * D + c;
+      kreg[p] = ok ? *reinterpret_cast<const uint4*>((old ? kh : krh) + at) : make_uint4(0u, 0u, 0u, 0u);
+      vreg[p] = ok ? *reinterpret_cast<const uint4*>((old ? vh : vrh) + at) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  const int tiles = (b1 - b0) * TILES;
+  int i = 0, base = -1;
+  while (i < tiles && (base = tile_base(i)) < 0) ++i;
+  if (base >= 0) fetch(base);
+  while (base >= 0) {
+    __syncthreads();  // the previous tile is consumed (and qs written, the first time)
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float new_m = fmaxf(m[i], mx);
-        if (new_m == -INFINITY) continue;  // nothing visible yet (warp-uniform)
-        const float p = valid ? expf(sc - new_m) : 0.f;
-        const float alpha = expf(m[i] - new_m);
-        float psum = p;
+    for (int p = 0; p < PER_THREAD; ++p) {
+      const int e = p * THREADS + tid, j = e / (D / VEC), c = (e % (D / VEC)) * VEC;
+      if (e < PIECES) {
+        float kf[VEC], vf[VEC];
+        sala_unpack16(kreg[p], (const T*)nullptr, kf);
+        sala_unpack16(vreg[p], (const T*)nullptr, vf);
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
-        l[i] = l[i] * alpha + psum;
-#pragma unroll
-        for (int j = 0; j < DPL; ++j) acc[i][j] *= alpha;
-        for (int jj = 0; jj < SALA_TILE; ++jj) {
-          const float pj = __shfl_sync(0xffffffffu, p, jj);
-#pragma unroll
-          for (int j = 0; j < DPL; ++j) {
-            const int c = lane + 32 * j;
-            if (c < D) acc[i][j] = fmaf(pj, vs[jj][c], acc[i][j]);
-          }
+        for (int x = 0; x < VEC; ++x) {
+          ks[j][c + x] = kf[x];
+          vs[j][c + x] = vf[x];
         }
-        m[i] = new_m;
       }
+    }
+    __syncthreads();
+    const int cur = base;
+    base = -1;
+    for (++i; i < tiles && (base = tile_base(i)) < 0;) ++i;
+    if (base >= 0) fetch(base);
+
+    const int tok = cur + lane;
+    const bool valid = tok <= pos && tok < kv_len;
+#pragma unroll
+    for (int hi = 0; hi < HPW; ++hi) {
+      const int g = warp + 8 * hi;
+      if (g >= G) break;
+      float sc = 0.f;
+#pragma unroll 8
+      for (int c = 0; c < D; ++c) sc = fmaf(qs[g][c], ks[lane][c], sc);
+      sc = valid ? sc : -INFINITY;
+      float mx = sc;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float new_m = fmaxf(m[hi], mx);
+      if (new_m == -INFINITY) continue;  // nothing visible yet (warp-uniform)
+      const float p = valid ? expf(sc - new_m) : 0.f;
+      const float alpha = expf(m[hi] - new_m);
+      float psum = p;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
+      l[hi] = l[hi] * alpha + psum;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) acc[hi][j] *= alpha;
+      for (int jj = 0; jj < SALA_TILE; ++jj) {
+        const float pj = __shfl_sync(0xffffffffu, p, jj);
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) {
+          const int c = lane + 32 * j;
+          if (c < D) acc[hi][j] = fmaf(pj, vs[jj][c], acc[hi][j]);
+        }
+      }
+      m[hi] = new_m;
     }
   }
 
 #pragma unroll
-  for (int i = 0; i < HPW; ++i) {
-    const int g = warp + 8 * i;
+  for (int hi = 0; hi < HPW; ++hi) {
+    const int g = warp + 8 * hi;
     if (g >= G) break;
     const size_t row = ((size_t)t * Hq + h * G + g) * NSPLIT + s;
-    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+    const float inv = l[hi] > 0.f ? 1.f / l[hi] : 0.f;
 #pragma unroll
     for (int j = 0; j < DPL; ++j) {
       const int c = lane + 32 * j;
-      if (c < D) out[row * D + c] = acc[i][j] * inv;
+      if (c < D) out[row * D + c] = acc[hi][j] * inv;
     }
-    if (lane == 0) lse[row] = l[i] > 0.f ? m[i] + logf(l[i]) : -INFINITY;
+    if (lane == 0) lse[row] = l[hi] > 0.f ? m[hi] + logf(l[hi]) : -INFINITY;
   }
 }
 

@@ -228,3 +228,60 @@ __device__ __forceinline__ void sala_qmv_swiglu(
   }
 }
 
+
+// RMSNorm of the ROWS input rows (K wide) folded into the product: the thread block normalises x
+// into shared memory once, rounded as MLX's rms_norm rounds it, w · T(x · rsqrt(mean(x²) + eps)),
+// and its warps read x from there (a decode step had one small normalisation kernel before each
+// of these products, 65 of them, each costing a launch and the host's work for an operation).
+template <typename T, int ROWS, int K>
+__device__ __forceinline__ void sala_rms_norm_stage(const T* x, const T* norm, float eps, T* xs) {
+  static_assert(K % 8 == 0, "whole 8-element pieces");
+  __shared__ float partial[ROWS][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    float ss = 0.f;
+    for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
+      float v[8];
+      sala_load8(x + (size_t)r * K + k, v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss = fmaf(v[i], v[i], ss);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if (lane == 0) partial[r][warp] = ss;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    float ss = 0.f;
+    for (int w = 0; w < warps; ++w) ss += partial[r][w];
+    const float inv = rsqrtf(ss / K + eps);
+    for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
+      float v[8], g[8];
+      sala_load8(x + (size_t)r * K + k, v);
+      sala_load8(norm + k, g);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) xs[r * K + k + i] = static_cast<T>(g[i] * sala_round<T>(v[i] * inv));
+    }
+  }
+  __syncthreads();
+}
+
+// y = RMSNorm(x) · Wᵀ (the plain product of sala_qmv_residual on the normalised rows).
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int K, int EPS_BITS>
+__device__ void sala_qmv_normed(
+    const T* x, const T* norm, const uint32_t* w, const T* scales, const T* biases, T* y, int N) {
+  __shared__ __align__(16) T xs[ROWS * K];
+  sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs);
+  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT>(xs, w, scales, biases, nullptr, nullptr, y, N, K);
+}
+
+// y = SwiGLU of RMSNorm(x) · [W_gate; W_up]ᵀ.
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int K, int EPS_BITS>
+__device__ void sala_qmv_swiglu_normed(
+    const T* x, const T* norm, const uint32_t* w, const T* scales, const T* biases, T* y, int F) {
+  __shared__ __align__(16) T xs[ROWS * K];
+  sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs);
+  sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR>(xs, w, scales, biases, y, F, K);
+}

@@ -51,10 +51,36 @@ __device__ void sala_select_window_scores(
   }
 }
 
-// Pooled block scores and the chosen blocks of (h, t) from its window scores.
+// The selection key of block b with pooled score v: order-preserving score bits above, the
+// reversed index below (ties to the lower index).
+__device__ __forceinline__ unsigned long long sala_topk_key(float v, int b) {
+  const unsigned long long ordered = v == -INFINITY ? 0ull : (unsigned long long)__float_as_uint(v) + 1ull;
+  return (ordered << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned int)b);
+}
+
+// f(b, key) for this thread's blocks b = tid, tid + blockDim.x, … of nb, keys from `held` for the
+// first HELD of them, from the pooled scores sc after that; trip counts are the same for the
+// whole block (f may synchronise; b ≥ nb marks a thread without a block that round).
+template <int HELD, typename F>
+__device__ __forceinline__ void sala_for_each_key(const unsigned long long (&held)[HELD], const float* sc, int nb, F&& f) {
+#pragma unroll
+  for (int i = 0; i < HELD; ++i) {
+    if (i * (int)blockDim.x < nb) f(i * (int)blockDim.x + (int)threadIdx.x, held[i]);
+  }
+  for (int start = HELD * blockDim.x; start < nb; start += blockDim.x) {
+    const int b = start + threadIdx.x;
+    f(b, b < nb ? sala_topk_key(sc[b], b) : 0ull);
+  }
+}
+
+// Pooled block scores and the chosen blocks of (h, t) from its window scores. A thread keeps the
+// keys of its first KEYS_HELD blocks in registers (every block up to 4 × blockDim.x: 256K tokens
+// at decode's 1024 threads) and reads any others back from `scores` on each pass: at decode the
+// passes had waited on those reads one after another (20 µs per layer at 128K tokens, H100).
 template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK>
 __device__ void sala_select_pool_topk(
     const float* window_scores, int h, int t, int Tq, int n1, int nb, int pos, int32_t* blocks, float* scores) {
+  constexpr int KEYS_HELD = 4;
   __shared__ unsigned int hist[256];
   __shared__ unsigned long long prefix_sh;
   __shared__ int remaining_sh;
@@ -65,39 +91,48 @@ __device__ void sala_select_pool_topk(
   constexpr int R_PER_BLOCK = BLOCK / STRIDE;
   constexpr int LEFT = KERNEL / STRIDE - 1;
   float* sc = scores + ((size_t)h * Tq + t) * nb;
-  for (int b = tid; b < nb; b += blockDim.x) {
-    float v;
-    if (b < INIT || (b >= qb - LOCAL && b <= qb)) {
-      v = INFINITY;
-    } else {
-      v = -INFINITY;
-      const int lo = max(0, R_PER_BLOCK * b - LEFT), hi = min(n1 - 1, R_PER_BLOCK * b + R_PER_BLOCK - 1);
-      for (int c = lo; c <= hi; ++c) v = fmaxf(v, ws[c]);
+  unsigned long long held[KEYS_HELD];
+
+  for (int start = 0; start < nb; start += blockDim.x) {
+    const int b = start + tid;
+    float v = -INFINITY;
+    if (b < nb) {
+      if (b < INIT || (b >= qb - LOCAL && b <= qb)) {
+        v = INFINITY;
+      } else {
+        const int lo = max(0, R_PER_BLOCK * b - LEFT), hi = min(n1 - 1, R_PER_BLOCK * b + R_PER_BLOCK - 1);
+        for (int c = lo; c <= hi; ++c) v = fmaxf(v, ws[c]);
+      }
+      sc[b] = v;
     }
-    sc[b] = v;
+    const int i = start / blockDim.x;
+#pragma unroll
+    for (int j = 0; j < KEYS_HELD; ++j) {
+      if (j == i) held[j] = b < nb ? sala_topk_key(v, b) : 0ull;
+    }
   }
   __syncthreads();
-
-  auto key_of = [&](int b) -> unsigned long long {
-    const float v = sc[b];
-    const unsigned long long ordered = v == -INFINITY ? 0ull : (unsigned long long)__float_as_uint(v) + 1ull;
-    return (ordered << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned int)b);
-  };
 
   const int k = min(TOPK, nb);
   if (tid == 0) {
     prefix_sh = 0ull;
     remaining_sh = k;
   }
+  // Digits from the top; stops early once the keys at or above the digit found are exactly the
+  // k wanted (remaining_sh = 0), usually after the score bits, before the index bits.
   for (int shift = 56; shift >= 0; shift -= 8) {
     for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0u;
     __syncthreads();
+    if (remaining_sh == 0) break;
     const unsigned long long prefix = prefix_sh;
     const unsigned long long mask = shift == 56 ? 0ull : ~0ull << (shift + 8);
-    for (int b = tid; b < nb; b += blockDim.x) {
-      const unsigned long long key = key_of(b);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255ull], 1u);
-    }
+    sala_for_each_key(held, sc, nb, [&](int b, unsigned long long key) {
+      const bool counted = b < nb && (key & mask) == prefix;
+      // Lanes with the same digit add once (most keys share the top digits: one shared address).
+      const unsigned int digit = counted ? (unsigned int)((key >> shift) & 255ull) : 256u + lane;
+      const unsigned int peers = __match_any_sync(0xffffffffu, digit);
+      if (counted && lane == __ffs(peers) - 1) atomicAdd(&hist[digit], (unsigned int)__popc(peers));
+    });
     __syncthreads();
     if (warp == 0) {
       // The digit holding the remaining-th largest key: lane L sums digits 255 − 8L .. 248 − 8L,
@@ -119,7 +154,8 @@ __device__ void sala_select_pool_topk(
           const int d = 255 - 8 * lane - j;
           if (cum + (int)hist[d] >= remaining) {
             prefix_sh = prefix | ((unsigned long long)d << shift);
-            remaining_sh = remaining - cum;
+            // Every key with digit d taken: the lower digits need not be searched.
+            remaining_sh = cum + (int)hist[d] == remaining ? 0 : remaining - cum;
             break;
           }
           cum += hist[d];
@@ -132,9 +168,8 @@ __device__ void sala_select_pool_topk(
 
   int32_t* out = blocks + ((size_t)h * Tq + t) * TOPK;
   int written = 0;
-  for (int start = 0; start < nb; start += blockDim.x) {
-    const int b = start + tid;
-    const bool take = b < nb && b <= qb && key_of(b) >= threshold;
+  sala_for_each_key(held, sc, nb, [&](int b, unsigned long long key) {
+    const bool take = b < nb && b <= qb && key >= threshold;
     const unsigned int ballot = __ballot_sync(0xffffffffu, take);
     if (lane == 0) warp_counts[warp] = __popc(ballot);
     __syncthreads();
@@ -145,7 +180,7 @@ __device__ void sala_select_pool_topk(
     for (int w = 0; w < warps; ++w) total += warp_counts[w];
     written += total;
     __syncthreads();
-  }
+  });
   for (int i = written + tid; i < TOPK; i += blockDim.x) out[i] = -1;
 }
 

@@ -11,7 +11,8 @@
 // warp's 16 mma rows are the query's G ≤ 16 heads. Prefill gives a thread block many queries and
 // all windows; decode one query and a few 64-window tiles, so that many blocks share the work.
 //
-// The pooled keys stream through shared memory in 64-window tiles. bf16 keys (the model's dtype;
+// The pooled keys are window-major, [n, Hkv, D] (as the cache stores them, read in place), and
+// stream through shared memory in 64-window tiles. bf16 keys (the model's dtype;
 // the reference stores them so) are copied asynchronously, the next tile while the current one is
 // scored, and scored with one product (float32 accumulation, as the reference's kernel).
 // float32 keys are staged as two bf16 values c = hi + lo (16 significant bits) and scored with
@@ -28,11 +29,11 @@
 template <typename K> struct sala_split_keys { static constexpr bool value = false; };
 template <> struct sala_split_keys<float> { static constexpr bool value = true; };
 
-// Tiles [first, last) of keys c (n windows of D) through the two tile buffers of `smem`, in
-// order; score(hi, lo, w0) is called for each by every thread of the block (it may synchronise).
+// Tiles [first, last) of keys c (n windows of D, `stride` elements apart) through the two tile
+// buffers of `smem`, in order; score(hi, lo, w0) is called for each by every thread of the block (it may synchronise).
 // bf16: tile i + 1 is copied while tile i is scored.
 template <int D, int THREADS, typename F>
-__device__ inline void sala_stream_tiles(__nv_bfloat16* smem, const __nv_bfloat16* c, int n, int first, int last, F&& score) {
+__device__ inline void sala_stream_tiles(__nv_bfloat16* smem, const __nv_bfloat16* c, size_t stride, int n, int first, int last, F&& score) {
   constexpr int CS = D + 8, CHUNKS = SALA_SEL_TILE * D / 8;  // 16-byte pieces per tile
   static_assert(CHUNKS % THREADS == 0, "whole pieces per thread");
   auto issue = [&](int tile) {
@@ -42,7 +43,7 @@ __device__ inline void sala_stream_tiles(__nv_bfloat16* smem, const __nv_bfloat1
     for (int i = 0; i < CHUNKS / THREADS; ++i) {
       const int e = i * THREADS + threadIdx.x, j = e / (D / 8), col = (e % (D / 8)) * 8;
       const bool ok = w0 + j < n;
-      sala_cp_async16(buf + j * CS + col, ok ? c + (size_t)(w0 + j) * D + col : c, ok);
+      sala_cp_async16(buf + j * CS + col, ok ? c + (w0 + j) * stride + col : c, ok);
     }
     asm volatile("cp.async.commit_group;");
   };
@@ -61,7 +62,7 @@ __device__ inline void sala_stream_tiles(__nv_bfloat16* smem, const __nv_bfloat1
 }
 
 template <int D, int THREADS, typename F>
-__device__ inline void sala_stream_tiles(__nv_bfloat16* smem, const float* c, int n, int first, int last, F&& score) {
+__device__ inline void sala_stream_tiles(__nv_bfloat16* smem, const float* c, size_t stride, int n, int first, int last, F&& score) {
   constexpr int CS = D + 8, CHUNKS = SALA_SEL_TILE * D / 4;  // float4 pieces per tile
   static_assert(CHUNKS % THREADS == 0, "whole pieces per thread");
   __nv_bfloat16 *hi = smem, *lo = smem + SALA_SEL_TILE * CS;
@@ -71,7 +72,7 @@ __device__ inline void sala_stream_tiles(__nv_bfloat16* smem, const float* c, in
 #pragma unroll
     for (int i = 0; i < CHUNKS / THREADS; ++i) {
       const int e = i * THREADS + threadIdx.x, j = e / (D / 4), col = (e % (D / 4)) * 4;
-      const float4 x = w0 + j < n ? *reinterpret_cast<const float4*>(c + (size_t)(w0 + j) * D + col) : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 x = w0 + j < n ? *reinterpret_cast<const float4*>(c + (w0 + j) * stride + col) : make_float4(0.f, 0.f, 0.f, 0.f);
       const float v[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
@@ -121,7 +122,7 @@ __device__ inline void sala_tile_range(int tiles, int& first, int& last) {
 template <typename K, int D, int G, int KERNEL2, int STRIDE2, int SCALE_BITS, int QPB>
 __device__ void sala_select_lse_mma(
     const __nv_bfloat16* q,   // [Hq, Tq, D]
-    const K* c2,              // [Hkv, n2, D] level-2 pooled keys
+    const K* c2,              // [n2, Hkv, D] level-2 pooled keys
     int first_pos,            // position of query 0
     float* partial,           // [Hkv, Tq, ranges, 2, 16]: (max, sum) of each head row
     int Tq, int n2) {
@@ -141,7 +142,7 @@ __device__ void sala_select_lse_mma(
 
   // Online max and sum of exp over the range (rows r, r + 8); the sum per lane until the end.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  sala_stream_tiles<D, 32 * QPB>(tiles, c2 + (size_t)h * n2 * D, n2, first, last,
+  sala_stream_tiles<D, 32 * QPB>(tiles, c2 + (size_t)h * D, (size_t)gridDim.z * D, n2, first, last,
                                   [&](const __nv_bfloat16* hi, const __nv_bfloat16* lo, int w0) {
     if (w0 >= n2v) return;
     float s[SALA_SEL_TILE / 8][4];
@@ -187,7 +188,7 @@ __device__ void sala_select_lse_mma(
 template <typename R, typename K, int D, int G, int KERNEL, int STRIDE, int SCALE_BITS, int QPB>
 __device__ void sala_select_windows_mma(
     const __nv_bfloat16* q,   // [Hq, Tq, D]
-    const K* c1,              // [Hkv, n1, D] level-1 pooled keys
+    const K* c1,              // [n1, Hkv, D] level-1 pooled keys
     const float* partial,     // [Hkv, Tq, ranges, 2, 16] from sala_select_lse_mma
     int first_pos,            // position of query 0
     float* window_scores,     // [Hkv, Tq, n1]
@@ -204,20 +205,25 @@ __device__ void sala_select_windows_mma(
   sala_load_query_heads<D, G>(qa, q, h, t, Tq, active, lane);
 
   // lse of rows r, r + 8 from the partials of all ranges; −inf when no level-2 window is visible
-  // (the same for every row of a query).
+  // (the same for every row of a query). Lane j merges row j % 16 over every other range, the
+  // two halves meet by a shuffle (one lane walking all ranges for its rows had waited on one
+  // load after another: at decode 32 ranges took most of the kernel's time).
   float lse[2] = {-INFINITY, -INFINITY};
   if (active) {
-    const float* p = partial + ((size_t)h * Tq + t) * ranges * 32;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mm = -INFINITY, ll = 0.f;
-      for (int s = 0; s < ranges; ++s) mm = fmaxf(mm, p[32 * s + r + 8 * i]);
-      for (int s = 0; s < ranges; ++s) {
-        const float ms = p[32 * s + r + 8 * i];
-        if (ms != -INFINITY) ll += p[32 * s + 16 + r + 8 * i] * expf(ms - mm);
-      }
-      lse[i] = ll > 0.f ? mm + logf(ll) : -INFINITY;
+    const float* p = partial + ((size_t)h * Tq + t) * ranges * 32 + (lane & 15);
+    float mm = -INFINITY, ll = 0.f;
+#pragma unroll 8
+    for (int s = lane >> 4; s < ranges; s += 2) mm = fmaxf(mm, p[32 * s]);
+    mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 16));
+#pragma unroll 8
+    for (int s = lane >> 4; s < ranges; s += 2) {
+      const float ms = p[32 * s];
+      if (ms != -INFINITY) ll += p[32 * s + 16] * expf(ms - mm);
     }
+    ll += __shfl_xor_sync(0xffffffffu, ll, 16);
+    const float row_lse = ll > 0.f ? mm + logf(ll) : -INFINITY;
+    lse[0] = __shfl_sync(0xffffffffu, row_lse, r);
+    lse[1] = __shfl_sync(0xffffffffu, row_lse, r + 8);
   }
   const bool any = lse[0] != -INFINITY;
   const int n1v = active ? sala_visible(first_pos + t, KERNEL, STRIDE, n1) : 0;
@@ -228,7 +234,7 @@ __device__ void sala_select_windows_mma(
 
   // Σ_g exp(scale · q_g·c1[w] − lse_g) for visible windows; tiles no query of the block sees
   // are zeros without staging.
-  sala_stream_tiles<D, 32 * QPB>(tiles, c1 + (size_t)h * n1 * D, n1, first, min(last, max(first, staged)),
+  sala_stream_tiles<D, 32 * QPB>(tiles, c1 + (size_t)h * D, (size_t)gridDim.z * D, n1, first, min(last, max(first, staged)),
                                   [&](const __nv_bfloat16* hi, const __nv_bfloat16* lo, int w0) {
     float col[SALA_SEL_TILE / 8][2];
 #pragma unroll

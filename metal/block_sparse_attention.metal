@@ -1,5 +1,6 @@
 // Metal twin of cuda/block_sparse_attention.cu (same tiling: thread group = (split, query, KV head),
-// 8 simdgroups, tiles of 32 tokens in threadgroup memory). Untested on hardware.
+// 8 simdgroups, tiles of 32 tokens in threadgroup memory; CUDA also loads the next tile while
+// scoring the current one). Untested on hardware.
 
 #define SALA_TILE 32
 
@@ -25,8 +26,8 @@ inline void sala_block_sparse_attention(
     l[i] = 0.f;
     for (int j = 0; j < DPL; ++j) acc[i][j] = 0.f;
   }
-  const int per = (nsel + NSPLIT - 1) / NSPLIT;
-  const int b0 = s * per, b1 = min(nsel, b0 + per);
+  // An even share of the selected blocks per split, as on CUDA.
+  const int b0 = int((long(s) * nsel) / NSPLIT), b1 = int((long(s + 1) * nsel) / NSPLIT);
   const device int32_t* sel = blocks + (size_t(h) * Tq + t) * nsel;
   const device T* kh = k + size_t(h) * cap * D;
   const device T* vh = v + size_t(h) * cap * D;

@@ -9,7 +9,9 @@ use sala::engine::ops::{to_vec_f32, to_vec_i32};
 use sala::kernels::custom::{backend, Backend};
 use sala::kernels::gla::{alibi_slopes, simple_gla_recurrent, simple_gla_step};
 use sala::kernels::lightning::{decode_step, decode_step_mlx, norm_gate, norm_gate_mlx, StepParams};
-use sala::kernels::qmv::{epilogue_mlx, quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_then, Epilogue};
+use sala::kernels::qmv::{
+    epilogue_mlx, quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, Epilogue, RmsNormIn,
+};
 use sala::kernels::sparse::{
     block_sparse_attention, block_sparse_attention_mlx, select_blocks_chunked, select_blocks_mlx, select_blocks_scored, BlockSelection,
 };
@@ -105,6 +107,46 @@ fn qmv_epilogues_match_mlx_operations() {
                         let err = rel_err(&got, &want);
                         assert!(err < tol, "{name} q{bits} {n}x{k} rows {rows} {dtype:?}: relative error {err}");
                     }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn qmv_with_rms_norm_folded_in_matches_mlx_operations() {
+    if !on_gpu() {
+        return;
+    }
+    let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+    let mut seed = 900;
+    for bits in [8, 4] {
+        for (n, k) in [(2 * 2048, 4096), (2 * 136, 384)] {
+            // One row in bf16 and f32, two in f32 (bf16 batches take the tensor-core kernel and a
+            // separate norm), and four in bf16 (the largest staged input).
+            for (rows, dtype) in [(1, Dtype::Bfloat16), (1, Dtype::Float32), (2, Dtype::Float32), (4, Dtype::Bfloat16)] {
+                seed += 5;
+                let w = randn(&[n, k], seed, Dtype::Float32);
+                let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
+                let (s, b) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
+                // Inputs far from unit RMS and a norm weight far from 1, so that a norm left out or
+                // applied twice shows.
+                let x = randn(&[rows, k], seed + 1, Dtype::Float32).multiply(Array::from_f32(7.0)).unwrap().as_dtype(dtype).unwrap();
+                let weight = randn(&[k], seed + 2, Dtype::Float32).multiply(Array::from_f32(0.5)).unwrap().add(Array::from_f32(1.0)).unwrap();
+                let weight = weight.as_dtype(dtype).unwrap();
+                let eps = 1e-6;
+                let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
+                // The oracle: MLX's RMSNorm in x's dtype, then MLX's product in float32.
+                let normed = mlx_rs::fast::rms_norm(&x, Some(&weight), eps).unwrap();
+                for (name, epilogue, width) in [("plain", Epilogue::Plain, n), ("swiglu", Epilogue::SwiGlu, n / 2)] {
+                    let norm = RmsNormIn { weight: &weight, eps };
+                    let got = quantized_matmul_t_normed(&x, norm, &packed, &s, &b, 64, bits, epilogue).unwrap();
+                    let product = quantized_matmul_t_mlx(&f(&normed), &packed, &f(&s), &f(&b), 64, bits).unwrap();
+                    let want = epilogue_mlx(&product, epilogue).unwrap();
+                    assert_eq!(got.shape(), &[rows, width]);
+                    assert_eq!(got.dtype(), dtype);
+                    let err = rel_err(&got, &want);
+                    assert!(err < tol, "{name} q{bits} {n}x{k} rows {rows} {dtype:?}: relative error {err}");
                 }
             }
         }

@@ -170,11 +170,19 @@ impl SeqBuffer {
 }
 
 /// Means of the key windows `[stride·c, stride·c + kernel)`, for every complete window.
+///
+/// Stored window-major, as `[B, 1, n, H·D]` rows, so that the first n windows of a sequence are
+/// one contiguous piece of the buffer: [`PooledKeys::view`] hands them out without a copy (the
+/// selection kernels read them in place; head-major storage had cost two copies of the pooled
+/// keys per sparse layer and decode step, 5 MB at 128K tokens).
 #[derive(Clone)]
 pub struct PooledKeys {
     pub kernel: usize,
     pub stride: usize,
     windows: SeqBuffer,
+    /// Heads and head dim of the keys (known from the first update).
+    heads: i32,
+    dim: i32,
 }
 
 impl PooledKeys {
@@ -210,7 +218,22 @@ impl PooledKeys {
         // Stored in the keys' dtype, as the reference stores them: CUDA's tensor-core stage 1
         // reads bf16 keys as they are; the other forms score them in float32.
         let means = total.multiply(scalar(1.0 / self.kernel as f32, Dtype::Float32)?)?.as_dtype(span.dtype())?;
-        self.windows.append(&means)
+        (self.heads, self.dim) = (s[1], s[3]);
+        self.windows.append(&means.swap_axes(1, 2)?.reshape(&[s[0], 1, new as i32, s[1] * s[3]])?)
+    }
+
+    /// The windows `[B, H, n, D]`: a transposed view of the window-major rows (`None` while empty).
+    fn view(&mut self) -> Result<Option<Array>> {
+        let (h, d) = (self.heads, self.dim);
+        let Some((data, _, n)) = self.windows.parts()? else { return Ok(None) };
+        if data.shape()[0] == 1 {
+            // The first n rows of the buffer, strided as a buffer of their own: MLX takes a slice
+            // of [1, 1, capacity, H·D] as not contiguous and would copy it on every reshape.
+            let rows = data.as_strided(&[n as i32, h, d][..], &[(h * d) as i64, d as i64, 1][..], 0)?;
+            return Ok(Some(rows.expand_dims(0)?.swap_axes(1, 2)?));
+        }
+        let rows = self.windows.view()?.expect("windows are stored");
+        Ok(Some(rows.reshape(&[rows.shape()[0], -1, h, d])?.swap_axes(1, 2)?))
     }
 }
 
@@ -339,14 +362,15 @@ impl KvCache {
         Ok(Some(KvParts { keys, values, recent: recent_keys.zip(recent_values), settled, len }))
     }
 
-    /// Mean-pooled keys `[B, Hkv, n, d]` in the keys' dtype over windows of `kernel` with `stride` (kernel must be a
-    /// multiple of stride), brought up to date with the cache: computed in full on first use,
-    /// incrementally afterwards. `None` while no window is complete.
+    /// Mean-pooled keys `[B, Hkv, n, d]` in the keys' dtype over windows of `kernel` with `stride`
+    /// (kernel must be a multiple of stride), brought up to date with the cache: computed in full
+    /// on first use, incrementally afterwards. A transposed view of window-major storage (see
+    /// [`PooledKeys`]). `None` while no window is complete.
     pub fn pooled_keys(&mut self, kernel: usize, stride: usize) -> Result<Option<Array>> {
         let i = match self.pooled.iter().position(|p| p.kernel == kernel && p.stride == stride) {
             Some(i) => i,
             None => {
-                self.pooled.push(PooledKeys { kernel, stride, windows: SeqBuffer::default() });
+                self.pooled.push(PooledKeys { kernel, stride, windows: SeqBuffer::default(), heads: 0, dim: 0 });
                 self.pooled.len() - 1
             }
         };
@@ -354,7 +378,7 @@ impl KvCache {
         if len > 0 {
             self.pooled[i].update(&self.keys, len)?;
         }
-        self.pooled[i].windows.view()
+        self.pooled[i].view()
     }
 
     /// Whether it keeps a StreamingLLM window (and may drop tokens).

@@ -8,7 +8,7 @@
 use super::config::ConfigFile;
 use super::error::{Error, Result};
 use mlx_rs::{ops, Array, Dtype};
-use crate::kernels::qmv::{epilogue_mlx, quantized_matmul_t, quantized_matmul_t_then, Epilogue};
+use crate::kernels::qmv::{epilogue_mlx, quantized_matmul_t, quantized_matmul_t_normed, quantized_matmul_t_then, Epilogue, RmsNormIn};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
@@ -176,6 +176,21 @@ impl QuantizedMatrix {
             return Ok(epilogue_mlx(&y.as_dtype(x.dtype())?, epilogue)?);
         }
         Ok(quantized_matmul_t_then(x, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits, epilogue)?)
+    }
+
+    /// [`QuantizedMatrix::matmul_t_then`] of `RMSNorm(x)`: the norm folded into the decode kernel
+    /// where it runs the product (see kernels::qmv), a separate MLX RMSNorm otherwise.
+    pub fn matmul_t_normed_then(&self, x: &Array, norm: RmsNormIn, epilogue: Epilogue) -> Result<Array> {
+        let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
+        let kernel_path = !super::device::on_cpu()
+            && self.in_features() >= 128
+            && rows < GPU_DEQUANTIZE_ROWS
+            && !(self.scales.dtype() == Dtype::Float32 && x.dtype() != Dtype::Float32);
+        if !kernel_path {
+            return self.matmul_t_then(&mlx_rs::fast::rms_norm(x, Some(norm.weight), norm.eps)?, epilogue);
+        }
+        let (q, fmt) = (self, self.format);
+        Ok(quantized_matmul_t_normed(x, norm, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits, epilogue)?)
     }
 
     /// Input features (columns of the unpacked matrix).

@@ -83,6 +83,75 @@ static QMV_RESIDUAL: KernelSource = qmv_source(
      threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
 );
 
+/// The general kernel with an RMSNorm of x folded in (CUDA; elsewhere the norm runs first).
+const fn qmv_normed_source(name: &'static str, cuda_body: &'static str) -> KernelSource {
+    KernelSource {
+        name,
+        inputs: &["x", "norm", "w", "scales", "biases"],
+        outputs: &["y"],
+        cuda_header: include_str!("../../cuda/qmv.cu"),
+        cuda_body,
+        metal_header: "",
+        metal_body: "",
+        contiguous_inputs: true,
+    }
+}
+
+static QMV_NORMED: KernelSource = qmv_normed_source(
+    "sala_qmv_normed",
+    "sala_qmv_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0]);",
+);
+
+static QMV_SWIGLU_NORMED: KernelSource = qmv_normed_source(
+    "sala_qmv_swiglu_normed",
+    "sala_qmv_swiglu_normed<T, BITS, GROUP, ROWS, WARPS, NR, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0] / 2);",
+);
+
+/// An RMSNorm applied to a product's input `[…, K]`: weight `[K]`, epsilon.
+#[derive(Clone, Copy)]
+pub struct RmsNormIn<'a> {
+    pub weight: &'a Array,
+    pub eps: f32,
+}
+
+/// Bytes of normalised input rows a thread block stages in shared memory (`cuda/qmv.cu`): the 9B's
+/// hidden size (4096) in bf16 for the general kernel's 4 rows.
+const NORMED_STAGE_BYTES: usize = 32 * 1024;
+
+/// [`quantized_matmul_t_then`] of `RMSNorm(x)`: one kernel where the general kernel takes the
+/// product on CUDA (plain or SwiGLU), else MLX's RMSNorm first.
+#[allow(clippy::too_many_arguments)]
+pub fn quantized_matmul_t_normed(
+    x: &Array,
+    norm: RmsNormIn,
+    packed: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+    epilogue: Epilogue,
+) -> Result<Array> {
+    let k = x.shape()[x.ndim() - 1];
+    let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
+    let n = packed.shape()[0];
+    let fused = backend() == Backend::Cuda
+        && matches!(epilogue, Epilogue::Plain | Epilogue::SwiGlu)
+        && !(matches!(epilogue, Epilogue::SwiGlu) && n % 2 != 0)
+        && !mma_fits(x, scales, biases, group_size, bits)
+        && fits(x, scales, biases, group_size, bits)
+        && norm.weight.shape() == [k]
+        && norm.weight.dtype() == x.dtype()
+        && rows as usize * k as usize * x.item_size() <= NORMED_STAGE_BYTES;
+    if !fused {
+        let xn = mlx_rs::fast::rms_norm(x, Some(norm.weight), norm.eps)?;
+        return quantized_matmul_t_then(&xn, packed, scales, biases, group_size, bits, epilogue);
+    }
+    let mut shape = x.shape().to_vec();
+    let last = shape.len() - 1;
+    shape[last] = if matches!(epilogue, Epilogue::SwiGlu) { n / 2 } else { n };
+    quantized_matmul_t_general(x, packed, scales, biases, group_size, bits, epilogue, shape, Some(norm))
+}
+
 /// Input rows up to which the tensor-core kernel runs: the 16 rows of one mma tile.
 pub const MAX_MMA_ROWS: i32 = 16;
 /// Input rows from which it does: for one row the general kernel is faster (9B decode at 4K on
@@ -194,7 +263,7 @@ pub fn quantized_matmul_t_then(
             return quantized_matmul_t_mma(x, packed, scales, biases, group_size, bits, epilogue, shape);
         }
         if fits(x, scales, biases, group_size, bits) {
-            return quantized_matmul_t_general(x, packed, scales, biases, group_size, bits, epilogue, shape);
+            return quantized_matmul_t_general(x, packed, scales, biases, group_size, bits, epilogue, shape, None);
         }
     }
     let y = quantized_matmul_t_mlx(x, packed, scales, biases, group_size, bits)?;
@@ -217,7 +286,8 @@ fn kernel_for<'a>(
     }
 }
 
-/// The general kernel (`cuda/qmv.cu`, `metal/qmv.metal`); `shape` is y's.
+/// The general kernel (`cuda/qmv.cu`, `metal/qmv.metal`), with x normalised first when `norm`
+/// is given (CUDA, plain or SwiGLU); `shape` is y's.
 #[allow(clippy::too_many_arguments)]
 fn quantized_matmul_t_general(
     x: &Array,
@@ -228,11 +298,20 @@ fn quantized_matmul_t_general(
     bits: i32,
     epilogue: Epilogue,
     shape: Vec<i32>,
+    norm: Option<RmsNormIn>,
 ) -> Result<Array> {
     let (n, last) = (packed.shape()[0], shape.len() - 1);
     let swiglu = matches!(epilogue, Epilogue::SwiGlu);
     let rows: i32 = x.shape()[..last].iter().product();
-    let (source, inputs) = kernel_for([&QMV, &QMV_SWIGLU, &QMV_RESIDUAL], epilogue, x, packed, scales, biases);
+    let (mut source, mut inputs) = kernel_for([&QMV, &QMV_SWIGLU, &QMV_RESIDUAL], epilogue, x, packed, scales, biases);
+    let mut template = Vec::new();
+    if let Some(norm) = norm {
+        source = if swiglu { &QMV_SWIGLU_NORMED } else { &QMV_NORMED };
+        inputs = vec![x, norm.weight, packed, scales, biases];
+        template.push(("K", TemplateArg::Int(x.shape()[last])));
+        // Epsilon as its bit pattern: a compile-time constant.
+        template.push(("EPS_BITS", TemplateArg::Int(norm.eps.to_bits() as i32)));
+    }
     // Weight rows per warp, and the outputs they make (SwiGLU: gate rows paired with up rows).
     let outputs_per_warp = if swiglu { (rows_per_warp(bits) / 2).max(1) } else { rows_per_warp(bits) };
     let per_warp = if swiglu { 2 * outputs_per_warp } else { outputs_per_warp };
@@ -254,7 +333,7 @@ fn quantized_matmul_t_general(
             grid: (n_blocks * 32 * WARPS, 1, 1),
             threads: (32 * WARPS, 1, 1),
             outputs: vec![(shape, x.dtype())],
-            template: vec![
+            template: [
                 ("T", TemplateArg::Type(x.dtype())),
                 ("BITS", TemplateArg::Int(bits)),
                 ("GROUP", TemplateArg::Int(group_size)),
@@ -262,7 +341,10 @@ fn quantized_matmul_t_general(
                 ("WARPS", TemplateArg::Int(WARPS)),
                 ("NR", TemplateArg::Int(per_warp)),
                 ("SPLIT", TemplateArg::Int(split)),
-            ],
+            ]
+            .into_iter()
+            .chain(template)
+            .collect(),
             init: None,
         },
     )?;

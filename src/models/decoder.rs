@@ -12,7 +12,7 @@ use crate::engine::error::{Error, Result};
 use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::models::layers::{per_sequence, scale, Embedding, Linear, LmHead, Mlp, RmsNorm};
+use crate::models::layers::{per_sequence, scale, Embedding, Input, Linear, LmHead, Mlp, RmsNorm};
 use crate::models::rope::Rope;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::{Array, Dtype};
@@ -339,7 +339,7 @@ impl DecoderModel {
             let mixed = layer.attn.forward(&layer.input_norm.forward(&h)?, &mut kv, &c.rope)?;
             h = h.add(residual(mixed.clone())?)?;
             pacer.step(layer_outputs(&h, caches, i))?;
-            h = layer.mlp.forward_residual(&layer.post_norm.forward(&h)?, &h, c.residual_scale)?;
+            h = layer.mlp.forward_residual(Input::Normed(&h, &layer.post_norm), &h, c.residual_scale)?;
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("hidden.mixer_out.{i}"), &mixed);
                 t.record(format!("hidden.layer_out.{i}"), &h);

@@ -5,8 +5,33 @@ use crate::engine::model::{Logits, Trace};
 use crate::engine::ops::scalar;
 use crate::engine::quant::QuantizedMatrix;
 use crate::engine::weights::Weights;
-use crate::kernels::qmv::{epilogue_mlx, swiglu_mlx, Epilogue};
+use crate::kernels::qmv::{epilogue_mlx, swiglu_mlx, Epilogue, RmsNormIn};
 use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
+
+/// A projection's input: x itself, or RMSNorm(x) not yet applied, so that the quantized decode
+/// kernel can fold the normalisation into its product (one operation fewer before each of them).
+#[derive(Clone, Copy)]
+pub enum Input<'a> {
+    Plain(&'a Array),
+    Normed(&'a Array, &'a RmsNorm),
+}
+
+impl Input<'_> {
+    /// The input's shape (the normalisation keeps it).
+    pub fn shape(&self) -> &[i32] {
+        match self {
+            Input::Plain(x) | Input::Normed(x, _) => x.shape(),
+        }
+    }
+
+    /// The input as an array (normalised by MLX's RMSNorm).
+    pub fn array(&self) -> Result<Array> {
+        match self {
+            Input::Plain(x) => Ok((*x).clone()),
+            Input::Normed(x, norm) => norm.forward(x),
+        }
+    }
+}
 
 /// A `[out, in]` matrix, in float or MLX-quantized.
 #[derive(Clone)]
@@ -43,6 +68,17 @@ impl Matrix {
         match self {
             Matrix::Dense(w) => Ok(epilogue_mlx(&x.matmul(w.t())?, epilogue)?),
             Matrix::Quantized(q) => q.matmul_t_then(x, epilogue),
+        }
+    }
+
+    /// [`Matrix::matmul_t_then`] of an [`Input`].
+    pub fn matmul_t_in(&self, x: Input, epilogue: Epilogue) -> Result<Array> {
+        match (self, x) {
+            (Matrix::Quantized(q), Input::Normed(x, norm)) => {
+                q.matmul_t_normed_then(x, RmsNormIn { weight: &norm.weight, eps: norm.eps }, epilogue)
+            }
+            (_, Input::Plain(x)) => self.matmul_t_then(x, epilogue),
+            (Matrix::Dense(_), x) => self.matmul_t_then(&x.array()?, epilogue),
         }
     }
 
@@ -103,19 +139,25 @@ impl<const N: usize> Projections<N> {
     }
 
     /// The projections of `x` side by side `[B, T, Σ out]`, in the order they were named.
-    pub fn forward_joined(&self, x: &Array) -> Result<Array> {
+    pub fn forward_joined(&self, x: Input) -> Result<Array> {
         match &self.stacked {
-            Some((matrix, _)) => matrix.matmul_t(x),
-            None => Ok(ops::concatenate(&self.parts.iter().map(|p| p.forward(x)).collect::<Result<Vec<_>>>()?, -1)?),
+            Some((matrix, _)) => matrix.matmul_t_in(x, Epilogue::Plain),
+            None => {
+                let x = x.array()?;
+                Ok(ops::concatenate(&self.parts.iter().map(|p| p.forward(&x)).collect::<Result<Vec<_>>>()?, -1)?)
+            }
         }
     }
 
     /// Each projection of `x` `[B, T, in]`, in the order they were named.
-    pub fn forward(&self, x: &Array) -> Result<[Array; N]> {
+    pub fn forward(&self, x: Input) -> Result<[Array; N]> {
         let outputs: Vec<Array> = match &self.stacked {
-            None => self.parts.iter().map(|p| p.forward(x)).collect::<Result<_>>()?,
+            None => {
+                let x = x.array()?;
+                self.parts.iter().map(|p| p.forward(&x)).collect::<Result<_>>()?
+            }
             Some((matrix, widths)) => {
-                let y = matrix.matmul_t(x)?;
+                let y = matrix.matmul_t_in(x, Epilogue::Plain)?;
                 let mut start = 0;
                 widths
                     .iter()
@@ -149,7 +191,7 @@ impl QkvGate {
     }
 
     /// q, k, v and the gate's pre-activation (if any) of `x` side by side, `[B, T, W]`, in that order.
-    pub fn forward_joined(&self, x: &Array) -> Result<Array> {
+    pub fn forward_joined(&self, x: Input) -> Result<Array> {
         match self {
             Self::Plain(p) => p.forward_joined(x),
             Self::Gated(p) => p.forward_joined(x),
@@ -157,7 +199,7 @@ impl QkvGate {
     }
 
     /// q, k, v and the gate's pre-activation (if any) of `x` `[B, T, in]`.
-    pub fn forward(&self, x: &Array) -> Result<([Array; 3], Option<Array>)> {
+    pub fn forward(&self, x: Input) -> Result<([Array; 3], Option<Array>)> {
         Ok(match self {
             Self::Plain(p) => (p.forward(x)?, None),
             Self::Gated(p) => {
@@ -301,18 +343,18 @@ impl Mlp {
 
     /// `x` `[B, T, hidden]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        self.down.forward(&self.activation(x)?)
+        self.down.forward(&self.activation(Input::Plain(x))?)
     }
 
     /// residual + α · MLP(x) (see [`Linear::forward_residual`]).
-    pub fn forward_residual(&self, x: &Array, residual: &Array, alpha: f32) -> Result<Array> {
+    pub fn forward_residual(&self, x: Input, residual: &Array, alpha: f32) -> Result<Array> {
         self.down.forward_residual(&self.activation(x)?, residual, alpha)
     }
 
     /// silu(x · W_gateᵀ) ⊙ (x · W_upᵀ): one kernel from the stacked matrix on the decode path.
-    fn activation(&self, x: &Array) -> Result<Array> {
+    fn activation(&self, x: Input) -> Result<Array> {
         match &self.gate_up.stacked {
-            Some((matrix, _)) => matrix.matmul_t_then(x, Epilogue::SwiGlu),
+            Some((matrix, _)) => matrix.matmul_t_in(x, Epilogue::SwiGlu),
             None => {
                 let [gate, up] = self.gate_up.forward(x)?;
                 Ok(swiglu_mlx(&gate, &up)?)

@@ -16,7 +16,7 @@ use crate::engine::config::ConfigFile;
 use crate::engine::error::{Error, Result};
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::{gla, lightning};
-use crate::models::layers::{per_sequence, sigmoid_gate, Linear, QkvGate, RmsNorm};
+use crate::models::layers::{per_sequence, sigmoid_gate, Input, Linear, QkvGate, RmsNorm};
 use mlx_rs::{ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 #[derive(Debug, Clone)]
@@ -133,11 +133,11 @@ impl LightningAttention {
         })
     }
 
-    /// `x`: the normed hidden state `[B, T, hidden]`, row b continuing `states[b]` at
+    /// `x`: the (normed) hidden state `[B, T, hidden]`, row b continuing `states[b]` at
     /// `positions` (made once per forward call for all lightning layers). Returns the gated output
     /// `[B, T, H·d]` before [`LightningAttention::o_proj`], which the caller adds into the residual
     /// stream in one step.
-    pub fn attend(&self, x: &Array, states: &mut [&mut RecurrentState], positions: &Positions) -> Result<Array> {
+    pub fn attend(&self, x: Input, states: &mut [&mut RecurrentState], positions: &Positions) -> Result<Array> {
         let inner = (self.cfg.heads * self.cfg.head_dim) as i32;
         // q, k, v, z side by side: the kernels read them from the one stacked product.
         let qkvz = self.qkvz_proj.forward_joined(x)?;

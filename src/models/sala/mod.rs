@@ -16,7 +16,7 @@ use crate::engine::error::{Error, Result};
 use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::models::layers::{scale, Embedding, LmHead, Mlp, RmsNorm};
+use crate::models::layers::{scale, Embedding, Input, LmHead, Mlp, RmsNorm};
 use lightning::{LightningAttention, LightningConfig, Positions};
 use mlx_rs::{Array, Dtype};
 use sparse::{SparseAttention, SparseConfig};
@@ -293,14 +293,15 @@ impl SalaModel {
         }
         let mut pacer = Pacer::new(tokens.size());
         for (i, layer) in self.layers.iter().enumerate().take(depth) {
-            let x = layer.input_norm.forward(&h)?;
+            // The norms are folded into the products that follow them (see layers::Input).
+            let x = Input::Normed(&h, &layer.input_norm);
             let (o, o_proj) = match &layer.mixer {
                 MixerLayer::Sparse(attn) => (
-                    attn.attend(&x, &mut layer_caches(caches, i, LayerCache::as_attention)?, i, trace.as_deref_mut())?,
+                    attn.attend(x, &mut layer_caches(caches, i, LayerCache::as_attention)?, i, trace.as_deref_mut())?,
                     attn.o_proj(),
                 ),
                 MixerLayer::Lightning(attn) => {
-                    (attn.attend(&x, &mut layer_caches(caches, i, LayerCache::as_recurrent)?, &positions)?, attn.o_proj())
+                    (attn.attend(x, &mut layer_caches(caches, i, LayerCache::as_recurrent)?, &positions)?, attn.o_proj())
                 }
             };
             // Each residual branch ends in a projection that adds itself into h: one kernel per
@@ -310,8 +311,7 @@ impl SalaModel {
                 t.record(format!("hidden.mixer_out.{i}"), &o_proj.forward(&o)?);
             }
             pacer.step(layer_outputs(&h, caches, i))?;
-            let x = layer.post_norm.forward(&h)?;
-            h = layer.mlp.forward_residual(&x, &h, alpha)?;
+            h = layer.mlp.forward_residual(Input::Normed(&h, &layer.post_norm), &h, alpha)?;
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("hidden.layer_out.{i}"), &h);
             }

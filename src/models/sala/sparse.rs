@@ -18,7 +18,7 @@ use crate::engine::error::Result;
 use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::sparse::{block_sparse_attention, select_blocks, select_blocks_scored, BlockSelection};
-use crate::models::layers::{per_sequence, sigmoid_gate, Linear, QkvGate};
+use crate::models::layers::{per_sequence, sigmoid_gate, Input, Linear, QkvGate};
 use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, Array, Dtype};
 
 /// The level-2 compressed keys use 4× the level-1 window and stride (hard-coded in the reference).
@@ -113,10 +113,10 @@ impl SparseAttention {
         })
     }
 
-    /// `x`: the normed hidden state `[B, T, hidden]`, row b continuing `caches[b]`. Records the
+    /// `x`: the (normed) hidden state `[B, T, hidden]`, row b continuing `caches[b]`. Records the
     /// block selection under `sparse.layer{i}.blocks` / `.block_scores` when tracing. Returns the
     /// (gated) attention output `[B, T, Hq·d]` before [`SparseAttention::o_proj`].
-    pub fn attend(&self, x: &Array, caches: &mut [&mut KvCache], layer: usize, mut trace: Option<&mut Trace>) -> Result<Array> {
+    pub fn attend(&self, x: Input, caches: &mut [&mut KvCache], layer: usize, mut trace: Option<&mut Trace>) -> Result<Array> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (hq, hkv, d) = (self.cfg.heads as i32, self.cfg.kv_heads as i32, self.cfg.head_dim as i32);
         let ([q, k, v], gate) = self.qkv_gate_proj.forward(x)?;
@@ -165,6 +165,8 @@ impl SparseAttention {
         let kv = cache.parts()?.expect("keys were just appended");
         let kv_len = kv.len;
         let scale = (q.shape()[3] as f32).powf(-0.5);
+        // The selection and the attention kernels both read q contiguous: one copy for both.
+        let q = &q.contiguous()?;
         // One call each for all queries (select_blocks bounds its own working memory; attention
         // calls of few queries at a time had left the GPU half idle at 512K tokens).
         let blocks = match trace {
