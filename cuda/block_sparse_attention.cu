@@ -8,34 +8,9 @@
 // history and its recent tokens (SeqBuffer in src/engine/cache.rs says why). Splits share the
 // selected blocks evenly among thread blocks (decode has one query, so one thread block per KV
 // head would leave the GPU idle; it gets one split per selected block); each writes its
-// normalised partial output and log-sum-exp, merged afterwards.
+// normalised partial output and log-sum-exp, merged afterwards. Needs unpack.cu (sala_unpack16).
 
 #define SALA_TILE 32
-
-// One 16-byte piece of keys or values as floats.
-__device__ __forceinline__ void sala_unpack16(const uint4& u, const __nv_bfloat16*, float* out) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(w[i] << 16);
-    out[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-  }
-}
-__device__ __forceinline__ void sala_unpack16(const uint4& u, const __half*, float* out) {
-  const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(h[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ void sala_unpack16(const uint4& u, const float*, float* out) {
-  out[0] = __uint_as_float(u.x);
-  out[1] = __uint_as_float(u.y);
-  out[2] = __uint_as_float(u.z);
-  out[3] = __uint_as_float(u.w);
-}
 
 template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS>
 __device__ void sala_block_sparse_attention(

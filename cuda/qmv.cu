@@ -7,35 +7,7 @@
 // 8 bits, 32 at 4), two chunks of each row in flight, and the warp reduces at the end. Weight bytes are read once;
 // x is small and stays in L1/L2 and is read 16 bytes at a time. Quantized values become floats
 // through the exponent trick (0x4B000000 | q is the float 2^23 + q), which is cheaper than an
-// integer conversion. Accumulation is float32.
-
-__device__ __forceinline__ void sala_load8(const __nv_bfloat16* p, float* out) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(w[i] << 16);
-    out[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-  }
-}
-
-__device__ __forceinline__ void sala_load8(const __half* p, float* out) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(h[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
-
-__device__ __forceinline__ void sala_load8(const float* p, float* out) {
-  const float4 a = *reinterpret_cast<const float4*>(p);
-  const float4 b = *reinterpret_cast<const float4*>(p + 4);
-  out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-  out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
-}
+// integer conversion. Accumulation is float32. Needs unpack.cu (sala_load8).
 
 // The warp's sums over the 16-byte chunks [c_begin, c_end) of the NR output rows n[0..NR) of
 // every input row, reduced into every lane's acc. Each x chunk is loaded once for all NR rows (x

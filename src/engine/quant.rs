@@ -160,7 +160,7 @@ impl QuantizedMatrix {
                 let y = x.as_dtype(Dtype::Float32)?.matmul(self.dequantize()?.as_dtype(Dtype::Float32)?.t())?;
                 return Ok(epilogue_mlx(&y.as_dtype(x.dtype())?, epilogue)?);
             }
-        } else if self.in_features() < 128 || rows >= GPU_DEQUANTIZE_ROWS {
+        } else if self.dequantizes_on_gpu(rows) {
             // On a GPU, multiply the expanded weights (the copy lives for one product):
             // * MLX 0.32.2's CUDA quantized matmul gives wrong results for K = 64 (one group of 64
             //   per row, up to 7% off; tests/quantize.rs shows it on an H200), and matrices this
@@ -170,7 +170,7 @@ impl QuantizedMatrix {
             return Ok(epilogue_mlx(&x.matmul(self.dequantize()?.as_dtype(x.dtype())?.t())?, epilogue)?);
         }
         let (q, fmt) = (self, self.format);
-        if self.scales.dtype() == Dtype::Float32 && x.dtype() != Dtype::Float32 {
+        if self.scales_wider_than(x) {
             // Scales wider than x: the product in float32, the epilogue in x's dtype.
             let y = quantized_matmul_t(&x.as_dtype(Dtype::Float32)?, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits)?;
             return Ok(epilogue_mlx(&y.as_dtype(x.dtype())?, epilogue)?);
@@ -182,15 +182,24 @@ impl QuantizedMatrix {
     /// where it runs the product (see kernels::qmv), a separate MLX RMSNorm otherwise.
     pub fn matmul_t_normed_then(&self, x: &Array, norm: RmsNormIn, epilogue: Epilogue) -> Result<Array> {
         let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
-        let kernel_path = !super::device::on_cpu()
-            && self.in_features() >= 128
-            && rows < GPU_DEQUANTIZE_ROWS
-            && !(self.scales.dtype() == Dtype::Float32 && x.dtype() != Dtype::Float32);
+        // The products that reach the decode kernels in matmul_t_then.
+        let kernel_path = !super::device::on_cpu() && !self.dequantizes_on_gpu(rows) && !self.scales_wider_than(x);
         if !kernel_path {
             return self.matmul_t_then(&mlx_rs::fast::rms_norm(x, Some(norm.weight), norm.eps)?, epilogue);
         }
         let (q, fmt) = (self, self.format);
         Ok(quantized_matmul_t_normed(x, norm, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits, epilogue)?)
+    }
+
+    /// Whether a GPU product of `rows` input rows multiplies the expanded weights (see
+    /// [`QuantizedMatrix::matmul_t_then`] for why).
+    fn dequantizes_on_gpu(&self, rows: i32) -> bool {
+        self.in_features() < 128 || rows >= GPU_DEQUANTIZE_ROWS
+    }
+
+    /// Whether the scales are float32 and x is not (the product then runs in float32).
+    fn scales_wider_than(&self, x: &Array) -> bool {
+        self.scales.dtype() == Dtype::Float32 && x.dtype() != Dtype::Float32
     }
 
     /// Input features (columns of the unpacked matrix).

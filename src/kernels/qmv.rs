@@ -39,6 +39,9 @@ pub enum Epilogue<'a> {
     Residual { residual: &'a Array, alpha: &'a Array },
 }
 
+/// The general kernel's CUDA source with the 16-byte unpacking it reads x with.
+const QMV_HEADER: &str = concat!(include_str!("../../cuda/unpack.cu"), include_str!("../../cuda/qmv.cu"));
+
 const fn qmv_source(
     name: &'static str,
     inputs: &'static [&'static str],
@@ -49,7 +52,7 @@ const fn qmv_source(
         name,
         inputs,
         outputs: &["y"],
-        cuda_header: include_str!("../../cuda/qmv.cu"),
+        cuda_header: QMV_HEADER,
         cuda_body,
         metal_header: include_str!("../../metal/qmv.metal"),
         metal_body,
@@ -89,7 +92,7 @@ const fn qmv_normed_source(name: &'static str, cuda_body: &'static str) -> Kerne
         name,
         inputs: &["x", "norm", "w", "scales", "biases"],
         outputs: &["y"],
-        cuda_header: include_str!("../../cuda/qmv.cu"),
+        cuda_header: QMV_HEADER,
         cuda_body,
         metal_header: "",
         metal_body: "",
@@ -146,10 +149,7 @@ pub fn quantized_matmul_t_normed(
         let xn = mlx_rs::fast::rms_norm(x, Some(norm.weight), norm.eps)?;
         return quantized_matmul_t_then(&xn, packed, scales, biases, group_size, bits, epilogue);
     }
-    let mut shape = x.shape().to_vec();
-    let last = shape.len() - 1;
-    shape[last] = if matches!(epilogue, Epilogue::SwiGlu) { n / 2 } else { n };
-    quantized_matmul_t_general(x, packed, scales, biases, group_size, bits, epilogue, shape, Some(norm))
+    quantized_matmul_t_general(x, packed, scales, biases, group_size, bits, epilogue, output_shape(x, n, epilogue), Some(norm))
 }
 
 /// Input rows up to which the tensor-core kernel runs: the 16 rows of one mma tile.
@@ -159,8 +159,12 @@ pub const MAX_MMA_ROWS: i32 = 16;
 /// (745 against 510 tok/s).
 const MIN_MMA_ROWS: i32 = 2;
 
-const QMM_HEADER: &str =
-    concat!(include_str!("../../cuda/mma.cu"), include_str!("../../cuda/qmv.cu"), include_str!("../../cuda/qmv_mma.cu"));
+const QMM_HEADER: &str = concat!(
+    include_str!("../../cuda/mma.cu"),
+    include_str!("../../cuda/unpack.cu"),
+    include_str!("../../cuda/qmv.cu"),
+    include_str!("../../cuda/qmv_mma.cu")
+);
 
 const fn qmm_source(name: &'static str, inputs: &'static [&'static str], cuda_body: &'static str) -> KernelSource {
     // CUDA only (mma.sync); Metal takes the general kernel.
@@ -248,9 +252,7 @@ pub fn quantized_matmul_t_then(
     epilogue: Epilogue,
 ) -> Result<Array> {
     let n = packed.shape()[0];
-    let mut shape = x.shape().to_vec();
-    let last = shape.len() - 1;
-    shape[last] = if matches!(epilogue, Epilogue::SwiGlu) { n / 2 } else { n };
+    let shape = output_shape(x, n, epilogue);
     let residual_fits = match epilogue {
         Epilogue::Residual { residual, alpha } => {
             residual.shape() == shape && residual.dtype() == x.dtype() && alpha.dtype() == x.dtype() && alpha.size() == 1
@@ -268,6 +270,14 @@ pub fn quantized_matmul_t_then(
     }
     let y = quantized_matmul_t_mlx(x, packed, scales, biases, group_size, bits)?;
     epilogue_mlx(&y, epilogue)
+}
+
+/// y's shape for x `[…, K]` times a matrix of `n` rows followed by `epilogue` (SwiGLU halves it).
+fn output_shape(x: &Array, n: i32, epilogue: Epilogue) -> Vec<i32> {
+    let mut shape = x.shape().to_vec();
+    let last = shape.len() - 1;
+    shape[last] = if matches!(epilogue, Epilogue::SwiGlu) { n / 2 } else { n };
+    shape
 }
 
 /// The kernel for `epilogue` of a family (plain, SwiGLU, residual) and its inputs.

@@ -514,11 +514,15 @@ fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelectio
     Ok(Selected { blocks: out.next().expect("2 outputs"), scores: out.next().expect("2 outputs") })
 }
 
+/// The decode attention's CUDA source with the 16-byte unpacking it reads keys and values with.
+const BLOCK_SPARSE_ATTENTION_HEADER: &str =
+    concat!(include_str!("../../cuda/unpack.cu"), include_str!("../../cuda/block_sparse_attention.cu"));
+
 static BLOCK_SPARSE_ATTENTION: KernelSource = KernelSource {
     name: "sala_block_sparse_attention",
     inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
     outputs: &["out", "lse"],
-    cuda_header: include_str!("../../cuda/block_sparse_attention.cu"),
+    cuda_header: BLOCK_SPARSE_ATTENTION_HEADER,
     cuda_body: "sala_block_sparse_attention<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(\
                 q, k, v, k_recent, v_recent, blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
                 out, lse, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);",
@@ -594,7 +598,7 @@ static MERGE_SPLITS: KernelSource = KernelSource {
     name: "sala_merge_splits",
     inputs: &["partial", "lse"],
     outputs: &["out"],
-    cuda_header: include_str!("../../cuda/block_sparse_attention.cu"),
+    cuda_header: BLOCK_SPARSE_ATTENTION_HEADER,
     cuda_body: "sala_merge_splits<T, D, NSPLIT>(partial, lse, out, partial_shape[0], HQ);",
     metal_header: include_str!("../../metal/block_sparse_attention.metal"),
     metal_body: "sala_merge_splits<T, D, NSPLIT>(partial, lse, out, int(partial_shape[0]), HQ, thread_position_in_grid.x);",
