@@ -400,22 +400,30 @@ fn prefill_random(model: &dyn sala::engine::model::LanguageModel, cache: &mut sa
 }
 
 /// The prompt is 512 tokens, or as many as the number after `decode-profile` (in 2048-token
-/// chunks).
+/// chunks); a second number decodes that many sequences together (each with such a prompt).
 fn decode_steps_for_a_profiler() {
     use sala::engine::model::Logits;
-    // (cargo bench appends `--bench`: flags are not the context.)
-    let context: i32 = match std::env::args().skip_while(|a| a != "decode-profile").nth(1).filter(|a| !a.starts_with('-')) {
-        Some(n) => n.parse().unwrap_or_else(|_| panic!("kernels decode-profile CONTEXT: `{n}` is not a number of tokens")),
-        None => 512,
-    };
+    // (cargo bench appends `--bench`: flags are not numbers.)
+    let numbers: Vec<i32> = std::env::args()
+        .skip_while(|a| a != "decode-profile")
+        .skip(1)
+        .take_while(|a| !a.starts_with('-'))
+        .map(|n| n.parse().unwrap_or_else(|_| panic!("kernels decode-profile CONTEXT [SEQUENCES]: `{n}` is not a number")))
+        .collect();
+    let context = numbers.first().copied().unwrap_or(512);
+    let seqs = numbers.get(1).copied().unwrap_or(1);
     let model = synthetic_9b();
-    let mut cache = model.new_cache();
-    prefill_random(model.as_ref(), &mut cache, context, 3);
+    let mut caches: Vec<_> = (0..seqs).map(|_| model.new_cache()).collect();
+    for (i, cache) in caches.iter_mut().enumerate() {
+        prefill_random(model.as_ref(), cache, context, 3 + i as u64);
+    }
+    let tokens = Array::from_slice(&vec![7i32; seqs as usize], &[seqs, 1]);
     // Only the decode steps are profiled under `ncu --profile-from-start off`.
     cuda_profiler(true);
     for _ in 0..2 {
-        let logits = model.forward(&Array::from_slice(&[7i32], &[1, 1]), &mut cache, Logits::Last, None).unwrap();
-        eval(std::iter::once(&logits).chain(cache.arrays().iter())).unwrap();
+        let mut batch: Vec<_> = caches.iter_mut().collect();
+        let logits = model.forward_batch(&tokens, &mut batch, Logits::Last, None).unwrap();
+        eval(std::iter::once(&logits).chain(caches.iter().flat_map(|c| c.arrays()).collect::<Vec<_>>().iter())).unwrap();
         println!("decode step done");
     }
     cuda_profiler(false);

@@ -9,22 +9,27 @@
 // selected blocks evenly among thread blocks (decode has one query, so one thread block per KV
 // head would leave the GPU idle; it gets one split per selected block); each writes its
 // normalised partial output and log-sum-exp, merged afterwards. Needs unpack.cu (sala_unpack16).
+//
+// sala_decode_attention_seq runs the same loop as dense decode attention for a batch of
+// sequences with caches of their own (thread block row y = sequence): every block of the
+// sequence's cache is "selected", and the query is its last position.
 
 #define SALA_TILE 32
 
-template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS>
-__device__ void sala_block_sparse_attention(
+template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS, bool DENSE>
+__device__ void sala_attend_blocks(
     const T* q,              // [Hq, Tq, D]
     const T* k,              // [Hkv, cap, D]  the cache's history: positions < settled
     const T* v,              // [Hkv, cap, D]
     const T* kr,             // [Hkv, rcap, D] its recent tokens: positions settled .. kv_len
     const T* vr,             // [Hkv, rcap, D]
-    const int32_t* blocks,   // [Hkv, Tq, nsel], ascending, -1 = none
+    const int32_t* blocks,   // [Hkv, Tq, nsel], ascending, -1 = none (DENSE: unread, all nsel blocks)
     int first_pos,           // position of query 0
     int kv_len,              // positions in the cache
     int settled,             // of which in the history buffers
     float* out,              // [Tq, Hq, NSPLIT, D]
     float* lse,              // [Tq, Hq, NSPLIT]
+    int t,                   // this thread block's query
     int Tq, int cap, int rcap, int nsel) {
   constexpr int THREADS = 256;                // the launch's
   constexpr int DPL = (D + 31) / 32;          // output dims per lane
@@ -38,7 +43,7 @@ __device__ void sala_block_sparse_attention(
   __shared__ float ks[SALA_TILE][D + 1];      // +1: lanes reading different rows hit different banks
   __shared__ float vs[SALA_TILE][D + 1];
 
-  const int s = blockIdx.x, t = blockIdx.y, h = blockIdx.z;
+  const int s = blockIdx.x, h = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int Hq = gridDim.z * G;
   const int pos = first_pos + t;
@@ -68,7 +73,7 @@ __device__ void sala_block_sparse_attention(
 
   // First token of tile i of the split (tiles of unselected blocks or past the query: −1).
   auto tile_base = [&](int i) -> int {
-    const int blk = sel[b0 + i / TILES];
+    const int blk = DENSE ? b0 + i / TILES : sel[b0 + i / TILES];
     const int base = blk * BLOCK + (i % TILES) * SALA_TILE;
     return blk < 0 || base > pos || base >= kv_len ? -1 : base;
   };
@@ -162,6 +167,27 @@ __device__ void sala_block_sparse_attention(
     }
     if (lane == 0) lse[row] = l[hi] > 0.f ? m[hi] + logf(l[hi]) : -INFINITY;
   }
+}
+
+template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS>
+__device__ void sala_block_sparse_attention(
+    const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first_pos,
+    int kv_len, int settled, float* out, float* lse, int Tq, int cap, int rcap, int nsel) {
+  sala_attend_blocks<T, D, G, BLOCK, NSPLIT, SCALE_BITS, false>(
+      q, k, v, kr, vr, blocks, first_pos, kv_len, settled, out, lse, blockIdx.y, Tq, cap, rcap, nsel);
+}
+
+// One decoding query of sequence blockIdx.y (q [B, Hq, D]) against the kv_len positions of its
+// own cache; partial outputs [B, Hq, NSPLIT, D] and log-sum-exp [B, Hq, NSPLIT].
+template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS>
+__device__ void sala_decode_attention_seq(
+    const T* q, const T* k, const T* v, const T* kr, const T* vr, int kv_len, int settled, float* out,
+    float* lse, int cap, int rcap) {
+  const int b = blockIdx.y, Hq = gridDim.z * G;
+  sala_attend_blocks<T, D, G, BLOCK, NSPLIT, SCALE_BITS, true>(
+      q + (size_t)b * Hq * D, k, v, kr, vr, nullptr, kv_len - 1, kv_len, settled,
+      out + (size_t)b * Hq * NSPLIT * D, lse + (size_t)b * Hq * NSPLIT, 0, 1, cap, rcap,
+      (kv_len + BLOCK - 1) / BLOCK);
 }
 
 // Merges the splits' partial outputs (softmax-weighted by their log-sum-exp) and writes the

@@ -36,29 +36,69 @@ __device__ void sala_lightning_step(
   const int bh = blockIdx.y;
   const int b = bh / H, h = bh % H;
   const T* row = qkv + (size_t)b * W + h * D;
-  const float vj = lead ? static_cast<float>(row[2 * H * D + j]) : 0.f;
-  if (lead) {
-    qs[j] = static_cast<float>(row[j]);
-    ks[j] = static_cast<float>(row[H * D + j]);
-  }
-  __syncthreads();
+  const float* sh = state + (size_t)bh * D * D;
+  float* nh = next_state + (size_t)bh * D * D;
 
-  // RMSNorm: every thread sums the squares itself (D reads of shared memory, same order for all).
-  float qn = 0.f, kn = 0.f;
-  if (lead) {
-    float sq = 0.f, sk = 0.f;
-    for (int i = 0; i < D; ++i) {
-      sq = fmaf(qs[i], qs[i], sq);
-      sk = fmaf(ks[i], ks[i], sk);
-    }
-    const float eps = __int_as_float(EPS_BITS);
-    qn = sala_to_t<T>(static_cast<float>(q_norm[j]) * sala_to_t<T>(qs[j] * rsqrtf(sq / D + eps)));
-    kn = sala_to_t<T>(static_cast<float>(k_norm[j]) * sala_to_t<T>(ks[j] * rsqrtf(sk / D + eps)));
+  // With D % 32 == 0 thread block blockIdx.x takes 32 columns of the state, lane c column c, and
+  // its warps split the rows: a head's state is spread over D / 32 thread blocks of up to 32 warps
+  // (one block of D threads per head had left the GPU mostly idle: 59 µs per layer for 2 MB in
+  // and 2 MB out on an H100). The thread's rows of the state are loaded first, all at once, and
+  // arrive while q and k are prepared (loaded one by one between the stores of the new state they
+  // took 24 µs per layer: the stores might have aliased them).
+  constexpr bool COLUMNS = D % 32 == 0;
+  constexpr int WARPS = COLUMNS ? (4 * D > 1024 ? 1024 : 4 * D) / 32 : 1;
+  constexpr int RPW = COLUMNS ? D / WARPS : 1;  // state rows per warp
+  const int lane = j & 31, warp = j >> 5;
+  const int col = COLUMNS ? blockIdx.x * 32 + lane : j;
+  float s_old[RPW];
+  if (COLUMNS) {
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) s_old[i] = __ldg(sh + (size_t)(warp + i * WARPS) * D + col);
   }
-  __syncthreads();
+
+  const float vj = lead ? static_cast<float>(row[2 * H * D + j]) : 0.f;
+  const float qj = lead ? static_cast<float>(row[j]) : 0.f;
+  const float kj = lead ? static_cast<float>(row[H * D + j]) : 0.f;
+
+  // RMSNorm's sums of squares: warp sums meeting in shared memory, or (a block of D threads that
+  // is no whole number of warps) every thread summing all of them itself.
+  float sq = 0.f, sk = 0.f;
+  if (COLUMNS) {
+    __shared__ float partial_q[32], partial_k[32];
+    float pq = qj * qj, pk = kj * kj;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      pq += __shfl_xor_sync(0xffffffffu, pq, off);
+      pk += __shfl_xor_sync(0xffffffffu, pk, off);
+    }
+    if (lane == 0 && warp < D / 32) {
+      partial_q[warp] = pq;
+      partial_k[warp] = pk;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < D / 32; ++w) {
+      sq += partial_q[w];
+      sk += partial_k[w];
+    }
+  } else {
+    if (lead) {
+      qs[j] = qj;
+      ks[j] = kj;
+    }
+    __syncthreads();
+    if (lead) {
+      for (int i = 0; i < D; ++i) {
+        sq = fmaf(qs[i], qs[i], sq);
+        sk = fmaf(ks[i], ks[i], sk);
+      }
+    }
+    __syncthreads();
+  }
   if (lead) {
-    qs[j] = qn;
-    ks[j] = kn;
+    const float eps = __int_as_float(EPS_BITS);
+    qs[j] = sala_to_t<T>(static_cast<float>(q_norm[j]) * sala_to_t<T>(qj * rsqrtf(sq / D + eps)));
+    ks[j] = sala_to_t<T>(static_cast<float>(k_norm[j]) * sala_to_t<T>(kj * rsqrtf(sk / D + eps)));
   }
   __syncthreads();
 
@@ -86,21 +126,14 @@ __device__ void sala_lightning_step(
   }
 
   const float gamma = expf(-slopes[h]);
-  const float* sh = state + (size_t)bh * D * D;
-  float* nh = next_state + (size_t)bh * D * D;
-  if (D % 32 == 0) {
-    // Thread block blockIdx.x takes 32 columns of the state, lane c column c, and its warps
-    // split the rows: a head's state is spread over D / 32 thread blocks of up to 32 warps (one
-    // block of D threads per head had left the GPU mostly idle: 59 µs per layer for 2 MB in and
-    // 2 MB out on an H100).
+  if (COLUMNS) {
     __shared__ float partial[32][32];
-    const int lane = j & 31, warp = j >> 5, warps = blockDim.x >> 5;
-    const int col = blockIdx.x * 32 + lane;
     const float vc = static_cast<float>(row[2 * H * D + col]);
     float o = 0.f;
-#pragma unroll 4
-    for (int r = warp; r < D; r += warps) {
-      const float s = fmaf(gamma, sh[(size_t)r * D + col], ks[r] * vc);
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) {
+      const int r = warp + i * WARPS;
+      const float s = fmaf(gamma, s_old[i], ks[r] * vc);
       nh[(size_t)r * D + col] = s;
       o = fmaf(qs[r], s, o);
     }
@@ -108,7 +141,7 @@ __device__ void sala_lightning_step(
     __syncthreads();
     if (warp == 0) {
       float sum = 0.f;
-      for (int w = 0; w < warps; ++w) sum += partial[w][lane];
+      for (int w = 0; w < WARPS; ++w) sum += partial[w][lane];
       out[(size_t)bh * D + col] = static_cast<T>(sum * __int_as_float(SCALE_BITS));
     }
     return;

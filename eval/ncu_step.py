@@ -1,15 +1,17 @@
 # The kernels of one decode step from an Nsight Compute CSV of `kernels decode-profile`
 # (benches/kernels.rs): ncu --metrics gpu__time_duration.sum --clock-control none --csv
 # --log-file ncu.csv kernels decode-profile; python3 eval/ncu_step.py ncu.csv. The step runs from
-# after one output-head product (the widest plain GEMV) to the next; durations summed per kernel.
+# after one output-head product (the longest launch) to the next; durations summed per kernel.
 import csv, collections, sys
 rows = list(csv.reader(open(sys.argv[1])))
 hdr_i = next(i for i, r in enumerate(rows) if 'Kernel Name' in r)
 hdr = rows[hdr_i]; data = rows[hdr_i+1:]
 ki, vi, gi, bi = hdr.index('Kernel Name'), hdr.index('Metric Value'), hdr.index('Grid Size'), hdr.index('Block Size')
 k = [(r[ki].split('(')[0], float(r[vi].replace(',', '')), r[gi], r[bi]) for r in data if len(r) > vi and r[vi]]
-# lm_head: plain qmv over 73448 rows -> grid (9181,1,1) blocks
-heads = [i for i, x in enumerate(k) if 'sala_qmv_bfloat16' in x[0] and x[2].startswith('(9181')]
+# The output head (73448 rows of 4096) is the longest quantized product, once per step: its kernel and grid mark
+# the steps.
+longest = max((x for x in k if 'qm' in x[0]), key=lambda x: x[1])
+heads = [i for i, x in enumerate(k) if (x[0], x[2]) == (longest[0], longest[2])]
 print('head launches at', heads)
 a, b = heads[-2], heads[-1]
 step = k[a+1:b+1]

@@ -13,7 +13,8 @@ use sala::kernels::qmv::{
     epilogue_mlx, quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, Epilogue, RmsNormIn,
 };
 use sala::kernels::sparse::{
-    block_sparse_attention, block_sparse_attention_mlx, select_blocks_chunked, select_blocks_mlx, select_blocks_scored, BlockSelection,
+    block_sparse_attention, block_sparse_attention_mlx, decode_attention, decode_attention_mlx, select_blocks_chunked, select_blocks_mlx,
+    select_blocks_scored, BlockSelection,
 };
 
 fn on_gpu() -> bool {
@@ -391,5 +392,63 @@ fn block_sparse_attention_kernel_matches_mlx() {
             let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
             assert!(err < tol, "case {i} ({layout}): relative error {err}");
         }
+    }
+}
+
+#[test]
+fn decode_attention_of_a_batch_matches_mlx() {
+    if !on_gpu() {
+        return;
+    }
+    // (Hq, Hkv, d, dtype, cache lengths): one sequence, a batch of different lengths, more
+    // sequences than one launch takes, and lengths that are no whole number of blocks.
+    let cases: [(i32, i32, i32, Dtype, &[usize]); 5] = [
+        (32, 2, 128, Dtype::Bfloat16, &[4096]),
+        (32, 2, 128, Dtype::Bfloat16, &[4096, 1, 3000, 6143, 65, 64, 700, 2048]),
+        (32, 2, 128, Dtype::Float16, &[100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1100]),
+        (8, 8, 64, Dtype::Float32, &[33, 5000, 129]),
+        (4, 2, 32, Dtype::Float32, &[1, 2, 3]),
+    ];
+    for (i, &(hq, hkv, d, dtype, lens)) in cases.iter().enumerate() {
+        let seed = 2000 + 10 * i as u64;
+        let b = lens.len() as i32;
+        let q = randn(&[b, hq, 1, d], seed, dtype);
+        // Each cache as a poisoned history buffer, and, for odd rows, as a history plus its last
+        // few positions in a poisoned recent-token buffer.
+        let caches: Vec<_> = lens
+            .iter()
+            .enumerate()
+            .map(|(j, &len)| {
+                let k = randn(&[1, hkv, len as i32, d], seed + 1 + 2 * j as u64, dtype);
+                let v = randn(&[1, hkv, len as i32, d], seed + 2 + 2 * j as u64, dtype);
+                let settled = if j % 2 == 1 { len - len.min(1 + j * 7) } else { len };
+                let part = |x: &Array, from: usize, to: usize| poison_from(&x.try_index((.., .., from as i32..to as i32, ..)).unwrap(), hkv, d, dtype);
+                let recent = (settled < len).then(|| (part(&k, settled, len), part(&v, settled, len)));
+                (part(&k, 0, settled), part(&v, 0, settled), recent, settled, len)
+            })
+            .collect();
+        let parts: Vec<KvParts> = caches
+            .iter()
+            .map(|(k, v, recent, settled, len)| KvParts {
+                keys: k,
+                values: v,
+                recent: recent.as_ref().map(|(kr, vr)| (kr, vr)),
+                settled: *settled,
+                len: *len,
+            })
+            .collect();
+        let scale = (d as f32).powf(-0.5);
+        let got = decode_attention(&q, &parts, scale).unwrap();
+        // The oracle in float32.
+        let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+        let filled: Vec<_> = parts.iter().map(|p| p.filled().unwrap()).collect();
+        let f32_parts: Vec<_> = filled.iter().map(|(k, v)| (f(k), f(v))).collect();
+        let oracle_parts: Vec<_> = f32_parts.iter().zip(lens).map(|((k, v), &len)| KvParts::history(k, v, len)).collect();
+        let want = decode_attention_mlx(&f(&q), &oracle_parts, scale).unwrap();
+        assert_eq!(got.shape(), &[b, hq, 1, d]);
+        assert_eq!(got.dtype(), dtype);
+        let err = rel_err(&got, &want);
+        let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
+        assert!(err < tol, "case {i}: relative error {err}");
     }
 }

@@ -251,7 +251,8 @@ pub fn block_sparse_attention(
 ) -> Result<Array> {
     // The kernels read keys and values in 16-byte pieces.
     let whole_pieces = (q.shape()[3] as usize * q.item_size()) % 16 == 0;
-    if backend() == Backend::Cpu || q.shape()[0] != 1 || !whole_pieces {
+    let tiles_fit = attention_tiles_fit(q.shape()[1] / kv.keys.shape()[1], q.shape()[3]);
+    if backend() == Backend::Cpu || q.shape()[0] != 1 || !whole_pieces || !tiles_fit {
         let (k, v) = kv.filled()?;
         return block_sparse_attention_mlx(q, &k, &v, blocks, first_pos, block, scale);
     }
@@ -574,24 +575,182 @@ fn block_sparse_attention_gpu(q: &Array, kv: &KvParts, blocks: &Array, first_pos
             init: None,
         },
     )?;
-    let total = t * hq * d;
+    merge_splits(&out[0], &out[1], vec![1, hq, t, d], q.dtype())
+}
+
+/// The splits' partial outputs `[T, H, NSPLIT, d]` and log-sum-exps `[T, H, NSPLIT]` merged into
+/// `shape` (`[1, H, T, d]`, or any shape of `[H, d]` when T = 1) in `dtype`.
+fn merge_splits(partial: &Array, lse: &Array, shape: Vec<i32>, dtype: Dtype) -> Result<Array> {
+    let (h, nsplit, d) = (partial.shape()[1], partial.shape()[2], partial.shape()[3]);
+    let total = partial.shape()[0] * h * d;
     let merged = apply(
         &MERGE_SPLITS,
-        &[&out[0], &out[1]],
+        &[partial, lse],
         Launch {
             grid: (total, 1, 1),
             threads: (THREADS, 1, 1),
-            outputs: vec![(vec![1, hq, t, d], q.dtype())],
+            outputs: vec![(shape, dtype)],
             template: vec![
-                ("T", TemplateArg::Type(q.dtype())),
+                ("T", TemplateArg::Type(dtype)),
                 ("D", TemplateArg::Int(d)),
                 ("NSPLIT", TemplateArg::Int(nsplit)),
-                ("HQ", TemplateArg::Int(hq)),
+                ("HQ", TemplateArg::Int(h)),
             ],
             init: None,
         },
     )?;
     Ok(merged.into_iter().next().expect("one output"))
+}
+
+/// Dense attention of one decoding query per sequence over that sequence's whole cache: `q`
+/// `[B, Hq, 1, d]`, `kvs[b]` the cache of row b (lengths may differ; the query is each cache's
+/// last position). Returns `[B, Hq, 1, d]`. On CUDA one launch serves up to [`DECODE_SLOTS`]
+/// sequences (a batch of 8 had spent more host time on its 64 attention calls a step than the
+/// GPU spent on the step); elsewhere MLX's attention runs per sequence.
+pub fn decode_attention(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Array> {
+    let (b, hq, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let hkv = kvs.first().map_or(1, |kv| kv.keys.shape()[1]);
+    let fits = backend() == Backend::Cuda
+        && t == 1
+        && b as usize == kvs.len()
+        && (d as usize * q.item_size()) % 16 == 0
+        && hq % hkv == 0
+        && attention_tiles_fit(hq / hkv, d)
+        && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && kv.keys.dtype() == q.dtype());
+    if !fits {
+        return decode_attention_mlx(q, kvs, scale);
+    }
+    let q = q.contiguous()?;
+    let mut outputs = Vec::new();
+    for (i, chunk) in kvs.chunks(DECODE_SLOTS).enumerate() {
+        let start = (i * DECODE_SLOTS) as i32;
+        let rows = q.try_index(start..start + chunk.len() as i32)?;
+        outputs.push(decode_attention_cuda(&rows, chunk, scale)?);
+    }
+    match outputs.len() {
+        1 => Ok(outputs.pop().expect("one chunk")),
+        _ => ops::concatenate(&outputs, 0),
+    }
+}
+
+/// The MLX-ops version of [`decode_attention`]: MLX's attention per sequence.
+pub fn decode_attention_mlx(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Array> {
+    let rows = kvs
+        .iter()
+        .enumerate()
+        .map(|(i, kv)| {
+            let (k, v) = kv.filled()?;
+            let qi = q.try_index(i as i32..i as i32 + 1)?;
+            mlx_rs::fast::scaled_dot_product_attention(&qi, &k, &v, scale, None, None)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    match rows.len() {
+        1 => Ok(rows.into_iter().next().expect("one row")),
+        _ => ops::concatenate(&rows, 0),
+    }
+}
+
+/// Sequences per launch of the decode attention kernel: each brings four buffers as kernel
+/// arguments, and their lengths come as the shape of one broadcast (at most 8 dimensions).
+const DECODE_SLOTS: usize = 8;
+
+/// Whether one query group's tiles fit the attention kernel's shared memory (48 KB: G query rows
+/// and a 32-token tile of keys and of values, as float).
+fn attention_tiles_fit(g: i32, d: i32) -> bool {
+    4 * (g * d + 2 * 32 * (d + 1)) <= 48 * 1024
+}
+
+/// The decode attention kernel for at most [`DECODE_SLOTS`] sequences: `cuda/block_sparse_attention.cu`'s
+/// loop with every block of each cache selected, then the usual merge of the splits.
+fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Array> {
+    let (b, hq, d) = (q.shape()[0], q.shape()[1], q.shape()[3]);
+    let hkv = kvs[0].keys.shape()[1];
+    let block = DECODE_BLOCK as i32;
+    // Splits: one per block of the longest cache when the GPU has room, else a power of two (few
+    // compiled variants, as the lengths change every step).
+    let longest = kvs.iter().map(|kv| kv.len).max().unwrap_or(1) as i32;
+    let room = (FILL_BLOCKS / (b * hkv)).max(1);
+    let nsplit = pow2_floor(room.min((longest + block - 1) / block));
+    // Unused slots repeat the first sequence's buffers (never read: no thread block row for them).
+    let slot = |i: usize| &kvs[i.min(kvs.len() - 1)];
+    let mut lens = [0usize; DECODE_SLOTS];
+    let mut settled = [0usize; DECODE_SLOTS];
+    let mut buffers = Vec::with_capacity(4 * DECODE_SLOTS);
+    for i in 0..DECODE_SLOTS {
+        let kv = slot(i);
+        if i < kvs.len() {
+            (lens[i], settled[i]) = (kv.len, kv.settled);
+        }
+        // Without recent tokens the history stands in for them (never read: settled = len).
+        let (recent_k, recent_v) = kv.recent.unwrap_or((kv.keys, kv.values));
+        // Whole cache buffers are contiguous already (`contiguous` shares them then).
+        buffers.extend([kv.keys.contiguous()?, kv.values.contiguous()?, recent_k.contiguous()?, recent_v.contiguous()?]);
+    }
+    let (lens, settled) = (shape_args(&lens)?, shape_args(&settled)?);
+    let mut inputs: Vec<&Array> = vec![q];
+    inputs.extend(buffers.iter());
+    inputs.extend([&lens, &settled]);
+    let out = apply(
+        decode_attention_source(),
+        &inputs,
+        Launch {
+            grid: (THREADS * nsplit, b, hkv),
+            threads: (THREADS, 1, 1),
+            outputs: vec![(vec![b, hq, nsplit, d], Dtype::Float32), (vec![b, hq, nsplit], Dtype::Float32)],
+            template: vec![
+                ("T", TemplateArg::Type(q.dtype())),
+                ("D", TemplateArg::Int(d)),
+                ("G", TemplateArg::Int(hq / hkv)),
+                ("BLOCK", TemplateArg::Int(block)),
+                ("NSPLIT", TemplateArg::Int(nsplit)),
+                ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
+            ],
+            init: None,
+        },
+    )?;
+    // The B·Hq rows merge as the heads of one query.
+    let partial = out[0].reshape(&[1, b * hq, nsplit, d])?;
+    let lse = out[1].reshape(&[1, b * hq, nsplit])?;
+    merge_splits(&partial, &lse, vec![b, hq, 1, d], q.dtype())
+}
+
+/// Tokens per split unit of the decode attention (the sparse layers' block size; any size works).
+const DECODE_BLOCK: usize = 64;
+
+/// [`decode_attention`]'s kernel: inputs q, then k, v, k_recent, v_recent of each slot, then the
+/// slots' lengths and settled lengths; the body picks thread block row y's buffers.
+fn decode_attention_source() -> &'static KernelSource {
+    static SOURCE: std::sync::OnceLock<KernelSource> = std::sync::OnceLock::new();
+    SOURCE.get_or_init(|| {
+        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        let mut inputs = vec!["q"];
+        let mut cases = String::new();
+        for i in 0..DECODE_SLOTS {
+            inputs.extend([leak(format!("k{i}")), leak(format!("v{i}")), leak(format!("kr{i}")), leak(format!("vr{i}"))]);
+            cases += &format!(
+                "case {i}: k = k{i}; v = v{i}; kr = kr{i}; vr = vr{i}; cap = k{i}_shape[2]; rcap = kr{i}_shape[2]; break; "
+            );
+        }
+        inputs.extend(["lens", "settled"]);
+        let body = format!(
+            "const T *k = k0, *v = v0, *kr = kr0, *vr = vr0; int cap = 0, rcap = 0; \
+             switch (blockIdx.y) {{ {cases}}} \
+             sala_decode_attention_seq<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(q, k, v, kr, vr, \
+             lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, out, lse, cap, rcap);"
+        );
+        KernelSource {
+            name: "sala_decode_attention",
+            inputs: Box::leak(inputs.into_boxed_slice()),
+            outputs: &["out", "lse"],
+            cuda_header: BLOCK_SPARSE_ATTENTION_HEADER,
+            cuda_body: leak(body),
+            // CUDA only: Metal takes at most 31 buffers per kernel; it runs MLX's attention.
+            metal_header: "",
+            metal_body: "",
+            // `lens` and `settled` are shape_args broadcasts; the buffers are contiguous.
+            contiguous_inputs: false,
+        }
+    })
 }
 
 static MERGE_SPLITS: KernelSource = KernelSource {

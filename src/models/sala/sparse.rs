@@ -17,9 +17,9 @@ use crate::engine::config::ConfigFile;
 use crate::engine::error::Result;
 use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::kernels::sparse::{block_sparse_attention, select_blocks, select_blocks_scored, BlockSelection};
+use crate::kernels::sparse::{block_sparse_attention, decode_attention, select_blocks, select_blocks_scored, BlockSelection};
 use crate::models::layers::{per_sequence, sigmoid_gate, Input, Linear, QkvGate};
-use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, Array, Dtype};
+use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, ops, Array, Dtype};
 
 /// The level-2 compressed keys use 4× the level-1 window and stride (hard-coded in the reference).
 const LEVEL2_FACTOR: usize = 4;
@@ -124,7 +124,21 @@ impl SparseAttention {
         let k = k.reshape(&[b, t, hkv, d])?.swap_axes(1, 2)?;
         let v = v.reshape(&[b, t, hkv, d])?.swap_axes(1, 2)?;
         let scale = (d as f32).powf(-0.5);
-        let o = per_sequence(&[&q, &k, &v], caches, |qkv, cache| {
+        let dense_decode = t == 1 && caches.iter().all(|c| c.len() + 1 < self.cfg.dense_len);
+        let o = if dense_decode {
+            // One attention call for the whole batch. The new keys and values go behind each
+            // cache's recent tokens: appending to a history the device still reads (the previous
+            // step's attention) would copy it.
+            let rows = |x: &Array| -> Result<Vec<Array>> {
+                Ok(if b == 1 { vec![x.clone()] } else { ops::split_equal(x, b, 0)? })
+            };
+            for ((cache, k), v) in caches.iter_mut().zip(rows(&k)?).zip(rows(&v)?) {
+                cache.append_recent(&k, &v)?;
+            }
+            let parts = caches.iter_mut().map(|c| Ok(c.parts()?.expect("keys were just appended"))).collect::<Result<Vec<_>>>()?;
+            decode_attention(&q, &parts, scale)?
+        } else {
+            per_sequence(&[&q, &k, &v], caches, |qkv, cache| {
             let past = cache.len();
             if past + (t as usize) < self.cfg.dense_len {
                 let (keys, values) = cache.append(&qkv[1], &qkv[2])?;
@@ -134,7 +148,8 @@ impl SparseAttention {
                 cache.append_recent(&qkv[1], &qkv[2])?;
                 self.sparse_attention(&qkv[0], cache, past, layer, trace.as_deref_mut())
             }
-        })?;
+            })?
+        };
         let mut o = o.swap_axes(1, 2)?.reshape(&[b, t, hq * d])?;
         if let Some(gate) = &gate {
             o = sigmoid_gate(&o, gate)?;
