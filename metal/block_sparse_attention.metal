@@ -1,6 +1,7 @@
 // Metal twin of cuda/block_sparse_attention.cu (same tiling: thread group = (split, query, KV head),
 // 8 simdgroups, tiles of 32 tokens in threadgroup memory; CUDA also loads the next tile while
-// scoring the current one). Untested on hardware.
+// scoring the current one). The tiles keep the keys' and values' own type: Metal gives a thread
+// group 32 KB, and the 9B's tiles as float took 41 KB. Untested on hardware.
 
 #define SALA_TILE 32
 
@@ -9,7 +10,7 @@ inline void sala_block_sparse_attention(
     const device T* q, const device T* k, const device T* v, const device T* kr, const device T* vr,
     const device int32_t* blocks, int first_pos, int kv_len, int settled, device float* out, device float* lse,
     int Tq, int cap, int rcap, int nsel, uint3 group, uint tid, uint nthreads, uint kv_heads, uint lane, uint warp,
-    threadgroup float* qs, threadgroup float* ks, threadgroup float* vs) {
+    threadgroup float* qs, threadgroup T* ks, threadgroup T* vs) {
   constexpr int DPL = (D + 31) / 32;
   constexpr int HPW = (G + 7) / 8;
   constexpr int KS = D + 1;
@@ -45,8 +46,8 @@ inline void sala_block_sparse_attention(
         const bool ok = tok < kv_len;
         const bool old = tok < settled;
         const size_t at = size_t(old ? tok : tok - settled) * D + c;
-        ks[j * KS + c] = ok ? float(old ? kh[at] : krh[at]) : 0.f;
-        vs[j * KS + c] = ok ? float(old ? vh[at] : vrh[at]) : 0.f;
+        ks[j * KS + c] = ok ? (old ? kh[at] : krh[at]) : T(0);
+        vs[j * KS + c] = ok ? (old ? vh[at] : vrh[at]) : T(0);
       }
       threadgroup_barrier(mem_flags::mem_threadgroup);
       const int tok = base + int(lane);
@@ -55,7 +56,7 @@ inline void sala_block_sparse_attention(
         const int g = int(warp) + 8 * i;
         if (g >= G) break;
         float sc = 0.f;
-        for (int c = 0; c < D; ++c) sc = fma(qs[g * D + c], ks[lane * KS + c], sc);
+        for (int c = 0; c < D; ++c) sc = fma(qs[g * D + c], float(ks[lane * KS + c]), sc);
         sc = valid ? sc : -INFINITY;
         const float new_m = max(m[i], simd_max(sc));
         if (new_m == -INFINITY) continue;
@@ -67,7 +68,7 @@ inline void sala_block_sparse_attention(
           const float pj = simd_shuffle(p, ushort(jj));
           for (int j = 0; j < DPL; ++j) {
             const int c = int(lane) + 32 * j;
-            if (c < D) acc[i][j] = fma(pj, vs[jj * KS + c], acc[i][j]);
+            if (c < D) acc[i][j] = fma(pj, float(vs[jj * KS + c]), acc[i][j]);
           }
         }
         m[i] = new_m;

@@ -251,7 +251,7 @@ pub fn block_sparse_attention(
 ) -> Result<Array> {
     // The kernels read keys and values in 16-byte pieces.
     let whole_pieces = (q.shape()[3] as usize * q.item_size()) % 16 == 0;
-    let tiles_fit = attention_tiles_fit(q.shape()[1] / kv.keys.shape()[1], q.shape()[3]);
+    let tiles_fit = attention_tiles_fit(q.shape()[1] / kv.keys.shape()[1], q.shape()[3], q.item_size());
     if backend() == Backend::Cpu || q.shape()[0] != 1 || !whole_pieces || !tiles_fit {
         let (k, v) = kv.filled()?;
         return block_sparse_attention_mlx(q, &k, &v, blocks, first_pos, block, scale);
@@ -528,7 +528,7 @@ static BLOCK_SPARSE_ATTENTION: KernelSource = KernelSource {
                 q, k, v, k_recent, v_recent, blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
                 out, lse, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);",
     metal_header: include_str!("../../metal/block_sparse_attention.metal"),
-    metal_body: "threadgroup float qs[G * D]; threadgroup float ks[32 * (D + 1)]; threadgroup float vs[32 * (D + 1)]; \
+    metal_body: "threadgroup float qs[G * D]; threadgroup T ks[32 * (D + 1)]; threadgroup T vs[32 * (D + 1)]; \
                  sala_block_sparse_attention<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(\
                  q, k, v, k_recent, v_recent, blocks, int(params_shape[0]) - 1, int(params_shape[1]) - 1, \
                  int(params_shape[2]) - 1, out, lse, int(q_shape[1]), int(k_shape[2]), \
@@ -615,7 +615,7 @@ pub fn decode_attention(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Array>
         && b as usize == kvs.len()
         && (d as usize * q.item_size()) % 16 == 0
         && hq % hkv == 0
-        && attention_tiles_fit(hq / hkv, d)
+        && attention_tiles_fit(hq / hkv, d, q.item_size())
         && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && kv.keys.dtype() == q.dtype());
     if !fits {
         return decode_attention_mlx(q, kvs, scale);
@@ -654,10 +654,15 @@ pub fn decode_attention_mlx(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Ar
 /// arguments, and their lengths come as the shape of one broadcast (at most 8 dimensions).
 const DECODE_SLOTS: usize = 8;
 
-/// Whether one query group's tiles fit the attention kernel's shared memory (48 KB: G query rows
-/// and a 32-token tile of keys and of values, as float).
-fn attention_tiles_fit(g: i32, d: i32) -> bool {
-    4 * (g * d + 2 * 32 * (d + 1)) <= 48 * 1024
+/// Whether the attention kernel's tiles fit a thread block's shared memory: G query rows as
+/// float, and a 32-token tile of keys and of values (CUDA: float, 48 KB; Metal: the keys' own
+/// type of `item_size` bytes, 32 KB).
+fn attention_tiles_fit(g: i32, d: i32, item_size: usize) -> bool {
+    let tile = 2 * 32 * (d + 1);
+    match backend() {
+        Backend::Metal => 4 * g * d + tile * item_size as i32 <= 32 * 1024,
+        _ => 4 * (g * d + tile) <= 48 * 1024,
+    }
 }
 
 /// The decode attention kernel for at most [`DECODE_SLOTS`] sequences: `cuda/block_sparse_attention.cu`'s
