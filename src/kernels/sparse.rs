@@ -249,10 +249,7 @@ pub fn block_sparse_attention(
     block: usize,
     scale: f32,
 ) -> Result<Array> {
-    // The kernels read keys and values in 16-byte pieces.
-    let whole_pieces = (q.shape()[3] as usize * q.item_size()) % 16 == 0;
-    let tiles_fit = attention_tiles_fit(q.shape()[1] / kv.keys.shape()[1], q.shape()[3], q.item_size());
-    if backend() == Backend::Cpu || q.shape()[0] != 1 || !whole_pieces || !tiles_fit {
+    if backend() == Backend::Cpu || q.shape()[0] != 1 || !attention_kernel_fits(q, kv.keys.shape()[1]) {
         let (k, v) = kv.filled()?;
         return block_sparse_attention_mlx(q, &k, &v, blocks, first_pos, block, scale);
     }
@@ -554,26 +551,11 @@ fn block_sparse_attention_gpu(q: &Array, kv: &KvParts, blocks: &Array, first_pos
     let nsplit = if room >= nsel { nsel.max(1) } else { pow2_floor(room) };
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
-    // Without recent tokens the history stands in for them (never read: settled = len).
-    let (recent_k, recent_v) = kv.recent.unwrap_or((kv.keys, kv.values));
+    let [k, v, recent_k, recent_v] = kv_buffers(kv)?;
     let out = apply(
         &BLOCK_SPARSE_ATTENTION,
-        // Whole cache buffers are contiguous already (`contiguous` shares them then).
-        &[&q3, &kv.keys.contiguous()?, &kv.values.contiguous()?, &recent_k.contiguous()?, &recent_v.contiguous()?, &blocks.contiguous()?, &params],
-        Launch {
-            grid: (THREADS * nsplit, t, hkv),
-            threads: (THREADS, 1, 1),
-            outputs: vec![(vec![t, hq, nsplit, d], Dtype::Float32), (vec![t, hq, nsplit], Dtype::Float32)],
-            template: vec![
-                ("T", TemplateArg::Type(q.dtype())),
-                ("D", TemplateArg::Int(d)),
-                ("G", TemplateArg::Int(hq / hkv)),
-                ("BLOCK", TemplateArg::Int(block as i32)),
-                ("NSPLIT", TemplateArg::Int(nsplit)),
-                ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
-            ],
-            init: None,
-        },
+        &[&q3, &k, &v, &recent_k, &recent_v, &blocks.contiguous()?, &params],
+        split_attention_launch(q.dtype(), t, hq, hkv, d, block as i32, nsplit, scale),
     )?;
     merge_splits(&out[0], &out[1], vec![1, hq, t, d], q.dtype())
 }
@@ -608,14 +590,12 @@ fn merge_splits(partial: &Array, lse: &Array, shape: Vec<i32>, dtype: Dtype) -> 
 /// sequences (a batch of 8 had spent more host time on its 64 attention calls a step than the
 /// GPU spent on the step); elsewhere MLX's attention runs per sequence.
 pub fn decode_attention(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Array> {
-    let (b, hq, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let (b, t) = (q.shape()[0], q.shape()[2]);
     let hkv = kvs.first().map_or(1, |kv| kv.keys.shape()[1]);
     let fits = backend() == Backend::Cuda
         && t == 1
         && b as usize == kvs.len()
-        && (d as usize * q.item_size()) % 16 == 0
-        && hq % hkv == 0
-        && attention_tiles_fit(hq / hkv, d, q.item_size())
+        && attention_kernel_fits(q, hkv)
         && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && kv.keys.dtype() == q.dtype());
     if !fits {
         return decode_attention_mlx(q, kvs, scale);
@@ -654,14 +634,48 @@ pub fn decode_attention_mlx(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Ar
 /// arguments, and their lengths come as the shape of one broadcast (at most 8 dimensions).
 const DECODE_SLOTS: usize = 8;
 
-/// Whether the attention kernel's tiles fit a thread block's shared memory: G query rows as
-/// float, and a 32-token tile of keys and of values (CUDA: float, 48 KB; Metal: the keys' own
-/// type of `item_size` bytes, 32 KB).
-fn attention_tiles_fit(g: i32, d: i32, item_size: usize) -> bool {
-    let tile = 2 * 32 * (d + 1);
+/// Whether the attention kernel (`cuda/block_sparse_attention.cu` and its Metal twin) takes
+/// queries `q` `[B, Hq, T, d]` over `hkv` KV heads: it reads keys and values in 16-byte pieces,
+/// and its tiles must fit a thread block's shared memory: G query rows as float, and a 32-token
+/// tile of keys and of values (CUDA: float, 48 KB; Metal: the keys' own type, 32 KB).
+fn attention_kernel_fits(q: &Array, hkv: i32) -> bool {
+    let (hq, d, item) = (q.shape()[1], q.shape()[3], q.item_size() as i32);
+    if (d * item) % 16 != 0 || hq % hkv != 0 {
+        return false;
+    }
+    let (g, tile) = (hq / hkv, 2 * 32 * (d + 1));
     match backend() {
-        Backend::Metal => 4 * g * d + tile * item_size as i32 <= 32 * 1024,
+        Backend::Metal => 4 * g * d + tile * item <= 32 * 1024,
         _ => 4 * (g * d + tile) <= 48 * 1024,
+    }
+}
+
+/// The four buffers an attention kernel reads, contiguous: the history's keys and values, then
+/// the recent tokens' (the history stands in when there are none: settled = len, never read).
+/// Whole cache buffers are contiguous already (`contiguous` shares them then).
+fn kv_buffers(kv: &KvParts) -> Result<[Array; 4]> {
+    let (recent_k, recent_v) = kv.recent.unwrap_or((kv.keys, kv.values));
+    Ok([kv.keys.contiguous()?, kv.values.contiguous()?, recent_k.contiguous()?, recent_v.contiguous()?])
+}
+
+/// The launch of the split attention kernel for `rows` queries (or sequences) of `hq` heads over
+/// `hkv` KV heads: one thread block per (split, row, KV head), partial outputs and log-sum-exps
+/// per split for [`merge_splits`].
+#[allow(clippy::too_many_arguments)]
+fn split_attention_launch(dtype: Dtype, rows: i32, hq: i32, hkv: i32, d: i32, block: i32, nsplit: i32, scale: f32) -> Launch<'static> {
+    Launch {
+        grid: (THREADS * nsplit, rows, hkv),
+        threads: (THREADS, 1, 1),
+        outputs: vec![(vec![rows, hq, nsplit, d], Dtype::Float32), (vec![rows, hq, nsplit], Dtype::Float32)],
+        template: vec![
+            ("T", TemplateArg::Type(dtype)),
+            ("D", TemplateArg::Int(d)),
+            ("G", TemplateArg::Int(hq / hkv)),
+            ("BLOCK", TemplateArg::Int(block)),
+            ("NSPLIT", TemplateArg::Int(nsplit)),
+            ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
+        ],
+        init: None,
     }
 }
 
@@ -676,43 +690,23 @@ fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Array
     let longest = kvs.iter().map(|kv| kv.len).max().unwrap_or(1) as i32;
     let room = (FILL_BLOCKS / (b * hkv)).max(1);
     let nsplit = pow2_floor(room.min((longest + block - 1) / block));
-    // Unused slots repeat the first sequence's buffers (never read: no thread block row for them).
-    let slot = |i: usize| &kvs[i.min(kvs.len() - 1)];
     let mut lens = [0usize; DECODE_SLOTS];
     let mut settled = [0usize; DECODE_SLOTS];
     let mut buffers = Vec::with_capacity(4 * DECODE_SLOTS);
-    for i in 0..DECODE_SLOTS {
-        let kv = slot(i);
-        if i < kvs.len() {
-            (lens[i], settled[i]) = (kv.len, kv.settled);
-        }
-        // Without recent tokens the history stands in for them (never read: settled = len).
-        let (recent_k, recent_v) = kv.recent.unwrap_or((kv.keys, kv.values));
-        // Whole cache buffers are contiguous already (`contiguous` shares them then).
-        buffers.extend([kv.keys.contiguous()?, kv.values.contiguous()?, recent_k.contiguous()?, recent_v.contiguous()?]);
+    for (i, kv) in kvs.iter().enumerate() {
+        (lens[i], settled[i]) = (kv.len, kv.settled);
+        buffers.extend(kv_buffers(kv)?);
+    }
+    // Unused slots repeat the first sequence's buffers (never read: no thread block row for them).
+    let first: Vec<Array> = buffers[..4].to_vec();
+    while buffers.len() < 4 * DECODE_SLOTS {
+        buffers.extend(first.iter().cloned());
     }
     let (lens, settled) = (shape_args(&lens)?, shape_args(&settled)?);
     let mut inputs: Vec<&Array> = vec![q];
     inputs.extend(buffers.iter());
     inputs.extend([&lens, &settled]);
-    let out = apply(
-        decode_attention_source(),
-        &inputs,
-        Launch {
-            grid: (THREADS * nsplit, b, hkv),
-            threads: (THREADS, 1, 1),
-            outputs: vec![(vec![b, hq, nsplit, d], Dtype::Float32), (vec![b, hq, nsplit], Dtype::Float32)],
-            template: vec![
-                ("T", TemplateArg::Type(q.dtype())),
-                ("D", TemplateArg::Int(d)),
-                ("G", TemplateArg::Int(hq / hkv)),
-                ("BLOCK", TemplateArg::Int(block)),
-                ("NSPLIT", TemplateArg::Int(nsplit)),
-                ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
-            ],
-            init: None,
-        },
-    )?;
+    let out = apply(decode_attention_source(), &inputs, split_attention_launch(q.dtype(), b, hq, hkv, d, block, nsplit, scale))?;
     // The B·Hq rows merge as the heads of one query.
     let partial = out[0].reshape(&[1, b * hq, nsplit, d])?;
     let lse = out[1].reshape(&[1, b * hq, nsplit])?;
@@ -799,11 +793,11 @@ fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_pos:
     let hkv = kv.keys.shape()[1];
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
-    let (recent_k, recent_v) = kv.recent.unwrap_or((kv.keys, kv.values));
+    let [k, v, recent_k, recent_v] = kv_buffers(kv)?;
     let qpb = MMA_QUERIES_PER_BLOCK;
     let out = apply(
         &BLOCK_SPARSE_PREFILL,
-        &[&q3, &kv.keys.contiguous()?, &kv.values.contiguous()?, &recent_k.contiguous()?, &recent_v.contiguous()?, &blocks.contiguous()?, &params],
+        &[&q3, &k, &v, &recent_k, &recent_v, &blocks.contiguous()?, &params],
         Launch {
             grid: (32 * qpb, (t + qpb - 1) / qpb, hkv),
             threads: (32 * qpb, 1, 1),
