@@ -9,7 +9,10 @@ use sala::engine::device::{select, DeviceKind};
 use sala::engine::quant::{QuantFormat, QuantizedMatrix};
 use sala::kernels::custom::{backend, Backend};
 use sala::kernels::gla::{alibi_slopes, simple_gla, simple_gla_recurrent, simple_gla_step};
-use sala::kernels::qmv::{quantized_matmul_t, quantized_matmul_t_mlx};
+use sala::kernels::qmv::{
+    quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
+    MmaTiling, QmvTiling, RmsNormIn,
+};
 use sala::kernels::sparse::{
     block_sparse_attention, block_sparse_attention_mlx, select_blocks, select_blocks_mlx, BlockSelection,
 };
@@ -70,6 +73,16 @@ fn main() {
     // kernel profiler (the last steps' kernels are the decode step's).
     if std::env::args().skip(1).any(|a| a == "decode-profile") {
         decode_steps_for_a_profiler();
+        return;
+    }
+    // `kernels host-cost`: the host's time per operation, by kind of operation.
+    if std::env::args().skip(1).any(|a| a == "host-cost") {
+        host_cost_per_operation();
+        return;
+    }
+    // `kernels qmv-tiling`: the GEMV kernels' tilings on the 9B's decode products, for a profiler.
+    if std::env::args().skip(1).any(|a| a == "qmv-tiling") {
+        qmv_tiling_sweep();
         return;
     }
     // `kernels qmv` times only the quantized GEMV kernel on the 9B's decode shapes.
@@ -301,6 +314,183 @@ fn qmv_table(shapes: &[(i32, i32)], rows: &[i32], rounds: usize) {
                     mlx,
                     &format!("{:.0} GB/s vs {:.0} GB/s", bytes / kern / 1e9, bytes / mlx / 1e9),
                 );
+            }
+        }
+    }
+}
+
+/// The host's time per operation of a decode step's kinds: 400 independent operations on one
+/// small input are built (the lazy graph), then encoded (`async_eval` returns once all are), then
+/// waited for; per operation, median of 5 rounds. Custom kernels with no template arguments and a
+/// one-line source, with the qmv kernel's 8 template arguments, and with those and a 20 KB
+/// header (MLX rebuilds the whole source of a custom kernel at every call), against MLX's add.
+fn host_cost_per_operation() {
+    use sala::kernels::custom::{apply, KernelSource, Launch, TemplateArg};
+    const BODY: &str = "if (threadIdx.x == 0 && blockIdx.x == 0) y[0] = x[0];";
+    static TINY: KernelSource = KernelSource {
+        name: "host_cost_tiny",
+        inputs: &["x"],
+        outputs: &["y"],
+        cuda_header: "",
+        cuda_body: BODY,
+        metal_header: "",
+        metal_body: "y[0] = x[0];",
+        contiguous_inputs: true,
+    };
+    // 20 KB of code (comments are stripped before MLX sees a header).
+    let big_header: &'static str =
+        Box::leak((0..256).map(|i| format!("__device__ inline int host_cost_padding_{i:04}() {{ return {i} * 7 + 3 + {i} * 11; }}\n")).collect::<String>().into_boxed_str());
+    let big: &'static KernelSource = Box::leak(Box::new(KernelSource { name: "host_cost_big", cuda_header: big_header, ..TINY }));
+    let x = randn(&[1, 64], 1, Dtype::Bfloat16);
+    eval([&x]).unwrap();
+    let template = || {
+        ["T", "BITS", "GROUP", "ROWS", "WARPS", "NR", "SPLIT", "U"]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (n, if i == 0 { TemplateArg::Type(Dtype::Bfloat16) } else { TemplateArg::Int(i as i32) }))
+            .collect::<Vec<_>>()
+    };
+    let launch = |template: Vec<(&'static str, TemplateArg)>| Launch { grid: (32, 1, 1), threads: (32, 1, 1), outputs: vec![(vec![1], Dtype::Bfloat16)], template, init: None };
+    type Op<'a> = Box<dyn Fn() -> Array + 'a>;
+    let kinds: Vec<(&str, Op)> = vec![
+        ("MLX add", Box::new(|| x.add(&x).unwrap())),
+        ("custom kernel, no template arguments", Box::new(|| apply(&TINY, &[&x], launch(vec![])).unwrap().remove(0))),
+        ("custom kernel, 8 template arguments", Box::new(|| apply(&TINY, &[&x], launch(template())).unwrap().remove(0))),
+        ("custom kernel, 8 template arguments, 20 KB header", Box::new(|| apply(big, &[&x], launch(template())).unwrap().remove(0))),
+    ];
+    println!("| operation | build µs | encode µs | wait µs |");
+    println!("|---|---:|---:|---:|");
+    const N: usize = 400;
+    for (name, op) in kinds {
+        let mut rounds = Vec::new();
+        for _ in 0..6 {
+            let t0 = Instant::now();
+            let outs: Vec<Array> = (0..N).map(|_| op()).collect();
+            let t1 = Instant::now();
+            mlx_rs::transforms::async_eval(&outs).unwrap();
+            let t2 = Instant::now();
+            eval(&outs).unwrap();
+            let t3 = Instant::now();
+            let per = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e6 / N as f64;
+            rounds.push((per(t0, t1), per(t1, t2), per(t2, t3)));
+        }
+        rounds.remove(0); // compiles
+        let median = |f: fn(&(f64, f64, f64)) -> f64| {
+            let mut v: Vec<f64> = rounds.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        println!("| {name} | {:.2} | {:.2} | {:.2} |", median(|r| r.0), median(|r| r.1), median(|r| r.2));
+    }
+}
+
+/// The decode products of the 9B as the model runs them, each with several tilings of the GEMV
+/// kernel (one input row) and of the tensor-core kernel (8 rows), and MLX's quantized matmul, for
+/// `ncu --profile-from-start off --metrics gpu__time_duration.sum`: each (product, tiling) is
+/// profiled on its own (16 launches rotating over 8 weight sets) and printed as
+/// `TILING<TAB>label<TAB>launches` in launch order; `eval/qmv_tiling.py` pairs them with the
+/// profiler's durations.
+fn qmv_tiling_sweep() {
+    #[derive(Clone, Copy)]
+    enum Product {
+        Normed,
+        NormedSwiGlu,
+        Residual,
+        Plain,
+    }
+    const SETS: usize = 8;
+    const ROUNDS: usize = 2;
+    let cases = [
+        ("lightning qkvz", 16384, 4096, Product::Normed),
+        ("sparse qkvg", 8704, 4096, Product::Normed),
+        ("o_proj", 4096, 4096, Product::Residual),
+        ("gate/up", 32768, 4096, Product::NormedSwiGlu),
+        ("down", 4096, 16384, Product::Residual),
+        ("head", 73448, 4096, Product::Plain),
+    ];
+    let general = |w, o, s, u| QmvTiling { warps: w, outputs_per_warp: o, split: s, in_flight: u };
+    let mma = |t, u, g| MmaTiling { out_tiles: t, in_flight: u, grid_warps: g };
+    // `qmv-tiling 8` or `qmv-tiling 4`: one width only; `qmv-tiling 8 o_proj`: one product too.
+    let args: Vec<String> = std::env::args().skip_while(|a| a != "qmv-tiling").skip(1).take_while(|a| !a.starts_with('-')).collect();
+    let only: Option<i32> = args.first().and_then(|b| b.parse().ok());
+    let product_filter = args.get(1).cloned();
+    let start = Instant::now();
+    for bits in [8, 4].into_iter().filter(|b| only.is_none_or(|o| o == *b)) {
+        for &(name, n, k, product) in cases.iter().filter(|c| product_filter.as_ref().is_none_or(|p| c.0.contains(p.as_str()))) {
+            eprintln!("{name} q{bits} at {:.0} s", start.elapsed().as_secs_f64());
+            let sets: Vec<_> = (0..SETS)
+                .map(|i| {
+                    let (p, s, b) = ops::quantize(randn(&[n, k], 100 + i as u64, Dtype::Bfloat16), 64, bits).unwrap();
+                    eval([&p, &s, &b]).unwrap();
+                    (p, s, b)
+                })
+                .collect();
+            let norm = randn(&[k], 5, Dtype::Bfloat16);
+            for rows in [1, 8] {
+                let x = randn(&[rows, 1, k], 7, Dtype::Bfloat16);
+                let residual = randn(&[rows, 1, n], 8, Dtype::Bfloat16);
+                // Several rows: the model normalises them first (the tensor-core kernel has no norm folded in).
+                let xn = mlx_rs::fast::rms_norm(&x, Some(&norm), 1e-6).unwrap();
+                eval([&x, &xn, &residual, &norm]).unwrap();
+                let run = |mlx: bool| -> Vec<Array> {
+                    (0..ROUNDS)
+                        .flat_map(|_| sets.iter())
+                        .map(|(p, s, b)| {
+                            if mlx {
+                                return quantized_matmul_t_mlx(&x, p, s, b, 64, bits).unwrap();
+                            }
+                            let rms = RmsNormIn { weight: &norm, eps: 1e-6 };
+                            match product {
+                                Product::Normed if rows > 1 => quantized_matmul_t(&xn, p, s, b, 64, bits),
+                                Product::NormedSwiGlu if rows > 1 => quantized_matmul_t_then(&xn, p, s, b, 64, bits, Epilogue::SwiGlu),
+                                Product::Normed => quantized_matmul_t_normed(&x, rms, p, s, b, 64, bits, Epilogue::Plain),
+                                Product::NormedSwiGlu => quantized_matmul_t_normed(&x, rms, p, s, b, 64, bits, Epilogue::SwiGlu),
+                                Product::Residual => {
+                                    quantized_matmul_t_then(&x, p, s, b, 64, bits, Epilogue::Residual { residual: &residual, alpha: 0.5 })
+                                }
+                                Product::Plain => quantized_matmul_t(&x, p, s, b, 64, bits),
+                            }
+                            .unwrap()
+                        })
+                        .collect()
+                };
+                let profile = |label: String, f: &dyn Fn() -> Vec<Array>| {
+                    eval(&f()).unwrap(); // compiles the kernel
+                    cuda_profiler(true);
+                    eval(&f()).unwrap();
+                    cuda_profiler(false);
+                    println!("TILING\t{label}\t{}", ROUNDS * SETS);
+                };
+                let base = format!("q{bits} {name} {n}x{k} rows {rows}");
+                profile(format!("{base} | mlx"), &|| run(true));
+                let swiglu = matches!(product, Product::NormedSwiGlu);
+                if rows == 1 {
+                    let chunks = k * bits / 128;
+                    let mut tilings = vec![None];
+                    let outputs: &[i32] = if bits == 4 { &[1, 2, 4] } else { &[1, 2] };
+                    for &o in outputs {
+                        for split in [1, 2, 4, 8] {
+                            for u in [1, 2, 4] {
+                                // SwiGLU warps do not split K; every lane of a warp gets U chunks.
+                                let fits = (!swiglu || split == 1) && chunks / split >= 32 * u;
+                                // Enough warps to fill the GPU.
+                                let warps_total = n / if swiglu { 2 } else { 1 } / o * split;
+                                if fits && (4096..=80000).contains(&warps_total) {
+                                    tilings.push(Some(general(8, o, split, u)));
+                                }
+                            }
+                        }
+                    }
+                    for t in tilings {
+                        let label = t.map_or("default".to_string(), |t| format!("w{} o{} s{} u{}", t.warps, t.outputs_per_warp, t.split, t.in_flight));
+                        profile(format!("{base} | {label}"), &|| with_tiling(t, None, || run(false)));
+                    }
+                } else {
+                    for t in [None, Some(mma(1, 1, 8192)), Some(mma(1, 2, 16384)), Some(mma(2, 2, 8192)), Some(mma(1, 1, 16384))] {
+                        let label = t.map_or("default".to_string(), |t| format!("tiles {} u{} grid {}", t.out_tiles, t.in_flight, t.grid_warps));
+                        profile(format!("{base} | {label}"), &|| with_tiling(None, t, || run(false)));
+                    }
+                }
             }
         }
     }

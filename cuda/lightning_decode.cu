@@ -7,6 +7,11 @@
 //   q, k ← RoPE(q, k) at positions[b]   (rotate-half, inv_freq = θ^(−2i/D), rounded to T)
 //   S'   = γ_h S + kᵀ v,  o = scale · q S'   (float32)
 // Optionally also writes the rotated k and v (a forward call that may be rolled back keeps them).
+// The positions come as the shape of a broadcast (kernels/custom.rs shape_args: position p as
+// dimension p + 1) when POS_IN_SHAPE, else from an int array: an array the host wrote each step
+// cost the GPU a managed-memory fault in the first lightning layer (24 µs per layer where the
+// step takes 5). qkv and the state are read through their strides (the launch does not copy
+// inputs, which would materialise the broadcast; a new state may be a broadcast of zeros).
 //
 // sala_norm_gate: out = RMSNorm_D(o) · w ⊙ σ(z) per row, z taken from the projection row at Z_OFF.
 //
@@ -15,19 +20,22 @@
 template <typename T>
 __device__ __forceinline__ float sala_to_t(float v) { return static_cast<float>(static_cast<T>(v)); }
 
-template <typename T, int H, int D, int SCALE_BITS, int EPS_BITS, int LOG2_THETA_BITS, bool PER_SEQ>
+template <typename T, int H, int D, int SCALE_BITS, int EPS_BITS, int LOG2_THETA_BITS, bool PER_SEQ, bool POS_IN_SHAPE,
+          typename Dims, typename Strides>
 __device__ void sala_lightning_step(
-    const T* qkv,          // [B, W]
-    int W,
-    const T* q_norm,       // [D]
-    const T* k_norm,       // [D]
-    const int* positions,  // [B] (PER_SEQ) or one shared position
-    const float* slopes,   // [H]
-    const float* state,    // [B·H, D, D]
-    T* out,                // [B, H·D]
-    float* next_state,     // [B·H, D, D]
-    T* k_out,              // [B·H, D] or null
-    T* v_out) {            // [B·H, D] or null
+    const T* qkv,               // [B, 1, W]
+    const Strides& qkv_strides,
+    const T* q_norm,            // [D]
+    const T* k_norm,            // [D]
+    const int* positions,       // [B] (PER_SEQ) or one shared position, unless POS_IN_SHAPE
+    const Dims& position_dims,  // the positions + 1 when POS_IN_SHAPE
+    const float* slopes,        // [H]
+    const float* state,         // [B, H, D, D]
+    const Strides& state_strides,
+    T* out,                     // [B, H·D]
+    float* next_state,          // [B·H, D, D]
+    T* k_out,                   // [B·H, D] or null
+    T* v_out) {                 // [B·H, D] or null
   __shared__ float qs[D];
   __shared__ float ks[D];
   // Threads j < D prepare q and k (element j each); all of them then share the state.
@@ -35,8 +43,10 @@ __device__ void sala_lightning_step(
   const bool lead = j < D;
   const int bh = blockIdx.y;
   const int b = bh / H, h = bh % H;
-  const T* row = qkv + (size_t)b * W + h * D;
-  const float* sh = state + (size_t)bh * D * D;
+  const int64_t qc = qkv_strides[2];
+  const T* row = qkv + b * qkv_strides[0] + h * D * qc;
+  const int64_t sr = state_strides[2], sc = state_strides[3];
+  const float* sh = state + b * state_strides[0] + h * state_strides[1];
   float* nh = next_state + (size_t)bh * D * D;
 
   // With D % 32 == 0 thread block blockIdx.x takes 32 columns of the state, lane c column c, and
@@ -53,12 +63,12 @@ __device__ void sala_lightning_step(
   float s_old[RPW];
   if (COLUMNS) {
 #pragma unroll
-    for (int i = 0; i < RPW; ++i) s_old[i] = __ldg(sh + (size_t)(warp + i * WARPS) * D + col);
+    for (int i = 0; i < RPW; ++i) s_old[i] = __ldg(sh + (warp + i * WARPS) * sr + col * sc);
   }
 
-  const float vj = lead ? static_cast<float>(row[2 * H * D + j]) : 0.f;
-  const float qj = lead ? static_cast<float>(row[j]) : 0.f;
-  const float kj = lead ? static_cast<float>(row[H * D + j]) : 0.f;
+  const float vj = lead ? static_cast<float>(row[(2 * H * D + j) * qc]) : 0.f;
+  const float qj = lead ? static_cast<float>(row[j * qc]) : 0.f;
+  const float kj = lead ? static_cast<float>(row[(H * D + j) * qc]) : 0.f;
 
   // RMSNorm's sums of squares: warp sums meeting in shared memory, or (a block of D threads that
   // is no whole number of warps) every thread summing all of them itself.
@@ -107,7 +117,8 @@ __device__ void sala_lightning_step(
   float qr = 0.f, kr = 0.f;
   if (lead) {
     const int i = j < HALF ? j : j - HALF;
-    const float pos = static_cast<float>(positions[PER_SEQ ? b : 0]);
+    const int at = PER_SEQ ? b : 0;
+    const float pos = static_cast<float>(POS_IN_SHAPE ? position_dims[at] - 1 : positions[at]);
     const float inv_freq = exp2f(-(static_cast<float>(i) / HALF) * __int_as_float(LOG2_THETA_BITS));
     float sn, cs;
     sincosf(pos * inv_freq, &sn, &cs);
@@ -128,7 +139,7 @@ __device__ void sala_lightning_step(
   const float gamma = expf(-slopes[h]);
   if (COLUMNS) {
     __shared__ float partial[32][32];
-    const float vc = static_cast<float>(row[2 * H * D + col]);
+    const float vc = static_cast<float>(row[(2 * H * D + col) * qc]);
     float o = 0.f;
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
@@ -150,7 +161,7 @@ __device__ void sala_lightning_step(
   float o = 0.f;
 #pragma unroll 8
   for (int r = 0; r < D; ++r) {
-    const float s = fmaf(gamma, sh[(size_t)r * D + j], ks[r] * vj);
+    const float s = fmaf(gamma, sh[r * sr + j * sc], ks[r] * vj);
     nh[(size_t)r * D + j] = s;
     o = fmaf(qs[r], s, o);
   }

@@ -4,7 +4,7 @@
 // with MLX's packing: BITS-bit values little-endian in uint32 words, groups of GROUP along k.
 //
 // One warp per NR output rows; each lane streams 16-byte chunks of the packed rows (16 weights at
-// 8 bits, 32 at 4), two chunks of each row in flight, and the warp reduces at the end. Weight bytes are read once;
+// 8 bits, 32 at 4), U chunks of each row in flight, and the warp reduces at the end. Weight bytes are read once;
 // x is small and stays in L1/L2 and is read 16 bytes at a time. Quantized values become floats
 // through the exponent trick (0x4B000000 | q is the float 2^23 + q), which is cheaper than an
 // integer conversion. Accumulation is float32. Needs unpack.cu (sala_load8).
@@ -13,7 +13,7 @@
 // every input row, reduced into every lane's acc. Each x chunk is loaded once for all NR rows (x
 // traffic from L1/L2 had capped the one-row form below the memory bandwidth: q4 ran no faster
 // than q8).
-template <typename T, int BITS, int GROUP, int ROWS, int NR>
+template <typename T, int BITS, int GROUP, int ROWS, int NR, int U>
 __device__ __forceinline__ void sala_qmv_rows(
     const T* x, const uint32_t* w, const T* scales, const T* biases, const int (&n)[NR], int K,
     int c_begin, int c_end, float (&acc)[NR][ROWS]) {
@@ -68,15 +68,14 @@ __device__ __forceinline__ void sala_qmv_rows(
   };
 
   int c = c_begin + lane;
-  for (; c + 32 < c_end; c += 64) {  // two chunks of every row in flight
-    uint4 first[NR], second[NR];
+  for (; c + 32 * (U - 1) < c_end; c += 32 * U) {  // U chunks of every row in flight
+    uint4 packed[U][NR];
 #pragma unroll
-    for (int m = 0; m < NR; ++m) {
-      first[m] = __ldg(rows[m] + c);
-      second[m] = __ldg(rows[m] + c + 32);
-    }
-    consume(first, c);
-    consume(second, c + 32);
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int m = 0; m < NR; ++m) packed[u][m] = __ldg(rows[m] + c + 32 * u);
+#pragma unroll
+    for (int u = 0; u < U; ++u) consume(packed[u], c + 32 * u);
   }
   for (; c < c_end; c += 32) {
     uint4 last[NR];
@@ -117,13 +116,13 @@ template <int WARPS, int NR>
 __device__ __forceinline__ int sala_qmv_first_row() { return (blockIdx.x * WARPS + (threadIdx.x >> 5)) * NR; }
 
 // y = residual + alpha · (x · Wᵀ), rounded as the separate operations round it; x · Wᵀ when
-// residual is null. SPLIT warps share each group of NR output rows, each taking a 1/SPLIT of K
+// residual is null. alpha comes as the bit pattern of its value in T (a model constant: read
+// from an array the host wrote, it cost the GPU a managed-memory fault per launch). SPLIT warps share each group of NR output rows, each taking a 1/SPLIT of K
 // (their sums meet in shared memory): a matrix of few rows (4096) then still has enough warps,
 // each with few loads one after another, to keep the memory busy.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, int ALPHA_BITS>
 __device__ __forceinline__ void sala_qmv_residual(
-    const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, const T* alpha,
-    T* y, int N, int K) {
+    const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, T* y, int N, int K) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int part = warp % SPLIT;
   const int n0 = (blockIdx.x * (WARPS / SPLIT) + warp / SPLIT) * NR;
@@ -132,7 +131,7 @@ __device__ __forceinline__ void sala_qmv_residual(
   for (int m = 0; m < NR; ++m) n[m] = min(n0 + m, N - 1);
   const int chunks = K / (128 / BITS), per = (chunks + SPLIT - 1) / SPLIT;
   float acc[NR][ROWS];
-  sala_qmv_rows<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, n, K, part * per, min(chunks, (part + 1) * per), acc);
+  sala_qmv_rows<T, BITS, GROUP, ROWS, NR, U>(x, w, scales, biases, n, K, part * per, min(chunks, (part + 1) * per), acc);
   if (SPLIT > 1) {
     __shared__ float partial[WARPS][NR][ROWS];
     if (lane == 0) {
@@ -151,7 +150,7 @@ __device__ __forceinline__ void sala_qmv_residual(
         for (int r = 0; r < ROWS; ++r) acc[m][r] += partial[warp + p][m][r];
   }
   if (n0 >= N || lane != 0) return;
-  const float a = residual != nullptr ? static_cast<float>(alpha[0]) : 0.f;
+  const float a = __int_as_float(ALPHA_BITS);
 #pragma unroll
   for (int m = 0; m < NR; ++m) {
     if (n0 + m >= N) break;
@@ -166,16 +165,16 @@ __device__ __forceinline__ void sala_qmv_residual(
 }
 
 // y = x · Wᵀ, W [N, K]: the residual form above without a residual.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U>
 __device__ __forceinline__ void sala_qmv(
     const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int N, int K) {
-  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT>(x, w, scales, biases, nullptr, nullptr, y, N, K);
+  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, 0>(x, w, scales, biases, nullptr, y, N, K);
 }
 
 // SwiGLU of a stacked [gate; up] matrix W [2F, K]: y[r, n] = silu(g) · u for g, u the products with
 // rows n and F + n, each intermediate rounded to T as the separate operations round it. A warp
 // takes NR / 2 gate rows and their up rows.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U>
 __device__ __forceinline__ void sala_qmv_swiglu(
     const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int F, int K) {
   constexpr int HALF = NR / 2;
@@ -188,7 +187,7 @@ __device__ __forceinline__ void sala_qmv_swiglu(
     n[HALF + m] = F + n[m];
   }
   float acc[NR][ROWS];
-  sala_qmv_rows<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, n, K, 0, K / (128 / BITS), acc);
+  sala_qmv_rows<T, BITS, GROUP, ROWS, NR, U>(x, w, scales, biases, n, K, 0, K / (128 / BITS), acc);
   if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
   for (int m = 0; m < HALF; ++m) {
@@ -241,19 +240,19 @@ __device__ __forceinline__ void sala_rms_norm_stage(const T* x, const T* norm, f
 }
 
 // y = RMSNorm(x) · Wᵀ (the plain product of sala_qmv_residual on the normalised rows).
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int K, int EPS_BITS>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, int K, int EPS_BITS>
 __device__ void sala_qmv_normed(
     const T* x, const T* norm, const uint32_t* w, const T* scales, const T* biases, T* y, int N) {
   __shared__ __align__(16) T xs[ROWS * K];
   sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs);
-  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT>(xs, w, scales, biases, nullptr, nullptr, y, N, K);
+  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, 0>(xs, w, scales, biases, nullptr, y, N, K);
 }
 
 // y = SwiGLU of RMSNorm(x) · [W_gate; W_up]ᵀ.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int K, int EPS_BITS>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U, int K, int EPS_BITS>
 __device__ void sala_qmv_swiglu_normed(
     const T* x, const T* norm, const uint32_t* w, const T* scales, const T* biases, T* y, int F) {
   __shared__ __align__(16) T xs[ROWS * K];
   sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs);
-  sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR>(xs, w, scales, biases, y, F, K);
+  sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, U>(xs, w, scales, biases, y, F, K);
 }

@@ -39,12 +39,12 @@ __device__ __forceinline__ void sala_qmm_dequant(const uint4& packed, float s, f
   }
 }
 
-// EPI: 0 plain (y = x · Wᵀ), 1 residual (y = residual + alpha · x · Wᵀ), 2 SwiGLU of the stacked
+// EPI: 0 plain (y = x · Wᵀ), 1 residual (y = residual + alpha · x · Wᵀ, alpha the bit pattern of
+// its value in T, as in qmv.cu), 2 SwiGLU of the stacked
 // [gate; up] W of 2F rows (y = silu(x · W_gateᵀ) ⊙ x · W_upᵀ, F wide). HI: more than 8 rows.
-template <typename T, int BITS, int GROUP, bool HI, int WARPS, int NT, int U, int EPI>
+template <typename T, int BITS, int GROUP, bool HI, int WARPS, int NT, int U, int EPI, int ALPHA_BITS>
 __device__ void sala_qmm(
-    const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, const T* alpha, T* y,
-    int rows, int N, int K) {
+    const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, T* y, int rows, int N, int K) {
   constexpr int PER_CHUNK = 128 / BITS;     // weights per 16-byte load
   constexpr int KSTEPS = PER_CHUNK / 4;     // mma k-steps per load
   constexpr int X_LOADS = PER_CHUNK * sizeof(T) / 16;
@@ -131,7 +131,7 @@ __device__ void sala_qmm(
   }
 
   // acc[i][2h + e] is input row r + 8h, output 2t + e of tile i.
-  const float a = EPI == 1 ? static_cast<float>(alpha[0]) : 0.f;
+  const float a = __int_as_float(ALPHA_BITS);
 #pragma unroll
   for (int h = 0; h < (HI ? 2 : 1); ++h) {
     const int m = r + 8 * h;

@@ -5,17 +5,20 @@
 template <typename T>
 inline float sala_to_t(float v) { return float(T(v)); }
 
-template <typename T, int H, int D, int SCALE_BITS, int EPS_BITS, int LOG2_THETA_BITS, bool PER_SEQ>
+// Positions, strides and broadcasts as in the CUDA kernel.
+template <typename T, int H, int D, int SCALE_BITS, int EPS_BITS, int LOG2_THETA_BITS, bool PER_SEQ, bool POS_IN_SHAPE>
 inline void sala_lightning_step(
-    const device T* qkv, int W, const device T* q_norm, const device T* k_norm,
-    const device int* positions, const device float* slopes, const device float* state,
+    const device T* qkv, const constant int64_t* qkv_strides, const device T* q_norm, const device T* k_norm,
+    const device int* positions, const constant int* position_dims, const device float* slopes,
+    const device float* state, const constant int64_t* state_strides,
     device T* out, device float* next_state, device T* k_out, device T* v_out,
     threadgroup float* qs, threadgroup float* ks, uint j, uint bh) {
   const int b = int(bh) / H, h = int(bh) % H;
-  const device T* row = qkv + size_t(b) * W + h * D;
-  const float vj = float(row[2 * H * D + j]);
-  qs[j] = float(row[j]);
-  ks[j] = float(row[H * D + j]);
+  const int64_t qc = qkv_strides[2];
+  const device T* row = qkv + b * qkv_strides[0] + h * D * qc;
+  const float vj = float(row[(2 * H * D + j) * qc]);
+  qs[j] = float(row[j * qc]);
+  ks[j] = float(row[(H * D + j) * qc]);
   threadgroup_barrier(mem_flags::mem_threadgroup);
   float sq = 0.f, sk = 0.f;
   for (int i = 0; i < D; ++i) {
@@ -31,7 +34,8 @@ inline void sala_lightning_step(
   threadgroup_barrier(mem_flags::mem_threadgroup);
   constexpr int HALF = D / 2;
   const int i = int(j) < HALF ? int(j) : int(j) - HALF;
-  const float pos = float(positions[PER_SEQ ? b : 0]);
+  const int at = PER_SEQ ? b : 0;
+  const float pos = float(POS_IN_SHAPE ? position_dims[at] - 1 : positions[at]);
   const float angle = pos * exp2(-(float(i) / HALF) * as_type<float>(LOG2_THETA_BITS));
   const float sn = precise::sin(angle), cs = precise::cos(angle);
   const float qr = int(j) < HALF ? qs[j] * cs - qs[j + HALF] * sn : qs[j] * cs + qs[j - HALF] * sn;
@@ -45,11 +49,12 @@ inline void sala_lightning_step(
     v_out[size_t(bh) * D + j] = T(vj);
   }
   const float gamma = exp(-slopes[h]);
-  const device float* sh = state + size_t(bh) * D * D;
+  const int64_t sr = state_strides[2], sc = state_strides[3];
+  const device float* sh = state + b * state_strides[0] + h * state_strides[1];
   device float* nh = next_state + size_t(bh) * D * D;
   float o = 0.f;
   for (int r = 0; r < D; ++r) {
-    const float s = fma(gamma, sh[size_t(r) * D + j], ks[r] * vj);
+    const float s = fma(gamma, sh[r * sr + j * sc], ks[r] * vj);
     nh[size_t(r) * D + j] = s;
     o = fma(qs[r], s, o);
   }

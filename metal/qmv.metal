@@ -75,12 +75,12 @@ inline void sala_qmv_swiglu(
   }
 }
 
-// y = residual + alpha · (x · Wᵀ).
-template <typename T, int BITS, int GROUP, int ROWS, int NR>
+// y = residual + alpha · (x · Wᵀ), alpha the bit pattern of its value in T.
+template <typename T, int BITS, int GROUP, int ROWS, int NR, int ALPHA_BITS>
 inline void sala_qmv_residual(
     const device T* x, const device uint32_t* w, const device T* scales, const device T* biases,
-    const device T* residual, const device T* alpha, device T* y, int N, int K, uint lane, uint sg) {
-  const float a = float(alpha[0]);
+    const device T* residual, device T* y, int N, int K, uint lane, uint sg) {
+  const float a = as_type<float>(ALPHA_BITS);
   for (int m = 0; m < NR; ++m) {
     const int n = int(sg) * NR + m;
     if (n >= N) return;

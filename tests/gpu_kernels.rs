@@ -10,7 +10,8 @@ use sala::kernels::custom::{backend, Backend};
 use sala::kernels::gla::{alibi_slopes, simple_gla_recurrent, simple_gla_step};
 use sala::kernels::lightning::{decode_step, decode_step_mlx, norm_gate, norm_gate_mlx, StepParams};
 use sala::kernels::qmv::{
-    epilogue_mlx, quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, Epilogue, RmsNormIn,
+    epilogue_mlx, quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
+    MmaTiling, QmvTiling, RmsNormIn,
 };
 use sala::kernels::sparse::{
     block_sparse_attention, block_sparse_attention_mlx, decode_attention, decode_attention_mlx, select_blocks_chunked, select_blocks_mlx,
@@ -87,14 +88,16 @@ fn qmv_epilogues_match_mlx_operations() {
                     let (s, b) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
                     let x = randn(&[rows, k], seed + 1, dtype);
                     let residual = randn(&[rows, n], seed + 2, dtype);
-                    let alpha = Array::from_f32(0.183).as_dtype(dtype).unwrap();
+                    // The oracle takes alpha as the kernels do: rounded to the dtype.
+                    let alpha = 0.183;
+                    let alpha_t = to_vec_f32(&f(&Array::from_f32(alpha).as_dtype(dtype).unwrap())).unwrap()[0];
                     let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
                     let cases = [
                         ("swiglu", Epilogue::SwiGlu, Epilogue::SwiGlu, n / 2),
                         (
                             "residual",
-                            Epilogue::Residual { residual: &residual, alpha: &alpha },
-                            Epilogue::Residual { residual: &f(&residual), alpha: &f(&alpha) },
+                            Epilogue::Residual { residual: &residual, alpha },
+                            Epilogue::Residual { residual: &f(&residual), alpha: alpha_t },
                             n,
                         ),
                     ];
@@ -107,6 +110,59 @@ fn qmv_epilogues_match_mlx_operations() {
                         assert_eq!(got.dtype(), dtype);
                         let err = rel_err(&got, &want);
                         assert!(err < tol, "{name} q{bits} {n}x{k} rows {rows} {dtype:?}: relative error {err}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The tilings other than the defaults (the kernel benchmark's sweep picks among them): each
+/// split of K, number of outputs per warp and of loads in flight gives MLX's product, for K that does and that
+/// does not divide evenly among the warps.
+#[test]
+fn qmv_tilings_match_mlx_quantized_matmul() {
+    if !on_gpu() {
+        return;
+    }
+    let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+    let mut seed = 900;
+    for bits in [8, 4] {
+        for (n, k) in [(1030, 4096), (512, 16384), (260, 1408)] {
+            seed += 7;
+            let w = randn(&[n, k], seed, Dtype::Float32);
+            let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
+            let (s, b) = (scales.as_dtype(Dtype::Bfloat16).unwrap(), biases.as_dtype(Dtype::Bfloat16).unwrap());
+            let residual = randn(&[1, n], seed + 2, Dtype::Bfloat16);
+            let alpha = 0.5; // exact in bf16
+            for rows in [1, 8] {
+                let x = randn(&[rows, k], seed + 1, Dtype::Bfloat16);
+                let residual = ops::broadcast_to(&residual, &[rows, n]).unwrap();
+                let product = quantized_matmul_t_mlx(&f(&x), &packed, &f(&s), &f(&b), 64, bits).unwrap();
+                // (outputs per warp, split, in flight): each value of each, a kernel compile per tiling.
+                let general = [(1, 1, 1), (1, 4, 4), (1, 8, 2), (2, 2, 4), (2, 8, 1), (4, 4, 2), (4, 1, 1), (2, 1, 2)].into_iter();
+                let tilings: Vec<(Option<QmvTiling>, Option<MmaTiling>)> = if rows == 1 {
+                    general.map(|(o, split, u)| (Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u }), None)).collect()
+                } else {
+                    [(1, 1, 8192), (1, 2, 16384), (2, 2, 8192), (2, 4, 4096)]
+                        .map(|(t, u, g)| (None, Some(MmaTiling { out_tiles: t, in_flight: u, grid_warps: g })))
+                        .to_vec()
+                };
+                for (general, mma) in tilings {
+                    let what = format!("q{bits} {n}x{k} rows {rows} {general:?} {mma:?}");
+                    let got = with_tiling(general, mma, || quantized_matmul_t(&x, &packed, &s, &b, 64, bits).unwrap());
+                    assert!(rel_err(&got, &product) < 8e-3, "plain {what}");
+                    let got = with_tiling(general, mma, || {
+                        quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::Residual { residual: &residual, alpha })
+                            .unwrap()
+                    });
+                    let want = epilogue_mlx(&product, Epilogue::Residual { residual: &f(&residual), alpha }).unwrap();
+                    assert!(rel_err(&got, &want) < 1e-2, "residual {what}");
+                    // SwiGLU warps take whole rows of K.
+                    if general.is_none_or(|g| g.split == 1) {
+                        let got = with_tiling(general, mma, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap());
+                        let want = epilogue_mlx(&product, Epilogue::SwiGlu).unwrap();
+                        assert!(rel_err(&got, &want) < 1e-2, "swiglu {what}");
                     }
                 }
             }
@@ -189,22 +245,24 @@ fn lightning_decode_step_matches_mlx_operations() {
     if !on_gpu() {
         return;
     }
-    // (B, H, d, extra columns after q/k/v (a gate), positions per sequence, state given)
+    // (B, H, d, extra columns after q/k/v (a gate), positions per sequence, seed): positions in
+    // the launch's shape for up to 8 sequences (8 at about 1M: the shape's element count
+    // overflows, never used), in an array for more.
     for (b, h, d, extra, positions, seed) in [
         (1, 32, 128, 32 * 128, vec![4100], 600u64),
         (1, 4, 32, 0, vec![0], 610),
         (3, 32, 128, 32 * 128, vec![7, 300, 70000], 620),
         (2, 3, 8, 24, vec![5, 5], 630),
+        (8, 4, 64, 0, vec![1 << 20, 3, 999_999, 17, 1 << 19, 40_000, 8, 1_048_000], 640),
+        (11, 2, 32, 64, (0..11).map(|i| 100 * i + 1).collect(), 650),
     ] {
         let slopes = Array::from_slice(&alibi_slopes(h as usize), &[h]);
         let q_norm = randn(&[d], seed, Dtype::Float32).add(Array::from_f32(1.0)).unwrap();
         let k_norm = randn(&[d], seed + 1, Dtype::Float32).add(Array::from_f32(1.0)).unwrap();
         let qkv = randn(&[b, 1, 3 * h * d + extra], seed + 2, Dtype::Float32);
-        let state = randn(&[b, h, d, d], seed + 3, Dtype::Float32);
-        let pos = match positions[..] {
-            [one] => Array::from_int(one),
-            _ => Array::from_slice(&positions, &[b]),
-        };
+        // A first step's state: zeros as MLX makes them (a broadcast), read through its strides.
+        let state = if seed == 650 { Array::zeros::<f32>(&[b, h, d, d]).unwrap() } else { randn(&[b, h, d, d], seed + 3, Dtype::Float32) };
+        let pos = sala::kernels::lightning::positions_array(&positions);
         for dtype in [Dtype::Float32, Dtype::Bfloat16] {
             let c = |a: &Array| a.as_dtype(dtype).unwrap();
             let (qn, kn) = (c(&q_norm), c(&k_norm));
@@ -217,7 +275,7 @@ fn lightning_decode_step_matches_mlx_operations() {
                 scale: (d as f32).powf(-0.5),
             };
             for keep_kv in [false, true] {
-                let got = decode_step(&params, &c(&qkv), &pos, &state, keep_kv).unwrap();
+                let got = decode_step(&params, &c(&qkv), &positions, &state, keep_kv).unwrap();
                 let want = decode_step_mlx(&params, &c(&qkv), &pos, &state, keep_kv).unwrap();
                 assert_eq!(got.o.shape(), &[b, 1, h * d]);
                 assert_eq!(got.o.dtype(), dtype);

@@ -255,9 +255,8 @@ fn quantized_product_epilogues_follow_their_definitions() {
     }
 
     let residual = randn(&[rows as i32, 2 * f as i32], 73);
-    let alpha = Array::from_f32(0.25);
     let res = to_vec_f32(&residual).unwrap();
-    let got = quantized_matmul_t_then(&x, &packed, &scales, &biases, 64, 8, Epilogue::Residual { residual: &residual, alpha: &alpha });
+    let got = quantized_matmul_t_then(&x, &packed, &scales, &biases, 64, 8, Epilogue::Residual { residual: &residual, alpha: 0.25 });
     let got = to_vec_f32(&got.unwrap()).unwrap();
     for r in 0..rows {
         for n in 0..2 * f {

@@ -63,9 +63,13 @@ pub struct KernelSource {
 /// a page fault where the kernel reads it. Without them, and with constants and RoPE offsets no
 /// longer made per layer, decode at 128K went from 60.6 to 70.4 tok/s on an H100.)
 pub fn shape_args(values: &[usize]) -> mlx_rs::error::Result<Array> {
+    debug_assert!(values.len() <= MAX_SHAPE_ARGS);
     let shape: Vec<i32> = values.iter().map(|&v| v as i32 + 1).collect();
     mlx_rs::ops::broadcast_to(crate::engine::ops::scalar(0.0, Dtype::Int32)?, &shape)
 }
+
+/// Integers one [`shape_args`] array carries (MLX's CUDA kernels take shapes of up to 10 axes).
+pub const MAX_SHAPE_ARGS: usize = 8;
 
 /// The largest power of two at most `v` (at least 1): launch shapes taken from a few compiled
 /// variants (each distinct template argument compiles a kernel).
@@ -130,6 +134,38 @@ fn string_vector(items: &[&str]) -> mlx_sys::mlx_vector_string {
     }
 }
 
+/// `source` without its comments, indentation and blank lines. MLX rebuilds a custom kernel's whole
+/// source, header included, at every launch (it compiles each once): `kernels host-cost` on an
+/// H100 host measured 6.5 µs to build and 10.0 µs to encode a launch with a 20 KB header against
+/// 3.7 and 3.7 µs without, and a 9B decode step launches ~150 kernels with headers of 8–22 KB.
+/// (No `//` occurs inside a string literal of our sources; the scan skips string literals anyway.)
+fn minified(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    for line in source.lines() {
+        let mut in_string = false;
+        let mut escaped = false;
+        let mut end = line.len();
+        for (i, c) in line.char_indices() {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' if in_string => escaped = true,
+                '"' => in_string = !in_string,
+                '/' if !in_string && line[i + 1..].starts_with('/') => {
+                    end = i;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let code = line[..end].trim();
+        if !code.is_empty() {
+            out.push_str(code);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 fn compile(source: &KernelSource, backend: Backend) -> Compiled {
     let name = cstring(source.name);
     let inputs = string_vector(source.inputs);
@@ -137,12 +173,12 @@ fn compile(source: &KernelSource, backend: Backend) -> Compiled {
     let handle = unsafe {
         match backend {
             Backend::Cuda => {
-                let (body, header) = (cstring(source.cuda_body), cstring(source.cuda_header));
+                let (body, header) = (cstring(source.cuda_body), cstring(&minified(source.cuda_header)));
                 mlx_sys::mlx_fast_cuda_kernel_new(name.as_ptr(), inputs, outputs, body.as_ptr(), header.as_ptr(), source.contiguous_inputs, 0)
                     .ctx
             }
             Backend::Metal => {
-                let (body, header) = (cstring(source.metal_body), cstring(source.metal_header));
+                let (body, header) = (cstring(source.metal_body), cstring(&minified(source.metal_header)));
                 mlx_sys::mlx_fast_metal_kernel_new(name.as_ptr(), inputs, outputs, body.as_ptr(), header.as_ptr(), source.contiguous_inputs, false)
                     .ctx
             }
@@ -278,4 +314,13 @@ unsafe fn run(
         return Err(launch_error(source, "MLX refused the launch (see MLX's message above)"));
     }
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn minified_source_keeps_code_and_strings() {
+        let source = "// a comment\n  int x = 1; // trailing\n\n  #define S \"a // b\"\n  y = x / 2;\n";
+        assert_eq!(super::minified(source), "int x = 1;\n#define S \"a // b\"\ny = x / 2;\n");
+    }
 }

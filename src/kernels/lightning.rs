@@ -5,7 +5,7 @@
 //! host's work per operation (eval/results/2026-11-22-h100-6453092). Elsewhere, and as the test
 //! oracle, the same computation runs in MLX operations.
 
-use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
+use super::custom::{apply, backend, shape_args, Backend, KernelSource, Launch, TemplateArg, MAX_SHAPE_ARGS};
 use super::gla;
 use mlx_rs::{error::Result, fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
@@ -34,9 +34,9 @@ pub struct StepOutput {
 }
 
 /// One token of B sequences: `qkv` `[B, 1, W]` holds q, k and v (`H·d` columns each, in that order,
-/// from column 0; more columns may follow), `positions` is one shared int32 position or one per
-/// sequence `[B]`, `state` the float32 states `[B, H, d, d]`.
-pub fn decode_step(p: &StepParams, qkv: &Array, positions: &Array, state: &Array, keep_kv: bool) -> Result<StepOutput> {
+/// from column 0; more columns may follow), `positions` is one shared position or one per
+/// sequence, `state` the float32 states `[B, H, d, d]`.
+pub fn decode_step(p: &StepParams, qkv: &Array, positions: &[usize], state: &Array, keep_kv: bool) -> Result<StepOutput> {
     let b = qkv.shape()[0];
     let d = p.head_dim;
     let dtype = qkv.dtype();
@@ -47,11 +47,14 @@ pub fn decode_step(p: &StepParams, qkv: &Array, positions: &Array, state: &Array
         && state.dtype() == Dtype::Float32
         && (2..=1024).contains(&d)
         && d % 2 == 0
-        && positions.dtype() == Dtype::Int32
-        && (positions.size() == 1 || positions.size() == b as usize);
+        && (positions.len() == 1 || positions.len() == b as usize);
     let (Some((q_norm, k_norm, eps)), Some(theta), true) = (p.qk_norm, p.rope_theta, fits) else {
-        return decode_step_mlx(p, qkv, positions, state, keep_kv);
+        return decode_step_mlx(p, qkv, &positions_array(positions), state, keep_kv);
     };
+    // Up to MAX_SHAPE_ARGS positions travel as a shape (nothing for the GPU to fetch); more as an
+    // array the host writes.
+    let (in_shape, per_seq) = (positions.len() <= MAX_SHAPE_ARGS, positions.len() > 1);
+    let positions = if in_shape { shape_args(positions)? } else { positions_array(positions) };
     let h = p.heads;
     let mut outputs = vec![(vec![b, 1, h * d], dtype), (vec![b, h, d, d], Dtype::Float32)];
     if keep_kv {
@@ -63,7 +66,7 @@ pub fn decode_step(p: &StepParams, qkv: &Array, positions: &Array, state: &Array
     let (column_blocks, threads) = if backend() == Backend::Cuda && d % 32 == 0 { (d / 32, (4 * d).min(1024)) } else { (1, d) };
     let out = apply(
         if keep_kv { &STEP_KEEP_KV } else { &STEP },
-        &[qkv, q_norm, k_norm, positions, p.slopes, state],
+        &[qkv, q_norm, k_norm, &positions, p.slopes, state],
         Launch {
             grid: (threads * column_blocks, b * h, 1),
             threads: (threads, 1, 1),
@@ -76,7 +79,8 @@ pub fn decode_step(p: &StepParams, qkv: &Array, positions: &Array, state: &Array
                 ("EPS_BITS", bits(eps)),
                 // As MLX's RoPE: inv_freq = 2^(−(i/(d/2))·log₂θ), log₂θ computed on the host.
                 ("LOG2_THETA_BITS", bits((theta as f64).log2() as f32)),
-                ("PER_SEQ", TemplateArg::Bool(positions.size() > 1)),
+                ("PER_SEQ", TemplateArg::Bool(per_seq)),
+                ("POS_IN_SHAPE", TemplateArg::Bool(in_shape)),
             ],
             init: None,
         },
@@ -87,7 +91,15 @@ pub fn decode_step(p: &StepParams, qkv: &Array, positions: &Array, state: &Array
     Ok(StepOutput { o, state, kv })
 }
 
-/// The MLX-ops version of [`decode_step`].
+/// Positions as an int32 array: a scalar for one, `[B]` for several.
+pub fn positions_array(positions: &[usize]) -> Array {
+    match positions {
+        [one] => Array::from_int(*one as i32),
+        _ => Array::from_slice(&positions.iter().map(|&p| p as i32).collect::<Vec<_>>(), &[positions.len() as i32]),
+    }
+}
+
+/// The MLX-ops version of [`decode_step`] (`positions` as [`positions_array`] makes them).
 pub fn decode_step_mlx(p: &StepParams, qkv: &Array, positions: &Array, state: &Array, keep_kv: bool) -> Result<StepOutput> {
     let b = qkv.shape()[0];
     let (q, k, v) = split_heads(p, qkv)?;
@@ -168,29 +180,31 @@ const fn source(name: &'static str, outputs: &'static [&'static str], cuda_body:
         cuda_body,
         metal_header: include_str!("../../metal/lightning_decode.metal"),
         metal_body,
-        contiguous_inputs: true,
+        // `positions` may be a shape_args broadcast; qkv and state are read through their strides,
+        // the norms and slopes are whole weights.
+        contiguous_inputs: false,
     }
 }
 
 static STEP: KernelSource = source(
     "sala_lightning_step",
     &["out", "next_state"],
-    "sala_lightning_step<T, H, D, SCALE_BITS, EPS_BITS, LOG2_THETA_BITS, PER_SEQ>(qkv, qkv_shape[2], q_norm, k_norm, \
-     positions, slopes, state, out, next_state, (T*)nullptr, (T*)nullptr);",
+    "sala_lightning_step<T, H, D, SCALE_BITS, EPS_BITS, LOG2_THETA_BITS, PER_SEQ, POS_IN_SHAPE>(qkv, qkv_strides, \
+     q_norm, k_norm, positions, positions_shape, slopes, state, state_strides, out, next_state, (T*)nullptr, (T*)nullptr);",
     "threadgroup float qs[D]; threadgroup float ks[D]; \
-     sala_lightning_step<T, H, D, SCALE_BITS, EPS_BITS, LOG2_THETA_BITS, PER_SEQ>(qkv, int(qkv_shape[2]), q_norm, \
-     k_norm, positions, slopes, state, out, next_state, (device T*)nullptr, (device T*)nullptr, qs, ks, \
-     thread_position_in_threadgroup.x, threadgroup_position_in_grid.y);",
+     sala_lightning_step<T, H, D, SCALE_BITS, EPS_BITS, LOG2_THETA_BITS, PER_SEQ, POS_IN_SHAPE>(qkv, qkv_strides, \
+     q_norm, k_norm, positions, positions_shape, slopes, state, state_strides, out, next_state, (device T*)nullptr, \
+     (device T*)nullptr, qs, ks, thread_position_in_threadgroup.x, threadgroup_position_in_grid.y);",
 );
 
 static STEP_KEEP_KV: KernelSource = source(
     "sala_lightning_step_kv",
     &["out", "next_state", "k_out", "v_out"],
-    "sala_lightning_step<T, H, D, SCALE_BITS, EPS_BITS, LOG2_THETA_BITS, PER_SEQ>(qkv, qkv_shape[2], q_norm, k_norm, \
-     positions, slopes, state, out, next_state, k_out, v_out);",
+    "sala_lightning_step<T, H, D, SCALE_BITS, EPS_BITS, LOG2_THETA_BITS, PER_SEQ, POS_IN_SHAPE>(qkv, qkv_strides, \
+     q_norm, k_norm, positions, positions_shape, slopes, state, state_strides, out, next_state, k_out, v_out);",
     "threadgroup float qs[D]; threadgroup float ks[D]; \
-     sala_lightning_step<T, H, D, SCALE_BITS, EPS_BITS, LOG2_THETA_BITS, PER_SEQ>(qkv, int(qkv_shape[2]), q_norm, \
-     k_norm, positions, slopes, state, out, next_state, k_out, v_out, qs, ks, \
+     sala_lightning_step<T, H, D, SCALE_BITS, EPS_BITS, LOG2_THETA_BITS, PER_SEQ, POS_IN_SHAPE>(qkv, qkv_strides, \
+     q_norm, k_norm, positions, positions_shape, slopes, state, state_strides, out, next_state, k_out, v_out, qs, ks, \
      thread_position_in_threadgroup.x, threadgroup_position_in_grid.y);",
 );
 

@@ -7,6 +7,7 @@
 //! operations run.
 
 use super::custom::{apply, backend, pow2_floor, Backend, KernelSource, Launch, TemplateArg};
+use crate::engine::ops::scalar;
 use mlx_rs::{error::Result, ops, Array, Dtype};
 
 /// Input rows up to which the kernel is used: measured on an H200 (benches/kernels.rs) it beats
@@ -35,8 +36,9 @@ pub enum Epilogue<'a> {
     Plain,
     /// W is a stacked `[gate; up]` matrix of 2F rows: y = silu(x · W_gateᵀ) ⊙ (x · W_upᵀ), `[…, F]`.
     SwiGlu,
-    /// y = residual + alpha · (x · Wᵀ), `alpha` a scalar in x's dtype.
-    Residual { residual: &'a Array, alpha: &'a Array },
+    /// y = residual + alpha · (x · Wᵀ), alpha rounded to x's dtype (the kernels take it as a
+    /// compile-time constant).
+    Residual { residual: &'a Array, alpha: f32 },
 }
 
 /// The general kernel's CUDA source with the 16-byte unpacking it reads x with.
@@ -63,7 +65,7 @@ const fn qmv_source(
 static QMV: KernelSource = qmv_source(
     "sala_qmv",
     &["x", "w", "scales", "biases"],
-    "sala_qmv<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT>(x, w, scales, biases, y, w_shape[0], w_shape[1] * 32 / BITS);",
+    "sala_qmv<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U>(x, w, scales, biases, y, w_shape[0], w_shape[1] * 32 / BITS);",
     "sala_qmv<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, y, int(w_shape[0]), int(w_shape[1]) * 32 / BITS, \
      thread_index_in_simdgroup, threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
 );
@@ -71,17 +73,17 @@ static QMV: KernelSource = qmv_source(
 static QMV_SWIGLU: KernelSource = qmv_source(
     "sala_qmv_swiglu",
     &["x", "w", "scales", "biases"],
-    "sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR>(x, w, scales, biases, y, w_shape[0] / 2, w_shape[1] * 32 / BITS);",
+    "sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, U>(x, w, scales, biases, y, w_shape[0] / 2, w_shape[1] * 32 / BITS);",
     "sala_qmv_swiglu<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, y, int(w_shape[0]) / 2, int(w_shape[1]) * 32 / BITS, \
      thread_index_in_simdgroup, threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
 );
 
 static QMV_RESIDUAL: KernelSource = qmv_source(
     "sala_qmv_residual",
-    &["x", "w", "scales", "biases", "residual", "alpha"],
-    "sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT>(x, w, scales, biases, residual, alpha, y, w_shape[0], \
+    &["x", "w", "scales", "biases", "residual"],
+    "sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ALPHA_BITS>(x, w, scales, biases, residual, y, w_shape[0], \
      w_shape[1] * 32 / BITS);",
-    "sala_qmv_residual<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, residual, alpha, y, int(w_shape[0]), \
+    "sala_qmv_residual<T, BITS, GROUP, ROWS, NR, ALPHA_BITS>(x, w, scales, biases, residual, y, int(w_shape[0]), \
      int(w_shape[1]) * 32 / BITS, thread_index_in_simdgroup, \
      threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
 );
@@ -102,12 +104,12 @@ const fn qmv_normed_source(name: &'static str, cuda_body: &'static str) -> Kerne
 
 static QMV_NORMED: KernelSource = qmv_normed_source(
     "sala_qmv_normed",
-    "sala_qmv_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0]);",
+    "sala_qmv_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0]);",
 );
 
 static QMV_SWIGLU_NORMED: KernelSource = qmv_normed_source(
     "sala_qmv_swiglu_normed",
-    "sala_qmv_swiglu_normed<T, BITS, GROUP, ROWS, WARPS, NR, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0] / 2);",
+    "sala_qmv_swiglu_normed<T, BITS, GROUP, ROWS, WARPS, NR, U, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0] / 2);",
 );
 
 /// An RMSNorm applied to a product's input `[…, K]`: weight `[K]`, epsilon.
@@ -174,32 +176,40 @@ const fn qmm_source(name: &'static str, inputs: &'static [&'static str], cuda_bo
 static QMM: KernelSource = qmm_source(
     "sala_qmm",
     &["x", "w", "scales", "biases"],
-    "sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 0>(x, w, scales, biases, nullptr, nullptr, y, x_shape[0], w_shape[0], \
+    "sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 0, 0>(x, w, scales, biases, nullptr, y, x_shape[0], w_shape[0], \
      w_shape[1] * 32 / BITS);",
 );
 
 static QMM_SWIGLU: KernelSource = qmm_source(
     "sala_qmm_swiglu",
     &["x", "w", "scales", "biases"],
-    "sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 2>(x, w, scales, biases, nullptr, nullptr, y, x_shape[0], w_shape[0], \
+    "sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 2, 0>(x, w, scales, biases, nullptr, y, x_shape[0], w_shape[0], \
      w_shape[1] * 32 / BITS);",
 );
 
 static QMM_RESIDUAL: KernelSource = qmm_source(
     "sala_qmm_residual",
-    &["x", "w", "scales", "biases", "residual", "alpha"],
-    "sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 1>(x, w, scales, biases, residual, alpha, y, x_shape[0], w_shape[0], \
+    &["x", "w", "scales", "biases", "residual"],
+    "sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 1, ALPHA_BITS>(x, w, scales, biases, residual, y, x_shape[0], w_shape[0], \
      w_shape[1] * 32 / BITS);",
 );
 
-/// How the tensor-core kernel splits a product (H100, benches/kernels.rs `qmv` at 8 rows on the
-/// 9B's shapes, same call): one tile of 8 weight rows per thread block (SwiGLU: a gate tile and
-/// its up tile), 2 steps of loads in flight per warp (4 or 8: 1.2–1.6× slower on the large
-/// matrices; 2 tiles per block: up to 1.3× slower), and K split over a block's warps so that the
-/// grid holds about 8192 warps (4096 or 16384: slower).
-const MMA_OUT_TILES: i32 = 1;
-const MMA_IN_FLIGHT: i32 = 2;
-const MMA_GRID_WARPS: i32 = 8192;
+/// How the tensor-core kernel divides a product (`cuda/qmv_mma.cu`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MmaTiling {
+    /// Tiles of 8 outputs per thread block (SwiGLU: gate tiles, each with its up tile).
+    pub out_tiles: i32,
+    /// 64-byte steps of loads a warp has in flight.
+    pub in_flight: i32,
+    /// Warps the grid should hold: K is split over a block's warps (at most 8) to reach it.
+    pub grid_warps: i32,
+}
+
+/// H100, benches/kernels.rs `qmv` at 8 rows on the 9B's shapes, same call: one tile of 8 weight
+/// rows per thread block (SwiGLU: a gate tile and its up tile), 2 steps of loads in flight per warp
+/// (4 or 8: 1.2–1.6× slower on the large matrices; 2 tiles per block: up to 1.3× slower), and K
+/// split over a block's warps so that the grid holds about 8192 warps (4096 or 16384: slower).
+const MMA_TILING: MmaTiling = MmaTiling { out_tiles: 1, in_flight: 2, grid_warps: 8192 };
 
 /// Whether the tensor-core kernel runs this product.
 fn mma_fits(x: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32) -> bool {
@@ -254,9 +264,7 @@ pub fn quantized_matmul_t_then(
     let n = packed.shape()[0];
     let shape = output_shape(x, n, epilogue);
     let residual_fits = match epilogue {
-        Epilogue::Residual { residual, alpha } => {
-            residual.shape() == shape && residual.dtype() == x.dtype() && alpha.dtype() == x.dtype() && alpha.size() == 1
-        }
+        Epilogue::Residual { residual, .. } => residual.shape() == shape && residual.dtype() == x.dtype(),
         _ => true,
     };
     let swiglu = matches!(epilogue, Epilogue::SwiGlu);
@@ -292,8 +300,52 @@ fn kernel_for<'a>(
     match epilogue {
         Epilogue::Plain => (family[0], vec![x, packed, scales, biases]),
         Epilogue::SwiGlu => (family[1], vec![x, packed, scales, biases]),
-        Epilogue::Residual { residual, alpha } => (family[2], vec![x, packed, scales, biases, residual, alpha]),
+        Epilogue::Residual { residual, .. } => (family[2], vec![x, packed, scales, biases, residual]),
     }
+}
+
+/// How the general kernel divides a product among warps (`cuda/qmv.cu`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QmvTiling {
+    /// Warps per thread block.
+    pub warps: i32,
+    /// Outputs per warp (SwiGLU: gate rows, each with its up row).
+    pub outputs_per_warp: i32,
+    /// Warps sharing a group of outputs, each over a part of K (plain and residual forms).
+    pub split: i32,
+    /// 16-byte chunks of each weight row a lane has in flight.
+    pub in_flight: i32,
+}
+
+/// The general kernel's tiling for `n` weight rows of `chunks` 16-byte chunks.
+fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
+    let outputs_per_warp = if swiglu { (rows_per_warp(bits) / 2).max(1) } else { rows_per_warp(bits) };
+    // Warps sharing a group of output rows, each over a part of K (CUDA, plain and residual forms):
+    // a matrix of 4096 rows has one warp per row otherwise, each with many loads in a row, and ran
+    // at a quarter of the memory bandwidth (o_proj 26 µs, down 45 µs per product on an H100).
+    let split = if backend() == Backend::Cuda && !swiglu {
+        pow2_floor((16384 * outputs_per_warp / n).min(chunks / 64).min(WARPS))
+    } else {
+        1
+    };
+    QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2 }
+}
+
+thread_local! {
+    static TILING_OVERRIDE: std::cell::Cell<Option<QmvTiling>> = const { std::cell::Cell::new(None) };
+    static MMA_TILING_OVERRIDE: std::cell::Cell<Option<MmaTiling>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the general and the tensor-core kernel's tilings forced (where given), for the
+/// kernel benchmark's tiling sweep (`kernels qmv-tiling`); the model always uses the defaults.
+#[doc(hidden)]
+pub fn with_tiling<R>(general: Option<QmvTiling>, mma: Option<MmaTiling>, f: impl FnOnce() -> R) -> R {
+    TILING_OVERRIDE.with(|o| o.set(general));
+    MMA_TILING_OVERRIDE.with(|o| o.set(mma));
+    let r = f();
+    TILING_OVERRIDE.with(|o| o.set(None));
+    MMA_TILING_OVERRIDE.with(|o| o.set(None));
+    r
 }
 
 /// The general kernel (`cuda/qmv.cu`, `metal/qmv.metal`), with x normalised first when `norm`
@@ -322,38 +374,31 @@ fn quantized_matmul_t_general(
         // Epsilon as its bit pattern: a compile-time constant.
         template.push(("EPS_BITS", TemplateArg::Int(norm.eps.to_bits() as i32)));
     }
-    // Weight rows per warp, and the outputs they make (SwiGLU: gate rows paired with up rows).
-    let outputs_per_warp = if swiglu { (rows_per_warp(bits) / 2).max(1) } else { rows_per_warp(bits) };
-    let per_warp = if swiglu { 2 * outputs_per_warp } else { outputs_per_warp };
-    // Warps sharing a group of output rows, each over a part of K (CUDA, plain and residual forms):
-    // a matrix of 4096 rows has one warp per row otherwise, each with many loads in a row, and ran
-    // at a quarter of the memory bandwidth (o_proj 26 µs, down 45 µs per product on an H100).
-    let chunks = packed.shape()[1] / 4; // 16-byte chunks of a packed row
-    let split = if backend() == Backend::Cuda && !swiglu {
-        pow2_floor((16384 * outputs_per_warp / n).min(chunks / 64).min(WARPS))
-    } else {
-        1
-    };
-    let groups_per_block = WARPS / split;
-    let n_blocks = (shape[last] + groups_per_block * outputs_per_warp - 1) / (groups_per_block * outputs_per_warp);
+    let t = TILING_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| general_tiling(n, packed.shape()[1] / 4, bits, swiglu));
+    // Weight rows per warp (SwiGLU: gate rows and as many up rows).
+    let per_warp = if swiglu { 2 * t.outputs_per_warp } else { t.outputs_per_warp };
+    let groups_per_block = t.warps / t.split;
+    let n_blocks = (shape[last] + groups_per_block * t.outputs_per_warp - 1) / (groups_per_block * t.outputs_per_warp);
     let y = apply(
         source,
         &inputs,
         Launch {
-            grid: (n_blocks * 32 * WARPS, 1, 1),
-            threads: (32 * WARPS, 1, 1),
+            grid: (n_blocks * 32 * t.warps, 1, 1),
+            threads: (32 * t.warps, 1, 1),
             outputs: vec![(shape, x.dtype())],
             template: [
                 ("T", TemplateArg::Type(x.dtype())),
                 ("BITS", TemplateArg::Int(bits)),
                 ("GROUP", TemplateArg::Int(group_size)),
                 ("ROWS", TemplateArg::Int(rows)),
-                ("WARPS", TemplateArg::Int(WARPS)),
+                ("WARPS", TemplateArg::Int(t.warps)),
                 ("NR", TemplateArg::Int(per_warp)),
-                ("SPLIT", TemplateArg::Int(split)),
+                ("SPLIT", TemplateArg::Int(t.split)),
+                ("U", TemplateArg::Int(t.in_flight)),
             ]
             .into_iter()
             .chain(template)
+            .chain(alpha_template(epilogue, x.dtype()))
             .collect(),
             init: None,
         },
@@ -378,13 +423,14 @@ fn quantized_matmul_t_mma(
     let rows = x2.shape()[0];
     let width = shape[shape.len() - 1];
     let (source, inputs) = kernel_for([&QMM, &QMM_SWIGLU, &QMM_RESIDUAL], epilogue, &x2, packed, scales, biases);
-    let blocks = (width + 8 * MMA_OUT_TILES - 1) / (8 * MMA_OUT_TILES);
+    let t = MMA_TILING_OVERRIDE.with(|o| o.get()).unwrap_or(MMA_TILING);
+    let blocks = (width + 8 * t.out_tiles - 1) / (8 * t.out_tiles);
     // 64-byte steps along K; split over the block's warps so that the grid has about
-    // MMA_GRID_WARPS warps (small matrices fill the GPU with loads too), each with a few steps;
+    // `grid_warps` warps (small matrices fill the GPU with loads too), each with a few steps;
     // at most 8 warps a block (16 × 32 threads run out of registers for 4 bits and > 8 rows).
     let steps = k * bits / 8 / 64;
-    let warps = pow2_floor((MMA_GRID_WARPS / blocks).min(8).min(steps / MMA_IN_FLIGHT));
-    let nt = if matches!(epilogue, Epilogue::SwiGlu) { 2 * MMA_OUT_TILES } else { MMA_OUT_TILES };
+    let warps = pow2_floor((t.grid_warps / blocks).min(8).min(steps / t.in_flight));
+    let nt = if matches!(epilogue, Epilogue::SwiGlu) { 2 * t.out_tiles } else { t.out_tiles };
     let y = apply(
         source,
         &inputs,
@@ -399,12 +445,27 @@ fn quantized_matmul_t_mma(
                 ("HI", TemplateArg::Bool(rows > 8)),
                 ("WARPS", TemplateArg::Int(warps)),
                 ("NT", TemplateArg::Int(nt)),
-                ("U", TemplateArg::Int(MMA_IN_FLIGHT)),
-            ],
+                ("U", TemplateArg::Int(t.in_flight)),
+            ]
+            .into_iter()
+            .chain(alpha_template(epilogue, x.dtype()))
+            .collect(),
             init: None,
         },
     )?;
     y.into_iter().next().expect("one output").reshape(&shape)
+}
+
+/// The residual epilogue's alpha as a compile-time constant: the bit pattern of its value
+/// rounded to `dtype`, as MLX's multiply by a scalar of that dtype rounds it.
+fn alpha_template(epilogue: Epilogue, dtype: Dtype) -> Option<(&'static str, TemplateArg)> {
+    let Epilogue::Residual { alpha, .. } = epilogue else { return None };
+    let rounded = match dtype {
+        Dtype::Bfloat16 => half::bf16::from_f32(alpha).to_f32(),
+        Dtype::Float16 => half::f16::from_f32(alpha).to_f32(),
+        _ => alpha,
+    };
+    Some(("ALPHA_BITS", TemplateArg::Int(rounded.to_bits() as i32)))
 }
 
 /// The epilogue in MLX operations on the product `y` (the fallback and the kernels' reference).
@@ -415,7 +476,7 @@ pub fn epilogue_mlx(y: &Array, epilogue: Epilogue) -> Result<Array> {
             let halves = ops::split_equal(y, 2, -1)?;
             swiglu_mlx(&halves[0], &halves[1])
         }
-        Epilogue::Residual { residual, alpha } => residual.add(y.multiply(alpha)?),
+        Epilogue::Residual { residual, alpha } => residual.add(y.multiply(scalar(alpha, y.dtype())?)?),
     }
 }
 

@@ -237,8 +237,7 @@ impl Linear {
     /// residual + α · (x · Wᵀ + b): a residual branch ending in this projection, added in one
     /// kernel with the product on the quantized decode path.
     pub fn forward_residual(&self, x: &Array, residual: &Array, alpha: f32) -> Result<Array> {
-        let alpha = scalar(alpha, residual.dtype())?;
-        let epilogue = Epilogue::Residual { residual, alpha: &alpha };
+        let epilogue = Epilogue::Residual { residual, alpha };
         match &self.bias {
             None => self.weight.matmul_t_then(x, epilogue),
             Some(_) => Ok(epilogue_mlx(&self.forward(x)?, epilogue)?),

@@ -85,22 +85,23 @@ impl LightningConfig {
     }
 }
 
-/// The sequences' positions for the lightning layers' RoPE: on the host, and as one device array
-/// (a scalar for one sequence, `[B]` for several) shared by every lightning layer of a forward
-/// call — on CUDA each array the host writes costs the GPU a page fault, so one per call rather
-/// than one per layer.
+/// The sequences' positions for the lightning layers' RoPE, on the host. A decode step passes
+/// them to the kernel as a shape; prefill makes one device array per forward call, shared by
+/// every lightning layer (on CUDA each array the host writes costs the GPU a page fault where a
+/// kernel reads it).
 pub struct Positions {
     pub host: Vec<usize>,
-    pub device: Array,
+    device: std::cell::OnceCell<Array>,
 }
 
 impl Positions {
     pub fn new(host: Vec<usize>) -> Self {
-        let device = match host[..] {
-            [one] => Array::from_int(one as i32),
-            _ => Array::from_slice(&host.iter().map(|&p| p as i32).collect::<Vec<_>>(), &[host.len() as i32]),
-        };
-        Self { host, device }
+        Self { host, device: std::cell::OnceCell::new() }
+    }
+
+    /// The positions as an int32 array (a scalar for one sequence, `[B]` for several).
+    pub fn device(&self) -> &Array {
+        self.device.get_or_init(|| lightning::positions_array(&self.host))
     }
 }
 
@@ -163,7 +164,7 @@ impl LightningAttention {
             None => ops::concatenate(&states.iter().map(|s| own(s)).collect::<std::result::Result<Vec<_>, _>>()?, 0)?,
         };
         let keep_kv = states.iter().any(|s| s.record_replay);
-        let step = lightning::decode_step(&self.step_params(), qkvz, &positions.device, &state, keep_kv)?;
+        let step = lightning::decode_step(&self.step_params(), qkvz, &positions.host, &state, keep_kv)?;
         let several = states.len() > 1;
         for (i, s) in states.iter_mut().enumerate() {
             let row = |a: &Array| if several { a.try_index(i as i32..i as i32 + 1) } else { Ok(a.clone()) };
@@ -189,7 +190,7 @@ impl LightningAttention {
         let (q, k, v) = lightning::split_heads(&params, qkvz)?;
         let o = per_sequence(&[&q, &k, &v], states, |qkv, cache| {
             // One sequence: the shared position; several: its own.
-            let offset = if b == 1 { positions.device.clone() } else { Array::from_int(cache.len as i32) };
+            let offset = if b == 1 { positions.device().clone() } else { Array::from_int(cache.len as i32) };
             let (q, k) = lightning::rotate(&params, &qkv[0], &qkv[1], &offset)?;
             let v = qkv[2].clone();
             let before = cache.state()?;
