@@ -26,5 +26,6 @@ if at != len(launches):
 for product, results in by_product.items():
     default = next(t for t, name in results if name == 'default')
     print(f'## {product}: default {default:.1f} us')
-    for t, name in sorted(results)[:6] + [r for r in results if r[1] == 'mlx']:
+    best = sorted(results)[:6]
+    for t, name in best + [r for r in results if r[1] == 'mlx' and r not in best]:
         print(f'  {t:7.1f} us  {default / t:5.2f}x  {name}')
