@@ -284,6 +284,18 @@ fn qmv_on_decode_shapes() {
     qmv_table(&shapes, &[1, 8], 4);
 }
 
+/// `count` random `[n, k]` matrices quantized with group 64, evaluated: products rotate over them
+/// so that their weights come from memory rather than the L2 cache.
+fn quantized_weight_sets(count: usize, n: i32, k: i32, bits: i32) -> Vec<(Array, Array, Array)> {
+    (0..count)
+        .map(|i| {
+            let (p, s, b) = ops::quantize(randn(&[n, k], 100 + i as u64, Dtype::Bfloat16), 64, bits).unwrap();
+            eval([&p, &s, &b]).unwrap();
+            (p, s, b)
+        })
+        .collect()
+}
+
 /// The GEMV kernel against MLX's quantized matmul for each shape `[n, k]` and input row count:
 /// `rounds` passes over 8 weight sets (more than the L2 cache) per evaluation, time per product
 /// and the achieved bandwidth.
@@ -291,14 +303,7 @@ fn qmv_table(shapes: &[(i32, i32)], rows: &[i32], rounds: usize) {
     const SETS: usize = 8;
     for bits in [8, 4] {
         for &(n, k) in shapes {
-            let sets: Vec<_> = (0..SETS)
-                .map(|i| {
-                    let w = randn(&[n, k], 100 + i as u64, Dtype::Bfloat16);
-                    let (p, s, b) = ops::quantize(&w, 64, bits).unwrap();
-                    eval([&p, &s, &b]).unwrap();
-                    (p, s, b)
-                })
-                .collect();
+            let sets = quantized_weight_sets(SETS, n, k, bits);
             let bytes = (sets[0].0.nbytes() + sets[0].1.nbytes() + sets[0].2.nbytes()) as f64;
             for &r in rows {
                 let x = randn(&[r, k], 7, Dtype::Bfloat16);
@@ -418,13 +423,7 @@ fn qmv_tiling_sweep() {
     for bits in [8, 4].into_iter().filter(|b| only.is_none_or(|o| o == *b)) {
         for &(name, n, k, product) in cases.iter().filter(|c| product_filter.as_ref().is_none_or(|p| c.0.contains(p.as_str()))) {
             eprintln!("{name} q{bits} at {:.0} s", start.elapsed().as_secs_f64());
-            let sets: Vec<_> = (0..SETS)
-                .map(|i| {
-                    let (p, s, b) = ops::quantize(randn(&[n, k], 100 + i as u64, Dtype::Bfloat16), 64, bits).unwrap();
-                    eval([&p, &s, &b]).unwrap();
-                    (p, s, b)
-                })
-                .collect();
+            let sets = quantized_weight_sets(SETS, n, k, bits);
             let norm = randn(&[k], 5, Dtype::Bfloat16);
             for rows in [1, 8] {
                 let x = randn(&[rows, 1, k], 7, Dtype::Bfloat16);

@@ -8,7 +8,7 @@
 //! `[B, Hkv, L, d]`, level-1/level-2 compressed keys `[B, Hkv, n, d]`. The `Hq / Hkv` query heads of
 //! a KV group share one block selection.
 
-use super::custom::{apply, backend, pow2_floor, shape_args, Backend, KernelSource, Launch, TemplateArg};
+use super::custom::{apply, backend, pow2_floor, shape_args, Backend, KernelSource, Launch, TemplateArg, MAX_SHAPE_ARGS};
 use crate::engine::cache::KvParts;
 use crate::engine::ops::{arange_i32, scalar, Pacer};
 use mlx_rs::{error::Result, ops, ops::indexing::{IntoStrideBy, TryIndexOp}, Array, Dtype};
@@ -631,8 +631,8 @@ pub fn decode_attention_mlx(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Ar
 }
 
 /// Sequences per launch of the decode attention kernel: each brings four buffers as kernel
-/// arguments, and their lengths come as the shape of one broadcast (at most 8 dimensions).
-const DECODE_SLOTS: usize = 8;
+/// arguments, and their lengths come as the shape of one [`shape_args`] broadcast.
+const DECODE_SLOTS: usize = MAX_SHAPE_ARGS;
 
 /// Whether the attention kernel (`cuda/block_sparse_attention.cu` and its Metal twin) takes
 /// queries `q` `[B, Hq, T, d]` over `hkv` KV heads: it reads keys and values in 16-byte pieces,
