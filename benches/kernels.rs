@@ -417,7 +417,10 @@ fn qmv_tiling_sweep() {
     let mma = |t, u, g| MmaTiling { out_tiles: t, in_flight: u, grid_warps: g };
     // `qmv-tiling 8` or `qmv-tiling 4`: one width only; `qmv-tiling 8 o_proj`: one product too.
     let args: Vec<String> = std::env::args().skip_while(|a| a != "qmv-tiling").skip(1).take_while(|a| !a.starts_with('-')).collect();
-    let only: Option<i32> = args.first().and_then(|b| b.parse().ok());
+    let only: Option<i32> = args.first().map(|b| match b.parse() {
+        Ok(bits @ (4 | 8)) => bits,
+        _ => panic!("kernels qmv-tiling [BITS [PRODUCT]]: BITS is 4 or 8, not `{b}`"),
+    });
     let product_filter = args.get(1).cloned();
     let start = Instant::now();
     for bits in [8, 4].into_iter().filter(|b| only.is_none_or(|o| o == *b)) {
