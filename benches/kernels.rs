@@ -151,7 +151,7 @@ fn main() {
         let blocks = select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Bfloat16).unwrap().blocks;
         eval([&blocks]).unwrap();
         let scale = (d as f32).powf(-0.5);
-        let kern = time(|| (0..8).map(|_| block_sparse_attention(&q, &KvParts::history(&k, &v, kv_len), &blocks, first, 64, scale).unwrap()).collect()) / 8.0;
+        let kern = time(|| (0..8).map(|_| block_sparse_attention(&q, &KvParts::history(&k, &v, kv_len), &blocks, first, 64, scale, None).unwrap()).collect()) / 8.0;
         let mlx = time(|| (0..8).map(|_| block_sparse_attention_mlx(&q, &k, &v, &blocks, first, 64, scale).unwrap()).collect()) / 8.0;
         row(&format!("block-sparse attention L={kv_len} T={t} (×8)"), kern, mlx, "");
     }
@@ -197,7 +197,7 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
                     let blocks = select_blocks(&q, &c1, &c2, first, first + 1, sel, Dtype::Bfloat16).unwrap();
                     if upto >= 3 {
                         let kv = cache.parts().unwrap().unwrap();
-                        out.push(block_sparse_attention(&q, &kv, &blocks, first, sel.block, scale).unwrap());
+                        out.push(block_sparse_attention(&q, &kv, &blocks, first, sel.block, scale, None).unwrap());
                     }
                     out.push(blocks);
                 }
@@ -415,20 +415,25 @@ fn qmv_tiling_sweep() {
     ];
     let general = |w, o, s, u| QmvTiling { warps: w, outputs_per_warp: o, split: s, in_flight: u };
     let mma = |t, u, g| MmaTiling { out_tiles: t, in_flight: u, grid_warps: g };
-    // `qmv-tiling 8` or `qmv-tiling 4`: one width only; `qmv-tiling 8 o_proj`: one product too.
+    // `qmv-tiling 8` or `qmv-tiling 4`: one width only; `qmv-tiling 8 o_proj`: one product too
+    // (`all`: every product); `qmv-tiling 8 all 8`: one count of input rows (1 or 8) too.
     let args: Vec<String> = std::env::args().skip_while(|a| a != "qmv-tiling").skip(1).take_while(|a| !a.starts_with('-')).collect();
     let only: Option<i32> = args.first().map(|b| match b.parse() {
         Ok(bits @ (4 | 8)) => bits,
         _ => panic!("kernels qmv-tiling [BITS [PRODUCT]]: BITS is 4 or 8, not `{b}`"),
     });
-    let product_filter = args.get(1).cloned();
+    let product_filter = args.get(1).filter(|p| p.as_str() != "all").cloned();
+    let rows_filter: Option<i32> = args.get(2).map(|r| match r.parse() {
+        Ok(rows @ (1 | 8)) => rows,
+        _ => panic!("kernels qmv-tiling [BITS [PRODUCT [ROWS]]]: ROWS is 1 or 8, not `{r}`"),
+    });
     let start = Instant::now();
     for bits in [8, 4].into_iter().filter(|b| only.is_none_or(|o| o == *b)) {
         for &(name, n, k, product) in cases.iter().filter(|c| product_filter.as_ref().is_none_or(|p| c.0.contains(p.as_str()))) {
             eprintln!("{name} q{bits} at {:.0} s", start.elapsed().as_secs_f64());
             let sets = quantized_weight_sets(SETS, n, k, bits);
             let norm = randn(&[k], 5, Dtype::Bfloat16);
-            for rows in [1, 8] {
+            for rows in [1, 8].into_iter().filter(|r| rows_filter.is_none_or(|o| o == *r)) {
                 let x = randn(&[rows, 1, k], 7, Dtype::Bfloat16);
                 let residual = randn(&[rows, 1, n], 8, Dtype::Bfloat16);
                 // Several rows: the model normalises them first (the tensor-core kernel has no norm folded in).
@@ -488,7 +493,8 @@ fn qmv_tiling_sweep() {
                         profile(format!("{base} | {label}"), &|| with_tiling(t, None, || run(false)));
                     }
                 } else {
-                    for t in [None, Some(mma(1, 1, 8192)), Some(mma(1, 2, 16384)), Some(mma(2, 2, 8192)), Some(mma(1, 1, 16384))] {
+                    let tilings = [(1, 1, 8192), (1, 2, 16384), (2, 2, 8192), (1, 1, 16384), (2, 1, 8192), (4, 1, 8192), (4, 2, 8192), (4, 1, 16384)];
+                    for t in std::iter::once(None).chain(tilings.map(|(o, u, g)| Some(mma(o, u, g)))) {
                         let label = t.map_or("default".to_string(), |t| format!("tiles {} u{} grid {}", t.out_tiles, t.in_flight, t.grid_warps));
                         profile(format!("{base} | {label}"), &|| with_tiling(None, t, || run(false)));
                     }
@@ -567,7 +573,7 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         eval([&blocks]).unwrap();
         let kv = KvParts::history(&k, &v, kv_len);
         // All queries in one call, as SparseAttention makes it.
-        let attention = time(|| vec![block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5)).unwrap()]);
+        let attention = time(|| vec![block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5), None).unwrap()]);
         line(&format!("block-sparse attention at {}K", kv_len / 1024), attention, 8);
     }
 }

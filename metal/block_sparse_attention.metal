@@ -89,13 +89,12 @@ inline void sala_block_sparse_attention(
 }
 
 // Twin of sala_merge_splits in cuda/block_sparse_attention.cu.
-template <typename T, int D, int NSPLIT>
-inline void sala_merge_splits(const device float* partial, const device float* lse, device T* out, int Tq, int Hq,
-                              uint idx) {
-  if (size_t(idx) >= size_t(Tq) * Hq * D) return;
+template <typename T, int D, int NSPLIT, bool GATED>
+inline void sala_merge_splits(const device float* partial, const device float* lse, const device T* gate,
+                              int64_t gate_stride, device T* out, int R, int Hq, uint idx) {
+  if (size_t(idx) >= size_t(R) * Hq * D) return;
   const int c = idx % D;
   const int th = idx / D;
-  const int t = th / Hq, h = th % Hq;
   const device float* l = lse + size_t(th) * NSPLIT;
   float m = -INFINITY;
   for (int s = 0; s < NSPLIT; ++s) m = max(m, l[s]);
@@ -107,5 +106,12 @@ inline void sala_merge_splits(const device float* partial, const device float* l
       den += w;
     }
   }
-  out[(size_t(h) * Tq + t) * D + c] = T(den > 0.f ? num / den : 0.f);
+  T o = T(den > 0.f ? num / den : 0.f);
+  if (GATED) {
+    const int r = th / Hq;
+    const float g = float(gate[r * gate_stride + size_t(th % Hq) * D + c]);
+    const T s = T(1.f / (1.f + exp(-g)));
+    o = T(float(o) * float(s));
+  }
+  out[idx] = o;
 }

@@ -14,8 +14,8 @@ use sala::kernels::qmv::{
     MmaTiling, QmvTiling, RmsNormIn,
 };
 use sala::kernels::sparse::{
-    block_sparse_attention, block_sparse_attention_mlx, decode_attention, decode_attention_mlx, select_blocks_chunked, select_blocks_mlx,
-    select_blocks_scored, BlockSelection,
+    block_sparse_attention, block_sparse_attention_mlx, decode_attention, decode_attention_mlx, heads_to_rows, select_blocks_chunked,
+    select_blocks_mlx, select_blocks_scored, BlockSelection,
 };
 
 fn on_gpu() -> bool {
@@ -179,9 +179,19 @@ fn qmv_with_rms_norm_folded_in_matches_mlx_operations() {
     let mut seed = 900;
     for bits in [8, 4] {
         for (n, k) in [(2 * 2048, 4096), (2 * 136, 384)] {
-            // One row in bf16 and f32, two in f32 (bf16 batches take the tensor-core kernel and a
-            // separate norm), and four in bf16 (the largest staged input).
-            for (rows, dtype) in [(1, Dtype::Bfloat16), (1, Dtype::Float32), (2, Dtype::Float32), (4, Dtype::Bfloat16)] {
+            // The general kernel with the norm folded in: one row in bf16 and f32, two and four
+            // in f32 (the largest staged input). Half-precision batches (3, 8 and 16 rows) take a
+            // separate norm and the tensor-core kernel.
+            let cases = [
+                (1, Dtype::Bfloat16),
+                (1, Dtype::Float32),
+                (2, Dtype::Float32),
+                (4, Dtype::Float32),
+                (3, Dtype::Bfloat16),
+                (8, Dtype::Bfloat16),
+                (16, Dtype::Float16),
+            ];
+            for (rows, dtype) in cases {
                 seed += 5;
                 let w = randn(&[n, k], seed, Dtype::Float32);
                 let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
@@ -428,7 +438,11 @@ fn block_sparse_attention_kernel_matches_mlx() {
         let blocks = select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap().blocks;
         let scale = (d as f32).powf(-0.5);
         let filled = |a: &Array| a.try_index((.., .., ..kv_len as i32, ..)).unwrap();
+        // Even cases with the output gate, as the projection hands it over (a slice of wider rows).
+        let gate_source = randn(&[1, t, 2 * hq * d], seed + 5, dtype);
+        let gate = (i % 2 == 0).then(|| gate_source.try_index((.., .., hq * d..)).unwrap());
         let want = block_sparse_attention_mlx(&q, &filled(&k), &filled(&v), &blocks, first, sel.block, scale).unwrap();
+        let want = heads_to_rows(&want, gate.as_ref()).unwrap();
         // As one history buffer, then as a cache holds it after pipelined decode steps: the last
         // 40 positions in a recent-token buffer (both poisoned past what they hold).
         let settled = kv_len - 40;
@@ -443,7 +457,7 @@ fn block_sparse_attention_kernel_matches_mlx() {
             KvParts { keys: &kh, values: &vh, recent: Some((&kr, &vr)), settled, len: kv_len },
         ];
         for (layout, kv) in ["history", "history + recent"].iter().zip(&views) {
-            let got = block_sparse_attention(&q, kv, &blocks, first, sel.block, scale).unwrap();
+            let got = block_sparse_attention(&q, kv, &blocks, first, sel.block, scale, gate.as_ref()).unwrap();
             assert_eq!(got.shape(), want.shape());
             assert_eq!(got.dtype(), dtype);
             let err = rel_err(&got, &want);
@@ -470,7 +484,10 @@ fn decode_attention_of_a_batch_matches_mlx() {
     for (i, &(hq, hkv, d, dtype, lens)) in cases.iter().enumerate() {
         let seed = 2000 + 10 * i as u64;
         let b = lens.len() as i32;
-        let q = randn(&[b, hq, 1, d], seed, dtype);
+        // q and the output gate as the model hands them over: views of the projection's rows.
+        let projected = randn(&[b, 1, 3 * hq * d], seed, dtype);
+        let q = projected.try_index((.., .., ..hq * d)).unwrap().reshape(&[b, 1, hq, d]).unwrap().swap_axes(1, 2).unwrap();
+        let gate = (i % 2 == 1).then(|| projected.try_index((.., .., 2 * hq * d..)).unwrap());
         // Each cache as a poisoned history buffer, and, for odd rows, as a history plus its last
         // few positions in a poisoned recent-token buffer.
         let caches: Vec<_> = lens
@@ -496,14 +513,15 @@ fn decode_attention_of_a_batch_matches_mlx() {
             })
             .collect();
         let scale = (d as f32).powf(-0.5);
-        let got = decode_attention(&q, &parts, scale).unwrap();
+        let got = decode_attention(&q, &parts, scale, gate.as_ref()).unwrap();
         // The oracle in float32.
         let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
         let filled: Vec<_> = parts.iter().map(|p| p.filled().unwrap()).collect();
         let f32_parts: Vec<_> = filled.iter().map(|(k, v)| (f(k), f(v))).collect();
         let oracle_parts: Vec<_> = f32_parts.iter().zip(lens).map(|((k, v), &len)| KvParts::history(k, v, len)).collect();
         let want = decode_attention_mlx(&f(&q), &oracle_parts, scale).unwrap();
-        assert_eq!(got.shape(), &[b, hq, 1, d]);
+        let want = heads_to_rows(&want, gate.map(|g| f(&g)).as_ref()).unwrap();
+        assert_eq!(got.shape(), &[b, 1, hq * d]);
         assert_eq!(got.dtype(), dtype);
         let err = rel_err(&got, &want);
         let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };

@@ -2,7 +2,7 @@
 //! without a carried state, full and partial chunks), and the InfLLM-V2 block selection and
 //! block-sparse attention against straightforward host-side implementations of the spec.
 
-use mlx_rs::{random, Array, Dtype};
+use mlx_rs::{ops::indexing::TryIndexOp, random, Array, Dtype};
 use sala::engine::cache::KvParts;
 use sala::engine::ops::{to_vec_f32, to_vec_i32};
 use sala::kernels::gla::{alibi_slopes, simple_gla, simple_gla_chunked, simple_gla_recurrent};
@@ -183,7 +183,13 @@ fn block_sparse_attention_matches_masked_dense_attention() {
         }
     }
     let blocks = Array::from_slice(&idx, &[1, hkv, t, 4]);
-    let got = to_vec_f32(&block_sparse_attention(&q, &KvParts::history(&k, &v, kv_len), &blocks, first, 64, 0.3).unwrap()).unwrap();
+    // The output gate, given as the projection's output hands it over: a slice of wider rows.
+    let gate_source = randn(&[1, t, 3 * hq * d], 4);
+    let gate = gate_source.try_index((.., .., hq * d..2 * hq * d)).unwrap();
+    let got = block_sparse_attention(&q, &KvParts::history(&k, &v, kv_len), &blocks, first, 64, 0.3, Some(&gate)).unwrap();
+    // Heads side by side per query.
+    assert_eq!(got.shape(), &[1, t, hq * d]);
+    let (got, gate) = (to_vec_f32(&got).unwrap(), to_vec_f32(&gate).unwrap());
     let (qh, kh, vh) = (to_vec_f32(&q).unwrap(), to_vec_f32(&k).unwrap(), to_vec_f32(&v).unwrap());
     let (d, t) = (d as usize, t as usize);
     for head in 0..hq as usize {
@@ -201,8 +207,10 @@ fn block_sparse_attention_matches_masked_dense_attention() {
             let w: Vec<f32> = logits.iter().map(|l| (l - m).exp()).collect();
             let z: f32 = w.iter().sum();
             for j in 0..d {
-                let want: f32 = allowed.iter().zip(&w).map(|(&p, wi)| wi / z * vh[(kv * kv_len + p) * d + j]).sum();
-                let g = got[(head * t + ti) * d + j];
+                let attended: f32 = allowed.iter().zip(&w).map(|(&p, wi)| wi / z * vh[(kv * kv_len + p) * d + j]).sum();
+                let at = (ti * hq as usize + head) * d + j;
+                let want = attended / (1.0 + (-gate[at]).exp());
+                let g = got[at];
                 assert!((g - want).abs() < 1e-4, "head {head} query {ti} dim {j}: {g} vs {want}");
             }
         }

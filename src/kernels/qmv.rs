@@ -124,7 +124,9 @@ pub struct RmsNormIn<'a> {
 const NORMED_STAGE_BYTES: usize = 32 * 1024;
 
 /// [`quantized_matmul_t_then`] of `RMSNorm(x)`: one kernel where the general kernel takes the
-/// product on CUDA (plain or SwiGLU), else MLX's RMSNorm first.
+/// product on CUDA (plain or SwiGLU), else MLX's RMSNorm first. (Folding the norm into the
+/// tensor-core kernel of a decode batch, as T(x · g) with each row's sums scaled at the end, made
+/// its products 9–11 µs slower each on an H100, more than the 64 norm kernels it saved.)
 #[allow(clippy::too_many_arguments)]
 pub fn quantized_matmul_t_normed(
     x: &Array,
@@ -210,6 +212,20 @@ pub struct MmaTiling {
 /// (4 or 8: 1.2–1.6× slower on the large matrices; 2 tiles per block: up to 1.3× slower), and K
 /// split over a block's warps so that the grid holds about 8192 warps (4096 or 16384: slower).
 const MMA_TILING: MmaTiling = MmaTiling { out_tiles: 1, in_flight: 2, grid_warps: 8192 };
+
+/// The tensor-core kernel's tiling for a product of `n` weight rows. At 8 bits (`kernels qmv-tiling
+/// 8 all 8` on an H100, 8 rows), one step in flight rather than two was faster for the plain and
+/// residual products up to 16384 rows (lightning qkvz 36.9 → 33.8 µs, down 41.1 → 37.8, o_proj
+/// and sparse qkvg even) and slower for SwiGLU (68.8 → 72.6); the output head (73448 rows) was
+/// fastest with 4 tiles a thread block, one step in flight and 16384 warps (179.0 → 161.9 µs).
+/// 4 bits was not swept.
+fn mma_tiling(n: i32, bits: i32, swiglu: bool) -> MmaTiling {
+    match (bits, swiglu) {
+        (8, false) if n <= 16384 => MmaTiling { in_flight: 1, ..MMA_TILING },
+        (8, false) => MmaTiling { out_tiles: 4, in_flight: 1, grid_warps: 16384 },
+        _ => MMA_TILING,
+    }
+}
 
 /// Whether the tensor-core kernel runs this product.
 fn mma_fits(x: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32) -> bool {
@@ -423,14 +439,15 @@ fn quantized_matmul_t_mma(
     let rows = x2.shape()[0];
     let width = shape[shape.len() - 1];
     let (source, inputs) = kernel_for([&QMM, &QMM_SWIGLU, &QMM_RESIDUAL], epilogue, &x2, packed, scales, biases);
-    let t = MMA_TILING_OVERRIDE.with(|o| o.get()).unwrap_or(MMA_TILING);
+    let swiglu = matches!(epilogue, Epilogue::SwiGlu);
+    let t = MMA_TILING_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| mma_tiling(packed.shape()[0], bits, swiglu));
     let blocks = (width + 8 * t.out_tiles - 1) / (8 * t.out_tiles);
     // 64-byte steps along K; split over the block's warps so that the grid has about
     // `grid_warps` warps (small matrices fill the GPU with loads too), each with a few steps;
     // at most 8 warps a block (16 × 32 threads run out of registers for 4 bits and > 8 rows).
     let steps = k * bits / 8 / 64;
     let warps = pow2_floor((t.grid_warps / blocks).min(8).min(steps / t.in_flight));
-    let nt = if matches!(epilogue, Epilogue::SwiGlu) { 2 * t.out_tiles } else { t.out_tiles };
+    let nt = if swiglu { 2 * t.out_tiles } else { t.out_tiles };
     let y = apply(
         source,
         &inputs,

@@ -240,7 +240,9 @@ pub fn select_blocks_mlx(
 /// Softmax attention of each query over its group's selected blocks, causally clipped to
 /// positions ≤ the query's own. `kv`: the cache's keys and values as stored (history buffers
 /// with spare capacity, then recent tokens), read in place; `blocks`: `[B, Hkv, T, K]` (−1 = none).
-/// Returns `[B, Hq, T, d]`.
+/// Returns the heads side by side, `[B, T, Hq·d]`, times σ(`gate`) `[B, T, Hq·d]` when given (see
+/// [`heads_to_rows`]; the kernels' merge of their splits applies it).
+#[allow(clippy::too_many_arguments)]
 pub fn block_sparse_attention(
     q: &Array,
     kv: &KvParts,
@@ -248,12 +250,25 @@ pub fn block_sparse_attention(
     first_pos: usize,
     block: usize,
     scale: f32,
+    gate: Option<&Array>,
 ) -> Result<Array> {
     if backend() == Backend::Cpu || q.shape()[0] != 1 || !attention_kernel_fits(q, kv.keys.shape()[1]) {
         let (k, v) = kv.filled()?;
-        return block_sparse_attention_mlx(q, &k, &v, blocks, first_pos, block, scale);
+        return heads_to_rows(&block_sparse_attention_mlx(q, &k, &v, blocks, first_pos, block, scale)?, gate);
     }
-    block_sparse_attention_gpu(q, kv, blocks, first_pos, block, scale)
+    block_sparse_attention_gpu(q, kv, blocks, first_pos, block, scale, gate)
+}
+
+/// An attention output `[B, Hq, T, d]` as the output projection reads it, `[B, T, Hq·d]`, times
+/// σ(`gate`) (`[B, T, Hq·d]`, the sparse layers' output gate) when given: MLX operations, the
+/// kernels' reference.
+pub fn heads_to_rows(o: &Array, gate: Option<&Array>) -> Result<Array> {
+    let (b, hq, t, d) = (o.shape()[0], o.shape()[1], o.shape()[2], o.shape()[3]);
+    let rows = o.swap_axes(1, 2)?.reshape(&[b, t, hq * d])?;
+    match gate {
+        Some(gate) => rows.multiply(ops::sigmoid(gate)?),
+        None => Ok(rows),
+    }
 }
 
 /// Queries per piece of [`block_sparse_attention_mlx`] (the 9B's gathered keys and values of
@@ -536,13 +551,22 @@ static BLOCK_SPARSE_ATTENTION: KernelSource = KernelSource {
     contiguous_inputs: false,
 };
 
-fn block_sparse_attention_gpu(q: &Array, kv: &KvParts, blocks: &Array, first_pos: usize, block: usize, scale: f32) -> Result<Array> {
+#[allow(clippy::too_many_arguments)]
+fn block_sparse_attention_gpu(
+    q: &Array,
+    kv: &KvParts,
+    blocks: &Array,
+    first_pos: usize,
+    block: usize,
+    scale: f32,
+    gate: Option<&Array>,
+) -> Result<Array> {
     let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
     let hkv = kv.keys.shape()[1];
     let nsel = blocks.shape()[3];
     let half = matches!(q.dtype(), Dtype::Bfloat16 | Dtype::Float16);
     if backend() == Backend::Cuda && half && t >= MMA_QUERIES && hq / hkv <= 16 && d % 32 == 0 && d <= 128 && block == 64 {
-        return block_sparse_prefill_cuda(q, kv, blocks, first_pos, block, scale);
+        return heads_to_rows(&block_sparse_prefill_cuda(q, kv, blocks, first_pos, block, scale)?, gate);
     }
     // Few queries (decode) split the selected blocks among thread blocks to fill the GPU: one
     // split per selected block when the GPU has room for them, else a power of two (few compiled
@@ -557,17 +581,33 @@ fn block_sparse_attention_gpu(q: &Array, kv: &KvParts, blocks: &Array, first_pos
         &[&q3, &k, &v, &recent_k, &recent_v, &blocks.contiguous()?, &params],
         split_attention_launch(q.dtype(), t, hq, hkv, d, block as i32, nsplit, scale),
     )?;
-    merge_splits(&out[0], &out[1], vec![1, hq, t, d], q.dtype())
+    merge_splits(&out[0], &out[1], vec![1, t, hq * d], q.dtype(), gate)
 }
 
-/// The splits' partial outputs `[T, H, NSPLIT, d]` and log-sum-exps `[T, H, NSPLIT]` merged into
-/// `shape` (`[1, H, T, d]`, or any shape of `[H, d]` when T = 1) in `dtype`.
-fn merge_splits(partial: &Array, lse: &Array, shape: Vec<i32>, dtype: Dtype) -> Result<Array> {
+/// The splits' partial outputs `[R, H, NSPLIT, d]` and log-sum-exps `[R, H, NSPLIT]` (R rows: the
+/// queries of one sequence, or one query per sequence) merged into `shape` (`[B, T, H·d]` with
+/// B·T = R) in `dtype`, times σ(`gate`) (of that shape, read through its strides) when given: the
+/// gate multiply, the sigmoid and the transposing copy had been three more launches a sparse
+/// layer.
+fn merge_splits(partial: &Array, lse: &Array, shape: Vec<i32>, dtype: Dtype, gate: Option<&Array>) -> Result<Array> {
     let (h, nsplit, d) = (partial.shape()[1], partial.shape()[2], partial.shape()[3]);
     let total = partial.shape()[0] * h * d;
+    // The gate as [R, H·d] rows with unit stride along a row (a slice of the projection's output
+    // is one already; anything else is copied).
+    let gate = match gate {
+        Some(g) => {
+            let rows = g.reshape(&[-1, h * d])?;
+            Some(if rows.strides()[1] == 1 { rows } else { rows.contiguous()? })
+        }
+        None => None,
+    };
+    let (source, inputs): (&'static KernelSource, Vec<&Array>) = match &gate {
+        Some(g) => (&MERGE_SPLITS_GATED, vec![partial, lse, g]),
+        None => (&MERGE_SPLITS, vec![partial, lse]),
+    };
     let merged = apply(
-        &MERGE_SPLITS,
-        &[partial, lse],
+        source,
+        &inputs,
         Launch {
             grid: (total, 1, 1),
             threads: (THREADS, 1, 1),
@@ -586,10 +626,12 @@ fn merge_splits(partial: &Array, lse: &Array, shape: Vec<i32>, dtype: Dtype) -> 
 
 /// Dense attention of one decoding query per sequence over that sequence's whole cache: `q`
 /// `[B, Hq, 1, d]`, `kvs[b]` the cache of row b (lengths may differ; the query is each cache's
-/// last position). Returns `[B, Hq, 1, d]`. On CUDA one launch serves up to [`DECODE_SLOTS`]
-/// sequences (a batch of 8 had spent more host time on its 64 attention calls a step than the
-/// GPU spent on the step); elsewhere MLX's attention runs per sequence.
-pub fn decode_attention(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Array> {
+/// last position). Returns `[B, 1, Hq·d]`, times σ(`gate`) `[B, 1, Hq·d]` when given (as
+/// [`heads_to_rows`]). On CUDA one launch serves up to [`DECODE_SLOTS`] sequences (a batch of 8
+/// had spent more host time on its 64 attention calls a step than the GPU spent on the step) and
+/// reads q through its strides (a slice of the projection's output needs no copy); elsewhere
+/// MLX's attention runs per sequence.
+pub fn decode_attention(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&Array>) -> Result<Array> {
     let (b, t) = (q.shape()[0], q.shape()[2]);
     let hkv = kvs.first().map_or(1, |kv| kv.keys.shape()[1]);
     let fits = backend() == Backend::Cuda
@@ -598,14 +640,16 @@ pub fn decode_attention(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Array>
         && attention_kernel_fits(q, hkv)
         && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && kv.keys.dtype() == q.dtype());
     if !fits {
-        return decode_attention_mlx(q, kvs, scale);
+        return heads_to_rows(&decode_attention_mlx(q, kvs, scale)?, gate);
     }
-    let q = q.contiguous()?;
+    // The kernel reads q through its first two strides: each head's d values must be adjacent.
+    let q = if q.strides()[3] == 1 { q.clone() } else { q.contiguous()? };
     let mut outputs = Vec::new();
     for (i, chunk) in kvs.chunks(DECODE_SLOTS).enumerate() {
         let start = (i * DECODE_SLOTS) as i32;
-        let rows = q.try_index(start..start + chunk.len() as i32)?;
-        outputs.push(decode_attention_cuda(&rows, chunk, scale)?);
+        let rows = start..start + chunk.len() as i32;
+        let gate_rows = gate.map(|g| g.try_index(rows.clone())).transpose()?;
+        outputs.push(decode_attention_cuda(&q.try_index(rows)?, chunk, scale, gate_rows.as_ref())?);
     }
     match outputs.len() {
         1 => Ok(outputs.pop().expect("one chunk")),
@@ -681,12 +725,13 @@ fn split_attention_launch(dtype: Dtype, rows: i32, hq: i32, hkv: i32, d: i32, bl
 
 /// The decode attention kernel for at most [`DECODE_SLOTS`] sequences: `cuda/block_sparse_attention.cu`'s
 /// loop with every block of each cache selected, then the usual merge of the splits.
-fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Array> {
+fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&Array>) -> Result<Array> {
     let (b, hq, d) = (q.shape()[0], q.shape()[1], q.shape()[3]);
     let hkv = kvs[0].keys.shape()[1];
     let block = DECODE_BLOCK as i32;
     // Splits: one per block of the longest cache when the GPU has room, else a power of two (few
-    // compiled variants, as the lengths change every step).
+    // compiled variants, as the lengths change every step). (32 splits rather than 16 for a batch
+    // of 8 at 4K: 72.9 → 71.7 µs a layer on an H100, not worth the larger merge.)
     let longest = kvs.iter().map(|kv| kv.len).max().unwrap_or(1) as i32;
     let room = (FILL_BLOCKS / (b * hkv)).max(1);
     let nsplit = pow2_floor(room.min((longest + block - 1) / block));
@@ -707,10 +752,7 @@ fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Array
     inputs.extend(buffers.iter());
     inputs.extend([&lens, &settled]);
     let out = apply(decode_attention_source(), &inputs, split_attention_launch(q.dtype(), b, hq, hkv, d, block, nsplit, scale))?;
-    // The B·Hq rows merge as the heads of one query.
-    let partial = out[0].reshape(&[1, b * hq, nsplit, d])?;
-    let lse = out[1].reshape(&[1, b * hq, nsplit])?;
-    merge_splits(&partial, &lse, vec![b, hq, 1, d], q.dtype())
+    merge_splits(&out[0], &out[1], vec![b, 1, hq * d], q.dtype(), gate)
 }
 
 /// Tokens per split unit of the decode attention (the sparse layers' block size; any size works).
@@ -734,8 +776,8 @@ fn decode_attention_source() -> &'static KernelSource {
         let body = format!(
             "const T *k = k0, *v = v0, *kr = kr0, *vr = vr0; int cap = 0, rcap = 0; \
              switch (blockIdx.y) {{ {cases}}} \
-             sala_decode_attention_seq<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(q, k, v, kr, vr, \
-             lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, out, lse, cap, rcap);"
+             sala_decode_attention_seq<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(q, q_strides[0], q_strides[1], k, v, kr, \
+             vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, out, lse, cap, rcap);"
         );
         KernelSource {
             name: "sala_decode_attention",
@@ -746,7 +788,8 @@ fn decode_attention_source() -> &'static KernelSource {
             // CUDA only: Metal takes at most 31 buffers per kernel; it runs MLX's attention.
             metal_header: "",
             metal_body: "",
-            // `lens` and `settled` are shape_args broadcasts; the buffers are contiguous.
+            // `lens` and `settled` are shape_args broadcasts, q is read through its strides; the
+            // buffers are contiguous.
             contiguous_inputs: false,
         }
     })
@@ -757,10 +800,24 @@ static MERGE_SPLITS: KernelSource = KernelSource {
     inputs: &["partial", "lse"],
     outputs: &["out"],
     cuda_header: BLOCK_SPARSE_ATTENTION_HEADER,
-    cuda_body: "sala_merge_splits<T, D, NSPLIT>(partial, lse, out, partial_shape[0], HQ);",
+    cuda_body: "sala_merge_splits<T, D, NSPLIT, false>(partial, lse, (const T*)nullptr, 0, out, partial_shape[0], HQ);",
     metal_header: include_str!("../../metal/block_sparse_attention.metal"),
-    metal_body: "sala_merge_splits<T, D, NSPLIT>(partial, lse, out, int(partial_shape[0]), HQ, thread_position_in_grid.x);",
+    metal_body: "sala_merge_splits<T, D, NSPLIT, false>(partial, lse, (const device T*)nullptr, 0, out, \
+                 int(partial_shape[0]), HQ, thread_position_in_grid.x);",
     contiguous_inputs: true,
+};
+
+static MERGE_SPLITS_GATED: KernelSource = KernelSource {
+    name: "sala_merge_splits_gated",
+    inputs: &["partial", "lse", "gate"],
+    outputs: &["out"],
+    cuda_header: BLOCK_SPARSE_ATTENTION_HEADER,
+    cuda_body: "sala_merge_splits<T, D, NSPLIT, true>(partial, lse, gate, gate_strides[0], out, partial_shape[0], HQ);",
+    metal_header: include_str!("../../metal/block_sparse_attention.metal"),
+    metal_body: "sala_merge_splits<T, D, NSPLIT, true>(partial, lse, gate, int64_t(gate_strides[0]), out, \
+                 int(partial_shape[0]), HQ, thread_position_in_grid.x);",
+    // The gate is read through its row stride; the partial results are a kernel's fresh outputs.
+    contiguous_inputs: false,
 };
 
 /// Queries from which a half-precision call takes the tensor-core kernel: it gives each query one

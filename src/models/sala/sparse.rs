@@ -17,8 +17,10 @@ use crate::engine::config::ConfigFile;
 use crate::engine::error::Result;
 use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::kernels::sparse::{block_sparse_attention, decode_attention, select_blocks, select_blocks_scored, BlockSelection};
-use crate::models::layers::{per_sequence, sigmoid_gate, Input, Linear, QkvGate};
+use crate::kernels::sparse::{
+    block_sparse_attention, decode_attention, heads_to_rows, select_blocks, select_blocks_scored, BlockSelection,
+};
+use crate::models::layers::{per_sequence, Input, Linear, QkvGate};
 use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, ops, Array, Dtype};
 
 /// The level-2 compressed keys use 4× the level-1 window and stride (hard-coded in the reference).
@@ -115,7 +117,8 @@ impl SparseAttention {
 
     /// `x`: the (normed) hidden state `[B, T, hidden]`, row b continuing `caches[b]`. Records the
     /// block selection under `sparse.layer{i}.blocks` / `.block_scores` when tracing. Returns the
-    /// (gated) attention output `[B, T, Hq·d]` before [`SparseAttention::o_proj`].
+    /// (gated) attention output `[B, T, Hq·d]` before [`SparseAttention::o_proj`]: the attention
+    /// kernels apply the gate as they merge their splits.
     pub fn attend(&self, x: Input, caches: &mut [&mut KvCache], layer: usize, mut trace: Option<&mut Trace>) -> Result<Array> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (hq, hkv, d) = (self.cfg.heads as i32, self.cfg.kv_heads as i32, self.cfg.head_dim as i32);
@@ -136,24 +139,24 @@ impl SparseAttention {
                 cache.append_recent(&k, &v)?;
             }
             let parts = caches.iter_mut().map(|c| Ok(c.parts()?.expect("keys were just appended"))).collect::<Result<Vec<_>>>()?;
-            decode_attention(&q, &parts, scale)?
+            decode_attention(&q, &parts, scale, gate.as_ref())?
         } else {
-            per_sequence(&[&q, &k, &v], caches, |qkv, cache| {
-            let past = cache.len();
-            if past + (t as usize) < self.cfg.dense_len {
-                let (keys, values) = cache.append(&qkv[1], &qkv[2])?;
-                let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
-                Ok(fast::scaled_dot_product_attention(&qkv[0], &keys, &values, scale, mask, None)?)
-            } else {
-                cache.append_recent(&qkv[1], &qkv[2])?;
-                self.sparse_attention(&qkv[0], cache, past, layer, trace.as_deref_mut())
-            }
+            let mut inputs = vec![&q, &k, &v];
+            inputs.extend(gate.as_ref());
+            per_sequence(&inputs, caches, |qkvg, cache| {
+                let gate = qkvg.get(3);
+                let past = cache.len();
+                if past + (t as usize) < self.cfg.dense_len {
+                    let (keys, values) = cache.append(&qkvg[1], &qkvg[2])?;
+                    let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
+                    let o = fast::scaled_dot_product_attention(&qkvg[0], &keys, &values, scale, mask, None)?;
+                    Ok(heads_to_rows(&o, gate)?)
+                } else {
+                    cache.append_recent(&qkvg[1], &qkvg[2])?;
+                    self.sparse_attention(&qkvg[0], gate, cache, past, layer, trace.as_deref_mut())
+                }
             })?
         };
-        let mut o = o.swap_axes(1, 2)?.reshape(&[b, t, hq * d])?;
-        if let Some(gate) = &gate {
-            o = sigmoid_gate(&o, gate)?;
-        }
         Ok(o)
     }
 
@@ -162,10 +165,13 @@ impl SparseAttention {
         &self.o_proj
     }
 
+    /// InfLLM-V2 for one sequence's queries: block selection, then attention over the chosen
+    /// blocks, gated (`[1, T, Hq·d]`).
     #[allow(clippy::too_many_arguments)]
     fn sparse_attention(
         &self,
         q: &Array,
+        gate: Option<&Array>,
         cache: &mut KvCache,
         past: usize,
         layer: usize,
@@ -193,6 +199,6 @@ impl SparseAttention {
             }
             None => select_blocks(q, &c1, &c2, past, kv_len, sel, q.dtype())?,
         };
-        Ok(block_sparse_attention(q, &kv, &blocks, past, sel.block, scale)?)
+        Ok(block_sparse_attention(q, &kv, &blocks, past, sel.block, scale, gate)?)
     }
 }
