@@ -144,7 +144,7 @@ fn qmv_tilings_match_mlx_quantized_matmul() {
                 let tilings: Vec<(Option<QmvTiling>, Option<MmaTiling>)> = if rows == 1 {
                     general.map(|(o, split, u)| (Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u }), None)).collect()
                 } else {
-                    [(1, 1, 8192), (1, 2, 16384), (2, 2, 8192), (2, 4, 4096)]
+                    [(1, 1, 8192), (1, 2, 16384), (2, 2, 8192), (2, 4, 4096), (4, 1, 16384)]
                         .map(|(t, u, g)| (None, Some(MmaTiling { out_tiles: t, in_flight: u, grid_warps: g })))
                         .to_vec()
                 };
