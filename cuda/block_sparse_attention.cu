@@ -18,7 +18,7 @@
 
 template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS, bool DENSE>
 __device__ void sala_attend_blocks(
-    const T* q,              // [Hq, Tq, D], heads q_head_stride apart
+    const T* q,              // [Hq, Tq, D], heads q_head_stride and dims q_dim_stride apart
     const T* k,              // [Hkv, cap, D]  the cache's history: positions < settled
     const T* v,              // [Hkv, cap, D]
     const T* kr,             // [Hkv, rcap, D] its recent tokens: positions settled .. kv_len
@@ -30,7 +30,7 @@ __device__ void sala_attend_blocks(
     float* out,              // [Tq, Hq, NSPLIT, D]
     float* lse,              // [Tq, Hq, NSPLIT]
     int t,                   // this thread block's query
-    int Tq, int cap, int rcap, int nsel, int64_t q_head_stride) {
+    int Tq, int cap, int rcap, int nsel, int64_t q_head_stride, int64_t q_dim_stride) {
   constexpr int THREADS = 256;                // the launch's
   constexpr int DPL = (D + 31) / 32;          // output dims per lane
   constexpr int HPW = (G + 7) / 8;            // heads per warp
@@ -51,7 +51,7 @@ __device__ void sala_attend_blocks(
 
   for (int e = tid; e < G * D; e += THREADS) {
     const int g = e / D, c = e % D;
-    qs[g][c] = static_cast<float>(q[(h * G + g) * q_head_stride + (size_t)t * D + c]) * scale;
+    qs[g][c] = static_cast<float>(q[(h * G + g) * q_head_stride + (size_t)t * D + c * q_dim_stride]) * scale;
   }
 
   float m[HPW], l[HPW], acc[HPW][DPL];
@@ -174,30 +174,31 @@ __device__ void sala_block_sparse_attention(
     const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first_pos,
     int kv_len, int settled, float* out, float* lse, int Tq, int cap, int rcap, int nsel) {
   sala_attend_blocks<T, D, G, BLOCK, NSPLIT, SCALE_BITS, false>(
-      q, k, v, kr, vr, blocks, first_pos, kv_len, settled, out, lse, blockIdx.y, Tq, cap, rcap, nsel, (int64_t)Tq * D);
+      q, k, v, kr, vr, blocks, first_pos, kv_len, settled, out, lse, blockIdx.y, Tq, cap, rcap, nsel, (int64_t)Tq * D, 1);
 }
 
-// One decoding query of sequence blockIdx.y (q [B, Hq, D], sequences q_seq_stride and heads
-// q_head_stride apart: a slice of the projection's output) against the kv_len positions of its
-// own cache; partial outputs [B, Hq, NSPLIT, D] and log-sum-exp [B, Hq, NSPLIT].
+// One decoding query of sequence blockIdx.y (q [B, Hq, 1, D] read through its strides: a view of
+// the projection's output) against the kv_len positions of its own cache; partial outputs
+// [B, Hq, NSPLIT, D] and log-sum-exp [B, Hq, NSPLIT].
 template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS>
 __device__ void sala_decode_attention_seq(
-    const T* q, int64_t q_seq_stride, int64_t q_head_stride, const T* k, const T* v, const T* kr, const T* vr,
-    int kv_len, int settled, float* out, float* lse, int cap, int rcap) {
+    const T* q, int64_t q_seq_stride, int64_t q_head_stride, int64_t q_dim_stride, const T* k, const T* v,
+    const T* kr, const T* vr, int kv_len, int settled, float* out, float* lse, int cap, int rcap) {
   const int b = blockIdx.y, Hq = gridDim.z * G;
   sala_attend_blocks<T, D, G, BLOCK, NSPLIT, SCALE_BITS, true>(
       q + b * q_seq_stride, k, v, kr, vr, nullptr, kv_len - 1, kv_len, settled,
       out + (size_t)b * Hq * NSPLIT * D, lse + (size_t)b * Hq * NSPLIT, 0, 1, cap, rcap,
-      (kv_len + BLOCK - 1) / BLOCK, q_head_stride);
+      (kv_len + BLOCK - 1) / BLOCK, q_head_stride, q_dim_stride);
 }
 
 // Merges the splits' partial outputs (softmax-weighted by their log-sum-exp) of R rows (queries or
 // sequences) and writes the result as [R, Hq·D] in the model's dtype, times sigmoid(gate) when
-// GATED (gate row r at gate + r · gate_stride), rounded as MLX's sigmoid and multiply in T round
-// them: one thread per output element.
+// GATED (gate [R, Hq·D] read through its strides), rounded as MLX's sigmoid and multiply in T
+// round them: one thread per output element.
 template <typename T, int D, int NSPLIT, bool GATED>
 __device__ void sala_merge_splits(
-    const float* partial, const float* lse, const T* gate, int64_t gate_stride, T* out, int R, int Hq) {
+    const float* partial, const float* lse, const T* gate, int64_t gate_row_stride, int64_t gate_col_stride, T* out,
+    int R, int Hq) {
   const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= (size_t)R * Hq * D) return;
   const int c = idx % D;
@@ -218,7 +219,7 @@ __device__ void sala_merge_splits(
   T o = static_cast<T>(den > 0.f ? num / den : 0.f);
   if (GATED) {
     const int r = th / Hq;
-    const float g = static_cast<float>(gate[r * gate_stride + (size_t)(th % Hq) * D + c]);
+    const float g = static_cast<float>(gate[r * gate_row_stride + ((th % Hq) * D + c) * gate_col_stride]);
     const T s = static_cast<T>(1.f / (1.f + expf(-g)));
     o = static_cast<T>(static_cast<float>(o) * static_cast<float>(s));
   }

@@ -91,7 +91,8 @@ inline void sala_block_sparse_attention(
 // Twin of sala_merge_splits in cuda/block_sparse_attention.cu.
 template <typename T, int D, int NSPLIT, bool GATED>
 inline void sala_merge_splits(const device float* partial, const device float* lse, const device T* gate,
-                              int64_t gate_stride, device T* out, int R, int Hq, uint idx) {
+                              int64_t gate_row_stride, int64_t gate_col_stride, device T* out, int R, int Hq,
+                              uint idx) {
   if (size_t(idx) >= size_t(R) * Hq * D) return;
   const int c = idx % D;
   const int th = idx / D;
@@ -109,7 +110,7 @@ inline void sala_merge_splits(const device float* partial, const device float* l
   T o = T(den > 0.f ? num / den : 0.f);
   if (GATED) {
     const int r = th / Hq;
-    const float g = float(gate[r * gate_stride + size_t(th % Hq) * D + c]);
+    const float g = float(gate[r * gate_row_stride + int64_t((th % Hq) * D + c) * gate_col_stride]);
     const T s = T(1.f / (1.f + exp(-g)));
     o = T(float(o) * float(s));
   }

@@ -592,15 +592,8 @@ fn block_sparse_attention_gpu(
 fn merge_splits(partial: &Array, lse: &Array, shape: Vec<i32>, dtype: Dtype, gate: Option<&Array>) -> Result<Array> {
     let (h, nsplit, d) = (partial.shape()[1], partial.shape()[2], partial.shape()[3]);
     let total = partial.shape()[0] * h * d;
-    // The gate as [R, H·d] rows with unit stride along a row (a slice of the projection's output
-    // is one already; anything else is copied).
-    let gate = match gate {
-        Some(g) => {
-            let rows = g.reshape(&[-1, h * d])?;
-            Some(if rows.strides()[1] == 1 { rows } else { rows.contiguous()? })
-        }
-        None => None,
-    };
+    // The gate as [R, H·d] rows (a view of the projection's output stays one).
+    let gate = gate.map(|g| g.reshape(&[-1, h * d])).transpose()?;
     let (source, inputs): (&'static KernelSource, Vec<&Array>) = match &gate {
         Some(g) => (&MERGE_SPLITS_GATED, vec![partial, lse, g]),
         None => (&MERGE_SPLITS, vec![partial, lse]),
@@ -642,8 +635,6 @@ pub fn decode_attention(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&Ar
     if !fits {
         return heads_to_rows(&decode_attention_mlx(q, kvs, scale)?, gate);
     }
-    // The kernel reads q through its first two strides: each head's d values must be adjacent.
-    let q = if q.strides()[3] == 1 { q.clone() } else { q.contiguous()? };
     let mut outputs = Vec::new();
     for (i, chunk) in kvs.chunks(DECODE_SLOTS).enumerate() {
         let start = (i * DECODE_SLOTS) as i32;
@@ -776,8 +767,8 @@ fn decode_attention_source() -> &'static KernelSource {
         let body = format!(
             "const T *k = k0, *v = v0, *kr = kr0, *vr = vr0; int cap = 0, rcap = 0; \
              switch (blockIdx.y) {{ {cases}}} \
-             sala_decode_attention_seq<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(q, q_strides[0], q_strides[1], k, v, kr, \
-             vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, out, lse, cap, rcap);"
+             sala_decode_attention_seq<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(q, q_strides[0], q_strides[1], q_strides[3], \
+             k, v, kr, vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, out, lse, cap, rcap);"
         );
         KernelSource {
             name: "sala_decode_attention",
@@ -800,9 +791,9 @@ static MERGE_SPLITS: KernelSource = KernelSource {
     inputs: &["partial", "lse"],
     outputs: &["out"],
     cuda_header: BLOCK_SPARSE_ATTENTION_HEADER,
-    cuda_body: "sala_merge_splits<T, D, NSPLIT, false>(partial, lse, (const T*)nullptr, 0, out, partial_shape[0], HQ);",
+    cuda_body: "sala_merge_splits<T, D, NSPLIT, false>(partial, lse, (const T*)nullptr, 0, 0, out, partial_shape[0], HQ);",
     metal_header: include_str!("../../metal/block_sparse_attention.metal"),
-    metal_body: "sala_merge_splits<T, D, NSPLIT, false>(partial, lse, (const device T*)nullptr, 0, out, \
+    metal_body: "sala_merge_splits<T, D, NSPLIT, false>(partial, lse, (const device T*)nullptr, 0, 0, out, \
                  int(partial_shape[0]), HQ, thread_position_in_grid.x);",
     contiguous_inputs: true,
 };
@@ -812,11 +803,12 @@ static MERGE_SPLITS_GATED: KernelSource = KernelSource {
     inputs: &["partial", "lse", "gate"],
     outputs: &["out"],
     cuda_header: BLOCK_SPARSE_ATTENTION_HEADER,
-    cuda_body: "sala_merge_splits<T, D, NSPLIT, true>(partial, lse, gate, gate_strides[0], out, partial_shape[0], HQ);",
+    cuda_body: "sala_merge_splits<T, D, NSPLIT, true>(partial, lse, gate, gate_strides[0], gate_strides[1], out, \
+                partial_shape[0], HQ);",
     metal_header: include_str!("../../metal/block_sparse_attention.metal"),
-    metal_body: "sala_merge_splits<T, D, NSPLIT, true>(partial, lse, gate, int64_t(gate_strides[0]), out, \
-                 int(partial_shape[0]), HQ, thread_position_in_grid.x);",
-    // The gate is read through its row stride; the partial results are a kernel's fresh outputs.
+    metal_body: "sala_merge_splits<T, D, NSPLIT, true>(partial, lse, gate, int64_t(gate_strides[0]), \
+                 int64_t(gate_strides[1]), out, int(partial_shape[0]), HQ, thread_position_in_grid.x);",
+    // The gate is read through its strides; the partial results are a kernel's fresh outputs.
     contiguous_inputs: false,
 };
 
