@@ -75,6 +75,11 @@ fn main() {
         decode_steps_for_a_profiler();
         return;
     }
+    // `kernels decode-graph`: the operations one decode step builds, counted by kind.
+    if std::env::args().skip(1).any(|a| a == "decode-graph") {
+        decode_step_graph();
+        return;
+    }
     // `kernels host-cost`: the host's time per operation, by kind of operation.
     if std::env::args().skip(1).any(|a| a == "host-cost") {
         host_cost_per_operation();
@@ -579,8 +584,15 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
 }
 
 /// The synthetic 8-bit 9B.
+/// The synthetic 9B, 8-bit, or 4-bit with `SALA_KERNELS_BITS=4` (for `decode-step` and
+/// `decode-profile`).
 fn synthetic_9b() -> Box<dyn sala::engine::model::LanguageModel> {
-    let synthetic = sala::eval::synthetic::SyntheticModel::new("minicpm-sala-9b", Some(8)).unwrap();
+    let bits = match std::env::var("SALA_KERNELS_BITS").as_deref() {
+        Ok("4") => 4,
+        Ok("8") | Err(_) => 8,
+        Ok(other) => panic!("SALA_KERNELS_BITS={other}: the synthetic 9B is quantized to 4 or 8 bits"),
+    };
+    let synthetic = sala::eval::synthetic::SyntheticModel::new("minicpm-sala-9b", Some(bits)).unwrap();
     let mut source = synthetic.build(Dtype::Bfloat16, |_| {}).unwrap();
     let cfg = source.config().unwrap();
     sala::models::build(&cfg, &mut source.weights, Some(Dtype::Bfloat16)).unwrap()
@@ -654,8 +666,8 @@ fn cuda_profiler(start: bool) {
     eprintln!("no CUDA driver loaded: a profiler sees the whole run");
 }
 
-/// One decode step of the synthetic 8-bit 9B at 4K context, batch 1 and 8, split into where the
-/// time goes: building the lazy graph, encoding it for the device (`async_eval` returns once
+/// One decode step of the synthetic 9B at 4K context (or the number after `decode-step`), batch
+/// 1 and 8 (batch 1 only above 16K), split into where the time goes: building the lazy graph, encoding it for the device (`async_eval` returns once
 /// every operation is encoded), and waiting for the device after that; then the same steps
 /// pipelined as `sala bench` runs them (the host encodes step n+1 while the device runs step n).
 /// Pipelined ≈ build + encode means the host bounds decode; ≈ build + encode + wait, the device.
@@ -663,13 +675,20 @@ fn decode_step_split() {
     use mlx_rs::transforms::async_eval;
     use sala::engine::cache::ModelCache;
     use sala::engine::model::Logits;
+    let context = std::env::args()
+        .skip_while(|a| a != "decode-step")
+        .nth(1)
+        .filter(|a| !a.starts_with('-'))
+        .map_or(4096, |n| n.parse().unwrap_or_else(|_| panic!("kernels decode-step [CONTEXT]: `{n}` is not a number")));
     let model = synthetic_9b();
+    println!("context {context}");
     println!("| batch | build µs | encode µs | wait µs | sequential µs | pipelined µs |");
     println!("|---:|---:|---:|---:|---:|---:|");
-    for batch in [1usize, 8] {
+    let batches: &[usize] = if context > 16384 { &[1] } else { &[1, 8] };
+    for &batch in batches {
         let mut caches: Vec<ModelCache> = (0..batch).map(|_| model.new_cache()).collect();
         for (i, cache) in caches.iter_mut().enumerate() {
-            prefill_random(model.as_ref(), cache, 4096, 10 * i as u64);
+            prefill_random(model.as_ref(), cache, context, 10 * i as u64);
         }
         let tokens = Array::from_slice(&vec![7i32; batch], &[batch as i32, 1]);
         let step = |caches: &mut Vec<ModelCache>| {
@@ -710,5 +729,60 @@ fn decode_step_split() {
             us(build + encode + wait),
             us(pipelined)
         );
+    }
+}
+
+/// The lazy graph of one decode step of the synthetic 9B at 4K context, batch 1 and 8, as MLX
+/// prints it (`mlx_print_graph`, one line per operation), counted by primitive: every operation
+/// costs the host its building and its encoding, kernel or not.
+fn decode_step_graph() {
+    use sala::engine::model::Logits;
+    extern "C" {
+        fn fopen(path: *const std::ffi::c_char, mode: *const std::ffi::c_char) -> *mut mlx_sys::FILE;
+        fn fclose(f: *mut mlx_sys::FILE) -> i32;
+    }
+    let model = synthetic_9b();
+    for batch in [1usize, 8] {
+        let mut caches: Vec<_> = (0..batch).map(|_| model.new_cache()).collect();
+        for (i, cache) in caches.iter_mut().enumerate() {
+            prefill_random(model.as_ref(), cache, 4096, 10 * i as u64);
+        }
+        let tokens = Array::from_slice(&vec![7i32; batch], &[batch as i32, 1]);
+        // One step evaluated first, so the graph printed is a steady step's.
+        for round in 0..2 {
+            let mut refs: Vec<_> = caches.iter_mut().collect();
+            let logits = model.forward_batch(&tokens, &mut refs, Logits::Last, None).unwrap();
+            let outputs: Vec<Array> = std::iter::once(logits).chain(caches.iter().flat_map(|c| c.arrays())).collect();
+            if round == 1 {
+                let path = std::env::temp_dir().join(format!("sala-decode-graph-{batch}.txt"));
+                let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+                unsafe {
+                    let f = fopen(c_path.as_ptr(), c"w".as_ptr());
+                    assert!(!f.is_null(), "cannot write {}", path.display());
+                    let v = mlx_sys::mlx_vector_array_new();
+                    for o in &outputs {
+                        mlx_sys::mlx_vector_array_append_value(v, o.as_ptr());
+                    }
+                    let namer = mlx_sys::mlx_node_namer_new();
+                    mlx_sys::mlx_print_graph(f, namer, v);
+                    mlx_sys::mlx_node_namer_free(namer);
+                    mlx_sys::mlx_vector_array_free(v);
+                    fclose(f);
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                let mut counts = std::collections::BTreeMap::<String, usize>::new();
+                for line in text.lines() {
+                    let kind = line.split_whitespace().next().unwrap_or("").to_string();
+                    *counts.entry(kind).or_default() += 1;
+                }
+                let mut counts: Vec<_> = counts.into_iter().collect();
+                counts.sort_by_key(|c| std::cmp::Reverse(c.1));
+                println!("batch {batch}: {} lines ({})", text.lines().count(), path.display());
+                for (kind, n) in counts {
+                    println!("{n:6} {kind}");
+                }
+            }
+            eval(outputs.iter()).unwrap();
+        }
     }
 }

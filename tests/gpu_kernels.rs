@@ -8,6 +8,7 @@ use sala::engine::device::{select, DeviceKind};
 use sala::engine::ops::{to_vec_f32, to_vec_i32};
 use sala::kernels::custom::{backend, Backend};
 use sala::kernels::gla::{alibi_slopes, simple_gla_recurrent, simple_gla_step};
+use sala::kernels::kv::{append_token, append_token_mlx, KvColumns, RecentSlot};
 use sala::kernels::lightning::{decode_step, decode_step_mlx, norm_gate, norm_gate_mlx, StepParams};
 use sala::kernels::qmv::{
     epilogue_mlx, quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
@@ -526,5 +527,51 @@ fn decode_attention_of_a_batch_matches_mlx() {
         let err = rel_err(&got, &want);
         let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
         assert!(err < tol, "case {i}: relative error {err}");
+    }
+}
+
+#[test]
+fn kv_append_matches_slice_updates() {
+    if !on_gpu() {
+        return;
+    }
+    // (Hq, Hkv, d, dtype, positions): one sequence; a batch at different fills, the first and the
+    // last slot of a buffer among them; more sequences than one launch takes.
+    let cases: [(i32, i32, i32, Dtype, &[usize]); 4] = [
+        (32, 2, 128, Dtype::Bfloat16, &[17]),
+        (32, 2, 128, Dtype::Bfloat16, &[0, 255, 3, 128, 64, 1, 200, 9]),
+        (8, 4, 64, Dtype::Float32, &[5, 0, 31, 7, 7, 12, 2, 30, 1, 4, 19]),
+        (4, 2, 32, Dtype::Float16, &[1, 2]),
+    ];
+    for (i, &(hq, hkv, d, dtype, positions)) in cases.iter().enumerate() {
+        let seed = 5000 + 10 * i as u64;
+        let b = positions.len() as i32;
+        let capacity = if d == 128 { 256 } else { 32 };
+        // The projection's rows as the model hands them over (q, k, v, gate side by side), and a
+        // view of wider rows, so that the kernel must read them through their strides.
+        let width = (2 * hq + 2 * hkv) * d;
+        let wide = randn(&[b, 1, 2 * width], seed, dtype);
+        let rows = wide.try_index((.., .., 3..3 + width)).unwrap();
+        let columns = KvColumns { keys: hq * d, values: (hq + hkv) * d, kv_heads: hkv, head_dim: d };
+        let slots: Vec<RecentSlot> = positions
+            .iter()
+            .enumerate()
+            .map(|(j, &at)| RecentSlot {
+                keys: randn(&[1, hkv, capacity, d], seed + 1 + 2 * j as u64, dtype),
+                values: randn(&[1, hkv, capacity, d], seed + 2 + 2 * j as u64, dtype),
+                at,
+            })
+            .collect();
+        let got = append_token(&rows, columns, &slots).unwrap();
+        let want = append_token_mlx(&rows, columns, &slots).unwrap();
+        assert_eq!(got.len(), slots.len());
+        for (j, (((gk, gv), (wk, wv)), slot)) in got.iter().zip(&want).zip(&slots).enumerate() {
+            // Positions up to the token's: a copy, so exactly equal (later ones are unspecified).
+            let filled = |a: &Array| to_vec_f32(&a.try_index((.., .., ..=slot.at as i32, ..)).unwrap().as_dtype(Dtype::Float32).unwrap()).unwrap();
+            assert_eq!(gk.shape(), slot.keys.shape());
+            assert_eq!(gk.dtype(), dtype);
+            assert!(filled(gk) == filled(wk), "case {i}, slot {j} (at {}): keys differ", slot.at);
+            assert!(filled(gv) == filled(wv), "case {i}, slot {j} (at {}): values differ", slot.at);
+        }
     }
 }

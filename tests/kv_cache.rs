@@ -5,6 +5,7 @@
 use mlx_rs::Array;
 use sala::engine::cache::{KvCache, SeqBuffer};
 use sala::engine::ops::to_vec_f32;
+use sala::kernels::kv::{append_token_mlx, KvColumns, RecentSlot};
 
 /// `[1, 1, t, 1]` holding the token positions `from..from+t`.
 fn positions(from: usize, t: usize) -> Array {
@@ -78,6 +79,48 @@ fn rollback_inside_the_recent_tokens_and_inside_the_history() {
     cache.append_recent(&positions(450, 3), &positions(450, 3)).unwrap();
     assert_holds_positions(&mut cache, 453);
     assert_eq!(to_vec_f32(&cache.pooled_keys(32, 16).unwrap().unwrap()).unwrap().len(), (453 - 32) / 16 + 1);
+}
+
+/// One decode token as the sparse layers append it: written into the recent-token buffers that
+/// [`KvCache::recent_slot`] hands out (by the kernel's MLX-ops version) and committed back.
+fn append_decoded(cache: &mut KvCache, position: usize) {
+    let (keys, values, at) = cache.recent_slot().unwrap().expect("not empty");
+    // The projection's row: an unrelated column, then the key, then the value.
+    let row = Array::from_slice(&[-1.0f32, position as f32, position as f32], &[1, 1, 3]);
+    let columns = KvColumns { keys: 1, values: 2, kv_heads: 1, head_dim: 1 };
+    let written = append_token_mlx(&row, columns, &[RecentSlot { keys, values, at }]).unwrap();
+    let (keys, values) = written.into_iter().next().unwrap();
+    cache.commit_recent(keys, values);
+}
+
+#[test]
+fn decode_tokens_written_into_recent_slots_follow_the_history() {
+    let mut cache = KvCache::default();
+    assert!(cache.recent_slot().unwrap().is_none(), "an empty cache has no slot");
+    cache.append(&positions(0, 40), &positions(0, 40)).unwrap();
+    // Past two flushes of the recent buffer, mixed with appends of several tokens.
+    let mut len = 40;
+    for round in 0..2 * SeqBuffer::RECENT + 30 {
+        if round % 97 == 5 {
+            cache.append_recent(&positions(len, 3), &positions(len, 3)).unwrap();
+            len += 3;
+        }
+        append_decoded(&mut cache, len);
+        len += 1;
+        assert_holds_positions(&mut cache, len);
+    }
+    // Rolled back inside the recent tokens, then written again.
+    cache.truncate(len - 4);
+    len -= 4;
+    for _ in 0..6 {
+        append_decoded(&mut cache, len);
+        len += 1;
+    }
+    assert_holds_positions(&mut cache, len);
+    let mut plain = KvCache::default();
+    plain.append(&positions(0, len), &positions(0, len)).unwrap();
+    let got = to_vec_f32(&cache.pooled_keys(32, 16).unwrap().unwrap()).unwrap();
+    assert_eq!(got, to_vec_f32(&plain.pooled_keys(32, 16).unwrap().unwrap()).unwrap());
 }
 
 #[test]

@@ -69,6 +69,32 @@ impl SeqBuffer {
         Ok(())
     }
 
+    /// The recent-token buffer and the position in it of the next token, for a kernel that
+    /// writes the token into a copy of the buffer ([`SeqBuffer::commit_recent`] takes that copy):
+    /// the buffer is emptied into the history first when full, and when the history is empty
+    /// (readers take the history from [`SeqBuffer::parts`]). `None` for an empty buffer.
+    fn recent_slot(&mut self) -> Result<Option<(Array, usize)>> {
+        if self.is_empty() {
+            return Ok(None);
+        }
+        if self.len == 0 || self.recent_len == Self::RECENT {
+            self.flush()?;
+        }
+        if self.recent.is_none() {
+            let data = self.data.as_ref().expect("a non-empty history");
+            let s = data.shape();
+            self.recent = Some(ops::zeros_dtype(&[s[0], s[1], Self::RECENT as i32, s[3]], data.dtype())?);
+        }
+        Ok(Some((self.recent.clone().expect("allocated above"), self.recent_len)))
+    }
+
+    /// Takes the recent-token buffer written at the position [`SeqBuffer::recent_slot`] gave.
+    fn commit_recent(&mut self, recent: Array) {
+        debug_assert!(self.recent.as_ref().is_some_and(|r| r.shape() == recent.shape()));
+        self.recent = Some(recent);
+        self.recent_len += 1;
+    }
+
     /// Moves the recent tokens into the history.
     fn flush(&mut self) -> Result<()> {
         if self.recent_len == 0 {
@@ -264,7 +290,8 @@ impl Window {
 
 /// A cache's keys and values as stored (see [`SeqBuffer`]): positions `0..settled` in the
 /// history buffers `keys`/`values` `[B, Hkv, capacity, d]`, positions `settled..len` in the
-/// recent-token buffers (`None` when `settled == len`).
+/// recent-token buffers (`None` when `settled == len`). Kernels read the buffers in place: they
+/// must be whole, row-contiguous arrays (as a cache's are), not views.
 pub struct KvParts<'a> {
     pub keys: &'a Array,
     pub values: &'a Array,
@@ -351,8 +378,25 @@ impl KvCache {
         self.values.append_recent(v)
     }
 
+    /// The recent-token buffers of keys and values `[B, Hkv, RECENT, d]` and the position in them
+    /// of the next token, for a kernel that writes one token into copies of them (see
+    /// [`SeqBuffer`]); `None` while the cache is empty. Hand the copies to
+    /// [`KvCache::commit_recent`].
+    pub fn recent_slot(&mut self) -> Result<Option<(Array, Array, usize)>> {
+        let (Some((keys, at)), Some((values, _))) = (self.keys.recent_slot()?, self.values.recent_slot()?) else {
+            return Ok(None);
+        };
+        Ok(Some((keys, values, at)))
+    }
+
+    /// Takes the buffers of [`KvCache::recent_slot`] with the token written: one token more.
+    pub fn commit_recent(&mut self, keys: Array, values: Array) {
+        self.keys.commit_recent(keys);
+        self.values.commit_recent(values);
+    }
+
     /// The keys and values as they are stored, for kernels that read them in place (`None`
-    /// while empty).
+    /// while empty). The buffers are whole arrays, row-contiguous.
     pub fn parts(&mut self) -> Result<Option<KvParts<'_>>> {
         let len = self.len();
         let (Some((keys, recent_keys, settled)), Some((values, recent_values, _))) = (self.keys.parts()?, self.values.parts()?)

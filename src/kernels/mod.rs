@@ -5,6 +5,7 @@
 
 pub mod custom;
 pub mod gla;
+pub mod kv;
 pub mod lightning;
 pub mod qmv;
 pub mod sparse;

@@ -178,21 +178,24 @@ const fn qmm_source(name: &'static str, inputs: &'static [&'static str], cuda_bo
 static QMM: KernelSource = qmm_source(
     "sala_qmm",
     &["x", "w", "scales", "biases"],
-    "sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 0, 0>(x, w, scales, biases, nullptr, y, x_shape[0], w_shape[0], \
+    "int rows = 1; for (int i = 0; i + 1 < x_ndim; ++i) rows *= x_shape[i]; \
+     sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 0, 0>(x, w, scales, biases, nullptr, y, rows, w_shape[0], \
      w_shape[1] * 32 / BITS);",
 );
 
 static QMM_SWIGLU: KernelSource = qmm_source(
     "sala_qmm_swiglu",
     &["x", "w", "scales", "biases"],
-    "sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 2, 0>(x, w, scales, biases, nullptr, y, x_shape[0], w_shape[0], \
+    "int rows = 1; for (int i = 0; i + 1 < x_ndim; ++i) rows *= x_shape[i]; \
+     sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 2, 0>(x, w, scales, biases, nullptr, y, rows, w_shape[0], \
      w_shape[1] * 32 / BITS);",
 );
 
 static QMM_RESIDUAL: KernelSource = qmm_source(
     "sala_qmm_residual",
     &["x", "w", "scales", "biases", "residual"],
-    "sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 1, ALPHA_BITS>(x, w, scales, biases, residual, y, x_shape[0], w_shape[0], \
+    "int rows = 1; for (int i = 0; i + 1 < x_ndim; ++i) rows *= x_shape[i]; \
+     sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 1, ALPHA_BITS>(x, w, scales, biases, residual, y, rows, w_shape[0], \
      w_shape[1] * 32 / BITS);",
 );
 
@@ -422,7 +425,8 @@ fn quantized_matmul_t_general(
     Ok(y.into_iter().next().expect("one output"))
 }
 
-/// The tensor-core kernel (`cuda/qmv_mma.cu`) on x as `[rows, K]`; `shape` is y's.
+/// The tensor-core kernel (`cuda/qmv_mma.cu`) on x `[…, K]` (its leading axes are the rows, as
+/// the kernel reads them: no reshape operations around the launch); `shape` is y's.
 #[allow(clippy::too_many_arguments)]
 fn quantized_matmul_t_mma(
     x: &Array,
@@ -435,10 +439,9 @@ fn quantized_matmul_t_mma(
     shape: Vec<i32>,
 ) -> Result<Array> {
     let k = x.shape()[x.ndim() - 1];
-    let x2 = x.reshape(&[-1, k])?;
-    let rows = x2.shape()[0];
+    let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
     let width = shape[shape.len() - 1];
-    let (source, inputs) = kernel_for([&QMM, &QMM_SWIGLU, &QMM_RESIDUAL], epilogue, &x2, packed, scales, biases);
+    let (source, inputs) = kernel_for([&QMM, &QMM_SWIGLU, &QMM_RESIDUAL], epilogue, x, packed, scales, biases);
     let swiglu = matches!(epilogue, Epilogue::SwiGlu);
     let t = MMA_TILING_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| mma_tiling(packed.shape()[0], bits, swiglu));
     let blocks = (width + 8 * t.out_tiles - 1) / (8 * t.out_tiles);
@@ -454,7 +457,7 @@ fn quantized_matmul_t_mma(
         Launch {
             grid: (blocks * 32 * warps, 1, 1),
             threads: (32 * warps, 1, 1),
-            outputs: vec![(vec![rows, width], x.dtype())],
+            outputs: vec![(shape, x.dtype())],
             template: vec![
                 ("T", TemplateArg::Type(x.dtype())),
                 ("BITS", TemplateArg::Int(bits)),
@@ -470,7 +473,7 @@ fn quantized_matmul_t_mma(
             init: None,
         },
     )?;
-    y.into_iter().next().expect("one output").reshape(&shape)
+    Ok(y.into_iter().next().expect("one output"))
 }
 
 /// The residual epilogue's alpha as a compile-time constant: the bit pattern of its value

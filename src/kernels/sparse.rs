@@ -575,7 +575,7 @@ fn block_sparse_attention_gpu(
     let nsplit = if room >= nsel { nsel.max(1) } else { pow2_floor(room) };
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
-    let [k, v, recent_k, recent_v] = kv_buffers(kv)?;
+    let [k, v, recent_k, recent_v] = kv_buffers(kv);
     let out = apply(
         &BLOCK_SPARSE_ATTENTION,
         &[&q3, &k, &v, &recent_k, &recent_v, &blocks.contiguous()?, &params],
@@ -685,12 +685,13 @@ fn attention_kernel_fits(q: &Array, hkv: i32) -> bool {
     }
 }
 
-/// The four buffers an attention kernel reads, contiguous: the history's keys and values, then
-/// the recent tokens' (the history stands in when there are none: settled = len, never read).
-/// Whole cache buffers are contiguous already (`contiguous` shares them then).
-fn kv_buffers(kv: &KvParts) -> Result<[Array; 4]> {
+/// The four buffers an attention kernel reads: the history's keys and values, then the recent
+/// tokens' (the history stands in when there are none: settled = len, never read). They are
+/// whole, contiguous arrays ([`KvParts`]): a `contiguous()` here would share them, but cost the
+/// host an operation each, four per sequence and layer of a decode step.
+fn kv_buffers(kv: &KvParts) -> [Array; 4] {
     let (recent_k, recent_v) = kv.recent.unwrap_or((kv.keys, kv.values));
-    Ok([kv.keys.contiguous()?, kv.values.contiguous()?, recent_k.contiguous()?, recent_v.contiguous()?])
+    [kv.keys.clone(), kv.values.clone(), recent_k.clone(), recent_v.clone()]
 }
 
 /// The launch of the split attention kernel for `rows` queries (or sequences) of `hq` heads over
@@ -731,7 +732,7 @@ fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&A
     let mut buffers = Vec::with_capacity(4 * DECODE_SLOTS);
     for (i, kv) in kvs.iter().enumerate() {
         (lens[i], settled[i]) = (kv.len, kv.settled);
-        buffers.extend(kv_buffers(kv)?);
+        buffers.extend(kv_buffers(kv));
     }
     // Unused slots repeat the first sequence's buffers (never read: no thread block row for them).
     let first: Vec<Array> = buffers[..4].to_vec();
@@ -842,7 +843,7 @@ fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_pos:
     let hkv = kv.keys.shape()[1];
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
-    let [k, v, recent_k, recent_v] = kv_buffers(kv)?;
+    let [k, v, recent_k, recent_v] = kv_buffers(kv);
     let qpb = MMA_QUERIES_PER_BLOCK;
     let out = apply(
         &BLOCK_SPARSE_PREFILL,

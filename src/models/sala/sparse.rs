@@ -17,11 +17,12 @@ use crate::engine::config::ConfigFile;
 use crate::engine::error::Result;
 use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
+use crate::kernels::kv::{append_token, KvColumns, RecentSlot};
 use crate::kernels::sparse::{
     block_sparse_attention, decode_attention, heads_to_rows, select_blocks, select_blocks_scored, BlockSelection,
 };
 use crate::models::layers::{per_sequence, Input, Linear, QkvGate};
-use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, ops, Array, Dtype};
+use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// The level-2 compressed keys use 4× the level-1 window and stride (hard-coded in the reference).
 const LEVEL2_FACTOR: usize = 4;
@@ -119,45 +120,73 @@ impl SparseAttention {
     /// block selection under `sparse.layer{i}.blocks` / `.block_scores` when tracing. Returns the
     /// (gated) attention output `[B, T, Hq·d]` before [`SparseAttention::o_proj`]: the attention
     /// kernels apply the gate as they merge their splits.
-    pub fn attend(&self, x: Input, caches: &mut [&mut KvCache], layer: usize, mut trace: Option<&mut Trace>) -> Result<Array> {
+    pub fn attend(&self, x: Input, caches: &mut [&mut KvCache], layer: usize, trace: Option<&mut Trace>) -> Result<Array> {
+        if x.shape()[1] == 1 && caches.iter().all(|c| !c.is_empty()) {
+            return self.attend_decode(x, caches, layer, trace);
+        }
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (hq, hkv, d) = (self.cfg.heads as i32, self.cfg.kv_heads as i32, self.cfg.head_dim as i32);
         let ([q, k, v], gate) = self.qkv_gate_proj.forward(x)?;
-        let q = q.reshape(&[b, t, hq, d])?.swap_axes(1, 2)?;
-        let k = k.reshape(&[b, t, hkv, d])?.swap_axes(1, 2)?;
-        let v = v.reshape(&[b, t, hkv, d])?.swap_axes(1, 2)?;
+        let heads = |x: Array, h: i32| x.reshape(&[b, t, h, d])?.swap_axes(1, 2);
+        let (q, k, v) = (heads(q, hq)?, heads(k, hkv)?, heads(v, hkv)?);
         let scale = (d as f32).powf(-0.5);
-        let dense_decode = t == 1 && caches.iter().all(|c| c.len() + 1 < self.cfg.dense_len);
-        let o = if dense_decode {
-            // One attention call for the whole batch. The new keys and values go behind each
-            // cache's recent tokens: appending to a history the device still reads (the previous
-            // step's attention) would copy it.
-            let rows = |x: &Array| -> Result<Vec<Array>> {
-                Ok(if b == 1 { vec![x.clone()] } else { ops::split_equal(x, b, 0)? })
-            };
-            for ((cache, k), v) in caches.iter_mut().zip(rows(&k)?).zip(rows(&v)?) {
-                cache.append_recent(&k, &v)?;
+        let mut inputs = vec![&q, &k, &v];
+        inputs.extend(gate.as_ref());
+        let mut trace = trace;
+        per_sequence(&inputs, caches, |qkvg, cache| {
+            let gate = qkvg.get(3);
+            let past = cache.len();
+            if past + (t as usize) < self.cfg.dense_len {
+                let (keys, values) = cache.append(&qkvg[1], &qkvg[2])?;
+                let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
+                let o = fast::scaled_dot_product_attention(&qkvg[0], &keys, &values, scale, mask, None)?;
+                Ok(heads_to_rows(&o, gate)?)
+            } else {
+                cache.append_recent(&qkvg[1], &qkvg[2])?;
+                self.sparse_attention(&qkvg[0], gate, cache, past, layer, trace.as_deref_mut())
             }
+        })
+    }
+
+    /// One new token for each of the (non-empty) caches. Its keys and values go behind each
+    /// cache's recent tokens, all sequences in one call: appending to a history the device still
+    /// reads (the previous step's attention) would copy it, and the per-sequence slice updates
+    /// had cost the host 14 operations per sequence and layer. Then one attention call for the
+    /// batch while every cache is dense, else InfLLM-V2 per sequence.
+    fn attend_decode(&self, x: Input, caches: &mut [&mut KvCache], layer: usize, mut trace: Option<&mut Trace>) -> Result<Array> {
+        let b = x.shape()[0];
+        let (hq, hkv, d) = (self.cfg.heads as i32, self.cfg.kv_heads as i32, self.cfg.head_dim as i32);
+        // q, k, v and the gate side by side: the kernels read them from the one projection.
+        let qkvg = self.qkv_gate_proj.forward_joined(x)?;
+        let q = qkvg.try_index((.., .., ..hq * d))?.reshape(&[b, 1, hq, d])?.swap_axes(1, 2)?;
+        let gate = self.cfg.use_output_gate.then(|| qkvg.try_index((.., .., (hq + 2 * hkv) * d..))).transpose()?;
+        let columns = KvColumns { keys: hq * d, values: (hq + hkv) * d, kv_heads: hkv, head_dim: d };
+        let slots = caches
+            .iter_mut()
+            .map(|c| {
+                let (keys, values, at) = c.recent_slot()?.expect("caches checked non-empty");
+                Ok(RecentSlot { keys, values, at })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for (cache, (keys, values)) in caches.iter_mut().zip(append_token(&qkvg, columns, &slots)?) {
+            cache.commit_recent(keys, values);
+        }
+        let scale = (d as f32).powf(-0.5);
+        if caches.iter().all(|c| c.len() < self.cfg.dense_len) {
             let parts = caches.iter_mut().map(|c| Ok(c.parts()?.expect("keys were just appended"))).collect::<Result<Vec<_>>>()?;
-            decode_attention(&q, &parts, scale, gate.as_ref())?
-        } else {
-            let mut inputs = vec![&q, &k, &v];
-            inputs.extend(gate.as_ref());
-            per_sequence(&inputs, caches, |qkvg, cache| {
-                let gate = qkvg.get(3);
-                let past = cache.len();
-                if past + (t as usize) < self.cfg.dense_len {
-                    let (keys, values) = cache.append(&qkvg[1], &qkvg[2])?;
-                    let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
-                    let o = fast::scaled_dot_product_attention(&qkvg[0], &keys, &values, scale, mask, None)?;
-                    Ok(heads_to_rows(&o, gate)?)
-                } else {
-                    cache.append_recent(&qkvg[1], &qkvg[2])?;
-                    self.sparse_attention(&qkvg[0], gate, cache, past, layer, trace.as_deref_mut())
-                }
-            })?
-        };
-        Ok(o)
+            return Ok(decode_attention(&q, &parts, scale, gate.as_ref())?);
+        }
+        let mut inputs = vec![&q];
+        inputs.extend(gate.as_ref());
+        per_sequence(&inputs, caches, |qg, cache| {
+            let past = cache.len() - 1;
+            if cache.len() < self.cfg.dense_len {
+                let kv = cache.parts()?.expect("keys were just appended");
+                Ok(decode_attention(&qg[0], &[kv], scale, qg.get(1))?)
+            } else {
+                self.sparse_attention(&qg[0], qg.get(1), cache, past, layer, trace.as_deref_mut())
+            }
+        })
     }
 
     /// The output projection Wo.

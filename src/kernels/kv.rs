@@ -1,0 +1,160 @@
+//! A decode token's keys and values written into the sequences' recent-token buffers (see
+//! `engine::cache::SeqBuffer`): `cuda/kv_append.cu` for a whole batch in one launch, MLX's slice
+//! updates per sequence otherwise (the CPU, Metal, and the kernel's test oracle).
+//!
+//! In MLX ops this is a slice, a reshape, a transpose and a slice update for the keys and again for
+//! the values of every sequence; a decode step is bound by the host's work per operation, and
+//! a batch of 8 made 112 of them per sparse layer.
+
+use super::custom::{apply, backend, shape_args, Backend, KernelSource, Launch, TemplateArg, MAX_SHAPE_ARGS};
+use mlx_rs::{error::Result, ops::indexing::TryIndexMutOp, ops::indexing::TryIndexOp, Array};
+
+/// Where a token's keys and values are in the stacked projection's rows, and how many there are.
+#[derive(Debug, Clone, Copy)]
+pub struct KvColumns {
+    /// Column of the first key.
+    pub keys: i32,
+    /// Column of the first value.
+    pub values: i32,
+    pub kv_heads: i32,
+    pub head_dim: i32,
+}
+
+/// One sequence's recent-token buffers `[1, Hkv, capacity, d]` (whole, contiguous arrays) and
+/// the position in them the token goes to.
+pub struct RecentSlot {
+    pub keys: Array,
+    pub values: Array,
+    pub at: usize,
+}
+
+/// The buffers of every slot with row b's keys and values (`rows` `[B, 1, W]`, a view of the
+/// projection's output is fine) at position `at`, positions before it as they were: new arrays,
+/// one (keys, values) pair per slot. Positions after `at` are unspecified.
+pub fn append_token(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> Result<Vec<(Array, Array)>> {
+    let fits = backend() == Backend::Cuda
+        && rows.shape().len() == 3
+        && rows.shape()[0] as usize == slots.len()
+        && rows.shape()[1] == 1
+        && (columns.head_dim * rows.item_size() as i32) % 16 == 0
+        && slots.iter().all(|s| {
+            s.keys.dtype() == rows.dtype()
+                && s.values.dtype() == rows.dtype()
+                && s.keys.shape() == s.values.shape()
+                && s.keys.shape() == slots[0].keys.shape()
+                && s.keys.shape().len() == 4
+                && s.keys.shape()[0] == 1
+                && s.keys.shape()[1] == columns.kv_heads
+                && s.keys.shape()[3] == columns.head_dim
+                && s.at < s.keys.shape()[2] as usize
+        });
+    if !fits {
+        return append_token_mlx(rows, columns, slots);
+    }
+    let mut written = Vec::with_capacity(slots.len());
+    for (i, chunk) in slots.chunks(MAX_SHAPE_ARGS).enumerate() {
+        let start = (i * MAX_SHAPE_ARGS) as i32;
+        let chunk_rows = if slots.len() <= MAX_SHAPE_ARGS { rows.clone() } else { rows.try_index(start..start + chunk.len() as i32)? };
+        written.extend(append_token_cuda(&chunk_rows, columns, chunk)?);
+    }
+    Ok(written)
+}
+
+/// The MLX-ops version of [`append_token`]: a slice update of each buffer.
+pub fn append_token_mlx(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> Result<Vec<(Array, Array)>> {
+    let KvColumns { keys, values, kv_heads: h, head_dim: d } = columns;
+    slots
+        .iter()
+        .enumerate()
+        .map(|(b, slot)| {
+            let b = b as i32;
+            let token = |col: i32| -> Result<Array> {
+                rows.try_index((b..b + 1, .., col..col + h * d))?.reshape(&[1, 1, h, d])?.swap_axes(1, 2)
+            };
+            let at = slot.at as i32;
+            let mut k = slot.keys.clone();
+            k.try_index_mut((.., .., at..at + 1, ..), &token(keys)?)?;
+            let mut v = slot.values.clone();
+            v.try_index_mut((.., .., at..at + 1, ..), &token(values)?)?;
+            Ok((k, v))
+        })
+        .collect()
+}
+
+/// At most [`MAX_SHAPE_ARGS`] slots: thread block row y = slot, z = keys (0) or values (1).
+fn append_token_cuda(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> Result<Vec<(Array, Array)>> {
+    const THREADS: i32 = 256;
+    let n = slots.len();
+    let shape = slots[0].keys.shape().to_vec();
+    let dtype = rows.dtype();
+    let vec = 16 / rows.item_size() as i32;
+    let longest = slots.iter().map(|s| s.at).max().unwrap_or(0) as i32 + 1;
+    let pieces = columns.kv_heads * longest * columns.head_dim / vec;
+    let blocks = ((pieces + THREADS - 1) / THREADS).clamp(1, 32);
+    let at = shape_args(&slots.iter().map(|s| s.at).collect::<Vec<_>>())?;
+    let mut inputs: Vec<&Array> = vec![rows];
+    inputs.extend(slots.iter().map(|s| &s.keys));
+    inputs.extend(slots.iter().map(|s| &s.values));
+    inputs.push(&at);
+    let out = apply(
+        append_source(n),
+        &inputs,
+        Launch {
+            grid: (blocks * THREADS, n as i32, 2),
+            threads: (THREADS, 1, 1),
+            outputs: vec![(shape, dtype); 2 * n],
+            template: vec![
+                ("T", TemplateArg::Type(dtype)),
+                ("HKV", TemplateArg::Int(columns.kv_heads)),
+                ("D", TemplateArg::Int(columns.head_dim)),
+                ("K_OFF", TemplateArg::Int(columns.keys)),
+                ("V_OFF", TemplateArg::Int(columns.values)),
+            ],
+            init: None,
+        },
+    )?;
+    let (keys, values) = out.split_at(n);
+    Ok(keys.iter().cloned().zip(values.iter().cloned()).collect())
+}
+
+/// The kernel for `n` slots (1 ..= [`MAX_SHAPE_ARGS`]): inputs rows, k0 … k(n−1), v0 … v(n−1),
+/// at; outputs ko0 …, vo0 …. One source per count, so a launch passes only its own buffers.
+fn append_source(n: usize) -> &'static KernelSource {
+    static SOURCES: std::sync::OnceLock<Vec<KernelSource>> = std::sync::OnceLock::new();
+    let sources = SOURCES.get_or_init(|| {
+        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        (1..=MAX_SHAPE_ARGS)
+            .map(|n| {
+                let mut inputs = vec!["rows"];
+                inputs.extend((0..n).map(|i| leak(format!("k{i}"))));
+                inputs.extend((0..n).map(|i| leak(format!("v{i}"))));
+                inputs.push("at");
+                let mut outputs: Vec<&'static str> = (0..n).map(|i| leak(format!("ko{i}"))).collect();
+                outputs.extend((0..n).map(|i| leak(format!("vo{i}"))));
+                let cases: String = (0..n)
+                    .map(|i| format!("case {i}: recent = blockIdx.z ? v{i} : k{i}; out = blockIdx.z ? vo{i} : ko{i}; break; "))
+                    .collect();
+                let body = format!(
+                    "const T* recent = k0; T* out = ko0; switch (blockIdx.y) {{ {cases}}} \
+                     sala_kv_append_seq<T, HKV, D>(rows + blockIdx.y * rows_strides[0], rows_strides[2], \
+                     blockIdx.z ? V_OFF : K_OFF, recent, out, k0_shape[2], at_shape[blockIdx.y] - 1);"
+                );
+                KernelSource {
+                    name: leak(format!("sala_kv_append{n}")),
+                    inputs: Box::leak(inputs.into_boxed_slice()),
+                    outputs: Box::leak(outputs.into_boxed_slice()),
+                    cuda_header: include_str!("../../cuda/kv_append.cu"),
+                    cuda_body: leak(body),
+                    // CUDA only, as the batched decode attention it feeds (Metal takes at most 31
+                    // buffers a kernel): Metal runs the slice updates.
+                    metal_header: "",
+                    metal_body: "",
+                    // `at` is a shape_args broadcast and the rows are read through their strides;
+                    // the buffers are whole arrays.
+                    contiguous_inputs: false,
+                }
+            })
+            .collect()
+    });
+    &sources[n - 1]
+}
