@@ -366,7 +366,7 @@ fn host_cost_per_operation() {
         ("MLX add", Box::new(|| x.add(&x).unwrap())),
         ("custom kernel, no template arguments", Box::new(|| apply(&TINY, &[&x], launch(vec![])).unwrap().remove(0))),
         ("custom kernel, 8 template arguments", Box::new(|| apply(&TINY, &[&x], launch(template())).unwrap().remove(0))),
-        ("custom kernel, 8 template arguments, 20 KB header", Box::new(|| apply(big, &[&x], launch(template())).unwrap().remove(0))),
+        ("custom kernel, 8 template arguments, 20 KB header (an #include on CUDA)", Box::new(|| apply(big, &[&x], launch(template())).unwrap().remove(0))),
     ];
     println!("| operation | build µs | encode µs | wait µs |");
     println!("|---|---:|---:|---:|");

@@ -134,11 +134,9 @@ fn string_vector(items: &[&str]) -> mlx_sys::mlx_vector_string {
     }
 }
 
-/// `source` without its comments, indentation and blank lines. MLX rebuilds a custom kernel's whole
-/// source, header included, at every launch (it compiles each once): `kernels host-cost` on an
-/// H100 host measured 6.5 µs to build and 10.0 µs to encode a launch with a 20 KB header against
-/// 3.7 and 3.7 µs without, and a 9B decode step launches ~150 kernels with headers of 8–22 KB.
-/// (No `//` occurs inside a string literal of our sources; the scan skips string literals anyway.)
+/// `source` without its comments, indentation and blank lines: what MLX is given (inline on Metal,
+/// in a file on CUDA, see [`header_include`]). (No `//` occurs inside a string literal of our
+/// sources; the scan skips string literals anyway.)
 fn minified(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     for line in source.lines() {
@@ -166,6 +164,29 @@ fn minified(source: &str) -> String {
     out
 }
 
+/// `header` as an `#include` of a file holding it, named by its content's hash in the temporary
+/// directory: MLX writes a custom kernel's whole source into every launch, and the host's time
+/// per launch grew with it (`kernels host-cost`, H100 host: 7.3 µs to build and 10.5 µs to
+/// encode a launch with a 20 KB header, 3.6 and 3.6 µs with none; a decode step launches ~200).
+/// The compiler reads the file once, at the kernel's first launch. `None` (the header goes
+/// inline) when the file cannot be written or its path cannot be quoted.
+fn header_include(header: &str) -> Option<String> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    header.hash(&mut h);
+    let dir = std::env::temp_dir().join(format!("sala-cuda-{}", env!("CARGO_PKG_VERSION")));
+    let path = dir.join(format!("{:016x}.cuh", h.finish()));
+    let quoted = path.to_str().filter(|p| path.is_absolute() && p.chars().all(|c| c.is_ascii_graphic() && c != '"' && c != '\\'))?;
+    let written = std::fs::read_to_string(&path).is_ok_and(|s| s == header) || {
+        // Written under a private name and renamed into place: another process may be reading it.
+        let partial = dir.join(format!("{:016x}.{}.part", h.finish(), std::process::id()));
+        std::fs::create_dir_all(&dir).is_ok()
+            && std::fs::write(&partial, header).is_ok()
+            && std::fs::rename(&partial, &path).is_ok()
+    };
+    written.then(|| format!("#include \"{quoted}\"\n"))
+}
+
 fn compile(source: &KernelSource, backend: Backend) -> Compiled {
     let name = cstring(source.name);
     let inputs = string_vector(source.inputs);
@@ -173,7 +194,9 @@ fn compile(source: &KernelSource, backend: Backend) -> Compiled {
     let handle = unsafe {
         match backend {
             Backend::Cuda => {
-                let (body, header) = (cstring(source.cuda_body), cstring(&minified(source.cuda_header)));
+                let header = minified(source.cuda_header);
+                let header = if header.is_empty() { header } else { header_include(&header).unwrap_or(header) };
+                let (body, header) = (cstring(source.cuda_body), cstring(&header));
                 mlx_sys::mlx_fast_cuda_kernel_new(name.as_ptr(), inputs, outputs, body.as_ptr(), header.as_ptr(), source.contiguous_inputs, 0)
                     .ctx
             }
@@ -322,5 +345,17 @@ mod tests {
     fn minified_source_keeps_code_and_strings() {
         let source = "// a comment\n  int x = 1; // trailing\n\n  #define S \"a // b\"\n  y = x / 2;\n";
         assert_eq!(super::minified(source), "int x = 1;\n#define S \"a // b\"\ny = x / 2;\n");
+    }
+
+    #[test]
+    fn header_goes_to_a_file_named_by_its_content() {
+        let header = format!("__device__ int sala_header_test_{}() {{ return 1; }}\n", std::process::id());
+        let line = super::header_include(&header).expect("the temporary directory is writable");
+        let path = line.strip_prefix("#include \"").and_then(|l| l.strip_suffix("\"\n")).expect("one include line");
+        assert!(std::path::Path::new(path).is_absolute());
+        assert_eq!(std::fs::read_to_string(path).unwrap(), header);
+        // The same content, the same file; another content, another file.
+        assert_eq!(super::header_include(&header).unwrap(), line);
+        assert_ne!(super::header_include(&format!("{header} ")).unwrap(), line);
     }
 }
