@@ -141,7 +141,8 @@ fn qmv_tilings_match_mlx_quantized_matmul() {
                 let residual = ops::broadcast_to(&residual, &[rows, n]).unwrap();
                 let product = quantized_matmul_t_mlx(&f(&x), &packed, &f(&s), &f(&b), 64, bits).unwrap();
                 // (outputs per warp, split, in flight): each value of each, a kernel compile per tiling.
-                let general = [(1, 1, 1), (1, 4, 4), (1, 8, 2), (2, 2, 4), (2, 8, 1), (4, 4, 2), (4, 1, 1), (2, 1, 2)].into_iter();
+                let general =
+                    [(1, 1, 1), (1, 4, 4), (1, 8, 2), (2, 2, 4), (2, 8, 1), (4, 4, 2), (4, 1, 1), (2, 1, 2), (2, 1, 4), (4, 1, 2)].into_iter();
                 let tilings: Vec<(Option<QmvTiling>, Option<MmaTiling>)> = if rows == 1 {
                     general.map(|(o, split, u)| (Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u }), None)).collect()
                 } else {
@@ -179,7 +180,8 @@ fn qmv_with_rms_norm_folded_in_matches_mlx_operations() {
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
     let mut seed = 900;
     for bits in [8, 4] {
-        for (n, k) in [(2 * 2048, 4096), (2 * 136, 384)] {
+        // (8704 rows: the 4-bit tiling of larger matrices.)
+        for (n, k) in [(2 * 2048, 4096), (8704, 4096), (2 * 136, 384)] {
             // The general kernel with the norm folded in: one row in bf16 and f32, two and four
             // in f32 (the largest staged input). Half-precision batches (3, 8 and 16 rows) take a
             // separate norm and the tensor-core kernel.

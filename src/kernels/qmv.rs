@@ -338,6 +338,22 @@ pub struct QmvTiling {
 
 /// The general kernel's tiling for `n` weight rows of `chunks` 16-byte chunks.
 fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
+    // 4 bits on CUDA, from the one-row sweep `kernels qmv-tiling 4 all 1` (H100,
+    // `eval/results/2026-11-24-h100-09c65bb/profile/qmv-tiling-q4.txt`): 32 weights a 16-byte
+    // load make these products bound by the unpacking, which more rows a warp (x loaded once for
+    // all) and more loads in flight hide. SwiGLU gate/up 55.4 → 40.0 µs, lightning qkvz 32.9 →
+    // 24.0, sparse qkvg 19.6 → 16.7, the head 84.7 → 79.6; o_proj and down are even.
+    if bits == 4 && backend() == Backend::Cuda {
+        if swiglu {
+            return QmvTiling { warps: WARPS, outputs_per_warp: 4, split: 1, in_flight: 2 };
+        }
+        if n > 16384 {
+            return QmvTiling { warps: WARPS, outputs_per_warp: 4, split: 1, in_flight: 2 };
+        }
+        if n >= 8192 {
+            return QmvTiling { warps: WARPS, outputs_per_warp: 2, split: 1, in_flight: 4 };
+        }
+    }
     let outputs_per_warp = if swiglu { (rows_per_warp(bits) / 2).max(1) } else { rows_per_warp(bits) };
     // Warps sharing a group of output rows, each over a part of K (CUDA, plain and residual forms):
     // a matrix of 4096 rows has one warp per row otherwise, each with many loads in a row, and ran
