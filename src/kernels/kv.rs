@@ -54,8 +54,7 @@ pub fn append_token(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> R
     let mut written = Vec::with_capacity(slots.len());
     for (i, chunk) in slots.chunks(MAX_SHAPE_ARGS).enumerate() {
         let start = (i * MAX_SHAPE_ARGS) as i32;
-        let chunk_rows = if slots.len() <= MAX_SHAPE_ARGS { rows.clone() } else { rows.try_index(start..start + chunk.len() as i32)? };
-        written.extend(append_token_cuda(&chunk_rows, columns, chunk)?);
+        written.extend(append_token_cuda(&rows.try_index(start..start + chunk.len() as i32)?, columns, chunk)?);
     }
     Ok(written)
 }

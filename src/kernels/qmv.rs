@@ -344,10 +344,7 @@ fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
     // all) and more loads in flight hide. SwiGLU gate/up 55.4 → 40.0 µs, lightning qkvz 32.9 →
     // 24.0, sparse qkvg 19.6 → 16.7, the head 84.7 → 79.6; o_proj and down are even.
     if bits == 4 && backend() == Backend::Cuda {
-        if swiglu {
-            return QmvTiling { warps: WARPS, outputs_per_warp: 4, split: 1, in_flight: 2 };
-        }
-        if n > 16384 {
+        if swiglu || n > 16384 {
             return QmvTiling { warps: WARPS, outputs_per_warp: 4, split: 1, in_flight: 2 };
         }
         if n >= 8192 {

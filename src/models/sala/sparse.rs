@@ -120,7 +120,7 @@ impl SparseAttention {
     /// block selection under `sparse.layer{i}.blocks` / `.block_scores` when tracing. Returns the
     /// (gated) attention output `[B, T, Hq·d]` before [`SparseAttention::o_proj`]: the attention
     /// kernels apply the gate as they merge their splits.
-    pub fn attend(&self, x: Input, caches: &mut [&mut KvCache], layer: usize, trace: Option<&mut Trace>) -> Result<Array> {
+    pub fn attend(&self, x: Input, caches: &mut [&mut KvCache], layer: usize, mut trace: Option<&mut Trace>) -> Result<Array> {
         if x.shape()[1] == 1 && caches.iter().all(|c| !c.is_empty()) {
             return self.attend_decode(x, caches, layer, trace);
         }
@@ -132,7 +132,6 @@ impl SparseAttention {
         let scale = (d as f32).powf(-0.5);
         let mut inputs = vec![&q, &k, &v];
         inputs.extend(gate.as_ref());
-        let mut trace = trace;
         per_sequence(&inputs, caches, |qkvg, cache| {
             let gate = qkvg.get(3);
             let past = cache.len();
