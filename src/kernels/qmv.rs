@@ -351,7 +351,18 @@ fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
             return QmvTiling { warps: WARPS, outputs_per_warp: 2, split: 1, in_flight: 4 };
         }
     }
-    let outputs_per_warp = if swiglu { (rows_per_warp(bits) / 2).max(1) } else { rows_per_warp(bits) };
+    // 8 bits on CUDA: two rows a warp for the matrices of 8192 rows and more (lightning qkvz,
+    // sparse qkvg, the head), from the one-row sweep `kernels qmv-tiling 8 all 1` (H100,
+    // `eval/results/2026-11-24-h100-1d7d59d/profile/qmv-tiling-q8.txt`: qkvz 32.0 → 31.0 µs, qkvg
+    // 22.2 → 20.2, the head 115.7 → 110.7 with the split below).
+    let wide = bits == 8 && backend() == Backend::Cuda && !swiglu && n >= 8192;
+    let outputs_per_warp = if wide {
+        2
+    } else if swiglu {
+        (rows_per_warp(bits) / 2).max(1)
+    } else {
+        rows_per_warp(bits)
+    };
     // Warps sharing a group of output rows, each over a part of K (CUDA, plain and residual forms):
     // a matrix of 4096 rows has one warp per row otherwise, each with many loads in a row, and ran
     // at a quarter of the memory bandwidth (o_proj 26 µs, down 45 µs per product on an H100).
