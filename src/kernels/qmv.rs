@@ -17,9 +17,10 @@ use mlx_rs::{error::Result, ops, Array, Dtype};
 pub const MAX_ROWS: i32 = 4;
 /// Warps per thread block.
 const WARPS: i32 = 8;
-/// Weight rows per warp (each chunk of x is loaded once for all of them; a SwiGLU warp takes at
-/// least one gate row and its up row). Measured on an H100, 9B decode at 4K, same run: 8-bit
-/// 158.6 (1 row) vs 155.6 (2) tok/s, 4-bit 171.0 (2) vs 167.8 (4); 4 rows at 8 bits: 123–127.
+/// Weight rows per warp by default (each chunk of x is loaded once for all of them; a SwiGLU warp
+/// takes at least one gate row and its up row). Measured on an H100, 9B decode at 4K, same run:
+/// 8-bit 158.6 (1 row) vs 155.6 (2) tok/s, 4-bit 171.0 (2) vs 167.8 (4); 4 rows at 8 bits:
+/// 123–127. On CUDA, `general_tiling` departs from it per matrix (a later per-product sweep).
 fn rows_per_warp(bits: i32) -> i32 {
     if bits == 4 {
         2
