@@ -418,10 +418,11 @@ fn qmv_tiling_sweep() {
         ("down", 4096, 16384, Product::Residual),
         ("head", 73448, 4096, Product::Plain),
     ];
-    let general = |w, o, s, u| QmvTiling { warps: w, outputs_per_warp: o, split: s, in_flight: u };
+    let general = |w, o, s, u, a| QmvTiling { warps: w, outputs_per_warp: o, split: s, in_flight: u, async_copy: a };
     let mma = |t, u, g| MmaTiling { out_tiles: t, in_flight: u, grid_warps: g };
     // `qmv-tiling 8` or `qmv-tiling 4`: one width only; `qmv-tiling 8 o_proj`: one product too
-    // (`all`: every product); `qmv-tiling 8 all 8`: one count of input rows (1 or 8) too.
+    // (`all`: every product); `qmv-tiling 8 all 8`: one count of input rows (1 or 8) too;
+    // `qmv-tiling 8 all 1 async`: the default and the cp.async tilings only.
     let args: Vec<String> = std::env::args().skip_while(|a| a != "qmv-tiling").skip(1).take_while(|a| !a.starts_with('-')).collect();
     let only: Option<i32> = args.first().map(|b| match b.parse() {
         Ok(bits @ (4 | 8)) => bits,
@@ -432,6 +433,7 @@ fn qmv_tiling_sweep() {
         Ok(rows @ (1 | 8)) => rows,
         _ => panic!("kernels qmv-tiling [BITS [PRODUCT [ROWS]]]: ROWS is 1 or 8, not `{r}`"),
     });
+    let async_only = args.get(3).is_some_and(|a| a == "async");
     let start = Instant::now();
     for bits in [8, 4].into_iter().filter(|b| only.is_none_or(|o| o == *b)) {
         for &(name, n, k, product) in cases.iter().filter(|c| product_filter.as_ref().is_none_or(|p| c.0.contains(p.as_str()))) {
@@ -482,19 +484,25 @@ fn qmv_tiling_sweep() {
                     let outputs: &[i32] = if bits == 4 { &[1, 2, 4] } else { &[1, 2] };
                     for &o in outputs {
                         for split in [1, 2, 4, 8] {
-                            for u in [1, 2, 4] {
+                            // Register loads with 1, 2 or 4 chunks in flight; cp.async rings of 2, 3,
+                            // 4 and 6 slots (at most 48 KB of shared memory a block with the staged x).
+                            let register = [1, 2, 4].map(|u| (u, false));
+                            let ring = [2, 3, 4, 6].map(|u| (u, true));
+                            for (u, a) in register.into_iter().filter(|_| !async_only).chain(ring) {
                                 // SwiGLU warps do not split K; every lane of a warp gets U chunks.
                                 let fits = (!swiglu || split == 1) && chunks / split >= 32 * u;
+                                let rows_per_warp = if swiglu { 2 * o } else { o };
+                                let ring_fits = !a || 8 * u * rows_per_warp * 512 + 8192 + 1024 <= 48 * 1024;
                                 // Enough warps to fill the GPU.
                                 let warps_total = n / if swiglu { 2 } else { 1 } / o * split;
-                                if fits && (4096..=80000).contains(&warps_total) {
-                                    tilings.push(Some(general(8, o, split, u)));
+                                if fits && ring_fits && (4096..=80000).contains(&warps_total) {
+                                    tilings.push(Some(general(8, o, split, u, a)));
                                 }
                             }
                         }
                     }
                     for t in tilings {
-                        let label = t.map_or("default".to_string(), |t| format!("w{} o{} s{} u{}", t.warps, t.outputs_per_warp, t.split, t.in_flight));
+                        let label = t.map_or("default".to_string(), |t| format!("w{} o{} s{} u{}{}", t.warps, t.outputs_per_warp, t.split, t.in_flight, if t.async_copy { " async" } else { "" }));
                         profile(format!("{base} | {label}"), &|| with_tiling(t, None, || run(false)));
                     }
                 } else {

@@ -7,16 +7,33 @@
 // 8 bits, 32 at 4), U chunks of each row in flight, and the warp reduces at the end. Weight bytes are read once;
 // x is small and stays in L1/L2 and is read 16 bytes at a time. Quantized values become floats
 // through the exponent trick (0x4B000000 | q is the float 2^23 + q), which is cheaper than an
-// integer conversion. Accumulation is float32. Needs unpack.cu (sala_load8).
+// integer conversion. Accumulation is float32. Needs unpack.cu (sala_load8) and, for ASYNC,
+// mma.cu (sala_shared_address).
+//
+// The chunks reach the lane in one of two ways. In registers (ASYNC false): the lane asks for U
+// chunks, uses them, then asks for the next U, so its loads come in bursts and each one in flight
+// holds registers. Through shared memory (ASYNC true): cp.async copies land in a ring of U slots
+// per lane, and the lane asks for chunk j + U - 1 before it uses chunk j, so U - 1 chunks are
+// always in flight and hold no registers (an 8-bit product is bound by the bytes each SM keeps
+// in flight, not by its instructions: eval/results/2026-11-24-h100-4dbf8a3). Each lane reads back
+// only the slots it filled, so the ring needs no barrier; a normed product asks for its first
+// chunks before it normalises x.
+
+// One 16-byte cp.async, bypassing L1; the "memory" clobbers (here and on the commits and waits)
+// keep the compiler from moving the ring's reads across them.
+__device__ __forceinline__ void sala_qmv_copy16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sala_shared_address(dst)), "l"(src) : "memory");
+}
 
 // The warp's sums over the 16-byte chunks [c_begin, c_end) of the NR output rows n[0..NR) of
 // every input row, reduced into every lane's acc. Each x chunk is loaded once for all NR rows (x
 // traffic from L1/L2 had capped the one-row form below the memory bandwidth: q4 ran no faster
-// than q8).
-template <typename T, int BITS, int GROUP, int ROWS, int NR, int U>
+// than q8). prepare() runs once before x is read (the normed products write x there; every thread
+// of the block calls it), after the first copies are on their way when ASYNC.
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U, bool ASYNC, typename Prepare>
 __device__ __forceinline__ void sala_qmv_rows(
     const T* x, const uint32_t* w, const T* scales, const T* biases, const int (&n)[NR], int K,
-    int c_begin, int c_end, float (&acc)[NR][ROWS]) {
+    int c_begin, int c_end, Prepare prepare, float (&acc)[NR][ROWS]) {
   constexpr int PER_CHUNK = 128 / BITS;       // weights per 16-byte chunk
   constexpr int PER_WORD = 32 / BITS;
   constexpr uint32_t MASK = (1u << BITS) - 1u;
@@ -31,14 +48,9 @@ __device__ __forceinline__ void sala_qmv_rows(
     for (int r = 0; r < ROWS; ++r) acc[m][r] = 0.f;
   }
 
-  auto consume = [&](const uint4 (&packed)[NR], int c) {
+  // Chunk c of every row, with its group's scale s and bias b.
+  auto consume = [&](const uint4 (&packed)[NR], const float (&s)[NR], const float (&b)[NR], int c) {
     const int k0 = c * PER_CHUNK;
-    float s[NR], b[NR];
-#pragma unroll
-    for (int m = 0; m < NR; ++m) {
-      s[m] = static_cast<float>(scales[(size_t)n[m] * groups + k0 / GROUP]);
-      b[m] = static_cast<float>(biases[(size_t)n[m] * groups + k0 / GROUP]);
-    }
     // Each row's weights dequantized once, then used for every input row.
     float q[NR][PER_CHUNK];
 #pragma unroll
@@ -66,22 +78,80 @@ __device__ __forceinline__ void sala_qmv_rows(
       }
     }
   };
+  // Index of the scale and bias of chunk c of row m.
+  auto group_of = [&](int m, int c) { return (size_t)n[m] * groups + c * PER_CHUNK / GROUP; };
 
-  int c = c_begin + lane;
-  for (; c + 32 * (U - 1) < c_end; c += 32 * U) {  // U chunks of every row in flight
-    uint4 packed[U][NR];
+  if constexpr (ASYNC) {
+    // Slot u of the lane's ring holds its chunks j ≡ u (mod U) (chunk c_begin + lane + 32 j) of
+    // every row; their scales and biases wait in registers (the loop is unrolled U times, so
+    // slots are known at compile time).
+    __shared__ __align__(16) uint4 ring[WARPS][U][NR][32];
+    const int warp = threadIdx.x >> 5;
+    const int first = c_begin + lane;
+    const int count = first < c_end ? (c_end - first + 31) / 32 : 0;
+    T sr[U][NR], br[U][NR];
+    // One commit group per chunk index, empty past the lane's last, so that the wait below
+    // counts the same way for every lane.
+    auto request = [&](int j, int slot) {
+      if (j < count) {
+        const int c = first + 32 * j;
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+        for (int m = 0; m < NR; ++m) {
+          sala_qmv_copy16(&ring[warp][slot][m][lane], rows[m] + c);
+          sr[slot][m] = scales[group_of(m, c)];
+          br[slot][m] = biases[group_of(m, c)];
+        }
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    };
 #pragma unroll
-      for (int m = 0; m < NR; ++m) packed[u][m] = __ldg(rows[m] + c + 32 * u);
+    for (int j = 0; j < U - 1; ++j) request(j, j);
+    prepare();
+    for (int j0 = 0; j0 < count; j0 += U) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) consume(packed[u], c + 32 * u);
-  }
-  for (; c < c_end; c += 32) {
-    uint4 last[NR];
+      for (int u = 0; u < U; ++u) {
+        const int j = j0 + u;
+        if (j >= count) break;
+        request(j + U - 1, (u + U - 1) % U);
+        asm volatile("cp.async.wait_group %0;" ::"n"(U - 1) : "memory");
+        uint4 packed[NR];
+        float s[NR], b[NR];
 #pragma unroll
-    for (int m = 0; m < NR; ++m) last[m] = __ldg(rows[m] + c);
-    consume(last, c);
+        for (int m = 0; m < NR; ++m) {
+          packed[m] = ring[warp][u][m][lane];
+          s[m] = static_cast<float>(sr[u][m]);
+          b[m] = static_cast<float>(br[u][m]);
+        }
+        consume(packed, s, b, first + 32 * j);
+      }
+    }
+  } else {
+    prepare();
+    auto consume_loaded = [&](const uint4 (&packed)[NR], int c) {
+      float s[NR], b[NR];
+#pragma unroll
+      for (int m = 0; m < NR; ++m) {
+        s[m] = static_cast<float>(scales[group_of(m, c)]);
+        b[m] = static_cast<float>(biases[group_of(m, c)]);
+      }
+      consume(packed, s, b, c);
+    };
+    int c = c_begin + lane;
+    for (; c + 32 * (U - 1) < c_end; c += 32 * U) {  // U chunks of every row in flight
+      uint4 packed[U][NR];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int m = 0; m < NR; ++m) packed[u][m] = __ldg(rows[m] + c + 32 * u);
+#pragma unroll
+      for (int u = 0; u < U; ++u) consume_loaded(packed[u], c + 32 * u);
+    }
+    for (; c < c_end; c += 32) {
+      uint4 last[NR];
+#pragma unroll
+      for (int m = 0; m < NR; ++m) last[m] = __ldg(rows[m] + c);
+      consume_loaded(last, c);
+    }
   }
 
 #pragma unroll
@@ -111,6 +181,11 @@ __device__ __forceinline__ T sala_swiglu(float gate, float up) {
   return static_cast<T>(act * sala_round<T>(up));
 }
 
+// prepare() for products whose x is ready as it is.
+struct sala_qmv_ready {
+  __device__ void operator()() const {}
+};
+
 // The first of the NR consecutive output rows this warp computes.
 template <int WARPS, int NR>
 __device__ __forceinline__ int sala_qmv_first_row() { return (blockIdx.x * WARPS + (threadIdx.x >> 5)) * NR; }
@@ -120,9 +195,11 @@ __device__ __forceinline__ int sala_qmv_first_row() { return (blockIdx.x * WARPS
 // from an array the host wrote, it cost the GPU a managed-memory fault per launch). SPLIT warps share each group of NR output rows, each taking a 1/SPLIT of K
 // (their sums meet in shared memory): a matrix of few rows (4096) then still has enough warps,
 // each with few loads one after another, to keep the memory busy.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, int ALPHA_BITS>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, int ALPHA_BITS,
+          typename Prepare = sala_qmv_ready>
 __device__ __forceinline__ void sala_qmv_residual(
-    const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, T* y, int N, int K) {
+    const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, T* y, int N, int K,
+    Prepare prepare = {}) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int part = warp % SPLIT;
   const int n0 = (blockIdx.x * (WARPS / SPLIT) + warp / SPLIT) * NR;
@@ -131,7 +208,8 @@ __device__ __forceinline__ void sala_qmv_residual(
   for (int m = 0; m < NR; ++m) n[m] = min(n0 + m, N - 1);
   const int chunks = K / (128 / BITS), per = (chunks + SPLIT - 1) / SPLIT;
   float acc[NR][ROWS];
-  sala_qmv_rows<T, BITS, GROUP, ROWS, NR, U>(x, w, scales, biases, n, K, part * per, min(chunks, (part + 1) * per), acc);
+  sala_qmv_rows<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC>(
+      x, w, scales, biases, n, K, part * per, min(chunks, (part + 1) * per), prepare, acc);
   if (SPLIT > 1) {
     __shared__ float partial[WARPS][NR][ROWS];
     if (lane == 0) {
@@ -165,21 +243,22 @@ __device__ __forceinline__ void sala_qmv_residual(
 }
 
 // y = x · Wᵀ, W [N, K]: the residual form above without a residual.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC>
 __device__ __forceinline__ void sala_qmv(
     const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int N, int K) {
-  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, 0>(x, w, scales, biases, nullptr, y, N, K);
+  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, 0>(x, w, scales, biases, nullptr, y, N, K);
 }
 
 // SwiGLU of a stacked [gate; up] matrix W [2F, K]: y[r, n] = silu(g) · u for g, u the products with
 // rows n and F + n, each intermediate rounded to T as the separate operations round it. A warp
 // takes NR / 2 gate rows and their up rows.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U, bool ASYNC, typename Prepare = sala_qmv_ready>
 __device__ __forceinline__ void sala_qmv_swiglu(
-    const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int F, int K) {
+    const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int F, int K, Prepare prepare = {}) {
   constexpr int HALF = NR / 2;
+  // Warps past the last row compute the last row again and store nothing (prepare() may hold
+  // barriers that every thread must reach).
   const int n0 = sala_qmv_first_row<WARPS, HALF>();
-  if (n0 >= F) return;
   int n[NR];
 #pragma unroll
   for (int m = 0; m < HALF; ++m) {
@@ -187,7 +266,7 @@ __device__ __forceinline__ void sala_qmv_swiglu(
     n[HALF + m] = F + n[m];
   }
   float acc[NR][ROWS];
-  sala_qmv_rows<T, BITS, GROUP, ROWS, NR, U>(x, w, scales, biases, n, K, 0, K / (128 / BITS), acc);
+  sala_qmv_rows<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC>(x, w, scales, biases, n, K, 0, K / (128 / BITS), prepare, acc);
   if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
   for (int m = 0; m < HALF; ++m) {
@@ -240,19 +319,19 @@ __device__ __forceinline__ void sala_rms_norm_stage(const T* x, const T* norm, f
 }
 
 // y = RMSNorm(x) · Wᵀ (the plain product of sala_qmv_residual on the normalised rows).
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, int K, int EPS_BITS>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, int K, int EPS_BITS>
 __device__ void sala_qmv_normed(
     const T* x, const T* norm, const uint32_t* w, const T* scales, const T* biases, T* y, int N) {
   __shared__ __align__(16) T xs[ROWS * K];
-  sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs);
-  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, 0>(xs, w, scales, biases, nullptr, y, N, K);
+  auto prepare = [&] { sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs); };
+  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, 0>(xs, w, scales, biases, nullptr, y, N, K, prepare);
 }
 
 // y = SwiGLU of RMSNorm(x) · [W_gate; W_up]ᵀ.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U, int K, int EPS_BITS>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U, bool ASYNC, int K, int EPS_BITS>
 __device__ void sala_qmv_swiglu_normed(
     const T* x, const T* norm, const uint32_t* w, const T* scales, const T* biases, T* y, int F) {
   __shared__ __align__(16) T xs[ROWS * K];
-  sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs);
-  sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, U>(xs, w, scales, biases, y, F, K);
+  auto prepare = [&] { sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs); };
+  sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC>(xs, w, scales, biases, y, F, K, prepare);
 }

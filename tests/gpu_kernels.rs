@@ -144,7 +144,7 @@ fn qmv_tilings_match_mlx_quantized_matmul() {
                 let general =
                     [(1, 1, 1), (1, 4, 4), (1, 8, 2), (2, 2, 4), (2, 8, 1), (4, 4, 2), (4, 1, 1), (2, 1, 2), (2, 1, 4), (4, 1, 2)].into_iter();
                 let tilings: Vec<(Option<QmvTiling>, Option<MmaTiling>)> = if rows == 1 {
-                    general.map(|(o, split, u)| (Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u }), None)).collect()
+                    general.map(|(o, split, u)| (Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: false }), None)).collect()
                 } else {
                     [(1, 1, 8192), (1, 2, 16384), (2, 2, 8192), (2, 4, 4096), (4, 1, 16384)]
                         .map(|(t, u, g)| (None, Some(MmaTiling { out_tiles: t, in_flight: u, grid_warps: g })))
@@ -166,6 +166,65 @@ fn qmv_tilings_match_mlx_quantized_matmul() {
                         let want = epilogue_mlx(&product, Epilogue::SwiGlu).unwrap();
                         assert!(rel_err(&got, &want) < 1e-2, "swiglu {what}");
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The general kernel with its weights copied through a cp.async ring: every epilogue, the norm
+/// folded in, in bf16, f16 and f32 (several input rows), for ring depths of 2 to 8 and K that
+/// does and that does not divide evenly among the warps (1408: lanes with no chunk at all).
+#[test]
+fn qmv_async_copies_match_mlx_operations() {
+    if !on_gpu() {
+        return;
+    }
+    let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+    let mut seed = 1300;
+    for bits in [8, 4] {
+        for (n, k) in [(1030, 4096), (512, 16384), (260, 1408)] {
+            seed += 7;
+            let w = randn(&[n, k], seed, Dtype::Float32);
+            let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
+            let norm = randn(&[k], seed + 3, Dtype::Float32).multiply(Array::from_f32(0.5)).unwrap().add(Array::from_f32(1.0)).unwrap();
+            // (rows, dtype, tilings as (outputs per warp, split, ring slots)).
+            let cases: [(i32, Dtype, &[(i32, i32, i32)]); 3] = [
+                (1, Dtype::Bfloat16, &[(1, 1, 2), (2, 4, 4), (1, 8, 3), (4, 1, 2), (1, 2, 8)]),
+                (1, Dtype::Float16, &[(2, 2, 2)]),
+                (3, Dtype::Float32, &[(1, 1, 4)]),
+            ];
+            for (rows, dtype, tilings) in cases {
+                let (s, b) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
+                let x = randn(&[rows, k], seed + 1, dtype);
+                let residual = randn(&[rows, n], seed + 2, dtype);
+                let weight = norm.as_dtype(dtype).unwrap();
+                let alpha = 0.5; // exact in every dtype
+                let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
+                let product = quantized_matmul_t_mlx(&f(&x), &packed, &f(&s), &f(&b), 64, bits).unwrap();
+                let normed = mlx_rs::fast::rms_norm(&x, Some(&weight), 1e-6).unwrap();
+                let normed_product = quantized_matmul_t_mlx(&f(&normed), &packed, &f(&s), &f(&b), 64, bits).unwrap();
+                for &(o, split, u) in tilings {
+                    let t = Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: true });
+                    let what = format!("q{bits} {n}x{k} rows {rows} {dtype:?} {t:?}");
+                    let got = with_tiling(t, None, || quantized_matmul_t(&x, &packed, &s, &b, 64, bits).unwrap());
+                    let err = rel_err(&got, &product);
+                    assert!(err < tol, "plain {what}: relative error {err}");
+                    let residual_epilogue = Epilogue::Residual { residual: &residual, alpha };
+                    let got = with_tiling(t, None, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, residual_epilogue).unwrap());
+                    let want = epilogue_mlx(&product, Epilogue::Residual { residual: &f(&residual), alpha }).unwrap();
+                    let err = rel_err(&got, &want);
+                    assert!(err < tol, "residual {what}: relative error {err}");
+                    // SwiGLU warps take whole rows of K; the norm is folded into one-row products.
+                    if split == 1 {
+                        let got = with_tiling(t, None, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap());
+                        let err = rel_err(&got, &epilogue_mlx(&product, Epilogue::SwiGlu).unwrap());
+                        assert!(err < tol, "swiglu {what}: relative error {err}");
+                    }
+                    let rms = RmsNormIn { weight: &weight, eps: 1e-6 };
+                    let got = with_tiling(t, None, || quantized_matmul_t_normed(&x, rms, &packed, &s, &b, 64, bits, Epilogue::Plain).unwrap());
+                    let err = rel_err(&got, &normed_product);
+                    assert!(err < tol, "normed {what}: relative error {err}");
                 }
             }
         }

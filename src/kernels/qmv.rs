@@ -42,8 +42,9 @@ pub enum Epilogue<'a> {
     Residual { residual: &'a Array, alpha: f32 },
 }
 
-/// The general kernel's CUDA source with the 16-byte unpacking it reads x with.
-const QMV_HEADER: &str = concat!(include_str!("../../cuda/unpack.cu"), include_str!("../../cuda/qmv.cu"));
+/// The general kernel's CUDA source with the 16-byte unpacking it reads x with and the cp.async
+/// helpers of mma.cu.
+const QMV_HEADER: &str = concat!(include_str!("../../cuda/mma.cu"), include_str!("../../cuda/unpack.cu"), include_str!("../../cuda/qmv.cu"));
 
 const fn qmv_source(
     name: &'static str,
@@ -66,7 +67,7 @@ const fn qmv_source(
 static QMV: KernelSource = qmv_source(
     "sala_qmv",
     &["x", "w", "scales", "biases"],
-    "sala_qmv<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U>(x, w, scales, biases, y, w_shape[0], w_shape[1] * 32 / BITS);",
+    "sala_qmv<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC>(x, w, scales, biases, y, w_shape[0], w_shape[1] * 32 / BITS);",
     "sala_qmv<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, y, int(w_shape[0]), int(w_shape[1]) * 32 / BITS, \
      thread_index_in_simdgroup, threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
 );
@@ -74,7 +75,7 @@ static QMV: KernelSource = qmv_source(
 static QMV_SWIGLU: KernelSource = qmv_source(
     "sala_qmv_swiglu",
     &["x", "w", "scales", "biases"],
-    "sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, U>(x, w, scales, biases, y, w_shape[0] / 2, w_shape[1] * 32 / BITS);",
+    "sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC>(x, w, scales, biases, y, w_shape[0] / 2, w_shape[1] * 32 / BITS);",
     "sala_qmv_swiglu<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, y, int(w_shape[0]) / 2, int(w_shape[1]) * 32 / BITS, \
      thread_index_in_simdgroup, threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
 );
@@ -82,7 +83,7 @@ static QMV_SWIGLU: KernelSource = qmv_source(
 static QMV_RESIDUAL: KernelSource = qmv_source(
     "sala_qmv_residual",
     &["x", "w", "scales", "biases", "residual"],
-    "sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ALPHA_BITS>(x, w, scales, biases, residual, y, w_shape[0], \
+    "sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, ALPHA_BITS>(x, w, scales, biases, residual, y, w_shape[0], \
      w_shape[1] * 32 / BITS);",
     "sala_qmv_residual<T, BITS, GROUP, ROWS, NR, ALPHA_BITS>(x, w, scales, biases, residual, y, int(w_shape[0]), \
      int(w_shape[1]) * 32 / BITS, thread_index_in_simdgroup, \
@@ -105,12 +106,12 @@ const fn qmv_normed_source(name: &'static str, cuda_body: &'static str) -> Kerne
 
 static QMV_NORMED: KernelSource = qmv_normed_source(
     "sala_qmv_normed",
-    "sala_qmv_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0]);",
+    "sala_qmv_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0]);",
 );
 
 static QMV_SWIGLU_NORMED: KernelSource = qmv_normed_source(
     "sala_qmv_swiglu_normed",
-    "sala_qmv_swiglu_normed<T, BITS, GROUP, ROWS, WARPS, NR, U, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0] / 2);",
+    "sala_qmv_swiglu_normed<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0] / 2);",
 );
 
 /// An RMSNorm applied to a product's input `[…, K]`: weight `[K]`, epsilon.
@@ -119,6 +120,9 @@ pub struct RmsNormIn<'a> {
     pub weight: &'a Array,
     pub eps: f32,
 }
+
+/// A CUDA thread block's static shared memory (the custom kernels declare theirs statically).
+const STATIC_SHARED_BYTES: usize = 48 * 1024;
 
 /// Bytes of normalised input rows a thread block stages in shared memory (`cuda/qmv.cu`): the 9B's
 /// hidden size (4096) in bf16 for the general kernel's 4 rows.
@@ -333,8 +337,11 @@ pub struct QmvTiling {
     pub outputs_per_warp: i32,
     /// Warps sharing a group of outputs, each over a part of K (plain and residual forms).
     pub split: i32,
-    /// 16-byte chunks of each weight row a lane has in flight.
+    /// 16-byte chunks of each weight row a lane has in flight (with `async_copy`, the depth of its
+    /// ring: one fewer in flight while it uses one).
     pub in_flight: i32,
+    /// Whether the chunks land in shared memory through cp.async (CUDA) rather than in registers.
+    pub async_copy: bool,
 }
 
 /// The general kernel's tiling for `n` weight rows of `chunks` 16-byte chunks.
@@ -346,16 +353,34 @@ fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
     // 24.0, sparse qkvg 19.6 → 16.7, the head 84.7 → 79.6; o_proj and down are even.
     if bits == 4 && backend() == Backend::Cuda {
         if swiglu || n > 16384 {
-            return QmvTiling { warps: WARPS, outputs_per_warp: 4, split: 1, in_flight: 2 };
+            return QmvTiling { warps: WARPS, outputs_per_warp: 4, split: 1, in_flight: 2, async_copy: false };
         }
         if n >= 8192 {
-            return QmvTiling { warps: WARPS, outputs_per_warp: 2, split: 1, in_flight: 4 };
+            return QmvTiling { warps: WARPS, outputs_per_warp: 2, split: 1, in_flight: 4, async_copy: false };
         }
     }
-    // 8 bits on CUDA: two rows a warp for the matrices of 8192 rows and more (lightning qkvz,
-    // sparse qkvg, the head), from the one-row sweep `kernels qmv-tiling 8 all 1` (H100,
-    // `eval/results/2026-11-24-h100-1d7d59d/profile/qmv-tiling-q8.txt`: qkvz 32.0 → 31.0 µs, qkvg
-    // 22.2 → 20.2, the head 115.7 → 110.7 with the split below).
+    // 8 bits on CUDA: the weights through a cp.async ring of 2 slots, with fewer warps than the
+    // register loads want (about 4096 for the smaller matrices, each lane with at least 8 chunks of
+    // a row). From the one-row sweep `kernels qmv-tiling 8 all 1 async` (H100,
+    // `eval/results/2026-11-24-h100-*-async-ring/`), against the register tilings below: SwiGLU
+    // gate/up, one gate row a warp, 59.7 → 53.7 µs; lightning qkvz and sparse qkvg, two rows a
+    // warp over all of K, 31.7 → 29.4 and 20.7 → 21.2; o_proj, one row a warp over all of K,
+    // 11.4 → 9.9; down (K = 16384), two rows a warp each over half of K, 30.1 → 28.5. The head
+    // keeps register loads (even with the ring).
+    if bits == 8 && backend() == Backend::Cuda && (swiglu || n <= 16384) {
+        let ring = |outputs_per_warp, split| QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2, async_copy: true };
+        if swiglu {
+            return ring(1, 1);
+        }
+        if n >= 8192 {
+            return ring(2, 1);
+        }
+        let outputs_per_warp = if chunks > 256 { 2 } else { 1 };
+        return ring(outputs_per_warp, pow2_floor((4096 * outputs_per_warp / n).min(chunks / 256).min(WARPS)));
+    }
+    // 8 bits on CUDA past the ring's matrices (the head): two rows a warp, from the one-row sweep
+    // `kernels qmv-tiling 8 all 1` (H100, `eval/results/2026-11-24-h100-1d7d59d/profile/qmv-tiling-q8.txt`:
+    // the head 115.7 → 110.7 µs with the split below).
     let wide = bits == 8 && backend() == Backend::Cuda && !swiglu && n >= 8192;
     let outputs_per_warp = if wide {
         2
@@ -372,7 +397,7 @@ fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
     } else {
         1
     };
-    QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2 }
+    QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2, async_copy: false }
 }
 
 thread_local! {
@@ -421,6 +446,11 @@ fn quantized_matmul_t_general(
     let t = TILING_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| general_tiling(n, packed.shape()[1] / 4, bits, swiglu));
     // Weight rows per warp (SwiGLU: gate rows and as many up rows).
     let per_warp = if swiglu { 2 * t.outputs_per_warp } else { t.outputs_per_warp };
+    // The cp.async ring (16 bytes per lane, row and slot) beside the staged input must fit a
+    // block's static shared memory; a tiling whose ring does not takes register loads.
+    let staged = if norm.is_some() { rows as usize * x.shape()[last] as usize * x.item_size() } else { 0 };
+    let ring = (t.warps * t.in_flight * per_warp) as usize * 32 * 16;
+    let async_copy = t.async_copy && backend() == Backend::Cuda && staged + ring + 1024 <= STATIC_SHARED_BYTES;
     let groups_per_block = t.warps / t.split;
     let n_blocks = (shape[last] + groups_per_block * t.outputs_per_warp - 1) / (groups_per_block * t.outputs_per_warp);
     let y = apply(
@@ -439,6 +469,7 @@ fn quantized_matmul_t_general(
                 ("NR", TemplateArg::Int(per_warp)),
                 ("SPLIT", TemplateArg::Int(t.split)),
                 ("U", TemplateArg::Int(t.in_flight)),
+                ("ASYNC", TemplateArg::Bool(async_copy)),
             ]
             .into_iter()
             .chain(template)
