@@ -453,7 +453,7 @@ fn qmv_tiling_sweep() {
                             if mlx {
                                 return quantized_matmul_t_mlx(&x, p, s, b, 64, bits).unwrap();
                             }
-                            let rms = RmsNormIn { weight: &norm, eps: 1e-6 };
+                            let rms = RmsNormIn { weight: &norm, eps: 1e-6, gate: None };
                             match product {
                                 Product::Normed if rows > 1 => quantized_matmul_t(&xn, p, s, b, 64, bits),
                                 Product::NormedSwiGlu if rows > 1 => quantized_matmul_t_then(&xn, p, s, b, 64, bits, Epilogue::SwiGlu),

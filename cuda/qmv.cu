@@ -283,8 +283,11 @@ __device__ __forceinline__ void sala_qmv_swiglu(
 // into shared memory once, rounded as MLX's rms_norm rounds it, w · T(x · rsqrt(mean(x²) + eps)),
 // and its warps read x from there (a decode step had one small normalisation kernel before each
 // of these products, 65 of them, each costing a launch and the host's work for an operation).
+// With a gate, each normalised value is then multiplied by T(σ(z)), z from gate + r · gate_stride
+// (rounded as sala_norm_gate in lightning_decode.cu rounds it).
 template <typename T, int ROWS, int K>
-__device__ __forceinline__ void sala_rms_norm_stage(const T* x, const T* norm, float eps, T* xs) {
+__device__ __forceinline__ void sala_rms_norm_stage(
+    const T* x, const T* norm, float eps, T* xs, const T* gate = nullptr, int gate_stride = 0) {
   static_assert(K % 8 == 0, "whole 8-element pieces");
   __shared__ float partial[ROWS][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -308,11 +311,15 @@ __device__ __forceinline__ void sala_rms_norm_stage(const T* x, const T* norm, f
     for (int w = 0; w < warps; ++w) ss += partial[r][w];
     const float inv = rsqrtf(ss / K + eps);
     for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
-      float v[8], g[8];
+      float v[8], g[8], z[8];
       sala_load8(x + (size_t)r * K + k, v);
       sala_load8(norm + k, g);
+      if (gate != nullptr) sala_load8(gate + (size_t)r * gate_stride + k, z);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) xs[r * K + k + i] = static_cast<T>(g[i] * sala_round<T>(v[i] * inv));
+      for (int i = 0; i < 8; ++i) {
+        const float y = sala_round<T>(g[i] * sala_round<T>(v[i] * inv));
+        xs[r * K + k + i] = static_cast<T>(gate == nullptr ? y : y * sala_round<T>(1.f / (1.f + expf(-z[i]))));
+      }
     }
   }
   __syncthreads();
@@ -334,4 +341,17 @@ __device__ void sala_qmv_swiglu_normed(
   __shared__ __align__(16) T xs[ROWS * K];
   auto prepare = [&] { sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs); };
   sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC>(xs, w, scales, biases, y, F, K, prepare);
+}
+
+// y = residual + alpha · (RMSNorm(x) ⊙ σ(z)) · Wᵀ: a lightning layer's output norm and gate folded
+// into its o_proj (one small kernel fewer per layer and step); z is the K columns at Z_OFF of each
+// row of gate_src, W wide.
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, int ALPHA_BITS, int K,
+          int EPS_BITS, int Z_OFF>
+__device__ void sala_qmv_residual_norm_gated(
+    const T* x, const T* norm, const T* gate_src, int W, const uint32_t* w, const T* scales, const T* biases,
+    const T* residual, T* y, int N) {
+  __shared__ __align__(16) T xs[ROWS * K];
+  auto prepare = [&] { sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs, gate_src + Z_OFF, W); };
+  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, ALPHA_BITS>(xs, w, scales, biases, residual, y, N, K, prepare);
 }

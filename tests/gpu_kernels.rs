@@ -12,7 +12,7 @@ use sala::kernels::kv::{append_token, append_token_mlx, KvColumns, RecentSlot};
 use sala::kernels::lightning::{decode_step, decode_step_mlx, norm_gate, norm_gate_mlx, StepParams};
 use sala::kernels::qmv::{
     epilogue_mlx, quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
-    MmaTiling, QmvTiling, RmsNormIn,
+    GateIn, MmaTiling, QmvTiling, RmsNormIn,
 };
 use sala::kernels::sparse::{
     block_sparse_attention, block_sparse_attention_mlx, decode_attention, decode_attention_mlx, heads_to_rows, select_blocks_chunked,
@@ -221,7 +221,7 @@ fn qmv_async_copies_match_mlx_operations() {
                         let err = rel_err(&got, &epilogue_mlx(&product, Epilogue::SwiGlu).unwrap());
                         assert!(err < tol, "swiglu {what}: relative error {err}");
                     }
-                    let rms = RmsNormIn { weight: &weight, eps: 1e-6 };
+                    let rms = RmsNormIn { weight: &weight, eps: 1e-6, gate: None };
                     let got = with_tiling(t, None, || quantized_matmul_t_normed(&x, rms, &packed, &s, &b, 64, bits, Epilogue::Plain).unwrap());
                     let err = rel_err(&got, &normed_product);
                     assert!(err < tol, "normed {what}: relative error {err}");
@@ -268,7 +268,7 @@ fn qmv_with_rms_norm_folded_in_matches_mlx_operations() {
                 // The oracle: MLX's RMSNorm in x's dtype, then MLX's product in float32.
                 let normed = mlx_rs::fast::rms_norm(&x, Some(&weight), eps).unwrap();
                 for (name, epilogue, width) in [("plain", Epilogue::Plain, n), ("swiglu", Epilogue::SwiGlu, n / 2)] {
-                    let norm = RmsNormIn { weight: &weight, eps };
+                    let norm = RmsNormIn { weight: &weight, eps, gate: None };
                     let got = quantized_matmul_t_normed(&x, norm, &packed, &s, &b, 64, bits, epilogue).unwrap();
                     let product = quantized_matmul_t_mlx(&f(&normed), &packed, &f(&s), &f(&b), 64, bits).unwrap();
                     let want = epilogue_mlx(&product, epilogue).unwrap();
@@ -277,6 +277,57 @@ fn qmv_with_rms_norm_folded_in_matches_mlx_operations() {
                     let err = rel_err(&got, &want);
                     assert!(err < tol, "{name} q{bits} {n}x{k} rows {rows} {dtype:?}: relative error {err}");
                 }
+            }
+        }
+    }
+}
+
+/// A lightning layer's output norm and gate folded into its o_proj (residual form): against MLX's
+/// norm-gate operations, then MLX's product in float32. The gate columns sit inside a wider
+/// stacked projection, as z does in qkvz.
+#[test]
+fn qmv_with_norm_gate_folded_in_matches_mlx_operations() {
+    if !on_gpu() {
+        return;
+    }
+    let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+    let mut seed = 1700;
+    for bits in [8, 4] {
+        // (rows of W, K = width of o, columns of the stacked projection, z's offset in it)
+        for (n, k, width, offset) in [(4096, 4096, 16384, 12288), (520, 384, 1536, 1152), (300, 384, 800, 8)] {
+            for (rows, dtype) in [(1, Dtype::Bfloat16), (1, Dtype::Float32), (3, Dtype::Float32)] {
+                seed += 5;
+                let w = randn(&[n, k], seed, Dtype::Float32);
+                let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
+                let (s, b) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
+                let o = randn(&[rows, 1, k], seed + 1, Dtype::Float32).multiply(Array::from_f32(5.0)).unwrap().as_dtype(dtype).unwrap();
+                let src = randn(&[rows, 1, width], seed + 2, Dtype::Float32).multiply(Array::from_f32(2.0)).unwrap().as_dtype(dtype).unwrap();
+                let weight = randn(&[k], seed + 3, Dtype::Float32).multiply(Array::from_f32(0.5)).unwrap().add(Array::from_f32(1.0)).unwrap();
+                let weight = weight.as_dtype(dtype).unwrap();
+                let residual = randn(&[rows, 1, n], seed + 4, dtype);
+                let alpha = 0.5; // exact in every dtype
+                let eps = 1e-6;
+                let norm = RmsNormIn { weight: &weight, eps, gate: Some(GateIn { src: &src, offset }) };
+                let epilogue = Epilogue::Residual { residual: &residual, alpha };
+                let got = quantized_matmul_t_normed(&o, norm, &packed, &s, &b, 64, bits, epilogue).unwrap();
+                // The oracle: norm and gate in MLX operations in o's dtype, the product in float32.
+                let gated = norm_gate_mlx(&o, &src, offset, &weight, eps).unwrap();
+                let product = quantized_matmul_t_mlx(&f(&gated), &packed, &f(&s), &f(&b), 64, bits).unwrap();
+                let want = epilogue_mlx(&product, Epilogue::Residual { residual: &f(&residual), alpha }).unwrap();
+                assert_eq!(got.shape(), &[rows, 1, n]);
+                assert_eq!(got.dtype(), dtype);
+                let err = rel_err(&got, &want);
+                let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
+                assert!(err < tol, "q{bits} {n}x{k} z at {offset} of {width}, rows {rows} {dtype:?}: relative error {err}");
+                // Without the product's residual, the gate still reaches the output (a gate read
+                // from the wrong columns or left out shows here, the residual being small).
+                let ungated = mlx_rs::fast::rms_norm(&o, Some(&weight), eps).unwrap();
+                let wrong = epilogue_mlx(
+                    &quantized_matmul_t_mlx(&f(&ungated), &packed, &f(&s), &f(&b), 64, bits).unwrap(),
+                    Epilogue::Residual { residual: &f(&residual), alpha },
+                )
+                .unwrap();
+                assert!(rel_err(&got, &wrong) > 10.0 * tol, "q{bits} {n}x{k} rows {rows} {dtype:?}: the gate made no difference");
             }
         }
     }

@@ -178,14 +178,14 @@ impl QuantizedMatrix {
         Ok(quantized_matmul_t_then(x, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits, epilogue)?)
     }
 
-    /// [`QuantizedMatrix::matmul_t_then`] of `RMSNorm(x)`: the norm folded into the decode kernel
-    /// where it runs the product (see kernels::qmv), a separate MLX RMSNorm otherwise.
+    /// [`QuantizedMatrix::matmul_t_then`] of `RMSNorm(x)` (gated or not): the norm folded into the
+    /// decode kernel where it runs the product (see kernels::qmv), applied first otherwise.
     pub fn matmul_t_normed_then(&self, x: &Array, norm: RmsNormIn, epilogue: Epilogue) -> Result<Array> {
         let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
         // The products that reach the decode kernels in matmul_t_then.
         let kernel_path = !super::device::on_cpu() && !self.dequantizes_on_gpu(rows) && !self.scales_wider_than(x);
         if !kernel_path {
-            return self.matmul_t_then(&mlx_rs::fast::rms_norm(x, Some(norm.weight), norm.eps)?, epilogue);
+            return self.matmul_t_then(&norm.apply(x)?, epilogue);
         }
         let (q, fmt) = (self, self.format);
         Ok(quantized_matmul_t_normed(x, norm, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits, epilogue)?)

@@ -114,11 +114,57 @@ static QMV_SWIGLU_NORMED: KernelSource = qmv_normed_source(
     "sala_qmv_swiglu_normed<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0] / 2);",
 );
 
-/// An RMSNorm applied to a product's input `[…, K]`: weight `[K]`, epsilon.
+static QMV_RESIDUAL_NORM_GATED: KernelSource = KernelSource {
+    name: "sala_qmv_residual_norm_gated",
+    inputs: &["x", "norm", "gate_src", "w", "scales", "biases", "residual"],
+    outputs: &["y"],
+    cuda_header: QMV_HEADER,
+    cuda_body: "sala_qmv_residual_norm_gated<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, ALPHA_BITS, K, EPS_BITS, Z_OFF>(x, \
+                norm, gate_src, gate_src_shape[gate_src_ndim - 1], w, scales, biases, residual, y, w_shape[0]);",
+    metal_header: "",
+    metal_body: "",
+    contiguous_inputs: true,
+};
+
+/// An RMSNorm applied to a product's input `[…, K]`: weight `[K]`, epsilon, and optionally a
+/// σ-gate after it.
 #[derive(Clone, Copy)]
 pub struct RmsNormIn<'a> {
     pub weight: &'a Array,
     pub eps: f32,
+    pub gate: Option<GateIn<'a>>,
+}
+
+/// The gate of a normalised input `[B, T, K]`: RMSNorm(x) ⊙ σ(z), z the columns `offset..offset + K`
+/// of `src` `[B, T, W]` (the stacked projection z came out of).
+#[derive(Clone, Copy)]
+pub struct GateIn<'a> {
+    pub src: &'a Array,
+    pub offset: i32,
+}
+
+impl RmsNormIn<'_> {
+    /// The normalised (and gated) input, by MLX's RMSNorm or the lightning layer's norm-gate kernel.
+    pub fn apply(&self, x: &Array) -> Result<Array> {
+        match self.gate {
+            None => mlx_rs::fast::rms_norm(x, Some(self.weight), self.eps),
+            Some(g) => super::lightning::norm_gate(x, g.src, g.offset, self.weight, self.eps),
+        }
+    }
+
+    /// Whether the general kernel can read the gate as it is: z rows in x's dtype beside x's rows,
+    /// whole 16-byte pieces.
+    fn gate_fits(&self, x: &Array) -> bool {
+        let Some(g) = self.gate else { return true };
+        let (k, lead) = (x.shape()[x.ndim() - 1], &x.shape()[..x.ndim() - 1]);
+        let w = g.src.shape()[g.src.ndim() - 1];
+        g.src.dtype() == x.dtype()
+            && &g.src.shape()[..g.src.ndim() - 1] == lead
+            && g.offset >= 0
+            && g.offset + k <= w
+            && g.offset % 8 == 0
+            && w % 8 == 0
+    }
 }
 
 /// A CUDA thread block's static shared memory (the custom kernels declare theirs statically).
@@ -128,8 +174,9 @@ const STATIC_SHARED_BYTES: usize = 48 * 1024;
 /// hidden size (4096) in bf16 for the general kernel's 4 rows.
 const NORMED_STAGE_BYTES: usize = 32 * 1024;
 
-/// [`quantized_matmul_t_then`] of `RMSNorm(x)`: one kernel where the general kernel takes the
-/// product on CUDA (plain or SwiGLU), else MLX's RMSNorm first. (Folding the norm into the
+/// [`quantized_matmul_t_then`] of `RMSNorm(x)` (gated or not): one kernel where the general kernel
+/// takes the product on CUDA (without a gate plain or SwiGLU, with one the residual form of
+/// o_proj), else the norm first. (Folding the norm into the
 /// tensor-core kernel of a decode batch, as T(x · g) with each row's sums scaled at the end, made
 /// its products 9–11 µs slower each on an H100, more than the 64 norm kernels it saved.)
 #[allow(clippy::too_many_arguments)]
@@ -146,17 +193,22 @@ pub fn quantized_matmul_t_normed(
     let k = x.shape()[x.ndim() - 1];
     let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
     let n = packed.shape()[0];
+    let epilogue_fits = match (epilogue, norm.gate) {
+        (Epilogue::Plain, None) => true,
+        (Epilogue::SwiGlu, None) => n % 2 == 0,
+        (Epilogue::Residual { residual, .. }, Some(_)) => residual.shape() == output_shape(x, n, epilogue) && residual.dtype() == x.dtype(),
+        _ => false,
+    };
     let fused = backend() == Backend::Cuda
-        && matches!(epilogue, Epilogue::Plain | Epilogue::SwiGlu)
-        && !(matches!(epilogue, Epilogue::SwiGlu) && n % 2 != 0)
+        && epilogue_fits
+        && norm.gate_fits(x)
         && !mma_fits(x, scales, biases, group_size, bits)
         && fits(x, scales, biases, group_size, bits)
         && norm.weight.shape() == [k]
         && norm.weight.dtype() == x.dtype()
         && rows as usize * k as usize * x.item_size() <= NORMED_STAGE_BYTES;
     if !fused {
-        let xn = mlx_rs::fast::rms_norm(x, Some(norm.weight), norm.eps)?;
-        return quantized_matmul_t_then(&xn, packed, scales, biases, group_size, bits, epilogue);
+        return quantized_matmul_t_then(&norm.apply(x)?, packed, scales, biases, group_size, bits, epilogue);
     }
     quantized_matmul_t_general(x, packed, scales, biases, group_size, bits, epilogue, output_shape(x, n, epilogue), Some(norm))
 }
@@ -439,6 +491,11 @@ fn quantized_matmul_t_general(
     if let Some(norm) = norm {
         source = if swiglu { &QMV_SWIGLU_NORMED } else { &QMV_NORMED };
         inputs = vec![x, norm.weight, packed, scales, biases];
+        if let (Some(gate), Epilogue::Residual { residual, .. }) = (norm.gate, epilogue) {
+            source = &QMV_RESIDUAL_NORM_GATED;
+            inputs = vec![x, norm.weight, gate.src, packed, scales, biases, residual];
+            template.push(("Z_OFF", TemplateArg::Int(gate.offset)));
+        }
         template.push(("K", TemplateArg::Int(x.shape()[last])));
         // Epsilon as its bit pattern: a compile-time constant.
         template.push(("EPS_BITS", TemplateArg::Int(norm.eps.to_bits() as i32)));

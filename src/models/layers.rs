@@ -5,7 +5,7 @@ use crate::engine::model::{Logits, Trace};
 use crate::engine::ops::scalar;
 use crate::engine::quant::QuantizedMatrix;
 use crate::engine::weights::Weights;
-use crate::kernels::qmv::{epilogue_mlx, swiglu_mlx, Epilogue, RmsNormIn};
+use crate::kernels::qmv::{epilogue_mlx, swiglu_mlx, Epilogue, GateIn, RmsNormIn};
 use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// A projection's input: x itself, or RMSNorm(x) not yet applied, so that the quantized decode
@@ -14,21 +14,24 @@ use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
 pub enum Input<'a> {
     Plain(&'a Array),
     Normed(&'a Array, &'a RmsNorm),
+    /// RMSNorm(x) ⊙ σ(z), the output norm and gate of a lightning layer.
+    NormGated(&'a Array, &'a RmsNorm, GateIn<'a>),
 }
 
 impl Input<'_> {
     /// The input's shape (the normalisation keeps it).
     pub fn shape(&self) -> &[i32] {
         match self {
-            Input::Plain(x) | Input::Normed(x, _) => x.shape(),
+            Input::Plain(x) | Input::Normed(x, _) | Input::NormGated(x, ..) => x.shape(),
         }
     }
 
-    /// The input as an array (normalised by MLX's RMSNorm).
+    /// The input as an array (normalised and gated by MLX's RMSNorm or the norm-gate kernel).
     pub fn array(&self) -> Result<Array> {
         match self {
             Input::Plain(x) => Ok((*x).clone()),
             Input::Normed(x, norm) => norm.forward(x),
+            Input::NormGated(x, norm, gate) => Ok(norm.input(Some(*gate)).apply(x)?),
         }
     }
 }
@@ -74,9 +77,8 @@ impl Matrix {
     /// [`Matrix::matmul_t_then`] of an [`Input`].
     pub fn matmul_t_in(&self, x: Input, epilogue: Epilogue) -> Result<Array> {
         match (self, x) {
-            (Matrix::Quantized(q), Input::Normed(x, norm)) => {
-                q.matmul_t_normed_then(x, RmsNormIn { weight: &norm.weight, eps: norm.eps }, epilogue)
-            }
+            (Matrix::Quantized(q), Input::Normed(x, norm)) => q.matmul_t_normed_then(x, norm.input(None), epilogue),
+            (Matrix::Quantized(q), Input::NormGated(x, norm, gate)) => q.matmul_t_normed_then(x, norm.input(Some(gate)), epilogue),
             (_, Input::Plain(x)) => self.matmul_t_then(x, epilogue),
             (Matrix::Dense(_), x) => self.matmul_t_then(&x.array()?, epilogue),
         }
@@ -235,12 +237,12 @@ impl Linear {
     }
 
     /// residual + α · (x · Wᵀ + b): a residual branch ending in this projection, added in one
-    /// kernel with the product on the quantized decode path.
-    pub fn forward_residual(&self, x: &Array, residual: &Array, alpha: f32) -> Result<Array> {
+    /// kernel with the product (and x's norm and gate, if any) on the quantized decode path.
+    pub fn forward_residual(&self, x: Input, residual: &Array, alpha: f32) -> Result<Array> {
         let epilogue = Epilogue::Residual { residual, alpha };
         match &self.bias {
-            None => self.weight.matmul_t_then(x, epilogue),
-            Some(_) => Ok(epilogue_mlx(&self.forward(x)?, epilogue)?),
+            None => self.weight.matmul_t_in(x, epilogue),
+            Some(_) => Ok(epilogue_mlx(&self.forward(&x.array()?)?, epilogue)?),
         }
     }
 }
@@ -324,6 +326,41 @@ impl RmsNorm {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }
+
+    /// This norm (with a gate after it, if given) as the kernels take it.
+    fn input<'a>(&'a self, gate: Option<GateIn<'a>>) -> RmsNormIn<'a> {
+        RmsNormIn { weight: &self.weight, eps: self.eps, gate }
+    }
+}
+
+/// A mixer's output before its output projection, with the RMSNorm and σ-gate still to apply:
+/// the projection folds them into its decode kernel where it runs one.
+pub struct MixerOutput<'a> {
+    o: Array,
+    norm: Option<&'a RmsNorm>,
+    /// z as the columns from the offset of this array (only after a norm).
+    gate: Option<(Array, i32)>,
+}
+
+impl<'a> MixerOutput<'a> {
+    /// An output with nothing left to apply.
+    pub fn done(o: Array) -> Self {
+        Self { o, norm: None, gate: None }
+    }
+
+    /// RMSNorm(o), gated by σ(z) when `gate` gives z (see [`GateIn`]).
+    pub fn normed(o: Array, norm: &'a RmsNorm, gate: Option<(Array, i32)>) -> Self {
+        Self { o, norm: Some(norm), gate }
+    }
+
+    /// The projection's input.
+    pub fn input(&self) -> Input<'_> {
+        match (self.norm, &self.gate) {
+            (None, _) => Input::Plain(&self.o),
+            (Some(norm), None) => Input::Normed(&self.o, norm),
+            (Some(norm), Some((src, offset))) => Input::NormGated(&self.o, norm, GateIn { src, offset: *offset }),
+        }
+    }
 }
 
 /// SwiGLU feed-forward: down(silu(gate(x)) ⊙ up(x)).
@@ -347,7 +384,7 @@ impl Mlp {
 
     /// residual + α · MLP(x) (see [`Linear::forward_residual`]).
     pub fn forward_residual(&self, x: Input, residual: &Array, alpha: f32) -> Result<Array> {
-        self.down.forward_residual(&self.activation(x)?, residual, alpha)
+        self.down.forward_residual(Input::Plain(&self.activation(x)?), residual, alpha)
     }
 
     /// silu(x · W_gateᵀ) ⊙ (x · W_upᵀ): one kernel from the stacked matrix on the decode path.

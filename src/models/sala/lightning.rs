@@ -16,7 +16,7 @@ use crate::engine::config::ConfigFile;
 use crate::engine::error::{Error, Result};
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::{gla, lightning};
-use crate::models::layers::{per_sequence, sigmoid_gate, Input, Linear, QkvGate, RmsNorm};
+use crate::models::layers::{per_sequence, sigmoid_gate, Input, Linear, MixerOutput, QkvGate, RmsNorm};
 use mlx_rs::{ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 #[derive(Debug, Clone)]
@@ -135,20 +135,20 @@ impl LightningAttention {
     }
 
     /// `x`: the (normed) hidden state `[B, T, hidden]`, row b continuing `states[b]` at
-    /// `positions` (made once per forward call for all lightning layers). Returns the gated output
-    /// `[B, T, H·d]` before [`LightningAttention::o_proj`], which the caller adds into the residual
-    /// stream in one step.
-    pub fn attend(&self, x: Input, states: &mut [&mut RecurrentState], positions: &Positions) -> Result<Array> {
+    /// `positions` (made once per forward call for all lightning layers). Returns the output
+    /// `[B, T, H·d]` before [`LightningAttention::o_proj`], with its norm and gate still to apply:
+    /// the caller adds o_proj of it into the residual stream in one step, which folds them in.
+    pub fn attend(&self, x: Input, states: &mut [&mut RecurrentState], positions: &Positions) -> Result<MixerOutput<'_>> {
         let inner = (self.cfg.heads * self.cfg.head_dim) as i32;
         // q, k, v, z side by side: the kernels read them from the one stacked product.
         let qkvz = self.qkvz_proj.forward_joined(x)?;
         debug_assert!(states.iter().zip(&positions.host).all(|(s, &p)| s.len == p), "lightning states at other positions");
         let o = if x.shape()[1] == 1 { self.decode(&qkvz, states, positions)? } else { self.prefill(&qkvz, states, positions)? };
         Ok(match (&self.o_norm, self.cfg.use_output_gate) {
-            (Some(norm), true) => lightning::norm_gate(&o, &qkvz, 3 * inner, &norm.weight, norm.eps)?,
-            (Some(norm), false) => norm.forward(&o)?,
-            (None, true) => sigmoid_gate(&o, &qkvz.try_index((.., .., 3 * inner..4 * inner))?)?,
-            (None, false) => o,
+            (Some(norm), true) => MixerOutput::normed(o, norm, Some((qkvz, 3 * inner))),
+            (Some(norm), false) => MixerOutput::normed(o, norm, None),
+            (None, true) => MixerOutput::done(sigmoid_gate(&o, &qkvz.try_index((.., .., 3 * inner..4 * inner))?)?),
+            (None, false) => MixerOutput::done(o),
         })
     }
 

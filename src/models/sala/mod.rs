@@ -16,7 +16,7 @@ use crate::engine::error::{Error, Result};
 use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::models::layers::{scale, Embedding, Input, LmHead, Mlp, RmsNorm};
+use crate::models::layers::{scale, Embedding, Input, LmHead, MixerOutput, Mlp, RmsNorm};
 use lightning::{LightningAttention, LightningConfig, Positions};
 use mlx_rs::{Array, Dtype};
 use sparse::{SparseAttention, SparseConfig};
@@ -297,7 +297,7 @@ impl SalaModel {
             let x = Input::Normed(&h, &layer.input_norm);
             let (o, o_proj) = match &layer.mixer {
                 MixerLayer::Sparse(attn) => (
-                    attn.attend(x, &mut layer_caches(caches, i, LayerCache::as_attention)?, i, trace.as_deref_mut())?,
+                    MixerOutput::done(attn.attend(x, &mut layer_caches(caches, i, LayerCache::as_attention)?, i, trace.as_deref_mut())?),
                     attn.o_proj(),
                 ),
                 MixerLayer::Lightning(attn) => {
@@ -306,9 +306,9 @@ impl SalaModel {
             };
             // Each residual branch ends in a projection that adds itself into h: one kernel per
             // branch on the quantized decode path, not a product, a scale and an add.
-            h = o_proj.forward_residual(&o, &h, alpha)?;
+            h = o_proj.forward_residual(o.input(), &h, alpha)?;
             if let Some(t) = trace.as_deref_mut() {
-                t.record(format!("hidden.mixer_out.{i}"), &o_proj.forward(&o)?);
+                t.record(format!("hidden.mixer_out.{i}"), &o_proj.forward(&o.input().array()?)?);
             }
             pacer.step(layer_outputs(&h, caches, i))?;
             h = layer.mlp.forward_residual(Input::Normed(&h, &layer.post_norm), &h, alpha)?;
