@@ -189,10 +189,10 @@ fn qmv_async_copies_match_mlx_operations() {
             let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
             let norm = randn(&[k], seed + 3, Dtype::Float32).multiply(Array::from_f32(0.5)).unwrap().add(Array::from_f32(1.0)).unwrap();
             // (rows, dtype, tilings as (outputs per warp, split, ring slots)).
-            let cases: [(i32, Dtype, &[(i32, i32, i32)]); 3] = [
-                (1, Dtype::Bfloat16, &[(1, 1, 2), (2, 4, 4), (1, 8, 3), (4, 1, 2), (1, 2, 8)]),
-                (1, Dtype::Float16, &[(2, 2, 2)]),
-                (3, Dtype::Float32, &[(1, 1, 4)]),
+            let cases = [
+                (1, Dtype::Bfloat16, vec![(1, 1, 2), (2, 4, 4), (1, 8, 3), (4, 1, 2), (1, 2, 8)]),
+                (1, Dtype::Float16, vec![(2, 2, 2)]),
+                (3, Dtype::Float32, vec![(1, 1, 4)]),
             ];
             for (rows, dtype, tilings) in cases {
                 let (s, b) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
@@ -204,7 +204,7 @@ fn qmv_async_copies_match_mlx_operations() {
                 let product = quantized_matmul_t_mlx(&f(&x), &packed, &f(&s), &f(&b), 64, bits).unwrap();
                 let normed = mlx_rs::fast::rms_norm(&x, Some(&weight), 1e-6).unwrap();
                 let normed_product = quantized_matmul_t_mlx(&f(&normed), &packed, &f(&s), &f(&b), 64, bits).unwrap();
-                for &(o, split, u) in tilings {
+                for (o, split, u) in tilings {
                     let t = Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: true });
                     let what = format!("q{bits} {n}x{k} rows {rows} {dtype:?} {t:?}");
                     let got = with_tiling(t, None, || quantized_matmul_t(&x, &packed, &s, &b, 64, bits).unwrap());

@@ -414,11 +414,11 @@ fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
     // 8 bits on CUDA: the weights through a cp.async ring of 2 slots, with fewer warps than the
     // register loads want (about 4096 for the smaller matrices, each lane with at least 8 chunks of
     // a row). From the one-row sweep `kernels qmv-tiling 8 all 1 async` (H100,
-    // `eval/results/2026-11-24-h100-*-async-ring/`), against the register tilings below: SwiGLU
-    // gate/up, one gate row a warp, 59.7 → 53.7 µs; lightning qkvz and sparse qkvg, two rows a
-    // warp over all of K, 31.7 → 29.4 and 20.7 → 21.2; o_proj, one row a warp over all of K,
-    // 11.4 → 9.9; down (K = 16384), two rows a warp each over half of K, 30.1 → 28.5. The head
-    // keeps register loads (even with the ring).
+    // `eval/results/2026-11-24-h100-bb6eb0b/profile/qmv-tiling-q8-async.txt`), against the
+    // register tilings below: SwiGLU gate/up, one gate row a warp, 59.7 → 53.7 µs; lightning qkvz
+    // and sparse qkvg, two rows a warp over all of K, 31.7 → 29.4 and 20.7 → 21.2; o_proj, one row
+    // a warp over all of K, 11.4 → 9.9; down (K = 16384), two rows a warp each over half of K,
+    // 30.1 → 28.5. A ring of 3 slots was even, of 4 slower; the head keeps register loads (even).
     if bits == 8 && backend() == Backend::Cuda && (swiglu || n <= 16384) {
         let ring = |outputs_per_warp, split| QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2, async_copy: true };
         if swiglu {
