@@ -485,18 +485,19 @@ fn qmv_tiling_sweep() {
                     for &o in outputs {
                         for split in [1, 2, 4, 8] {
                             // Register loads with 1, 2 or 4 chunks in flight; cp.async rings of 2, 3,
-                            // 4 and 6 slots (at most 48 KB of shared memory a block with the staged x).
+                            // 4 and 6 slots (those that fit beside the staged x of a normed product).
                             let register = [1, 2, 4].map(|u| (u, false));
                             let ring = [2, 3, 4, 6].map(|u| (u, true));
                             for (u, a) in register.into_iter().filter(|_| !async_only).chain(ring) {
+                                let t = general(8, o, split, u, a);
                                 // SwiGLU warps do not split K; every lane of a warp gets U chunks.
                                 let fits = (!swiglu || split == 1) && chunks / split >= 32 * u;
-                                let rows_per_warp = if swiglu { 2 * o } else { o };
-                                let ring_fits = !a || 8 * u * rows_per_warp * 512 + 8192 + 1024 <= 48 * 1024;
+                                let staged = if matches!(product, Product::Normed | Product::NormedSwiGlu) { k as usize * 2 } else { 0 };
+                                let ring_fits = !a || t.ring_fits(swiglu, staged);
                                 // Enough warps to fill the GPU.
                                 let warps_total = n / if swiglu { 2 } else { 1 } / o * split;
                                 if fits && ring_fits && (4096..=80000).contains(&warps_total) {
-                                    tilings.push(Some(general(8, o, split, u, a)));
+                                    tilings.push(Some(t));
                                 }
                             }
                         }

@@ -396,6 +396,17 @@ pub struct QmvTiling {
     pub async_copy: bool,
 }
 
+impl QmvTiling {
+    /// Whether this tiling's cp.async ring (16 bytes per lane, weight row and slot) fits a thread
+    /// block's static shared memory beside `staged` bytes of normalised input and 1 KB for the
+    /// kernel's other arrays; a tiling whose ring does not takes register loads.
+    pub fn ring_fits(&self, swiglu: bool, staged: usize) -> bool {
+        let rows = if swiglu { 2 * self.outputs_per_warp } else { self.outputs_per_warp };
+        let ring = (self.warps * self.in_flight * rows) as usize * 32 * 16;
+        staged + ring + 1024 <= STATIC_SHARED_BYTES
+    }
+}
+
 /// The general kernel's tiling for `n` weight rows of `chunks` 16-byte chunks.
 fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
     // 4 bits on CUDA, from the one-row sweep `kernels qmv-tiling 4 all 1` (H100,
@@ -430,10 +441,11 @@ fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
         let outputs_per_warp = if chunks > 256 { 2 } else { 1 };
         return ring(outputs_per_warp, pow2_floor((4096 * outputs_per_warp / n).min(chunks / 256).min(WARPS)));
     }
-    // 8 bits on CUDA past the ring's matrices (the head): two rows a warp, from the one-row sweep
-    // `kernels qmv-tiling 8 all 1` (H100, `eval/results/2026-11-24-h100-1d7d59d/profile/qmv-tiling-q8.txt`:
-    // the head 115.7 → 110.7 µs with the split below).
-    let wide = bits == 8 && backend() == Backend::Cuda && !swiglu && n >= 8192;
+    // 8 bits on CUDA past the ring's matrices (only the head comes here): two rows a warp, from the
+    // one-row sweep `kernels qmv-tiling 8 all 1` (H100,
+    // `eval/results/2026-11-24-h100-1d7d59d/profile/qmv-tiling-q8.txt`: the head 115.7 → 110.7 µs
+    // with the split below).
+    let wide = bits == 8 && backend() == Backend::Cuda;
     let outputs_per_warp = if wide {
         2
     } else if swiglu {
@@ -503,11 +515,8 @@ fn quantized_matmul_t_general(
     let t = TILING_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| general_tiling(n, packed.shape()[1] / 4, bits, swiglu));
     // Weight rows per warp (SwiGLU: gate rows and as many up rows).
     let per_warp = if swiglu { 2 * t.outputs_per_warp } else { t.outputs_per_warp };
-    // The cp.async ring (16 bytes per lane, row and slot) beside the staged input must fit a
-    // block's static shared memory; a tiling whose ring does not takes register loads.
     let staged = if norm.is_some() { rows as usize * x.shape()[last] as usize * x.item_size() } else { 0 };
-    let ring = (t.warps * t.in_flight * per_warp) as usize * 32 * 16;
-    let async_copy = t.async_copy && backend() == Backend::Cuda && staged + ring + 1024 <= STATIC_SHARED_BYTES;
+    let async_copy = t.async_copy && backend() == Backend::Cuda && t.ring_fits(swiglu, staged);
     let groups_per_block = t.warps / t.split;
     let n_blocks = (shape[last] + groups_per_block * t.outputs_per_warp - 1) / (groups_per_block * t.outputs_per_warp);
     let y = apply(
