@@ -350,3 +350,61 @@ fn block_types_match_gguf_py() {
     }
     std::fs::remove_dir_all(d).unwrap();
 }
+
+/// Issue 28's crafted files: sizes that overflow, an offset that wraps, a metadata array far
+/// larger in memory than on disk. Each was a crash or a huge allocation; each is now refused.
+#[test]
+fn hostile_gguf_files_are_refused_not_crashed() {
+    let d = dir("hostile");
+    std::fs::create_dir_all(&d).unwrap();
+    let write = |name: &str, data: &[u8]| {
+        let p = d.join(name);
+        std::fs::write(&p, data).unwrap();
+        p
+    };
+    // Dimensions whose element count overflows u64 (the size became 0 and an empty buffer
+    // reached MLX with an i32-truncated shape: a segfault).
+    let embed = ("token_embd.weight".to_string(), vec![(1u64 << 32) + 576, (1u64 << 32) + 49152], 0u32, vec![0u8; 64]);
+    let e = load_err(&write("dims.gguf", &gguf_bytes(&llama_meta("llama"), &[embed])));
+    assert!(matches!(e, Error::BadWeights { .. }) && e.to_string().contains("outside 1..2^31"), "{e}");
+    // One dimension fine, their product past what a tensor can hold.
+    let embed = ("token_embd.weight".to_string(), vec![1 << 30, 1 << 30, 1 << 30], 0u32, vec![0u8; 64]);
+    let e = load_err(&write("rows.gguf", &gguf_bytes(&llama_meta("llama"), &[embed])));
+    assert!(e.to_string().contains("outside 1..2^31"), "{e}");
+
+    // A tensor offset of 2^64 - 64 wrapped into the header and was accepted.
+    let embed = ("token_embd.weight".to_string(), vec![HIDDEN as u64, VOCAB as u64], 0u32, vec![0u8; HIDDEN * VOCAB * 4]);
+    let mut bytes = gguf_bytes(&llama_meta("llama"), &[embed]);
+    let name_at = bytes.windows(17).position(|w| w == b"token_embd.weight").unwrap();
+    let offset_at = name_at + 17 + 4 + 2 * 8 + 4;
+    bytes[offset_at..offset_at + 8].copy_from_slice(&(u64::MAX - 63).to_le_bytes());
+    let e = load_err(&write("offset.gguf", &bytes));
+    assert!(matches!(e, Error::BadWeights { .. }) && e.to_string().contains("truncated"), "{e}");
+
+    // A 16M-entry u8 array: 16 MB on disk, ~540 MB as metadata values.
+    let mut bytes = b"GGUF".to_vec();
+    bytes.extend(3u32.to_le_bytes());
+    bytes.extend(0u64.to_le_bytes());
+    bytes.extend(1u64.to_le_bytes());
+    let key = b"tokenizer.ggml.token_type";
+    bytes.extend((key.len() as u64).to_le_bytes());
+    bytes.extend(key);
+    bytes.extend(9u32.to_le_bytes());
+    bytes.extend(0u32.to_le_bytes());
+    let n = 16u64 << 20;
+    bytes.extend(n.to_le_bytes());
+    bytes.resize(bytes.len() + n as usize, 1);
+    let e = load_err(&write("metadata.gguf", &bytes));
+    assert!(e.to_string().contains("MiB of memory"), "{e}");
+
+    // A zero head count divided the q rows (a panic).
+    let mut meta = llama_meta("llama");
+    meta[5] = ("llama.attention.head_count", Meta::U32(0));
+    let embed = ("token_embd.weight".to_string(), vec![HIDDEN as u64, VOCAB as u64], 0u32, vec![0u8; HIDDEN * VOCAB * 4]);
+    let e = load_err(&write("heads.gguf", &gguf_bytes(&meta, &[embed])));
+    assert!(e.to_string().contains("head_count is 0"), "{e}");
+    // Converting bytes that do not make the shape is refused before MLX sees them.
+    assert!(convert_bytes(&[0u8; 8], GgmlType::F32, &[4, 4]).is_err());
+    assert!(convert_bytes(&[0u8; 34], GgmlType::Q8_0, &[0, 32]).is_err());
+    std::fs::remove_dir_all(d).unwrap();
+}

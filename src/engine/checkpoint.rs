@@ -144,6 +144,16 @@ impl<'a> CheckpointWriter<'a> {
     }
 }
 
+/// A name that stays inside the directory it is joined to: one component, no separator, not `.`
+/// or `..`, no leading dot (hidden files and `..` alike), no control characters.
+pub fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with('.')
+        && !name.chars().any(|c| c == '/' || c == '\\' || c.is_control())
+        && std::path::Path::new(name).components().count() == 1
+}
+
 /// A directory built beside its final place and renamed into it once complete, so an interrupted
 /// run never leaves a half-written model where a finished one is expected.
 pub struct StagingDir {
@@ -175,7 +185,15 @@ impl StagingDir {
         Ok(Self { staging, target: target.into(), finished: false })
     }
 
+    /// Writes a side file; `name` often comes from a downloaded file, so anything but a plain
+    /// file name (a path that could leave the directory) is refused here, for every writer.
     pub fn write(&self, name: &str, text: &str) -> Result<()> {
+        if !is_plain_file_name(name) {
+            return Err(Error::Usage(format!(
+                "refusing to write a side file named {name:?} into {}: not a plain file name (the model's metadata is corrupt or hostile)",
+                self.target.display()
+            )));
+        }
         let path = self.staging.join(name);
         std::fs::write(&path, text).map_err(|e| Error::io(&path, e))
     }

@@ -1,9 +1,25 @@
 //! `config.json` access with errors that name the file and the key.
 //! Each model family parses its own typed config from a [`ConfigFile`].
+//!
+//! Configs come from the internet, so every integer read here is bounded: at most
+//! [`MAX_CONFIG_INT`] (an MLX dimension is an i32, and the product of two such values still fits
+//! in 64 bits), sizes that shape or divide something at least 1, and layer counts at most
+//! [`MAX_LAYERS`], so no size computed from a config can overflow or allocate without bound.
 
 use super::error::{Error, Result};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+
+/// The largest integer a config may hold (MLX's shapes are i32).
+pub const MAX_CONFIG_INT: u64 = i32::MAX as u64;
+/// The most layers a model may have (released models have at most ~130).
+pub const MAX_LAYERS: usize = 1024;
+
+/// The product of sizes read from a config, saturating at `u64::MAX` (a memory check then refuses
+/// it) instead of overflowing.
+pub fn size_product(factors: &[usize]) -> u64 {
+    factors.iter().fold(1u64, |a, &d| a.saturating_mul(d as u64))
+}
 
 /// A parsed JSON config file plus its path, for error messages.
 #[derive(Debug, Clone)]
@@ -55,6 +71,12 @@ impl ConfigFile {
     pub fn usize(&self, key: &str) -> Result<usize> {
         self.root().usize(key)
     }
+    pub fn dim(&self, key: &str) -> Result<usize> {
+        self.root().dim(key)
+    }
+    pub fn layers(&self, key: &str) -> Result<usize> {
+        self.root().layers(key)
+    }
     pub fn f64(&self, key: &str) -> Result<f64> {
         self.root().f64(key)
     }
@@ -73,11 +95,12 @@ impl ConfigFile {
         match self.required(key)? {
             Value::Number(n) => n
                 .as_u64()
-                .map(|id| vec![id as u32])
+                .and_then(|id| u32::try_from(id).ok())
+                .map(|id| vec![id])
                 .ok_or_else(|| self.invalid(key, "expected a token id")),
             Value::Array(items) => items
                 .iter()
-                .map(|v| v.as_u64().map(|id| id as u32))
+                .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()))
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| self.invalid(key, "expected a list of token ids")),
             _ => Err(self.invalid(key, "expected a token id or a list of them")),
@@ -108,11 +131,29 @@ impl<'a> Section<'a> {
         self.file.invalid(&self.full(key), message)
     }
 
+    /// A non-negative integer of at most [`MAX_CONFIG_INT`].
     pub fn usize(&self, key: &str) -> Result<usize> {
         self.required(key)?
             .as_u64()
+            .filter(|&v| v <= MAX_CONFIG_INT)
             .map(|v| v as usize)
-            .ok_or_else(|| self.invalid(key, "expected a non-negative integer"))
+            .ok_or_else(|| self.invalid(key, &format!("expected an integer from 0 to {MAX_CONFIG_INT}")))
+    }
+    /// A size: an integer from 1 to [`MAX_CONFIG_INT`].
+    pub fn dim(&self, key: &str) -> Result<usize> {
+        self.required(key)?
+            .as_u64()
+            .filter(|&v| (1..=MAX_CONFIG_INT).contains(&v))
+            .map(|v| v as usize)
+            .ok_or_else(|| self.invalid(key, &format!("expected a size from 1 to {MAX_CONFIG_INT}")))
+    }
+    /// A layer count: an integer from 1 to [`MAX_LAYERS`].
+    pub fn layers(&self, key: &str) -> Result<usize> {
+        self.required(key)?
+            .as_u64()
+            .filter(|&v| (1..=MAX_LAYERS as u64).contains(&v))
+            .map(|v| v as usize)
+            .ok_or_else(|| self.invalid(key, &format!("expected a layer count from 1 to {MAX_LAYERS}")))
     }
     pub fn f64(&self, key: &str) -> Result<f64> {
         self.required(key)?.as_f64().ok_or_else(|| self.invalid(key, "expected a number"))

@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
+/// Memory the metadata may take once read (a 256K-token vocabulary with its merges takes ~40 MB).
+pub const MAX_METADATA_BYTES: u64 = 256 << 20;
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -176,6 +178,8 @@ struct HeaderReader<R> {
     path: PathBuf,
     file_len: u64,
     pos: u64,
+    /// Memory the metadata read so far takes ([`MAX_METADATA_BYTES`] at most).
+    metadata_bytes: u64,
 }
 
 impl<R: Read> HeaderReader<R> {
@@ -218,6 +222,18 @@ impl<R: Read> HeaderReader<R> {
         Ok(n)
     }
 
+    /// Counts `bytes` of memory against the metadata's budget.
+    fn charge(&mut self, bytes: u64) -> Result<()> {
+        self.metadata_bytes = self.metadata_bytes.saturating_add(bytes);
+        if self.metadata_bytes > MAX_METADATA_BYTES {
+            return Err(self.bad(format!(
+                "the metadata would take more than {} MiB of memory; the file is corrupt or hostile",
+                MAX_METADATA_BYTES >> 20
+            )));
+        }
+        Ok(())
+    }
+
     fn string(&mut self) -> Result<String> {
         let n = self.count("string length", 1)?;
         let bytes = self.bytes(n)?;
@@ -225,6 +241,7 @@ impl<R: Read> HeaderReader<R> {
     }
 
     fn value(&mut self, kind: u32, depth: usize) -> Result<MetaValue> {
+        self.charge(std::mem::size_of::<MetaValue>() as u64)?;
         Ok(match kind {
             0 => MetaValue::Uint(self.array::<1>()?[0] as u64),
             1 => MetaValue::Int(self.array::<1>()?[0] as i8 as i64),
@@ -234,7 +251,11 @@ impl<R: Read> HeaderReader<R> {
             5 => MetaValue::Int(i32::from_le_bytes(self.array()?) as i64),
             6 => MetaValue::Float(f32::from_le_bytes(self.array()?) as f64),
             7 => MetaValue::Bool(self.array::<1>()?[0] != 0),
-            8 => MetaValue::Str(self.string()?),
+            8 => {
+                let s = self.string()?;
+                self.charge(s.len() as u64)?;
+                MetaValue::Str(s)
+            }
             9 if depth < 2 => {
                 let item_kind = self.u32()?;
                 let n = self.count("array", 1)?;
@@ -257,7 +278,12 @@ impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
-        let mut r = HeaderReader { inner: std::io::BufReader::new(file), path: path.into(), file_len, pos: 0 };
+        Self::from_reader(std::io::BufReader::new(file), file_len, path)
+    }
+
+    /// Reads the header from `inner`, which holds a file of `file_len` bytes named `path`.
+    pub fn from_reader(inner: impl Read, file_len: u64, path: &Path) -> Result<Self> {
+        let mut r = HeaderReader { inner, path: path.into(), file_len, pos: 0, metadata_bytes: 0 };
         if r.bytes(4).ok().as_deref() != Some(MAGIC) {
             return Err(r.bad("not a GGUF file (bad magic)"));
         }
@@ -270,11 +296,13 @@ impl GgufFile {
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
             let key = r.string()?;
+            r.charge(key.len() as u64)?;
             let kind = r.u32()?;
             let value = r.value(kind, 0)?;
             metadata.insert(key, value);
         }
-        let mut raw = Vec::with_capacity(n_tensors as usize);
+        // The count is bounded by the file's size, not by memory: grow as entries are read.
+        let mut raw = Vec::with_capacity(n_tensors.min(1 << 12) as usize);
         for _ in 0..n_tensors {
             let name = r.string()?;
             let n_dims = r.u32()?;
@@ -282,6 +310,10 @@ impl GgufFile {
                 return Err(r.bad(format!("tensor `{name}` has {n_dims} dimensions")));
             }
             let dims = (0..n_dims).map(|_| r.u64()).collect::<Result<Vec<_>>>()?;
+            // MLX shapes are i32, and a matrix's rows are the product of the outer dimensions.
+            if dims.iter().any(|&d| d == 0 || d > i32::MAX as u64) || dims[1..].iter().try_fold(1u64, |a, &d| a.checked_mul(d)).is_none_or(|rows| rows > i32::MAX as u64) {
+                return Err(r.bad(format!("tensor `{name}` has dimensions {dims:?}, outside 1..2^31 (corrupt)")));
+            }
             let kind = GgmlType::from_id(r.u32()?);
             let offset = r.u64()?;
             raw.push((name, dims, kind, offset));
@@ -293,9 +325,8 @@ impl GgufFile {
         let data_start = r.pos.div_ceil(alignment) * alignment;
         let mut tensors = Vec::with_capacity(raw.len());
         for (name, dims, kind, offset) in raw {
-            let numel = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-            let nbytes = match (kind.block(), numel) {
-                (Some((per_block, bytes)), Some(n)) => {
+            let nbytes = match kind.block() {
+                Some((per_block, bytes)) => {
                     if dims[0] % per_block != 0 {
                         return Err(r.bad(format!(
                             "tensor `{name}`: row length {} is not a multiple of the {} block size {per_block}",
@@ -303,16 +334,22 @@ impl GgufFile {
                             kind.name()
                         )));
                     }
-                    n / per_block * bytes
+                    dims.iter()
+                        .try_fold(1u64, |a, &d| a.checked_mul(d))
+                        .and_then(|n| (n / per_block).checked_mul(bytes))
+                        .ok_or_else(|| r.bad(format!("tensor `{name}` has dimensions {dims:?} whose size overflows (corrupt)")))?
                 }
                 // Unknown sizes are only an error if the tensor is used (see `convert`).
-                _ => 0,
+                None => 0,
             };
-            let start = data_start + offset;
-            if start + nbytes > file_len {
+            if offset % alignment != 0 {
+                return Err(r.bad(format!("tensor `{name}`: offset {offset} is not a multiple of the alignment {alignment} (corrupt)")));
+            }
+            let end = data_start.checked_add(offset).and_then(|start| start.checked_add(nbytes));
+            let start = data_start.saturating_add(offset);
+            if end.is_none_or(|end| end > file_len) {
                 return Err(r.bad(format!(
-                    "truncated: tensor `{name}` needs bytes {start}..{} but the file has {file_len}",
-                    start + nbytes
+                    "truncated: tensor `{name}` needs {nbytes} bytes at offset {start} but the file has {file_len}"
                 )));
             }
             tensors.push(GgufTensor { name, dims, kind, offset: start, nbytes });
@@ -375,6 +412,16 @@ impl GgufFile {
 /// f32). Q2_K, Q3_K and Q6_K scale groups of 16, which MLX cannot express, so they are expanded
 /// to f16.
 pub fn convert_bytes(bytes: &[u8], kind: GgmlType, shape: &[i32]) -> std::result::Result<Converted, String> {
+    // Every MLX array below is made from `bytes` with `shape`: they must agree exactly.
+    let numel = shape.iter().try_fold(1u64, |a, &d| u64::try_from(d).ok().filter(|&d| d > 0).and_then(|d| a.checked_mul(d)));
+    if let (Some((per_block, block_bytes)), Some(n)) = (kind.block(), numel) {
+        let cols = shape.last().map_or(0, |&c| c as u64);
+        if cols % per_block != 0 || (n / per_block).checked_mul(block_bytes) != Some(bytes.len() as u64) {
+            return Err(format!("{} bytes of {} do not make shape {shape:?}", bytes.len(), kind.name()));
+        }
+    } else if kind.block().is_some() {
+        return Err(format!("shape {shape:?} is not a valid tensor shape"));
+    }
     let float = |dtype| {
         // SAFETY: the directory check made `bytes` exactly numel × itemsize long.
         Converted::Float(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), shape, dtype) })

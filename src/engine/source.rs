@@ -62,6 +62,12 @@ impl ModelSource {
             .iter()
             .filter_map(|(k, v)| Some((k.strip_prefix(PACKED_FILE_PREFIX)?.to_string(), v.clone())))
             .collect();
+        if let Some(name) = files.keys().find(|n| !super::checkpoint::is_plain_file_name(n)) {
+            return Err(Error::BadWeights {
+                path: file.into(),
+                message: format!("metadata `{PACKED_FILE_PREFIX}{name}` names a side file that is not a plain file name; the file is corrupt or hostile"),
+            });
+        }
         if !files.contains_key(CONFIG_FILE) {
             return Err(Error::BadWeights {
                 path: file.into(),

@@ -26,8 +26,17 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
-    pub fn new(name: impl Into<String>, shape: &[usize]) -> Self {
-        Self { name: name.into(), shape: shape.iter().map(|&d| d as i32).collect() }
+    /// Refuses a dimension MLX cannot hold (an i32), naming the tensor.
+    pub fn new(name: impl Into<String>, shape: &[usize]) -> Result<Self> {
+        let name = name.into();
+        let dims: Option<Vec<i32>> = shape.iter().map(|&d| i32::try_from(d).ok()).collect();
+        match dims {
+            Some(shape) => Ok(Self { name, shape }),
+            None => Err(Error::Usage(format!(
+                "the config makes tensor `{name}` {shape:?}, larger than MLX's limit of {} per dimension; is the config corrupt?",
+                i32::MAX
+            ))),
+        }
     }
 }
 
@@ -238,9 +247,10 @@ impl Weights {
                 ),
             ));
         }
-        let packed = weight.shape[1];
-        let bits = packed * 32 / inner;
-        if packed * 32 % inner != 0 || ![2, 3, 4, 5, 6, 8].contains(&bits) {
+        // In i64: 32 × a stored dimension overflows i32.
+        let packed = weight.shape[1] as i64;
+        let bits = if inner > 0 { packed * 32 / inner as i64 } else { 0 };
+        if inner == 0 || packed * 32 % inner as i64 != 0 || ![2, 3, 4, 5, 6, 8].contains(&bits) {
             return Err(self.bad(
                 &weight_name,
                 format!("packs {packed} words per row for {inner} inputs: not a supported bit width"),
@@ -256,7 +266,7 @@ impl Weights {
                 format!("must be a float tensor shaped like `{scales_name}` {:?}", scales.shape),
             ));
         }
-        let found = QuantFormat { group_size, bits };
+        let found = QuantFormat { group_size, bits: bits as i32 };
         if let Some(config) = &self.quantization {
             if config.for_module(module) != Some(found) {
                 return Err(self.bad(

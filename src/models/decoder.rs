@@ -7,7 +7,7 @@
 //!   logits = RMSNorm(h) · logit_scale · W_lmᵀ
 
 use crate::engine::cache::{layer_caches, layer_outputs, KvCache, LayerCache, ModelCache, Window};
-use crate::engine::config::ConfigFile;
+use crate::engine::config::{size_product, ConfigFile};
 use crate::engine::error::{Error, Result};
 use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
@@ -52,10 +52,10 @@ pub struct DecoderConfig {
 impl DecoderConfig {
     /// The keys every HF-layout dense config has; the caller sets the family's knobs.
     pub fn common(cfg: &ConfigFile) -> Result<Self> {
-        let hidden_size = cfg.usize("hidden_size")?;
-        let heads = cfg.usize("num_attention_heads")?;
+        let hidden_size = cfg.dim("hidden_size")?;
+        let heads = cfg.dim("num_attention_heads")?;
         let kv_heads = match cfg.opt("num_key_value_heads") {
-            Some(_) => cfg.usize("num_key_value_heads")?,
+            Some(_) => cfg.dim("num_key_value_heads")?,
             None => heads,
         };
         if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
@@ -65,7 +65,7 @@ impl DecoderConfig {
             ));
         }
         let head_dim = match cfg.opt("head_dim") {
-            Some(_) => cfg.usize("head_dim")?,
+            Some(_) => cfg.dim("head_dim")?,
             None if hidden_size % heads == 0 => hidden_size / heads,
             None => return Err(cfg.invalid("num_attention_heads", format!("{heads} does not divide hidden_size {hidden_size}; set head_dim"))),
         };
@@ -90,14 +90,14 @@ impl DecoderConfig {
         Ok(Self {
             model_type: cfg.str("model_type")?.to_string(),
             hidden_size,
-            intermediate_size: cfg.usize("intermediate_size")?,
-            num_layers: cfg.usize("num_hidden_layers")?,
+            intermediate_size: cfg.dim("intermediate_size")?,
+            num_layers: cfg.layers("num_hidden_layers")?,
             heads,
             kv_heads,
             head_dim,
-            vocab_size: cfg.usize("vocab_size")?,
+            vocab_size: cfg.dim("vocab_size")?,
             rms_norm_eps: cfg.f64("rms_norm_eps")? as f32,
-            max_position_embeddings: cfg.usize("max_position_embeddings")?,
+            max_position_embeddings: cfg.dim("max_position_embeddings")?,
             tie_word_embeddings: match cfg.opt("tie_word_embeddings") {
                 Some(_) => cfg.bool("tie_word_embeddings")?,
                 None => false,
@@ -136,40 +136,40 @@ impl DecoderConfig {
 
     /// Bytes of the per-sequence cache after `context` tokens: keys and values of every layer.
     pub fn cache_bytes(&self, context: usize, dtype_bytes: usize) -> u64 {
-        (self.num_layers * 2 * self.kv_heads * self.head_dim * context * dtype_bytes) as u64
+        size_product(&[self.num_layers, 2, self.kv_heads, self.head_dim, context, dtype_bytes])
     }
 
-    pub fn tensor_specs(&self) -> Vec<TensorSpec> {
+    pub fn tensor_specs(&self) -> Result<Vec<TensorSpec>> {
         let (h, f, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
         let (q, kv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
-        let mut specs = vec![TensorSpec::new("model.embed_tokens.weight", &[v, h]), TensorSpec::new("model.norm.weight", &[h])];
+        let mut specs = vec![TensorSpec::new("model.embed_tokens.weight", &[v, h])?, TensorSpec::new("model.norm.weight", &[h])?];
         if !self.tie_word_embeddings {
-            specs.push(TensorSpec::new("lm_head.weight", &[v, h]));
+            specs.push(TensorSpec::new("lm_head.weight", &[v, h])?);
         }
         for i in 0..self.num_layers {
             let p = format!("model.layers.{i}");
             let a = format!("{p}.self_attn");
-            specs.push(TensorSpec::new(format!("{p}.input_layernorm.weight"), &[h]));
-            specs.push(TensorSpec::new(format!("{p}.post_attention_layernorm.weight"), &[h]));
-            specs.push(TensorSpec::new(format!("{p}.mlp.gate_proj.weight"), &[f, h]));
-            specs.push(TensorSpec::new(format!("{p}.mlp.up_proj.weight"), &[f, h]));
-            specs.push(TensorSpec::new(format!("{p}.mlp.down_proj.weight"), &[h, f]));
+            specs.push(TensorSpec::new(format!("{p}.input_layernorm.weight"), &[h])?);
+            specs.push(TensorSpec::new(format!("{p}.post_attention_layernorm.weight"), &[h])?);
+            specs.push(TensorSpec::new(format!("{p}.mlp.gate_proj.weight"), &[f, h])?);
+            specs.push(TensorSpec::new(format!("{p}.mlp.up_proj.weight"), &[f, h])?);
+            specs.push(TensorSpec::new(format!("{p}.mlp.down_proj.weight"), &[h, f])?);
             for (name, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
-                specs.push(TensorSpec::new(format!("{a}.{name}.weight"), &[rows, h]));
+                specs.push(TensorSpec::new(format!("{a}.{name}.weight"), &[rows, h])?);
                 if self.qkv_bias {
-                    specs.push(TensorSpec::new(format!("{a}.{name}.bias"), &[rows]));
+                    specs.push(TensorSpec::new(format!("{a}.{name}.bias"), &[rows])?);
                 }
             }
-            specs.push(TensorSpec::new(format!("{a}.o_proj.weight"), &[h, q]));
+            specs.push(TensorSpec::new(format!("{a}.o_proj.weight"), &[h, q])?);
             if self.o_bias {
-                specs.push(TensorSpec::new(format!("{a}.o_proj.bias"), &[h]));
+                specs.push(TensorSpec::new(format!("{a}.o_proj.bias"), &[h])?);
             }
             if self.qk_norm {
-                specs.push(TensorSpec::new(format!("{a}.q_norm.weight"), &[self.head_dim]));
-                specs.push(TensorSpec::new(format!("{a}.k_norm.weight"), &[self.head_dim]));
+                specs.push(TensorSpec::new(format!("{a}.q_norm.weight"), &[self.head_dim])?);
+                specs.push(TensorSpec::new(format!("{a}.k_norm.weight"), &[self.head_dim])?);
             }
         }
-        specs
+        Ok(specs)
     }
 }
 
@@ -257,7 +257,7 @@ pub struct DecoderModel {
 impl DecoderModel {
     pub fn load(mut config: DecoderConfig, weights: &mut Weights, dtype: Option<Dtype>) -> Result<Self> {
         config.resolve_tie(weights);
-        weights.check(&config.tensor_specs(), &config.model_type)?;
+        weights.check(&config.tensor_specs()?, &config.model_type)?;
         let dtype = dtype.or_else(|| weights.storage_dtype()).unwrap_or(Dtype::Bfloat16);
         let eps = config.rms_norm_eps;
         let layers = (0..config.num_layers)

@@ -42,6 +42,12 @@ pub fn import(path: &Path) -> Result<ModelSource> {
         Some(v) => v.as_u64().ok_or_else(|| bad(path, "attention.head_count_kv is not an integer"))? as usize,
         None => heads,
     };
+    // Head counts split tensors below, before the config is checked: bounded here.
+    for (what, n) in [("attention.head_count", heads), ("attention.head_count_kv", kv_heads)] {
+        if !(1..=1 << 16).contains(&n) {
+            return Err(bad(path, &format!("{arch}.{what} is {n}; expected 1 to 65536")));
+        }
+    }
     let hidden = file.u64(&key("embedding_length"))? as usize;
     let head_dim = match file.get(&key("attention.key_length")) {
         Some(v) => v.as_u64().unwrap_or(0) as usize,
@@ -187,8 +193,11 @@ fn hf_name(gguf: &str) -> Option<String> {
 /// c·(d/2)+j. Works on float rows, packed quantized rows and their scales alike.
 pub fn unpermute(a: &Array, heads: usize) -> Result<Array> {
     let shape = a.shape().to_vec();
-    let rows = shape[0];
-    let n = heads as i32;
+    let rows = shape.first().copied().unwrap_or(0);
+    let n = i32::try_from(heads).unwrap_or(0);
+    if n == 0 || rows % (2 * n) != 0 {
+        return Err(Error::Usage(format!("GGUF: {rows} rows cannot be split into {heads} heads of RoPE pairs (corrupt head count?)")));
+    }
     let mut split = vec![n, rows / n / 2, 2];
     split.extend_from_slice(&shape[1..]);
     Ok(a.reshape(&split)?.swap_axes(1, 2)?.reshape(&shape)?)

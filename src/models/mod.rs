@@ -59,10 +59,10 @@ pub fn check(cfg: &ConfigFile, weights: &mut Weights) -> Result<()> {
     weights.set_quantization(QuantConfig::from_config(cfg)?);
     if let Some(mut config) = decoder_config(cfg)? {
         config.resolve_tie(weights);
-        return weights.check(&config.tensor_specs(), &config.model_type);
+        return weights.check(&config.tensor_specs()?, &config.model_type);
     }
     match cfg.str("model_type")? {
-        sala::MODEL_TYPE => weights.check(&sala::SalaConfig::from_file(cfg)?.tensor_specs(), sala::MODEL_TYPE),
+        sala::MODEL_TYPE => weights.check(&sala::SalaConfig::from_file(cfg)?.tensor_specs()?, sala::MODEL_TYPE),
         other => Err(unsupported(cfg, other)),
     }
 }
@@ -71,10 +71,10 @@ pub fn check(cfg: &ConfigFile, weights: &mut Weights) -> Result<()> {
 /// `tie_word_embeddings` counts as untied).
 pub fn tensor_specs(cfg: &ConfigFile) -> Result<Vec<TensorSpec>> {
     if let Some(config) = decoder_config(cfg)? {
-        return Ok(config.tensor_specs());
+        return config.tensor_specs();
     }
     match cfg.str("model_type")? {
-        sala::MODEL_TYPE => Ok(sala::SalaConfig::from_file(cfg)?.tensor_specs()),
+        sala::MODEL_TYPE => sala::SalaConfig::from_file(cfg)?.tensor_specs(),
         other => Err(unsupported(cfg, other)),
     }
 }

@@ -50,12 +50,6 @@ pub fn extract(packed: &Path, output: &Path, progress: &dyn Fn(u64)) -> Result<P
     add_tensors(&source, &mut writer, progress)?;
     writer.write_dir(&staging.staging, MAX_SHARD_BYTES)?;
     for (name, text) in &source.files {
-        if name.contains('/') || name.contains('\\') || name.starts_with('.') {
-            return Err(Error::BadWeights {
-                path: packed.into(),
-                message: format!("metadata names a side file `{name}` that is not a plain file name"),
-            });
-        }
         staging.write(name, text)?;
     }
     staging.finish()

@@ -37,8 +37,8 @@ impl LightningConfig {
     pub fn from_file(cfg: &ConfigFile) -> Result<Self> {
         // The reference sizes these layers from num_attention_heads/head_dim; the lightning_* keys
         // must agree with them.
-        let heads = cfg.usize("num_attention_heads")?;
-        let head_dim = cfg.usize("head_dim")?;
+        let heads = cfg.dim("num_attention_heads")?;
+        let head_dim = cfg.dim("head_dim")?;
         for (key, want) in [("lightning_nh", heads), ("lightning_nkv", heads), ("lightning_head_dim", head_dim)] {
             let got = cfg.usize(key)?;
             if got != want {
@@ -63,25 +63,25 @@ impl LightningConfig {
         })
     }
 
-    pub fn tensor_specs(&self, prefix: &str, hidden: usize) -> Vec<TensorSpec> {
+    pub fn tensor_specs(&self, prefix: &str, hidden: usize) -> Result<Vec<TensorSpec>> {
         let inner = self.heads * self.head_dim;
         let mut specs = vec![
-            TensorSpec::new(format!("{prefix}.q_proj.weight"), &[inner, hidden]),
-            TensorSpec::new(format!("{prefix}.k_proj.weight"), &[self.kv_heads * self.head_dim, hidden]),
-            TensorSpec::new(format!("{prefix}.v_proj.weight"), &[self.kv_heads * self.head_dim, hidden]),
-            TensorSpec::new(format!("{prefix}.o_proj.weight"), &[hidden, inner]),
+            TensorSpec::new(format!("{prefix}.q_proj.weight"), &[inner, hidden])?,
+            TensorSpec::new(format!("{prefix}.k_proj.weight"), &[self.kv_heads * self.head_dim, hidden])?,
+            TensorSpec::new(format!("{prefix}.v_proj.weight"), &[self.kv_heads * self.head_dim, hidden])?,
+            TensorSpec::new(format!("{prefix}.o_proj.weight"), &[hidden, inner])?,
         ];
         if self.use_output_gate {
-            specs.push(TensorSpec::new(format!("{prefix}.z_proj.weight"), &[inner, hidden]));
+            specs.push(TensorSpec::new(format!("{prefix}.z_proj.weight"), &[inner, hidden])?);
         }
         if self.qk_norm {
-            specs.push(TensorSpec::new(format!("{prefix}.q_norm.weight"), &[self.head_dim]));
-            specs.push(TensorSpec::new(format!("{prefix}.k_norm.weight"), &[self.head_dim]));
+            specs.push(TensorSpec::new(format!("{prefix}.q_norm.weight"), &[self.head_dim])?);
+            specs.push(TensorSpec::new(format!("{prefix}.k_norm.weight"), &[self.head_dim])?);
         }
         if self.use_output_norm {
-            specs.push(TensorSpec::new(format!("{prefix}.o_norm.weight"), &[inner]));
+            specs.push(TensorSpec::new(format!("{prefix}.o_norm.weight"), &[inner])?);
         }
-        specs
+        Ok(specs)
     }
 }
 

@@ -11,7 +11,7 @@ pub mod lightning;
 pub mod sparse;
 
 use crate::engine::cache::{layer_caches, layer_outputs, KvCache, LayerCache, ModelCache, RecurrentState};
-use crate::engine::config::ConfigFile;
+use crate::engine::config::{size_product, ConfigFile};
 use crate::engine::error::{Error, Result};
 use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
@@ -60,7 +60,7 @@ impl SalaConfig {
                 supported: MODEL_TYPE.into(),
             });
         }
-        let num_layers = cfg.usize("num_hidden_layers")?;
+        let num_layers = cfg.layers("num_hidden_layers")?;
         let mixers = cfg
             .root()
             .strings("mixer_types")?
@@ -87,14 +87,14 @@ impl SalaConfig {
         if cfg.opt("rope_scaling").is_some() {
             return Err(cfg.invalid("rope_scaling", "must be null: MiniCPM-SALA uses plain RoPE"));
         }
-        let hidden_size = cfg.usize("hidden_size")?;
+        let hidden_size = cfg.dim("hidden_size")?;
         let config = Self {
             hidden_size,
-            intermediate_size: cfg.usize("intermediate_size")?,
+            intermediate_size: cfg.dim("intermediate_size")?,
             num_layers,
-            vocab_size: cfg.usize("vocab_size")?,
+            vocab_size: cfg.dim("vocab_size")?,
             rms_norm_eps: cfg.f64("rms_norm_eps")? as f32,
-            max_position_embeddings: cfg.usize("max_position_embeddings")?,
+            max_position_embeddings: cfg.dim("max_position_embeddings")?,
             tie_word_embeddings: cfg.bool("tie_word_embeddings")?,
             scale_emb: cfg.f64("scale_emb")? as f32,
             scale_depth: cfg.f64("scale_depth")? as f32,
@@ -119,40 +119,40 @@ impl SalaConfig {
         let s = &self.sparse;
         let sel = &s.selection;
         // Keys and values in the compute dtype, pooled keys in float32.
-        let rows = 2 * context * dtype_bytes + (context / sel.stride + context / sel.stride2) * 4;
-        let sparse = (rows * s.kv_heads * s.head_dim) as u64;
+        let rows = size_product(&[2, context, dtype_bytes]).saturating_add(size_product(&[context / sel.stride + context / sel.stride2, 4]));
+        let sparse = rows.saturating_mul(size_product(&[s.kv_heads, s.head_dim]));
         let l = &self.lightning;
-        let lightning = (l.heads * l.head_dim * l.head_dim * 4) as u64;
+        let lightning = size_product(&[l.heads, l.head_dim, l.head_dim, 4]);
         self.mixers
             .iter()
             .map(|m| match m {
                 Mixer::Sparse => sparse,
                 Mixer::Lightning => lightning,
             })
-            .sum()
+            .fold(0u64, u64::saturating_add)
     }
 
     /// Every tensor the checkpoint must hold, with its shape.
-    pub fn tensor_specs(&self) -> Vec<TensorSpec> {
+    pub fn tensor_specs(&self) -> Result<Vec<TensorSpec>> {
         let (h, f, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
-        let mut specs = vec![TensorSpec::new("model.embed_tokens.weight", &[v, h]), TensorSpec::new("model.norm.weight", &[h])];
+        let mut specs = vec![TensorSpec::new("model.embed_tokens.weight", &[v, h])?, TensorSpec::new("model.norm.weight", &[h])?];
         if !self.tie_word_embeddings {
-            specs.push(TensorSpec::new("lm_head.weight", &[v, h]));
+            specs.push(TensorSpec::new("lm_head.weight", &[v, h])?);
         }
         for (i, mixer) in self.mixers.iter().enumerate() {
             let p = format!("model.layers.{i}");
-            specs.push(TensorSpec::new(format!("{p}.input_layernorm.weight"), &[h]));
-            specs.push(TensorSpec::new(format!("{p}.post_attention_layernorm.weight"), &[h]));
-            specs.push(TensorSpec::new(format!("{p}.mlp.gate_proj.weight"), &[f, h]));
-            specs.push(TensorSpec::new(format!("{p}.mlp.up_proj.weight"), &[f, h]));
-            specs.push(TensorSpec::new(format!("{p}.mlp.down_proj.weight"), &[h, f]));
+            specs.push(TensorSpec::new(format!("{p}.input_layernorm.weight"), &[h])?);
+            specs.push(TensorSpec::new(format!("{p}.post_attention_layernorm.weight"), &[h])?);
+            specs.push(TensorSpec::new(format!("{p}.mlp.gate_proj.weight"), &[f, h])?);
+            specs.push(TensorSpec::new(format!("{p}.mlp.up_proj.weight"), &[f, h])?);
+            specs.push(TensorSpec::new(format!("{p}.mlp.down_proj.weight"), &[h, f])?);
             let attn = format!("{p}.self_attn");
             match mixer {
-                Mixer::Sparse => specs.extend(self.sparse.tensor_specs(&attn, h)),
-                Mixer::Lightning => specs.extend(self.lightning.tensor_specs(&attn, h)),
+                Mixer::Sparse => specs.extend(self.sparse.tensor_specs(&attn, h)?),
+                Mixer::Lightning => specs.extend(self.lightning.tensor_specs(&attn, h)?),
             }
         }
-        specs
+        Ok(specs)
     }
 }
 
@@ -179,7 +179,7 @@ pub struct SalaModel {
 impl SalaModel {
     pub fn load(cfg: &ConfigFile, weights: &mut Weights, dtype: Option<Dtype>) -> Result<Self> {
         let config = SalaConfig::from_file(cfg)?;
-        let specs = config.tensor_specs();
+        let specs = config.tensor_specs()?;
         weights.check(&specs, MODEL_TYPE)?;
         let dtype = dtype.or_else(|| weights.storage_dtype()).unwrap_or(Dtype::Bfloat16);
         let eps = config.rms_norm_eps;

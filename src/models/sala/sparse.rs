@@ -41,15 +41,15 @@ impl SparseConfig {
         if cfg.bool("attn_use_rope")? {
             return Err(cfg.invalid("attn_use_rope", "must be false: the minicpm4 layers are NoPE"));
         }
-        let heads = cfg.usize("num_attention_heads")?;
-        let kv_heads = cfg.usize("num_key_value_heads")?;
+        let heads = cfg.dim("num_attention_heads")?;
+        let kv_heads = cfg.dim("num_key_value_heads")?;
         if kv_heads == 0 || heads % kv_heads != 0 {
             return Err(cfg.invalid("num_key_value_heads", format!("must divide num_attention_heads ({heads})")));
         }
         let s = cfg.section("sparse_config")?;
-        let block = s.usize("block_size")?;
-        let kernel = s.usize("kernel_size")?;
-        let stride = s.usize("kernel_stride")?;
+        let block = s.dim("block_size")?;
+        let kernel = s.dim("kernel_size")?;
+        let stride = s.dim("kernel_stride")?;
         let window = s.usize("window_size")?;
         let dense_len = s.usize("dense_len")?;
         s.bool("use_nope")?; // Only matters with RoPE in these layers, which they never have.
@@ -67,7 +67,7 @@ impl SparseConfig {
         Ok(Self {
             heads,
             kv_heads,
-            head_dim: cfg.usize("head_dim")?,
+            head_dim: cfg.dim("head_dim")?,
             use_output_gate: cfg.bool("attn_use_output_gate")?,
             dense_len,
             selection: BlockSelection {
@@ -83,18 +83,18 @@ impl SparseConfig {
         })
     }
 
-    pub fn tensor_specs(&self, prefix: &str, hidden: usize) -> Vec<TensorSpec> {
+    pub fn tensor_specs(&self, prefix: &str, hidden: usize) -> Result<Vec<TensorSpec>> {
         let (q, kv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
         let mut specs = vec![
-            TensorSpec::new(format!("{prefix}.q_proj.weight"), &[q, hidden]),
-            TensorSpec::new(format!("{prefix}.k_proj.weight"), &[kv, hidden]),
-            TensorSpec::new(format!("{prefix}.v_proj.weight"), &[kv, hidden]),
-            TensorSpec::new(format!("{prefix}.o_proj.weight"), &[hidden, q]),
+            TensorSpec::new(format!("{prefix}.q_proj.weight"), &[q, hidden])?,
+            TensorSpec::new(format!("{prefix}.k_proj.weight"), &[kv, hidden])?,
+            TensorSpec::new(format!("{prefix}.v_proj.weight"), &[kv, hidden])?,
+            TensorSpec::new(format!("{prefix}.o_proj.weight"), &[hidden, q])?,
         ];
         if self.use_output_gate {
-            specs.push(TensorSpec::new(format!("{prefix}.o_gate.weight"), &[q, hidden]));
+            specs.push(TensorSpec::new(format!("{prefix}.o_gate.weight"), &[q, hidden])?);
         }
-        specs
+        Ok(specs)
     }
 }
 
