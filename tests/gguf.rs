@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::gguf_file::{gguf_bytes, Meta};
 use mlx_rs::Array;
 use sala::engine::error::Error;
 use sala::engine::gguf::{convert_bytes, Converted, GgmlType};
@@ -17,61 +18,6 @@ const KV_HEADS: usize = 2;
 const HEAD_DIM: usize = 8;
 const FFN: usize = 64;
 const VOCAB: usize = 64;
-
-enum Meta {
-    U32(u32),
-    F32(f32),
-    Str(&'static str),
-}
-
-/// A GGUF v3 file: metadata, tensor directory (dims in ggml order), 32-byte aligned data.
-fn gguf_bytes(meta: &[(&str, Meta)], tensors: &[(String, Vec<u64>, u32, Vec<u8>)]) -> Vec<u8> {
-    let mut out = b"GGUF".to_vec();
-    let string = |out: &mut Vec<u8>, s: &str| {
-        out.extend((s.len() as u64).to_le_bytes());
-        out.extend(s.as_bytes());
-    };
-    out.extend(3u32.to_le_bytes());
-    out.extend((tensors.len() as u64).to_le_bytes());
-    out.extend((meta.len() as u64).to_le_bytes());
-    for (key, value) in meta {
-        string(&mut out, key);
-        match value {
-            Meta::U32(v) => {
-                out.extend(4u32.to_le_bytes());
-                out.extend(v.to_le_bytes());
-            }
-            Meta::F32(v) => {
-                out.extend(6u32.to_le_bytes());
-                out.extend(v.to_le_bytes());
-            }
-            Meta::Str(s) => {
-                out.extend(8u32.to_le_bytes());
-                string(&mut out, s);
-            }
-        }
-    }
-    let mut offset = 0u64;
-    let mut offsets = Vec::new();
-    for (name, dims, kind, data) in tensors {
-        string(&mut out, name);
-        out.extend((dims.len() as u32).to_le_bytes());
-        for d in dims {
-            out.extend(d.to_le_bytes());
-        }
-        out.extend(kind.to_le_bytes());
-        out.extend(offset.to_le_bytes());
-        offsets.push(offset);
-        offset += (data.len() as u64).div_ceil(32) * 32;
-    }
-    out.resize(out.len().div_ceil(32) * 32, 0);
-    let start = out.len();
-    for ((_, _, _, data), off) in tensors.iter().zip(offsets) {
-        out.resize(start + off as usize, 0);
-        out.extend(data);
-    }
-    out
-}
 
 struct Lcg(u64);
 impl Lcg {

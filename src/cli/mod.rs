@@ -205,7 +205,7 @@ impl SamplingArgs {
             seed: self.seed,
             ..Default::default()
         };
-        params.validate().map_err(Error::Usage)?;
+        params.validate().map_err(|e| Error::Usage(e.to_string()))?;
         Ok(params)
     }
 }

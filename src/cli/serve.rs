@@ -23,6 +23,12 @@ pub struct ServeArgs {
     /// Requests decoded together in one batch; more wait in line
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub parallel: u16,
+    /// Seconds a client may take to send a request's headers, and then its body
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: u64,
+    /// At SIGINT/SIGTERM, seconds running requests may take to finish before they are ended
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub shutdown_timeout: u64,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -32,6 +38,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         api_key: args.api_key,
         default_max_tokens: args.max_tokens,
         parallel: args.parallel as usize,
+        read_timeout: std::time::Duration::from_secs(args.timeout),
+        shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
     };
     crate::server::serve(args.load, options)
 }

@@ -44,28 +44,45 @@ impl Default for SamplingParams {
     }
 }
 
+/// A sampling setting out of range: which one (by its command-line flag and its API field) and
+/// what it must be. Shown as the flag; the server names the request field instead.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InvalidSampling {
+    pub flag: &'static str,
+    pub field: &'static str,
+    /// "must be …", with the value given.
+    pub rule: String,
+}
+
+impl std::fmt::Display for InvalidSampling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.flag, self.rule)
+    }
+}
+
 impl SamplingParams {
-    /// Checks ranges; the error names the flag.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks ranges; the error names the setting.
+    pub fn validate(&self) -> Result<(), InvalidSampling> {
+        let bad = |flag, field, rule: String| Err(InvalidSampling { flag, field, rule });
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(format!("--temperature must be ≥ 0 (got {})", self.temperature));
+            return bad("--temperature", "temperature", format!("must be ≥ 0 (got {})", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("--top-p must be in (0, 1] (got {})", self.top_p));
+            return bad("--top-p", "top_p", format!("must be in (0, 1] (got {})", self.top_p));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(format!("--min-p must be in [0, 1] (got {})", self.min_p));
+            return bad("--min-p", "min_p", format!("must be in [0, 1] (got {})", self.min_p));
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return Err(format!("--repeat-penalty must be > 0 (got {})", self.repetition_penalty));
+            return bad("--repeat-penalty", "repetition_penalty", format!("must be > 0 (got {})", self.repetition_penalty));
         }
-        for (name, v) in [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)] {
+        for (field, v) in [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)] {
             if !(-2.0..=2.0).contains(&v) {
-                return Err(format!("{name} must be in [-2, 2] (got {v})"));
+                return bad(field, field, format!("must be in [-2, 2] (got {v})"));
             }
         }
         if let Some((id, b)) = self.logit_bias.iter().find(|(_, b)| !(-100.0..=100.0).contains(b)) {
-            return Err(format!("logit_bias for token {id} must be in [-100, 100] (got {b})"));
+            return bad("logit_bias", "logit_bias", format!("for token {id} must be in [-100, 100] (got {b})"));
         }
         Ok(())
     }

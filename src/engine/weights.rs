@@ -447,9 +447,15 @@ pub struct Header {
 
 /// Reads and validates a safetensors header against the file's real size.
 pub fn read_header(path: &Path) -> Result<Header> {
-    let bad = |message: String| Error::BadWeights { path: path.into(), message };
-    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    parse_header(file, file_len, path)
+}
+
+/// Reads and validates the header of a safetensors file of `file_len` bytes from `file`, which
+/// is at its start; `path` names it in messages.
+pub fn parse_header(mut file: impl Read, file_len: u64, path: &Path) -> Result<Header> {
+    let bad = |message: String| Error::BadWeights { path: path.into(), message };
     let mut len_bytes = [0u8; 8];
     file.read_exact(&mut len_bytes)
         .map_err(|_| bad(format!("truncated: {file_len} bytes is too short for a safetensors file")))?;

@@ -1,6 +1,8 @@
 //! `sala serve`: an OpenAI-compatible HTTP API (axum). The model loads in the background
 //! (`/health` answers 503 until it is ready) on the worker thread that then serves every request
-//! ([`scheduler`]). Errors follow OpenAI's schema: `{"error": {"message", "type", "param", "code"}}`.
+//! ([`scheduler`]). Errors follow OpenAI's schema: `{"error": {"message", "type", "param", "code"}}`,
+//! whichever layer makes them. Clients that stall sending a request are dropped; SIGINT and
+//! SIGTERM drain (running requests finish, up to a deadline) before the process exits.
 
 pub mod answer;
 pub mod models;
@@ -10,19 +12,24 @@ pub mod scheduler;
 use crate::cli::{load, ModelArgs};
 use crate::engine::tokenizer::TextTokenizer;
 use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use answer::AnswerParser;
-use openai::{ApiError, ChatRequest};
+use openai::ApiError;
 use scheduler::{Event, Job};
 use serde_json::json;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 8 << 20;
+/// Largest body of the model-management requests (a few fields).
+pub const MAX_SMALL_BODY_BYTES: usize = 64 << 10;
 
 /// What the worker publishes once the model is loaded.
 pub struct Ready {
@@ -37,9 +44,20 @@ pub struct AppState {
     pub model_path: std::path::PathBuf,
     pub downloads: Mutex<Vec<Arc<models::Download>>>,
     pub api_key: Option<String>,
+    /// Listening beyond this machine without an API key: model management is refused and no
+    /// filesystem path is shown.
+    pub public: bool,
     pub ready: OnceLock<Ready>,
     pub load_error: OnceLock<String>,
     pub default_max_tokens: usize,
+    /// How long a client may take to send a request's body.
+    pub read_timeout: Duration,
+    /// Set at SIGINT/SIGTERM: new requests are refused while the running ones finish.
+    pub draining: AtomicBool,
+    /// Set when the drain's deadline passes: the worker ends every request it holds.
+    pub abort: Arc<AtomicBool>,
+    /// `GET /v1/models` entries by model path (a model's files do not change under a snapshot).
+    pub descriptions: tokio::sync::Mutex<std::collections::HashMap<std::path::PathBuf, serde_json::Value>>,
 }
 
 pub struct ServerOptions {
@@ -50,20 +68,40 @@ pub struct ServerOptions {
     pub default_max_tokens: usize,
     /// Requests decoded together.
     pub parallel: usize,
+    /// How long a client may take to send a request's headers, and its body.
+    pub read_timeout: Duration,
+    /// At SIGINT/SIGTERM, how long running requests may take to finish before they are ended.
+    pub shutdown_timeout: Duration,
 }
 
-/// Binds, starts loading the model on the worker thread, and serves until Ctrl-C.
+/// Binds, starts loading the model on the worker thread, and serves until SIGINT or SIGTERM,
+/// then drains: no new requests, running ones finish (or are ended at `shutdown_timeout`).
 pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
-    let ServerOptions { host, port, api_key, default_max_tokens, parallel } = options;
+    let ServerOptions { host, port, api_key, default_max_tokens, parallel, read_timeout, shutdown_timeout } = options;
     let path = model.model_or_default()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let listener = runtime.block_on(tokio::net::TcpListener::bind((host.as_str(), port)))?;
+    let address = listener.local_addr()?;
+    let public = !address.ip().is_loopback() && api_key.is_none();
+    if public {
+        eprintln!(
+            "WARNING: listening on {address} without --api-key: anyone who can reach this port can use the model. \
+             Model downloads and deletions are refused and paths are hidden; pass --api-key KEY to allow them."
+        );
+    }
     let state = Arc::new(AppState {
         model_id: path.display().to_string(),
         model_path: crate::store::cache::resolve(&path).unwrap_or_else(|_| path.clone()),
         downloads: Mutex::new(Vec::new()),
         api_key,
+        public,
         ready: OnceLock::new(),
         load_error: OnceLock::new(),
         default_max_tokens,
+        read_timeout,
+        draining: AtomicBool::new(false),
+        abort: Arc::new(AtomicBool::new(false)),
+        descriptions: tokio::sync::Mutex::new(std::collections::HashMap::new()),
     });
     let worker_state = state.clone();
     let prefill_step = model.runtime.prefill_step;
@@ -85,7 +123,7 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
         let max_context = loaded.model.info().max_context;
         let _ = worker_state.ready.set(Ready { tokenizer: tokenizer.clone(), jobs: Mutex::new(tx), max_context });
         eprintln!("model ready: {}", worker_state.model_id);
-        scheduler::run(loaded.model, tokenizer, prefill_step, parallel, rx);
+        scheduler::run(loaded.model, tokenizer, prefill_step, parallel, rx, worker_state.abort.clone());
     })?;
 
     let app = Router::new()
@@ -98,38 +136,162 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed", None, "this endpoint does not take that method").into_response()
         })
-        .with_state(state);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+        .layer(axum::middleware::map_response(json_errors))
+        .with_state(state.clone());
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((host.as_str(), port)).await?;
-        eprintln!("listening on http://{}", listener.local_addr()?);
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await?;
+        eprintln!("listening on http://{address}");
+        let connections = hyper_util::server::graceful::GracefulShutdown::new();
+        let mut http = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+        // A client that never finishes its request headers is dropped.
+        http.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(read_timeout);
+        let signal = shutdown_signal();
+        tokio::pin!(signal);
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let stream = match accepted {
+                        Ok((stream, _)) => stream,
+                        Err(e) => {
+                            // Out of file descriptors and the like: wait instead of spinning.
+                            eprintln!("accept failed: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                    let connection = http.serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(stream), service).into_owned();
+                    let connection = connections.watch(connection);
+                    tokio::spawn(async move {
+                        let _ = connection.await;
+                    });
+                }
+                _ = &mut signal => break,
+            }
+        }
+        drop(listener);
+        state.draining.store(true, Ordering::SeqCst);
+        for d in state.downloads.lock().expect("downloads lock").iter() {
+            d.progress.cancel();
+        }
+        eprintln!("shutting down: {} connections to finish (at most {} s)", connections.count(), shutdown_timeout.as_secs());
+        let drained = connections.shutdown();
+        tokio::pin!(drained);
+        if tokio::time::timeout(shutdown_timeout, &mut drained).await.is_err() {
+            // Past the deadline: the worker ends what it holds, streams close with an error and [DONE].
+            eprintln!("shutdown deadline reached: ending the running requests");
+            state.abort.store(true, Ordering::SeqCst);
+            let _ = tokio::time::timeout(Duration::from_secs(5), drained).await;
+        }
+        eprintln!("stopped");
         Ok(())
     })
 }
 
+/// SIGINT (Ctrl-C) or SIGTERM (what service managers send).
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Every error the server sends is OpenAI-schema JSON, including the ones the HTTP layers make
+/// themselves (a body over a limit, an undecodable path, an unknown method).
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response.headers().get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let text = axum::body::to_bytes(response.into_body(), 4096).await.map(|b| String::from_utf8_lossy(&b).trim().to_string()).unwrap_or_default();
+    let message = if text.is_empty() { status.canonical_reason().unwrap_or("error").to_string() } else { text };
+    let (kind, code) = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ("invalid_request_error", "request_too_large"),
+        StatusCode::REQUEST_TIMEOUT => ("invalid_request_error", "request_timeout"),
+        StatusCode::NOT_FOUND => ("invalid_request_error", "not_found"),
+        StatusCode::METHOD_NOT_ALLOWED => ("invalid_request_error", "method_not_allowed"),
+        s if s.is_server_error() => ("server_error", "internal_error"),
+        _ => ("invalid_request_error", "invalid_request"),
+    };
+    ApiError::new(status, kind, code, None, &message).into_response()
+}
+
+/// The request body, at most `limit` bytes, within the client read timeout.
+pub(crate) async fn read_body(state: &AppState, body: axum::body::Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
+    match tokio::time::timeout(state.read_timeout, axum::body::to_bytes(body, limit)).await {
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            None,
+            &format!("the request body did not arrive within {} s", state.read_timeout.as_secs_f32()),
+        )),
+        Ok(Err(e)) if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+            None,
+            &format!("the request body is over {limit} bytes"),
+        )),
+        Ok(Err(e)) => Err(ApiError::bad_request("body", &format!("the request body could not be read: {e}"))),
+        Ok(Ok(bytes)) => Ok(bytes),
+    }
+}
+
 pub(crate) fn authorized(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &state.api_key else { return Ok(()) };
-    let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key.as_str()) {
+    let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+    // Compared as digests in constant time: neither the key's bytes nor its length leak through timing.
+    use sha2::Digest;
+    use subtle::ConstantTimeEq;
+    if bool::from(sha2::Sha256::digest(given.as_bytes()).ct_eq(&sha2::Sha256::digest(key.as_bytes()))) {
         Ok(())
     } else {
         Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", "invalid_api_key", None, "missing or wrong API key (Authorization: Bearer KEY)"))
     }
 }
 
-async fn health(State(state): State<Arc<AppState>>) -> Response {
-    if state.ready.get().is_some() {
-        (StatusCode::OK, Json(json!({"status": "ok", "model": state.model_id}))).into_response()
-    } else if let Some(e) = state.load_error.get() {
-        (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"status": "error", "error": e}))).into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "loading"}))).into_response()
+/// Model management (download, delete) changes the disk: refused on a public server.
+pub(crate) fn may_manage(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    authorized(state, headers)?;
+    if state.public {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            "permission_denied",
+            None,
+            "model downloads and deletions are refused on a server that listens beyond this machine without an API key; restart it with --api-key KEY",
+        ));
     }
+    Ok(())
+}
+
+/// Load status for anyone (no filesystem paths); why a load failed only with the API key.
+async fn health(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let model = crate::cli::file_label(std::path::Path::new(&state.model_id));
+    if state.ready.get().is_some() {
+        (StatusCode::OK, Json(json!({"status": "ok", "model": model}))).into_response()
+    } else if let Some(e) = state.load_error.get() {
+        let error = if state.api_key.is_some() && authorized(&state, &headers).is_ok() {
+            e.clone()
+        } else {
+            "the model failed to load; the server's log says why (or GET /health with the API key)".to_string()
+        };
+        (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"status": "error", "model": model, "error": error}))).into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "loading", "model": model}))).into_response()
+    }
+}
+
+fn shutting_down() -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "server_shutting_down", None, "the server is shutting down; retry against another instance")
 }
 
 async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Response {
@@ -141,44 +303,31 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
 
 async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
     authorized(&state, &headers)?;
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "request_too_large", None, &format!("the request body is over {MAX_BODY_BYTES} bytes"))
-    })?;
-    let request = ChatRequest::parse(&bytes, &state.model_id)?;
-    let Some(ready) = state.ready.get() else {
-        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_loading", None, "the model is still loading; retry shortly (GET /health says when it is ready)"));
+    if state.draining.load(Ordering::SeqCst) {
+        return Err(shutting_down());
+    }
+    let bytes = read_body(&state, body, MAX_BODY_BYTES).await?;
+    if state.ready.get().is_none() {
+        return Err(match state.load_error.get() {
+            Some(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "model_load_failed", None, &format!("the model failed to load: {e}")),
+            None => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_loading", None, "the model is still loading; retry shortly (GET /health says when it is ready)"),
+        });
+    }
+    // Parsing, templating and tokenizing a large body is CPU work: off the async threads.
+    let prepared = {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || {
+            let ready = state.ready.get().expect("checked above");
+            openai::prepare_chat(&bytes, &state.model_id, &ready.tokenizer, ready.max_context, state.default_max_tokens)
+        })
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", None, &format!("preparing the request failed: {e}")))??
     };
-    let mut prompt_text = ready
-        .tokenizer
-        .apply_chat_template_with_tools(&request.messages, &request.tools, request.enable_thinking)
-        .map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
-    // tool_choice required/named: the answer is started as a call, so the model has to make one.
-    let forced = if request.tools.is_empty() { String::new() } else { request.tool_choice.forced_prefix() };
-    prompt_text.push_str(&forced);
+    let ready = state.ready.get().expect("checked above");
+    let openai::PreparedChat { request, prompt_text, forced, prompt, max_tokens, stop } = prepared;
     let tool_names = (!request.tools.is_empty()).then(|| request.tool_names.clone());
     let parser = AnswerParser::new(&prompt_text, tool_names, &forced, request.parallel_tool_calls);
-    let prompt = ready.tokenizer.encode(&prompt_text).map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
-    let max_tokens = request.max_tokens.unwrap_or(state.default_max_tokens.min(ready.max_context.saturating_sub(prompt.len())).max(1));
-    if prompt.len() + max_tokens > ready.max_context {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "context_length_exceeded",
-            Some("messages"),
-            &format!(
-                "this model's context is {} tokens; the messages take {} and max_tokens asks for {} more",
-                ready.max_context,
-                prompt.len(),
-                max_tokens
-            ),
-        ));
-    }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut stop = request.stop.clone();
-    if !request.tools.is_empty() && matches!(request.tool_choice, openai::ToolChoice::Function(_)) {
-        // One named call is all that was asked for: end the answer when it is complete.
-        stop.push(crate::engine::tools::CALL_CLOSE.to_string());
-    }
     let job = Job { prompt, sampling: request.sampling.clone(), max_tokens, stop, events: tx };
     ready
         .jobs
@@ -204,6 +353,7 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
                 content.push_str(&d.content);
             }
             Event::Error(e) => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "generation_failed", None, &e)),
+            Event::Shutdown => return Err(shutting_down()),
             Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
                 let (d, calls) = parser.finish();
                 reasoning.push_str(&d.reasoning);
@@ -259,6 +409,11 @@ fn async_stream(
                 Event::Text(t) => parser.push(&t).chunks().into_iter().all(|delta| send(chunk(delta, None))),
                 Event::Error(e) => {
                     send(json!({"error": {"message": e, "type": "server_error", "param": null, "code": "generation_failed"}}));
+                    false
+                }
+                Event::Shutdown => {
+                    let e = shutting_down();
+                    send(json!({"error": {"message": e.message, "type": e.kind, "param": null, "code": e.code}}));
                     false
                 }
                 Event::Done { finish_reason, prompt_tokens, completion_tokens } => {

@@ -1,9 +1,10 @@
 //! The model endpoints: `GET /v1/models` (the served model and the store, with metadata),
 //! `POST /v1/models/download` (a background `sala pull`), `GET /v1/models/download` (its
-//! progress) and `DELETE /v1/models/{org}/{name}` (`sala rm`).
+//! progress) and `DELETE /v1/models/{org}/{name}` (`sala rm`; a download still running is
+//! cancelled first).
 
 use super::openai::ApiError;
-use super::{authorized, AppState};
+use super::{authorized, may_manage, read_body, AppState, MAX_SMALL_BODY_BYTES};
 use crate::store::cache::{self, cache_dir, ModelRef};
 use crate::store::pull::{pull, PullProgress};
 use crate::store::summary::summarize;
@@ -38,7 +39,7 @@ impl Download {
                 v["path"] = json!(path);
             }
             Some(Err(e)) => {
-                v["status"] = json!("failed");
+                v["status"] = json!(if p.is_cancelled() { "cancelled" } else { "failed" });
                 v["error"] = json!(e);
             }
         }
@@ -51,8 +52,8 @@ impl Download {
 }
 
 /// Describes a model for the list: path, size, quantization, architecture, context.
-fn describe(id: &str, path: &std::path::Path, size: u64, loaded: bool) -> Value {
-    let mut v = json!({"id": id, "object": "model", "created": 0, "owned_by": "sala", "path": path, "size": size, "loaded": loaded});
+fn describe(id: &str, path: &std::path::Path, size: u64) -> Value {
+    let mut v = json!({"id": id, "object": "model", "created": 0, "owned_by": "sala", "path": path, "size": size});
     match summarize(path, None) {
         Ok((s, _)) => {
             v["quantization"] = json!(s.quantization);
@@ -71,19 +72,42 @@ pub async fn list(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Res
     if let Err(e) = authorized(&state, &headers) {
         return e.into_response();
     }
-    let state = state.clone();
-    // Reading headers of every stored model touches the disk: off the async threads.
-    let data = tokio::task::spawn_blocking(move || {
-        let mut data = vec![describe(&state.model_id, &state.model_path, 0, state.ready.get().is_some())];
+    // One listing at a time, each model described once: a description reads its headers (a
+    // GGUF's whole file), which concurrent clients must not repeat.
+    let mut descriptions = state.descriptions.lock().await;
+    let known: Vec<std::path::PathBuf> = descriptions.keys().cloned().collect();
+    let task_state = state.clone();
+    let fresh = tokio::task::spawn_blocking(move || {
+        let state = task_state;
+        let mut models = vec![(state.model_id.clone(), state.model_path.clone(), 0)];
         for m in cache::list(&cache_dir()).unwrap_or_default() {
             if m.snapshot != state.model_path {
-                data.push(describe(&m.repo, &m.snapshot, m.size, false));
+                models.push((m.repo, m.snapshot, m.size));
             }
         }
-        data
+        models
+            .into_iter()
+            .map(|(id, path, size)| {
+                let described = (!known.contains(&path)).then(|| describe(&id, &path, size));
+                (path, described)
+            })
+            .collect::<Vec<_>>()
     })
     .await
     .unwrap_or_default();
+    let mut data = Vec::with_capacity(fresh.len());
+    for (path, described) in fresh {
+        let entry = match described {
+            Some(v) => descriptions.entry(path.clone()).or_insert(v),
+            None => descriptions.get_mut(&path).expect("described before"),
+        };
+        let mut v = entry.clone();
+        v["loaded"] = json!(path == state.model_path && state.ready.get().is_some());
+        if state.public {
+            v.as_object_mut().map(|o| o.remove("path"));
+        }
+        data.push(v);
+    }
     Json(json!({"object": "list", "data": data})).into_response()
 }
 
@@ -91,15 +115,19 @@ fn parse_ref(id: &str, param: &str) -> Result<ModelRef, ApiError> {
     ModelRef::parse(id).map_err(|e| ApiError::bad_request(param, &e.to_string()))
 }
 
-pub async fn download(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
-    match start_download(&state, &headers, &body) {
+pub async fn download(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Response {
+    let started = async {
+        may_manage(&state, &headers)?;
+        let body = read_body(&state, body, MAX_SMALL_BODY_BYTES).await?;
+        start_download(&state, &body)
+    };
+    match started.await {
         Ok((status, v)) => (status, Json(v)).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-fn start_download(state: &Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Result<(StatusCode, Value), ApiError> {
-    authorized(state, headers)?;
+fn start_download(state: &Arc<AppState>, body: &[u8]) -> Result<(StatusCode, Value), ApiError> {
     let request: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_json", None, &format!("the body is not valid JSON: {e}")))?;
     let model = request.get("model").and_then(Value::as_str).ok_or_else(|| ApiError::bad_request("model", "`model` must be a repo id, `org/name`"))?;
@@ -143,14 +171,22 @@ pub async fn downloads(State(state): State<Arc<AppState>>, headers: HeaderMap) -
 }
 
 pub async fn delete(State(state): State<Arc<AppState>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    match remove(&state, &headers, &id) {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
+    if let Err(e) = may_manage(&state, &headers) {
+        return e.into_response();
+    }
+    // Waiting for a cancelled download to stop blocks: off the async threads.
+    let removed = tokio::task::spawn_blocking(move || remove(&state, &id)).await;
+    match removed {
+        Ok(Ok(v)) => Json(v).into_response(),
+        Ok(Err(e)) => e.into_response(),
+        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", None, &e.to_string()).into_response(),
     }
 }
 
-fn remove(state: &AppState, headers: &HeaderMap, id: &str) -> Result<Value, ApiError> {
-    authorized(state, headers)?;
+/// How long a delete waits for a cancelled download to stop (one read timeout at most).
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn remove(state: &AppState, id: &str) -> Result<Value, ApiError> {
     let in_use = || {
         ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "model_in_use", Some("model"), &format!("`{id}` is the model this server is running; stop the server to delete it"))
     };
@@ -163,13 +199,27 @@ fn remove(state: &AppState, headers: &HeaderMap, id: &str) -> Result<Value, ApiE
     if reference.snapshot(&store).is_some_and(|s| s == state.model_path) {
         return Err(in_use());
     }
-    if state.downloads.lock().expect("downloads lock").iter().any(|d| d.reference.repo == reference.repo && d.running()) {
-        return Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "download_running", Some("model"), &format!("`{id}` is still downloading")));
+    let running: Vec<Arc<Download>> =
+        state.downloads.lock().expect("downloads lock").iter().filter(|d| d.reference.repo == reference.repo && d.running()).cloned().collect();
+    let cancelled = !running.is_empty();
+    for d in &running {
+        d.progress.cancel();
+    }
+    let waited = std::time::Instant::now();
+    while running.iter().any(|d| d.running()) {
+        if waited.elapsed() > CANCEL_WAIT {
+            return Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "download_running", Some("model"), &format!("`{id}` is still downloading and did not stop when cancelled; retry")));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     if !reference.repo_dir(&store).is_dir() {
+        if cancelled {
+            return Ok(json!({"id": reference.repo, "object": "model", "deleted": true, "freed_bytes": 0, "cancelled_download": true}));
+        }
         return Err(ApiError::not_found(&format!("model `{}` is not in the store ({})", reference.repo, store.display())));
     }
     let freed = cache::remove(&store, &reference.repo)
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "delete_failed", None, &e.to_string()))?;
-    Ok(json!({"id": reference.repo, "object": "model", "deleted": true, "freed_bytes": freed}))
+    state.descriptions.blocking_lock().retain(|path, _| !path.starts_with(reference.repo_dir(&store)));
+    Ok(json!({"id": reference.repo, "object": "model", "deleted": true, "freed_bytes": freed, "cancelled_download": cancelled}))
 }

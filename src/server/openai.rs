@@ -2,7 +2,7 @@
 //! answered with a 4xx error naming the parameter, and the error type itself.
 
 use crate::engine::sampler::SamplingParams;
-use crate::engine::tokenizer::Message;
+use crate::engine::tokenizer::{Message, TextTokenizer};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -239,7 +239,8 @@ impl ChatRequest {
         };
         let sampling = SamplingParams {
             temperature: number(obj, "temperature", 0.0..=2.0)?.unwrap_or(1.0) as f32,
-            top_p: number(obj, "top_p", 0.0..=1.0)?.unwrap_or(1.0).max(f64::MIN_POSITIVE) as f32,
+            // OpenAI takes 0: only the most likely token.
+            top_p: (number(obj, "top_p", 0.0..=1.0)?.unwrap_or(1.0) as f32).max(f32::MIN_POSITIVE),
             top_k: integer(obj, "top_k", 0)?.unwrap_or(0) as usize,
             min_p: number(obj, "min_p", 0.0..=1.0)?.unwrap_or(0.0) as f32,
             frequency_penalty: number(obj, "frequency_penalty", -2.0..=2.0)?.unwrap_or(0.0) as f32,
@@ -248,7 +249,7 @@ impl ChatRequest {
             seed: integer(obj, "seed", 0)?,
             ..Default::default()
         };
-        sampling.validate().map_err(|m| ApiError::bad_request("sampling", &m))?;
+        sampling.validate().map_err(|e| ApiError::bad_request(e.field, &format!("`{}` {}", e.field, e.rule)))?;
         Ok(Self {
             messages,
             sampling,
@@ -338,6 +339,60 @@ fn parse_tool_calls(value: Option<&Value>, param: &str) -> Result<Option<Vec<Val
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
+}
+
+/// A chat request made ready for the worker: the rendered prompt and its tokens, with the answer
+/// length checked against the context.
+pub struct PreparedChat {
+    pub request: ChatRequest,
+    /// The rendered prompt, ending with any forced start of a tool call.
+    pub prompt_text: String,
+    /// What the prompt already started the answer with (a forced tool call).
+    pub forced: String,
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    /// The request's stop strings, plus the end of a call when one named call was asked for.
+    pub stop: Vec<String>,
+}
+
+/// Parses `body`, renders and tokenizes the prompt, and checks that it and `max_tokens` fit in
+/// `max_context` (CPU work: the server runs it off the async threads).
+pub fn prepare_chat(
+    body: &[u8],
+    served_model: &str,
+    tokenizer: &TextTokenizer,
+    max_context: usize,
+    default_max_tokens: usize,
+) -> Result<PreparedChat, ApiError> {
+    let request = ChatRequest::parse(body, served_model)?;
+    let mut prompt_text = tokenizer
+        .apply_chat_template_with_tools(&request.messages, &request.tools, request.enable_thinking)
+        .map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
+    // tool_choice required/named: the answer is started as a call, so the model has to make one.
+    let forced = if request.tools.is_empty() { String::new() } else { request.tool_choice.forced_prefix() };
+    prompt_text.push_str(&forced);
+    let prompt = tokenizer.encode(&prompt_text).map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
+    let room = max_context.saturating_sub(prompt.len());
+    let max_tokens = request.max_tokens.unwrap_or(default_max_tokens.min(room).max(1));
+    // Checked: max_tokens comes from the request and may be up to 2^64 - 1.
+    if prompt.len().checked_add(max_tokens).is_none_or(|total| total > max_context) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "context_length_exceeded",
+            Some("messages"),
+            &format!(
+                "this model's context is {max_context} tokens; the messages take {} and max_tokens asks for {max_tokens} more",
+                prompt.len()
+            ),
+        ));
+    }
+    let mut stop = request.stop.clone();
+    if !request.tools.is_empty() && matches!(request.tool_choice, ToolChoice::Function(_)) {
+        // One named call is all that was asked for: end the answer when it is complete.
+        stop.push(crate::engine::tools::CALL_CLOSE.to_string());
+    }
+    Ok(PreparedChat { request, prompt_text, forced, prompt, max_tokens, stop })
 }
 
 pub fn usage(prompt: usize, completion: usize) -> Value {

@@ -30,6 +30,8 @@ pub enum Event {
     Text(String),
     Done { finish_reason: &'static str, prompt_tokens: usize, completion_tokens: usize },
     Error(String),
+    /// Ended unfinished: the server is shutting down.
+    Shutdown,
 }
 
 struct Active {
@@ -42,8 +44,16 @@ struct Active {
     held: String,
 }
 
-/// Runs until every sender of `jobs` is gone.
-pub fn run(model: Box<dyn LanguageModel>, tokenizer: std::sync::Arc<TextTokenizer>, prefill_step: usize, parallel: usize, jobs: Receiver<Job>) {
+/// Runs until every sender of `jobs` is gone; once `abort` is set, every request held or queued
+/// is ended with [`Event::Shutdown`].
+pub fn run(
+    model: Box<dyn LanguageModel>,
+    tokenizer: std::sync::Arc<TextTokenizer>,
+    prefill_step: usize,
+    parallel: usize,
+    jobs: Receiver<Job>,
+    abort: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
     let model = model.as_ref();
     let mut active: Vec<Active> = Vec::new();
     let mut waiting: VecDeque<Job> = VecDeque::new();
@@ -62,6 +72,12 @@ pub fn run(model: Box<dyn LanguageModel>, tokenizer: std::sync::Arc<TextTokenize
                 Err(TryRecvError::Disconnected) if active.is_empty() && waiting.is_empty() => return,
                 Err(TryRecvError::Disconnected) => break,
             }
+        }
+        if abort.load(std::sync::atomic::Ordering::SeqCst) {
+            for events in active.drain(..).map(|a| a.job.events).chain(waiting.drain(..).map(|j| j.events)) {
+                let _ = events.send(Event::Shutdown);
+            }
+            continue;
         }
         waiting.retain(|job| !job.events.is_closed());
         active.retain(|a| !a.job.events.is_closed());

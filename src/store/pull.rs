@@ -52,6 +52,18 @@ pub struct PullProgress {
     pub done_bytes: AtomicU64,
     pub files_total: AtomicUsize,
     pub files_done: AtomicUsize,
+    pub cancelled: std::sync::atomic::AtomicBool,
+}
+
+impl PullProgress {
+    /// Asks the pull to stop.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::SeqCst)
+    }
 }
 
 /// A per-file progress bar (bytes, rate, ETA) in `bars`, mirrored into the counters.

@@ -1,6 +1,7 @@
 //! Shared helpers for the integration tests: paths into ../shared and safetensors reading.
 #![allow(dead_code)]
 
+pub mod gguf_file;
 pub mod hub;
 
 use std::collections::HashMap;

@@ -119,7 +119,7 @@ impl SalaConfig {
         let s = &self.sparse;
         let sel = &s.selection;
         // Keys and values in the compute dtype, pooled keys in float32.
-        let rows = size_product(&[2, context, dtype_bytes]).saturating_add(size_product(&[context / sel.stride + context / sel.stride2, 4]));
+        let rows = size_product(&[2, context, dtype_bytes]).saturating_add(size_product(&[(context / sel.stride).saturating_add(context / sel.stride2), 4]));
         let sparse = rows.saturating_mul(size_product(&[s.kv_heads, s.head_dim]));
         let l = &self.lightning;
         let lightning = size_product(&[l.heads, l.head_dim, l.head_dim, 4]);
