@@ -110,6 +110,8 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             [CompletionResult]::new('--api-key', '--api-key', [CompletionResultType]::ParameterName, 'Require `Authorization: Bearer KEY` on the API')
             [CompletionResult]::new('--max-tokens', '--max-tokens', [CompletionResultType]::ParameterName, 'Tokens per answer when a request does not say')
             [CompletionResult]::new('--parallel', '--parallel', [CompletionResultType]::ParameterName, 'Requests decoded together in one batch; more wait in line')
+            [CompletionResult]::new('--timeout', '--timeout', [CompletionResultType]::ParameterName, 'Seconds a client may take to send a request''s headers, and then its body')
+            [CompletionResult]::new('--shutdown-timeout', '--shutdown-timeout', [CompletionResultType]::ParameterName, 'At SIGINT/SIGTERM, seconds running requests may take to finish before they are ended')
             [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')

@@ -951,7 +951,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__serve)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --host --port --api-key --max-tokens --parallel --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1002,6 +1002,14 @@ _sala() {
                     return 0
                     ;;
                 --parallel)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --shutdown-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -104,6 +104,8 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --api-key 'Require `Authorization: Bearer KEY` on the API'
             cand --max-tokens 'Tokens per answer when a request does not say'
             cand --parallel 'Requests decoded together in one batch; more wait in line'
+            cand --timeout 'Seconds a client may take to send a request''s headers, and then its body'
+            cand --shutdown-timeout 'At SIGINT/SIGTERM, seconds running requests may take to finish before they are ended'
             cand -h 'Print help'
             cand --help 'Print help'
             cand -V 'Print version'

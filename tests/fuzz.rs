@@ -475,3 +475,30 @@ fn fuzz_sala_file() {
     fuzz("sala-file", &[seed], mutate, read);
     let _ = std::fs::remove_file(path);
 }
+
+#[test]
+fn fuzz_chat_request() {
+    let files = sala::engine::tokenizer::TokenizerFiles::from_dir(&common::shared().join("assets/minicpm4-tokenizer")).unwrap().unwrap();
+    let tokenizer = sala::engine::tokenizer::TextTokenizer::new(&files, Some(1)).unwrap();
+    let tool = json!({"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}});
+    let seeds: Vec<Vec<u8>> = [
+        json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16, "temperature": 0.7, "top_p": 0.9}),
+        json!({"model": "served", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+               "stream": true, "stream_options": {"include_usage": true}, "stop": ["\n", "END"], "seed": 7, "logit_bias": {"5": -100},
+               "chat_template_kwargs": {"enable_thinking": false}}),
+        json!({"messages": [{"role": "user", "content": "Weather in Paris?"},
+                            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+               "tools": [tool.clone()], "tool_choice": "auto", "parallel_tool_calls": false}),
+        json!({"messages": [{"role": "user", "content": "Call it"}], "tools": [tool.clone()],
+               "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "max_completion_tokens": 32,
+               "frequency_penalty": 0.5, "presence_penalty": -0.5, "min_p": 0.1, "top_k": 20}),
+    ]
+    .iter()
+    .map(|v| v.to_string().into_bytes())
+    .collect();
+    fuzz("chat-request", &seeds, mutate_json_text, |bytes| {
+        sala::server::openai::prepare_chat(bytes, "served", &tokenizer, 4096, 512).is_ok()
+    });
+}

@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::server::{free_port, get_status, request};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,27 +20,9 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// One HTTP request to 127.0.0.1:`port`: the status and the JSON body (Null if none), or `None`
-/// when nothing answered.
+/// One request: the status and the JSON body (Null if none), or `None` when nothing answered.
 fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> Option<(u16, serde_json::Value)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    let body = body.unwrap_or("");
-    let head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
-    s.write_all((head + body).as_bytes()).ok()?;
-    let mut response = String::new();
-    s.read_to_string(&mut response).ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let json = response.split_once("\r\n\r\n").and_then(|(_, b)| serde_json::from_str(b).ok()).unwrap_or_default();
-    Some((status, json))
-}
-
-fn get_status(port: u16, path: &str) -> Option<u16> {
-    http(port, "GET", path, None).map(|r| r.0)
+    request(port, method, path, body, &[]).map(|r| (r.status, r.json()))
 }
 
 #[test]
@@ -104,6 +87,21 @@ fn model_endpoints_download_list_delete() {
         assert!(start.elapsed() < Duration::from_secs(60), "server not ready");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Concurrent listings describe the served GGUF once (each read the whole file: 16 calls took
+    // the server from 0.55 to 2.3 GB).
+    let rss = |pid: u32| -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().trim_end_matches("kB").trim().parse::<u64>().unwrap() * 1024
+    };
+    let before = rss(_server.0.id());
+    std::thread::scope(|scope| {
+        for _ in 0..16 {
+            scope.spawn(|| assert_eq!(http(port, "GET", "/v1/models", None).unwrap().0, 200));
+        }
+    });
+    let grown = rss(_server.0.id()) - before;
+    let gguf_bytes = std::fs::metadata(&served).unwrap().len();
+    assert!(grown < 3 * gguf_bytes, "16 listings grew the server by {grown} bytes (the GGUF is {gguf_bytes})");
     let (status, list) = http(port, "GET", "/v1/models", None).unwrap();
     let served_id = served.display().to_string();
     assert_eq!(status, 200);

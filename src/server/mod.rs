@@ -90,7 +90,9 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
         );
     }
     let state = Arc::new(AppState {
-        model_id: path.display().to_string(),
+        // Clients name the model by its path, as llama.cpp's server does; a public server says
+        // only its file name.
+        model_id: if public { crate::cli::file_label(&path) } else { path.display().to_string() },
         model_path: crate::store::cache::resolve(&path).unwrap_or_else(|_| path.clone()),
         downloads: Mutex::new(Vec::new()),
         api_key,

@@ -3,6 +3,7 @@
 
 pub mod gguf_file;
 pub mod hub;
+pub mod server;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

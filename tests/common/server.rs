@@ -1,0 +1,158 @@
+//! `sala serve` as a child process, and raw HTTP/1.1 requests to it (what a client sends is
+//! exactly what the test says, bad bytes included).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running server, killed when dropped.
+pub struct Server {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// Starts `sala serve --model model extra…` on a free port and waits until `/health`
+    /// answers `ready_status` (200 once loaded; 500 for a model that cannot load).
+    pub fn start(model: &Path, extra: &[&str], ready_status: u16) -> Self {
+        Self::start_with(Command::new(env!("CARGO_BIN_EXE_sala")), model, extra, ready_status)
+    }
+
+    pub fn start_with(mut cmd: Command, model: &Path, extra: &[&str], ready_status: u16) -> Self {
+        let port = free_port();
+        let child = cmd
+            .args(["serve", "--model"])
+            .arg(model)
+            .args(["--port", &port.to_string()])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let server = Server { child, port };
+        let start = Instant::now();
+        while get_status(port, "/health") != Some(ready_status) {
+            assert!(start.elapsed() < Duration::from_secs(120), "server not ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    /// Everything the server wrote on stderr (after it exited or was killed).
+    pub fn stderr(&mut self) -> String {
+        let mut text = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut text);
+        }
+        text
+    }
+
+    /// The most memory the server has held (VmHWM), in bytes.
+    pub fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    }
+
+    /// Sends SIGTERM, as a service manager would.
+    pub fn terminate(&self) {
+        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A raw response: status, headers (lower-case names) and body.
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// An OpenAI-schema error: `{"error": {"message", "type", "param", "code"}}` as JSON.
+    pub fn is_api_error(&self) -> bool {
+        let v = self.json();
+        self.header("content-type").is_some_and(|c| c.starts_with("application/json"))
+            && v["error"]["message"].is_string()
+            && v["error"]["type"].is_string()
+            && v["error"]["code"].is_string()
+            && v["error"].get("param").is_some()
+    }
+}
+
+/// Sends raw bytes and reads the whole response (`Connection: close`); `None` when the server
+/// closed the connection without answering.
+pub fn raw(port: u16, bytes: &[u8]) -> Option<Response> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(120))).ok()?;
+    s.write_all(bytes).ok()?;
+    let mut response = Vec::new();
+    s.read_to_end(&mut response).ok()?;
+    parse(&response)
+}
+
+pub fn parse(response: &[u8]) -> Option<Response> {
+    let text = String::from_utf8_lossy(response);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let mut lines = head.lines();
+    let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let headers = lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
+    let mut response = Response { status, headers, body: body.to_string() };
+    if response.header("transfer-encoding") == Some("chunked") {
+        response.body = dechunk(body);
+    }
+    Some(response)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// One request with a JSON (or any) body and optional extra header lines.
+pub fn request(port: u16, method: &str, path: &str, body: Option<&str>, headers: &[&str]) -> Option<Response> {
+    let body = body.unwrap_or("");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n", body.len());
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    raw(port, (head + body).as_bytes())
+}
+
+pub fn get_status(port: u16, path: &str) -> Option<u16> {
+    request(port, "GET", path, None, &[]).map(|r| r.status)
+}

@@ -1,0 +1,298 @@
+//! `sala serve` at its edges (issue 28): sizes from requests in checked arithmetic, every error
+//! as OpenAI-schema JSON whichever layer makes it, a failed load said as such, a public bind
+//! without a key, clients that stall, SIGTERM mid-stream; then a soak of bad requests among good
+//! ones under concurrency that ends with SIGTERM. Model: golden case A (random weights) with a
+//! byte tokenizer, on the CPU.
+
+mod common;
+
+use common::server::{raw, request, Server};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+fn model() -> PathBuf {
+    common::golden_with_tokenizer("A_dense_f32", "serve-edges", Some(100000))
+}
+
+fn chat(messages: &str, extra: &str) -> String {
+    format!("{{\"messages\": {messages}{extra}}}")
+}
+
+const HI: &str = r#"[{"role": "user", "content": "hi"}]"#;
+
+fn post(port: u16, body: &str) -> common::server::Response {
+    request(port, "POST", "/v1/chat/completions", Some(body), &[]).expect("an answer")
+}
+
+#[test]
+fn request_sizes_are_checked_arithmetic() {
+    let server = Server::start(&model(), &["--device", "cpu"], 200);
+    // prompt + 2^64 - 1 wrapped to a small number in release builds, and ran past the context.
+    for max in [u64::MAX.to_string(), (u64::MAX - 3).to_string(), (1u64 << 63).to_string(), "524288".into()] {
+        let r = post(server.port, &chat(HI, &format!(", \"max_tokens\": {max}")));
+        assert!(r.status == 400 && r.is_api_error() && r.json()["error"]["code"] == "context_length_exceeded", "{max}: {} {}", r.status, r.body);
+    }
+    let r = post(server.port, &chat(HI, ", \"max_tokens\": 3, \"temperature\": 0"));
+    assert!(r.status == 200 && r.json()["usage"]["completion_tokens"].as_u64() <= Some(3), "{}", r.body);
+}
+
+#[test]
+fn every_error_is_openai_json_and_names_the_field() {
+    let server = Server::start(&model(), &["--device", "cpu"], 200);
+    let port = server.port;
+    // Made by the HTTP layers, not the handlers: were text/plain.
+    let big = format!("{{\"model\": \"{}\"}}", "x".repeat(3 << 20));
+    let r = request(port, "POST", "/v1/models/download", Some(&big), &[]).unwrap();
+    assert!(r.status == 413 && r.is_api_error(), "{} {:?} {}", r.status, r.header("content-type"), r.body);
+    let r = request(port, "DELETE", "/v1/models/%FF%FE/x", None, &[]).unwrap();
+    assert!(r.status == 400 && r.is_api_error(), "{} {}", r.status, r.body);
+    let r = request(port, "PUT", "/v1/chat/completions", Some("{}"), &[]).unwrap();
+    assert!(r.status == 405 && r.is_api_error(), "{} {}", r.status, r.body);
+    let r = raw(port, b"GET /%zz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    assert!(r.status >= 400 && r.is_api_error(), "{} {}", r.status, r.body);
+    // Sampling errors name the request field (were `--top-p` and param "sampling").
+    for (extra, field) in [(", \"top_p\": -0.5", "top_p"), (", \"temperature\": 9", "temperature"), (", \"min_p\": 2", "min_p")] {
+        let r = post(port, &chat(HI, extra));
+        let e = &r.json()["error"];
+        assert!(r.status == 400 && e["param"] == field && !e["message"].as_str().unwrap().contains("--"), "{extra}: {}", r.body);
+    }
+    // top_p 0 is OpenAI's "only the most likely token", not an error.
+    let r = post(port, &chat(HI, ", \"top_p\": 0, \"max_tokens\": 2"));
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[test]
+fn a_failed_load_is_reported_without_paths() {
+    let dir = std::env::temp_dir().join(format!("sala-serve-broken-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), "{\"model_type\": \"llama\"}").unwrap();
+    std::fs::write(dir.join("model.safetensors"), [0u8; 8]).unwrap();
+    let server = Server::start(&dir, &["--api-key", "k"], 500);
+    let dir_text = dir.display().to_string();
+    let health = request(server.port, "GET", "/health", None, &[]).unwrap();
+    assert!(health.json()["status"] == "error" && !health.body.contains(&dir_text), "{}", health.body);
+    let detailed = request(server.port, "GET", "/health", None, &["Authorization: Bearer k"]).unwrap();
+    assert!(detailed.body.contains(&dir_text), "the key holder sees why: {}", detailed.body);
+    // Chat said "still loading; retry shortly" forever.
+    let r = request(server.port, "POST", "/v1/chat/completions", Some(&chat(HI, "")), &["Authorization: Bearer k"]).unwrap();
+    assert!(r.status == 500 && r.is_api_error() && r.json()["error"]["code"] == "model_load_failed", "{} {}", r.status, r.body);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_public_server_without_a_key_warns_and_refuses_management() {
+    let model = model();
+    let mut server = Server::start(&model, &["--device", "cpu", "--host", "0.0.0.0"], 200);
+    let port = server.port;
+    let path = model.display().to_string();
+    let r = request(port, "POST", "/v1/models/download", Some("{\"model\": \"a/b\"}"), &[]).unwrap();
+    assert!(r.status == 403 && r.is_api_error() && r.body.contains("--api-key"), "{} {}", r.status, r.body);
+    let r = request(port, "DELETE", "/v1/models/a/b", None, &[]).unwrap();
+    assert!(r.status == 403 && r.is_api_error(), "{} {}", r.status, r.body);
+    let list = request(port, "GET", "/v1/models", None, &[]).unwrap();
+    assert!(list.status == 200 && !list.body.contains(&path) && list.json()["data"][0]["path"].is_null(), "{}", list.body);
+    let health = request(port, "GET", "/health", None, &[]).unwrap();
+    assert!(health.status == 200 && !health.body.contains(&path), "{}", health.body);
+    server.terminate();
+    assert!(server.child.wait().unwrap().success());
+    assert!(server.stderr().contains("WARNING: listening on 0.0.0.0"), "no warning");
+    // With a key, the wrong key is refused and the right one accepted.
+    let server = Server::start(&model, &["--device", "cpu", "--host", "0.0.0.0", "--api-key", "secret"], 200);
+    let r = request(server.port, "GET", "/v1/models", None, &["Authorization: Bearer secreT"]).unwrap();
+    assert!(r.status == 401 && r.is_api_error());
+    let r = request(server.port, "GET", "/v1/models", None, &["Authorization: Bearer secret"]).unwrap();
+    assert!(r.status == 200 && r.json()["data"][0]["path"].is_string(), "{}", r.body);
+}
+
+#[test]
+fn clients_that_stall_are_dropped() {
+    let server = Server::start(&model(), &["--device", "cpu", "--timeout", "1"], 200);
+    let port = server.port;
+    let started = Instant::now();
+    // Headers never finished: the connection is closed (it was held forever).
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le").unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(started.elapsed() < Duration::from_secs(10), "a stalled header was held {:?}", started.elapsed());
+    // A body that stops halfway: 408 as JSON.
+    let started = Instant::now();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 100\r\n\r\n{\"messages\"").unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let r = common::server::parse(&answer).expect("an answer");
+    assert!(r.status == 408 && r.is_api_error(), "{} {}", r.status, r.body);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The server is still there.
+    assert_eq!(post(port, &chat(HI, ", \"max_tokens\": 1")).status, 200);
+}
+
+/// A streamed answer: the `data:` payloads, in order.
+fn stream_events(s: &mut TcpStream) -> Vec<String> {
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+}
+
+fn start_stream(port: u16, max_tokens: u64) -> TcpStream {
+    let body = chat(HI, &format!(", \"stream\": true, \"max_tokens\": {max_tokens}, \"temperature\": 0"));
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let head = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n", body.len());
+    s.write_all((head + &body).as_bytes()).unwrap();
+    // Wait for the first chunk, so the request is running when the signal comes.
+    let mut first = [0u8; 1];
+    s.read_exact(&mut first).unwrap();
+    s
+}
+
+#[test]
+fn sigterm_drains_streams_and_exits_cleanly() {
+    // Within the deadline: the stream finishes normally.
+    let mut server = Server::start(&model(), &["--device", "cpu"], 200);
+    let mut s = start_stream(server.port, 40);
+    server.terminate();
+    let events = stream_events(&mut s);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+    let finish = events.iter().filter_map(|e| serde_json::from_str::<Value>(e).ok()).find_map(|v| v["choices"][0]["finish_reason"].as_str().map(str::to_string));
+    assert_eq!(finish.as_deref(), Some("length"), "{events:?}");
+    assert_eq!(server.child.wait().unwrap().code(), Some(0), "exit 0 after draining (was 143)");
+    // Past the deadline: the stream is ended with an error event and [DONE], and the server exits.
+    let mut server = Server::start(&model(), &["--device", "cpu", "--shutdown-timeout", "1"], 200);
+    let mut s = start_stream(server.port, 400_000);
+    server.terminate();
+    let events = stream_events(&mut s);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+    assert!(events.iter().any(|e| e.contains("server_shutting_down")), "{events:?}");
+    assert_eq!(server.child.wait().unwrap().code(), Some(0));
+}
+
+/// What the soak's clients send, good and bad.
+const KINDS: usize = 12;
+
+#[test]
+fn soak_bad_requests_among_good_ones_then_sigterm() {
+    let seconds: u64 = std::env::var("SALA_SOAK_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
+    let mut server = Server::start(&model(), &["--device", "cpu", "--timeout", "2", "--parallel", "4"], 200);
+    let port = server.port;
+    let (requests, good, failures) = (AtomicU64::new(0), AtomicU64::new(0), std::sync::Mutex::new(Vec::<String>::new()));
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    std::thread::scope(|scope| {
+        for client in 0..8usize {
+            let (requests, good, failures) = (&requests, &good, &failures);
+            scope.spawn(move || {
+                let mut n = client;
+                while Instant::now() < deadline {
+                    n += 7;
+                    let kind = n % KINDS;
+                    if let Err(problem) = soak_request(port, kind) {
+                        failures.lock().unwrap().push(format!("kind {kind}: {problem}"));
+                    } else if kind < 2 {
+                        good.fetch_add(1, Ordering::Relaxed);
+                    }
+                    requests.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let peak = server.peak_rss();
+    // SIGTERM mid-stream at the end.
+    let mut s = start_stream(port, 40);
+    server.terminate();
+    let events = stream_events(&mut s);
+    let exit = server.child.wait().unwrap();
+    let failures = failures.into_inner().unwrap();
+    println!(
+        "soak: {} requests in {seconds} s ({} good answered), {} failures, server peak RSS {:.1} MB, exit {:?}",
+        requests.load(Ordering::Relaxed),
+        good.load(Ordering::Relaxed),
+        failures.len(),
+        peak as f64 / 1e6,
+        exit.code()
+    );
+    assert!(failures.is_empty(), "{:#?}", &failures[..failures.len().min(20)]);
+    assert!(good.load(Ordering::Relaxed) > 0);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(exit.code(), Some(0));
+}
+
+/// One soak request of `kind`; `Err` says what was wrong with the answer.
+fn soak_request(port: u16, kind: usize) -> Result<(), String> {
+    let expect_error = |r: Option<common::server::Response>, status: u16| -> Result<(), String> {
+        let r = r.ok_or("no answer")?;
+        if r.status == status && r.is_api_error() {
+            Ok(())
+        } else {
+            Err(format!("expected a {status} JSON error, got {} {}", r.status, &r.body[..r.body.len().min(200)]))
+        }
+    };
+    match kind {
+        0 => {
+            let r = request(port, "POST", "/v1/chat/completions", Some(&chat(HI, ", \"max_tokens\": 4")), &[]).ok_or("no answer")?;
+            let v = r.json();
+            if r.status == 200 && v["choices"][0]["message"]["role"] == "assistant" { Ok(()) } else { Err(format!("{} {}", r.status, r.body)) }
+        }
+        1 => {
+            let r = request(port, "POST", "/v1/chat/completions", Some(&chat(HI, ", \"max_tokens\": 4, \"stream\": true")), &[]).ok_or("no answer")?;
+            if r.status == 200 && r.body.trim_end().ends_with("data: [DONE]") { Ok(()) } else { Err(format!("{} {}", r.status, r.body)) }
+        }
+        2 => expect_error(request(port, "POST", "/v1/chat/completions", Some("{\"messages\": [{\"role\": "), &[]), 400),
+        3 => expect_error(request(port, "POST", "/v1/chat/completions", Some(&chat("\"hi\"", "")), &[]), 400),
+        4 => expect_error(request(port, "POST", "/v1/chat/completions", Some(&chat(HI, &format!(", \"max_tokens\": {}", u64::MAX))), &[]), 400),
+        5 => {
+            // Over the 8 MB limit: a 413 JSON error, unless the server answered and closed while
+            // the client was still writing (the client then sees its write fail: also a refusal).
+            let body = "x".repeat(9 << 20);
+            let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+            let head = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n", body.len());
+            if s.write_all(head.as_bytes()).and_then(|_| s.write_all(body.as_bytes())).is_err() {
+                return Ok(());
+            }
+            let mut answer = Vec::new();
+            let _ = s.read_to_end(&mut answer);
+            expect_error(common::server::parse(&answer), 413)
+        }
+        6 => expect_error(request(port, "DELETE", "/v1/models/%FF%FE/x", None, &[]), 400),
+        7 => expect_error(request(port, "GET", "/v1/nothing", None, &[]), 404),
+        8 => expect_error(request(port, "POST", "/v1/chat/completions", Some(&chat(HI, ", \"n\": 3, \"logit_bias\": {\"x\": 1}")), &[]), 400),
+        9 => {
+            // A client that hangs mid-body: 408 after the server's timeout.
+            let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+            s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 50\r\n\r\n{\"mess").map_err(|e| e.to_string())?;
+            let mut answer = Vec::new();
+            let _ = s.read_to_end(&mut answer);
+            expect_error(common::server::parse(&answer), 408)
+        }
+        10 => {
+            // Not HTTP at all: any answer must be a 4xx; a closed connection is fine too.
+            match raw(port, b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03garbage\r\n\r\n") {
+                Some(r) if r.status < 400 || r.status >= 500 => Err(format!("{} {}", r.status, r.body)),
+                _ => Ok(()),
+            }
+        }
+        _ => {
+            let r = request(port, "GET", "/health", None, &[]).ok_or("no answer")?;
+            if r.status == 200 && r.json()["status"] == "ok" { Ok(()) } else { Err(format!("{} {}", r.status, r.body)) }
+        }
+    }
+}
+
+#[test]
+fn json_helpers_see_what_they_should() {
+    // The soak's checks must be able to fail: a text/plain error is not an API error.
+    let r = common::server::parse(b"HTTP/1.1 413 Payload Too Large\r\ncontent-type: text/plain\r\n\r\nlength limit exceeded").unwrap();
+    assert!(!r.is_api_error());
+    let body = json!({"error": {"message": "m", "type": "t", "param": null, "code": "c"}}).to_string();
+    let r = common::server::parse(format!("HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\r\n{body}").as_bytes()).unwrap();
+    assert!(r.is_api_error());
+}
