@@ -135,6 +135,38 @@ fn clients_that_stall_are_dropped() {
     assert_eq!(post(port, &chat(HI, ", \"max_tokens\": 1")).status, 200);
 }
 
+#[test]
+fn large_prompts_do_not_stall_other_requests() {
+    let server = Server::start(&model(), &["--device", "cpu"], 200);
+    let port = server.port;
+    // Four ~7 MB prompts tokenize at once (they then exceed the context: 400). They ran on the
+    // async threads, and /health waited behind them for seconds.
+    let words = "lorem ipsum dolor sit amet ".repeat(7 << 20 >> 5);
+    let body = chat(&json!([{"role": "user", "content": words}]).to_string(), "");
+    let (busy, slowest) = (std::sync::atomic::AtomicBool::new(true), std::sync::Mutex::new(Duration::ZERO));
+    std::thread::scope(|scope| {
+        let senders: Vec<_> = (0..4).map(|_| scope.spawn(|| post(port, &body))).collect();
+        scope.spawn(|| {
+            while busy.load(Ordering::SeqCst) {
+                let asked = Instant::now();
+                assert_eq!(common::server::get_status(port, "/health"), Some(200));
+                let took = asked.elapsed();
+                let mut slowest = slowest.lock().unwrap();
+                *slowest = (*slowest).max(took);
+                drop(slowest);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        for sender in senders {
+            let r = sender.join().unwrap();
+            assert!(r.status == 400 && r.json()["error"]["code"] == "context_length_exceeded", "{}", &r.body[..r.body.len().min(300)]);
+        }
+        busy.store(false, Ordering::SeqCst);
+    });
+    let slowest = *slowest.lock().unwrap();
+    assert!(slowest < Duration::from_millis(1000), "/health took {slowest:?} while prompts tokenized");
+}
+
 /// A streamed answer: the `data:` payloads, in order.
 fn stream_events(s: &mut TcpStream) -> Vec<String> {
     let mut text = String::new();
