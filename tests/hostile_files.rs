@@ -164,3 +164,17 @@ fn safetensors_headers_that_lie_about_sizes_are_refused() {
     assert!(e.to_string().contains("does not fit"), "{e}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_chat_template_that_never_ends_is_stopped() {
+    let mut files = std::collections::BTreeMap::new();
+    files.insert("tokenizer.json".to_string(), common::byte_tokenizer().to_string());
+    let endless = "{% for a in range(100000) %}{% for b in range(100000) %}{{ b }}{% endfor %}{% endfor %}";
+    files.insert("tokenizer_config.json".to_string(), json!({"chat_template": endless}).to_string());
+    let tokenizer_files = sala::engine::tokenizer::TokenizerFiles::from_texts(Path::new("hostile"), &files).unwrap().unwrap();
+    let tokenizer = sala::engine::tokenizer::TextTokenizer::new(&tokenizer_files, None).unwrap();
+    let started = std::time::Instant::now();
+    let e = tokenizer.apply_chat_template(&[sala::engine::tokenizer::Message::new("user", "hi")], true).err().expect("must stop");
+    assert!(matches!(e, sala::engine::error::Error::Template(_)) && e.to_string().contains("fuel"), "{e}");
+    println!("stopped after {:?}", started.elapsed());
+}

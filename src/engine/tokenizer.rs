@@ -182,6 +182,8 @@ impl TextTokenizer {
         };
         let tools = (template_knows_tools && !tools.is_empty()).then_some(tools);
         let mut env = minijinja::Environment::new();
+        // A template is code from the model file: bounded in steps, generously per message.
+        env.set_fuel(Some(TEMPLATE_FUEL_BASE + TEMPLATE_FUEL_PER_ITEM * (messages.len() + tools.map_or(0, <[Value]>::len)) as u64));
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
@@ -201,6 +203,11 @@ impl TextTokenizer {
             .map_err(|e| Error::Template(e.to_string()))
     }
 }
+
+/// Steps a chat template may take: a base, plus this per message and per tool (real templates
+/// take a few hundred per message).
+const TEMPLATE_FUEL_BASE: u64 = 10_000_000;
+const TEMPLATE_FUEL_PER_ITEM: u64 = 100_000;
 
 /// Turns a growing token sequence into text pieces, holding back incomplete UTF-8 and decoding
 /// only a short window (so the cost does not grow with the output).
