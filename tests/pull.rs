@@ -1,17 +1,25 @@
 //! `sala pull` against a local server that speaks the hub's file protocol: the repo API with
 //! `blobs=true`, `resolve` URLs answering with a redirect and the X-Repo-Commit / ETag /
 //! X-Linked-Etag / X-Linked-Size headers, a "CDN" serving Range requests — and faults: a
-//! connection cut mid-file, a corrupted byte, a half-finished download left by an earlier run.
+//! connection cut mid-file, a corrupted byte, a half-finished download left by an earlier run, a
+//! connection that stalls mid-file, an endpoint that never answers, and a pull cancelled through
+//! the library API.
 
 mod common;
 
 use common::hub::*;
+use sala::store::cache::ModelRef;
+use sala::store::pull::{pull_with, HubConfig, PullProgress};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 #[test]
 fn pull_survives_a_cut_and_a_corrupt_byte_and_verifies_everything() {
     let faults = Faults {
         cut_once: ["model.safetensors"].into_iter().collect(),
         corrupt_once: ["extra/notes.bin"].into_iter().collect(),
+        ..Default::default()
     };
     let hub = start_hub(faults);
     let cache = temp_cache("faults");
@@ -71,5 +79,95 @@ fn an_interrupted_pull_resumes_from_its_part_file() {
     assert_eq!(requests, vec![done as u64], "must ask only for the missing bytes");
     let snapshot = cache.join("models--test-org--tiny-sala/snapshots").join(COMMIT);
     assert!(std::fs::read(snapshot.join("model.safetensors")).unwrap() == model.data);
+    std::fs::remove_dir_all(cache).unwrap();
+}
+
+#[test]
+fn a_silent_endpoint_times_out_and_names_the_variable() {
+    let port = start_silent_endpoint();
+    let cache = temp_cache("silent");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sala"));
+    cmd.args(["pull", REPO])
+        .env("HF_HUB_CACHE", &cache)
+        .env("HF_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env("HF_HUB_DOWNLOAD_TIMEOUT", "1")
+        .env_remove("HF_HUB_OFFLINE");
+    let (out, took) = output_within(&mut cmd, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(took < Duration::from_secs(30), "took {took:?} against an endpoint that never answers: {stderr}");
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("no data from") && stderr.contains("for 1 s (HF_HUB_DOWNLOAD_TIMEOUT)"), "{stderr}");
+    let _ = std::fs::remove_dir_all(cache);
+}
+
+#[test]
+fn a_stalled_download_is_resumed_and_verified() {
+    let hub = start_hub(Faults { stall_once: ["model.safetensors"].into_iter().collect(), ..Default::default() });
+    let cache = temp_cache("stall");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sala"));
+    hub_env(&mut cmd, &cache, &hub).args(["pull", REPO]).env("HF_HUB_DOWNLOAD_TIMEOUT", "1");
+    let (out, took) = output_within(&mut cmd, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(took < Duration::from_secs(30), "took {took:?}: {stderr}");
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("HF_HUB_DOWNLOAD_TIMEOUT") && stderr.contains("retrying"), "the stall is reported: {stderr}");
+    let snapshot = cache.join("models--test-org--tiny-sala/snapshots").join(COMMIT);
+    for f in &hub.files {
+        assert!(std::fs::read(snapshot.join(f.name)).unwrap() == f.data, "{} differs", f.name);
+    }
+    // The stalled download went on from the half it had, not from the start.
+    let model_len = hub.file("model.safetensors").unwrap().data.len() as u64;
+    let model: Vec<u64> =
+        hub.log.lock().unwrap().data_requests.iter().filter(|(n, _)| n == "model.safetensors").map(|r| r.1).collect();
+    assert!(model.len() == 2 && model[0] == 0 && model[1] > 0 && model[1] < model_len, "{model:?}");
+    std::fs::remove_dir_all(cache).unwrap();
+}
+
+#[test]
+fn a_cancelled_pull_stops_promptly_and_keeps_its_part_file() {
+    let hub = start_hub(Faults { slow: ["extra/notes.bin"].into_iter().collect(), ..Default::default() });
+    let cache = temp_cache("cancel");
+    // A long timeout: the cancel must not wait for one.
+    let config = HubConfig {
+        endpoint: format!("http://127.0.0.1:{}", hub.port),
+        token: None,
+        cache: cache.clone(),
+        timeout: Duration::from_secs(60),
+        offline: false,
+    };
+    let reference = ModelRef::parse(REPO).unwrap();
+    let notes = hub.file("extra/notes.bin").unwrap();
+    let part = cache.join("models--test-org--tiny-sala/blobs").join(format!("{}.part", common::sha256_hex(&notes.data)));
+    let progress = Arc::new(PullProgress::default());
+    let worker = {
+        let (config, reference, progress) = (config.clone(), reference.clone(), progress.clone());
+        std::thread::spawn(move || {
+            let bars = indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::hidden());
+            pull_with(&config, &reference, &bars, progress)
+        })
+    };
+    let start = Instant::now();
+    while std::fs::metadata(&part).map(|m| m.len()).unwrap_or(0) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(30) && !worker.is_finished(), "the slow download never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    progress.cancel();
+    assert!(progress.is_cancelled());
+    let cancelled_at = Instant::now();
+    let result = worker.join().unwrap();
+    assert!(cancelled_at.elapsed() < Duration::from_secs(3), "the cancel took {:?}", cancelled_at.elapsed());
+    let error = result.err().expect("a cancelled pull is an error").to_string();
+    assert!(error.contains("cancelled"), "{error}");
+    let kept = std::fs::metadata(&part).expect("the .part file is kept for a later resume").len();
+    assert!(kept > 0 && kept < notes.data.len() as u64, "{kept}");
+
+    // A later pull resumes from the kept bytes.
+    hub.faults.lock().unwrap().slow.clear();
+    let bars = indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::hidden());
+    let pulled = pull_with(&config, &reference, &bars, Arc::default()).unwrap();
+    assert!(std::fs::read(pulled.snapshot.join("extra/notes.bin")).unwrap() == notes.data);
+    let requests: Vec<u64> =
+        hub.log.lock().unwrap().data_requests.iter().filter(|(n, _)| n == "extra/notes.bin").map(|r| r.1).collect();
+    assert!(requests.len() == 2 && requests[0] == 0 && requests[1] == kept, "{requests:?}");
     std::fs::remove_dir_all(cache).unwrap();
 }

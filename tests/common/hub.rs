@@ -1,10 +1,12 @@
 //! A local server that speaks the HuggingFace hub's file protocol, for `sala pull` and the
 //! server's download endpoint: the repo API with `blobs=true`, `resolve` URLs answering with a
 //! redirect and the X-Repo-Commit / ETag / X-Linked-Etag / X-Linked-Size headers, a "CDN" serving
-//! Range requests — and faults on request: a connection cut mid-file, a corrupted byte.
+//! Range requests — and faults on request: a connection cut mid-file, a corrupted byte, a
+//! connection that stalls mid-file, a slow trickle; and an endpoint that accepts connections and
+//! never answers.
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,6 +27,11 @@ pub struct Faults {
     pub cut_once: HashSet<&'static str>,
     /// The first full download of these files has one byte flipped.
     pub corrupt_once: HashSet<&'static str>,
+    /// The first full download of these files sends half the body, then holds the connection open
+    /// without a byte more until the client hangs up.
+    pub stall_once: HashSet<&'static str>,
+    /// Every download of these files trickles: 4 KiB every 20 ms.
+    pub slow: HashSet<&'static str>,
 }
 
 #[derive(Default)]
@@ -121,7 +128,7 @@ impl Hub {
             };
             let probe = range == Some((0, Some(0)));
             let mut body = f.data[start as usize..=end as usize].to_vec();
-            let mut cut = false;
+            let (mut cut, mut stall, mut slow) = (false, false, false);
             if !probe {
                 self.log.lock().unwrap().data_requests.push((name.to_string(), start));
                 let mut faults = self.faults.lock().unwrap();
@@ -132,6 +139,10 @@ impl Hub {
                 if start == 0 && faults.cut_once.remove(f.name) {
                     cut = true;
                 }
+                if start == 0 && faults.stall_once.remove(f.name) {
+                    stall = true;
+                }
+                slow = faults.slow.contains(f.name);
             }
             let headers = vec![
                 ("Content-Range".to_string(), format!("bytes {start}-{end}/{total}")),
@@ -143,6 +154,19 @@ impl Hub {
                 // Promise the whole body, send half, hang up.
                 send(&mut stream, status, &headers, &body[..body.len() / 2]);
                 let _ = stream.shutdown(std::net::Shutdown::Both);
+            } else if stall {
+                // Promise the whole body, send half, then nothing until the client gives up.
+                send(&mut stream, status, &headers, &body[..body.len() / 2]);
+                let mut sink = [0u8; 64];
+                while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+            } else if slow {
+                send(&mut stream, status, &headers, b"");
+                for piece in body.chunks(4096) {
+                    if stream.write_all(piece).is_err() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
             } else {
                 send(&mut stream, status, &headers, &body);
             }
@@ -170,6 +194,30 @@ pub fn start_hub(faults: Faults) -> Arc<Hub> {
         }
     });
     hub
+}
+
+/// An endpoint that accepts every connection and never answers (nor closes); returns its port.
+pub fn start_silent_endpoint() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    port
+}
+
+/// Runs `cmd` to its end, or kills it at `limit`; the output and how long it ran.
+pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> (std::process::Output, std::time::Duration) {
+    let start = std::time::Instant::now();
+    let mut child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    while child.try_wait().unwrap().is_none() && start.elapsed() < limit {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    (child.wait_with_output().unwrap(), start.elapsed())
 }
 
 /// Points a command at `hub` with the store in `cache` (and a token the hub records).
