@@ -167,6 +167,30 @@ fn large_prompts_do_not_stall_other_requests() {
     assert!(slowest < Duration::from_millis(1000), "/health took {slowest:?} while prompts tokenized");
 }
 
+#[test]
+fn a_download_that_hangs_can_be_cancelled_by_deleting_it() {
+    // A hub that accepts and never answers: the download stayed `downloading` forever and
+    // DELETE answered 409.
+    let silent = common::hub::start_silent_endpoint();
+    let cache = common::hub::temp_cache("serve-cancel");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sala"));
+    cmd.env("HF_HUB_CACHE", &cache).env("HF_ENDPOINT", format!("http://127.0.0.1:{silent}")).env("HF_HUB_DOWNLOAD_TIMEOUT", "3");
+    let server = Server::start_with(cmd, &model(), &["--device", "cpu"], 200);
+    let port = server.port;
+    let r = request(port, "POST", "/v1/models/download", Some("{\"model\": \"test-org/hangs\"}"), &[]).unwrap();
+    assert!(r.status == 202 && r.json()["status"] == "downloading", "{} {}", r.status, r.body);
+    std::thread::sleep(Duration::from_millis(500));
+    // Cancelled within one read timeout, long before its retries would have run out (~26 s).
+    let asked = Instant::now();
+    let r = request(port, "DELETE", "/v1/models/test-org/hangs", None, &[]).unwrap();
+    assert!(r.status == 200 && r.json()["cancelled_download"] == true, "{} {}", r.status, r.body);
+    assert!(asked.elapsed() < Duration::from_secs(12), "cancelling took {:?}", asked.elapsed());
+    let list = request(port, "GET", "/v1/models/download", None, &[]).unwrap();
+    assert_eq!(list.json()["data"][0]["status"], "cancelled", "{}", list.body);
+    assert!(!cache.join("models--test-org--hangs").exists());
+    let _ = std::fs::remove_dir_all(cache);
+}
+
 /// A streamed answer: the `data:` payloads, in order.
 fn stream_events(s: &mut TcpStream) -> Vec<String> {
     let mut text = String::new();
