@@ -118,6 +118,8 @@ fn config_sizes_that_divide_by_zero_or_overflow_are_refused() {
         ("num_attention_heads", json!(0), "num_attention_heads"),
         ("max_position_embeddings", json!(u64::MAX), "max_position_embeddings"),
         ("eos_token_id", json!(1u64 << 40), "eos_token_id"),
+        // RoPE tables were sized by hidden_size / heads before any weight was read (325 MB here).
+        ("hidden_size", json!(325_489_892u64), "hidden_size"),
     ];
     for (key, value, named) in cases {
         let model = quantized_dense(&dir, |c| c[key] = value.clone());
@@ -135,9 +137,9 @@ fn config_sizes_that_divide_by_zero_or_overflow_are_refused() {
     }
     // Heads × head_dim past MLX's i32 limit: named, not truncated.
     let model = quantized_dense(&dir, |c| {
-        c["num_attention_heads"] = json!(65536);
-        c["num_key_value_heads"] = json!(65536);
-        c["head_dim"] = json!(65536);
+        c["num_attention_heads"] = json!(1 << 20);
+        c["num_key_value_heads"] = json!(1 << 20);
+        c["head_dim"] = json!(4096);
     });
     let (code, stderr) = sala(&["show", model.to_str().unwrap()]);
     assert!(code == 1 && stderr.contains("q_proj") && stderr.contains("limit"), "{stderr}");

@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 pub const MAX_CONFIG_INT: u64 = i32::MAX as u64;
 /// The most layers a model may have (released models have at most ~130).
 pub const MAX_LAYERS: usize = 1024;
+/// The widest attention head (released models use 64–256): RoPE tables are sized by it before
+/// any weight is read.
+pub const MAX_HEAD_DIM: usize = 4096;
 
 /// The product of sizes read from a config, saturating at `u64::MAX` (a memory check then refuses
 /// it) instead of overflowing.
@@ -76,6 +79,9 @@ impl ConfigFile {
     }
     pub fn layers(&self, key: &str) -> Result<usize> {
         self.root().layers(key)
+    }
+    pub fn head_dim(&self, key: &str) -> Result<usize> {
+        self.root().head_dim(key)
     }
     pub fn f64(&self, key: &str) -> Result<f64> {
         self.root().f64(key)
@@ -146,6 +152,14 @@ impl<'a> Section<'a> {
             .filter(|&v| (1..=MAX_CONFIG_INT).contains(&v))
             .map(|v| v as usize)
             .ok_or_else(|| self.invalid(key, &format!("expected a size from 1 to {MAX_CONFIG_INT}")))
+    }
+    /// A head width: an integer from 1 to [`MAX_HEAD_DIM`].
+    pub fn head_dim(&self, key: &str) -> Result<usize> {
+        self.required(key)?
+            .as_u64()
+            .filter(|&v| (1..=MAX_HEAD_DIM as u64).contains(&v))
+            .map(|v| v as usize)
+            .ok_or_else(|| self.invalid(key, &format!("expected a head width from 1 to {MAX_HEAD_DIM}")))
     }
     /// A layer count: an integer from 1 to [`MAX_LAYERS`].
     pub fn layers(&self, key: &str) -> Result<usize> {

@@ -7,7 +7,7 @@
 //!   logits = RMSNorm(h) · logit_scale · W_lmᵀ
 
 use crate::engine::cache::{layer_caches, layer_outputs, KvCache, LayerCache, ModelCache, Window};
-use crate::engine::config::{size_product, ConfigFile};
+use crate::engine::config::{size_product, ConfigFile, MAX_HEAD_DIM};
 use crate::engine::error::{Error, Result};
 use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
@@ -65,8 +65,11 @@ impl DecoderConfig {
             ));
         }
         let head_dim = match cfg.opt("head_dim") {
-            Some(_) => cfg.dim("head_dim")?,
-            None if hidden_size % heads == 0 => hidden_size / heads,
+            Some(_) => cfg.head_dim("head_dim")?,
+            None if hidden_size % heads == 0 && hidden_size / heads <= MAX_HEAD_DIM => hidden_size / heads,
+            None if hidden_size % heads == 0 => {
+                return Err(cfg.invalid("hidden_size", format!("{hidden_size} / {heads} heads is a head width over {MAX_HEAD_DIM}")))
+            }
             None => return Err(cfg.invalid("num_attention_heads", format!("{heads} does not divide hidden_size {hidden_size}; set head_dim"))),
         };
         if cfg.opt("sliding_window").is_some() && cfg.opt("use_sliding_window").and_then(|v| v.as_bool()) != Some(false) {

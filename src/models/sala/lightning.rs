@@ -38,7 +38,7 @@ impl LightningConfig {
         // The reference sizes these layers from num_attention_heads/head_dim; the lightning_* keys
         // must agree with them.
         let heads = cfg.dim("num_attention_heads")?;
-        let head_dim = cfg.dim("head_dim")?;
+        let head_dim = cfg.head_dim("head_dim")?;
         for (key, want) in [("lightning_nh", heads), ("lightning_nkv", heads), ("lightning_head_dim", head_dim)] {
             let got = cfg.usize(key)?;
             if got != want {

@@ -67,7 +67,7 @@ impl SparseConfig {
         Ok(Self {
             heads,
             kv_heads,
-            head_dim: cfg.dim("head_dim")?,
+            head_dim: cfg.head_dim("head_dim")?,
             use_output_gate: cfg.bool("attn_use_output_gate")?,
             dense_len,
             selection: BlockSelection {
