@@ -190,7 +190,8 @@ impl StagingDir {
     pub fn write(&self, name: &str, text: &str) -> Result<()> {
         if !is_plain_file_name(name) {
             return Err(Error::Usage(format!(
-                "refusing to write a side file named {name:?} into {}: not a plain file name (the model's metadata is corrupt or hostile)",
+                "refusing to write a side file `{}` into {}: not a plain file name (the model's metadata is corrupt or hostile)",
+                name.escape_debug(),
                 self.target.display()
             )));
         }

@@ -65,7 +65,10 @@ impl ModelSource {
         if let Some(name) = files.keys().find(|n| !super::checkpoint::is_plain_file_name(n)) {
             return Err(Error::BadWeights {
                 path: file.into(),
-                message: format!("metadata `{PACKED_FILE_PREFIX}{name}` names a side file that is not a plain file name; the file is corrupt or hostile"),
+                message: format!(
+                    "metadata `{PACKED_FILE_PREFIX}{0}` names a side file `{0}` that is not a plain file name; the file is corrupt or hostile",
+                    name.escape_debug()
+                ),
             });
         }
         if !files.contains_key(CONFIG_FILE) {
