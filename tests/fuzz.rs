@@ -462,13 +462,18 @@ fn fuzz_sala_file() {
     let read = |bytes: &[u8]| {
         std::fs::write(&path, bytes).unwrap();
         let Ok((_, mut source)) = sala::store::summary::summarize(&path, None) else { return false };
-        // Accepted: the model is built and runs a step, and its tokenizer renders a chat.
+        // Accepted: the model is built and runs a step.
         let Ok(cfg) = source.config() else { return false };
         let Ok(model) = sala::models::build(&cfg, &mut source.weights, Some(mlx_rs::Dtype::Float32)) else { return false };
         let input = mlx_rs::Array::from_slice(&[1i32, 2, 3], &[1, 3]);
         let logits = model.forward(&input, &mut model.new_cache(), sala::engine::model::Logits::Last, None);
         let tokenizer = source.tokenizer(model.info().bos_token_id);
-        let chat = tokenizer.ok().flatten().map(|t| t.apply_chat_template(&[sala::engine::tokenizer::Message::new("user", "hi")], true));
+        // Accepted: the tokenizer renders a chat, tokenizes it and reads ids back.
+        let chat = tokenizer.ok().flatten().map(|t| {
+            let text = t.apply_chat_template(&[sala::engine::tokenizer::Message::new("user", "hi ünï ✓")], true)?;
+            let ids = t.encode(&text)?;
+            t.decode(&ids)
+        });
         logits.and_then(|l| Ok(l.eval()?)).is_ok() && chat.is_some_and(|c| c.is_ok())
     };
     sala::engine::device::select(Some(sala::engine::device::DeviceKind::Cpu)).unwrap();

@@ -180,3 +180,21 @@ fn a_chat_template_that_never_ends_is_stopped() {
     assert!(matches!(e, sala::engine::error::Error::Template(_)) && e.to_string().contains("fuel"), "{e}");
     println!("stopped after {:?}", started.elapsed());
 }
+
+#[test]
+fn a_tokenizer_json_that_panics_the_tokenizers_crate_is_an_error() {
+    // Found by tests/fuzz.rs: a syntax error inside `decoder` made the tokenizers crate panic
+    // (it `expect`s its own parse of that object).
+    let dir = temp("tokenizer");
+    let golden = common::golden("A_dense_f32");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(golden.join(f), dir.join(f)).unwrap();
+    }
+    let good = common::byte_tokenizer().to_string();
+    let bad = good.replacen("\"trim_offsets\":true", "\"trim_offsets\":tr+e", 1);
+    assert_ne!(good, bad);
+    std::fs::write(dir.join("tokenizer.json"), bad).unwrap();
+    let (code, stderr) = sala(&["run", "-m", dir.to_str().unwrap(), "--device", "cpu", "--max-tokens", "1", "hi"]);
+    assert!(code == 1 && stderr.contains("tokenizer.json is not valid JSON"), "rc {code}: {stderr}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

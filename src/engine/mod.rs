@@ -4,6 +4,7 @@
 pub mod cache;
 pub mod checkpoint;
 pub mod config;
+pub mod contain;
 pub mod device;
 pub mod error;
 pub mod generate;

@@ -2,6 +2,7 @@
 //! model's own Jinja `chat_template`, ChatML otherwise), streaming detokenisation and the
 //! `<think>…</think>` filter.
 
+use super::contain::contain;
 use super::error::{Error, Result};
 use serde::Serialize;
 use serde_json::Value;
@@ -92,10 +93,13 @@ impl TextTokenizer {
     }
 
     pub fn new(files: &TokenizerFiles, bos_fallback: Option<u32>) -> Result<Self> {
-        let inner: tokenizers::Tokenizer = files
-            .tokenizer_json
-            .parse()
-            .map_err(|e| Error::Tokenizer(format!("{}: {e}", files.source.display())))?;
+        let bad = |e: &dyn std::fmt::Display| Error::Tokenizer(format!("{}: {e}", files.source.display()));
+        // Syntax first: the tokenizers crate panics on some malformed JSON instead of failing.
+        serde_json::from_str::<serde::de::IgnoredAny>(&files.tokenizer_json).map_err(|e| bad(&format!("tokenizer.json is not valid JSON: {e}")))?;
+        let inner: tokenizers::Tokenizer = contain("reading tokenizer.json", || files.tokenizer_json.parse().map_err(|e| bad(&e))).map_err(|e| match e {
+            Error::Usage(panicked) => bad(&panicked),
+            e => e,
+        })?;
         let config = &files.config;
         let token_text = |key: &str| -> Option<String> {
             match config.get(key)? {
@@ -141,12 +145,7 @@ impl TextTokenizer {
     /// Token ids of `text`, with the BOS token exactly once when the model wants one (a template
     /// that already wrote it is not given a second).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let mut ids = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| Error::Tokenizer(e.to_string()))?
-            .get_ids()
-            .to_vec();
+        let mut ids = self.encode_plain(text)?;
         if let (true, Some((bos, _))) = (self.add_bos, &self.bos) {
             if ids.first() != Some(bos) {
                 ids.insert(0, *bos);
@@ -157,11 +156,11 @@ impl TextTokenizer {
 
     /// Token ids of `text` alone: no BOS (for pieces of a prompt).
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
-        Ok(self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?.get_ids().to_vec())
+        contain("tokenizing", || Ok(self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?.get_ids().to_vec()))
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner.decode(ids, true).map_err(|e| Error::Tokenizer(e.to_string()))
+        contain("detokenizing", || self.inner.decode(ids, true).map_err(|e| Error::Tokenizer(e.to_string())))
     }
 
     /// Renders the chat prompt. `enable_thinking` is passed to templates that understand it.
