@@ -176,7 +176,7 @@ fn a_chat_template_that_never_ends_is_stopped() {
     let tokenizer_files = sala::engine::tokenizer::TokenizerFiles::from_texts(Path::new("hostile"), &files).unwrap().unwrap();
     let tokenizer = sala::engine::tokenizer::TextTokenizer::new(&tokenizer_files, None).unwrap();
     let started = std::time::Instant::now();
-    let e = tokenizer.apply_chat_template(&[sala::engine::tokenizer::Message::new("user", "hi")], true).err().expect("must stop");
+    let e = tokenizer.apply_chat_template(&[sala::engine::tokenizer::Message::new("user", "hi")], true).expect_err("must stop");
     assert!(matches!(e, sala::engine::error::Error::Template(_)) && e.to_string().contains("fuel"), "{e}");
     println!("stopped after {:?}", started.elapsed());
 }
