@@ -137,37 +137,29 @@ impl<'a> Section<'a> {
         self.file.invalid(&self.full(key), message)
     }
 
-    /// A non-negative integer of at most [`MAX_CONFIG_INT`].
-    pub fn usize(&self, key: &str) -> Result<usize> {
+    /// An integer in `range`, or an error saying it must be `what` in that range.
+    fn bounded(&self, key: &str, range: std::ops::RangeInclusive<u64>, what: &str) -> Result<usize> {
         self.required(key)?
             .as_u64()
-            .filter(|&v| v <= MAX_CONFIG_INT)
+            .filter(|v| range.contains(v))
             .map(|v| v as usize)
-            .ok_or_else(|| self.invalid(key, &format!("expected an integer from 0 to {MAX_CONFIG_INT}")))
+            .ok_or_else(|| self.invalid(key, &format!("expected {what} from {} to {}", range.start(), range.end())))
+    }
+    /// A non-negative integer of at most [`MAX_CONFIG_INT`].
+    pub fn usize(&self, key: &str) -> Result<usize> {
+        self.bounded(key, 0..=MAX_CONFIG_INT, "an integer")
     }
     /// A size: an integer from 1 to [`MAX_CONFIG_INT`].
     pub fn dim(&self, key: &str) -> Result<usize> {
-        self.required(key)?
-            .as_u64()
-            .filter(|&v| (1..=MAX_CONFIG_INT).contains(&v))
-            .map(|v| v as usize)
-            .ok_or_else(|| self.invalid(key, &format!("expected a size from 1 to {MAX_CONFIG_INT}")))
+        self.bounded(key, 1..=MAX_CONFIG_INT, "a size")
     }
     /// A head width: an integer from 1 to [`MAX_HEAD_DIM`].
     pub fn head_dim(&self, key: &str) -> Result<usize> {
-        self.required(key)?
-            .as_u64()
-            .filter(|&v| (1..=MAX_HEAD_DIM as u64).contains(&v))
-            .map(|v| v as usize)
-            .ok_or_else(|| self.invalid(key, &format!("expected a head width from 1 to {MAX_HEAD_DIM}")))
+        self.bounded(key, 1..=MAX_HEAD_DIM as u64, "a head width")
     }
     /// A layer count: an integer from 1 to [`MAX_LAYERS`].
     pub fn layers(&self, key: &str) -> Result<usize> {
-        self.required(key)?
-            .as_u64()
-            .filter(|&v| (1..=MAX_LAYERS as u64).contains(&v))
-            .map(|v| v as usize)
-            .ok_or_else(|| self.invalid(key, &format!("expected a layer count from 1 to {MAX_LAYERS}")))
+        self.bounded(key, 1..=MAX_LAYERS as u64, "a layer count")
     }
     pub fn f64(&self, key: &str) -> Result<f64> {
         self.required(key)?.as_f64().ok_or_else(|| self.invalid(key, "expected a number"))
