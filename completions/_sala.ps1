@@ -112,6 +112,7 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             [CompletionResult]::new('--parallel', '--parallel', [CompletionResultType]::ParameterName, 'Requests decoded together in one batch; more wait in line')
             [CompletionResult]::new('--timeout', '--timeout', [CompletionResultType]::ParameterName, 'Seconds a client may take to send a request''s headers, and then its body')
             [CompletionResult]::new('--shutdown-timeout', '--shutdown-timeout', [CompletionResultType]::ParameterName, 'At SIGINT/SIGTERM, seconds running requests may take to finish before they are ended')
+            [CompletionResult]::new('--cache-memory', '--cache-memory', [CompletionResultType]::ParameterName, 'Memory for prompt states kept for reuse across requests, e.g. 8GB or 512MiB (0 = off; default: a quarter of the memory free once the model is loaded)')
             [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')

@@ -951,7 +951,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__serve)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1010,6 +1010,10 @@ _sala() {
                     return 0
                     ;;
                 --shutdown-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --cache-memory)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -106,6 +106,7 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --parallel 'Requests decoded together in one batch; more wait in line'
             cand --timeout 'Seconds a client may take to send a request''s headers, and then its body'
             cand --shutdown-timeout 'At SIGINT/SIGTERM, seconds running requests may take to finish before they are ended'
+            cand --cache-memory 'Memory for prompt states kept for reuse across requests, e.g. 8GB or 512MiB (0 = off; default: a quarter of the memory free once the model is loaded)'
             cand -h 'Print help'
             cand --help 'Print help'
             cand -V 'Print version'

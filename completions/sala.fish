@@ -106,6 +106,7 @@ complete -c sala -n "__fish_sala_using_subcommand serve" -l max-tokens -d 'Token
 complete -c sala -n "__fish_sala_using_subcommand serve" -l parallel -d 'Requests decoded together in one batch; more wait in line' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l timeout -d 'Seconds a client may take to send a request\'s headers, and then its body' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l shutdown-timeout -d 'At SIGINT/SIGTERM, seconds running requests may take to finish before they are ended' -r
+complete -c sala -n "__fish_sala_using_subcommand serve" -l cache-memory -d 'Memory for prompt states kept for reuse across requests, e.g. 8GB or 512MiB (0 = off; default: a quarter of the memory free once the model is loaded)' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand serve" -s V -l version -d 'Print version'
 complete -c sala -n "__fish_sala_using_subcommand quantize" -s m -l model -d 'Source model: a directory, a .sala file or a .gguf file (never modified)' -r -F

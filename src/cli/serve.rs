@@ -29,6 +29,14 @@ pub struct ServeArgs {
     /// At SIGINT/SIGTERM, seconds running requests may take to finish before they are ended
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     pub shutdown_timeout: u64,
+    /// Memory for prompt states kept for reuse across requests, e.g. 8GB or 512MiB (0 = off;
+    /// default: a quarter of the memory free once the model is loaded)
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+    pub cache_memory: Option<u64>,
+}
+
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    parse_size::parse_size(text).map_err(|e| format!("{e}; give a size such as 8GB, 512MiB or 0"))
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -40,6 +48,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         parallel: args.parallel as usize,
         read_timeout: std::time::Duration::from_secs(args.timeout),
         shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
+        cache_memory: args.cache_memory,
     };
     crate::server::serve(args.load, options)
 }

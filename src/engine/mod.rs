@@ -10,6 +10,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod model;
+pub mod prefix_cache;
 pub mod ops;
 pub mod quant;
 pub mod sampler;

@@ -72,12 +72,15 @@ pub struct ServerOptions {
     pub read_timeout: Duration,
     /// At SIGINT/SIGTERM, how long running requests may take to finish before they are ended.
     pub shutdown_timeout: Duration,
+    /// Bytes of prompt states kept for reuse; `None`: a quarter of the memory free once the
+    /// model is loaded.
+    pub cache_memory: Option<u64>,
 }
 
 /// Binds, starts loading the model on the worker thread, and serves until SIGINT or SIGTERM,
 /// then drains: no new requests, running ones finish (or are ended at `shutdown_timeout`).
 pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
-    let ServerOptions { host, port, api_key, default_max_tokens, parallel, read_timeout, shutdown_timeout } = options;
+    let ServerOptions { host, port, api_key, default_max_tokens, parallel, read_timeout, shutdown_timeout, cache_memory } = options;
     let path = model.model_or_default()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind((host.as_str(), port)))?;
@@ -124,8 +127,9 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
         let (tx, rx) = std::sync::mpsc::channel();
         let max_context = loaded.model.info().max_context;
         let _ = worker_state.ready.set(Ready { tokenizer: tokenizer.clone(), jobs: Mutex::new(tx), max_context });
-        eprintln!("model ready: {}", worker_state.model_id);
-        scheduler::run(loaded.model, tokenizer, prefill_step, parallel, rx, worker_state.abort.clone());
+        let cache_budget = cache_memory.unwrap_or_else(|| crate::store::memory::available_bytes().map_or(4 << 30, |free| free / 4));
+        eprintln!("model ready: {} (prefix cache: up to {})", worker_state.model_id, crate::store::memory::human(cache_budget));
+        scheduler::run(loaded.model, tokenizer, prefill_step, parallel, rx, worker_state.abort.clone(), cache_budget);
     })?;
 
     let app = Router::new()
@@ -356,7 +360,7 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
             }
             Event::Error(e) => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "generation_failed", None, &e)),
             Event::Shutdown => return Err(shutting_down()),
-            Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
+            Event::Done { finish_reason, prompt_tokens, completion_tokens, cached_tokens } => {
                 let (d, calls) = parser.finish();
                 reasoning.push_str(&d.reasoning);
                 content.push_str(&d.content);
@@ -376,7 +380,7 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
                 return Ok(Json(json!({
                     "id": id, "object": "chat.completion", "created": created, "model": state.model_id,
                     "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
-                    "usage": openai::usage(prompt_tokens, completion_tokens),
+                    "usage": openai::usage(prompt_tokens, completion_tokens, cached_tokens),
                 }))
                 .into_response());
             }
@@ -418,7 +422,7 @@ fn async_stream(
                     send(json!({"error": {"message": e.message, "type": e.kind, "param": null, "code": e.code}}));
                     false
                 }
-                Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
+                Event::Done { finish_reason, prompt_tokens, completion_tokens, cached_tokens } => {
                     let (rest, calls) = parser.finish();
                     for delta in rest.chunks() {
                         send(chunk(delta, None));
@@ -433,7 +437,7 @@ fn async_stream(
                     if include_usage {
                         let mut last = chunk(json!({}), None);
                         last["choices"] = json!([]);
-                        last["usage"] = openai::usage(prompt_tokens, completion_tokens);
+                        last["usage"] = openai::usage(prompt_tokens, completion_tokens, cached_tokens);
                         send(last);
                     }
                     false

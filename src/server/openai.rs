@@ -395,8 +395,10 @@ pub fn prepare_chat(
     Ok(PreparedChat { request, prompt_text, forced, prompt, max_tokens, stop })
 }
 
-pub fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// OpenAI's usage object; `cached` prompt tokens came from the prefix cache.
+pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 pub fn completion_id() -> String {

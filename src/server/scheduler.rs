@@ -3,11 +3,14 @@
 //! prompts go in a chunk per round, and every round runs one batched forward that advances each
 //! request whose prompt is in by a token, whatever its length. A long answer never blocks a short
 //! one; a request whose client went away is dropped before the next round, freeing its slot and
-//! cache at once.
+//! cache at once. A [`PrefixCache`] keeps the state at the end of each prompt and of each answer,
+//! so a request that starts with an earlier prompt (a document asked again, a conversation's next
+//! turn) prefills only what is new.
 
 use crate::engine::cache::ModelCache;
 use crate::engine::generate::{next_batch, Decoding, GenerateOptions, Step, StopReason};
 use crate::engine::model::LanguageModel;
+use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::sampler::{Sampler, SamplingParams};
 use crate::engine::tokenizer::{StreamDecoder, TextTokenizer};
 use std::collections::VecDeque;
@@ -28,7 +31,7 @@ pub struct Job {
 pub enum Event {
     /// More answer text.
     Text(String),
-    Done { finish_reason: &'static str, prompt_tokens: usize, completion_tokens: usize },
+    Done { finish_reason: &'static str, prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize },
     Error(String),
     /// Ended unfinished: the server is shutting down.
     Shutdown,
@@ -42,10 +45,12 @@ struct Active {
     decoder: StreamDecoder,
     /// Text produced but held back because it could be the start of a stop string.
     held: String,
+    /// Prompt tokens taken from the prefix cache.
+    cached_tokens: usize,
 }
 
 /// Runs until every sender of `jobs` is gone; once `abort` is set, every request held or queued
-/// is ended with [`Event::Shutdown`].
+/// is ended with [`Event::Shutdown`]. Prompt states are kept within `cache_budget` bytes.
 pub fn run(
     model: Box<dyn LanguageModel>,
     tokenizer: std::sync::Arc<TextTokenizer>,
@@ -53,8 +58,10 @@ pub fn run(
     parallel: usize,
     jobs: Receiver<Job>,
     abort: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cache_budget: u64,
 ) {
     let model = model.as_ref();
+    let mut prefixes = PrefixCache::new(cache_budget);
     let mut active: Vec<Active> = Vec::new();
     let mut waiting: VecDeque<Job> = VecDeque::new();
     loop {
@@ -83,7 +90,7 @@ pub fn run(
         active.retain(|a| !a.job.events.is_closed());
         while active.len() < parallel.max(1) {
             let Some(job) = waiting.pop_front() else { break };
-            if let Some(a) = admit(model, job, prefill_step) {
+            if let Some(a) = admit(model, job, prefill_step, &mut prefixes) {
                 active.push(a);
             }
         }
@@ -91,9 +98,13 @@ pub fn run(
         // others' next tokens by a chunk at a time instead of all at once.
         if let Some(i) = active.iter().position(|a| !a.decoding.is_prefilled()) {
             let a = &mut active[i];
-            if let Err(e) = a.decoding.prefill_step(model, &mut a.cache) {
-                let _ = a.job.events.send(Event::Error(e.to_string()));
-                active.remove(i);
+            match a.decoding.prefill_step(model, &mut a.cache) {
+                Ok(true) => prefixes.insert(&a.job.prompt, &a.cache),
+                Ok(false) => {}
+                Err(e) => {
+                    let _ = a.job.events.send(Event::Error(e.to_string()));
+                    active.remove(i);
+                }
             }
         }
         // One batched step for every request whose prompt is in.
@@ -114,6 +125,14 @@ pub fn run(
             Ok(tokens) => {
                 for (&i, token) in ready.iter().zip(tokens) {
                     keep[i] = emit(model, &tokenizer, &mut active[i], token);
+                    if !keep[i] {
+                        // The answer is over: keep the conversation so far for its next turn.
+                        let a = &mut active[i];
+                        let _ = a.decoding.cancel(model, &mut a.cache);
+                        let generated = a.decoding.tokens();
+                        let held: Vec<u32> = a.job.prompt.iter().chain(&generated[..generated.len().saturating_sub(1)]).copied().collect();
+                        prefixes.insert(&held, &a.cache);
+                    }
                 }
             }
             Err(e) => {
@@ -128,11 +147,15 @@ pub fn run(
     }
 }
 
-/// Checks a request's prompt; `None` (after telling the client) when it cannot run.
-fn admit(model: &dyn LanguageModel, job: Job, prefill_step: usize) -> Option<Active> {
-    let cache = model.new_cache();
+/// Checks a request's prompt, starting from the longest kept state it extends; `None` (after
+/// telling the client) when it cannot run.
+fn admit(model: &dyn LanguageModel, job: Job, prefill_step: usize, prefixes: &mut PrefixCache) -> Option<Active> {
+    let (cached_tokens, cache) = match prefixes.lookup(&job.prompt) {
+        Some(hit) => (hit.tokens, hit.cache),
+        None => (0, model.new_cache()),
+    };
     let opts = GenerateOptions { max_tokens: job.max_tokens, prefill_step, ..Default::default() };
-    match Decoding::begin(model, &cache, &job.prompt, &opts) {
+    match Decoding::begin(model, &cache, &job.prompt[cached_tokens..], &opts) {
         Ok(decoding) => Some(Active {
             sampler: Sampler::new(job.sampling.clone()),
             job,
@@ -140,6 +163,7 @@ fn admit(model: &dyn LanguageModel, job: Job, prefill_step: usize) -> Option<Act
             decoding,
             decoder: StreamDecoder::default(),
             held: String::new(),
+            cached_tokens,
         }),
         Err(e) => {
             let _ = job.events.send(Event::Error(e.to_string()));
@@ -197,5 +221,6 @@ fn finish(a: &mut Active, finish_reason: &'static str) {
         finish_reason,
         prompt_tokens: a.job.prompt.len(),
         completion_tokens: a.decoding.tokens().len(),
+        cached_tokens: a.cached_tokens,
     });
 }
