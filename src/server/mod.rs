@@ -414,12 +414,11 @@ fn async_stream(
             let more = match event {
                 Event::Text(t) => parser.push(&t).chunks().into_iter().all(|delta| send(chunk(delta, None))),
                 Event::Error(e) => {
-                    send(json!({"error": {"message": e, "type": "server_error", "param": null, "code": "generation_failed"}}));
+                    send(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "generation_failed", None, &e).to_json());
                     false
                 }
                 Event::Shutdown => {
-                    let e = shutting_down();
-                    send(json!({"error": {"message": e.message, "type": e.kind, "param": null, "code": e.code}}));
+                    send(shutting_down().to_json());
                     false
                 }
                 Event::Done { finish_reason, prompt_tokens, completion_tokens, cached_tokens } => {

@@ -212,14 +212,16 @@ fn remove(state: &AppState, id: &str) -> Result<Value, ApiError> {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    if !reference.repo_dir(&store).is_dir() {
-        if cancelled {
-            return Ok(json!({"id": reference.repo, "object": "model", "deleted": true, "freed_bytes": 0, "cancelled_download": true}));
-        }
+    // A cancelled download may have stored nothing yet: nothing to free, not an error.
+    let freed = if reference.repo_dir(&store).is_dir() {
+        let freed = cache::remove(&store, &reference.repo)
+            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "delete_failed", None, &e.to_string()))?;
+        state.descriptions.blocking_lock().retain(|path, _| !path.starts_with(reference.repo_dir(&store)));
+        freed
+    } else if cancelled {
+        0
+    } else {
         return Err(ApiError::not_found(&format!("model `{}` is not in the store ({})", reference.repo, store.display())));
-    }
-    let freed = cache::remove(&store, &reference.repo)
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "delete_failed", None, &e.to_string()))?;
-    state.descriptions.blocking_lock().retain(|path, _| !path.starts_with(reference.repo_dir(&store)));
+    };
     Ok(json!({"id": reference.repo, "object": "model", "deleted": true, "freed_bytes": freed, "cancelled_download": cancelled}))
 }

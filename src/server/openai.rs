@@ -32,10 +32,16 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The error object, as a response body or a streamed event.
+    pub fn to_json(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});
-        (self.status, Json(body)).into_response()
+        (self.status, Json(self.to_json())).into_response()
     }
 }
 
