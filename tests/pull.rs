@@ -171,3 +171,21 @@ fn a_cancelled_pull_stops_promptly_and_keeps_its_part_file() {
     assert!(requests.len() == 2 && requests[0] == 0 && requests[1] == kept, "{requests:?}");
     std::fs::remove_dir_all(cache).unwrap();
 }
+
+#[test]
+fn a_timeout_that_is_not_a_number_of_seconds_is_refused() {
+    let cache = temp_cache("bad-timeout");
+    for value in ["ten", "0", "-3", ""] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sala"))
+            .args(["pull", REPO])
+            .env("HF_HUB_CACHE", &cache)
+            .env("HF_ENDPOINT", "http://127.0.0.1:9")
+            .env("HF_HUB_DOWNLOAD_TIMEOUT", value)
+            .env_remove("HF_HUB_OFFLINE")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(1) && stderr.contains("HF_HUB_DOWNLOAD_TIMEOUT") && stderr.contains("not a number of seconds"), "{value:?}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(cache);
+}

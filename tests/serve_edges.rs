@@ -352,3 +352,12 @@ fn json_helpers_see_what_they_should() {
     let r = common::server::parse(format!("HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\r\n{body}").as_bytes()).unwrap();
     assert!(r.is_api_error());
 }
+
+#[test]
+fn a_cache_size_that_is_not_a_size_is_refused() {
+    for value in ["lots", "-1GB", "8 parsecs"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sala")).args(["serve", "--model", "x", &format!("--cache-memory={value}")]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(2) && stderr.contains("--cache-memory") && stderr.contains("give a size such as 8GB"), "{value}: {stderr}");
+    }
+}
