@@ -9,7 +9,6 @@ mod common;
 use common::*;
 use mlx_rs::Array;
 use sala::engine::cache::ModelCache;
-use sala::engine::generate::extend;
 use sala::engine::model::{LanguageModel, Logits};
 use sala::engine::ops::to_vec_f32;
 use sala::engine::prefix_cache::PrefixCache;
@@ -23,6 +22,25 @@ fn last_logits(model: &dyn LanguageModel, cache: &mut ModelCache, ids: &[u32]) -
     to_vec_f32(&out).unwrap().into_iter().map(f64::from).collect()
 }
 
+/// A prompt run as the server runs it: started from what `kept` holds, prefilled in chunks of
+/// `step` along its trail (which takes points every few thousand tokens, where it leaves a kept
+/// sequence and before its last token), then kept. Returns the length it started from and the
+/// logits after it.
+fn run_prompt(model: &dyn LanguageModel, kept: &mut PrefixCache, prompt: &[u32], step: usize) -> (usize, Vec<f64>) {
+    let start = kept.start(prompt, model.new_cache()).unwrap();
+    let (mut cache, mut trail) = (start.cache, start.trail);
+    assert_eq!(cache.len(), start.tokens);
+    let mut logits = Vec::new();
+    while cache.len() < prompt.len() {
+        let end = trail.chunk_end(cache.len(), step).min(prompt.len());
+        let from = cache.len();
+        logits = last_logits(model, &mut cache, &prompt[from..end]);
+        trail.observe(&cache).unwrap();
+    }
+    kept.insert(prompt, &cache, &mut trail).unwrap();
+    (start.tokens, logits)
+}
+
 #[test]
 fn a_kept_state_continues_exactly_across_dense_len_and_sparse_blocks() {
     sala::engine::device::select(Some(sala::engine::device::DeviceKind::Cpu)).unwrap();
@@ -34,44 +52,57 @@ fn a_kept_state_continues_exactly_across_dense_len_and_sparse_blocks() {
     let model = model.as_ref();
     let fresh = last_logits(model, &mut model.new_cache(), &prompt);
     assert!(max_abs_diff(&fresh, want) <= TOL);
+    let check = |from: usize, got: &[f64]| {
+        let (to_reference, to_fresh) = (max_abs_diff(got, want), max_abs_diff(got, &fresh));
+        assert!(to_reference <= TOL && to_fresh <= TOL, "from {from}: {to_reference} from the reference, {to_fresh} from a fresh run");
+        assert_eq!(argmax(got), argmax(want));
+    };
 
-    // dense_len is 256 and blocks are 64 tokens: states ending before, at and after it, and
-    // inside a block; and a prompt sharing 900 tokens, then diverging inside block 14 (longer
-    // than most start points, never a start for ours).
-    let starts = [200, 256, 700, 1499];
-    let states: Vec<ModelCache> = starts.iter().map(|&k| cache_of(model, &prompt[..k])).collect();
+    // dense_len is 256 and blocks are 64 tokens: kept prompts ending before, at and after it,
+    // and inside a block. Each is a kept sequence's end; the prompt restarts from the longest.
+    let ends = [200, 256, 700, 1499];
+    for (i, &k) in ends.iter().enumerate() {
+        let mut kept = PrefixCache::new(u64::MAX);
+        for &s in ends.iter().take(i + 1) {
+            run_prompt(model, &mut kept, &prompt[..s], 512);
+        }
+        let (from, got) = run_prompt(model, &mut kept, &prompt, 512);
+        assert_eq!(from, k);
+        check(from, &got);
+    }
+
+    // A kept prompt sharing 900 tokens with ours, then diverging inside block 14. Recurrent
+    // layers cannot be cut back, so ours restarts from the last point at or before 900 (points
+    // are 4096 tokens apart: none here), runs a chunk ending at 900 and keeps a point there.
     let mut other = prompt[..1000].to_vec();
     for t in &mut other[900..] {
         *t = (*t + 1) % 256;
     }
-    let other_state = cache_of(model, &other);
-    for (i, &k) in starts.iter().enumerate() {
-        let mut kept = PrefixCache::new(u64::MAX);
-        for (&s, state) in starts.iter().zip(&states).take(i + 1) {
-            kept.insert(&prompt[..s], state);
-        }
-        kept.insert(&other, &other_state);
-        let hit = kept.lookup(&prompt).expect("a kept prefix");
-        assert_eq!(hit.tokens, k);
-        let mut cache = hit.cache;
-        let got = last_logits(model, &mut cache, &prompt[k..]);
-        let (to_reference, to_fresh) = (max_abs_diff(&got, want), max_abs_diff(&got, &fresh));
-        assert!(to_reference <= TOL && to_fresh <= TOL, "from {k}: {to_reference} from the reference, {to_fresh} from a fresh run");
-        assert_eq!(argmax(&got), argmax(want));
-        // The state handed out was a copy: the kept one still holds exactly its tokens.
-        let again = kept.lookup(&prompt).unwrap();
-        assert_eq!((again.tokens, again.cache.len()), (k, k));
+    let mut kept = PrefixCache::new(u64::MAX);
+    run_prompt(model, &mut kept, &other, 512);
+    let (from, got) = run_prompt(model, &mut kept, &prompt, 512);
+    assert_eq!(from, 0, "no point before the divergence yet");
+    check(from, &got);
+    // The same prompt again restarts before its last token.
+    let (from, got) = run_prompt(model, &mut kept, &prompt, 512);
+    assert_eq!(from, prompt.len() - 1);
+    check(from, &got);
+    // A third prompt leaving ours at 900 (as the other did) restarts exactly there, and gives
+    // what a fresh run of it gives.
+    let mut third = prompt[..1300].to_vec();
+    for t in &mut third[900..] {
+        *t = (*t + 3) % 256;
     }
-    // The whole prompt is never a start for itself (one token must run for the next logits).
+    let (from, got) = run_prompt(model, &mut kept, &third, 512);
+    assert_eq!(from, 900);
+    let third_fresh = last_logits(model, &mut model.new_cache(), &third);
+    assert!(max_abs_diff(&got, &third_fresh) <= TOL);
+    // The states handed out were copies: the kept ones still restart where they did.
+    assert_eq!(run_prompt(model, &mut kept, &prompt, 512).0, prompt.len() - 1);
+    // A prompt is never started from its own end (one token must run for the next logits).
     let mut alone = PrefixCache::new(u64::MAX);
-    alone.insert(&prompt, &cache_of(model, &prompt));
-    assert!(alone.lookup(&prompt).is_none());
-}
-
-fn cache_of(model: &dyn LanguageModel, ids: &[u32]) -> ModelCache {
-    let mut cache = model.new_cache();
-    extend(model, &mut cache, ids, 512).unwrap();
-    cache
+    run_prompt(model, &mut alone, &prompt[..300], 512);
+    assert_eq!(alone.start(&prompt[..300], model.new_cache()).unwrap().tokens, 299);
 }
 
 #[test]
@@ -81,24 +112,32 @@ fn the_least_recently_used_state_goes_first_under_the_budget() {
     let prompt = ids(&tokens(case), "prompt_ids");
     let model = sala::models::load(&golden(case), Some(mlx_rs::Dtype::Float32)).unwrap();
     let model = model.as_ref();
-    let (a, b, c) = (cache_of(model, &prompt[..300]), cache_of(model, &prompt[..310]), cache_of(model, &prompt[..320]));
-    let one = a.nbytes() as u64;
-    assert!(one > 0 && b.nbytes() as u64 >= one);
-    // Room for two states of this size.
-    let mut kept = PrefixCache::new(2 * c.nbytes() as u64);
-    kept.insert(&prompt[..300], &a);
-    kept.insert(&prompt[..310], &b);
-    // Using the 300-token state makes the 310-token one the least recently used.
-    assert_eq!(kept.lookup(&prompt[..305]).unwrap().tokens, 300);
-    kept.insert(&prompt[..320], &c);
+    // Three prompts sharing no first token, so no state serves another.
+    let (a, b, c) = (&prompt[..300], &prompt[10..310], &prompt[20..320]);
+    assert!(a[0] != b[0] && b[0] != c[0] && a[0] != c[0]);
+    let mut one = PrefixCache::new(u64::MAX);
+    run_prompt(model, &mut one, c, 512);
+    let size = one.held_bytes();
+    // Attention buffers of 300 tokens and two points (before the last token, at the end).
+    assert!(size > 0);
+    // Room for two such states.
+    let mut kept = PrefixCache::new(2 * size);
+    run_prompt(model, &mut kept, a, 512);
+    run_prompt(model, &mut kept, b, 512);
+    assert!(kept.held_bytes() <= 2 * size && kept.len() == 2);
+    // Using the first makes the second the least recently used.
+    let longer = |p: &[u32]| [p, &[7, 8]].concat();
+    assert_eq!(kept.start(&longer(a), model.new_cache()).unwrap().tokens, 300);
+    run_prompt(model, &mut kept, c, 512);
     assert_eq!(kept.len(), 2);
-    assert!(kept.held_bytes() <= 2 * c.nbytes() as u64);
-    assert_eq!(kept.lookup(&prompt[..315]).unwrap().tokens, 300, "the 310-token state was dropped");
-    assert_eq!(kept.lookup(&prompt).unwrap().tokens, 320);
+    assert!(kept.held_bytes() <= 2 * size);
+    assert_eq!(kept.start(&longer(b), model.new_cache()).unwrap().tokens, 0, "the second was dropped");
+    assert_eq!(kept.start(&longer(a), model.new_cache()).unwrap().tokens, 300);
+    assert_eq!(kept.start(&longer(c), model.new_cache()).unwrap().tokens, 300);
     // A budget of 0 keeps nothing.
     let mut none = PrefixCache::new(0);
-    none.insert(&prompt[..300], &a);
-    assert!(none.is_empty() && none.lookup(&prompt).is_none());
+    run_prompt(model, &mut none, a, 512);
+    assert!(none.is_empty() && none.start(&longer(a), model.new_cache()).unwrap().tokens == 0);
 }
 
 /// Greedy answers of a server to `questions` about one document, asked in turn, with the

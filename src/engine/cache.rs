@@ -554,9 +554,37 @@ pub struct ModelCache {
 /// A point a [`ModelCache`] can go back to after a draft ran on it: each layer's length and the
 /// recurrent states (holding them is free: arrays are immutable and a step makes a new state,
 /// whereas a clone of the whole cache would make the next key write copy the key buffer).
+#[derive(Clone)]
 pub struct Checkpoint {
     lens: Vec<usize>,
     recurrent: Vec<Option<RecurrentState>>,
+}
+
+impl Checkpoint {
+    /// Tokens the cache held.
+    pub fn len(&self) -> usize {
+        self.lens.first().copied().unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of the recurrent states it keeps.
+    pub fn nbytes(&self) -> usize {
+        self.recurrent.iter().flatten().map(RecurrentState::nbytes).sum()
+    }
+
+    /// The recurrent states, by layer (`None` for attention layers).
+    pub fn recurrent_states(&self) -> impl Iterator<Item = Option<&RecurrentState>> {
+        self.recurrent.iter().map(Option::as_ref)
+    }
+
+    /// A checkpoint of `len` tokens with these recurrent states (one per layer, `None` for
+    /// attention layers), as read back from a file.
+    pub fn from_states(len: usize, recurrent: Vec<Option<RecurrentState>>) -> Self {
+        Self { lens: vec![len; recurrent.len()], recurrent }
+    }
 }
 
 impl ModelCache {
@@ -572,6 +600,44 @@ impl ModelCache {
                 })
                 .collect(),
         }
+    }
+
+    /// A checkpoint that owns its recurrent states outright (a row of a batched step's stacked
+    /// state is copied out, so keeping it does not keep the whole batch's state alive), with
+    /// every array evaluated: for keeping a state long after the step that made it.
+    pub fn detached_checkpoint(&self) -> Result<Checkpoint> {
+        let mut checkpoint = self.checkpoint();
+        for r in checkpoint.recurrent.iter_mut().flatten() {
+            let state = match r.state()? {
+                // A computed copy: MLX shares the buffer of a slice (and of `copy`).
+                Some(s) if r.batch_row.is_some() => Some(s.multiply(scalar(1.0, s.dtype())?)?),
+                s => s,
+            };
+            *r = RecurrentState { state, batch_row: None, len: r.len, record_replay: false, replay: None };
+        }
+        let arrays: Vec<Array> = checkpoint.recurrent.iter().flatten().filter_map(|r| r.state.clone()).collect();
+        mlx_rs::transforms::eval(&arrays)?;
+        Ok(checkpoint)
+    }
+
+    /// Whether any layer keeps a recurrent state (which cannot be cut back to a shorter prefix).
+    pub fn has_recurrent(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l, LayerCache::Recurrent(_)))
+    }
+
+    /// Drops the recurrent states (a kept state whose recurrent layers are restored from a
+    /// [`Checkpoint`] needs only its attention layers).
+    pub fn clear_recurrent(&mut self) {
+        for layer in &mut self.layers {
+            if let LayerCache::Recurrent(r) = layer {
+                *r = RecurrentState::default();
+            }
+        }
+    }
+
+    /// Bytes of the attention layers' buffers (keys, values, pooled keys), capacity included.
+    pub fn attention_nbytes(&self) -> usize {
+        self.layers.iter().filter(|l| matches!(l, LayerCache::Attention(_))).map(LayerCache::nbytes).sum()
     }
 
     /// Goes back to `checkpoint` (taken from this cache, with no tokens evicted since).

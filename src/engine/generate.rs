@@ -217,10 +217,16 @@ impl Decoding {
 
     /// Runs the next `opts.prefill_step` prompt tokens; `true` once the whole prompt is in.
     pub fn prefill_step(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache) -> Result<bool> {
+        self.prefill_until(model, cache, usize::MAX)
+    }
+
+    /// [`Decoding::prefill_step`], ending the chunk once `until` prompt tokens are in (a caller
+    /// that keeps the state at that length).
+    pub fn prefill_until(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, until: usize) -> Result<bool> {
         let total = self.generation.stats.prompt_tokens;
         if self.prefilled < total {
             let start = Instant::now();
-            let end = (self.prefilled + self.opts.prefill_step.max(1)).min(total);
+            let end = (self.prefilled + self.opts.prefill_step.max(1)).min(total).min(until.max(self.prefilled + 1));
             let logits = forward_eval(model, cache, &self.history[self.prefilled..end], Logits::Last)?;
             if end == total {
                 self.logits = to_vec_f32(&logits)?;

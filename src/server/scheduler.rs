@@ -3,14 +3,16 @@
 //! prompts go in a chunk per round, and every round runs one batched forward that advances each
 //! request whose prompt is in by a token, whatever its length. A long answer never blocks a short
 //! one; a request whose client went away is dropped before the next round, freeing its slot and
-//! cache at once. A [`PrefixCache`] keeps the state at the end of each prompt and of each answer,
-//! so a request that starts with an earlier prompt (a document asked again, a conversation's next
-//! turn) prefills only what is new.
+//! cache at once. A [`PrefixCache`] keeps the state of each prompt and each answer with restart
+//! points along it, so a request that shares the start of an earlier one (a document asked again,
+//! a conversation's next turn) prefills only what is new. A request is started (its kept state
+//! looked up) only once the prompt before it is in, so requests arriving together over one
+//! document prefill it once.
 
 use crate::engine::cache::ModelCache;
 use crate::engine::generate::{next_batch, Decoding, GenerateOptions, Step, StopReason};
 use crate::engine::model::LanguageModel;
-use crate::engine::prefix_cache::PrefixCache;
+use crate::engine::prefix_cache::{PrefixCache, Trail};
 use crate::engine::sampler::{Sampler, SamplingParams};
 use crate::engine::tokenizer::{StreamDecoder, TextTokenizer};
 use std::collections::VecDeque;
@@ -40,6 +42,8 @@ pub enum Event {
 struct Active {
     job: Job,
     cache: ModelCache,
+    /// Restart points kept along the way.
+    trail: Trail,
     sampler: Sampler,
     decoding: Decoding,
     decoder: StreamDecoder,
@@ -88,7 +92,9 @@ pub fn run(
         }
         waiting.retain(|job| !job.events.is_closed());
         active.retain(|a| !a.job.events.is_closed());
-        while active.len() < parallel.max(1) {
+        // Prompts go in one at a time, oldest first: the next request starts once the one before
+        // it is in, from the state that one left if they share a start.
+        while active.len() < parallel.max(1) && active.iter().all(|a| a.decoding.is_prefilled()) {
             let Some(job) = waiting.pop_front() else { break };
             if let Some(a) = admit(model, job, prefill_step, &mut prefixes) {
                 active.push(a);
@@ -98,9 +104,16 @@ pub fn run(
         // others' next tokens by a chunk at a time instead of all at once.
         if let Some(i) = active.iter().position(|a| !a.decoding.is_prefilled()) {
             let a = &mut active[i];
-            match a.decoding.prefill_step(model, &mut a.cache) {
-                Ok(true) => prefixes.insert(&a.job.prompt, &a.cache),
-                Ok(false) => {}
+            let until = a.trail.chunk_end(a.cache.len(), prefill_step) - a.cached_tokens;
+            let step = a.decoding.prefill_until(model, &mut a.cache, until).and_then(|done| {
+                a.trail.observe(&a.cache)?;
+                if done {
+                    prefixes.insert(&a.job.prompt, &a.cache, &mut a.trail)?;
+                }
+                Ok(done)
+            });
+            match step {
+                Ok(_) => {}
                 Err(e) => {
                     let _ = a.job.events.send(Event::Error(e.to_string()));
                     active.remove(i);
@@ -131,7 +144,9 @@ pub fn run(
                         let _ = a.decoding.cancel(model, &mut a.cache);
                         let generated = a.decoding.tokens();
                         let held: Vec<u32> = a.job.prompt.iter().chain(&generated[..generated.len().saturating_sub(1)]).copied().collect();
-                        prefixes.insert(&held, &a.cache);
+                        if let Err(e) = prefixes.insert(&held, &a.cache, &mut a.trail) {
+                            eprintln!("warning: the answer's state was not kept: {e}");
+                        }
                     }
                 }
             }
@@ -150,20 +165,21 @@ pub fn run(
 /// Checks a request's prompt, starting from the longest kept state it extends; `None` (after
 /// telling the client) when it cannot run.
 fn admit(model: &dyn LanguageModel, job: Job, prefill_step: usize, prefixes: &mut PrefixCache) -> Option<Active> {
-    let (cached_tokens, cache) = match prefixes.lookup(&job.prompt) {
-        Some(hit) => (hit.tokens, hit.cache),
-        None => (0, model.new_cache()),
-    };
     let opts = GenerateOptions { max_tokens: job.max_tokens, prefill_step, ..Default::default() };
-    match Decoding::begin(model, &cache, &job.prompt[cached_tokens..], &opts) {
-        Ok(decoding) => Some(Active {
+    let started = prefixes.start(&job.prompt, model.new_cache()).and_then(|start| {
+        let decoding = Decoding::begin(model, &start.cache, &job.prompt[start.tokens..], &opts)?;
+        Ok((start, decoding))
+    });
+    match started {
+        Ok((start, decoding)) => Some(Active {
             sampler: Sampler::new(job.sampling.clone()),
             job,
-            cache,
+            cache: start.cache,
+            trail: start.trail,
+            cached_tokens: start.tokens,
             decoding,
             decoder: StreamDecoder::default(),
             held: String::new(),
-            cached_tokens,
         }),
         Err(e) => {
             let _ = job.events.send(Event::Error(e.to_string()));
