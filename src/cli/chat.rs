@@ -2,7 +2,7 @@
 //! (`ChatSession`), so each turn prefills only what is new; `/retry` and `/edit` restore the state
 //! saved at the last message boundary instead of re-reading the history.
 
-use super::{load, DraftArgs, ModelArgs, SamplingArgs};
+use super::{load, DraftArgs, ModelArgs, PromptCacheArgs, SamplingArgs};
 use crate::engine::generate::{Flow, GenerateOptions, StopReason};
 use crate::engine::sampler::Sampler;
 use crate::engine::session::ChatSession;
@@ -15,7 +15,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Args)]
-#[command(after_help = "Examples:\n  sala chat --model ./MiniCPM-SALA\n  sala chat -m SmolLM2.gguf --system \"Answer briefly.\" --temperature 0\n\nIn the chat, /help lists the commands; \"\"\" starts and ends a multi-line message; Ctrl-C stops an answer, Ctrl-D leaves.")]
+#[command(after_help = "Examples:\n  sala chat --model ./MiniCPM-SALA\n  sala chat -m SmolLM2.gguf --system \"Answer briefly.\" --temperature 0\n  sala chat --model ./MiniCPM-SALA --system \"$(cat contract.txt)\" --prompt-cache contract.cache\n\nIn the chat, /help lists the commands; \"\"\" starts and ends a multi-line message; Ctrl-C stops an answer, Ctrl-D leaves.")]
 pub struct ChatArgs {
     #[command(flatten)]
     pub load: ModelArgs,
@@ -23,6 +23,8 @@ pub struct ChatArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub draft: DraftArgs,
+    #[command(flatten)]
+    pub prompt_cache: PromptCacheArgs,
     /// System prompt
     #[arg(long)]
     pub system: Option<String>,
@@ -151,7 +153,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
                                 }
                                 m.content = rest.to_string();
                             }
-                            answer(&mut conversation, &mut session, tokenizer, &loaded, &mut sampler, &opts)?;
+                            answer(&mut conversation, &mut session, tokenizer, &loaded, &mut sampler, &opts, &args.prompt_cache)?;
                         }
                         _ => println!("(no message to answer again)"),
                     }
@@ -161,7 +163,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             continue;
         }
         conversation.messages.push(Message::new("user", text));
-        answer(&mut conversation, &mut session, tokenizer, &loaded, &mut sampler, &opts)?;
+        answer(&mut conversation, &mut session, tokenizer, &loaded, &mut sampler, &opts, &args.prompt_cache)?;
     }
     Ok(())
 }
@@ -222,6 +224,7 @@ fn answer(
     loaded: &super::LoadedModel,
     sampler: &mut Sampler,
     opts: &GenerateOptions,
+    prompt_cache: &PromptCacheArgs,
 ) -> anyhow::Result<()> {
     let model = loaded.model.as_ref();
     let prompt_text = tokenizer.apply_chat_template(&conversation.rendered(), conversation.think)?;
@@ -230,6 +233,17 @@ fn answer(
         conversation.messages.pop();
         eprintln!("error: {e:#}");
         return Ok(());
+    }
+    // A conversation's first prompt starts from the prompt cache (and is saved to it).
+    if session.is_empty() && prompt_cache.prompt_cache.is_some() {
+        match prompt_cache.prefill(loaded, &prompt, opts.prefill_step) {
+            Ok((cache, _)) => session.resume(cache, prompt[..prompt.len().saturating_sub(1)].to_vec()),
+            Err(e) => {
+                conversation.messages.pop();
+                eprintln!("error: {e:#}");
+                return Ok(());
+            }
+        }
     }
     let mut stdout = std::io::stdout().lock();
     let mut decoder = StreamDecoder::default();

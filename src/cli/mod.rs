@@ -253,6 +253,8 @@ pub struct LoadedModel {
     pub tokenizer: Option<TextTokenizer>,
     pub path: PathBuf,
     pub device: DeviceKind,
+    /// What model and tokenizer states made by it belong to (prompt cache files).
+    pub fingerprint: crate::engine::state_file::Fingerprint,
     weights_bytes: u64,
     cfg: crate::engine::config::ConfigFile,
     dtype: Dtype,
@@ -330,10 +332,83 @@ pub fn load_source(
     };
     let weights_bytes = memory::weights_bytes(&source, dtype);
     check_fits(&path, &cfg, dtype, weights_bytes, window, tokens)?;
+    let fingerprint = crate::engine::state_file::Fingerprint::of(&source, dtype)?;
     let mut model = models::build(&cfg, &mut source.weights, Some(dtype)).with_context(|| format!("loading {}", path.display()))?;
     if let Some(window) = window {
         model.set_window(window)?;
     }
     let tokenizer = source.tokenizer(model.info().bos_token_id)?;
-    Ok(LoadedModel { model, tokenizer, path, device, weights_bytes, cfg, dtype, window })
+    Ok(LoadedModel { model, tokenizer, path, device, fingerprint, weights_bytes, cfg, dtype, window })
+}
+
+/// `--prompt-cache FILE` (shared by `run` and `chat`): a prompt's state kept on disk.
+#[derive(Args, Clone)]
+pub struct PromptCacheArgs {
+    /// Keep the prompt's model state in FILE: a later run whose prompt starts the same (a long
+    /// document, then another question) loads it and prefills only the rest. Made on first use,
+    /// rewritten when a prompt adds to it; refused if another model or tokenizer made it
+    #[arg(long, value_name = "FILE")]
+    pub prompt_cache: Option<PathBuf>,
+    /// Only read --prompt-cache, never write it
+    #[arg(long, requires = "prompt_cache")]
+    pub prompt_cache_ro: bool,
+}
+
+impl PromptCacheArgs {
+    /// Brings the model's state to all of `prompt` but its last token, starting from FILE's state
+    /// where it holds a start of the prompt, and saves that state to FILE when FILE did not hold
+    /// it already. Returns the state and how many prompt tokens came from FILE.
+    pub fn prefill(&self, loaded: &LoadedModel, prompt: &[u32], step: usize) -> anyhow::Result<(crate::engine::cache::ModelCache, usize)> {
+        use crate::engine::prefix_cache::{Start, Trail};
+        use crate::engine::state_file::{self, StateFile};
+        let model = loaded.model.as_ref();
+        let Some((_, head)) = prompt.split_last() else { bail!("the prompt is empty") };
+        let mut held: Option<Vec<u32>> = None;
+        let mut start = None;
+        if let Some(path) = self.prompt_cache.as_deref().filter(|p| p.exists()) {
+            let file = StateFile::open(path, &loaded.fingerprint)?;
+            let bar = bytes_progress("reading prompt cache", 0);
+            start = state_file::start_from(&file, model, prompt, &mut |done, total| {
+                bar.set_length(total);
+                bar.set_position(done);
+            })?;
+            bar.finish_and_clear();
+            held = Some(file.tokens);
+        }
+        let Start { tokens: reused, mut cache, mut trail } = match start {
+            Some(start) => start,
+            None => {
+                let cache = model.new_cache();
+                Start { tokens: 0, trail: Trail::new(&cache), cache }
+            }
+        };
+        if let Some(path) = &self.prompt_cache {
+            eprintln!("prompt cache: {reused} of {} prompt tokens from {}", prompt.len(), path.display());
+        }
+        if let Some(held) = &held {
+            trail.stop_at(held.iter().zip(head).take_while(|(a, b)| a == b).count());
+        }
+        let todo = head.len() - reused;
+        let bar = (todo > 0).then(|| progress_bar(todo as u64, "prefill {bar:40} {pos}/{len} tokens ({per_sec}, eta {eta})"));
+        crate::engine::generate::extend_along(model, &mut cache, &mut trail, &head[reused..], step, |done| {
+            if let Some(bar) = &bar {
+                bar.set_position(done as u64);
+            }
+        })?;
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        if let Some(path) = self.prompt_cache.as_deref().filter(|_| !self.prompt_cache_ro && held.as_deref() != Some(head)) {
+            trail.mark_end(&cache)?;
+            let bar = bytes_progress("writing prompt cache", 0);
+            let bytes = state_file::save(path, &loaded.fingerprint, head, &cache, &trail, &mut |done, total| {
+                bar.set_length(total);
+                bar.set_position(done);
+            })
+            .with_context(|| format!("saving the prompt cache {}", path.display()))?;
+            bar.finish_and_clear();
+            eprintln!("prompt cache: saved {} tokens to {} ({})", head.len(), path.display(), memory::human(bytes));
+        }
+        Ok((cache, reused))
+    }
 }

@@ -1,6 +1,6 @@
 //! `sala run`: one prompt in, a streamed answer out, a summary line on stderr.
 
-use super::{load, DraftArgs, ModelArgs, SamplingArgs};
+use super::{load, DraftArgs, ModelArgs, PromptCacheArgs, SamplingArgs};
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::generate::{generate, Flow, GenerateOptions, Generation};
 use crate::engine::model::LanguageModel;
@@ -12,7 +12,7 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 
 #[derive(Args)]
-#[command(after_help = "Examples:\n  sala run --model ./MiniCPM-SALA \"Why is the sky blue?\"\n  echo \"Summarise: ...\" | sala run --model ./MiniCPM-SALA -\n  sala run --model ./case --input-ids 1,2,3 --temperature 0 --json\n  sala run --model ./MiniCPM-SALA --draft-layers 8 --num-draft 4 \"Write a haiku\"")]
+#[command(after_help = "Examples:\n  sala run --model ./MiniCPM-SALA \"Why is the sky blue?\"\n  echo \"Summarise: ...\" | sala run --model ./MiniCPM-SALA -\n  sala run --model ./case --input-ids 1,2,3 --temperature 0 --json\n  sala run --model ./MiniCPM-SALA --draft-layers 8 --num-draft 4 \"Write a haiku\"\n  sala run --model ./MiniCPM-SALA --prompt-cache book.cache --system \"$(cat book.txt)\" \"Who is the narrator?\"")]
 pub struct RunArgs {
     /// The prompt; `-` (or nothing, with piped input) reads it from stdin
     pub prompt: Option<String>,
@@ -25,6 +25,8 @@ pub struct RunArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub draft: DraftArgs,
+    #[command(flatten)]
+    pub prompt_cache: PromptCacheArgs,
     /// System prompt
     #[arg(long)]
     pub system: Option<String>,
@@ -55,7 +57,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let (model, tokenizer, model_dir) = (loaded.model.as_ref(), loaded.tokenizer.as_ref(), loaded.path.as_path());
     let (prompt_ids, prompt_text) = prompt_tokens(&args, model_dir, tokenizer)?;
     loaded.check_fits(prompt_ids.len() + args.max_tokens)?;
-    let mut cache = model.new_cache();
+    // With a prompt cache, all but the last prompt token go in (from the file where it holds
+    // them) before generation starts.
+    let (mut cache, run_from) = match &args.prompt_cache.prompt_cache {
+        Some(_) => {
+            let (cache, _) = args.prompt_cache.prefill(&loaded, &prompt_ids, args.load.runtime.prefill_step)?;
+            (cache, prompt_ids.len() - 1)
+        }
+        None => (model.new_cache(), 0),
+    };
     let mut sampler = Sampler::new(sampling);
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
@@ -65,7 +75,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         draft: args.draft.draft(model)?,
     };
 
-    let progress = prefill_progress(prompt_ids.len());
+    let progress = prefill_progress(prompt_ids.len() - run_from);
     let mut stdout = std::io::stdout().lock();
     let mut decoder = StreamDecoder::default();
     let mut think = ThinkFilter::after_prompt(&prompt_text);
@@ -80,7 +90,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let generation = generate(
         model,
         &mut cache,
-        &prompt_ids,
+        &prompt_ids[run_from..],
         &mut sampler,
         &opts,
         |done, total| {

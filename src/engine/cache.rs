@@ -749,3 +749,82 @@ impl LayerCache {
         }
     }
 }
+
+/// One layer's state as plain arrays (for files): an attention layer's filled keys and values
+/// `[1, Hkv, len, d]` and pooled key windows, or a recurrent layer's state.
+pub enum LayerState {
+    Attention { keys: Option<(Array, Array)>, pooled: Vec<PooledState> },
+    Recurrent { state: Option<Array>, len: usize },
+}
+
+/// Pooled key windows as stored: window-major rows `[1, 1, n, H·d]`.
+pub struct PooledState {
+    pub kernel: usize,
+    pub stride: usize,
+    pub heads: i32,
+    pub dim: i32,
+    pub windows: Array,
+}
+
+impl ModelCache {
+    /// Every layer's state as plain arrays (copies where tokens sit in two buffers). A windowed
+    /// cache (tokens dropped) is refused: it no longer holds the tokens it counts.
+    pub fn export(&self) -> crate::engine::error::Result<Vec<LayerState>> {
+        if self.is_windowed() {
+            return Err(crate::engine::error::Error::Usage(
+                "a cache with a --context-size window cannot be saved: it has dropped tokens".into(),
+            ));
+        }
+        let mut cache = self.clone();
+        let mut layers = Vec::new();
+        for layer in &mut cache.layers {
+            layers.push(match layer {
+                LayerCache::Attention(kv) => {
+                    let keys = match (kv.keys.view()?, kv.values.view()?) {
+                        (Some(k), Some(v)) => Some((k, v)),
+                        _ => None,
+                    };
+                    let mut pooled = Vec::new();
+                    for p in &mut kv.pooled {
+                        if let Some(windows) = p.windows.view()? {
+                            pooled.push(PooledState { kernel: p.kernel, stride: p.stride, heads: p.heads, dim: p.dim, windows });
+                        }
+                    }
+                    LayerState::Attention { keys, pooled }
+                }
+                LayerCache::Recurrent(r) => LayerState::Recurrent { state: r.state()?, len: r.len },
+            });
+        }
+        Ok(layers)
+    }
+
+    /// A cache holding `layers` (from [`ModelCache::export`]), built on `fresh` (the model's own
+    /// empty cache): each layer must be of the kind the model has there.
+    pub fn import(fresh: ModelCache, layers: Vec<LayerState>) -> std::result::Result<ModelCache, String> {
+        if fresh.layers.len() != layers.len() {
+            return Err(format!("it holds {} layers, the model has {}", layers.len(), fresh.layers.len()));
+        }
+        let mut cache = fresh;
+        for (i, (layer, state)) in cache.layers.iter_mut().zip(layers).enumerate() {
+            match (layer, state) {
+                (LayerCache::Attention(kv), LayerState::Attention { keys, pooled }) => {
+                    if let Some((k, v)) = keys {
+                        kv.keys.append(&k).map_err(|e| e.to_string())?;
+                        kv.values.append(&v).map_err(|e| e.to_string())?;
+                    }
+                    for p in pooled {
+                        let mut windows = SeqBuffer::default();
+                        windows.append(&p.windows).map_err(|e| e.to_string())?;
+                        kv.pooled.push(PooledKeys { kernel: p.kernel, stride: p.stride, windows, heads: p.heads, dim: p.dim });
+                    }
+                }
+                (LayerCache::Recurrent(r), LayerState::Recurrent { state, len }) => {
+                    r.set_state(state);
+                    r.len = len;
+                }
+                _ => return Err(format!("layer {i} is of another kind (attention or recurrent) than the model's")),
+            }
+        }
+        Ok(cache)
+    }
+}

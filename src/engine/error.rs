@@ -29,6 +29,9 @@ pub enum Error {
     #[error("{path}: {message}")]
     BadWeights { path: PathBuf, message: String },
 
+    #[error("prompt cache {path}: {message}")]
+    PromptCache { path: PathBuf, message: String },
+
     #[error("{path}: missing tensor `{name}` (expected shape {expected:?}); is this checkpoint for this model?")]
     MissingTensor { path: PathBuf, name: String, expected: Vec<i32> },
 

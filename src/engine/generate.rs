@@ -2,6 +2,7 @@
 //! conditions, timing and (optionally) every distribution the tokens were drawn from.
 
 use super::cache::ModelCache;
+use super::prefix_cache::Trail;
 use super::error::{Error, Result};
 use super::model::{LanguageModel, Logits};
 use super::ops::to_vec_f32;
@@ -487,6 +488,26 @@ pub fn extend(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32],
     }
     for chunk in tokens.chunks(step.max(1)) {
         forward_eval(model, cache, chunk, Logits::Last)?;
+    }
+    Ok(())
+}
+
+/// [`extend`] along `trail`: chunks end at its stops, and it keeps its points on the way.
+/// `progress` is told the tokens in so far.
+pub fn extend_along(
+    model: &dyn LanguageModel,
+    cache: &mut ModelCache,
+    trail: &mut Trail,
+    tokens: &[u32],
+    step: usize,
+    mut progress: impl FnMut(usize),
+) -> Result<()> {
+    let (start, end) = (cache.len(), cache.len() + tokens.len());
+    while cache.len() < end {
+        let upto = trail.chunk_end(cache.len(), step).min(end);
+        extend(model, cache, &tokens[cache.len() - start..upto - start], step)?;
+        trail.observe(cache)?;
+        progress(cache.len() - start);
     }
     Ok(())
 }

@@ -16,6 +16,7 @@ pub mod quant;
 pub mod sampler;
 pub mod session;
 pub mod source;
+pub mod state_file;
 pub mod tokenizer;
 pub mod tools;
 pub mod weights;

@@ -17,7 +17,7 @@
 use super::cache::{Checkpoint, ModelCache};
 use mlx_rs::error::Result;
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::rc::Rc;
 
 /// Tokens between the restart points a long prompt leaves behind (a follow-up that shares all
 /// but the end of a long prompt re-runs at most this many of its tokens).
@@ -46,7 +46,7 @@ impl Point {
 /// The restart points of one sequence, collected while it runs.
 #[derive(Clone)]
 pub struct Trail {
-    points: Vec<Arc<Point>>,
+    points: Vec<Rc<Point>>,
     /// Lengths at which a point must be taken exactly (prefill chunks end there).
     stops: Vec<usize>,
     spacing: usize,
@@ -90,7 +90,7 @@ impl Trail {
         }
         let stop = self.stops.contains(&len);
         if stop || len >= self.next_mark {
-            self.points.push(Arc::new(Point { checkpoint: cache.detached_checkpoint()?, pinned: stop }));
+            self.points.push(Rc::new(Point { checkpoint: cache.detached_checkpoint()?, pinned: stop }));
             while self.next_mark <= len {
                 self.next_mark += self.spacing;
             }
@@ -101,8 +101,8 @@ impl Trail {
 
     /// Keeps a pinned point at the cache's current length (the end of a prompt or an answer).
     pub fn mark_end(&mut self, cache: &ModelCache) -> Result<()> {
-        if self.recurrent && !self.points.last().is_some_and(|p| p.len() == cache.len()) {
-            self.points.push(Arc::new(Point { checkpoint: cache.detached_checkpoint()?, pinned: true }));
+        if self.recurrent && self.points.last().is_none_or(|p| p.len() != cache.len()) {
+            self.points.push(Rc::new(Point { checkpoint: cache.detached_checkpoint()?, pinned: true }));
         }
         Ok(())
     }
@@ -123,14 +123,19 @@ impl Trail {
         self.spacing *= 2;
     }
 
-    pub fn points(&self) -> &[Arc<Point>] {
+    /// Goes on from `cache` (its spaced points counted from there).
+    pub fn restart_from(&mut self, cache: &ModelCache) {
+        self.next_mark = (cache.len() / self.spacing + 1) * self.spacing;
+    }
+
+    pub fn points(&self) -> &[Rc<Point>] {
         &self.points
     }
 
     /// A trail holding `points` (read back from a file) for a sequence of `cache`.
     pub fn from_points(cache: &ModelCache, points: Vec<Checkpoint>) -> Self {
         let mut trail = Self::new(cache);
-        trail.points = points.into_iter().map(|checkpoint| Arc::new(Point { checkpoint, pinned: true })).collect();
+        trail.points = points.into_iter().map(|checkpoint| Rc::new(Point { checkpoint, pinned: true })).collect();
         trail
     }
 }
@@ -148,7 +153,7 @@ pub struct Entry {
 impl Entry {
     /// The longest length up to `limit` it can restart from, and the point to restart from
     /// (`None` for a model of attention layers alone, which restarts anywhere).
-    fn restart_at(&self, limit: usize) -> Option<(usize, Option<&Arc<Point>>)> {
+    fn restart_at(&self, limit: usize) -> Option<(usize, Option<&Rc<Point>>)> {
         let limit = limit.min(self.tokens.len());
         if !self.trail.recurrent {
             return (limit > 0).then_some((limit, None));
@@ -158,7 +163,7 @@ impl Entry {
     }
 
     /// The state after its first `len` tokens (a restart length from [`Entry::restart_at`]).
-    fn state_at(&self, len: usize, point: Option<&Arc<Point>>) -> crate::engine::error::Result<ModelCache> {
+    fn state_at(&self, len: usize, point: Option<&Rc<Point>>) -> crate::engine::error::Result<ModelCache> {
         let mut cache = self.cache.clone();
         match point {
             Some(point) => cache.restore(point.checkpoint.clone()),
@@ -297,7 +302,7 @@ impl PrefixCache {
         for e in &self.entries {
             total += e.cache.attention_nbytes() as u64;
             for p in &e.trail.points {
-                if seen.insert(Arc::as_ptr(p)) {
+                if seen.insert(Rc::as_ptr(p)) {
                     total += p.checkpoint.nbytes() as u64;
                 }
             }
@@ -326,5 +331,5 @@ impl PrefixCache {
 /// layers) each of `b`'s points is one of `a`'s.
 fn covers(a: &Entry, b: &Entry) -> bool {
     a.tokens.starts_with(&b.tokens)
-        && (!b.trail.recurrent || b.trail.points.iter().all(|p| a.trail.points.iter().any(|q| Arc::ptr_eq(p, q))))
+        && (!b.trail.recurrent || b.trail.points.iter().all(|p| a.trail.points.iter().any(|q| Rc::ptr_eq(p, q))))
 }

@@ -45,6 +45,13 @@ impl ChatSession {
         self.tokens.is_empty()
     }
 
+    /// Continues from `cache`, which holds exactly `tokens` (a state read from a prompt cache).
+    pub fn resume(&mut self, cache: ModelCache, tokens: Vec<u32>) {
+        self.cache = cache;
+        self.tokens = tokens;
+        self.save();
+    }
+
     /// Forgets everything (a new conversation).
     pub fn reset(&mut self, model: &dyn LanguageModel) {
         *self = Self::new(model);

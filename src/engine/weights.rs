@@ -357,7 +357,7 @@ pub fn float_dtype(name: &str) -> Option<Dtype> {
 }
 
 /// MLX dtype of a safetensors dtype name.
-fn stored_dtype(name: &str) -> Option<Dtype> {
+pub fn stored_dtype(name: &str) -> Option<Dtype> {
     Some(match name {
         "BOOL" => Dtype::Bool,
         "U8" => Dtype::Uint8,

@@ -1,0 +1,430 @@
+//! Prompt caches on disk: a sequence's token ids and model state (attention keys, values and
+//! pooled keys after all of them, recurrent states at each restart point), so a document
+//! processed once can be asked again after the process is gone.
+//!
+//! The file is a safetensors file (readable by any safetensors tool) whose metadata says what
+//! made it: a digest of the model (config, tensor names, shapes and dtypes, the bytes of its small
+//! tensors, the dtype it ran in) and of the tokenizer files, so a state is never continued by a
+//! model it does not belong to. Each tensor's xxh3 digest is in the metadata, so a corrupted
+//! file is refused rather than continued from. It is written beside its place and renamed into
+//! it once complete. Only what a prompt restarts from is read: the attention buffers and one
+//! restart point's recurrent states.
+
+use super::cache::{Checkpoint, LayerState, ModelCache, PooledState, RecurrentState};
+use super::error::{Error, Result};
+use super::model::{LanguageModel, Logits};
+use super::prefix_cache::Trail;
+use super::source::ModelSource;
+use super::weights::{dtype_name, stored_dtype, Weights};
+use mlx_rs::{Array, Dtype};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+const FORMAT: &str = "sala-prompt-cache";
+const VERSION: &str = "1";
+/// Tensors up to this size go into the model's digest with their bytes (norms, biases, small
+/// tables: what random or retrained weights differ in, without reading gigabytes).
+const DIGEST_TENSOR_BYTES: u64 = 1 << 20;
+const DIGEST_TOTAL_BYTES: u64 = 64 << 20;
+
+/// What made a state: digests of the model (as it runs) and of its tokenizer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    pub model: String,
+    pub tokenizer: String,
+}
+
+impl Fingerprint {
+    /// The digests of `source` run in `dtype`.
+    pub fn of(source: &ModelSource, dtype: Dtype) -> Result<Self> {
+        let mut model = Sha256::new();
+        model.update(format!("{dtype:?}\n"));
+        if let Some(config) = source.files.get(super::source::CONFIG_FILE) {
+            model.update(config.as_bytes());
+        }
+        let mut budget = DIGEST_TOTAL_BYTES;
+        for (name, info) in source.weights.infos() {
+            model.update(format!("\n{name} {} {:?}", info.dtype, info.shape));
+            if info.nbytes() <= DIGEST_TENSOR_BYTES && info.nbytes() <= budget {
+                budget -= info.nbytes();
+                model.update(source.weights.bytes(name)?);
+            }
+        }
+        let mut tokenizer = Sha256::new();
+        for (name, text) in &source.files {
+            if name.starts_with("tokenizer") || name.starts_with("special_tokens") || name.contains("chat_template") {
+                tokenizer.update(format!("{name}\n{}\n", text.len()));
+                tokenizer.update(text.as_bytes());
+            }
+        }
+        Ok(Self { model: hex(&model.finalize()[..16]), tokenizer: hex(&tokenizer.finalize()[..16]) })
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A state read back from a file.
+pub struct SavedState {
+    pub tokens: Vec<u32>,
+    /// The state after all `tokens` (recurrent layers empty: the trail's points hold them).
+    pub cache: ModelCache,
+    pub trail: Trail,
+}
+
+/// A tensor to write.
+struct Out {
+    name: String,
+    array: Array,
+}
+
+/// Writes the state of `tokens` (`cache` holds exactly them; `trail` its restart points, the
+/// last at its end for a model with recurrent layers) to `path`, for `model`. `progress` is
+/// told the bytes written and the total. Returns the bytes of the file.
+pub fn save(
+    path: &Path,
+    fingerprint: &Fingerprint,
+    tokens: &[u32],
+    cache: &ModelCache,
+    trail: &Trail,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<u64> {
+    if cache.len() != tokens.len() {
+        return Err(Error::Usage(format!("internal: a state of {} tokens saved with {} token ids", cache.len(), tokens.len())));
+    }
+    let mut tensors = vec![Out { name: "tokens".into(), array: Array::from_slice(tokens, &[tokens.len() as i32]) }];
+    let mut pooled_layout = Map::new();
+    for (i, layer) in cache.export()?.into_iter().enumerate() {
+        if let LayerState::Attention { keys, pooled } = layer {
+            if let Some((k, v)) = keys {
+                tensors.push(Out { name: format!("layer.{i}.keys"), array: k });
+                tensors.push(Out { name: format!("layer.{i}.values"), array: v });
+            }
+            let mut shapes = Vec::new();
+            for (j, p) in pooled.into_iter().enumerate() {
+                shapes.push(json!([p.kernel, p.stride, p.heads, p.dim]));
+                tensors.push(Out { name: format!("layer.{i}.pooled.{j}"), array: p.windows });
+            }
+            pooled_layout.insert(i.to_string(), Value::Array(shapes));
+        }
+    }
+    let mut point_lens = Vec::new();
+    for (j, point) in trail.points().iter().enumerate() {
+        point_lens.push(point.len());
+        for (i, state) in point.checkpoint.recurrent_states().enumerate() {
+            if let Some(state) = state.and_then(|r| r.state().ok().flatten()) {
+                tensors.push(Out { name: format!("point.{j}.layer.{i}"), array: state });
+            }
+        }
+    }
+    let arrays: Vec<Array> = tensors.iter().map(|t| t.array.clone()).collect();
+    mlx_rs::transforms::eval(&arrays)?;
+
+    let mut metadata = BTreeMap::new();
+    metadata.insert("format".to_string(), FORMAT.to_string());
+    metadata.insert("version".to_string(), VERSION.to_string());
+    metadata.insert("model".to_string(), fingerprint.model.clone());
+    metadata.insert("tokenizer".to_string(), fingerprint.tokenizer.clone());
+    metadata.insert("layers".to_string(), cache.layers.len().to_string());
+    metadata.insert("points".to_string(), json!(point_lens).to_string());
+    metadata.insert("pooled".to_string(), Value::Object(pooled_layout).to_string());
+    // Digests are written once the data is (same length, so the header does not move).
+    let placeholder: Map<String, Value> = tensors.iter().map(|t| (t.name.clone(), json!("0".repeat(16)))).collect();
+    let header_with = |digests: &Map<String, Value>| -> Result<Vec<u8>> {
+        let mut meta = metadata.clone();
+        meta.insert("xxh3".to_string(), Value::Object(digests.clone()).to_string());
+        let mut header = Map::new();
+        header.insert("__metadata__".into(), json!(meta));
+        let mut offset = 0u64;
+        for t in &tensors {
+            let dtype = dtype_name(t.array.dtype()).ok_or_else(|| Error::Usage(format!("cannot save dtype {:?}", t.array.dtype())))?;
+            let end = offset + t.array.nbytes() as u64;
+            header.insert(t.name.clone(), json!({"dtype": dtype, "shape": t.array.shape(), "data_offsets": [offset, end]}));
+            offset = end;
+        }
+        let mut bytes = serde_json::to_vec(&Value::Object(header)).expect("JSON values serialise");
+        bytes.resize(bytes.len().div_ceil(8) * 8, b' ');
+        Ok(bytes)
+    };
+    let header = header_with(&placeholder)?;
+    let total = 8 + header.len() as u64 + tensors.iter().map(|t| t.array.nbytes() as u64).sum::<u64>();
+
+    let temp = path.with_file_name(format!(
+        ".{}.partial-{}",
+        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        std::process::id()
+    ));
+    let result = (|| -> Result<()> {
+        let io = |e| Error::io(&temp, e);
+        let mut out = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&temp).map_err(io)?);
+        out.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+        out.write_all(&header).map_err(io)?;
+        let mut written = 8 + header.len() as u64;
+        let mut digests = Map::new();
+        for t in &tensors {
+            let bytes = super::ops::to_bytes(&t.array)?;
+            digests.insert(t.name.clone(), json!(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes))));
+            out.write_all(&bytes).map_err(io)?;
+            written += bytes.len() as u64;
+            progress(written, total);
+        }
+        let final_header = header_with(&digests)?;
+        debug_assert_eq!(final_header.len(), header.len());
+        let mut file = out.into_inner().map_err(|e| Error::io(&temp, e.into_error()))?;
+        file.seek(SeekFrom::Start(8)).map_err(io)?;
+        file.write_all(&final_header).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        std::fs::rename(&temp, path).map_err(|e| Error::io(path, e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result.map(|_| total)
+}
+
+fn bad(path: &Path, message: impl std::fmt::Display) -> Error {
+    Error::PromptCache { path: path.to_path_buf(), message: message.to_string() }
+}
+
+/// An opened prompt cache file: its header checked against the model that is to continue it.
+pub struct StateFile {
+    path: PathBuf,
+    weights: Weights,
+    digests: Map<String, Value>,
+    pub tokens: Vec<u32>,
+    points: Vec<usize>,
+    pooled: Map<String, Value>,
+}
+
+impl StateFile {
+    /// Opens `path` for a model with `fingerprint`: refuses a file that is not a prompt cache,
+    /// is truncated, or was made by another model or tokenizer.
+    pub fn open(path: &Path, fingerprint: &Fingerprint) -> Result<Self> {
+        let weights = Weights::open(path).map_err(|e| match e {
+            Error::Io { .. } => e,
+            other => bad(path, format!("not a readable prompt cache ({other}); delete it and a new one is made")),
+        })?;
+        let meta = weights.metadata();
+        let field = |key: &str| meta.get(key).map(String::as_str).unwrap_or("");
+        if field("format") != FORMAT {
+            return Err(bad(path, "not a sala prompt cache (no `format: sala-prompt-cache` in its metadata)"));
+        }
+        if field("version") != VERSION {
+            return Err(bad(path, format!("prompt cache version {} is not {VERSION}, the one this sala reads; delete it", field("version"))));
+        }
+        if field("model") != fingerprint.model {
+            return Err(bad(
+                path,
+                format!(
+                    "made by another model or dtype (model digest {}, this one is {}); use it with the model that made it, or delete it",
+                    field("model"),
+                    fingerprint.model
+                ),
+            ));
+        }
+        if field("tokenizer") != fingerprint.tokenizer {
+            return Err(bad(
+                path,
+                format!("made with another tokenizer (digest {}, this one is {}); delete it", field("tokenizer"), fingerprint.tokenizer),
+            ));
+        }
+        let json = |key: &str| -> Result<Value> {
+            serde_json::from_str(field(key)).map_err(|e| bad(path, format!("metadata `{key}` is not valid JSON: {e}; the file is corrupt")))
+        };
+        let digests = match json("xxh3")? {
+            Value::Object(m) => m,
+            _ => return Err(bad(path, "metadata `xxh3` is not a map of digests; the file is corrupt")),
+        };
+        let points: Vec<usize> =
+            serde_json::from_value(json("points")?).map_err(|e| bad(path, format!("metadata `points`: {e}; the file is corrupt")))?;
+        let pooled = match json("pooled")? {
+            Value::Object(m) => m,
+            _ => return Err(bad(path, "metadata `pooled` is not a map; the file is corrupt")),
+        };
+        let mut file = Self { path: path.to_path_buf(), weights, digests, tokens: Vec::new(), points, pooled };
+        let tokens = file.tensor("tokens")?;
+        if tokens.dtype() != Dtype::Uint32 || tokens.ndim() != 1 {
+            return Err(bad(path, "tensor `tokens` is not a list of u32 token ids; the file is corrupt"));
+        }
+        file.tokens = tokens.as_slice::<u32>().to_vec();
+        if file.points.iter().any(|&p| p == 0 || p > file.tokens.len()) || !file.points.is_sorted() {
+            return Err(bad(path, "metadata `points` names lengths the file does not hold; the file is corrupt"));
+        }
+        Ok(file)
+    }
+
+    /// One tensor, its bytes checked against the digest written with it.
+    fn tensor(&self, name: &str) -> Result<Array> {
+        let info = self.weights.infos().get(name).ok_or_else(|| bad(&self.path, format!("tensor `{name}` is missing; the file is corrupt")))?;
+        let bytes = self.weights.bytes(name)?;
+        let digest = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes));
+        if self.digests.get(name).and_then(Value::as_str) != Some(digest.as_str()) {
+            return Err(bad(&self.path, format!("tensor `{name}` does not match its digest: the file is corrupt; delete it")));
+        }
+        let dtype = stored_dtype(&info.dtype).ok_or_else(|| bad(&self.path, format!("tensor `{name}` has dtype {}", info.dtype)))?;
+        // SAFETY: `bytes` holds exactly numel × itemsize bytes (the header was checked against it).
+        Ok(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), &info.shape, dtype) })
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.weights.infos().contains_key(name)
+    }
+
+    /// The longest length up to `limit` a prompt can restart from (`None`: none).
+    pub fn restart_at(&self, limit: usize, recurrent: bool) -> Option<usize> {
+        let limit = limit.min(self.tokens.len());
+        if recurrent {
+            self.points.iter().copied().filter(|&p| p <= limit).max()
+        } else {
+            (limit > 0).then_some(limit)
+        }
+    }
+
+    /// Reads the state for `model`: the attention buffers, and the recurrent states of the
+    /// points named by `points` (indices into the file's; the last is where the cache stands),
+    /// checked against the shapes the model's own states have. `progress` is told bytes read.
+    pub fn read(&self, model: &dyn LanguageModel, points: &[usize], progress: &mut dyn FnMut(u64, u64)) -> Result<SavedState> {
+        let probe = probe_shapes(model)?;
+        let n = self.tokens.len();
+        let names: Vec<String> = self.weights.infos().keys().filter(|k| k.starts_with("layer.")).cloned().collect();
+        let total: u64 = names.iter().map(|k| self.weights.infos()[k].nbytes()).sum::<u64>()
+            + points
+                .iter()
+                .flat_map(|j| (0..probe.len()).map(move |i| format!("point.{j}.layer.{i}")))
+                .filter_map(|k| self.weights.infos().get(&k).map(|i| i.nbytes()))
+                .sum::<u64>();
+        let mut done = 0u64;
+        let mut read = |name: &str| -> Result<Array> {
+            let a = self.tensor(name)?;
+            done += a.nbytes() as u64;
+            progress(done, total);
+            Ok(a)
+        };
+        let mut layers = Vec::new();
+        for (i, shape) in probe.iter().enumerate() {
+            layers.push(match shape {
+                Probe::Attention(want, dtype) => {
+                    let key = format!("layer.{i}.keys");
+                    let keys = if self.has(&key) {
+                        let (k, v) = (read(&key)?, read(&format!("layer.{i}.values"))?);
+                        for (name, a) in [("keys", &k), ("values", &v)] {
+                            let s = a.shape();
+                            if s.len() != 4 || s[0] != 1 || s[1] != want[1] || s[3] != want[3] || s[2] as usize != n || a.dtype() != *dtype {
+                                return Err(self.mismatch(format!("layer {i} {name}: shape {s:?} {:?}", a.dtype())));
+                            }
+                        }
+                        Some((k, v))
+                    } else {
+                        None
+                    };
+                    let mut pooled = Vec::new();
+                    let layout = self.pooled.get(&i.to_string()).and_then(Value::as_array).cloned().unwrap_or_default();
+                    for (j, p) in layout.iter().enumerate() {
+                        let facts: Vec<i64> = p.as_array().map(|a| a.iter().filter_map(Value::as_i64).collect()).unwrap_or_default();
+                        let windows = read(&format!("layer.{i}.pooled.{j}"))?;
+                        let [kernel, stride, heads, dim] = facts[..] else {
+                            return Err(bad(&self.path, format!("metadata `pooled` for layer {i} is malformed; the file is corrupt")));
+                        };
+                        let ok_params = stride > 0 && kernel >= stride && kernel % stride == 0 && heads == want[1] as i64 && dim == want[3] as i64;
+                        let count = if (n as i64) < kernel { 0 } else { (n as i64 - kernel) / stride.max(1) + 1 };
+                        let s = windows.shape();
+                        if !ok_params || s != [1, 1, count as i32, (heads * dim) as i32] || windows.dtype() != *dtype {
+                            return Err(self.mismatch(format!("layer {i} pooled keys: shape {s:?}")));
+                        }
+                        pooled.push(PooledState { kernel: kernel as usize, stride: stride as usize, heads: heads as i32, dim: dim as i32, windows });
+                    }
+                    LayerState::Attention { keys, pooled }
+                }
+                Probe::Recurrent(..) => LayerState::Recurrent { state: None, len: n },
+            });
+        }
+        let cache = ModelCache::import(model.new_cache(), layers).map_err(|m| self.mismatch(m))?;
+        let mut checkpoints = Vec::new();
+        for &j in points {
+            let len = *self.points.get(j).ok_or_else(|| bad(&self.path, format!("no restart point {j}")))?;
+            let mut states = Vec::new();
+            for (i, shape) in probe.iter().enumerate() {
+                states.push(match shape {
+                    Probe::Recurrent(want, dtype) => {
+                        let state = read(&format!("point.{j}.layer.{i}"))?;
+                        if state.shape() != &want[..] || state.dtype() != *dtype {
+                            return Err(self.mismatch(format!("layer {i} recurrent state: shape {:?}", state.shape())));
+                        }
+                        let mut r = RecurrentState::default();
+                        r.set_state(Some(state));
+                        r.len = len;
+                        Some(r)
+                    }
+                    Probe::Attention(..) => None,
+                });
+            }
+            checkpoints.push(Checkpoint::from_states(len, states));
+        }
+        Ok(SavedState { tokens: self.tokens.clone(), trail: Trail::from_points(&cache, checkpoints), cache })
+    }
+
+    /// Indices of all the file's restart points.
+    pub fn all_points(&self) -> Vec<usize> {
+        (0..self.points.len()).collect()
+    }
+
+    /// The index of the point at `len`.
+    pub fn point_at(&self, len: usize) -> Option<usize> {
+        self.points.iter().position(|&p| p == len)
+    }
+
+    fn mismatch(&self, what: impl std::fmt::Display) -> Error {
+        bad(&self.path, format!("{what} does not fit this model's state; the file is corrupt or from another model; delete it"))
+    }
+}
+
+/// The shape and dtype of each layer's state, from one token run through the model.
+enum Probe {
+    /// Keys `[1, Hkv, 1, d]`.
+    Attention(Vec<i32>, Dtype),
+    Recurrent(Vec<i32>, Dtype),
+}
+
+fn probe_shapes(model: &dyn LanguageModel) -> Result<Vec<Probe>> {
+    let mut cache = model.new_cache();
+    model.forward(&Array::from_slice(&[0i32], &[1, 1]), &mut cache, Logits::Last, None)?;
+    cache
+        .export()?
+        .into_iter()
+        .map(|layer| {
+            Ok(match layer {
+                LayerState::Attention { keys: Some((k, _)), .. } => Probe::Attention(k.shape().to_vec(), k.dtype()),
+                LayerState::Recurrent { state: Some(s), .. } => Probe::Recurrent(s.shape().to_vec(), s.dtype()),
+                _ => return Err(Error::Usage("internal: a layer kept no state after a token".into())),
+            })
+        })
+        .collect()
+}
+
+/// Where `prompt` starts from the state in `file`: the longest restart length that leaves at
+/// least one prompt token to run, with every restart point up to it (so the state can be saved
+/// again with them). `None` when the file holds no usable start of the prompt.
+pub fn start_from(
+    file: &StateFile,
+    model: &dyn LanguageModel,
+    prompt: &[u32],
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Option<super::prefix_cache::Start>> {
+    let shared = file.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len().saturating_sub(1));
+    let recurrent = model.new_cache().has_recurrent();
+    let Some(len) = file.restart_at(shared, recurrent) else { return Ok(None) };
+    let points: Vec<usize> = if recurrent { (0..file.points.len()).filter(|&j| file.points[j] <= len).collect() } else { Vec::new() };
+    let saved = file.read(model, &points, progress)?;
+    let mut cache = saved.cache;
+    match saved.trail.points().last() {
+        Some(point) if recurrent => cache.restore(point.checkpoint.clone()),
+        _ => cache.truncate_attention(len)?,
+    }
+    let mut trail = saved.trail;
+    trail.restart_from(&cache);
+    Ok(Some(super::prefix_cache::Start { tokens: len, cache, trail }))
+}
