@@ -173,3 +173,65 @@ fn serve_reuses_a_document_across_requests_and_answers_the_same() {
     // Each later turn starts from the previous turn's prompt at least (the document included).
     assert!(reused[1].1 > 120 && reused[2].1 > reused[1].1, "{reused:?}");
 }
+
+/// Golden case D through the prefix cache: the first turn (prompt and five answer tokens) kept
+/// as the server keeps an answer, the second turn's 20 tokens run from it in one forward, then
+/// five decode steps: the reference's logits throughout.
+#[test]
+fn a_conversations_second_turn_continues_from_the_first_as_the_reference() {
+    sala::engine::device::select(Some(sala::engine::device::DeviceKind::Cpu)).unwrap();
+    let case = "D_two_turn";
+    let exp = read_safetensors(&golden(case).join("expected.safetensors"));
+    let toks = tokens(case);
+    let model = sala::models::load(&golden(case), Some(mlx_rs::Dtype::Float32)).unwrap();
+    let model = model.as_ref();
+    let first: Vec<u32> = [ids(&toks, "prompt_ids"), ids(&toks, "decode_input_ids")].concat();
+    let mut kept = PrefixCache::new(u64::MAX);
+    run_prompt(model, &mut kept, &first, 512);
+    let extension = ids(&toks, "extension_ids");
+    let start = kept.start(&[first.clone(), extension.clone()].concat(), model.new_cache()).unwrap();
+    assert_eq!(start.tokens, first.len());
+    let mut cache = start.cache;
+    let input: Vec<i32> = extension.iter().map(|&i| i as i32).collect();
+    let out = model.forward(&Array::from_slice(&input, &[1, input.len() as i32]), &mut cache, Logits::All, None).unwrap();
+    let rows: Vec<f64> = to_vec_f32(&out).unwrap().into_iter().map(f64::from).collect();
+    let want = &exp["f32.extension.logits"];
+    assert!(max_abs_diff(&rows, &want.data) <= TOL, "extension logits");
+    let want = &exp["f32.decode2.logits"];
+    for (i, &t) in ids(&toks, "decode2_input_ids").iter().enumerate() {
+        let row = last_logits(model, &mut cache, &[t]);
+        assert!(max_abs_diff(&row, want.row(i)) <= TOL, "decode2 step {i}");
+    }
+}
+
+/// The answers and cached-token counts `tests/reference/openai_prefix.py` gets from a server.
+fn openai_prefix_answers(cache_memory: &str) -> Vec<serde_json::Value> {
+    let python = venv_python("openai-venv", "SALA_OPENAI_PYTHON", "openai", &["openai==1.109.1"]);
+    let server = server::Server::start(&smollm2_gguf(), &["--device", "cpu", "--cache-memory", cache_memory, "--parallel", "2"], 200);
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/openai_prefix.py");
+    let out = std::process::Command::new(python).arg(script).arg(format!("http://127.0.0.1:{}", server.port)).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap().as_array().unwrap().clone()
+}
+
+/// Through the official `openai` client: two questions in turn over one system prompt and
+/// document, then two sent at once over another; with the cache each later request reports
+/// the shared start as cached, and every answer is the one a server without the cache gives.
+#[test]
+fn openai_client_requests_sharing_a_document_reuse_it_and_answer_the_same() {
+    let fresh = openai_prefix_answers("0");
+    let reused = openai_prefix_answers("1GB");
+    println!("without the cache: {fresh:?}\nwith it: {reused:?}");
+    let texts = |a: &[serde_json::Value]| a.iter().map(|r| r["text"].clone()).collect::<Vec<_>>();
+    assert_eq!(texts(&reused), texts(&fresh), "answers with the prefix cache differ from fresh ones");
+    assert!(fresh.iter().all(|r| r["cached_tokens"] == 0 && r["text"] != ""), "{fresh:?}");
+    let cached = |i: usize| reused[i]["cached_tokens"].as_u64().unwrap();
+    let prompt = |i: usize| reused[i]["prompt_tokens"].as_u64().unwrap();
+    // The first request of each document starts cold only if it shares nothing: the system
+    // prompt is shared by all four.
+    assert_eq!(cached(0), 0);
+    // The second question shares everything up to "Question: ".
+    assert!(cached(1) > 100 && cached(1) < prompt(1), "{reused:?}");
+    // Of the two sent together, one is prefilled first and the other starts from it.
+    assert!(cached(2).min(cached(3)) > 0 && cached(2).max(cached(3)) > 100, "{reused:?}");
+}
