@@ -303,7 +303,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__chat)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --system --no-think --max-tokens --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --no-think --max-tokens --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -366,6 +366,10 @@ _sala() {
                     return 0
                     ;;
                 --num-draft)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prompt-cache)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -861,7 +865,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__run)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --max-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --system --raw --no-think --ignore-eos --input-ids --logits-out --json --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --max-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --raw --no-think --ignore-eos --input-ids --logits-out --json --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -928,6 +932,10 @@ _sala() {
                     return 0
                     ;;
                 --num-draft)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prompt-cache)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -59,9 +59,11 @@ complete -c sala -n "__fish_sala_using_subcommand run" -l repeat-penalty -d 'Pen
 complete -c sala -n "__fish_sala_using_subcommand run" -l seed -d 'Random seed for reproducible sampling' -r
 complete -c sala -n "__fish_sala_using_subcommand run" -l draft-layers -d 'Self-speculative decoding: the model\'s first N layers guess tokens ahead and one pass of the whole model checks them; the output is the same, faster when the guesses are good' -r
 complete -c sala -n "__fish_sala_using_subcommand run" -l num-draft -d 'Tokens the draft guesses ahead per round (with --draft-layers)' -r
+complete -c sala -n "__fish_sala_using_subcommand run" -l prompt-cache -d 'Keep the prompt\'s model state in FILE: a later run whose prompt starts the same (a long document, then another question) loads it and prefills only the rest. Made on first use, rewritten when a prompt adds to it; refused if another model or tokenizer made it' -r -F
 complete -c sala -n "__fish_sala_using_subcommand run" -l system -d 'System prompt' -r
 complete -c sala -n "__fish_sala_using_subcommand run" -l input-ids -d 'Prompt token ids, comma-separated (bypasses tokenizer and template)' -r
 complete -c sala -n "__fish_sala_using_subcommand run" -l logits-out -d 'Write the logits every generated token was drawn from to this safetensors file (tensor `logits`, float32 [generated, vocab])' -r -F
+complete -c sala -n "__fish_sala_using_subcommand run" -l prompt-cache-ro -d 'Only read --prompt-cache, never write it'
 complete -c sala -n "__fish_sala_using_subcommand run" -l raw -d 'Send the prompt as-is, without the chat template'
 complete -c sala -n "__fish_sala_using_subcommand run" -l no-think -d 'Ask the model not to think, and hide any <think>…</think> from the output'
 complete -c sala -n "__fish_sala_using_subcommand run" -l ignore-eos -d 'Keep generating past end-of-sequence tokens'
@@ -85,8 +87,10 @@ complete -c sala -n "__fish_sala_using_subcommand chat" -l repeat-penalty -d 'Pe
 complete -c sala -n "__fish_sala_using_subcommand chat" -l seed -d 'Random seed for reproducible sampling' -r
 complete -c sala -n "__fish_sala_using_subcommand chat" -l draft-layers -d 'Self-speculative decoding: the model\'s first N layers guess tokens ahead and one pass of the whole model checks them; the output is the same, faster when the guesses are good' -r
 complete -c sala -n "__fish_sala_using_subcommand chat" -l num-draft -d 'Tokens the draft guesses ahead per round (with --draft-layers)' -r
+complete -c sala -n "__fish_sala_using_subcommand chat" -l prompt-cache -d 'Keep the prompt\'s model state in FILE: a later run whose prompt starts the same (a long document, then another question) loads it and prefills only the rest. Made on first use, rewritten when a prompt adds to it; refused if another model or tokenizer made it' -r -F
 complete -c sala -n "__fish_sala_using_subcommand chat" -l system -d 'System prompt' -r
 complete -c sala -n "__fish_sala_using_subcommand chat" -l max-tokens -d 'Most tokens per answer' -r
+complete -c sala -n "__fish_sala_using_subcommand chat" -l prompt-cache-ro -d 'Only read --prompt-cache, never write it'
 complete -c sala -n "__fish_sala_using_subcommand chat" -l no-think -d 'Start with thinking off (`/think on` turns it back on)'
 complete -c sala -n "__fish_sala_using_subcommand chat" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand chat" -s V -l version -d 'Print version'
