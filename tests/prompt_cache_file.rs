@@ -67,7 +67,7 @@ fn a_saved_state_continues_exactly_and_only_where_it_can() {
     assert_eq!(file.tokens, prompt[..1200]);
 
     // The whole prompt restarts at the file's end; a prompt leaving it at 1000 restarts at 900.
-    let start = state_file::start_from(&file, model, &prompt, &mut |_, _| {}).unwrap().unwrap();
+    let start = state_file::start_from(&file, model, &prompt, model.new_cache(), &mut |_, _| {}).unwrap();
     assert_eq!((start.tokens, start.cache.len()), (1200, 1200));
     let mut cache = start.cache;
     let got = logits(model, &mut cache, &prompt[1200..], Logits::Last).remove(0);
@@ -76,7 +76,7 @@ fn a_saved_state_continues_exactly_and_only_where_it_can() {
 
     let mut other = prompt[..1100].to_vec();
     other[1000] = (other[1000] + 1) % 256;
-    let start = state_file::start_from(&file, model, &other, &mut |_, _| {}).unwrap().unwrap();
+    let start = state_file::start_from(&file, model, &other, model.new_cache(), &mut |_, _| {}).unwrap();
     assert_eq!(start.tokens, 900);
     let mut cache = start.cache;
     let got = logits(model, &mut cache, &other[900..], Logits::Last).remove(0);
@@ -88,7 +88,8 @@ fn a_saved_state_continues_exactly_and_only_where_it_can() {
     // A prompt sharing fewer tokens than the first point has nothing to start from.
     let mut early = prompt[..600].to_vec();
     early[500] = (early[500] + 1) % 256;
-    assert!(state_file::start_from(&file, model, &early, &mut |_, _| {}).unwrap().is_none());
+    let start = state_file::start_from(&file, model, &early, model.new_cache(), &mut |_, _| {}).unwrap();
+    assert_eq!((start.tokens, start.cache.len()), (0, 0));
     let _ = std::fs::remove_file(&path);
 }
 
@@ -107,7 +108,7 @@ fn a_conversation_saved_after_its_first_turn_continues_as_the_reference() {
     let file = StateFile::open(&path, &fingerprint).unwrap();
     let extension = ids(&toks, "extension_ids");
     let second = [first.clone(), extension.clone()].concat();
-    let start = state_file::start_from(&file, model, &second, &mut |_, _| {}).unwrap().unwrap();
+    let start = state_file::start_from(&file, model, &second, model.new_cache(), &mut |_, _| {}).unwrap();
     assert_eq!(start.tokens, first.len());
     let mut cache = start.cache;
     let rows = logits(model, &mut cache, &extension, Logits::All);
@@ -152,7 +153,7 @@ fn files_from_another_model_or_tokenizer_and_damaged_files_are_refused() {
     let damaged = temp("flipped.cache");
     std::fs::write(&damaged, &flipped).unwrap();
     let message = match StateFile::open(&damaged, &fingerprint) {
-        Ok(file) => match state_file::start_from(&file, model, &prompt, &mut |_, _| {}) {
+        Ok(file) => match state_file::start_from(&file, model, &prompt, model.new_cache(), &mut |_, _| {}) {
             Ok(_) => panic!("a corrupted file was read"),
             Err(e) => e.to_string(),
         },

@@ -364,19 +364,18 @@ impl PromptCacheArgs {
         let model = loaded.model.as_ref();
         let Some((_, head)) = prompt.split_last() else { bail!("the prompt is empty") };
         let mut held: Option<Vec<u32>> = None;
-        let mut start = None;
-        if let Some(path) = self.prompt_cache.as_deref().filter(|p| p.exists()) {
-            let file = StateFile::open(path, &loaded.fingerprint)?;
-            let bar = bytes_progress("reading prompt cache", 0);
-            start = state_file::start_from(&file, model, prompt, &mut |done, total| {
-                bar.set_length(total);
-                bar.set_position(done);
-            })?;
-            bar.finish_and_clear();
-            held = Some(file.tokens);
-        }
-        let Start { tokens: reused, mut cache, mut trail } = match start {
-            Some(start) => start,
+        let Start { tokens: reused, mut cache, mut trail } = match self.prompt_cache.as_deref().filter(|p| p.exists()) {
+            Some(path) => {
+                let file = StateFile::open(path, &loaded.fingerprint)?;
+                let bar = bytes_progress("reading prompt cache", 0);
+                let start = state_file::start_from(&file, model, prompt, model.new_cache(), &mut |done, total| {
+                    bar.set_length(total);
+                    bar.set_position(done);
+                })?;
+                bar.finish_and_clear();
+                held = Some(file.tokens);
+                start
+            }
             None => {
                 let cache = model.new_cache();
                 Start { tokens: 0, trail: Trail::new(&cache), cache }
@@ -384,9 +383,6 @@ impl PromptCacheArgs {
         };
         if let Some(path) = &self.prompt_cache {
             eprintln!("prompt cache: {reused} of {} prompt tokens from {}", prompt.len(), path.display());
-        }
-        if let Some(held) = &held {
-            trail.stop_at(held.iter().zip(head).take_while(|(a, b)| a == b).count());
         }
         let todo = head.len() - reused;
         let bar = (todo > 0).then(|| progress_bar(todo as u64, "prefill {bar:40} {pos}/{len} tokens ({per_sec}, eta {eta})"));

@@ -109,9 +109,15 @@ impl Trail {
 
     /// Past [`MAX_TRAIL_POINTS`] spaced points, drops every other one and doubles the spacing.
     fn thin(&mut self) {
-        if self.points.iter().filter(|p| !p.pinned).count() <= MAX_TRAIL_POINTS {
-            return;
+        if self.points.iter().filter(|p| !p.pinned).count() > MAX_TRAIL_POINTS {
+            self.halve_spaced();
         }
+    }
+
+    /// Drops every other spaced point (the first of each pair, so a lone one too) and doubles
+    /// the spacing of those to come; `false` when there was none to drop.
+    fn halve_spaced(&mut self) -> bool {
+        let before = self.points.len();
         let mut spaced = 0;
         self.points.retain(|p| {
             if p.pinned {
@@ -120,7 +126,11 @@ impl Trail {
             spaced += 1;
             spaced % 2 == 0
         });
-        self.spacing *= 2;
+        let dropped = self.points.len() < before;
+        if dropped {
+            self.spacing *= 2;
+        }
+        dropped
     }
 
     /// Goes on from `cache` (its spaced points counted from there).
@@ -141,12 +151,12 @@ impl Trail {
 }
 
 /// A kept sequence.
-pub struct Entry {
-    pub tokens: Vec<u32>,
+struct Entry {
+    tokens: Vec<u32>,
     /// The state after all `tokens`; recurrent layers emptied when the trail holds them.
-    pub cache: ModelCache,
+    cache: ModelCache,
     /// Where it can restart (for a model with recurrent layers; the last one is at its end).
-    pub trail: Trail,
+    trail: Trail,
     used: u64,
 }
 
@@ -188,7 +198,8 @@ pub struct Start {
     pub trail: Trail,
 }
 
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+/// How many tokens `a` and `b` share at their start.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
@@ -258,37 +269,13 @@ impl PrefixCache {
         Ok(())
     }
 
-    /// Keeps an entry read back from a file (least recently used of all).
-    pub fn insert_entry(&mut self, tokens: Vec<u32>, cache: ModelCache, trail: Trail) {
-        if self.budget == 0 {
-            return;
-        }
-        let entry = Entry { tokens, cache, trail, used: 0 };
-        if self.entries.iter().any(|e| covers(e, &entry)) {
-            return;
-        }
-        self.entries.push(entry);
-        self.fit();
-    }
-
     /// Drops the least recently used entries until the budget holds; an entry too big on its own
     /// gives up spaced points first.
     fn fit(&mut self) {
         while self.held_bytes() > self.budget {
             let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.used).map(|(i, _)| i) else { break };
-            if self.entries.len() == 1 {
-                let trail = &mut self.entries[0].trail;
-                let spaced = trail.points.iter().filter(|p| !p.pinned).count();
-                if spaced > 0 {
-                    // Drop every other spaced point (or the last one left).
-                    let mut i = 0;
-                    trail.points.retain(|p| {
-                        i += usize::from(!p.pinned);
-                        p.pinned || (spaced > 1 && i % 2 == 0)
-                    });
-                    trail.spacing *= 2;
-                    continue;
-                }
+            if self.entries.len() == 1 && self.entries[0].trail.halve_spaced() {
+                continue;
             }
             self.entries.swap_remove(oldest);
         }
@@ -317,13 +304,6 @@ impl PrefixCache {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
-    }
-
-    /// The kept sequences, most recently used first.
-    pub fn entries(&self) -> Vec<&Entry> {
-        let mut entries: Vec<&Entry> = self.entries.iter().collect();
-        entries.sort_by_key(|e| std::cmp::Reverse(e.used));
-        entries
     }
 }
 

@@ -13,7 +13,7 @@
 use super::cache::{Checkpoint, LayerState, ModelCache, PooledState, RecurrentState};
 use super::error::{Error, Result};
 use super::model::{LanguageModel, Logits};
-use super::prefix_cache::Trail;
+use super::prefix_cache::{common_prefix, Trail};
 use super::source::ModelSource;
 use super::weights::{dtype_name, stored_dtype, Weights};
 use mlx_rs::{Array, Dtype};
@@ -367,16 +367,6 @@ impl StateFile {
         Ok(SavedState { tokens: self.tokens.clone(), trail: Trail::from_points(&cache, checkpoints), cache })
     }
 
-    /// Indices of all the file's restart points.
-    pub fn all_points(&self) -> Vec<usize> {
-        (0..self.points.len()).collect()
-    }
-
-    /// The index of the point at `len`.
-    pub fn point_at(&self, len: usize) -> Option<usize> {
-        self.points.iter().position(|&p| p == len)
-    }
-
     fn mismatch(&self, what: impl std::fmt::Display) -> Error {
         bad(&self.path, format!("{what} does not fit this model's state; the file is corrupt or from another model; delete it"))
     }
@@ -405,26 +395,40 @@ fn probe_shapes(model: &dyn LanguageModel) -> Result<Vec<Probe>> {
         .collect()
 }
 
-/// Where `prompt` starts from the state in `file`: the longest restart length that leaves at
-/// least one prompt token to run, with every restart point up to it (so the state can be saved
-/// again with them). `None` when the file holds no usable start of the prompt.
+/// Where `prompt` starts from the state in `file` (as [`super::prefix_cache::PrefixCache::start`]
+/// does from memory): the longest restart length that leaves at least one prompt token to run,
+/// with every restart point up to it (so the state can be saved again with them), else from
+/// `fresh`. The trail takes a point where the prompt stops sharing tokens with the file's, so a
+/// state saved after it restarts there.
 pub fn start_from(
     file: &StateFile,
     model: &dyn LanguageModel,
     prompt: &[u32],
+    fresh: ModelCache,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<Option<super::prefix_cache::Start>> {
-    let shared = file.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len().saturating_sub(1));
-    let recurrent = model.new_cache().has_recurrent();
-    let Some(len) = file.restart_at(shared, recurrent) else { return Ok(None) };
-    let points: Vec<usize> = if recurrent { (0..file.points.len()).filter(|&j| file.points[j] <= len).collect() } else { Vec::new() };
-    let saved = file.read(model, &points, progress)?;
-    let mut cache = saved.cache;
-    match saved.trail.points().last() {
-        Some(point) if recurrent => cache.restore(point.checkpoint.clone()),
-        _ => cache.truncate_attention(len)?,
+) -> Result<super::prefix_cache::Start> {
+    let shared = common_prefix(&file.tokens, prompt).min(prompt.len().saturating_sub(1));
+    let recurrent = fresh.has_recurrent();
+    let (tokens, cache, mut trail) = match file.restart_at(shared, recurrent) {
+        Some(len) => {
+            let points: Vec<usize> = if recurrent { (0..file.points.len()).filter(|&j| file.points[j] <= len).collect() } else { Vec::new() };
+            let saved = file.read(model, &points, progress)?;
+            let mut cache = saved.cache;
+            match saved.trail.points().last() {
+                Some(point) if recurrent => cache.restore(point.checkpoint.clone()),
+                _ => cache.truncate_attention(len)?,
+            }
+            let mut trail = saved.trail;
+            trail.restart_from(&cache);
+            (len, cache, trail)
+        }
+        None => {
+            let trail = Trail::new(&fresh);
+            (0, fresh, trail)
+        }
+    };
+    if shared > tokens {
+        trail.stop_at(shared);
     }
-    let mut trail = saved.trail;
-    trail.restart_from(&cache);
-    Ok(Some(super::prefix_cache::Start { tokens: len, cache, trail }))
+    Ok(super::prefix_cache::Start { tokens, cache, trail })
 }
