@@ -2,7 +2,8 @@
 //! a kept state gives the reference's logits, as a fresh run does — golden SALA case C with the
 //! state ending before, at and after dense_len, a kept prompt that diverges inside a sparse block,
 //! and eviction under a tiny budget; then `sala serve` (SmolLM2, real weights) answering a
-//! conversation about a document the same with and without it.
+//! conversation about a document the same with and without it, and across a restart with its
+//! states saved to a folder.
 
 mod common;
 
@@ -140,24 +141,82 @@ fn the_least_recently_used_state_goes_first_under_the_budget() {
     assert!(none.is_empty() && none.start(&longer(a), model.new_cache()).unwrap().tokens == 0);
 }
 
+/// A conversation about a document: the system message holding it.
+fn document_conversation() -> Vec<serde_json::Value> {
+    let document = "The quick brown fox jumps over the lazy dog. ".repeat(12);
+    vec![serde_json::json!({"role": "system", "content": format!("Answer from this document.\n{document}")})]
+}
+
+/// Asks `question` after `messages` (both kept in `messages`, with the greedy answer); returns
+/// the answer and the `cached_tokens` it reports.
+fn ask(port: u16, messages: &mut Vec<serde_json::Value>, question: &str) -> (String, u64) {
+    messages.push(serde_json::json!({"role": "user", "content": question}));
+    let body = serde_json::json!({"messages": messages, "max_tokens": 8, "temperature": 0}).to_string();
+    let r = server::request(port, "POST", "/v1/chat/completions", Some(&body), &[]).unwrap();
+    let v = r.json();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    messages.push(serde_json::json!({"role": "assistant", "content": text}));
+    (text, v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap())
+}
+
 /// Greedy answers of a server to `questions` about one document, asked in turn, with the
 /// `cached_tokens` each answer reports.
 fn ask_in_turn(cache_memory: &str, questions: &[&str]) -> Vec<(String, u64)> {
     let server = server::Server::start(&smollm2_gguf(), &["--device", "cpu", "--cache-memory", cache_memory], 200);
-    let document = "The quick brown fox jumps over the lazy dog. ".repeat(12);
-    let mut messages = vec![serde_json::json!({"role": "system", "content": format!("Answer from this document.\n{document}")})];
-    let mut answers = Vec::new();
-    for q in questions {
-        messages.push(serde_json::json!({"role": "user", "content": q}));
-        let body = serde_json::json!({"messages": messages, "max_tokens": 8, "temperature": 0}).to_string();
-        let r = server::request(server.port, "POST", "/v1/chat/completions", Some(&body), &[]).unwrap();
-        let v = r.json();
-        assert_eq!(r.status, 200, "{}", r.body);
-        let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
-        answers.push((text.clone(), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()));
-        messages.push(serde_json::json!({"role": "assistant", "content": text}));
-    }
-    answers
+    let mut messages = document_conversation();
+    questions.iter().map(|q| ask(server.port, &mut messages, q)).collect()
+}
+
+/// `serve --prompt-cache-dir`: the conversation's state, kept when the first server stops, is
+/// read back by the next one, whose next turn starts from it and answers as a server without a
+/// cache does. A damaged file in the folder is skipped with a warning, and removed at the next
+/// save (the folder then holds what the cache held).
+#[test]
+fn serve_keeps_prompt_states_across_restarts() {
+    let dir = std::env::temp_dir().join(format!("sala-prompt-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let files = || -> Vec<std::path::PathBuf> {
+        let mut f: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        f.sort();
+        f
+    };
+    let args = ["--device", "cpu", "--cache-memory", "1GB", "--prompt-cache-dir", dir.to_str().unwrap()];
+    let stop = |mut server: server::Server| -> String {
+        server.terminate();
+        assert!(server.child.wait().unwrap().success());
+        server.stderr()
+    };
+
+    let mut messages = document_conversation();
+    let first = server::Server::start(&smollm2_gguf(), &args, 200);
+    let (_, cached) = ask(first.port, &mut messages, "Who jumps?");
+    assert_eq!(cached, 0);
+    let log = stop(first);
+    assert!(log.contains("prompt cache: 1 kept states in") && log.contains("(1 written)"), "{log}");
+    let saved = files();
+    assert!(saved.len() == 1 && saved[0].extension().unwrap() == "prompt-cache", "{saved:?}");
+    // A damaged copy under a name of this model's files.
+    let name = saved[0].file_name().unwrap().to_str().unwrap();
+    let damaged = dir.join(format!("{}{}.prompt-cache", &name[..name.len() - 29], "0123456789abcdef"));
+    let mut bytes = std::fs::read(&saved[0]).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&damaged, bytes).unwrap();
+
+    let second = server::Server::start(&smollm2_gguf(), &args, 200);
+    let (answer, cached) = ask(second.port, &mut messages.clone(), "Over what?");
+    let log = stop(second);
+    assert!(log.contains("prompt cache: 1 kept states read from") && log.contains(&format!("skipped {}", damaged.display())), "{log}");
+    assert!(cached > 120, "the second turn starts from the first one's saved state: {cached} cached");
+    let fresh = server::Server::start(&smollm2_gguf(), &["--device", "cpu", "--cache-memory", "0"], 200);
+    let (want, none) = ask(fresh.port, &mut messages.clone(), "Over what?");
+    assert_eq!((answer, none), (want, 0), "an answer from a state read back differs from a fresh one");
+    // The folder holds what the second server kept: the second turn (and the first where the
+    // second does not cover it), not the damaged file.
+    let now = files();
+    assert!(!now.contains(&damaged) && now.iter().any(|f| !saved.contains(f)) && now.len() <= 2, "{now:?}");
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]

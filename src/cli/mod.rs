@@ -341,6 +341,11 @@ pub fn load_source(
     Ok(LoadedModel { model, tokenizer, path, device, fingerprint, weights_bytes, cfg, dtype, window })
 }
 
+/// A size on the command line (`8GB`, `512MiB`, `0`).
+pub fn parse_byte_size(text: &str) -> Result<u64, String> {
+    parse_size::parse_size(text).map_err(|e| format!("{e}; give a size such as 8GB, 512MiB or 0"))
+}
+
 /// `--prompt-cache FILE` (shared by `run` and `chat`): a prompt's state kept on disk.
 #[derive(Args, Clone)]
 pub struct PromptCacheArgs {
@@ -363,7 +368,7 @@ impl PromptCacheArgs {
         use crate::engine::state_file::{self, StateFile};
         let model = loaded.model.as_ref();
         let Some((_, head)) = prompt.split_last() else { bail!("the prompt is empty") };
-        let mut held: Option<Vec<u32>> = None;
+        let mut held: Option<StateFile> = None;
         let Start { tokens: reused, mut cache, mut trail } = match self.prompt_cache.as_deref().filter(|p| p.exists()) {
             Some(path) => {
                 let file = StateFile::open(path, &loaded.fingerprint)?;
@@ -373,7 +378,7 @@ impl PromptCacheArgs {
                     bar.set_position(done);
                 })?;
                 bar.finish_and_clear();
-                held = Some(file.tokens);
+                held = Some(file);
                 start
             }
             None => {
@@ -394,9 +399,16 @@ impl PromptCacheArgs {
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }
-        if let Some(path) = self.prompt_cache.as_deref().filter(|_| !self.prompt_cache_ro && held.as_deref() != Some(head)) {
+        if let Some(path) = self.prompt_cache.as_deref().filter(|_| !self.prompt_cache_ro && held.as_ref().is_none_or(|f| f.tokens != head)) {
             trail.mark_end(&cache)?;
             let bar = bytes_progress("writing prompt cache", 0);
+            // The file's restart points before where this prompt started are kept in the new one.
+            if let Some(file) = &held {
+                trail.prepend(file.points_before(model, reused, &mut |done, total| {
+                    bar.set_length(total);
+                    bar.set_position(done);
+                })?);
+            }
             let bytes = state_file::save(path, &loaded.fingerprint, head, &cache, &trail, &mut |done, total| {
                 bar.set_length(total);
                 bar.set_position(done);

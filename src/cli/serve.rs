@@ -31,12 +31,12 @@ pub struct ServeArgs {
     pub shutdown_timeout: u64,
     /// Memory for prompt states kept for reuse across requests, e.g. 8GB or 512MiB (0 = off;
     /// default: a quarter of the memory free once the model is loaded)
-    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+    #[arg(long, value_name = "SIZE", value_parser = super::parse_byte_size)]
     pub cache_memory: Option<u64>,
-}
-
-fn parse_bytes(text: &str) -> Result<u64, String> {
-    parse_size::parse_size(text).map_err(|e| format!("{e}; give a size such as 8GB, 512MiB or 0"))
+    /// Keep prompt states across restarts: those the prefix cache holds are saved in DIR at
+    /// shutdown (one prompt cache file each) and read back at start, up to --cache-memory
+    #[arg(long, value_name = "DIR")]
+    pub prompt_cache_dir: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -49,6 +49,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         read_timeout: std::time::Duration::from_secs(args.timeout),
         shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
         cache_memory: args.cache_memory,
+        prompt_cache_dir: args.prompt_cache_dir,
     };
     crate::server::serve(args.load, options)
 }

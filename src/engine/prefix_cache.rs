@@ -7,10 +7,10 @@
 //! attention) state cannot be cut back, so a point keeps the recurrent states as they were after
 //! its length: a hybrid model restarts only at points, a model of attention layers alone at any
 //! length. A sequence being prefilled collects its points in a [`Trail`]: every
-//! [`SNAPSHOT_SPACING`] tokens (at most [`MAX_TRAIL_POINTS`] of them, the spacing doubling past
-//! that), where the prompt stops sharing tokens with a kept sequence (the next prompt over the
-//! same document restarts exactly there), before the prompt's last token, at its end and at the
-//! end of the answer. Holding a state costs no copy (MLX arrays are immutable; the sequence that
+//! [`SNAPSHOT_SPACING`] tokens (at most [`MAX_TRAIL_POINTS`] of them; past that older ones are
+//! thinned, the newest kept), where the prompt stops sharing tokens with a kept sequence (the
+//! next prompt over the same document restarts exactly there), before the prompt's last token,
+//! at its end and at the end of the answer. Holding a state costs no copy (MLX arrays are immutable; the sequence that
 //! goes on writes new buffers). States are kept within a byte budget, least recently used
 //! dropped first; the bytes are those of the buffers held, each counted once.
 
@@ -21,10 +21,14 @@ use std::rc::Rc;
 
 /// Tokens between the restart points a long prompt leaves behind (a follow-up that shares all
 /// but the end of a long prompt re-runs at most this many of its tokens).
-pub const SNAPSHOT_SPACING: usize = 4096;
-/// Spaced points one sequence keeps; past it, every other one is dropped and the spacing doubles
-/// (a 1M-token document keeps 64 points 16K tokens apart instead of 256).
-pub const MAX_TRAIL_POINTS: usize = 64;
+pub const SNAPSHOT_SPACING: usize = 2048;
+/// Spaced points one sequence keeps (SALA's lightning states are 48 MiB a point); past it, older
+/// ones are thinned.
+pub const MAX_TRAIL_POINTS: usize = 32;
+/// The newest spaced points thinning spares: a follow-up usually leaves a long prompt near its
+/// end (another question after the same document), so the last 32K tokens keep a point every
+/// 2048 while older points spread evenly over the rest.
+pub const DENSE_TAIL_POINTS: usize = 16;
 
 /// A length a kept sequence can restart from, with its recurrent states at that length.
 pub struct Point {
@@ -49,7 +53,6 @@ pub struct Trail {
     points: Vec<Rc<Point>>,
     /// Lengths at which a point must be taken exactly (prefill chunks end there).
     stops: Vec<usize>,
-    spacing: usize,
     /// The length past which the next spaced point is taken.
     next_mark: usize,
     /// Whether the model has recurrent layers (otherwise any length is a restart point).
@@ -63,7 +66,6 @@ impl Trail {
         Self {
             points: Vec::new(),
             stops: Vec::new(),
-            spacing: SNAPSHOT_SPACING,
             next_mark: (len / SNAPSHOT_SPACING + 1) * SNAPSHOT_SPACING,
             recurrent: cache.has_recurrent(),
         }
@@ -92,7 +94,7 @@ impl Trail {
         if stop || len >= self.next_mark {
             self.points.push(Rc::new(Point { checkpoint: cache.detached_checkpoint()?, pinned: stop }));
             while self.next_mark <= len {
-                self.next_mark += self.spacing;
+                self.next_mark += SNAPSHOT_SPACING;
             }
             self.thin();
         }
@@ -107,15 +109,24 @@ impl Trail {
         Ok(())
     }
 
-    /// Past [`MAX_TRAIL_POINTS`] spaced points, drops every other one and doubles the spacing.
+    /// Past [`MAX_TRAIL_POINTS`] spaced points, drops older ones (not the newest
+    /// [`DENSE_TAIL_POINTS`]), each time the one whose neighbours are closest, so the rest stay
+    /// evenly spread.
     fn thin(&mut self) {
-        if self.points.iter().filter(|p| !p.pinned).count() > MAX_TRAIL_POINTS {
-            self.halve_spaced();
+        loop {
+            let spaced: Vec<usize> = (0..self.points.len()).filter(|&i| !self.points[i].pinned).collect();
+            if spaced.len() <= MAX_TRAIL_POINTS {
+                return;
+            }
+            let len = |k: usize| self.points[spaced[k]].len();
+            let merged_gap = |k: usize| len(k + 1) - if k == 0 { 0 } else { len(k - 1) };
+            let Some(k) = (0..spaced.len() - DENSE_TAIL_POINTS).min_by_key(|&k| merged_gap(k)) else { return };
+            self.points.remove(spaced[k]);
         }
     }
 
-    /// Drops every other spaced point (the first of each pair, so a lone one too) and doubles
-    /// the spacing of those to come; `false` when there was none to drop.
+    /// Drops every other spaced point (the first of each pair, so a lone one too); `false` when
+    /// there was none to drop.
     fn halve_spaced(&mut self) -> bool {
         let before = self.points.len();
         let mut spaced = 0;
@@ -126,16 +137,12 @@ impl Trail {
             spaced += 1;
             spaced % 2 == 0
         });
-        let dropped = self.points.len() < before;
-        if dropped {
-            self.spacing *= 2;
-        }
-        dropped
+        self.points.len() < before
     }
 
     /// Goes on from `cache` (its spaced points counted from there).
     pub fn restart_from(&mut self, cache: &ModelCache) {
-        self.next_mark = (cache.len() / self.spacing + 1) * self.spacing;
+        self.next_mark = (cache.len() / SNAPSHOT_SPACING + 1) * SNAPSHOT_SPACING;
     }
 
     pub fn points(&self) -> &[Rc<Point>] {
@@ -147,6 +154,13 @@ impl Trail {
         let mut trail = Self::new(cache);
         trail.points = points.into_iter().map(|checkpoint| Rc::new(Point { checkpoint, pinned: true })).collect();
         trail
+    }
+
+    /// Puts `points` (read back from a file, shorter than every point held) before its own.
+    pub fn prepend(&mut self, points: Vec<Checkpoint>) {
+        let first = self.points.first().map_or(usize::MAX, |p| p.len());
+        let earlier = points.into_iter().filter(|c| c.len() < first).map(|checkpoint| Rc::new(Point { checkpoint, pinned: true }));
+        self.points.splice(0..0, earlier);
     }
 }
 
@@ -297,6 +311,19 @@ impl PrefixCache {
         total
     }
 
+    /// The kept sequences (token ids, state after them with recurrent layers emptied, restart
+    /// points), least recently used first.
+    pub fn kept(&self) -> Vec<(&[u32], &ModelCache, &Trail)> {
+        let mut entries: Vec<&Entry> = self.entries.iter().collect();
+        entries.sort_by_key(|e| e.used);
+        entries.into_iter().map(|e| (&e.tokens[..], &e.cache, &e.trail)).collect()
+    }
+
+    /// Bytes it may keep.
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
     /// Sequences kept.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -312,4 +339,33 @@ impl PrefixCache {
 fn covers(a: &Entry, b: &Entry) -> bool {
     a.tokens.starts_with(&b.tokens)
         && (!b.trail.recurrent || b.trail.points.iter().all(|p| a.trail.points.iter().any(|q| Rc::ptr_eq(p, q))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The spaced points a 1M-token prompt leaves: at most MAX_TRAIL_POINTS, one every 2048 tokens
+    /// over the last 32K, evenly spread before, the end kept.
+    #[test]
+    fn a_long_prompt_keeps_its_last_points_dense() {
+        let mut trail = Trail { points: Vec::new(), stops: Vec::new(), next_mark: SNAPSHOT_SPACING, recurrent: true };
+        let total = 1 << 20;
+        for len in (1..=total / SNAPSHOT_SPACING).map(|i| i * SNAPSHOT_SPACING) {
+            trail.points.push(Rc::new(Point { checkpoint: Checkpoint::from_states(len, vec![None]), pinned: false }));
+            trail.thin();
+            assert!(trail.points.len() <= MAX_TRAIL_POINTS);
+        }
+        let lens: Vec<usize> = trail.points.iter().map(|p| p.len()).collect();
+        assert_eq!((lens.len(), *lens.last().unwrap()), (MAX_TRAIL_POINTS, total));
+        let tail = &lens[lens.len() - DENSE_TAIL_POINTS..];
+        assert!(tail.windows(2).all(|w| w[1] - w[0] == SNAPSHOT_SPACING), "{lens:?}");
+        // The older points cover the rest: no gap (from 0) more than twice the even one.
+        let even = total / (MAX_TRAIL_POINTS - DENSE_TAIL_POINTS);
+        let starts = std::iter::once(0).chain(lens.iter().copied());
+        assert!(starts.zip(&lens).all(|(a, &b)| b > a && b - a <= 2 * even), "{lens:?}");
+        // Under a memory budget, every other point goes, the newest too.
+        assert!(trail.halve_spaced());
+        assert_eq!(trail.points.len(), MAX_TRAIL_POINTS / 2);
+    }
 }

@@ -15,7 +15,7 @@ use super::error::{Error, Result};
 use super::model::{LanguageModel, Logits};
 use super::prefix_cache::{common_prefix, Trail};
 use super::source::ModelSource;
-use super::weights::{dtype_name, stored_dtype, Weights};
+use super::weights::{dtype_name, read_range, stored_dtype, Weights, READ_PIECE};
 use mlx_rs::{Array, Dtype};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
@@ -24,7 +24,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 const FORMAT: &str = "sala-prompt-cache";
-const VERSION: &str = "1";
+const VERSION: &str = "2";
 /// Tensors up to this size go into the model's digest with their bytes (norms, biases, small
 /// tables: what random or retrained weights differ in, without reading gigabytes).
 const DIGEST_TENSOR_BYTES: u64 = 1 << 20;
@@ -133,7 +133,8 @@ pub fn save(
     metadata.insert("points".to_string(), json!(point_lens).to_string());
     metadata.insert("pooled".to_string(), Value::Object(pooled_layout).to_string());
     // Digests are written once the data is (same length, so the header does not move).
-    let placeholder: Map<String, Value> = tensors.iter().map(|t| (t.name.clone(), json!("0".repeat(16)))).collect();
+    let placeholder: Map<String, Value> =
+        tensors.iter().map(|t| (t.name.clone(), json!(vec!["0".repeat(16); t.array.nbytes().div_ceil(READ_PIECE)]))).collect();
     let header_with = |digests: &Map<String, Value>| -> Result<Vec<u8>> {
         let mut meta = metadata.clone();
         meta.insert("xxh3".to_string(), Value::Object(digests.clone()).to_string());
@@ -167,7 +168,7 @@ pub fn save(
         let mut digests = Map::new();
         for t in &tensors {
             let bytes = super::ops::to_bytes(&t.array)?;
-            digests.insert(t.name.clone(), json!(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes))));
+            digests.insert(t.name.clone(), json!(bytes.chunks(READ_PIECE).map(piece_digest).collect::<Vec<_>>()));
             out.write_all(&bytes).map_err(io)?;
             written += bytes.len() as u64;
             progress(written, total);
@@ -184,6 +185,33 @@ pub fn save(
         let _ = std::fs::remove_file(&temp);
     }
     result.map(|_| total)
+}
+
+/// A tensor of a prompt cache file: where its bytes are, and the digests of their pieces.
+struct Located {
+    name: String,
+    file: PathBuf,
+    offset: u64,
+    len: u64,
+    digests: Vec<String>,
+}
+
+impl Located {
+    /// Its bytes, each piece checked against its digest by the thread that read it.
+    fn read(&self) -> Result<Vec<u8>> {
+        read_range(&self.file, self.offset, self.len, &|i, piece| {
+            if self.digests[i] == piece_digest(piece) {
+                Ok(())
+            } else {
+                Err(bad(&self.file, format!("tensor `{}` does not match its digest: the file is corrupt; delete it", self.name)))
+            }
+        })
+    }
+}
+
+/// The digest of one [`READ_PIECE`] of a tensor (pieces are checked by the threads reading them).
+fn piece_digest(piece: &[u8]) -> String {
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(piece))
 }
 
 fn bad(path: &Path, message: impl std::fmt::Display) -> Error {
@@ -257,17 +285,76 @@ impl StateFile {
         Ok(file)
     }
 
-    /// One tensor, its bytes checked against the digest written with it.
+    /// One tensor, its bytes checked against the digests written with it.
     fn tensor(&self, name: &str) -> Result<Array> {
+        let bytes = self.located(name)?.read()?;
+        self.array(name, &bytes)
+    }
+
+    /// Where tensor `name` is and the digests of its pieces.
+    fn located(&self, name: &str) -> Result<Located> {
         let info = self.weights.infos().get(name).ok_or_else(|| bad(&self.path, format!("tensor `{name}` is missing; the file is corrupt")))?;
-        let bytes = self.weights.bytes(name)?;
-        let digest = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes));
-        if self.digests.get(name).and_then(Value::as_str) != Some(digest.as_str()) {
-            return Err(bad(&self.path, format!("tensor `{name}` does not match its digest: the file is corrupt; delete it")));
+        let (file, offset, len) = self.weights.file_range(name)?;
+        let digests: Vec<String> =
+            self.digests.get(name).and_then(Value::as_array).map(|d| d.iter().filter_map(Value::as_str).map(String::from).collect()).unwrap_or_default();
+        if digests.len() != (info.nbytes() as usize).div_ceil(READ_PIECE) {
+            return Err(bad(&self.path, format!("tensor `{name}` has no digest for each piece; the file is corrupt; delete it")));
         }
+        Ok(Located { name: name.to_string(), file, offset, len, digests })
+    }
+
+    /// Tensor `name` made from its checked bytes. A large one is copied into MLX's memory in
+    /// pieces by several threads (on CUDA that memory is managed, and one thread filling it
+    /// runs far below memory speed), then joined.
+    fn array(&self, name: &str, bytes: &[u8]) -> Result<Array> {
+        let info = &self.weights.infos()[name];
         let dtype = stored_dtype(&info.dtype).ok_or_else(|| bad(&self.path, format!("tensor `{name}` has dtype {}", info.dtype)))?;
-        // SAFETY: `bytes` holds exactly numel × itemsize bytes (the header was checked against it).
-        Ok(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), &info.shape, dtype) })
+        let numel = info.numel();
+        let item = bytes.len() / numel.max(1);
+        let pieces = (bytes.len() / READ_PIECE).clamp(1, 8);
+        if pieces == 1 || numel % pieces != 0 {
+            // SAFETY: `bytes` holds exactly numel × itemsize bytes (the header was checked against it).
+            return Ok(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), &info.shape, dtype) });
+        }
+        let per = numel / pieces;
+        let parts: Vec<Array> = std::thread::scope(|scope| {
+            let workers: Vec<_> = bytes
+                .chunks(per * item)
+                .map(|chunk| {
+                    // SAFETY: each chunk holds exactly `per` elements of `dtype`.
+                    scope.spawn(move || unsafe { Array::from_raw_data(chunk.as_ptr().cast(), &[per as i32], dtype) })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().expect("copying a piece does not panic")).collect()
+        });
+        Ok(mlx_rs::ops::concatenate(&parts, 0)?.reshape(&info.shape)?)
+    }
+
+    /// Runs `body` with a reader of the tensors `names`, which must ask for them in that order:
+    /// the next one is read (and checked) on another thread while the last becomes an array, so
+    /// the disk and the copy into MLX overlap.
+    fn read_ahead<T>(&self, names: Vec<String>, body: impl FnOnce(&mut dyn FnMut(&str) -> Result<Array>) -> Result<T>) -> Result<T> {
+        let located = names.iter().map(|n| self.located(n)).collect::<Result<Vec<_>>>()?;
+        std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(String, Vec<u8>)>>(1);
+            scope.spawn(move || {
+                for l in located {
+                    let read = l.read().map(|bytes| (l.name, bytes));
+                    let failed = read.is_err();
+                    if tx.send(read).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+            let mut next = |name: &str| -> Result<Array> {
+                let (got, bytes) = rx.recv().map_err(|_| Error::Usage(format!("internal: tensor `{name}` was not read ahead")))??;
+                if got != name {
+                    return Err(Error::Usage(format!("internal: tensor `{name}` asked for where `{got}` was read ahead")));
+                }
+                self.array(name, &bytes)
+            };
+            body(&mut next)
+        })
     }
 
     fn has(&self, name: &str) -> bool {
@@ -290,59 +377,93 @@ impl StateFile {
     pub fn read(&self, model: &dyn LanguageModel, points: &[usize], progress: &mut dyn FnMut(u64, u64)) -> Result<SavedState> {
         let probe = probe_shapes(model)?;
         let n = self.tokens.len();
-        let names: Vec<String> = self.weights.infos().keys().filter(|k| k.starts_with("layer.")).cloned().collect();
-        let total: u64 = names.iter().map(|k| self.weights.infos()[k].nbytes()).sum::<u64>()
-            + points
-                .iter()
-                .flat_map(|j| (0..probe.len()).map(move |i| format!("point.{j}.layer.{i}")))
-                .filter_map(|k| self.weights.infos().get(&k).map(|i| i.nbytes()))
-                .sum::<u64>();
+        // The tensors in the order the loops below ask for them.
+        let mut names = Vec::new();
+        for (i, shape) in probe.iter().enumerate() {
+            if let Probe::Attention(..) = shape {
+                if self.has(&format!("layer.{i}.keys")) {
+                    names.extend([format!("layer.{i}.keys"), format!("layer.{i}.values")]);
+                }
+                let pooled = self.pooled.get(&i.to_string()).and_then(Value::as_array).map_or(0, Vec::len);
+                names.extend((0..pooled).map(|j| format!("layer.{i}.pooled.{j}")));
+            }
+        }
+        for &j in points {
+            let recurrent = probe.iter().enumerate().filter(|(_, p)| matches!(p, Probe::Recurrent(..)));
+            names.extend(recurrent.map(|(i, _)| format!("point.{j}.layer.{i}")));
+        }
+        let total: u64 = names.iter().filter_map(|k| self.weights.infos().get(k).map(|i| i.nbytes())).sum();
+        self.read_ahead(names, |next| {
+            let mut done = 0u64;
+            let mut read = |name: &str| -> Result<Array> {
+                let a = next(name)?;
+                done += a.nbytes() as u64;
+                progress(done, total);
+                Ok(a)
+            };
+            let mut layers = Vec::new();
+            for (i, shape) in probe.iter().enumerate() {
+                layers.push(match shape {
+                    Probe::Attention(want, dtype) => {
+                        let key = format!("layer.{i}.keys");
+                        let keys = if self.has(&key) {
+                            let (k, v) = (read(&key)?, read(&format!("layer.{i}.values"))?);
+                            for (name, a) in [("keys", &k), ("values", &v)] {
+                                let s = a.shape();
+                                if s.len() != 4 || s[0] != 1 || s[1] != want[1] || s[3] != want[3] || s[2] as usize != n || a.dtype() != *dtype {
+                                    return Err(self.mismatch(format!("layer {i} {name}: shape {s:?} {:?}", a.dtype())));
+                                }
+                            }
+                            Some((k, v))
+                        } else {
+                            None
+                        };
+                        let mut pooled = Vec::new();
+                        let layout = self.pooled.get(&i.to_string()).and_then(Value::as_array).cloned().unwrap_or_default();
+                        for (j, p) in layout.iter().enumerate() {
+                            let facts: Vec<i64> = p.as_array().map(|a| a.iter().filter_map(Value::as_i64).collect()).unwrap_or_default();
+                            let windows = read(&format!("layer.{i}.pooled.{j}"))?;
+                            let [kernel, stride, heads, dim] = facts[..] else {
+                                return Err(bad(&self.path, format!("metadata `pooled` for layer {i} is malformed; the file is corrupt")));
+                            };
+                            let ok_params = stride > 0 && kernel >= stride && kernel % stride == 0 && heads == want[1] as i64 && dim == want[3] as i64;
+                            let count = if (n as i64) < kernel { 0 } else { (n as i64 - kernel) / stride.max(1) + 1 };
+                            let s = windows.shape();
+                            if !ok_params || s != [1, 1, count as i32, (heads * dim) as i32] || windows.dtype() != *dtype {
+                                return Err(self.mismatch(format!("layer {i} pooled keys: shape {s:?}")));
+                            }
+                            pooled.push(PooledState { kernel: kernel as usize, stride: stride as usize, heads: heads as i32, dim: dim as i32, windows });
+                        }
+                        LayerState::Attention { keys, pooled }
+                    }
+                    Probe::Recurrent(..) => LayerState::Recurrent { state: None, len: n },
+                });
+            }
+            let cache = ModelCache::import(model.new_cache(), layers).map_err(|m| self.mismatch(m))?;
+            let checkpoints = self.checkpoints(&probe, points, &mut read)?;
+            Ok(SavedState { tokens: self.tokens.clone(), trail: Trail::from_points(&cache, checkpoints), cache })
+        })
+    }
+
+    /// The recurrent states of the file's restart points shorter than `len` (a state read from
+    /// it at `len` and saved again keeps them). `progress` is told bytes read.
+    pub fn points_before(&self, model: &dyn LanguageModel, len: usize, progress: &mut dyn FnMut(u64, u64)) -> Result<Vec<Checkpoint>> {
+        let probe = probe_shapes(model)?;
+        let points: Vec<usize> = (0..self.points.len()).filter(|&j| self.points[j] < len).collect();
+        let names: Vec<String> = points.iter().flat_map(|j| (0..probe.len()).map(move |i| format!("point.{j}.layer.{i}"))).collect();
+        let total: u64 = names.iter().filter_map(|k| self.weights.infos().get(k).map(|i| i.nbytes())).sum();
         let mut done = 0u64;
-        let mut read = |name: &str| -> Result<Array> {
+        self.checkpoints(&probe, &points, &mut |name: &str| {
             let a = self.tensor(name)?;
             done += a.nbytes() as u64;
             progress(done, total);
             Ok(a)
-        };
-        let mut layers = Vec::new();
-        for (i, shape) in probe.iter().enumerate() {
-            layers.push(match shape {
-                Probe::Attention(want, dtype) => {
-                    let key = format!("layer.{i}.keys");
-                    let keys = if self.has(&key) {
-                        let (k, v) = (read(&key)?, read(&format!("layer.{i}.values"))?);
-                        for (name, a) in [("keys", &k), ("values", &v)] {
-                            let s = a.shape();
-                            if s.len() != 4 || s[0] != 1 || s[1] != want[1] || s[3] != want[3] || s[2] as usize != n || a.dtype() != *dtype {
-                                return Err(self.mismatch(format!("layer {i} {name}: shape {s:?} {:?}", a.dtype())));
-                            }
-                        }
-                        Some((k, v))
-                    } else {
-                        None
-                    };
-                    let mut pooled = Vec::new();
-                    let layout = self.pooled.get(&i.to_string()).and_then(Value::as_array).cloned().unwrap_or_default();
-                    for (j, p) in layout.iter().enumerate() {
-                        let facts: Vec<i64> = p.as_array().map(|a| a.iter().filter_map(Value::as_i64).collect()).unwrap_or_default();
-                        let windows = read(&format!("layer.{i}.pooled.{j}"))?;
-                        let [kernel, stride, heads, dim] = facts[..] else {
-                            return Err(bad(&self.path, format!("metadata `pooled` for layer {i} is malformed; the file is corrupt")));
-                        };
-                        let ok_params = stride > 0 && kernel >= stride && kernel % stride == 0 && heads == want[1] as i64 && dim == want[3] as i64;
-                        let count = if (n as i64) < kernel { 0 } else { (n as i64 - kernel) / stride.max(1) + 1 };
-                        let s = windows.shape();
-                        if !ok_params || s != [1, 1, count as i32, (heads * dim) as i32] || windows.dtype() != *dtype {
-                            return Err(self.mismatch(format!("layer {i} pooled keys: shape {s:?}")));
-                        }
-                        pooled.push(PooledState { kernel: kernel as usize, stride: stride as usize, heads: heads as i32, dim: dim as i32, windows });
-                    }
-                    LayerState::Attention { keys, pooled }
-                }
-                Probe::Recurrent(..) => LayerState::Recurrent { state: None, len: n },
-            });
-        }
-        let cache = ModelCache::import(model.new_cache(), layers).map_err(|m| self.mismatch(m))?;
+        })
+    }
+
+    /// The recurrent states of the restart points `points` (indices into the file's), each
+    /// checked against the model's.
+    fn checkpoints(&self, probe: &[Probe], points: &[usize], read: &mut dyn FnMut(&str) -> Result<Array>) -> Result<Vec<Checkpoint>> {
         let mut checkpoints = Vec::new();
         for &j in points {
             let len = *self.points.get(j).ok_or_else(|| bad(&self.path, format!("no restart point {j}")))?;
@@ -364,7 +485,7 @@ impl StateFile {
             }
             checkpoints.push(Checkpoint::from_states(len, states));
         }
-        Ok(SavedState { tokens: self.tokens.clone(), trail: Trail::from_points(&cache, checkpoints), cache })
+        Ok(checkpoints)
     }
 
     fn mismatch(&self, what: impl std::fmt::Display) -> Error {
@@ -397,8 +518,7 @@ fn probe_shapes(model: &dyn LanguageModel) -> Result<Vec<Probe>> {
 
 /// Where `prompt` starts from the state in `file` (as [`super::prefix_cache::PrefixCache::start`]
 /// does from memory): the longest restart length that leaves at least one prompt token to run,
-/// with every restart point up to it (so the state can be saved again with them), else from
-/// `fresh`. The trail takes a point where the prompt stops sharing tokens with the file's, so a
+/// else from `fresh`. The trail takes a point where the prompt stops sharing tokens with the file's, so a
 /// state saved after it restarts there.
 pub fn start_from(
     file: &StateFile,
@@ -411,7 +531,9 @@ pub fn start_from(
     let recurrent = fresh.has_recurrent();
     let (tokens, cache, mut trail) = match file.restart_at(shared, recurrent) {
         Some(len) => {
-            let points: Vec<usize> = if recurrent { (0..file.points.len()).filter(|&j| file.points[j] <= len).collect() } else { Vec::new() };
+            // Only the point it restarts from: the earlier ones matter only to a state saved
+            // again ([`StateFile::points_before`]), and reading them would delay the first token.
+            let points: Vec<usize> = if recurrent { file.points.iter().rposition(|&p| p == len).into_iter().collect() } else { Vec::new() };
             let saved = file.read(model, &points, progress)?;
             let mut cache = saved.cache;
             match saved.trail.points().last() {
@@ -431,4 +553,101 @@ pub fn start_from(
         trail.stop_at(shared);
     }
     Ok(super::prefix_cache::Start { tokens, cache, trail })
+}
+
+/// A folder of prompt cache files holding what a prefix cache kept (`sala serve
+/// --prompt-cache-dir`): one file per kept sequence, named by the model's digest and a digest of
+/// its token ids, so several models share a folder and a sequence already on disk is not
+/// written again.
+pub struct StateDir {
+    dir: PathBuf,
+    fingerprint: Fingerprint,
+}
+
+/// A file of a [`StateDir`] that could not be read back.
+pub struct Skipped {
+    pub path: PathBuf,
+    pub error: Error,
+}
+
+impl StateDir {
+    /// The folder `dir` (made if missing) for the model of `fingerprint`.
+    pub fn new(dir: &Path, fingerprint: &Fingerprint) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        Ok(Self { dir: dir.to_path_buf(), fingerprint: fingerprint.clone() })
+    }
+
+    fn prefix(&self) -> String {
+        let short = |digest: &str| digest.chars().take(16).collect::<String>();
+        format!("{}-{}-", short(&self.fingerprint.model), short(&self.fingerprint.tokenizer))
+    }
+
+    fn file_for(&self, tokens: &[u32]) -> PathBuf {
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        self.dir.join(format!("{}{:016x}.prompt-cache", self.prefix(), xxhash_rust::xxh3::xxh3_64(&bytes)))
+    }
+
+    /// This model's files, newest first, with their sizes.
+    fn files(&self) -> Result<Vec<(PathBuf, u64)>> {
+        let prefix = self.prefix();
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))? {
+            let entry = entry.map_err(|e| Error::io(&self.dir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix) && name.ends_with(".prompt-cache") {
+                let meta = entry.metadata().map_err(|e| Error::io(entry.path(), e))?;
+                files.push((entry.path(), meta.len(), meta.modified().ok()));
+            }
+        }
+        files.sort_by_key(|f| std::cmp::Reverse(f.2));
+        Ok(files.into_iter().map(|(path, len, _)| (path, len)).collect())
+    }
+
+    /// Reads back this model's states, newest first, as many as fit in `budget` bytes of files;
+    /// returns them oldest first (the order to keep them in, so the newest is dropped last) with
+    /// the files that could not be read. `progress` is told bytes read and the total.
+    pub fn load(&self, model: &dyn LanguageModel, budget: u64, progress: &mut dyn FnMut(u64, u64)) -> Result<(Vec<SavedState>, Vec<Skipped>)> {
+        let mut chosen = Vec::new();
+        let mut total = 0u64;
+        for (path, len) in self.files()? {
+            if total + len <= budget {
+                total += len;
+                chosen.push(path);
+            }
+        }
+        let (mut states, mut skipped) = (Vec::new(), Vec::new());
+        let mut done = 0u64;
+        for path in chosen.into_iter().rev() {
+            let read = StateFile::open(&path, &self.fingerprint).and_then(|file| {
+                let points: Vec<usize> = (0..file.points.len()).collect();
+                let base = done;
+                file.read(model, &points, &mut |d, _| progress(base + d, total))
+            });
+            done += std::fs::metadata(&path).map_or(0, |m| m.len());
+            match read {
+                Ok(state) => states.push(state),
+                Err(error) => skipped.push(Skipped { path, error }),
+            }
+        }
+        Ok((states, skipped))
+    }
+
+    /// Makes the folder hold exactly `kept` for this model: writes the sequences not on disk yet
+    /// and removes this model's files of sequences no longer kept. Returns the files written.
+    /// `progress` is told bytes written and the total of the files to write.
+    pub fn save<'a>(&self, kept: impl IntoIterator<Item = (&'a [u32], &'a ModelCache, &'a Trail)>, progress: &mut dyn FnMut(u64, u64)) -> Result<usize> {
+        let kept: Vec<_> = kept.into_iter().map(|(tokens, cache, trail)| (self.file_for(tokens), tokens, cache, trail)).collect();
+        let keep: std::collections::HashSet<&PathBuf> = kept.iter().map(|k| &k.0).collect();
+        for (path, _) in self.files()? {
+            if !keep.contains(&path) {
+                std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+            }
+        }
+        let mut written = 0;
+        for (path, tokens, cache, trail) in kept.iter().filter(|k| !k.0.exists()) {
+            save(path, &self.fingerprint, tokens, cache, trail, progress)?;
+            written += 1;
+        }
+        Ok(written)
+    }
 }

@@ -12,7 +12,7 @@ use super::quant::{QuantConfig, QuantFormat};
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{Read, Seek, SeekFrom};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -324,14 +324,7 @@ impl Weights {
     pub fn bytes(&self, name: &str) -> Result<Vec<u8>> {
         let info = self.info(name, &[])?;
         match &info.location {
-            Location::File { offset, len } => {
-                let mut file = std::fs::File::open(&info.file).map_err(|e| Error::io(&info.file, e))?;
-                let mut bytes = vec![0u8; *len as usize];
-                file.seek(SeekFrom::Start(*offset))
-                    .and_then(|_| file.read_exact(&mut bytes))
-                    .map_err(|e| Error::io(&info.file, e))?;
-                Ok(bytes)
-            }
+            Location::File { offset, len } => read_range(&info.file, *offset, *len, &|_, _| Ok(())),
             Location::Memory(array) => {
                 let array = array.clone();
                 array.eval()?;
@@ -340,11 +333,53 @@ impl Weights {
         }
     }
 
+    /// Where a file-backed tensor's bytes are: the file, the offset and the length.
+    pub fn file_range(&self, name: &str) -> Result<(PathBuf, u64, u64)> {
+        let info = self.info(name, &[])?;
+        match &info.location {
+            Location::File { offset, len } => Ok((info.file.clone(), *offset, *len)),
+            Location::Memory(_) => Err(Error::Usage(format!("internal: tensor `{name}` is not in a file"))),
+        }
+    }
+
     /// Loads one tensor (after [`Weights::check`]) and casts it to `dtype`.
     pub fn get(&self, name: &str, dtype: Dtype) -> Result<Array> {
         let array = self.raw(name)?;
         Ok(if array.dtype() == dtype { array } else { array.as_dtype(dtype)? })
     }
+}
+
+/// The pieces a large tensor is read in, by several threads at once.
+pub const READ_PIECE: usize = 16 << 20;
+
+/// Reads `len` bytes of the file at `path` from `offset`, [`READ_PIECE`]s at a time by up to 8
+/// threads (one thread reads a fast SSD, or the page cache, at a fraction of its speed), each
+/// piece handed to `check` (its index and bytes) by the thread that read it.
+pub fn read_range(path: &Path, offset: u64, len: u64, check: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync)) -> Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut buf = vec![0u8; len as usize];
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8).min((len as usize).div_ceil(READ_PIECE)).max(1);
+    let pieces = std::sync::Mutex::new(buf.chunks_mut(READ_PIECE).enumerate());
+    let work = || -> Result<()> {
+        loop {
+            let next = pieces.lock().unwrap_or_else(|e| e.into_inner()).next();
+            let Some((i, piece)) = next else { return Ok(()) };
+            file.read_exact_at(piece, offset + (i * READ_PIECE) as u64).map_err(|e| Error::io(path, e))?;
+            check(i, piece)?;
+        }
+    };
+    if threads == 1 {
+        work()?;
+    } else {
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads).map(|_| scope.spawn(work)).collect();
+            workers
+                .into_iter()
+                .try_for_each(|w| w.join().unwrap_or_else(|_| Err(Error::Usage("internal: a reading thread panicked".into()))))
+        })?;
+    }
+    Ok(buf)
 }
 
 pub fn float_dtype(name: &str) -> Option<Dtype> {

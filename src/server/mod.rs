@@ -10,6 +10,8 @@ pub mod openai;
 pub mod scheduler;
 
 use crate::cli::{load, ModelArgs};
+use crate::engine::prefix_cache::PrefixCache;
+use crate::engine::state_file::StateDir;
 use crate::engine::tokenizer::TextTokenizer;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
@@ -34,7 +36,8 @@ pub const MAX_SMALL_BODY_BYTES: usize = 64 << 10;
 /// What the worker publishes once the model is loaded.
 pub struct Ready {
     pub tokenizer: Arc<TextTokenizer>,
-    pub jobs: Mutex<std::sync::mpsc::Sender<Job>>,
+    /// Taken at shutdown, once running requests are done: the worker then stops.
+    pub jobs: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
     pub max_context: usize,
 }
 
@@ -75,12 +78,14 @@ pub struct ServerOptions {
     /// Bytes of prompt states kept for reuse; `None`: a quarter of the memory free once the
     /// model is loaded.
     pub cache_memory: Option<u64>,
+    /// Where kept prompt states are saved at shutdown and read back at start.
+    pub prompt_cache_dir: Option<std::path::PathBuf>,
 }
 
 /// Binds, starts loading the model on the worker thread, and serves until SIGINT or SIGTERM,
 /// then drains: no new requests, running ones finish (or are ended at `shutdown_timeout`).
 pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
-    let ServerOptions { host, port, api_key, default_max_tokens, parallel, read_timeout, shutdown_timeout, cache_memory } = options;
+    let ServerOptions { host, port, api_key, default_max_tokens, parallel, read_timeout, shutdown_timeout, cache_memory, prompt_cache_dir } = options;
     let path = model.model_or_default()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind((host.as_str(), port)))?;
@@ -110,7 +115,7 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
     });
     let worker_state = state.clone();
     let prefill_step = model.runtime.prefill_step;
-    std::thread::Builder::new().name("sala-worker".into()).spawn(move || {
+    let worker = std::thread::Builder::new().name("sala-worker".into()).spawn(move || {
         let loaded = match load(&model, default_max_tokens) {
             Ok(l) => l,
             Err(e) => {
@@ -124,12 +129,31 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
             return;
         };
         let tokenizer = Arc::new(tokenizer);
+        let cache_budget = cache_memory.unwrap_or_else(crate::store::memory::default_state_budget);
+        let model = loaded.model.as_ref();
+        let mut prefixes = PrefixCache::new(cache_budget);
+        let store = prompt_cache_dir.and_then(|dir| match StateDir::new(&dir, &loaded.fingerprint) {
+            Ok(store) => Some((dir, store)),
+            Err(e) => {
+                eprintln!("warning: --prompt-cache-dir {}: {e}; prompt states will not be kept on disk", dir.display());
+                None
+            }
+        });
+        if let Some((dir, store)) = &store {
+            read_kept_states(model, store, dir, &mut prefixes);
+        }
         let (tx, rx) = std::sync::mpsc::channel();
-        let max_context = loaded.model.info().max_context;
-        let _ = worker_state.ready.set(Ready { tokenizer: tokenizer.clone(), jobs: Mutex::new(tx), max_context });
-        let cache_budget = cache_memory.unwrap_or_else(|| crate::store::memory::available_bytes().map_or(4 << 30, |free| free / 4));
+        let max_context = model.info().max_context;
+        let _ = worker_state.ready.set(Ready { tokenizer: tokenizer.clone(), jobs: Mutex::new(Some(tx)), max_context });
+        // A shutdown that came while loading found no sender to take.
+        if worker_state.draining.load(Ordering::SeqCst) {
+            return;
+        }
         eprintln!("model ready: {} (prefix cache: up to {})", worker_state.model_id, crate::store::memory::human(cache_budget));
-        scheduler::run(loaded.model, tokenizer, prefill_step, parallel, rx, worker_state.abort.clone(), cache_budget);
+        let prefixes = scheduler::run(model, tokenizer, prefill_step, parallel, rx, worker_state.abort.clone(), prefixes);
+        if let Some((dir, store)) = &store {
+            write_kept_states(store, dir, &prefixes);
+        }
     })?;
 
     let app = Router::new()
@@ -188,9 +212,54 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
             state.abort.store(true, Ordering::SeqCst);
             let _ = tokio::time::timeout(Duration::from_secs(5), drained).await;
         }
-        eprintln!("stopped");
-        Ok(())
-    })
+        // The worker stops once its requests are done, saving kept prompt states first.
+        if let Some(ready) = state.ready.get() {
+            ready.jobs.lock().expect("jobs lock").take();
+        }
+        Ok::<(), anyhow::Error>(())
+    })?;
+    let _ = worker.join();
+    eprintln!("stopped");
+    Ok(())
+}
+
+/// Puts the states saved in `store` back into `prefixes` (as many as its budget holds).
+fn read_kept_states(model: &dyn crate::engine::model::LanguageModel, store: &StateDir, dir: &std::path::Path, prefixes: &mut PrefixCache) {
+    let bar = crate::cli::bytes_progress("reading kept prompt states", 0);
+    let loaded = store.load(model, prefixes.budget(), &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    match loaded {
+        Ok((states, skipped)) => {
+            for s in skipped {
+                eprintln!("warning: skipped {}: {}", s.path.display(), s.error);
+            }
+            let count = states.len();
+            for mut state in states {
+                if let Err(e) = prefixes.insert(&state.tokens, &state.cache, &mut state.trail) {
+                    eprintln!("warning: a saved prompt state was not kept: {e}");
+                }
+            }
+            eprintln!("prompt cache: {count} kept states read from {} ({})", dir.display(), crate::store::memory::human(prefixes.held_bytes()));
+        }
+        Err(e) => eprintln!("warning: --prompt-cache-dir {}: {e}", dir.display()),
+    }
+}
+
+/// Saves the states `prefixes` holds to `store`, for the next start.
+fn write_kept_states(store: &StateDir, dir: &std::path::Path, prefixes: &PrefixCache) {
+    let bar = crate::cli::bytes_progress("saving kept prompt states", 0);
+    let written = store.save(prefixes.kept(), &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    match written {
+        Ok(n) => eprintln!("prompt cache: {} kept states in {} ({n} written)", prefixes.len(), dir.display()),
+        Err(e) => eprintln!("error: saving prompt states to {}: {e}", dir.display()),
+    }
 }
 
 /// SIGINT (Ctrl-C) or SIGTERM (what service managers send).
@@ -339,7 +408,9 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
         .jobs
         .lock()
         .expect("jobs lock")
-        .send(job)
+        .as_ref()
+        .ok_or(std::sync::mpsc::SendError(()))
+        .and_then(|jobs| jobs.send(job).map_err(|_| std::sync::mpsc::SendError(())))
         .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "worker_gone", None, "the model worker stopped"))?;
     let id = openai::completion_id();
     let created = openai::now();

@@ -53,19 +53,18 @@ struct Active {
     cached_tokens: usize,
 }
 
-/// Runs until every sender of `jobs` is gone; once `abort` is set, every request held or queued
-/// is ended with [`Event::Shutdown`]. Prompt states are kept within `cache_budget` bytes.
+/// Runs until every sender of `jobs` is gone, then returns the prompt states it kept (starting
+/// from `prefixes`); once `abort` is set, every request held or queued is ended with
+/// [`Event::Shutdown`].
 pub fn run(
-    model: Box<dyn LanguageModel>,
+    model: &dyn LanguageModel,
     tokenizer: std::sync::Arc<TextTokenizer>,
     prefill_step: usize,
     parallel: usize,
     jobs: Receiver<Job>,
     abort: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    cache_budget: u64,
-) {
-    let model = model.as_ref();
-    let mut prefixes = PrefixCache::new(cache_budget);
+    mut prefixes: PrefixCache,
+) -> PrefixCache {
     let mut active: Vec<Active> = Vec::new();
     let mut waiting: VecDeque<Job> = VecDeque::new();
     loop {
@@ -73,14 +72,14 @@ pub fn run(
         if active.is_empty() && waiting.is_empty() {
             match jobs.recv() {
                 Ok(job) => waiting.push_back(job),
-                Err(_) => return,
+                Err(_) => return prefixes,
             }
         }
         loop {
             match jobs.try_recv() {
                 Ok(job) => waiting.push_back(job),
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) if active.is_empty() && waiting.is_empty() => return,
+                Err(TryRecvError::Disconnected) if active.is_empty() && waiting.is_empty() => return prefixes,
                 Err(TryRecvError::Disconnected) => break,
             }
         }

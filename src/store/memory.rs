@@ -19,6 +19,24 @@ pub fn available_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Bytes free now for states kept beside the loaded model: on a CUDA GPU (memory of its own) its
+/// memory less what MLX holds, otherwise [`available_bytes`].
+pub fn free_for_states() -> Option<u64> {
+    use crate::engine::device;
+    if !device::on_cpu() && device::gpu_backend() == Some("cuda") && std::env::var_os("SALA_AVAILABLE_MEMORY").is_none() {
+        if let Some(total) = device::gpu_info().and_then(|g| g.memory_bytes) {
+            return Some(total.saturating_sub(mlx_rs::memory::active_memory().unwrap_or(0) as u64));
+        }
+    }
+    available_bytes()
+}
+
+/// The default budget of kept prompt states (`sala serve --cache-memory`): a quarter of the
+/// memory free once the model is loaded, 4 GiB where that is unknown.
+pub fn default_state_budget() -> u64 {
+    free_for_states().map_or(4 << 30, |free| free / 4)
+}
+
 /// Bytes of the weights once loaded in `dtype` (float tensors cast, quantized ones as stored).
 pub fn weights_bytes(source: &ModelSource, dtype: Dtype) -> u64 {
     let size = dtype_bytes(dtype) as u64;
