@@ -127,7 +127,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__bench)
-            opts="-m -p -n -d -r -o -h -V --model --synthetic --bits --n-prompt --n-gen --n-depth --n-seq --draft-layers --num-draft --repetitions --output --output-file --suite --max-tokens --no-think --limit --samples --device --dtype --prefill-step --help --version"
+            opts="-m -p -n -d -r -o -h -V --model --synthetic --bits --n-prompt --n-gen --n-depth --n-seq --draft-layers --num-draft --repetitions --output --output-file --suite --cache-dir --cache-memory --max-tokens --no-think --limit --samples --device --dtype --prefill-step --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -206,7 +206,15 @@ _sala() {
                     return 0
                     ;;
                 --suite)
-                    COMPREPLY=($(compgen -W "speed quality" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "speed prefix-cache quality" -- "${cur}"))
+                    return 0
+                    ;;
+                --cache-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --cache-memory)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --max-tokens)
@@ -959,7 +967,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__serve)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --prompt-cache-dir --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1022,6 +1030,10 @@ _sala() {
                     return 0
                     ;;
                 --cache-memory)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prompt-cache-dir)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -111,6 +111,7 @@ complete -c sala -n "__fish_sala_using_subcommand serve" -l parallel -d 'Request
 complete -c sala -n "__fish_sala_using_subcommand serve" -l timeout -d 'Seconds a client may take to send a request\'s headers, and then its body' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l shutdown-timeout -d 'At SIGINT/SIGTERM, seconds running requests may take to finish before they are ended' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l cache-memory -d 'Memory for prompt states kept for reuse across requests, e.g. 8GB or 512MiB (0 = off; default: a quarter of the memory free once the model is loaded)' -r
+complete -c sala -n "__fish_sala_using_subcommand serve" -l prompt-cache-dir -d 'Keep prompt states across restarts: those the prefix cache holds are saved in DIR at shutdown (one prompt cache file each) and read back at start, up to --cache-memory' -r -F
 complete -c sala -n "__fish_sala_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand serve" -s V -l version -d 'Print version'
 complete -c sala -n "__fish_sala_using_subcommand quantize" -s m -l model -d 'Source model: a directory, a .sala file or a .gguf file (never modified)' -r -F
@@ -159,8 +160,11 @@ csv\t''
 json\t''
 jsonl\t''"
 complete -c sala -n "__fish_sala_using_subcommand bench" -l output-file -d 'Append the results to this file (in the --output format) and print the table' -r -F
-complete -c sala -n "__fish_sala_using_subcommand bench" -l suite -d 'What to measure: `speed` (the test matrix above) or `quality` (math and reasoning questions from eval/quality.jsonl, greedy, answered / correct / think loops per category)' -r -f -a "speed\t''
+complete -c sala -n "__fish_sala_using_subcommand bench" -l suite -d 'What to measure: `speed` (the test matrix above), `prefix-cache` (time to first token of a -p-token follow-up after a -d-token prefix: cold, kept in memory, read from a prompt cache file) or `quality` (math and reasoning questions from eval/quality.jsonl, greedy, answered / correct / think loops per category)' -r -f -a "speed\t''
+prefix-cache\t''
 quality\t''"
+complete -c sala -n "__fish_sala_using_subcommand bench" -l cache-dir -d 'Prefix-cache suite: the folder the prompt cache file is written to (removed afterwards; it needs room for one prefix\'s state)' -r -F
+complete -c sala -n "__fish_sala_using_subcommand bench" -l cache-memory -d 'Prefix-cache suite: bytes the in-memory prefix cache may keep (as `sala serve`; default: a quarter of the memory free once the model is loaded)' -r
 complete -c sala -n "__fish_sala_using_subcommand bench" -l max-tokens -d 'Quality suite: most tokens per answer; an answer still thinking here is a think loop' -r
 complete -c sala -n "__fish_sala_using_subcommand bench" -l limit -d 'Quality suite: only the first N questions of each category' -r
 complete -c sala -n "__fish_sala_using_subcommand bench" -l samples -d 'Quality suite: append every answer with its verdict to this JSONL file' -r -F

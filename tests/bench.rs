@@ -258,3 +258,51 @@ fn batched_and_speculative_generation_tests() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("--draft-layers"), "{stderr}");
 }
+
+#[test]
+fn prefix_cache_suite_times_follow_ups_cold_warm_and_from_disk() {
+    // Golden SALA (hybrid: restarts at kept points; 4096 is one) and SmolLM2 (attention alone:
+    // restarts anywhere).
+    let sala = common::golden("C_sparse_prefill");
+    let smol = common::smollm2_gguf();
+    let dir = temp("prefix-dir");
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |model: &Path, depth: &str| -> Vec<serde_json::Value> {
+        let out = ok(&bench(&["--suite", "prefix-cache", "-m", path(model), "-p", "5", "-d", depth, "-r", "2", "-o", "jsonl", "--cache-dir", path(&dir)]));
+        out.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    for (model, depth) in [(&sala, 4096u64), (&smol, 300)] {
+        let rows = run(model, &depth.to_string());
+        let got: Vec<(&str, u64, u64, u64)> = rows
+            .iter()
+            .map(|r| (r["prefix"].as_str().unwrap(), r["n_prompt"].as_u64().unwrap(), r["n_depth"].as_u64().unwrap(), r["n_cached"].as_u64().unwrap()))
+            .collect();
+        // Cold prefills everything; warm and disk (the file's pages dropped or not) start from
+        // the whole prefix.
+        let want = [("cold", 5, depth, 0), ("warm", 5, depth, depth), ("disk", 5, depth, depth), ("disk-cached", 5, depth, depth)];
+        assert_eq!(got, want, "{rows:?}");
+        for r in &rows {
+            assert_eq!(r["samples_ns"].as_array().unwrap().len(), 2, "{r}");
+            for (ns, ts) in r["samples_ns"].as_array().unwrap().iter().zip(r["samples_ts"].as_array().unwrap()) {
+                let (ns, ts) = (ns.as_f64().unwrap(), ts.as_f64().unwrap());
+                assert!(ns > 0.0 && (ts - 5e9 / ns).abs() < 1e-6 * ts, "t/s is follow-up tokens over the time to first token: {r}");
+            }
+        }
+        // The bytes the prefix cache counts are the bytes MLX holds for them (within 10%).
+        let (held, measured) = (rows[1]["prefix_bytes"].as_f64().unwrap(), rows[1]["prefix_mem"].as_f64().unwrap());
+        assert!(held > 0.0 && (measured - held).abs() <= 0.1 * held + 1e6, "held {held}, measured {measured}");
+        // The file holds the state's data (the cache holds whole allocation steps of it).
+        assert!(rows[2]["prefix_bytes"].as_f64().unwrap() > 0.4 * held, "{:?}", rows[2]);
+        assert_eq!(rows[3]["prefix_bytes"], rows[2]["prefix_bytes"]);
+        assert!(rows[2]["prefix_mem"].is_null() && rows[0]["prefix_bytes"] == 0);
+    }
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "the prompt cache file is removed");
+    // The markdown table: time to first token and the ratio to cold.
+    let table = ok(&bench(&["--suite", "prefix-cache", "-m", path(&smol), "-p", "5", "-d", "64", "-r", "1", "--cache-dir", path(&dir)]));
+    assert!(table.contains("| ttft5 @ d64 warm |") && table.contains("| vs cold |") && table.contains("measured)"), "{table}");
+    // Nothing to reuse without a prefix.
+    let out = bench(&["--suite", "prefix-cache", "-m", path(&sala), "-p", "5", "-d", "0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("-d above 0"), "{stderr}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

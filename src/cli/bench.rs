@@ -4,7 +4,7 @@ use super::{bytes_progress, compute_dtype, file_label, load, load_source, progre
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::generate::Draft;
 use crate::engine::weights::dtype_name;
-use crate::eval::bench::{run_test, BenchPlan, ModelMeta};
+use crate::eval::bench::{run_follow_up, run_test, BenchPlan, FollowUpPlan, ModelMeta, Test};
 use crate::eval::bench_report::{self, Format};
 use crate::eval::quality;
 use crate::eval::synthetic::SyntheticModel;
@@ -57,10 +57,20 @@ pub struct BenchArgs {
     /// Append the results to this file (in the --output format) and print the table
     #[arg(long)]
     pub output_file: Option<PathBuf>,
-    /// What to measure: `speed` (the test matrix above) or `quality` (math and reasoning questions
-    /// from eval/quality.jsonl, greedy, answered / correct / think loops per category)
+    /// What to measure: `speed` (the test matrix above), `prefix-cache` (time to first token of a
+    /// -p-token follow-up after a -d-token prefix: cold, kept in memory, read from a prompt cache
+    /// file) or `quality` (math and reasoning questions from eval/quality.jsonl, greedy, answered
+    /// / correct / think loops per category)
     #[arg(long, value_enum, default_value = "speed")]
     pub suite: Suite,
+    /// Prefix-cache suite: the folder the prompt cache file is written to (removed afterwards;
+    /// it needs room for one prefix's state)
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Prefix-cache suite: bytes the in-memory prefix cache may keep (as `sala serve`; default: a
+    /// quarter of the memory free once the model is loaded)
+    #[arg(long, value_name = "SIZE", value_parser = super::parse_byte_size)]
+    pub cache_memory: Option<u64>,
     /// Quality suite: most tokens per answer; an answer still thinking here is a think loop
     #[arg(long, default_value_t = 4096)]
     pub max_tokens: usize,
@@ -81,6 +91,7 @@ pub struct BenchArgs {
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Suite {
     Speed,
+    PrefixCache,
     Quality,
 }
 
@@ -127,13 +138,25 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         seqs: args.seqs.iter().map(|&n| n as usize).collect(),
         draft_layers: args.draft_layers.clone(),
         num_draft: args.num_draft,
+        follow_ups: args.suite == Suite::PrefixCache,
     };
+    let follow_ups = plan.follow_ups;
     let tests = plan.tests();
+    if tests.is_empty() && follow_ups {
+        anyhow::bail!("nothing to measure: the prefix-cache suite needs a prefix (-d above 0) and a follow-up (-p above 0)");
+    }
     if tests.is_empty() {
         anyhow::bail!("nothing to measure: give -p and/or -n a length above 0");
     }
+    let cache_dir = args.cache_dir.clone().unwrap_or_else(std::env::temp_dir);
+    if follow_ups && !cache_dir.is_dir() {
+        anyhow::bail!("--cache-dir {}: not a folder; give an existing folder with room for one prefix's state", cache_dir.display());
+    }
     let test_time = bench_report::iso8601(crate::server::openai::now());
-    let runs = (args.models.len() + args.synthetic.len()) * tests.len() * (plan.repetitions + 1);
+    // A follow-up test is four rows: cold, warm, disk and disk-cached, each one uncounted run
+    // and the timed ones.
+    let per_test = if follow_ups { 4 * plan.repetitions + 4 } else { plan.repetitions + 1 };
+    let runs = (args.models.len() + args.synthetic.len()) * tests.len() * per_test;
     let bar = progress_bar(runs as u64, "bench {bar:40} {pos}/{len} runs, eta {eta} {msg}");
     let mut rows = Vec::new();
     let sources = args.models.iter().map(|p| ModelChoice::Path(p.clone()));
@@ -163,9 +186,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             },
             dtype: dtype_name(info.dtype).unwrap_or("?").to_ascii_lowercase(),
         };
+        let keep = FollowUpPlan {
+            fingerprint: &loaded.fingerprint,
+            dir: &cache_dir,
+            budget: args.cache_memory.unwrap_or_else(memory::default_state_budget),
+        };
         for &(test, depth) in &tests {
             bar.set_message(format!("{} {:?} @ d{depth}", meta.model_filename, test));
-            rows.push(run_test(loaded.model.as_ref(), &meta, &plan, test, depth, || bar.inc(1))?);
+            match test {
+                Test::FollowUp(prompt, _) => rows.extend(run_follow_up(loaded.model.as_ref(), &meta, &plan, &keep, depth, prompt, || bar.inc(1))?),
+                _ => rows.push(run_test(loaded.model.as_ref(), &meta, &plan, test, depth, || bar.inc(1))?),
+            }
         }
     }
     bar.finish_and_clear();

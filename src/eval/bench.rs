@@ -6,10 +6,17 @@
 //! go in). Generation can also be measured for several sequences decoded together (`tg128 x8`,
 //! aggregate tokens/s) and as real greedy generation, plain or self-speculative (`tg128 greedy`,
 //! `tg128 draft 8/4`), where every token is read back and checked for a stop as `sala run` does.
+//!
+//! The prefix-cache suite measures what a long document asked many questions costs: the time to
+//! first token of a short follow-up after a `depth`-token prefix (`ttft64 @ d131072`), with the
+//! prefix's state prefilled on the spot (cold), kept in memory by a [`PrefixCache`] (warm), and
+//! read back from a prompt cache file with the page cache dropped (disk).
 
 use crate::engine::error::{Error, Result};
 use crate::engine::cache::ModelCache;
-use crate::engine::generate::{decode_pipelined, extend, generate, Draft, Flow, GenerateOptions};
+use crate::engine::generate::{decode_pipelined, extend, generate, Decoding, Draft, Flow, GenerateOptions};
+use crate::engine::prefix_cache::{PrefixCache, Start, Trail};
+use crate::engine::state_file::{self, Fingerprint, StateFile};
 use crate::engine::sampler::{Sampler, SamplingParams};
 use crate::engine::model::LanguageModel;
 use rand::{RngExt, SeedableRng};
@@ -21,6 +28,33 @@ use std::time::Instant;
 pub enum Test {
     Prompt(usize),
     Generate(usize, Decode),
+    /// The first token of a follow-up of this many tokens after the depth's prefix.
+    FollowUp(usize, Prefix),
+}
+
+/// Where a follow-up's prefix state comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Prefix {
+    /// Prefilled with the follow-up (no cache): what every request costs without one.
+    Cold,
+    /// Kept in memory by the prefix cache after a first question.
+    Warm,
+    /// Read from a prompt cache file, the file's pages dropped from the OS page cache first.
+    Disk,
+    /// Read from a prompt cache file still in the OS page cache (read recently).
+    DiskCached,
+}
+
+impl Prefix {
+    pub fn name(self) -> &'static str {
+        match self {
+            Prefix::Cold => "cold",
+            Prefix::Warm => "warm",
+            Prefix::Disk => "disk",
+            Prefix::DiskCached => "disk-cached",
+        }
+    }
 }
 
 /// How a generation test decodes.
@@ -56,11 +90,19 @@ pub struct BenchPlan {
     /// Greedy generation tests: draft layers (0 = plain greedy generation).
     pub draft_layers: Vec<usize>,
     pub num_draft: usize,
+    /// The prefix-cache suite: a follow-up of each prompt length after each depth above 0, each
+    /// run cold, warm and from disk (instead of the pp/tg matrix).
+    pub follow_ups: bool,
 }
 
 impl BenchPlan {
     /// Every test in the order llama-bench runs them: all pp, then all tg, each across depths.
     pub fn tests(&self) -> Vec<(Test, usize)> {
+        if self.follow_ups {
+            let prompts = self.prompts.iter().filter(|&&p| p > 0);
+            let depths = || self.depths.iter().filter(|&&d| d > 0);
+            return prompts.flat_map(|&p| depths().map(move |&d| (Test::FollowUp(p, Prefix::Cold), d))).collect();
+        }
         let decodes: Vec<Decode> = self
             .seqs
             .iter()
@@ -88,14 +130,14 @@ impl Test {
     /// Tokens each sequence goes through.
     fn tokens(self) -> usize {
         match self {
-            Test::Prompt(p) => p,
+            Test::Prompt(p) | Test::FollowUp(p, _) => p,
             Test::Generate(n, _) => n,
         }
     }
 
     fn seqs(self) -> usize {
         match self {
-            Test::Prompt(_) => 1,
+            Test::Prompt(_) | Test::FollowUp(..) => 1,
             Test::Generate(_, d) => d.seqs(),
         }
     }
@@ -125,20 +167,41 @@ pub struct BenchRow {
     pub peak_mem: u64,
     /// Speculative tests: the fraction of drafted tokens accepted over the timed runs.
     pub acceptance: Option<f64>,
+    /// Follow-up tests: prompt tokens taken from the kept state, and what keeping it costs.
+    pub reuse: Option<Reuse>,
+}
+
+/// What a follow-up reused.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reuse {
+    /// Prompt tokens the kept state held (the rest were prefilled).
+    pub cached_tokens: usize,
+    /// Warm: bytes the prefix cache counts as held; disk: bytes of the file.
+    pub kept_bytes: u64,
+    /// Warm: growth of MLX's active memory while the prefix cache holds the state.
+    pub measured_bytes: Option<u64>,
 }
 
 impl BenchRow {
     pub fn n_prompt(&self) -> usize {
         match self.test {
-            Test::Prompt(p) => p,
+            Test::Prompt(p) | Test::FollowUp(p, _) => p,
             Test::Generate(..) => 0,
         }
     }
 
     pub fn n_gen(&self) -> usize {
         match self.test {
-            Test::Prompt(_) => 0,
+            Test::Prompt(_) | Test::FollowUp(..) => 0,
             Test::Generate(n, _) => n,
+        }
+    }
+
+    /// The prefix state a follow-up test started from.
+    pub fn prefix(&self) -> Option<Prefix> {
+        match self.test {
+            Test::FollowUp(_, from) => Some(from),
+            _ => None,
         }
     }
 
@@ -164,11 +227,12 @@ impl BenchRow {
             Test::Generate(n, Decode::Pipelined { seqs }) => format!("tg{n} x{seqs}"),
             Test::Generate(n, Decode::Greedy { draft_layers: 0, .. }) => format!("tg{n} greedy"),
             Test::Generate(n, Decode::Greedy { draft_layers, num_draft }) => format!("tg{n} draft {draft_layers}/{num_draft}"),
+            Test::FollowUp(p, _) => format!("ttft{p}"),
         };
-        if self.depth > 0 {
-            format!("{base} @ d{}", self.depth)
-        } else {
-            base
+        let base = if self.depth > 0 { format!("{base} @ d{}", self.depth) } else { base };
+        match self.prefix() {
+            Some(from) => format!("{base} {}", from.name()),
+            None => base,
         }
     }
 
@@ -255,6 +319,7 @@ pub fn run_test(
                     (drafted, accepted) = (drafted + d, accepted + a);
                 }
             }
+            Test::FollowUp(..) => return Err(Error::Usage("internal: a follow-up test runs through run_follow_up".into())),
         }
         let elapsed = start.elapsed().as_nanos() as u64;
         // Run 0 warms up (kernel compilation, allocator) and is not counted.
@@ -265,7 +330,7 @@ pub fn run_test(
         on_run();
     }
     let acceptance = (drafted > 0).then(|| accepted as f64 / drafted as f64);
-    Ok(BenchRow { model: meta.clone(), test, depth, n_batch: plan.prefill_step, samples_ns, peak_mem, acceptance })
+    Ok(BenchRow { model: meta.clone(), test, depth, n_batch: plan.prefill_step, samples_ns, peak_mem, acceptance, reuse: None })
 }
 
 /// Greedy generation of `n` tokens after `first` (its forward call included), self-speculative
@@ -283,4 +348,193 @@ fn generate_greedy(
     let mut sampler = Sampler::new(SamplingParams { temperature: 0.0, ..Default::default() });
     let g = generate(model, cache, &[first], &mut sampler, &opts, |_, _| {}, |_| Flow::Continue)?;
     Ok((g.stats.draft_tokens, g.stats.accepted_tokens))
+}
+
+/// Where the disk test keeps its file, and the budget of the warm test's prefix cache.
+pub struct FollowUpPlan<'a> {
+    /// The model's digests, written into the prompt cache file.
+    pub fingerprint: &'a Fingerprint,
+    /// A folder for the prompt cache file (removed when the test ends).
+    pub dir: &'a std::path::Path,
+    /// Bytes the prefix cache may keep (as `sala serve --cache-memory`).
+    pub budget: u64,
+}
+
+/// The first token of a `prompt`-token follow-up after `depth` tokens, three ways: cold (the
+/// whole prompt prefilled, as each request is without a cache), warm (from the state a first
+/// question left in a [`PrefixCache`]) and disk (from that state saved to a prompt cache file,
+/// the file's pages dropped from the page cache before each run where the OS allows). Each way
+/// goes through the path `sala serve` takes: the start from the kept state, prefill chunks ending
+/// at restart points, the first token drawn. Every follow-up asks a different question (its
+/// first token differs), so it shares exactly the prefix with the state kept; the follow-ups
+/// are not kept. Each way runs once uncounted first (kernels compiled, graphs captured for the
+/// prompt's chunk shapes), as llama-bench warms up.
+pub fn run_follow_up(
+    model: &dyn LanguageModel,
+    meta: &ModelMeta,
+    plan: &BenchPlan,
+    keep: &FollowUpPlan,
+    depth: usize,
+    prompt: usize,
+    mut on_run: impl FnMut(),
+) -> Result<Vec<BenchRow>> {
+    let info = model.info();
+    if depth + prompt > info.max_context {
+        return Err(Error::ContextOverflow { prompt_tokens: depth + prompt, limit: info.max_context });
+    }
+    let vocab = info.vocab_size as u32;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5a1a);
+    let mut random = |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..vocab)).collect() };
+    let document = random(depth);
+    let mut asked = 0u32;
+    let mut follow_up = || {
+        let mut q = random(prompt.max(1));
+        q[0] = asked % vocab;
+        asked += 1;
+        [&document[..], &q[..]].concat()
+    };
+    let step = plan.prefill_step;
+    let row = |from, samples_ns, peak_mem, reuse| BenchRow {
+        model: meta.clone(),
+        test: Test::FollowUp(prompt, from),
+        depth,
+        n_batch: step,
+        samples_ns,
+        peak_mem,
+        acceptance: None,
+        reuse: Some(reuse),
+    };
+    let timed = |mut f: Box<dyn FnMut() -> Result<usize> + '_>| -> Result<(u64, usize, u64)> {
+        let _ = mlx_rs::memory::reset_peak_memory();
+        let start = Instant::now();
+        let cached = f()?;
+        let elapsed = start.elapsed().as_nanos() as u64;
+        Ok((elapsed, cached, mlx_rs::memory::peak_memory().unwrap_or(0) as u64))
+    };
+
+    let (mut samples, mut peak, mut before) = (Vec::new(), 0, 0);
+    let mut kept = None;
+    for run in 0..=plan.repetitions {
+        // The last run's state goes before this one runs (a million-token state is gigabytes).
+        drop(kept.take());
+        if run == 1 {
+            // What the model holds after a first request (buffers made once), nothing kept.
+            before = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
+        }
+        let tokens = follow_up();
+        let mut prefixes = PrefixCache::new(keep.budget);
+        let mut state = None;
+        let (ns, _, p) = timed(Box::new(|| {
+            state = Some(first_token(model, prefixes.start(&tokens, model.new_cache())?, &tokens, step, Some(&mut prefixes))?);
+            Ok(0)
+        }))?;
+        if run > 0 {
+            samples.push(ns);
+            peak = peak.max(p);
+        }
+        kept = Some((prefixes, state.expect("set above"), tokens));
+        on_run();
+    }
+    let (mut prefixes, (cache, trail), tokens) = kept.expect("at least one repetition");
+    let path = keep.dir.join(format!(".sala-bench-{}-{depth}.prompt-cache", std::process::id()));
+    let _remove = RemoveOnDrop(path.clone());
+    let file_bytes = state_file::save(&path, keep.fingerprint, &tokens, &cache, &trail, &mut |_, _| {})?;
+    drop((cache, trail));
+    let measured = (mlx_rs::memory::active_memory().unwrap_or(0) as u64).saturating_sub(before);
+    let held = prefixes.held_bytes();
+    let mut rows = vec![row(Prefix::Cold, samples, peak, Reuse::default())];
+
+    let (mut samples, mut peak, mut cached) = (Vec::new(), 0, 0);
+    for run in 0..=plan.repetitions {
+        let tokens = follow_up();
+        let (ns, c, p) = timed(Box::new(|| {
+            let start = prefixes.start(&tokens, model.new_cache())?;
+            let cached = start.tokens;
+            first_token(model, start, &tokens, step, None)?;
+            Ok(cached)
+        }))?;
+        if run > 0 {
+            (cached, peak) = (c, peak.max(p));
+            samples.push(ns);
+        }
+        on_run();
+    }
+    rows.push(row(Prefix::Warm, samples, peak, Reuse { cached_tokens: cached, kept_bytes: held, measured_bytes: Some(measured) }));
+    drop(prefixes);
+
+    for from in [Prefix::Disk, Prefix::DiskCached] {
+        let (mut samples, mut peak, mut cached) = (Vec::new(), 0, 0);
+        for run in 0..=plan.repetitions {
+            let tokens = follow_up();
+            if from == Prefix::Disk {
+                drop_page_cache(&path);
+            }
+            let (ns, c, p) = timed(Box::new(|| {
+                let file = StateFile::open(&path, keep.fingerprint)?;
+                let start = state_file::start_from(&file, model, &tokens, model.new_cache(), &mut |_, _| {})?;
+                let cached = start.tokens;
+                first_token(model, start, &tokens, step, None)?;
+                Ok(cached)
+            }))?;
+            if run > 0 {
+                (cached, peak) = (c, peak.max(p));
+                samples.push(ns);
+            }
+            on_run();
+        }
+        rows.push(row(from, samples, peak, Reuse { cached_tokens: cached, kept_bytes: file_bytes, measured_bytes: None }));
+    }
+    Ok(rows)
+}
+
+/// What `sala serve` does before a request's first token: prefill from `start` in chunks that end
+/// at the trail's stops (keeping its points), keep the prompt's state in `prefixes`, draw the
+/// token. Returns the state and the trail.
+fn first_token(
+    model: &dyn LanguageModel,
+    start: Start,
+    prompt: &[u32],
+    step: usize,
+    prefixes: Option<&mut PrefixCache>,
+) -> Result<(ModelCache, Trail)> {
+    let Start { tokens: cached, mut cache, mut trail } = start;
+    // keep_logits: the token is drawn from the prompt's logits on the host, as a server's first
+    // token is, not run ahead on the device.
+    let opts = GenerateOptions { max_tokens: 1, ignore_eos: true, prefill_step: step, keep_logits: true, ..Default::default() };
+    let mut decoding = Decoding::begin(model, &cache, &prompt[cached..], &opts)?;
+    while !decoding.is_prefilled() {
+        let until = trail.chunk_end(cache.len(), step) - cached;
+        decoding.prefill_until(model, &mut cache, until)?;
+        trail.observe(&cache)?;
+    }
+    if let Some(prefixes) = prefixes {
+        prefixes.insert(prompt, &cache, &mut trail)?;
+    }
+    let mut sampler = Sampler::new(SamplingParams { temperature: 0.0, ..Default::default() });
+    decoding.next(model, &mut cache, &mut sampler)?;
+    Ok((cache, trail))
+}
+
+/// Deletes a file when dropped (the bench's prompt cache, on success or error).
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Asks the OS to forget the file's cached pages, so the next read comes from the disk (Linux;
+/// the file was synced when written, so its pages are clean and can go).
+fn drop_page_cache(path: &std::path::Path) {
+    #[cfg(target_os = "linux")]
+    if let Ok(file) = std::fs::File::open(path) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a plain syscall on an open descriptor; it only advises the kernel.
+        unsafe {
+            libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = path;
 }

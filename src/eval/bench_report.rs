@@ -14,6 +14,7 @@ use std::path::Path;
 pub const FIELDS: &[&str] = &[
     "model_filename", "model_type", "model_size", "n_params", "backend", "dtype", "n_batch", "n_prompt", "n_gen", "n_depth",
     "n_seq", "draft_layers", "n_draft", "acceptance", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts", "peak_mem",
+    "prefix", "n_cached", "prefix_bytes", "prefix_mem",
 ];
 
 /// One row as `FIELDS` → value.
@@ -25,6 +26,8 @@ pub fn record(row: &BenchRow, test_time: &str) -> Vec<(&'static str, Value)> {
         json!(row.draft().map(|d| d.0)), json!(row.draft().map(|d| d.1)), json!(row.acceptance), json!(test_time),
         json!(row.avg_ns().round() as u64), json!(row.stddev_ns().round() as u64), json!(row.avg_ts()), json!(row.stddev_ts()),
         json!(row.samples_ns), json!(row.samples_ts()), json!(row.peak_mem),
+        json!(row.prefix().map(|p| p.name())), json!(row.reuse.map(|r| r.cached_tokens)), json!(row.reuse.map(|r| r.kept_bytes)),
+        json!(row.reuse.and_then(|r| r.measured_bytes)),
     ];
     FIELDS.iter().copied().zip(values).collect()
 }
@@ -39,8 +42,12 @@ fn records(rows: &[BenchRow], test_time: &str) -> Records {
 }
 
 /// `pp512 @ d4096`-style rows: model, size, params, backend, dtype, test, t/s (mean ± sd), peak
-/// memory, and the draft acceptance when a speculative test ran.
+/// memory, and the draft acceptance when a speculative test ran. Follow-up rows get their own
+/// table ([`follow_up_table`]).
 pub fn table(rows: &[BenchRow]) -> Report {
+    if rows.iter().any(|r| r.prefix().is_some()) {
+        return follow_up_table(rows);
+    }
     let speculative = rows.iter().any(|r| r.acceptance.is_some());
     let mut headers = vec!["model", "size", "params", "backend", "dtype", "test", "t/s", "peak mem"];
     if speculative {
@@ -62,6 +69,52 @@ pub fn table(rows: &[BenchRow]) -> Report {
         .concat());
     }
     report
+}
+
+/// `ttft64 @ d131072 warm`-style rows: the time to first token (mean ± sd), how many times
+/// faster than the same follow-up cold, the prompt tokens taken from the kept state, the bytes
+/// kept (prefix cache: counted / measured growth of MLX's active memory; disk: the file) and
+/// the peak memory.
+pub fn follow_up_table(rows: &[BenchRow]) -> Report {
+    let mut report = Report::new(&["model", "size", "backend", "dtype", "test", "ttft", "vs cold", "cached", "kept", "peak mem"]);
+    for r in rows {
+        let cold = rows.iter().find(|c| {
+            c.prefix() == Some(super::bench::Prefix::Cold) && c.model.model_filename == r.model.model_filename && c.depth == r.depth && c.n_prompt() == r.n_prompt()
+        });
+        let speedup = match cold {
+            Some(c) if r.avg_ns() > 0.0 => format!("{:.1}×", c.avg_ns() / r.avg_ns()),
+            _ => "—".into(),
+        };
+        let kept = match r.reuse {
+            Some(reuse) if reuse.kept_bytes > 0 => match reuse.measured_bytes {
+                Some(m) => format!("{} ({} measured)", human(reuse.kept_bytes), human(m)),
+                None => human(reuse.kept_bytes),
+            },
+            _ => "—".into(),
+        };
+        report.push(vec![
+            r.model.model_filename.clone(),
+            human(r.model.model_size),
+            r.model.backend.clone(),
+            r.model.dtype.clone(),
+            r.name(),
+            format!("{} ± {}", seconds(r.avg_ns()), seconds(r.stddev_ns())),
+            speedup,
+            r.reuse.map_or(0, |u| u.cached_tokens).to_string(),
+            kept,
+            human(r.peak_mem),
+        ]);
+    }
+    report
+}
+
+/// `812 ms` or `1.53 s`.
+fn seconds(ns: f64) -> String {
+    if ns >= 1e9 {
+        format!("{:.2} s", ns / 1e9)
+    } else {
+        format!("{:.0} ms", ns / 1e6)
+    }
 }
 
 fn params(n: usize) -> String {
@@ -162,7 +215,7 @@ mod tests {
             backend: "cpu".into(),
             dtype: "f32".into(),
         };
-        BenchRow { model, test, depth, n_batch: 512, samples_ns, peak_mem: 4096, acceptance: None }
+        BenchRow { model, test, depth, n_batch: 512, samples_ns, peak_mem: 4096, acceptance: None, reuse: None }
     }
 
     #[test]
@@ -193,7 +246,7 @@ mod tests {
         let mut lines = text.lines();
         assert_eq!(lines.next().unwrap(), FIELDS.join(","));
         let cells: Vec<&str> = lines.next().unwrap().split(',').collect();
-        let want = "a.gguf,llama,1000,2000000000,cpu,f32,512,64,0,0,1,,,,2026-01-01T00:00:00Z,3000000,1414214,24000.0,SD,2000000 4000000,32000.0 16000.0,4096";
+        let want = "a.gguf,llama,1000,2000000000,cpu,f32,512,64,0,0,1,,,,2026-01-01T00:00:00Z,3000000,1414214,24000.0,SD,2000000 4000000,32000.0 16000.0,4096,,,,";
         for (i, (got, want)) in cells.iter().zip(want.split(',')).enumerate() {
             match want {
                 // sqrt(2) · 8000, to the last digit the float printer chooses
