@@ -168,6 +168,7 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
         })
         .layer(axum::middleware::map_response(json_errors))
         .with_state(state.clone());
+    let shutdown_state = state.clone();
     runtime.block_on(async move {
         eprintln!("listening on http://{address}");
         let connections = hyper_util::server::graceful::GracefulShutdown::new();
@@ -212,13 +213,14 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
             state.abort.store(true, Ordering::SeqCst);
             let _ = tokio::time::timeout(Duration::from_secs(5), drained).await;
         }
-        // The worker stops once its requests are done, saving kept prompt states first.
-        if let Some(ready) = state.ready.get() {
-            ready.jobs.lock().expect("jobs lock").take();
-        }
         Ok::<(), anyhow::Error>(())
     })?;
-    let _ = worker.join();
+    // A serving worker stops once its requests are done, saving kept prompt states first; one
+    // still loading has nothing to save and is not waited for.
+    if let Some(ready) = shutdown_state.ready.get() {
+        ready.jobs.lock().expect("jobs lock").take();
+        let _ = worker.join();
+    }
     eprintln!("stopped");
     Ok(())
 }
