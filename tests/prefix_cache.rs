@@ -74,7 +74,7 @@ fn a_kept_state_continues_exactly_across_dense_len_and_sparse_blocks() {
 
     // A kept prompt sharing 900 tokens with ours, then diverging inside block 14. Recurrent
     // layers cannot be cut back, so ours restarts from the last point at or before 900 (points
-    // are 4096 tokens apart: none here), runs a chunk ending at 900 and keeps a point there.
+    // are 2048 tokens apart: none here), runs a chunk ending at 900 and keeps a point there.
     let mut other = prompt[..1000].to_vec();
     for t in &mut other[900..] {
         *t = (*t + 1) % 256;
@@ -104,6 +104,57 @@ fn a_kept_state_continues_exactly_across_dense_len_and_sparse_blocks() {
     let mut alone = PrefixCache::new(u64::MAX);
     run_prompt(model, &mut alone, &prompt[..300], 512);
     assert_eq!(alone.start(&prompt[..300], model.new_cache()).unwrap().tokens, 299);
+}
+
+/// The prefix cache saved to a folder and read back (`serve --prompt-cache-dir`) restarts where
+/// it did, from the restart points read back: golden C from before its last token, and a third
+/// prompt from the point where another prompt left it inside a sparse block (900), within the
+/// golden tolerance of the reference and of fresh runs. Sequences already on disk are not written
+/// again; a budget reads back only what fits.
+#[test]
+fn kept_states_saved_to_a_folder_restart_exactly_after_reading_back() {
+    use sala::engine::state_file::{Fingerprint, StateDir};
+    sala::engine::device::select(Some(sala::engine::device::DeviceKind::Cpu)).unwrap();
+    let case = "C_sparse_prefill";
+    let want = read_safetensors(&golden(case).join("expected.safetensors"))["f32.prefill.last_logits"].data.clone();
+    let prompt = ids(&tokens(case), "prompt_ids");
+    let fingerprint = Fingerprint::of(&sala::models::open(&golden(case)).unwrap(), mlx_rs::Dtype::Float32).unwrap();
+    let model = sala::models::load(&golden(case), Some(mlx_rs::Dtype::Float32)).unwrap();
+    let model = model.as_ref();
+    let leaving_at_900 = |len: usize, shift: u32| -> Vec<u32> {
+        let mut p = prompt[..len].to_vec();
+        for t in &mut p[900..] {
+            *t = (*t + shift) % 256;
+        }
+        p
+    };
+    let mut kept = PrefixCache::new(u64::MAX);
+    run_prompt(model, &mut kept, &leaving_at_900(1000, 1), 512);
+    run_prompt(model, &mut kept, &prompt, 512);
+
+    let dir = std::env::temp_dir().join(format!("sala-kept-states-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = StateDir::new(&dir, &fingerprint).unwrap();
+    assert_eq!(store.save(kept.kept(), &mut |_, _| {}).unwrap(), 2);
+    assert_eq!(store.save(kept.kept(), &mut |_, _| {}).unwrap(), 0, "both are on disk already");
+    let (states, skipped) = store.load(model, u64::MAX, &mut |_, _| {}).unwrap();
+    assert!(skipped.is_empty() && states.len() == 2);
+    let mut back = PrefixCache::new(u64::MAX);
+    for mut state in states {
+        back.insert(&state.tokens, &state.cache, &mut state.trail).unwrap();
+    }
+    let (from, got) = run_prompt(model, &mut back, &prompt, 512);
+    assert_eq!(from, prompt.len() - 1);
+    assert!(max_abs_diff(&got, &want) <= TOL && argmax(&got) == argmax(&want));
+    let third = leaving_at_900(1300, 3);
+    let (from, got) = run_prompt(model, &mut back, &third, 512);
+    assert_eq!(from, 900, "restarts from the branch point read back");
+    assert!(max_abs_diff(&got, &last_logits(model, &mut model.new_cache(), &third)) <= TOL);
+
+    // A budget of the largest file reads back one state.
+    let largest = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).max().unwrap();
+    assert_eq!(store.load(model, largest, &mut |_, _| {}).unwrap().0.len(), 1);
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
