@@ -64,10 +64,7 @@ pub fn run(args: BfclArgs) -> anyhow::Result<()> {
         Some(dir) => dir.clone(),
         None => {
             let bar = bytes_progress("fetching bfcl-eval", 0);
-            let dir = crate::eval::pypi::files(&crate::eval::pypi::BFCL_EVAL, "bfcl_eval/data", &|done, total| {
-                bar.set_length(total);
-                bar.set_position(done);
-            })?;
+            let dir = crate::eval::pypi::files(&crate::eval::pypi::BFCL_EVAL, "bfcl_eval/data", &super::progress_to(&bar))?;
             bar.finish_and_clear();
             dir
         }

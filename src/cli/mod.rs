@@ -116,6 +116,14 @@ pub fn bytes_progress(label: &str, total: u64) -> indicatif::ProgressBar {
     progress_bar(total, &format!("{label} {{bar:40}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, eta {{eta}})"))
 }
 
+/// A `(done, total)` progress callback that moves `bar`.
+pub fn progress_to(bar: &indicatif::ProgressBar) -> impl Fn(u64, u64) + '_ {
+    move |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 pub enum DeviceArg {
     Cpu,
@@ -373,10 +381,7 @@ impl PromptCacheArgs {
             Some(path) => {
                 let file = StateFile::open(path, &loaded.fingerprint)?;
                 let bar = bytes_progress("reading prompt cache", 0);
-                let start = state_file::start_from(&file, model, prompt, model.new_cache(), &mut |done, total| {
-                    bar.set_length(total);
-                    bar.set_position(done);
-                })?;
+                let start = state_file::start_from(&file, model, prompt, model.new_cache(), &mut progress_to(&bar))?;
                 bar.finish_and_clear();
                 held = Some(file);
                 start
@@ -404,15 +409,9 @@ impl PromptCacheArgs {
             let bar = bytes_progress("writing prompt cache", 0);
             // The file's restart points before where this prompt started are kept in the new one.
             if let Some(file) = &held {
-                trail.prepend(file.points_before(model, reused, &mut |done, total| {
-                    bar.set_length(total);
-                    bar.set_position(done);
-                })?);
+                trail.prepend(file.points_before(model, reused, &mut progress_to(&bar))?);
             }
-            let bytes = state_file::save(path, &loaded.fingerprint, head, &cache, &trail, &mut |done, total| {
-                bar.set_length(total);
-                bar.set_position(done);
-            })
+            let bytes = state_file::save(path, &loaded.fingerprint, head, &cache, &trail, &mut progress_to(&bar))
             .with_context(|| format!("saving the prompt cache {}", path.display()))?;
             bar.finish_and_clear();
             eprintln!("prompt cache: saved {} tokens to {} ({})", head.len(), path.display(), memory::human(bytes));

@@ -221,9 +221,18 @@ impl Decoding {
         self.prefill_until(model, cache, usize::MAX)
     }
 
-    /// [`Decoding::prefill_step`], ending the chunk once `until` prompt tokens are in (a caller
-    /// that keeps the state at that length).
-    pub fn prefill_until(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, until: usize) -> Result<bool> {
+    /// [`Decoding::prefill_step`] along `trail`: the chunk ends at the trail's next stop, and the
+    /// trail keeps its point after it.
+    pub fn prefill_along(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, trail: &mut Trail) -> Result<bool> {
+        // The cache held `cache.len() - self.prefilled` tokens before the prompt.
+        let until = trail.chunk_end(cache.len(), self.opts.prefill_step) - (cache.len() - self.prefilled);
+        let done = self.prefill_until(model, cache, until)?;
+        trail.observe(cache)?;
+        Ok(done)
+    }
+
+    /// [`Decoding::prefill_step`], ending the chunk once `until` prompt tokens are in.
+    fn prefill_until(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, until: usize) -> Result<bool> {
         let total = self.generation.stats.prompt_tokens;
         if self.prefilled < total {
             let start = Instant::now();

@@ -172,7 +172,7 @@ pub struct BenchRow {
 }
 
 /// What a follow-up reused.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct Reuse {
     /// Prompt tokens the kept state held (the rest were prefilled).
     pub cached_tokens: usize,
@@ -394,25 +394,18 @@ pub fn run_follow_up(
         [&document[..], &q[..]].concat()
     };
     let step = plan.prefill_step;
-    let row = |from, samples_ns, peak_mem, reuse| BenchRow {
+    let row = |from, timings: Timings, kept_bytes, measured_bytes| BenchRow {
         model: meta.clone(),
         test: Test::FollowUp(prompt, from),
         depth,
         n_batch: step,
-        samples_ns,
-        peak_mem,
+        samples_ns: timings.samples_ns,
+        peak_mem: timings.peak_mem,
         acceptance: None,
-        reuse: Some(reuse),
-    };
-    let timed = |mut f: Box<dyn FnMut() -> Result<usize> + '_>| -> Result<(u64, usize, u64)> {
-        let _ = mlx_rs::memory::reset_peak_memory();
-        let start = Instant::now();
-        let cached = f()?;
-        let elapsed = start.elapsed().as_nanos() as u64;
-        Ok((elapsed, cached, mlx_rs::memory::peak_memory().unwrap_or(0) as u64))
+        reuse: Some(Reuse { cached_tokens: timings.cached_tokens, kept_bytes, measured_bytes }),
     };
 
-    let (mut samples, mut peak, mut before) = (Vec::new(), 0, 0);
+    let (mut cold, mut before) = (Timings::default(), 0);
     let mut kept = None;
     for run in 0..=plan.repetitions {
         // The last run's state goes before this one runs (a million-token state is gigabytes).
@@ -423,16 +416,11 @@ pub fn run_follow_up(
         }
         let tokens = follow_up();
         let mut prefixes = PrefixCache::new(keep.budget);
-        let mut state = None;
-        let (ns, _, p) = timed(Box::new(|| {
-            state = Some(first_token(model, prefixes.start(&tokens, model.new_cache())?, &tokens, step, Some(&mut prefixes))?);
-            Ok(0)
-        }))?;
-        if run > 0 {
-            samples.push(ns);
-            peak = peak.max(p);
-        }
-        kept = Some((prefixes, state.expect("set above"), tokens));
+        let state = cold.time(run, || {
+            let start = prefixes.start(&tokens, model.new_cache())?;
+            Ok((first_token(model, start, &tokens, step, Some(&mut prefixes))?, 0))
+        })?;
+        kept = Some((prefixes, state, tokens));
         on_run();
     }
     let (mut prefixes, (cache, trail), tokens) = kept.expect("at least one repetition");
@@ -442,49 +430,62 @@ pub fn run_follow_up(
     drop((cache, trail));
     let measured = (mlx_rs::memory::active_memory().unwrap_or(0) as u64).saturating_sub(before);
     let held = prefixes.held_bytes();
-    let mut rows = vec![row(Prefix::Cold, samples, peak, Reuse::default())];
 
-    let (mut samples, mut peak, mut cached) = (Vec::new(), 0, 0);
-    for run in 0..=plan.repetitions {
-        let tokens = follow_up();
-        let (ns, c, p) = timed(Box::new(|| {
-            let start = prefixes.start(&tokens, model.new_cache())?;
-            let cached = start.tokens;
-            first_token(model, start, &tokens, step, None)?;
-            Ok(cached)
-        }))?;
-        if run > 0 {
-            (cached, peak) = (c, peak.max(p));
-            samples.push(ns);
-        }
-        on_run();
-    }
-    rows.push(row(Prefix::Warm, samples, peak, Reuse { cached_tokens: cached, kept_bytes: held, measured_bytes: Some(measured) }));
-    drop(prefixes);
-
-    for from in [Prefix::Disk, Prefix::DiskCached] {
-        let (mut samples, mut peak, mut cached) = (Vec::new(), 0, 0);
+    // Follow-ups from a kept state: one uncounted run, then the timed ones.
+    let mut follow_ups = |before_each: &dyn Fn(), start: &mut dyn FnMut(&[u32]) -> Result<Start>| -> Result<Timings> {
+        let mut timings = Timings::default();
         for run in 0..=plan.repetitions {
             let tokens = follow_up();
-            if from == Prefix::Disk {
-                drop_page_cache(&path);
-            }
-            let (ns, c, p) = timed(Box::new(|| {
-                let file = StateFile::open(&path, keep.fingerprint)?;
-                let start = state_file::start_from(&file, model, &tokens, model.new_cache(), &mut |_, _| {})?;
+            before_each();
+            timings.time(run, || {
+                let start = start(&tokens)?;
                 let cached = start.tokens;
                 first_token(model, start, &tokens, step, None)?;
-                Ok(cached)
-            }))?;
-            if run > 0 {
-                (cached, peak) = (c, peak.max(p));
-                samples.push(ns);
-            }
+                Ok(((), cached))
+            })?;
             on_run();
         }
-        rows.push(row(from, samples, peak, Reuse { cached_tokens: cached, kept_bytes: file_bytes, measured_bytes: None }));
+        Ok(timings)
+    };
+    let warm = follow_ups(&|| {}, &mut |tokens| prefixes.start(tokens, model.new_cache()))?;
+    drop(prefixes);
+    let mut from_file = |tokens: &[u32]| {
+        let file = StateFile::open(&path, keep.fingerprint)?;
+        state_file::start_from(&file, model, tokens, model.new_cache(), &mut |_, _| {})
+    };
+    let disk = follow_ups(&|| drop_page_cache(&path), &mut from_file)?;
+    let disk_cached = follow_ups(&|| {}, &mut from_file)?;
+    Ok(vec![
+        row(Prefix::Cold, cold, 0, None),
+        row(Prefix::Warm, warm, held, Some(measured)),
+        row(Prefix::Disk, disk, file_bytes, None),
+        row(Prefix::DiskCached, disk_cached, file_bytes, None),
+    ])
+}
+
+/// The timed runs of one way of starting a follow-up (run 0 warms up and is not counted).
+#[derive(Default)]
+struct Timings {
+    samples_ns: Vec<u64>,
+    peak_mem: u64,
+    /// Prompt tokens the last timed run took from the kept state.
+    cached_tokens: usize,
+}
+
+impl Timings {
+    /// Runs `f` (which returns its result and the prompt tokens it reused) as run `run`, timed.
+    fn time<T>(&mut self, run: usize, f: impl FnOnce() -> Result<(T, usize)>) -> Result<T> {
+        let _ = mlx_rs::memory::reset_peak_memory();
+        let start = Instant::now();
+        let (value, cached) = f()?;
+        let elapsed = start.elapsed().as_nanos() as u64;
+        if run > 0 {
+            self.samples_ns.push(elapsed);
+            self.peak_mem = self.peak_mem.max(mlx_rs::memory::peak_memory().unwrap_or(0) as u64);
+            self.cached_tokens = cached;
+        }
+        Ok(value)
     }
-    Ok(rows)
 }
 
 /// What `sala serve` does before a request's first token: prefill from `start` in chunks that end
@@ -502,11 +503,7 @@ fn first_token(
     // token is, not run ahead on the device.
     let opts = GenerateOptions { max_tokens: 1, ignore_eos: true, prefill_step: step, keep_logits: true, ..Default::default() };
     let mut decoding = Decoding::begin(model, &cache, &prompt[cached..], &opts)?;
-    while !decoding.is_prefilled() {
-        let until = trail.chunk_end(cache.len(), step) - cached;
-        decoding.prefill_until(model, &mut cache, until)?;
-        trail.observe(&cache)?;
-    }
+    while !decoding.prefill_along(model, &mut cache, &mut trail)? {}
     if let Some(prefixes) = prefixes {
         prefixes.insert(prompt, &cache, &mut trail)?;
     }

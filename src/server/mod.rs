@@ -228,10 +228,7 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
 /// Puts the states saved in `store` back into `prefixes` (as many as its budget holds).
 fn read_kept_states(model: &dyn crate::engine::model::LanguageModel, store: &StateDir, dir: &std::path::Path, prefixes: &mut PrefixCache) {
     let bar = crate::cli::bytes_progress("reading kept prompt states", 0);
-    let loaded = store.load(model, prefixes.budget(), &mut |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    });
+    let loaded = store.load(model, prefixes.budget(), &mut crate::cli::progress_to(&bar));
     bar.finish_and_clear();
     match loaded {
         Ok((states, skipped)) => {
@@ -253,10 +250,7 @@ fn read_kept_states(model: &dyn crate::engine::model::LanguageModel, store: &Sta
 /// Saves the states `prefixes` holds to `store`, for the next start.
 fn write_kept_states(store: &StateDir, dir: &std::path::Path, prefixes: &PrefixCache) {
     let bar = crate::cli::bytes_progress("saving kept prompt states", 0);
-    let written = store.save(prefixes.kept(), &mut |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    });
+    let written = store.save(prefixes.kept(), &mut crate::cli::progress_to(&bar));
     bar.finish_and_clear();
     match written {
         Ok(n) => eprintln!("prompt cache: {} kept states in {} ({n} written)", prefixes.len(), dir.display()),

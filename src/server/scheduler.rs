@@ -103,9 +103,7 @@ pub fn run(
         // others' next tokens by a chunk at a time instead of all at once.
         if let Some(i) = active.iter().position(|a| !a.decoding.is_prefilled()) {
             let a = &mut active[i];
-            let until = a.trail.chunk_end(a.cache.len(), prefill_step) - a.cached_tokens;
-            let step = a.decoding.prefill_until(model, &mut a.cache, until).and_then(|done| {
-                a.trail.observe(&a.cache)?;
+            let step = a.decoding.prefill_along(model, &mut a.cache, &mut a.trail).and_then(|done| {
                 if done {
                     prefixes.insert(&a.job.prompt, &a.cache, &mut a.trail)?;
                 }
