@@ -303,38 +303,24 @@ impl StateFile {
         Ok(Located { name: name.to_string(), file, offset, len, digests })
     }
 
-    /// Tensor `name` made from its checked bytes. A large one is copied into MLX's memory in
-    /// pieces by several threads (on CUDA that memory is managed, and one thread filling it
-    /// runs far below memory speed), then joined.
+    /// Tensor `name` made from its checked bytes.
     fn array(&self, name: &str, bytes: &[u8]) -> Result<Array> {
         let info = &self.weights.infos()[name];
         let dtype = stored_dtype(&info.dtype).ok_or_else(|| bad(&self.path, format!("tensor `{name}` has dtype {}", info.dtype)))?;
-        let numel = info.numel();
-        let item = bytes.len() / numel.max(1);
-        let pieces = (bytes.len() / READ_PIECE).clamp(1, 8);
-        if pieces == 1 || numel % pieces != 0 {
-            // SAFETY: `bytes` holds exactly numel × itemsize bytes (the header was checked against it).
-            return Ok(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), &info.shape, dtype) });
-        }
-        let per = numel / pieces;
-        let parts: Vec<Array> = std::thread::scope(|scope| {
-            let workers: Vec<_> = bytes
-                .chunks(per * item)
-                .map(|chunk| {
-                    // SAFETY: each chunk holds exactly `per` elements of `dtype`.
-                    scope.spawn(move || unsafe { Array::from_raw_data(chunk.as_ptr().cast(), &[per as i32], dtype) })
-                })
-                .collect();
-            workers.into_iter().map(|w| w.join().expect("copying a piece does not panic")).collect()
-        });
-        Ok(mlx_rs::ops::concatenate(&parts, 0)?.reshape(&info.shape)?)
+        array_from_bytes(bytes, &info.shape, dtype)
     }
 
     /// Runs `body` with a reader of the tensors `names`, which must ask for them in that order:
     /// the next one is read (and checked) on another thread while the last becomes an array, so
-    /// the disk and the copy into MLX overlap.
-    fn read_ahead<T>(&self, names: Vec<String>, body: impl FnOnce(&mut dyn FnMut(&str) -> Result<Array>) -> Result<T>) -> Result<T> {
+    /// the disk and the copy into MLX overlap. `progress` is told the bytes read and the total.
+    fn read_ahead<T>(
+        &self,
+        names: Vec<String>,
+        progress: &mut dyn FnMut(u64, u64),
+        body: impl FnOnce(&mut dyn FnMut(&str) -> Result<Array>) -> Result<T>,
+    ) -> Result<T> {
         let located = names.iter().map(|n| self.located(n)).collect::<Result<Vec<_>>>()?;
+        let total: u64 = located.iter().map(|l| l.len).sum();
         std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(String, Vec<u8>)>>(1);
             scope.spawn(move || {
@@ -346,11 +332,14 @@ impl StateFile {
                     }
                 }
             });
+            let mut done = 0u64;
             let mut next = |name: &str| -> Result<Array> {
                 let (got, bytes) = rx.recv().map_err(|_| Error::Usage(format!("internal: tensor `{name}` was not read ahead")))??;
                 if got != name {
                     return Err(Error::Usage(format!("internal: tensor `{name}` asked for where `{got}` was read ahead")));
                 }
+                done += bytes.len() as u64;
+                progress(done, total);
                 self.array(name, &bytes)
             };
             body(&mut next)
@@ -388,19 +377,8 @@ impl StateFile {
                 names.extend((0..pooled).map(|j| format!("layer.{i}.pooled.{j}")));
             }
         }
-        for &j in points {
-            let recurrent = probe.iter().enumerate().filter(|(_, p)| matches!(p, Probe::Recurrent(..)));
-            names.extend(recurrent.map(|(i, _)| format!("point.{j}.layer.{i}")));
-        }
-        let total: u64 = names.iter().filter_map(|k| self.weights.infos().get(k).map(|i| i.nbytes())).sum();
-        self.read_ahead(names, |next| {
-            let mut done = 0u64;
-            let mut read = |name: &str| -> Result<Array> {
-                let a = next(name)?;
-                done += a.nbytes() as u64;
-                progress(done, total);
-                Ok(a)
-            };
+        names.extend(point_names(&probe, points));
+        self.read_ahead(names, progress, |read| {
             let mut layers = Vec::new();
             for (i, shape) in probe.iter().enumerate() {
                 layers.push(match shape {
@@ -440,7 +418,7 @@ impl StateFile {
                 });
             }
             let cache = ModelCache::import(model.new_cache(), layers).map_err(|m| self.mismatch(m))?;
-            let checkpoints = self.checkpoints(&probe, points, &mut read)?;
+            let checkpoints = self.checkpoints(&probe, points, read)?;
             Ok(SavedState { tokens: self.tokens.clone(), trail: Trail::from_points(&cache, checkpoints), cache })
         })
     }
@@ -450,15 +428,7 @@ impl StateFile {
     pub fn points_before(&self, model: &dyn LanguageModel, len: usize, progress: &mut dyn FnMut(u64, u64)) -> Result<Vec<Checkpoint>> {
         let probe = probe_shapes(model)?;
         let points: Vec<usize> = (0..self.points.len()).filter(|&j| self.points[j] < len).collect();
-        let names: Vec<String> = points.iter().flat_map(|j| (0..probe.len()).map(move |i| format!("point.{j}.layer.{i}"))).collect();
-        let total: u64 = names.iter().filter_map(|k| self.weights.infos().get(k).map(|i| i.nbytes())).sum();
-        let mut done = 0u64;
-        self.checkpoints(&probe, &points, &mut |name: &str| {
-            let a = self.tensor(name)?;
-            done += a.nbytes() as u64;
-            progress(done, total);
-            Ok(a)
-        })
+        self.read_ahead(point_names(&probe, &points), progress, |read| self.checkpoints(&probe, &points, read))
     }
 
     /// The recurrent states of the restart points `points` (indices into the file's), each
@@ -491,6 +461,39 @@ impl StateFile {
     fn mismatch(&self, what: impl std::fmt::Display) -> Error {
         bad(&self.path, format!("{what} does not fit this model's state; the file is corrupt or from another model; delete it"))
     }
+}
+
+/// An array of `shape` and `dtype` from `bytes`, which must hold exactly its elements (callers
+/// pass a tensor's bytes, checked against the file's header). A large one is copied into MLX's
+/// memory in pieces by several threads (on CUDA that memory is managed, and one thread filling
+/// it runs far below memory speed), then joined.
+fn array_from_bytes(bytes: &[u8], shape: &[i32], dtype: Dtype) -> Result<Array> {
+    let numel: usize = shape.iter().map(|&d| d as usize).product();
+    let item = bytes.len() / numel.max(1);
+    let pieces = (bytes.len() / READ_PIECE).clamp(1, 8);
+    if pieces == 1 || numel % pieces != 0 {
+        // SAFETY: `bytes` holds exactly numel × itemsize bytes (the caller's contract).
+        return Ok(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), shape, dtype) });
+    }
+    let per = numel / pieces;
+    let parts: Vec<Array> = std::thread::scope(|scope| {
+        let workers: Vec<_> = bytes
+            .chunks(per * item)
+            .map(|chunk| {
+                // SAFETY: each chunk holds exactly `per` elements of `dtype`.
+                scope.spawn(move || unsafe { Array::from_raw_data(chunk.as_ptr().cast(), &[per as i32], dtype) })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().expect("copying a piece does not panic")).collect()
+    });
+    Ok(mlx_rs::ops::concatenate(&parts, 0)?.reshape(shape)?)
+}
+
+/// The tensors of the recurrent states at the restart points `points`, in the order
+/// [`StateFile::checkpoints`] reads them.
+fn point_names(probe: &[Probe], points: &[usize]) -> Vec<String> {
+    let recurrent: Vec<usize> = (0..probe.len()).filter(|&i| matches!(probe[i], Probe::Recurrent(..))).collect();
+    points.iter().flat_map(|j| recurrent.iter().map(move |i| format!("point.{j}.layer.{i}"))).collect()
 }
 
 /// The shape and dtype of each layer's state, from one token run through the model.
@@ -612,18 +615,18 @@ impl StateDir {
         for (path, len) in self.files()? {
             if total + len <= budget {
                 total += len;
-                chosen.push(path);
+                chosen.push((path, len));
             }
         }
         let (mut states, mut skipped) = (Vec::new(), Vec::new());
         let mut done = 0u64;
-        for path in chosen.into_iter().rev() {
+        for (path, len) in chosen.into_iter().rev() {
             let read = StateFile::open(&path, &self.fingerprint).and_then(|file| {
                 let points: Vec<usize> = (0..file.points.len()).collect();
                 let base = done;
                 file.read(model, &points, &mut |d, _| progress(base + d, total))
             });
-            done += std::fs::metadata(&path).map_or(0, |m| m.len());
+            done += len;
             match read {
                 Ok(state) => states.push(state),
                 Err(error) => skipped.push(Skipped { path, error }),
@@ -649,5 +652,40 @@ impl StateDir {
             written += 1;
         }
         Ok(written)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tensor large enough to be read by several threads and copied into MLX in pieces comes
+    /// back exactly, and a flipped byte in any piece is caught by the thread that reads it.
+    #[test]
+    fn large_tensors_read_in_pieces_come_back_exactly() {
+        // Five pieces and a ragged end: read by several threads, copied by five.
+        let numel = 5 * READ_PIECE / 4 + 5 * 1024;
+        let values: Vec<f32> = (0..numel).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert!(bytes.len() > 4 * READ_PIECE);
+        let path = std::env::temp_dir().join(format!("sala-pieces-{}", std::process::id()));
+        let offset = 24u64;
+        std::fs::write(&path, [vec![9u8; offset as usize], bytes.clone()].concat()).unwrap();
+        let digests: Vec<String> = bytes.chunks(READ_PIECE).map(piece_digest).collect();
+        let located = Located { name: "t".into(), file: path.clone(), offset, len: bytes.len() as u64, digests };
+        let read = located.read().unwrap();
+        assert!(read == bytes);
+        let shape = [2, (numel / 2) as i32];
+        let array = array_from_bytes(&read, &shape, Dtype::Float32).unwrap();
+        array.eval().unwrap();
+        assert_eq!(array.shape(), &shape);
+        assert!(array.as_slice::<f32>() == &values[..]);
+        // The third piece damaged.
+        let mut damaged = std::fs::read(&path).unwrap();
+        damaged[offset as usize + 2 * READ_PIECE + 5] ^= 1;
+        std::fs::write(&path, damaged).unwrap();
+        let err = located.read().unwrap_err().to_string();
+        assert!(err.contains("does not match its digest"), "{err}");
+        std::fs::remove_file(path).unwrap();
     }
 }
