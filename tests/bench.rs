@@ -300,9 +300,13 @@ fn prefix_cache_suite_times_follow_ups_cold_warm_and_from_disk() {
     // The markdown table: time to first token and the ratio to cold.
     let table = ok(&bench(&["--suite", "prefix-cache", "-m", path(&smol), "-p", "5", "-d", "64", "-r", "1", "--cache-dir", path(&dir)]));
     assert!(table.contains("| ttft5 @ d64 warm |") && table.contains("| vs cold |") && table.contains("measured)"), "{table}");
-    // Nothing to reuse without a prefix.
+    // Nothing to reuse without a prefix; nowhere to write the file without a folder.
     let out = bench(&["--suite", "prefix-cache", "-m", path(&sala), "-p", "5", "-d", "0"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("-d above 0"), "{stderr}");
+    let missing = dir.join("missing");
+    let out = bench(&["--suite", "prefix-cache", "-m", path(&sala), "-p", "5", "-d", "64", "--cache-dir", path(&missing)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--cache-dir") && stderr.contains("not a folder"), "{stderr}");
     std::fs::remove_dir_all(dir).unwrap();
 }
