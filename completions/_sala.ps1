@@ -110,7 +110,7 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             [CompletionResult]::new('--context-size', '--context-size', [CompletionResultType]::ParameterName, 'StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so generation can run past N; dense models only')
             [CompletionResult]::new('--num-sink-tokens', '--num-sink-tokens', [CompletionResultType]::ParameterName, 'StreamingLLM: tokens at the start that are never evicted (with --context-size)')
             [CompletionResult]::new('--host', '--host', [CompletionResultType]::ParameterName, 'Address to listen on (127.0.0.1: this machine only)')
-            [CompletionResult]::new('--port', '--port', [CompletionResultType]::ParameterName, 'Port to listen on')
+            [CompletionResult]::new('--port', '--port', [CompletionResultType]::ParameterName, 'Port to listen on (0: one the system picks; the address is printed)')
             [CompletionResult]::new('--api-key', '--api-key', [CompletionResultType]::ParameterName, 'Require `Authorization: Bearer KEY` on the API')
             [CompletionResult]::new('--max-tokens', '--max-tokens', [CompletionResultType]::ParameterName, 'Tokens per answer when a request does not say')
             [CompletionResult]::new('--parallel', '--parallel', [CompletionResultType]::ParameterName, 'Requests decoded together in one batch; more wait in line')

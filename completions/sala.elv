@@ -104,7 +104,7 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --context-size 'StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so generation can run past N; dense models only'
             cand --num-sink-tokens 'StreamingLLM: tokens at the start that are never evicted (with --context-size)'
             cand --host 'Address to listen on (127.0.0.1: this machine only)'
-            cand --port 'Port to listen on'
+            cand --port 'Port to listen on (0: one the system picks; the address is printed)'
             cand --api-key 'Require `Authorization: Bearer KEY` on the API'
             cand --max-tokens 'Tokens per answer when a request does not say'
             cand --parallel 'Requests decoded together in one batch; more wait in line'

@@ -104,7 +104,7 @@ complete -c sala -n "__fish_sala_using_subcommand serve" -l prefill-step -d 'Pro
 complete -c sala -n "__fish_sala_using_subcommand serve" -l context-size -d 'StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so generation can run past N; dense models only' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l num-sink-tokens -d 'StreamingLLM: tokens at the start that are never evicted (with --context-size)' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l host -d 'Address to listen on (127.0.0.1: this machine only)' -r
-complete -c sala -n "__fish_sala_using_subcommand serve" -l port -d 'Port to listen on' -r
+complete -c sala -n "__fish_sala_using_subcommand serve" -l port -d 'Port to listen on (0: one the system picks; the address is printed)' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l api-key -d 'Require `Authorization: Bearer KEY` on the API' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l max-tokens -d 'Tokens per answer when a request does not say' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l parallel -d 'Requests decoded together in one batch; more wait in line' -r

@@ -7,18 +7,9 @@
 
 mod common;
 
-use common::server::{free_port, get_status, request};
-use std::process::{Child, Command, Stdio};
+use common::server::{request, Server};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// One request: the status and the JSON body (Null if none), or `None` when nothing answered.
 fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> Option<(u16, serde_json::Value)> {
@@ -28,29 +19,11 @@ fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> Option<(u16,
 #[test]
 fn openai_client_against_sala_serve() {
     let python = common::venv_python("openai-venv", "SALA_OPENAI_PYTHON", "openai", &["openai==1.109.1"]);
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_sala"))
-        .args(["serve", "--model"])
-        .arg(common::smollm2_gguf())
-        .args(["--port", &port.to_string(), "--api-key", "test-key"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _server = Server(child);
+    let mut server = Server::spawn(Command::new(env!("CARGO_BIN_EXE_sala")), &common::smollm2_gguf(), &["--api-key", "test-key"]);
+    let port = server.port;
     // /health says 503 while loading, then 200.
-    let start = Instant::now();
-    let mut seen_loading = false;
-    loop {
-        match get_status(port, "/health") {
-            Some(200) => break,
-            Some(503) => seen_loading = true,
-            _ => {}
-        }
-        assert!(start.elapsed() < Duration::from_secs(120), "server not ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(seen_loading, "/health never reported loading");
+    let before_ready = server.wait_for_health(200);
+    assert!(before_ready.contains(&503), "/health never reported loading: {before_ready:?}");
     let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/openai_client.py");
     let out = Command::new(python).arg(script).arg(format!("http://127.0.0.1:{port}")).arg("test-key").output().unwrap();
     let transcript = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
@@ -78,28 +51,24 @@ fn model_endpoints_download_list_delete() {
     let hub = start_hub(Faults::default());
     let cache = temp_cache("serve-models");
     let served = common::smollm2_gguf();
-    let port = free_port();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sala"));
-    hub_env(&mut cmd, &cache, &hub).args(["serve", "--model"]).arg(&served).args(["--port", &port.to_string()]);
-    let _server = Server(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    hub_env(&mut cmd, &cache, &hub);
+    let server = Server::start_with(cmd, &served, &[], 200);
+    let port = server.port;
     let start = Instant::now();
-    while get_status(port, "/health") != Some(200) {
-        assert!(start.elapsed() < Duration::from_secs(60), "server not ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     // Concurrent listings describe the served GGUF once (each read the whole file: 16 calls took
     // the server from 0.55 to 2.3 GB).
     let rss = |pid: u32| -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().trim_end_matches("kB").trim().parse::<u64>().unwrap() * 1024
     };
-    let before = rss(_server.0.id());
+    let before = rss(server.child.id());
     std::thread::scope(|scope| {
         for _ in 0..16 {
             scope.spawn(|| assert_eq!(http(port, "GET", "/v1/models", None).unwrap().0, 200));
         }
     });
-    let grown = rss(_server.0.id()) - before;
+    let grown = rss(server.child.id()) - before;
     let gguf_bytes = std::fs::metadata(&served).unwrap().len();
     assert!(grown < 3 * gguf_bytes, "16 listings grew the server by {grown} bytes (the GGUF is {gguf_bytes})");
     let (status, list) = http(port, "GET", "/v1/models", None).unwrap();

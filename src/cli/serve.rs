@@ -11,7 +11,7 @@ pub struct ServeArgs {
     /// Address to listen on (127.0.0.1: this machine only)
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
-    /// Port to listen on
+    /// Port to listen on (0: one the system picks; the address is printed)
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
     /// Require `Authorization: Bearer KEY` on the API

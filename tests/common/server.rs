@@ -1,16 +1,19 @@
 //! `sala serve` as a child process, and raw HTTP/1.1 requests to it (what a client sends is
 //! exactly what the test says, bad bytes included).
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A running server, killed when dropped.
 pub struct Server {
     pub child: Child,
     pub port: u16,
+    log: Arc<Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Server {
@@ -21,39 +24,88 @@ impl Drop for Server {
 }
 
 impl Server {
-    /// Starts `sala serve --model model extra…` on a free port and waits until `/health`
-    /// answers `ready_status` (200 once loaded; 500 for a model that cannot load).
+    /// Starts `sala serve --model model extra…` and waits until `/health` answers `ready_status`
+    /// (200 once loaded; 500 for a model that cannot load).
     pub fn start(model: &Path, extra: &[&str], ready_status: u16) -> Self {
         Self::start_with(Command::new(env!("CARGO_BIN_EXE_sala")), model, extra, ready_status)
     }
 
-    pub fn start_with(mut cmd: Command, model: &Path, extra: &[&str], ready_status: u16) -> Self {
-        let port = free_port();
-        let child = cmd
+    pub fn start_with(cmd: Command, model: &Path, extra: &[&str], ready_status: u16) -> Self {
+        let mut server = Self::spawn(cmd, model, extra);
+        server.wait_for_health(ready_status);
+        server
+    }
+
+    /// Starts the server on a port the system picks (`--port 0`) and returns once it has said
+    /// where it listens. A port chosen by the test could be taken by another socket before the
+    /// server binds it.
+    pub fn spawn(mut cmd: Command, model: &Path, extra: &[&str]) -> Self {
+        let mut child = cmd
             .args(["serve", "--model"])
             .arg(model)
-            .args(["--port", &port.to_string()])
+            .args(["--port", "0"])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let server = Server { child, port };
-        let start = Instant::now();
-        while get_status(port, "/health") != Some(ready_status) {
-            assert!(start.elapsed() < Duration::from_secs(120), "server not ready");
-            std::thread::sleep(Duration::from_millis(50));
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (port_tx, port_rx) = std::sync::mpsc::channel();
+        let reader = {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                    let port = line.strip_prefix("listening on http://").and_then(|a| a.rsplit(':').next()).and_then(|p| p.parse::<u16>().ok());
+                    if let Some(port) = port {
+                        let _ = port_tx.send(port);
+                    }
+                    let mut log = log.lock().unwrap();
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+            })
+        };
+        let mut server = Server { child, port: 0, log, reader: Some(reader) };
+        match port_rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(port) => server.port = port,
+            Err(_) => server.fail("never said where it listens"),
         }
         server
     }
 
+    /// Polls `/health` until it answers `ready_status`; the statuses it answered before.
+    pub fn wait_for_health(&mut self, ready_status: u16) -> Vec<u16> {
+        let start = Instant::now();
+        let mut seen = Vec::new();
+        loop {
+            match get_status(self.port, "/health") {
+                Some(s) if s == ready_status => return seen,
+                Some(s) => seen.push(s),
+                None => {}
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.fail(&format!("exited ({status}) before /health answered {ready_status}"));
+            }
+            if start.elapsed() > Duration::from_secs(120) {
+                self.fail(&format!("not ready after 120 s (/health answered {seen:?})"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn fail(&mut self, what: &str) -> ! {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        panic!("server {what}; its stderr:\n{}", self.stderr())
+    }
+
     /// Everything the server wrote on stderr (after it exited or was killed).
     pub fn stderr(&mut self) -> String {
-        let mut text = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut text);
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
         }
-        text
+        self.log.lock().unwrap().clone()
     }
 
     /// The most memory the server has held (VmHWM), in bytes.
@@ -71,10 +123,6 @@ impl Server {
         let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
         assert!(status.success());
     }
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A raw response: status, headers (lower-case names) and body.
