@@ -361,3 +361,22 @@ fn a_cache_size_that_is_not_a_size_is_refused() {
         assert!(out.status.code() == Some(2) && stderr.contains("--cache-memory") && stderr.contains("give a size such as 8GB"), "{value}: {stderr}");
     }
 }
+
+#[test]
+fn a_prompt_cache_dir_that_cannot_be_written_is_refused_before_loading() {
+    let file = std::env::temp_dir().join(format!("sala-not-a-folder-{}", std::process::id()));
+    std::fs::write(&file, b"a file").unwrap();
+    for dir in [file.clone(), file.join("below")] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sala"))
+            .args(["serve", "--device", "cpu", "--port", "0", "--model"])
+            .arg(model())
+            .arg("--prompt-cache-dir")
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("--prompt-cache-dir") && stderr.contains("pass a folder this user can write"), "{}: {stderr}", dir.display());
+        assert!(!stderr.contains("listening on"), "{stderr}");
+    }
+    let _ = std::fs::remove_file(file);
+}

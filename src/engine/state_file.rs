@@ -574,6 +574,15 @@ pub struct Skipped {
 }
 
 impl StateDir {
+    /// Makes `dir` if missing and checks that files can be written there, so a folder that
+    /// cannot keep states is refused before a model loads rather than at shutdown.
+    pub fn check_writable(dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let probe = dir.join(format!(".sala-write-check-{}", std::process::id()));
+        std::fs::write(&probe, b"").map_err(|e| Error::io(&probe, e))?;
+        std::fs::remove_file(&probe).map_err(|e| Error::io(&probe, e))
+    }
+
     /// The folder `dir` (made if missing) for the model of `fingerprint`.
     pub fn new(dir: &Path, fingerprint: &Fingerprint) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;

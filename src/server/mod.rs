@@ -87,6 +87,9 @@ pub struct ServerOptions {
 pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
     let ServerOptions { host, port, api_key, default_max_tokens, parallel, read_timeout, shutdown_timeout, cache_memory, prompt_cache_dir } = options;
     let path = model.model_or_default()?;
+    if let Some(dir) = &prompt_cache_dir {
+        StateDir::check_writable(dir).map_err(|e| anyhow::anyhow!("--prompt-cache-dir {}: {e}; pass a folder this user can write", dir.display()))?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind((host.as_str(), port)))?;
     let address = listener.local_addr()?;
