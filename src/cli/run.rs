@@ -3,6 +3,7 @@
 use super::{load, DraftArgs, ModelArgs, PromptCacheArgs, SamplingArgs};
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::generate::{generate, Flow, GenerateOptions, Generation};
+use crate::engine::grammar::{Grammar, Reasoning};
 use crate::engine::model::LanguageModel;
 use crate::engine::sampler::Sampler;
 use crate::engine::tokenizer::{Message, StreamDecoder, TextTokenizer, ThinkFilter};
@@ -49,6 +50,14 @@ pub struct RunArgs {
     /// Print {"token_ids": [...], "text": "..."} instead of streaming text
     #[arg(long)]
     pub json: bool,
+    /// Answer with JSON valid under this JSON Schema (constrained decoding: the answer parses
+    /// whatever the model prefers)
+    #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
+    pub json_schema: Option<PathBuf>,
+    /// Answer in this grammar, in llguidance's Lark syntax (`%json {…}` embeds a JSON Schema);
+    /// the model is asked not to think, as the grammar applies from the first token
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<PathBuf>,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -67,6 +76,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         None => (model.new_cache(), 0),
     };
     let mut sampler = Sampler::new(sampling);
+    if let Some((grammar, flag, path)) = requested_grammar(&args)? {
+        let tokenizer = tokenizer.with_context(|| format!("{flag} needs the model's tokenizer, and {} has none", model_dir.display()))?;
+        let reasoning = Reasoning::after_prompt(&prompt_text, tokenizer.can_think() && may_think(&args) && !args.raw);
+        let info = model.info();
+        let constraint = tokenizer
+            .grammar_compiler(info.vocab_size, &info.eos_token_ids)
+            .and_then(|compiler| compiler.compile(&grammar, reasoning))
+            .with_context(|| format!("{flag} {}", path.display()))?;
+        sampler = sampler.constrained(constraint);
+    }
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         ignore_eos: args.ignore_eos,
@@ -143,6 +162,27 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether the model is asked to think: not with --no-think, nor under a Lark grammar, which
+/// applies from the answer's first token.
+fn may_think(args: &RunArgs) -> bool {
+    !args.no_think && args.grammar.is_none()
+}
+
+/// The grammar `--json-schema` or `--grammar` asks for, with the flag and file it came from.
+fn requested_grammar(args: &RunArgs) -> anyhow::Result<Option<(Grammar, &'static str, &Path)>> {
+    if let Some(path) = &args.json_schema {
+        let text = std::fs::read_to_string(path).with_context(|| format!("--json-schema {}", path.display()))?;
+        let schema: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("--json-schema {}: not valid JSON; give a JSON Schema file", path.display()))?;
+        return Ok(Some((Grammar::JsonSchema(schema), "--json-schema", path)));
+    }
+    if let Some(path) = &args.grammar {
+        let text = std::fs::read_to_string(path).with_context(|| format!("--grammar {}", path.display()))?;
+        return Ok(Some((Grammar::Lark(text), "--grammar", path)));
+    }
+    Ok(None)
+}
+
 /// The prompt as token ids (and the text it came from, empty for `--input-ids`).
 fn prompt_tokens(args: &RunArgs, model_dir: &Path, tokenizer: Option<&TextTokenizer>) -> anyhow::Result<(Vec<u32>, String)> {
     if let Some(ids) = &args.input_ids {
@@ -168,7 +208,7 @@ fn prompt_tokens(args: &RunArgs, model_dir: &Path, tokenizer: Option<&TextTokeni
             messages.push(Message::new("system", system));
         }
         messages.push(Message::new("user", &prompt));
-        tokenizer.apply_chat_template(&messages, !args.no_think)?
+        tokenizer.apply_chat_template(&messages, may_think(args))?
     };
     Ok((tokenizer.encode(&text)?, text))
 }

@@ -53,6 +53,9 @@ pub enum Error {
     #[error("chat template: {0}")]
     Template(String),
 
+    #[error("grammar: {0}")]
+    Grammar(String),
+
     #[error("{0}")]
     Usage(String),
 

@@ -275,9 +275,11 @@ impl Decoding {
                 (previous, _) if on_device => self.greedy_ahead(model, cache, previous)?,
                 (previous, _) => {
                     if let Some(previous) = previous {
-                        self.logits = to_vec_f32(&forward_eval(model, cache, &[previous], Logits::Last)?)?;
+                        let logits = forward_queued(model, cache, &[previous])?;
+                        sampler.prepare()?;
+                        self.logits = to_vec_f32(&logits)?;
                     }
-                    let token = sampler.sample_with(&self.logits, &self.history, self.generation.tokens.len());
+                    let token = sampler.sample_with(&self.logits, &self.history, self.generation.tokens.len())?;
                     self.ready.push_back(Drawn { token, in_cache: false, logits: std::mem::take(&mut self.logits) });
                 }
             }
@@ -386,7 +388,7 @@ impl Decoding {
         let base = self.history.len();
         let mut accepted = 0;
         for (i, row) in rows.chunks(vocab).enumerate() {
-            let token = sampler.sample_with(row, &self.history, generated + i);
+            let token = sampler.sample_with(row, &self.history, generated + i)?;
             self.history.push(token);
             let agrees = guessed.get(i) == Some(&token);
             self.ready.push_back(Drawn { token, in_cache: agrees, logits: row.to_vec() });
@@ -442,7 +444,13 @@ pub fn next_batch(model: &dyn LanguageModel, steps: &mut [Step]) -> Result<Vec<O
         let ids: Vec<i32> = fed.iter().map(|s| s.decoding.pending.expect("filtered above") as i32).collect();
         let input = Array::from_slice(&ids, &[ids.len() as i32, 1]);
         let mut caches: Vec<&mut ModelCache> = fed.iter_mut().map(|s| &mut *s.cache).collect();
-        let rows = to_vec_f32(&forward_eval_batch(model, &input, &mut caches, Logits::Last)?)?;
+        let (logits, state) = forward_batch_lazy(model, &input, &mut caches, Logits::Last)?;
+        mlx_rs::transforms::async_eval(std::iter::once(&logits).chain(state.iter()))?;
+        // Constrained requests work out their masks while the device runs the step.
+        for s in fed.iter_mut() {
+            s.sampler.prepare()?;
+        }
+        let rows = to_vec_f32(&logits)?;
         let vocab = rows.len() / fed.len();
         for (s, row) in fed.iter_mut().zip(rows.chunks(vocab)) {
             s.decoding.logits = row.to_vec();
@@ -550,6 +558,15 @@ fn forward_batch_lazy(model: &dyn LanguageModel, input: &Array, caches: &mut [&m
 fn forward_eval(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32], which: Logits) -> Result<Array> {
     let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
     forward_eval_batch(model, &Array::from_slice(&ids, &[1, ids.len() as i32]), &mut [cache], which)
+}
+
+/// [`forward_eval`] for one token, queued on the device (`async_eval`) and returned unread, so
+/// the host can do other work before reading the logits.
+fn forward_queued(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32]) -> Result<Array> {
+    let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+    let (logits, state) = forward_batch_lazy(model, &Array::from_slice(&ids, &[1, ids.len() as i32]), &mut [cache], Logits::Last)?;
+    mlx_rs::transforms::async_eval(std::iter::once(&logits).chain(state.iter()))?;
+    Ok(logits)
 }
 
 /// [`forward_eval`] for a batch: `input` `[B, T]`, row b on `caches[b]`.

@@ -9,6 +9,7 @@ pub mod device;
 pub mod error;
 pub mod generate;
 pub mod gguf;
+pub mod grammar;
 pub mod model;
 pub mod prefix_cache;
 pub mod ops;

@@ -2,6 +2,8 @@
 //! frequency/presence penalties (OpenAI style) over the generated tokens, then greedy
 //! (temperature 0) or temperature + top-k + top-p + min-p, drawn from a seeded generator.
 
+use super::error::Result;
+use super::grammar::{Constraint, TokenMask};
 use rand::{rngs::StdRng, RngExt, SeedableRng};
 
 #[derive(Debug, Clone)]
@@ -91,6 +93,10 @@ impl SamplingParams {
 pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
+    /// What the answer must match, followed token by token.
+    constraint: Option<Constraint>,
+    /// The constraint's allowed tokens for the next draw, worked out ahead.
+    mask: Option<TokenMask>,
 }
 
 impl Sampler {
@@ -99,7 +105,22 @@ impl Sampler {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_rng(&mut rand::rng()),
         };
-        Self { params, rng }
+        Self { params, rng, constraint: None, mask: None }
+    }
+
+    /// Draws only what keeps the answer valid under `constraint`.
+    pub fn constrained(mut self, constraint: Constraint) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// Works out which tokens the next draw may take (a no-op unless constrained); callers run
+    /// it while the device computes the logits, so the mask costs no device time.
+    pub fn prepare(&mut self) -> Result<()> {
+        if let (Some(constraint), None) = (self.constraint.as_mut(), &self.mask) {
+            self.mask = Some(constraint.mask()?);
+        }
+        Ok(())
     }
 
     /// Greedy with nothing that depends on the history: the choice is the argmax of the logits,
@@ -111,17 +132,32 @@ impl Sampler {
             && p.frequency_penalty == 0.0
             && p.presence_penalty == 0.0
             && p.logit_bias.is_empty()
+            && self.constraint.is_none()
     }
 
     /// Picks the next token from `logits` (one row, float32) given the tokens so far (`history`:
     /// the prompt and what was generated, the last `generated` of them generated).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        self.sample_with(logits, history, 0)
+        self.draw(logits, history, 0, None)
     }
 
-    /// [`Sampler::sample`] with frequency/presence penalties over the last `generated` tokens.
-    pub fn sample_with(&mut self, logits: &[f32], history: &[u32], generated: usize) -> u32 {
+    /// [`Sampler::sample`] with frequency/presence penalties over the last `generated` tokens,
+    /// and under the constraint if there is one (the token drawn is then recorded in it).
+    pub fn sample_with(&mut self, logits: &[f32], history: &[u32], generated: usize) -> Result<u32> {
+        self.prepare()?;
+        let mask = self.mask.take();
+        let token = self.draw(logits, history, generated, mask.as_ref());
+        if let Some(constraint) = self.constraint.as_mut() {
+            constraint.commit(token)?;
+        }
+        Ok(token)
+    }
+
+    fn draw(&mut self, logits: &[f32], history: &[u32], generated: usize, allowed: Option<&TokenMask>) -> u32 {
         let mut logits = logits.to_vec();
+        if let Some(mask) = allowed {
+            mask.apply(&mut logits);
+        }
         let p = &self.params;
         for &(id, bias) in &p.logit_bias {
             if let Some(l) = logits.get_mut(id as usize) {
@@ -256,8 +292,8 @@ mod tests {
         assert_eq!(s.sample(&[1.0, 2.0, 0.0], &[]), 2);
         // Token 1 was generated twice: 2.0 − 2·0.4 − 0.3 = 0.9 < 1.0. The prompt does not count.
         let mut s = Sampler::new(SamplingParams { frequency_penalty: 0.4, presence_penalty: 0.3, ..params(0.0) });
-        assert_eq!(s.sample_with(&[1.0, 2.0, 0.0], &[1, 1, 1, 1], 2), 0);
-        assert_eq!(s.sample_with(&[1.0, 2.0, 0.0], &[1, 1, 1, 1], 1), 1);
+        assert_eq!(s.sample_with(&[1.0, 2.0, 0.0], &[1, 1, 1, 1], 2).unwrap(), 0);
+        assert_eq!(s.sample_with(&[1.0, 2.0, 0.0], &[1, 1, 1, 1], 1).unwrap(), 1);
         assert!(SamplingParams { presence_penalty: 3.0, ..params(0.0) }.validate().is_err());
     }
 

@@ -35,6 +35,8 @@ pub struct TextTokenizer {
     eos_token: Option<String>,
     add_bos: bool,
     chat_template: String,
+    /// Built on the first constrained request: it indexes every token.
+    grammar: std::sync::OnceLock<super::grammar::GrammarCompiler>,
 }
 
 /// The tokenizer's source texts, wherever they came from (a model directory, a `.sala` file's
@@ -135,7 +137,23 @@ impl TextTokenizer {
                 .to_string(),
             _ => files.chat_template.clone().unwrap_or_else(|| CHATML_TEMPLATE.to_string()),
         };
-        Ok(Self { inner, bos, eos_token: token_text("eos_token"), add_bos, chat_template })
+        Ok(Self { inner, bos, eos_token: token_text("eos_token"), add_bos, chat_template, grammar: std::sync::OnceLock::new() })
+    }
+
+    /// Whether the chat template knows `<think>` blocks (a reasoning model).
+    pub fn can_think(&self) -> bool {
+        self.chat_template.contains("<think>")
+    }
+
+    /// Compiles grammars against this vocabulary for a model with `vocab_size` logits that ends
+    /// answers with `eos`.
+    pub fn grammar_compiler(&self, vocab_size: usize, eos: &[u32]) -> Result<super::grammar::GrammarCompiler> {
+        if let Some(compiler) = self.grammar.get() {
+            return Ok(compiler.clone());
+        }
+        let json = serde_json::to_value(&self.inner).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let compiler = super::grammar::GrammarCompiler::new(&json, vocab_size, eos)?;
+        Ok(self.grammar.get_or_init(|| compiler).clone())
     }
 
     pub fn vocab_size(&self) -> usize {

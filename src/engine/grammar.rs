@@ -1,0 +1,291 @@
+//! Constrained decoding: what the output must look like (a JSON Schema, any JSON object, a Lark
+//! grammar) compiled by llguidance against the tokenizer's vocabulary. A [`Constraint`] follows
+//! one answer token by token and gives, before each step, the tokens that keep the output valid;
+//! the sampler draws only among those, so the answer parses whatever the model prefers.
+
+use super::contain::contain;
+use super::error::{Error, Result};
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// What an answer must be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Grammar {
+    /// Any JSON object (OpenAI `response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// A JSON value valid under this schema.
+    JsonSchema(Value),
+    /// A grammar in llguidance's Lark dialect (`%json {…}` embeds a schema).
+    Lark(String),
+}
+
+/// How JSON is written under a constraint: `json.dumps`'s separators and no free whitespace, so
+/// a model cannot pad its answer with blank lines until `max_tokens` runs out.
+pub fn json_layout() -> Value {
+    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+}
+
+/// `schema` with [`json_layout`] attached (llguidance reads it from `x-guidance`).
+pub fn with_json_layout(schema: &Value) -> Value {
+    let mut schema = match schema {
+        Value::Object(_) => schema.clone(),
+        // `true` / `false` schemas have nowhere to carry options.
+        Value::Bool(true) => json!({}),
+        other => return other.clone(),
+    };
+    schema["x-guidance"] = json_layout();
+    schema
+}
+
+/// What may come before the constrained part: a reasoning model writes `<think>…</think>`
+/// first, freely, and the grammar applies from the answer on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reasoning {
+    /// The answer starts at the first token.
+    Off,
+    /// The model may open a think block first.
+    May,
+    /// The prompt opened a think block: the answer starts after its `</think>`.
+    Open,
+}
+
+impl Reasoning {
+    /// For the answer to `prompt`: open when the prompt opened a think block, else `May` when the
+    /// model may think (`may_think`), else off.
+    pub fn after_prompt(prompt: &str, may_think: bool) -> Self {
+        if prompt.trim_end().ends_with("<think>") {
+            Reasoning::Open
+        } else if may_think {
+            Reasoning::May
+        } else {
+            Reasoning::Off
+        }
+    }
+}
+
+/// A Lark grammar whose answer is the rule `answer` (defined in `rules`), after the reasoning
+/// `reasoning` allows.
+pub fn lark_answer(rules: &str, reasoning: Reasoning) -> String {
+    let start = match reasoning {
+        Reasoning::Off => "start: answer",
+        Reasoning::May => "start: (think THINK_GAP?)? answer\nthink[lazy]: /<think>(.|\\n)*<\\/think>/",
+        Reasoning::Open => "start: think_rest THINK_GAP? answer\nthink_rest[lazy]: /(.|\\n)*<\\/think>/",
+    };
+    format!("{start}\nTHINK_GAP: /[ \\t\\r\\n]+/\n{rules}\n")
+}
+
+/// A JSON value under `schema`, as a Lark expression.
+pub fn lark_json(schema: &Value) -> String {
+    format!("%json {}", with_json_layout(schema))
+}
+
+impl Grammar {
+    fn top_level(&self, reasoning: Reasoning) -> Result<TopLevelGrammar> {
+        let json = |schema: &Value| match reasoning {
+            Reasoning::Off => TopLevelGrammar::from_json_schema(with_json_layout(schema)),
+            _ => TopLevelGrammar::from_lark(lark_answer(&format!("answer: {}", lark_json(schema)), reasoning)),
+        };
+        Ok(match self {
+            Grammar::JsonObject => json(&json!({"type": "object"})),
+            Grammar::JsonSchema(schema) => json(schema),
+            Grammar::Lark(text) if reasoning == Reasoning::Off => TopLevelGrammar::from_lark(text.clone()),
+            Grammar::Lark(_) => return Err(Error::Grammar("a Lark grammar applies from the answer's first token; ask the model not to think".into())),
+        })
+    }
+}
+
+/// Compiles grammars for one tokenizer (built once per model: it indexes the whole vocabulary).
+#[derive(Clone)]
+pub struct GrammarCompiler {
+    factory: Arc<ParserFactory>,
+}
+
+impl GrammarCompiler {
+    /// `tokenizer_json`: the tokenizer's `tokenizer.json`; `vocab_size`: the model's logit rows
+    /// (may exceed the tokenizer's tokens); `eos`: every id that ends an answer.
+    pub fn new(tokenizer_json: &Value, vocab_size: usize, eos: &[u32]) -> Result<Self> {
+        let bad = |e: &dyn std::fmt::Display| Error::Tokenizer(format!("building the vocabulary index for constrained decoding: {e}"));
+        let mut words = contain("reading the vocabulary", || llguidance::token_bytes_from_tokenizer_json(tokenizer_json).map_err(|e| bad(&e)))?;
+        if words.len() > vocab_size {
+            return Err(bad(&format!("the tokenizer has {} tokens but the model only {vocab_size} logits", words.len())));
+        }
+        // Rows past the tokenizer's tokens are padding: no bytes, never allowed.
+        words.resize(vocab_size, Vec::new());
+        let first_eos = *eos.first().ok_or_else(|| bad(&"the model names no end-of-sequence token"))?;
+        let info = TokRxInfo::new(vocab_size as u32, first_eos);
+        let trie = contain("indexing the vocabulary", || Ok(TokTrie::from(&info, &words).with_eos_tokens(eos)))?;
+        let env: Arc<dyn TokenizerEnv + Sync> = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| bad(&e))?;
+        factory.quiet();
+        Ok(Self { factory: Arc::new(factory) })
+    }
+
+    /// A fresh constraint for one answer; a grammar the engine cannot compile (bad syntax, an
+    /// unsupported or unsatisfiable schema) is an error naming the problem.
+    pub fn compile(&self, grammar: &Grammar, reasoning: Reasoning) -> Result<Constraint> {
+        let top = grammar.top_level(reasoning)?;
+        let parser = contain("compiling the grammar", || self.factory.create_parser(top).map_err(|e| Error::Grammar(format!("{e:#}"))))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(Error::Grammar(e));
+        }
+        Ok(Constraint { matcher, eos: self.factory.tok_env().tok_trie().eos_tokens().to_vec() })
+    }
+}
+
+/// One answer under a grammar.
+#[derive(Clone)]
+pub struct Constraint {
+    matcher: Matcher,
+    eos: Vec<u32>,
+}
+
+/// The tokens allowed at one step.
+#[derive(Debug, Clone)]
+pub struct TokenMask(SimpleVob);
+
+impl TokenMask {
+    pub fn allows(&self, token: u32) -> bool {
+        (token as usize) < self.0.len() && self.0.is_allowed(token)
+    }
+
+    /// Sets every disallowed logit to −∞.
+    pub fn apply(&self, logits: &mut [f32]) {
+        for (id, l) in logits.iter_mut().enumerate() {
+            if !self.allows(id as u32) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.0.num_set()
+    }
+}
+
+impl Constraint {
+    /// The tokens that may come next (the end-of-sequence tokens once the output is complete).
+    pub fn mask(&mut self) -> Result<TokenMask> {
+        let mask = self.matcher.compute_mask_or_eos().map_err(|e| Error::Grammar(format!("{e:#}")))?;
+        if mask.num_set() == 0 {
+            return Err(Error::Grammar("no token can continue the output under its grammar".into()));
+        }
+        Ok(TokenMask(mask))
+    }
+
+    /// Records the token drawn; one the grammar does not allow is an error.
+    pub fn commit(&mut self, token: u32) -> Result<()> {
+        if self.eos.contains(&token) && self.matcher.is_accepting().unwrap_or(false) {
+            return Ok(());
+        }
+        self.matcher.consume_token(token).map_err(|e| Error::Grammar(format!("token {token}: {e:#}")))
+    }
+
+    /// Whether the output so far is complete under the grammar.
+    pub fn is_complete(&mut self) -> bool {
+        self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A byte-level vocabulary of single characters plus a few words, as tokenizer.json.
+    fn toy_tokenizer() -> Value {
+        let mut vocab = serde_json::Map::new();
+        let pieces: Vec<String> = " {}\":,<>/abcdefghijklmnopqrstuvwxyz0123456789".chars().map(|c| if c == ' ' { "Ġ".to_string() } else { c.to_string() }).collect();
+        for (i, p) in pieces.iter().chain(["{\"", "\":", "Ġ\"", "true", "false"].map(String::from).iter()).enumerate() {
+            vocab.insert(p.clone(), json!(i));
+        }
+        let n = vocab.len();
+        json!({
+            "added_tokens": [{"id": n, "content": "<eos>", "special": true}],
+            "decoder": {"type": "ByteLevel"},
+            "model": {"type": "BPE", "vocab": vocab, "merges": []},
+        })
+    }
+
+    fn id_of(tokenizer: &Value, piece: &str) -> u32 {
+        tokenizer["model"]["vocab"][piece].as_u64().unwrap() as u32
+    }
+
+    /// Greedily feeds `text` (longest known piece first), checking each token against the mask.
+    fn feed(c: &mut Constraint, tokenizer: &Value, text: &str) -> std::result::Result<(), String> {
+        let vocab = tokenizer["model"]["vocab"].as_object().unwrap();
+        let mut rest = text.replace(' ', "Ġ");
+        while !rest.is_empty() {
+            let piece = vocab.keys().filter(|k| rest.starts_with(k.as_str())).max_by_key(|k| k.len()).ok_or("no piece")?.clone();
+            let id = id_of(tokenizer, &piece);
+            if !c.mask().map_err(|e| e.to_string())?.allows(id) {
+                return Err(format!("`{piece}` refused before {rest:?}"));
+            }
+            c.commit(id).map_err(|e| e.to_string())?;
+            rest = rest[piece.len()..].to_string();
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_schema_allows_exactly_its_values() {
+        let tok = toy_tokenizer();
+        let eos = tok["added_tokens"][0]["id"].as_u64().unwrap() as u32;
+        let compiler = GrammarCompiler::new(&tok, eos as usize + 8, &[eos]).unwrap();
+        let schema = Grammar::JsonSchema(json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": false}));
+        let mut c = compiler.compile(&schema, Reasoning::Off).unwrap();
+        assert!(!c.mask().unwrap().allows(eos), "an empty answer is not valid");
+        feed(&mut c, &tok, "{\"ok\": true}").unwrap();
+        let end = c.mask().unwrap();
+        assert!(end.allows(eos) && end.count() == 1, "only the end may follow a complete object");
+        assert!(c.is_complete());
+        // Another key, a wrong type, free whitespace: each refused where it starts.
+        for bad in ["{\"no", "{\"ok\": 1", "{ \"ok\""] {
+            let mut c = compiler.compile(&schema, Reasoning::Off).unwrap();
+            assert!(feed(&mut c, &tok, bad).is_err(), "{bad}");
+        }
+        // Padding rows past the tokenizer are never allowed.
+        let mut c = compiler.compile(&Grammar::JsonObject, Reasoning::Off).unwrap();
+        let first = c.mask().unwrap();
+        assert!(first.allows(id_of(&tok, "{")) && !first.allows(eos + 3) && !first.allows(id_of(&tok, "a")));
+        let mut logits = vec![1.0; eos as usize + 8];
+        first.apply(&mut logits);
+        assert_eq!(logits.iter().filter(|l| l.is_finite()).count(), first.count());
+    }
+
+    #[test]
+    fn reasoning_comes_first_and_free() {
+        let tok = toy_tokenizer();
+        let eos = tok["added_tokens"][0]["id"].as_u64().unwrap() as u32;
+        let compiler = GrammarCompiler::new(&tok, eos as usize + 1, &[eos]).unwrap();
+        let schema = Grammar::JsonSchema(json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}));
+        let mut c = compiler.compile(&schema, Reasoning::Open).unwrap();
+        feed(&mut c, &tok, "so, \"ok\": {yes}</think> {\"ok\": true}").unwrap();
+        assert!(c.is_complete());
+        for answer in ["{\"ok\": false}", "<think>{no}</think>{\"ok\": false}"] {
+            let mut c = compiler.compile(&schema, Reasoning::May).unwrap();
+            feed(&mut c, &tok, answer).unwrap();
+            assert!(c.is_complete(), "{answer}");
+        }
+        let mut c = compiler.compile(&schema, Reasoning::May).unwrap();
+        assert!(feed(&mut c, &tok, "hmm").is_err(), "free text only inside a think block");
+    }
+
+    #[test]
+    fn lark_grammars_compile_and_bad_ones_say_why() {
+        let tok = toy_tokenizer();
+        let eos = tok["added_tokens"][0]["id"].as_u64().unwrap() as u32;
+        let compiler = GrammarCompiler::new(&tok, eos as usize + 1, &[eos]).unwrap();
+        let mut c = compiler.compile(&Grammar::Lark("start: \"yes\" | \"no\"".into()), Reasoning::Off).unwrap();
+        assert!(feed(&mut c, &tok, "maybe").is_err());
+        let mut c = compiler.compile(&Grammar::Lark("start: \"yes\" | \"no\"".into()), Reasoning::Off).unwrap();
+        feed(&mut c, &tok, "no").unwrap();
+        assert!(c.is_complete());
+        let Err(Error::Grammar(message)) = compiler.compile(&Grammar::Lark("start: undefined_rule".into()), Reasoning::Off) else { panic!("compiled") };
+        assert!(message.contains("undefined_rule"), "{message}");
+        let Err(Error::Grammar(message)) = compiler.compile(&Grammar::JsonSchema(json!({"type": "frobnicate"})), Reasoning::Off) else { panic!("compiled") };
+        assert!(message.contains("frobnicate"), "{message}");
+    }
+}
