@@ -499,11 +499,21 @@ fn fuzz_chat_request() {
         json!({"messages": [{"role": "user", "content": "Call it"}], "tools": [tool.clone()],
                "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "max_completion_tokens": 32,
                "frequency_penalty": 0.5, "presence_penalty": -0.5, "min_p": 0.1, "top_k": 20}),
+        json!({"messages": [{"role": "user", "content": "A person"}], "response_format": {"type": "json_schema", "json_schema": {"name": "person",
+               "schema": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}}, "required": ["name"]}, "strict": true}}}),
     ]
     .iter()
     .map(|v| v.to_string().into_bytes())
     .collect();
     fuzz("chat-request", &seeds, mutate_json_text, |bytes| {
-        sala::server::openai::prepare_chat(bytes, "served", &tokenizer, 4096, 512).is_ok()
+        let served = sala::server::openai::Served {
+            model_id: "served",
+            tokenizer: &tokenizer,
+            max_context: 4096,
+            vocab_size: tokenizer.vocab_size(),
+            eos: &[2],
+            default_max_tokens: 512,
+        };
+        sala::server::openai::prepare_chat(bytes, &served).is_ok()
     });
 }

@@ -1,7 +1,8 @@
 //! `sala serve` against the official `openai` Python client (PyPI, in a venv cached under
 //! `$SALA_TEST_ASSETS`): answers, streaming with usage, stop sequences, max_tokens, logit_bias,
 //! a tools round trip (parsed and streamed calls, the result sent back), OpenAI-schema errors, the API key, a client leaving mid-stream, concurrent requests, oversized
-//! and malformed bodies (tests/reference/openai_client.py); then 16 concurrent streaming clients for
+//! and malformed bodies (tests/reference/openai_client.py); structured output, response_format and
+//! tool_choice="required" (tests/reference/openai_structured.py); then 16 concurrent streaming clients for
 //! 60 s and a bounded fuzz of bad requests (tests/reference/openai_load.py). Real weights: SmolLM2.
 //! Then the model endpoints (list, background download, delete) against a local hub.
 
@@ -25,9 +26,16 @@ fn openai_client_against_sala_serve() {
     let before_ready = server.wait_for_health(200);
     assert!(before_ready.contains(&503), "/health never reported loading: {before_ready:?}");
     let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/openai_client.py");
-    let out = Command::new(python).arg(script).arg(format!("http://127.0.0.1:{port}")).arg("test-key").output().unwrap();
+    let out = Command::new(&python).arg(script).arg(format!("http://127.0.0.1:{port}")).arg("test-key").output().unwrap();
     let transcript = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && transcript.contains("all checks passed"), "{transcript}");
+
+    // Structured output: response_format (pydantic through parse()) and tool_choice="required".
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/openai_structured.py");
+    let out = Command::new(&python).arg(script).arg(format!("http://127.0.0.1:{port}")).arg("test-key").output().unwrap();
+    let transcript = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("{transcript}");
+    assert!(out.status.success() && transcript.contains("structured output checks passed"), "{transcript}");
 
     // 16 concurrent streaming clients for 60 s, then 300 malformed requests: zero failures, no 5xx.
     let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/openai_load.py");

@@ -18,7 +18,10 @@ pub enum Grammar {
     JsonObject,
     /// A JSON value valid under this schema.
     JsonSchema(Value),
-    /// A grammar in llguidance's Lark dialect (`%json {…}` embeds a schema).
+    /// Lark rules defining the rule `answer` (what follows the model's reasoning, if any).
+    Answer(String),
+    /// A whole grammar in llguidance's Lark dialect (`%json {…}` embeds a schema), from the
+    /// answer's first token.
     Lark(String),
 }
 
@@ -91,6 +94,7 @@ impl Grammar {
         Ok(match self {
             Grammar::JsonObject => json(&json!({"type": "object"})),
             Grammar::JsonSchema(schema) => json(schema),
+            Grammar::Answer(rules) => TopLevelGrammar::from_lark(lark_answer(rules, reasoning)),
             Grammar::Lark(text) if reasoning == Reasoning::Off => TopLevelGrammar::from_lark(text.clone()),
             Grammar::Lark(_) => return Err(Error::Grammar("a Lark grammar applies from the answer's first token; ask the model not to think".into())),
         })

@@ -93,6 +93,31 @@ pub fn plain_template_messages(messages: &[Message], tools: &[Value]) -> Vec<Mes
     out
 }
 
+/// Lark rules for `calls`: a call (several with `parallel`) to one of `tools` (only `only`, when
+/// named), its arguments valid under the function's parameter schema.
+pub fn calls_grammar(tools: &[Value], only: Option<&str>, parallel: bool) -> String {
+    let mut rules = String::new();
+    let mut names = Vec::new();
+    for (i, tool) in tools.iter().enumerate() {
+        let function = tool.get("function").unwrap_or(tool);
+        let name = function.get("name").and_then(Value::as_str).unwrap_or_default();
+        if only.is_some_and(|only| only != name) {
+            continue;
+        }
+        let parameters = function.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"}));
+        let call = json!({
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": parameters},
+            "required": ["name", "arguments"],
+            "additionalProperties": false,
+        });
+        rules.push_str(&format!("call_{i}: {}\n", super::grammar::lark_json(&call)));
+        names.push(format!("call_{i}"));
+    }
+    let more = if parallel { " (\"\\n\" call)*" } else { "" };
+    format!("calls: call{more}\ncall: \"{CALL_OPEN}\\n\" ({}) \"\\n{CALL_CLOSE}\"\n{rules}", names.join(" | "))
+}
+
 /// Parses the text between `<tool_call>` and `</tool_call>`: a JSON object with `name` and
 /// `arguments` (an object, or a string holding one; `parameters` is accepted too).
 pub fn parse_call(body: &str) -> Option<ToolCall> {

@@ -34,14 +34,9 @@ pub struct AnswerParser {
 
 impl AnswerParser {
     /// `prompt`: the rendered prompt (a trailing `<think>` means the answer starts reasoning);
-    /// `tools`: the offered function names, `None` when calls are not looked for; `forced`: text
-    /// the prompt already started the answer with (a forced tool call).
-    pub fn new(prompt: &str, tools: Option<Vec<String>>, forced: &str, parallel_calls: bool) -> Self {
-        let mut tools = tools.map(ToolCallSplitter::new);
-        if let Some(t) = tools.as_mut() {
-            t.push(forced);
-        }
-        Self { think: ThinkFilter::after_prompt(prompt), tools, parallel_calls }
+    /// `tools`: the offered function names, `None` when calls are not looked for.
+    pub fn new(prompt: &str, tools: Option<Vec<String>>, parallel_calls: bool) -> Self {
+        Self { think: ThinkFilter::after_prompt(prompt), tools: tools.map(ToolCallSplitter::new), parallel_calls }
     }
 
     pub fn push(&mut self, text: &str) -> Delta {
@@ -105,7 +100,7 @@ mod tests {
 
     #[test]
     fn reasoning_text_and_calls_come_apart() {
-        let mut p = AnswerParser::new("<|im_start|>assistant\n<think>\n", Some(vec!["add".into()]), "", true);
+        let mut p = AnswerParser::new("<|im_start|>assistant\n<think>\n", Some(vec!["add".into()]), true);
         let (reasoning, content, calls) =
             run(&mut p, &["I should ", "add.</th", "ink>\n\nSure.\n<tool", "_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2}}\n</tool_call>"]);
         assert_eq!(reasoning, "I should add.");
@@ -114,14 +109,13 @@ mod tests {
     }
 
     #[test]
-    fn a_forced_call_is_completed_by_the_answer() {
-        let forced = "<tool_call>\n{\"name\": \"add\", \"arguments\": ";
-        let mut p = AnswerParser::new(&format!("prompt{forced}"), Some(vec!["add".into()]), forced, false);
-        let (reasoning, content, calls) = run(&mut p, &["{\"a\": 1}}\n</tool_call><tool_call>{\"name\": \"add\"}</tool_call>"]);
+    fn one_call_when_parallel_calls_are_off_and_none_without_tools() {
+        let mut p = AnswerParser::new("prompt", Some(vec!["add".into()]), false);
+        let (reasoning, content, calls) = run(&mut p, &["<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call><tool_call>{\"name\": \"add\"}</tool_call>"]);
         assert_eq!((reasoning.as_str(), content.as_str()), ("", ""));
         // parallel_tool_calls = false keeps the first.
         assert_eq!(calls, vec![ToolCall { name: "add".into(), arguments: "{\"a\":1}".into() }]);
-        let mut p = AnswerParser::new("prompt", None, "", true);
+        let mut p = AnswerParser::new("prompt", None, true);
         assert_eq!(run(&mut p, &["<tool_call>{\"name\": \"add\"}</tool_call>"]).1, "<tool_call>{\"name\": \"add\"}</tool_call>");
     }
 }

@@ -39,6 +39,9 @@ pub struct Ready {
     /// Taken at shutdown, once running requests are done: the worker then stops.
     pub jobs: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
     pub max_context: usize,
+    pub vocab_size: usize,
+    /// The ids that end an answer.
+    pub eos: Vec<u32>,
 }
 
 pub struct AppState {
@@ -146,8 +149,14 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
             read_kept_states(model, store, dir, &mut prefixes);
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        let max_context = model.info().max_context;
-        let _ = worker_state.ready.set(Ready { tokenizer: tokenizer.clone(), jobs: Mutex::new(Some(tx)), max_context });
+        let info = model.info();
+        let _ = worker_state.ready.set(Ready {
+            tokenizer: tokenizer.clone(),
+            jobs: Mutex::new(Some(tx)),
+            max_context: info.max_context,
+            vocab_size: info.vocab_size,
+            eos: info.eos_token_ids.clone(),
+        });
         // A shutdown that came while loading found no sender to take.
         if worker_state.draining.load(Ordering::SeqCst) {
             return;
@@ -412,17 +421,25 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
         let state = state.clone();
         tokio::task::spawn_blocking(move || {
             let ready = state.ready.get().expect("checked above");
-            openai::prepare_chat(&bytes, &state.model_id, &ready.tokenizer, ready.max_context, state.default_max_tokens)
+            let served = openai::Served {
+                model_id: &state.model_id,
+                tokenizer: &ready.tokenizer,
+                max_context: ready.max_context,
+                vocab_size: ready.vocab_size,
+                eos: &ready.eos,
+                default_max_tokens: state.default_max_tokens,
+            };
+            openai::prepare_chat(&bytes, &served)
         })
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", None, &format!("preparing the request failed: {e}")))??
     };
     let ready = state.ready.get().expect("checked above");
-    let openai::PreparedChat { request, prompt_text, forced, prompt, max_tokens, stop } = prepared;
+    let openai::PreparedChat { request, prompt_text, prompt, max_tokens, stop, constraint } = prepared;
     let tool_names = (!request.tools.is_empty()).then(|| request.tool_names.clone());
-    let parser = AnswerParser::new(&prompt_text, tool_names, &forced, request.parallel_tool_calls);
+    let parser = AnswerParser::new(&prompt_text, tool_names, request.parallel_tool_calls);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let job = Job { prompt, sampling: request.sampling.clone(), max_tokens, stop, events: tx };
+    let job = Job { prompt, sampling: request.sampling.clone(), constraint, max_tokens, stop, events: tx };
     ready
         .jobs
         .lock()

@@ -1,6 +1,7 @@
 //! The OpenAI chat-completions request, read field by field so that every wrong type or value is
 //! answered with a 4xx error naming the parameter, and the error type itself.
 
+use crate::engine::grammar::{Constraint, Grammar, Reasoning};
 use crate::engine::sampler::SamplingParams;
 use crate::engine::tokenizer::{Message, TextTokenizer};
 use axum::http::StatusCode;
@@ -61,6 +62,9 @@ pub struct ChatRequest {
     pub tool_names: Vec<String>,
     pub tool_choice: ToolChoice,
     pub parallel_tool_calls: bool,
+    /// `response_format`: the JSON Schema the answer must follow (`{"type": "object"}` for
+    /// `json_object`); `None` for free text.
+    pub response_format: Option<Value>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -71,18 +75,6 @@ pub enum ToolChoice {
     Required,
     /// The model must call this one.
     Function(String),
-}
-
-impl ToolChoice {
-    /// What the answer is started with to make the model call (appended to the prompt).
-    pub fn forced_prefix(&self) -> String {
-        use crate::engine::tools::CALL_OPEN;
-        match self {
-            ToolChoice::Auto => String::new(),
-            ToolChoice::Required => format!("{CALL_OPEN}\n{{\"name\": \""),
-            ToolChoice::Function(name) => format!("{CALL_OPEN}\n{{\"name\": {}, \"arguments\": ", Value::String(name.clone())),
-        }
-    }
 }
 
 /// The names of the functions in `tools`, each checked.
@@ -187,6 +179,7 @@ impl ChatRequest {
             return Err(ApiError::bad_request("tool_choice", "`tool_choice` asks for a tool call but no `tools` are given"));
         }
         let parallel_tool_calls = boolean(obj, "parallel_tool_calls")?.unwrap_or(true);
+        let response_format = response_format(obj.get("response_format"))?;
         let (tools, tool_names, tool_choice) = match tool_choice {
             Some(choice) => (tools, names, choice),
             None => (Vec::new(), Vec::new(), ToolChoice::Auto),
@@ -268,7 +261,46 @@ impl ChatRequest {
             tool_names,
             tool_choice,
             parallel_tool_calls,
+            response_format,
         })
+    }
+
+    /// What the answer is constrained to, if anything: the forced tool calls, the JSON format, or
+    /// (tools offered freely and a format asked for) either a call or the JSON.
+    pub fn grammar(&self) -> Option<Grammar> {
+        // A named function is one call to it, as OpenAI's API makes it.
+        let calls = |only: Option<&str>| crate::engine::tools::calls_grammar(&self.tools, only, self.parallel_tool_calls && only.is_none());
+        let json = self.response_format.as_ref().map(|schema| format!("json_answer: {}", crate::engine::grammar::lark_json(schema)));
+        match (&self.tool_choice, json) {
+            (ToolChoice::Required, _) if !self.tools.is_empty() => Some(Grammar::Answer(format!("answer: calls\n{}", calls(None)))),
+            (ToolChoice::Function(name), _) if !self.tools.is_empty() => Some(Grammar::Answer(format!("answer: calls\n{}", calls(Some(name))))),
+            (_, Some(json)) if !self.tools.is_empty() => Some(Grammar::Answer(format!("answer: calls | json_answer\n{json}\n{}", calls(None)))),
+            (_, Some(json)) => Some(Grammar::Answer(format!("answer: json_answer\n{json}"))),
+            _ => None,
+        }
+    }
+}
+
+/// `response_format` as the schema the answer must follow; unknown types are refused.
+fn response_format(value: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    let obj = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(wrong("response_format", "an object such as {\"type\": \"json_object\"}")),
+    };
+    match obj.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "object"}))),
+        Some("json_schema") => {
+            let spec = obj.get("json_schema").and_then(Value::as_object).ok_or_else(|| wrong("response_format.json_schema", "an object with `name` and `schema`"))?;
+            match spec.get("schema") {
+                Some(schema @ (Value::Object(_) | Value::Bool(true))) => Ok(Some(schema.clone())),
+                // OpenAI makes `schema` optional: then any JSON object.
+                None | Some(Value::Null) => Ok(Some(json!({"type": "object"}))),
+                Some(_) => Err(wrong("response_format.json_schema.schema", "a JSON Schema object")),
+            }
+        }
+        _ => Err(wrong("response_format.type", "\"text\", \"json_object\" or \"json_schema\"")),
     }
 }
 
@@ -351,35 +383,36 @@ fn parse_tool_calls(value: Option<&Value>, param: &str) -> Result<Option<Vec<Val
 /// length checked against the context.
 pub struct PreparedChat {
     pub request: ChatRequest,
-    /// The rendered prompt, ending with any forced start of a tool call.
     pub prompt_text: String,
-    /// What the prompt already started the answer with (a forced tool call).
-    pub forced: String,
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
-    /// The request's stop strings, plus the end of a call when one named call was asked for.
     pub stop: Vec<String>,
+    /// What the answer is held to (response_format, a forced tool call).
+    pub constraint: Option<Constraint>,
 }
 
-/// Parses `body`, renders and tokenizes the prompt, and checks that it and `max_tokens` fit in
-/// `max_context` (CPU work: the server runs it off the async threads).
-pub fn prepare_chat(
-    body: &[u8],
-    served_model: &str,
-    tokenizer: &TextTokenizer,
-    max_context: usize,
-    default_max_tokens: usize,
-) -> Result<PreparedChat, ApiError> {
-    let request = ChatRequest::parse(body, served_model)?;
-    let mut prompt_text = tokenizer
+/// What a request is checked against: the served model's tokenizer and shape.
+pub struct Served<'a> {
+    pub model_id: &'a str,
+    pub tokenizer: &'a TextTokenizer,
+    pub max_context: usize,
+    pub vocab_size: usize,
+    pub eos: &'a [u32],
+    pub default_max_tokens: usize,
+}
+
+/// Parses `body`, renders and tokenizes the prompt, checks that it and `max_tokens` fit in the
+/// context, and compiles the answer's grammar (CPU work: the server runs it off the async threads).
+pub fn prepare_chat(body: &[u8], served: &Served) -> Result<PreparedChat, ApiError> {
+    let tokenizer = served.tokenizer;
+    let request = ChatRequest::parse(body, served.model_id)?;
+    let prompt_text = tokenizer
         .apply_chat_template_with_tools(&request.messages, &request.tools, request.enable_thinking)
         .map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
-    // tool_choice required/named: the answer is started as a call, so the model has to make one.
-    let forced = if request.tools.is_empty() { String::new() } else { request.tool_choice.forced_prefix() };
-    prompt_text.push_str(&forced);
     let prompt = tokenizer.encode(&prompt_text).map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
+    let max_context = served.max_context;
     let room = max_context.saturating_sub(prompt.len());
-    let max_tokens = request.max_tokens.unwrap_or(default_max_tokens.min(room).max(1));
+    let max_tokens = request.max_tokens.unwrap_or(served.default_max_tokens.min(room).max(1));
     // Checked: max_tokens comes from the request and may be up to 2^64 - 1.
     if prompt.len().checked_add(max_tokens).is_none_or(|total| total > max_context) {
         return Err(ApiError::new(
@@ -393,12 +426,27 @@ pub fn prepare_chat(
             ),
         ));
     }
-    let mut stop = request.stop.clone();
-    if !request.tools.is_empty() && matches!(request.tool_choice, ToolChoice::Function(_)) {
-        // One named call is all that was asked for: end the answer when it is complete.
-        stop.push(crate::engine::tools::CALL_CLOSE.to_string());
-    }
-    Ok(PreparedChat { request, prompt_text, forced, prompt, max_tokens, stop })
+    let constraint = match request.grammar() {
+        None => None,
+        Some(grammar) => {
+            let compiler = tokenizer
+                .grammar_compiler(served.vocab_size, served.eos)
+                .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "grammar_unavailable", None, &e.to_string()))?;
+            // Each schema alone first, so a bad one is named with the engine's reason.
+            let schemas = request.response_format.iter().map(|s| ("response_format".to_string(), s)).chain(request.tools.iter().enumerate().filter_map(|(i, t)| {
+                Some((format!("tools[{i}].function.parameters"), t.get("function")?.get("parameters")?))
+            }));
+            for (param, schema) in schemas {
+                if let Err(e) = compiler.compile(&Grammar::JsonSchema(schema.clone()), Reasoning::Off) {
+                    return Err(ApiError::bad_request(&param, &format!("`{param}` cannot be enforced: {e}")));
+                }
+            }
+            let reasoning = Reasoning::after_prompt(&prompt_text, tokenizer.can_think() && request.enable_thinking);
+            Some(compiler.compile(&grammar, reasoning).map_err(|e| ApiError::bad_request("tools", &format!("the answer's grammar cannot be built: {e}")))?)
+        }
+    };
+    let stop = request.stop.clone();
+    Ok(PreparedChat { request, prompt_text, prompt, max_tokens, stop, constraint })
 }
 
 /// OpenAI's usage object; `cached` prompt tokens came from the prefix cache.

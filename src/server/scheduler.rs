@@ -10,6 +10,7 @@
 //! document prefill it once.
 
 use crate::engine::cache::ModelCache;
+use crate::engine::grammar::Constraint;
 use crate::engine::generate::{next_batch, Decoding, GenerateOptions, Step, StopReason};
 use crate::engine::model::LanguageModel;
 use crate::engine::prefix_cache::{PrefixCache, Trail};
@@ -23,6 +24,8 @@ use tokio::sync::mpsc::UnboundedSender;
 pub struct Job {
     pub prompt: Vec<u32>,
     pub sampling: SamplingParams,
+    /// What the answer is held to (response_format, a forced tool call).
+    pub constraint: Option<Constraint>,
     pub max_tokens: usize,
     /// Strings that end the answer (not included in it).
     pub stop: Vec<String>,
@@ -161,7 +164,7 @@ pub fn run(
 
 /// Checks a request's prompt, starting from the longest kept state it extends; `None` (after
 /// telling the client) when it cannot run.
-fn admit(model: &dyn LanguageModel, job: Job, prefill_step: usize, prefixes: &mut PrefixCache) -> Option<Active> {
+fn admit(model: &dyn LanguageModel, mut job: Job, prefill_step: usize, prefixes: &mut PrefixCache) -> Option<Active> {
     let opts = GenerateOptions { max_tokens: job.max_tokens, prefill_step, ..Default::default() };
     let started = prefixes.start(&job.prompt, model.new_cache()).and_then(|start| {
         let decoding = Decoding::begin(model, &start.cache, &job.prompt[start.tokens..], &opts)?;
@@ -169,7 +172,10 @@ fn admit(model: &dyn LanguageModel, job: Job, prefill_step: usize, prefixes: &mu
     });
     match started {
         Ok((start, decoding)) => Some(Active {
-            sampler: Sampler::new(job.sampling.clone()),
+            sampler: match job.constraint.take() {
+                Some(constraint) => Sampler::new(job.sampling.clone()).constrained(constraint),
+                None => Sampler::new(job.sampling.clone()),
+            },
             job,
             cache: start.cache,
             trail: start.trail,
