@@ -249,7 +249,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__bfcl)
-            opts="-m -h -V --model --device --dtype --prefill-step --mode --categories --limit --data --max-tokens --think --csv --samples --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --mode --categories --limit --data --max-tokens --think --csv --samples --constrain --tool-call-parser --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -300,6 +300,10 @@ _sala() {
                     return 0
                     ;;
                 --samples)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tool-call-parser)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -873,7 +877,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__run)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --max-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --raw --no-think --ignore-eos --input-ids --logits-out --json --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --max-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --raw --no-think --ignore-eos --input-ids --logits-out --json --json-schema --grammar --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -959,6 +963,14 @@ _sala() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --json-schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --grammar)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -967,7 +979,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__serve)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --prompt-cache-dir --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --prompt-cache-dir --tool-call-parser --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1034,6 +1046,10 @@ _sala() {
                     return 0
                     ;;
                 --prompt-cache-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tool-call-parser)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -63,6 +63,8 @@ complete -c sala -n "__fish_sala_using_subcommand run" -l prompt-cache -d 'Keep 
 complete -c sala -n "__fish_sala_using_subcommand run" -l system -d 'System prompt' -r
 complete -c sala -n "__fish_sala_using_subcommand run" -l input-ids -d 'Prompt token ids, comma-separated (bypasses tokenizer and template)' -r
 complete -c sala -n "__fish_sala_using_subcommand run" -l logits-out -d 'Write the logits every generated token was drawn from to this safetensors file (tensor `logits`, float32 [generated, vocab])' -r -F
+complete -c sala -n "__fish_sala_using_subcommand run" -l json-schema -d 'Answer with JSON valid under this JSON Schema (constrained decoding: the answer parses whatever the model prefers)' -r -F
+complete -c sala -n "__fish_sala_using_subcommand run" -l grammar -d 'Answer in this grammar, in llguidance\'s Lark syntax (`%json {…}` embeds a JSON Schema); the model is asked not to think, as the grammar applies from the first token' -r -F
 complete -c sala -n "__fish_sala_using_subcommand run" -l prompt-cache-ro -d 'Only read --prompt-cache, never write it'
 complete -c sala -n "__fish_sala_using_subcommand run" -l raw -d 'Send the prompt as-is, without the chat template'
 complete -c sala -n "__fish_sala_using_subcommand run" -l no-think -d 'Ask the model not to think, and hide any <think>…</think> from the output'
@@ -112,6 +114,7 @@ complete -c sala -n "__fish_sala_using_subcommand serve" -l timeout -d 'Seconds 
 complete -c sala -n "__fish_sala_using_subcommand serve" -l shutdown-timeout -d 'At SIGINT/SIGTERM, seconds running requests may take to finish before they are ended' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l cache-memory -d 'Memory for prompt states kept for reuse across requests, e.g. 8GB or 512MiB (0 = off; default: a quarter of the memory free once the model is loaded)' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l prompt-cache-dir -d 'Keep prompt states across restarts: those the prefix cache holds are saved in DIR at shutdown (one prompt cache file each) and read back at start, up to --cache-memory' -r -F
+complete -c sala -n "__fish_sala_using_subcommand serve" -l tool-call-parser -d 'The model\'s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family\'s)' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand serve" -s V -l version -d 'Print version'
 complete -c sala -n "__fish_sala_using_subcommand quantize" -s m -l model -d 'Source model: a directory, a .sala file or a .gguf file (never modified)' -r -F
@@ -220,7 +223,9 @@ complete -c sala -n "__fish_sala_using_subcommand bfcl" -l data -d 'BFCL\'s data
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l max-tokens -d 'Most tokens of a reply' -r
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l csv -d 'Write the leaderboard\'s data_non_live.csv (these models, ranked) here' -r -F
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l samples -d 'Append every reply with what it decoded to and its verdict to this JSONL file' -r -F
+complete -c sala -n "__fish_sala_using_subcommand bfcl" -l tool-call-parser -d 'The model\'s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family\'s)' -r
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l think -d 'Let thinking models think (give --max-tokens room for it)'
+complete -c sala -n "__fish_sala_using_subcommand bfcl" -l constrain -d 'FC mode: ask every entry twice, freely and with calls held to the tools\' grammar (a call, once opened, parses), and report both'
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -s V -l version -d 'Print version'
 complete -c sala -n "__fish_sala_using_subcommand doctor" -l json -d 'Print JSON ({"ok": bool, "checks": [{name, status, found, fix}]}) instead of lines'

@@ -340,7 +340,23 @@ fn fc_mode_on_golden_sala() {
         let want = if l["raw"] == "" { ("simple_function_checker:wrong_count", serde_json::json!([])) } else { ("ast_decoder:decoder_failed", Value::Null) };
         assert_eq!((l["mode"].as_str(), l["error_type"].as_str(), &l["decoded"]), (Some("fc"), Some(want.0), &want.1), "{l}");
     }
-    std::fs::remove_file(samples).unwrap();
+    std::fs::remove_file(&samples).unwrap();
+    // --constrain asks every entry twice, freely and with calls held to the grammar, in the model's
+    // own syntax (minicpm4_xml for SALA), and reports both.
+    let args = ["-m", sala.to_str().unwrap(), "--mode", "fc", "--constrain", "--limit", "2", "--categories", "simple_python", "--max-tokens", "12", "--samples", samples.to_str().unwrap()];
+    let (table, _) = sala_bfcl(&args);
+    assert!(table.contains("A_dense_f32-") && table.contains(" (fc mode, minicpm4_xml tool calls)") && table.contains(" +grammar (fc+grammar mode, minicpm4_xml tool calls)"), "{table}");
+    let lines = parse_lines(&std::fs::read_to_string(&samples).unwrap());
+    let modes: Vec<&str> = lines.iter().map(|l| l["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["fc", "fc", "fc+grammar", "fc+grammar"]);
+    for l in &lines[2..] {
+        // Under the grammar no call opens unless it is a complete one.
+        assert!(!l["raw"].as_str().unwrap().contains("<function") || l["error_type"] != "ast_decoder:decoder_failed", "{l}");
+    }
+    std::fs::remove_file(&samples).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sala")).args(["bfcl", "-m", sala.to_str().unwrap(), "--constrain"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--constrain") && err.contains("--mode fc"), "{err}");
     // An unknown category is named with the known ones.
     let out = Command::new(env!("CARGO_BIN_EXE_sala")).args(["bfcl", "-m", sala.to_str().unwrap(), "--categories", "live_simple"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

@@ -513,6 +513,7 @@ fn fuzz_chat_request() {
             vocab_size: tokenizer.vocab_size(),
             eos: &[2],
             default_max_tokens: 512,
+            tool_format: sala::engine::tools::ToolFormat::MiniCpmXml,
         };
         sala::server::openai::prepare_chat(bytes, &served).is_ok()
     });

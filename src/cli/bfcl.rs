@@ -3,6 +3,7 @@
 //! leaderboard row, `data_non_live.csv` and per-sample JSONL.
 
 use super::{bytes_progress, file_label, load, progress_bar, ModelArgs, RuntimeArgs};
+use crate::engine::tools::ToolFormat;
 use crate::eval::bfcl::harness::{run_entry, sample_json, Mode, Settings};
 use crate::eval::bfcl::score::{non_live_csv, percent_cell, summarize, CategoryScore, NonLiveSummary};
 use crate::eval::bfcl::{load as load_entries, Category};
@@ -13,7 +14,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 #[derive(Args)]
-#[command(after_help = "Examples:\n  sala bfcl -m model --limit 50\n  sala bfcl -m model --mode fc --categories simple_python,parallel --samples out.jsonl\n  sala bfcl -m a -m b --csv data_non_live.csv")]
+#[command(after_help = "Examples:\n  sala bfcl -m model --limit 50\n  sala bfcl -m model --mode fc --categories simple_python,parallel --samples out.jsonl\n  sala bfcl -m model --mode fc --constrain --limit 20\n  sala bfcl -m a -m b --csv data_non_live.csv")]
 pub struct BfclArgs {
     /// Model to evaluate; repeat to rank several
     #[arg(long = "model", short = 'm', required = true)]
@@ -47,6 +48,12 @@ pub struct BfclArgs {
     /// Append every reply with what it decoded to and its verdict to this JSONL file
     #[arg(long, value_name = "FILE")]
     pub samples: Option<PathBuf>,
+    /// FC mode: ask every entry twice, freely and with calls held to the tools' grammar (a call,
+    /// once opened, parses), and report both
+    #[arg(long)]
+    pub constrain: bool,
+    #[command(flatten)]
+    pub tool_calls: super::ToolCallArgs,
 }
 
 pub fn run(args: BfclArgs) -> anyhow::Result<()> {
@@ -81,41 +88,56 @@ pub fn run(args: BfclArgs) -> anyhow::Result<()> {
     };
     // Prompts are the docs plus the question: a few thousand tokens at most.
     let context = args.max_tokens + 4096;
-    let bar = progress_bar((args.models.len() * entries.len()) as u64, "bfcl {bar:40} {pos}/{len} entries, eta {eta} {msg}");
-    let settings = Settings { mode: args.mode, think: args.think, max_tokens: args.max_tokens, prefill_step: args.runtime.prefill_step.max(1) };
+    if args.constrain && args.mode != Mode::Fc {
+        bail!("--constrain holds tool calls to a grammar: it needs --mode fc");
+    }
+    let variants: &[bool] = if args.constrain { &[false, true] } else { &[false] };
+    let bar = progress_bar((args.models.len() * variants.len() * entries.len()) as u64, "bfcl {bar:40} {pos}/{len} entries, eta {eta} {msg}");
     let mut summaries: Vec<(String, NonLiveSummary)> = Vec::new();
     let stdout = &mut std::io::stdout().lock();
     for path in &args.models {
-        let name = file_label(path);
         let model_args = ModelArgs { model: Some(path.clone()), runtime: args.runtime, context_size: None, num_sink_tokens: None };
         let loaded = load(&model_args, context)?;
         let Some(tokenizer) = loaded.tokenizer.as_ref() else {
             bail!("{}: no tokenizer; BFCL asks questions in text", path.display());
         };
-        let mut scores: Vec<CategoryScore> = categories.iter().map(|&category| CategoryScore { category, correct: 0, total: 0 }).collect();
-        for entry in &entries {
-            let sample = run_entry(loaded.model.as_ref(), tokenizer, entry, &settings)?;
-            let score = scores.iter_mut().find(|s| s.category == entry.category).expect("a score per category");
-            score.total += 1;
-            score.correct += usize::from(sample.verdict.valid);
-            if let Some(file) = &mut samples_file {
-                writeln!(file, "{}", sample_json(&name, args.mode, &sample))?;
+        let tool_format = args.tool_calls.tool_call_parser.unwrap_or_else(|| ToolFormat::for_model(&loaded.model.info().model_type, tokenizer.chat_template()));
+        for &constrained in variants {
+            let name = if constrained { format!("{} +grammar", file_label(path)) } else { file_label(path) };
+            let mode = if constrained { "fc+grammar" } else { args.mode.name() };
+            let settings = Settings {
+                mode: args.mode,
+                tool_format,
+                constrained,
+                think: args.think,
+                max_tokens: args.max_tokens,
+                prefill_step: args.runtime.prefill_step.max(1),
+            };
+            let mut scores: Vec<CategoryScore> = categories.iter().map(|&category| CategoryScore { category, correct: 0, total: 0 }).collect();
+            for entry in &entries {
+                let sample = run_entry(loaded.model.as_ref(), tokenizer, entry, &settings)?;
+                let score = scores.iter_mut().find(|s| s.category == entry.category).expect("a score per category");
+                score.total += 1;
+                score.correct += usize::from(sample.verdict.valid);
+                if let Some(file) = &mut samples_file {
+                    writeln!(file, "{}", sample_json(&name, mode, &sample))?;
+                }
+                let (correct, total) = scores.iter().fold((0, 0), |(c, t), s| (c + s.correct, t + s.total));
+                bar.set_message(format!("{name}: {correct}/{total} correct"));
+                bar.inc(1);
             }
-            let (correct, total) = scores.iter().fold((0, 0), |(c, t), s| (c + s.correct, t + s.total));
-            bar.set_message(format!("{name}: {correct}/{total} correct"));
-            bar.inc(1);
+            let summary = summarize(&scores);
+            bar.suspend(|| -> anyhow::Result<()> {
+                let mut per_category = Report::new(&["category", "entries", "correct", "accuracy"]);
+                for s in &scores {
+                    per_category.push(vec![s.category.name().into(), s.total.to_string(), s.correct.to_string(), percent_cell(Some(s.accuracy()))]);
+                }
+                writeln!(stdout, "{name} ({mode} mode, {} tool calls)", tool_format.name())?;
+                print_report(stdout, &per_category)?;
+                Ok(())
+            })?;
+            summaries.push((name, summary));
         }
-        let summary = summarize(&scores);
-        bar.suspend(|| -> anyhow::Result<()> {
-            let mut per_category = Report::new(&["category", "entries", "correct", "accuracy"]);
-            for s in &scores {
-                per_category.push(vec![s.category.name().into(), s.total.to_string(), s.correct.to_string(), percent_cell(Some(s.accuracy()))]);
-            }
-            writeln!(stdout, "{name} ({} mode)", args.mode.name())?;
-            print_report(stdout, &per_category)?;
-            Ok(())
-        })?;
-        summaries.push((name, summary));
     }
     bar.finish_and_clear();
     // The leaderboard's columns, in its order and with its formula.

@@ -218,6 +218,19 @@ impl SamplingArgs {
     }
 }
 
+/// How tool calls are written (shared by `serve` and `bfcl`).
+#[derive(Args)]
+pub struct ToolCallArgs {
+    /// The model's tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what
+    /// its chat template writes, else its family's)
+    #[arg(long, value_name = "NAME", value_parser = parse_tool_format)]
+    pub tool_call_parser: Option<crate::engine::tools::ToolFormat>,
+}
+
+fn parse_tool_format(name: &str) -> Result<crate::engine::tools::ToolFormat, String> {
+    crate::engine::tools::ToolFormat::from_name(name).map_err(|e| e.to_string())
+}
+
 /// Self-speculative decoding flags (shared by `run` and `chat`).
 #[derive(Args)]
 pub struct DraftArgs {

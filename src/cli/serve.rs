@@ -37,6 +37,8 @@ pub struct ServeArgs {
     /// shutdown (one prompt cache file each) and read back at start, up to --cache-memory
     #[arg(long, value_name = "DIR")]
     pub prompt_cache_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub tool_calls: super::ToolCallArgs,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -50,6 +52,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
         cache_memory: args.cache_memory,
         prompt_cache_dir: args.prompt_cache_dir,
+        tool_format: args.tool_calls.tool_call_parser,
     };
     crate::server::serve(args.load, options)
 }

@@ -118,9 +118,11 @@ impl GrammarCompiler {
         }
         // Rows past the tokenizer's tokens are padding: no bytes, never allowed.
         words.resize(vocab_size, Vec::new());
-        let first_eos = *eos.first().ok_or_else(|| bad(&"the model names no end-of-sequence token"))?;
+        // An end token past the logits can never be drawn (small test models keep a big config).
+        let eos: Vec<u32> = eos.iter().copied().filter(|&id| (id as usize) < vocab_size).collect();
+        let first_eos = *eos.first().ok_or_else(|| bad(&"the model has no end-of-sequence token within its vocabulary"))?;
         let info = TokRxInfo::new(vocab_size as u32, first_eos);
-        let trie = contain("indexing the vocabulary", || Ok(TokTrie::from(&info, &words).with_eos_tokens(eos)))?;
+        let trie = contain("indexing the vocabulary", || Ok(TokTrie::from(&info, &words).with_eos_tokens(&eos)))?;
         let env: Arc<dyn TokenizerEnv + Sync> = Arc::new(ApproximateTokEnv::new(trie));
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| bad(&e))?;
         factory.quiet();
@@ -201,7 +203,14 @@ mod tests {
     /// A byte-level vocabulary of single characters plus a few words, as tokenizer.json.
     fn toy_tokenizer() -> Value {
         let mut vocab = serde_json::Map::new();
-        let pieces: Vec<String> = " {}\":,<>/abcdefghijklmnopqrstuvwxyz0123456789".chars().map(|c| if c == ' ' { "Ġ".to_string() } else { c.to_string() }).collect();
+        let pieces: Vec<String> = " \n{}\":,<>/_abcdefghijklmnopqrstuvwxyz0123456789"
+            .chars()
+            .map(|c| match c {
+                ' ' => "Ġ".to_string(),
+                '\n' => "Ċ".to_string(),
+                c => c.to_string(),
+            })
+            .collect();
         for (i, p) in pieces.iter().chain(["{\"", "\":", "Ġ\"", "true", "false"].map(String::from).iter()).enumerate() {
             vocab.insert(p.clone(), json!(i));
         }
@@ -220,7 +229,7 @@ mod tests {
     /// Greedily feeds `text` (longest known piece first), checking each token against the mask.
     fn feed(c: &mut Constraint, tokenizer: &Value, text: &str) -> std::result::Result<(), String> {
         let vocab = tokenizer["model"]["vocab"].as_object().unwrap();
-        let mut rest = text.replace(' ', "Ġ");
+        let mut rest = text.replace(' ', "Ġ").replace('\n', "Ċ");
         while !rest.is_empty() {
             let piece = vocab.keys().filter(|k| rest.starts_with(k.as_str())).max_by_key(|k| k.len()).ok_or("no piece")?.clone();
             let id = id_of(tokenizer, &piece);
@@ -275,6 +284,27 @@ mod tests {
         }
         let mut c = compiler.compile(&schema, Reasoning::May).unwrap();
         assert!(feed(&mut c, &tok, "hmm").is_err(), "free text only inside a think block");
+    }
+
+    #[test]
+    fn tool_calls_under_auto_parse_or_do_not_open() {
+        let tok = toy_tokenizer();
+        let eos = tok["added_tokens"][0]["id"].as_u64().unwrap() as u32;
+        let compiler = GrammarCompiler::new(&tok, eos as usize + 1, &[eos]).unwrap();
+        let tools = [json!({"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})];
+        let grammar = Grammar::Answer(crate::engine::tools::ToolFormat::Hermes.auto_grammar(&tools, true));
+        let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"x\"}}\n</tool_call>";
+        for answer in ["hi there, a < b", call, &format!("ok\n{call}\n{call}")] {
+            let mut c = compiler.compile(&grammar, Reasoning::Off).unwrap();
+            feed(&mut c, &tok, answer).unwrap();
+            assert!(c.is_complete(), "{answer}");
+        }
+        // Once a call opens it must be one: a wrong key, an unknown function, text after it.
+        for bad in ["ok <tool_call>\n{\"nam\": 1", "<tool_call>\n{\"name\": \"rm", &format!("{call} bye")] {
+            let mut c = compiler.compile(&grammar, Reasoning::Off).unwrap();
+            assert!(feed(&mut c, &tok, bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -37,7 +37,17 @@ pub struct TextTokenizer {
     chat_template: String,
     /// Built on the first constrained request: it indexes every token.
     grammar: std::sync::OnceLock<super::grammar::GrammarCompiler>,
+    /// Special tokens left out of decoded text (all but [`SHOWN_SPECIAL_TOKENS`]).
+    hidden: std::collections::HashSet<u32>,
 }
+
+/// Special tokens that stay in decoded text: they mark tool calls and reasoning, which the answer
+/// parsers read (`[TOOL_CALLS]` is a special token in Mistral's vocabulary, `<|python_tag|>` in
+/// Llama's, the call tags in some MiniCPM ones).
+pub const SHOWN_SPECIAL_TOKENS: &[&str] = &[
+    "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|python_tag|>", "<tool_call>", "</tool_call>", "<function", "</function>", "<param", "</param>",
+    "<tool_sep>", "<think>", "</think>",
+];
 
 /// The tokenizer's source texts, wherever they came from (a model directory, a `.sala` file's
 /// metadata, a GGUF file's vocabulary).
@@ -137,7 +147,13 @@ impl TextTokenizer {
                 .to_string(),
             _ => files.chat_template.clone().unwrap_or_else(|| CHATML_TEMPLATE.to_string()),
         };
-        Ok(Self { inner, bos, eos_token: token_text("eos_token"), add_bos, chat_template, grammar: std::sync::OnceLock::new() })
+        let hidden = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special && !SHOWN_SPECIAL_TOKENS.contains(&token.content.as_str()))
+            .map(|(id, _)| id)
+            .collect();
+        Ok(Self { inner, bos, eos_token: token_text("eos_token"), add_bos, chat_template, grammar: std::sync::OnceLock::new(), hidden })
     }
 
     /// Whether the chat template knows `<think>` blocks (a reasoning model).
@@ -177,24 +193,32 @@ impl TextTokenizer {
         contain("tokenizing", || Ok(self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?.get_ids().to_vec()))
     }
 
+    /// The text of `ids`, without special tokens other than [`SHOWN_SPECIAL_TOKENS`].
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        contain("detokenizing", || self.inner.decode(ids, true).map_err(|e| Error::Tokenizer(e.to_string())))
+        let shown: Vec<u32> = ids.iter().copied().filter(|id| !self.hidden.contains(id)).collect();
+        contain("detokenizing", || self.inner.decode(&shown, false).map_err(|e| Error::Tokenizer(e.to_string())))
     }
 
     /// Renders the chat prompt. `enable_thinking` is passed to templates that understand it.
     pub fn apply_chat_template(&self, messages: &[Message], enable_thinking: bool) -> Result<String> {
-        self.apply_chat_template_with_tools(messages, &[], enable_thinking)
+        self.apply_chat_template_with_tools(messages, &[], super::tools::ToolFormat::Hermes, enable_thinking)
+    }
+
+    /// The chat template (Jinja source).
+    pub fn chat_template(&self) -> &str {
+        &self.chat_template
     }
 
     /// Renders the chat prompt offering `tools` (OpenAI tool objects): through the template when it
-    /// handles tools, else written into the messages ([`super::tools::plain_template_messages`]).
-    pub fn apply_chat_template_with_tools(&self, messages: &[Message], tools: &[Value], enable_thinking: bool) -> Result<String> {
+    /// handles tools, else written into the messages in `format`
+    /// ([`super::tools::ToolFormat::plain_template_messages`]).
+    pub fn apply_chat_template_with_tools(&self, messages: &[Message], tools: &[Value], format: super::tools::ToolFormat, enable_thinking: bool) -> Result<String> {
         let template_knows_tools = self.chat_template.contains("tools");
         let rewritten;
         let messages = if template_knows_tools || (tools.is_empty() && messages.iter().all(|m| m.tool_calls.is_none() && m.role != "tool")) {
             messages
         } else {
-            rewritten = super::tools::plain_template_messages(messages, tools);
+            rewritten = format.plain_template_messages(messages, tools);
             &rewritten
         };
         let tools = (template_knows_tools && !tools.is_empty()).then_some(tools);
@@ -356,6 +380,22 @@ impl ThinkFilter {
 #[cfg(test)]
 mod tests {
     use super::{ThinkFilter, ThinkSplit};
+
+    #[test]
+    fn decoded_text_keeps_the_special_tokens_that_mark_calls() {
+        let json = serde_json::json!({
+            "version": "1.0",
+            "added_tokens": [
+                {"id": 2, "content": "[TOOL_CALLS]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+                {"id": 3, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+            ],
+            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"hi": 0, "x": 1, "[TOOL_CALLS]": 2, "</s>": 3}, "unk_token": "x"},
+        });
+        let files = super::TokenizerFiles { source: "toy".into(), tokenizer_json: json.to_string(), config: serde_json::Value::Null, chat_template: None };
+        let tok = super::TextTokenizer::new(&files, None).unwrap();
+        assert_eq!(tok.decode(&[0, 2, 1, 3]).unwrap(), "hi [TOOL_CALLS] x");
+    }
 
     fn run(pieces: &[&str], inside: bool) -> String {
         let mut f = ThinkFilter::new(inside);

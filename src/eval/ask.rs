@@ -81,9 +81,21 @@ pub fn ask_tokens(
     budget: &Budget,
     on_prefill: impl FnMut(usize, usize),
 ) -> Result<Answer> {
+    ask_drawing(model, tokenizer, prompt, ids, budget, Sampler::new(SamplingParams::default()), on_prefill)
+}
+
+/// [`ask_tokens`] drawing with `sampler` (greedy under a constraint, say).
+pub fn ask_drawing(
+    model: &dyn LanguageModel,
+    tokenizer: &TextTokenizer,
+    prompt: &str,
+    ids: &[u32],
+    budget: &Budget,
+    mut sampler: Sampler,
+    on_prefill: impl FnMut(usize, usize),
+) -> Result<Answer> {
     let opts = GenerateOptions { max_tokens: budget.max_tokens, prefill_step: budget.prefill_step, ..Default::default() };
     let mut cache = model.new_cache();
-    let mut sampler = Sampler::new(SamplingParams::default());
     let mut tokens = Vec::new();
     let mut looped = false;
     let generation = generate(model, &mut cache, ids, &mut sampler, &opts, on_prefill, |token| {

@@ -2,7 +2,7 @@
 //! the answer (`reasoning_content`), and tool calls apart from text (`tool_calls`).
 
 use crate::engine::tokenizer::ThinkFilter;
-use crate::engine::tools::{ToolCall, ToolCallSplitter};
+use crate::engine::tools::{ToolCall, ToolCallSplitter, ToolFormat};
 use serde_json::{json, Value};
 
 /// What a piece of the answer adds.
@@ -10,17 +10,23 @@ use serde_json::{json, Value};
 pub struct Delta {
     pub reasoning: String,
     pub content: String,
+    /// Calls completed by this piece.
+    pub calls: Vec<ToolCall>,
 }
 
 impl Delta {
-    /// The streaming `delta` objects for this piece (none when it adds nothing).
-    pub fn chunks(&self) -> Vec<Value> {
+    /// The streaming `delta` objects for this piece (none when it adds nothing); calls are
+    /// numbered from `first_call` on.
+    pub fn chunks(&self, first_call: usize) -> Vec<Value> {
         let mut out = Vec::new();
         if !self.reasoning.is_empty() {
             out.push(json!({"reasoning_content": self.reasoning}));
         }
         if !self.content.is_empty() {
             out.push(json!({"content": self.content}));
+        }
+        if !self.calls.is_empty() {
+            out.push(json!({"tool_calls": tool_calls_json(&self.calls, Some(first_call))}));
         }
         out
     }
@@ -30,42 +36,53 @@ pub struct AnswerParser {
     think: ThinkFilter,
     tools: Option<ToolCallSplitter>,
     parallel_calls: bool,
+    /// Calls handed out so far.
+    calls: usize,
 }
 
 impl AnswerParser {
     /// `prompt`: the rendered prompt (a trailing `<think>` means the answer starts reasoning);
-    /// `tools`: the offered function names, `None` when calls are not looked for.
-    pub fn new(prompt: &str, tools: Option<Vec<String>>, parallel_calls: bool) -> Self {
-        Self { think: ThinkFilter::after_prompt(prompt), tools: tools.map(ToolCallSplitter::new), parallel_calls }
+    /// `tools`: the syntax and offered tools, `None` when calls are not looked for.
+    pub fn new(prompt: &str, tools: Option<(ToolFormat, &[Value])>, parallel_calls: bool) -> Self {
+        let tools = tools.map(|(format, tools)| ToolCallSplitter::new(format, tools));
+        Self { think: ThinkFilter::after_prompt(prompt), tools, parallel_calls, calls: 0 }
+    }
+
+    /// Calls handed out before this piece.
+    pub fn calls_so_far(&self) -> usize {
+        self.calls
     }
 
     pub fn push(&mut self, text: &str) -> Delta {
         let split = self.think.split(text);
-        let content = match self.tools.as_mut() {
-            Some(t) => t.push(&split.answer),
-            None => split.answer,
-        };
-        Delta { reasoning: split.reasoning, content }
+        self.answer(split.reasoning, split.answer, false)
     }
 
-    /// The rest of the answer and the tool calls it made.
-    pub fn finish(&mut self) -> (Delta, Vec<ToolCall>) {
+    /// The rest of the answer.
+    pub fn finish(&mut self) -> Delta {
         let split = self.think.finish_split();
-        let Some(tools) = self.tools.as_mut() else {
-            return (Delta { reasoning: split.reasoning, content: split.answer }, Vec::new());
-        };
-        let mut content = tools.push(&split.answer);
-        let (rest, mut calls) = tools.finish();
-        content.push_str(&rest);
-        if !self.parallel_calls {
-            calls.truncate(1);
+        self.answer(split.reasoning, split.answer, true)
+    }
+
+    fn answer(&mut self, reasoning: String, answer: String, ended: bool) -> Delta {
+        let Some(tools) = self.tools.as_mut() else { return Delta { reasoning, content: answer, calls: Vec::new() } };
+        let (mut content, mut calls) = tools.push(&answer);
+        if ended {
+            let (rest, last) = tools.finish();
+            content.push_str(&rest);
+            calls.extend(last);
         }
-        (Delta { reasoning: split.reasoning, content }, calls)
+        if !self.parallel_calls {
+            // parallel_tool_calls = false: the first call only.
+            calls.truncate(usize::from(self.calls == 0));
+        }
+        self.calls += calls.len();
+        Delta { reasoning, content, calls }
     }
 }
 
-/// OpenAI `tool_calls` entries (with `index` for streaming chunks).
-pub fn tool_calls_json(calls: &[ToolCall], with_index: bool) -> Value {
+/// OpenAI `tool_calls` entries (with `index`, from `first_index` on, for streaming chunks).
+pub fn tool_calls_json(calls: &[ToolCall], first_index: Option<usize>) -> Value {
     calls
         .iter()
         .enumerate()
@@ -75,8 +92,8 @@ pub fn tool_calls_json(calls: &[ToolCall], with_index: bool) -> Value {
                 "type": "function",
                 "function": {"name": c.name, "arguments": c.arguments},
             });
-            if with_index {
-                v["index"] = json!(i);
+            if let Some(first) = first_index {
+                v["index"] = json!(first + i);
             }
             v
         })
@@ -88,19 +105,25 @@ mod tests {
     use super::*;
 
     fn run(parser: &mut AnswerParser, pieces: &[&str]) -> (String, String, Vec<ToolCall>) {
-        let (mut reasoning, mut content) = (String::new(), String::new());
-        for p in pieces {
-            let d = parser.push(p);
+        let (mut reasoning, mut content, mut calls) = (String::new(), String::new(), Vec::new());
+        let mut deltas: Vec<Delta> = pieces.iter().map(|p| parser.push(p)).collect();
+        deltas.push(parser.finish());
+        for d in deltas {
             reasoning.push_str(&d.reasoning);
             content.push_str(&d.content);
+            calls.extend(d.calls);
         }
-        let (d, calls) = parser.finish();
-        (reasoning + &d.reasoning, content + &d.content, calls)
+        (reasoning, content, calls)
+    }
+
+    fn add() -> Vec<Value> {
+        vec![json!({"type": "function", "function": {"name": "add"}})]
     }
 
     #[test]
     fn reasoning_text_and_calls_come_apart() {
-        let mut p = AnswerParser::new("<|im_start|>assistant\n<think>\n", Some(vec!["add".into()]), true);
+        let tools = add();
+        let mut p = AnswerParser::new("<|im_start|>assistant\n<think>\n", Some((ToolFormat::Hermes, &tools)), true);
         let (reasoning, content, calls) =
             run(&mut p, &["I should ", "add.</th", "ink>\n\nSure.\n<tool", "_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2}}\n</tool_call>"]);
         assert_eq!(reasoning, "I should add.");
@@ -110,12 +133,24 @@ mod tests {
 
     #[test]
     fn one_call_when_parallel_calls_are_off_and_none_without_tools() {
-        let mut p = AnswerParser::new("prompt", Some(vec!["add".into()]), false);
-        let (reasoning, content, calls) = run(&mut p, &["<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call><tool_call>{\"name\": \"add\"}</tool_call>"]);
+        let tools = add();
+        let mut p = AnswerParser::new("prompt", Some((ToolFormat::Hermes, &tools)), false);
+        let (reasoning, content, calls) = run(&mut p, &["<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>", "<tool_call>{\"name\": \"add\"}</tool_call>"]);
         assert_eq!((reasoning.as_str(), content.as_str()), ("", ""));
-        // parallel_tool_calls = false keeps the first.
         assert_eq!(calls, vec![ToolCall { name: "add".into(), arguments: "{\"a\":1}".into() }]);
         let mut p = AnswerParser::new("prompt", None, true);
         assert_eq!(run(&mut p, &["<tool_call>{\"name\": \"add\"}</tool_call>"]).1, "<tool_call>{\"name\": \"add\"}</tool_call>");
+    }
+
+    #[test]
+    fn streamed_calls_are_numbered_across_pieces() {
+        let tools = add();
+        let mut p = AnswerParser::new("prompt", Some((ToolFormat::Hermes, &tools)), true);
+        let first = p.push("<tool_call>\n{\"name\": \"add\", \"arguments\": {}}\n</tool_call>\n");
+        assert_eq!(first.chunks(0)[0]["tool_calls"][0]["index"], 0);
+        let at = p.calls_so_far();
+        let second = p.push("<tool_call>\n{\"name\": \"add\", \"arguments\": {\"b\": 1}}\n</tool_call>");
+        let chunk = &second.chunks(at)[0]["tool_calls"][0];
+        assert_eq!((chunk["index"].as_u64(), chunk["function"]["arguments"].as_str()), (Some(1), Some("{\"b\":1}")));
     }
 }

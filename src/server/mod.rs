@@ -11,6 +11,7 @@ pub mod scheduler;
 
 use crate::cli::{load, ModelArgs};
 use crate::engine::prefix_cache::PrefixCache;
+use crate::engine::tools::ToolFormat;
 use crate::engine::state_file::StateDir;
 use crate::engine::tokenizer::TextTokenizer;
 use axum::extract::State;
@@ -42,6 +43,7 @@ pub struct Ready {
     pub vocab_size: usize,
     /// The ids that end an answer.
     pub eos: Vec<u32>,
+    pub tool_format: ToolFormat,
 }
 
 pub struct AppState {
@@ -83,12 +85,14 @@ pub struct ServerOptions {
     pub cache_memory: Option<u64>,
     /// Where kept prompt states are saved at shutdown and read back at start.
     pub prompt_cache_dir: Option<std::path::PathBuf>,
+    /// The tool-call syntax, when not the model's own.
+    pub tool_format: Option<ToolFormat>,
 }
 
 /// Binds, starts loading the model on the worker thread, and serves until SIGINT or SIGTERM,
 /// then drains: no new requests, running ones finish (or are ended at `shutdown_timeout`).
 pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
-    let ServerOptions { host, port, api_key, default_max_tokens, parallel, read_timeout, shutdown_timeout, cache_memory, prompt_cache_dir } = options;
+    let ServerOptions { host, port, api_key, default_max_tokens, parallel, read_timeout, shutdown_timeout, cache_memory, prompt_cache_dir, tool_format } = options;
     let path = model.model_or_default()?;
     if let Some(dir) = &prompt_cache_dir {
         StateDir::check_writable(dir).map_err(|e| anyhow::anyhow!("--prompt-cache-dir {}: {e}; pass a folder this user can write", dir.display()))?;
@@ -156,12 +160,14 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
             max_context: info.max_context,
             vocab_size: info.vocab_size,
             eos: info.eos_token_ids.clone(),
+            tool_format: tool_format.unwrap_or_else(|| ToolFormat::for_model(&info.model_type, tokenizer.chat_template())),
         });
         // A shutdown that came while loading found no sender to take.
         if worker_state.draining.load(Ordering::SeqCst) {
             return;
         }
-        eprintln!("model ready: {} (prefix cache: up to {})", worker_state.model_id, crate::store::memory::human(cache_budget));
+        let format = worker_state.ready.get().map_or("", |r| r.tool_format.name());
+        eprintln!("model ready: {} (prefix cache: up to {}; tool calls: {format})", worker_state.model_id, crate::store::memory::human(cache_budget));
         let prefixes = scheduler::run(model, tokenizer, prefill_step, parallel, rx, worker_state.abort.clone(), prefixes);
         if let Some((dir, store)) = &store {
             write_kept_states(store, dir, &prefixes);
@@ -428,6 +434,7 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
                 vocab_size: ready.vocab_size,
                 eos: &ready.eos,
                 default_max_tokens: state.default_max_tokens,
+                tool_format: ready.tool_format,
             };
             openai::prepare_chat(&bytes, &served)
         })
@@ -436,8 +443,8 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
     };
     let ready = state.ready.get().expect("checked above");
     let openai::PreparedChat { request, prompt_text, prompt, max_tokens, stop, constraint } = prepared;
-    let tool_names = (!request.tools.is_empty()).then(|| request.tool_names.clone());
-    let parser = AnswerParser::new(&prompt_text, tool_names, request.parallel_tool_calls);
+    let tools = (!request.tools.is_empty()).then_some((request.tool_format, request.tools.as_slice()));
+    let parser = AnswerParser::new(&prompt_text, tools, request.parallel_tool_calls);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let job = Job { prompt, sampling: request.sampling.clone(), constraint, max_tokens, stop, events: tx };
     ready
@@ -457,20 +464,22 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
         return Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response());
     }
     let mut parser = parser;
-    let (mut reasoning, mut content) = (String::new(), String::new());
+    let (mut reasoning, mut content, mut calls) = (String::new(), String::new(), Vec::new());
     while let Some(event) = rx.recv().await {
         match event {
             Event::Text(t) => {
                 let d = parser.push(&t);
                 reasoning.push_str(&d.reasoning);
                 content.push_str(&d.content);
+                calls.extend(d.calls);
             }
             Event::Error(e) => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "generation_failed", None, &e)),
             Event::Shutdown => return Err(shutting_down()),
             Event::Done { finish_reason, prompt_tokens, completion_tokens, cached_tokens } => {
-                let (d, calls) = parser.finish();
+                let d = parser.finish();
                 reasoning.push_str(&d.reasoning);
                 content.push_str(&d.content);
+                calls.extend(d.calls);
                 let mut message = json!({"role": "assistant", "content": content});
                 if !reasoning.trim().is_empty() {
                     message["reasoning_content"] = json!(reasoning.trim());
@@ -481,7 +490,7 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
                     if content.is_empty() {
                         message["content"] = serde_json::Value::Null;
                     }
-                    message["tool_calls"] = answer::tool_calls_json(&calls, false);
+                    message["tool_calls"] = answer::tool_calls_json(&calls, None);
                     "tool_calls"
                 };
                 return Ok(Json(json!({
@@ -519,7 +528,10 @@ fn async_stream(
         }
         while let Some(event) = rx.recv().await {
             let more = match event {
-                Event::Text(t) => parser.push(&t).chunks().into_iter().all(|delta| send(chunk(delta, None))),
+                Event::Text(t) => {
+                    let first = parser.calls_so_far();
+                    parser.push(&t).chunks(first).into_iter().all(|delta| send(chunk(delta, None)))
+                }
                 Event::Error(e) => {
                     send(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "generation_failed", None, &e).to_json());
                     false
@@ -529,16 +541,11 @@ fn async_stream(
                     false
                 }
                 Event::Done { finish_reason, prompt_tokens, completion_tokens, cached_tokens } => {
-                    let (rest, calls) = parser.finish();
-                    for delta in rest.chunks() {
+                    let first = parser.calls_so_far();
+                    for delta in parser.finish().chunks(first) {
                         send(chunk(delta, None));
                     }
-                    let finish_reason = if calls.is_empty() {
-                        finish_reason
-                    } else {
-                        send(chunk(json!({"tool_calls": answer::tool_calls_json(&calls, true)}), None));
-                        "tool_calls"
-                    };
+                    let finish_reason = if parser.calls_so_far() == 0 { finish_reason } else { "tool_calls" };
                     send(chunk(json!({}), Some(finish_reason)));
                     if include_usage {
                         let mut last = chunk(json!({}), None);

@@ -2,6 +2,7 @@
 //! answered with a 4xx error naming the parameter, and the error type itself.
 
 use crate::engine::grammar::{Constraint, Grammar, Reasoning};
+use crate::engine::tools::ToolFormat;
 use crate::engine::sampler::SamplingParams;
 use crate::engine::tokenizer::{Message, TextTokenizer};
 use axum::http::StatusCode;
@@ -62,6 +63,8 @@ pub struct ChatRequest {
     pub tool_names: Vec<String>,
     pub tool_choice: ToolChoice,
     pub parallel_tool_calls: bool,
+    /// The served model's call syntax.
+    pub tool_format: ToolFormat,
     /// `response_format`: the JSON Schema the answer must follow (`{"type": "object"}` for
     /// `json_object`); `None` for free text.
     pub response_format: Option<Value>,
@@ -135,7 +138,7 @@ fn boolean(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError
 }
 
 impl ChatRequest {
-    pub fn parse(body: &[u8], served_model: &str) -> Result<Self, ApiError> {
+    pub fn parse(body: &[u8], served_model: &str, tool_format: ToolFormat) -> Result<Self, ApiError> {
         let value: Value = serde_json::from_slice(body)
             .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_json", None, &format!("the body is not valid JSON: {e}")))?;
         let obj = value.as_object().ok_or_else(|| ApiError::bad_request("body", "the body must be a JSON object"))?;
@@ -261,21 +264,24 @@ impl ChatRequest {
             tool_names,
             tool_choice,
             parallel_tool_calls,
+            tool_format,
             response_format,
         })
     }
 
-    /// What the answer is constrained to, if anything: the forced tool calls, the JSON format, or
-    /// (tools offered freely and a format asked for) either a call or the JSON.
+    /// What the answer is constrained to, if anything: the forced tool calls; the JSON format;
+    /// with tools offered freely, text or well-formed calls (or the JSON, when a format is asked).
     pub fn grammar(&self) -> Option<Grammar> {
         // A named function is one call to it, as OpenAI's API makes it.
-        let calls = |only: Option<&str>| crate::engine::tools::calls_grammar(&self.tools, only, self.parallel_tool_calls && only.is_none());
+        let calls = |only: Option<&str>| self.tool_format.calls_grammar(&self.tools, only, self.parallel_tool_calls && only.is_none());
         let json = self.response_format.as_ref().map(|schema| format!("json_answer: {}", crate::engine::grammar::lark_json(schema)));
         match (&self.tool_choice, json) {
             (ToolChoice::Required, _) if !self.tools.is_empty() => Some(Grammar::Answer(format!("answer: calls\n{}", calls(None)))),
             (ToolChoice::Function(name), _) if !self.tools.is_empty() => Some(Grammar::Answer(format!("answer: calls\n{}", calls(Some(name))))),
             (_, Some(json)) if !self.tools.is_empty() => Some(Grammar::Answer(format!("answer: calls | json_answer\n{json}\n{}", calls(None)))),
             (_, Some(json)) => Some(Grammar::Answer(format!("answer: json_answer\n{json}"))),
+            // Free to answer or call: text, but whatever opens a call is a well-formed one.
+            (_, None) if !self.tools.is_empty() => Some(Grammar::Answer(self.tool_format.auto_grammar(&self.tools, self.parallel_tool_calls))),
             _ => None,
         }
     }
@@ -399,15 +405,17 @@ pub struct Served<'a> {
     pub vocab_size: usize,
     pub eos: &'a [u32],
     pub default_max_tokens: usize,
+    /// How the model writes tool calls.
+    pub tool_format: ToolFormat,
 }
 
 /// Parses `body`, renders and tokenizes the prompt, checks that it and `max_tokens` fit in the
 /// context, and compiles the answer's grammar (CPU work: the server runs it off the async threads).
 pub fn prepare_chat(body: &[u8], served: &Served) -> Result<PreparedChat, ApiError> {
     let tokenizer = served.tokenizer;
-    let request = ChatRequest::parse(body, served.model_id)?;
+    let request = ChatRequest::parse(body, served.model_id, served.tool_format)?;
     let prompt_text = tokenizer
-        .apply_chat_template_with_tools(&request.messages, &request.tools, request.enable_thinking)
+        .apply_chat_template_with_tools(&request.messages, &request.tools, request.tool_format, request.enable_thinking)
         .map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
     let prompt = tokenizer.encode(&prompt_text).map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
     let max_context = served.max_context;

@@ -1,8 +1,9 @@
 //! Asking a model BFCL's questions. Prompt mode: BFCL's default system prompt with the function
 //! docs, and the reply decoded as `[func(a=1), ...]` (Python syntax for every language, as BFCL
-//! asks). FC mode: the docs as OpenAI tools through the chat template (or the Hermes tools block
-//! for templates without tools, as `sala serve` does), the reply's `<tool_call>` blocks parsed as
-//! the server parses them, names with dots written with `_` (BFCL's `underscore_to_dot`).
+//! asks). FC mode: the docs as OpenAI tools through the chat template (or the model's own tools
+//! block for templates without tools, as `sala serve` does), the reply's calls parsed in the
+//! model's syntax as the server parses them, names with dots written with `_` (BFCL's
+//! `underscore_to_dot`); optionally with the calls held to the tools' grammar.
 
 use super::checker::{evaluate, Verdict};
 use super::data::{Category, Entry};
@@ -11,8 +12,10 @@ use super::prompt;
 use crate::engine::error::Result;
 use crate::engine::model::LanguageModel;
 use crate::engine::tokenizer::{Message, TextTokenizer};
-use crate::engine::tools::ToolCallSplitter;
-use crate::eval::ask::{ask_tokens, Budget};
+use crate::engine::grammar::{Grammar, Reasoning};
+use crate::engine::sampler::{Sampler, SamplingParams};
+use crate::engine::tools::{ToolCallSplitter, ToolFormat};
+use crate::eval::ask::{ask_drawing, Budget};
 use serde_json::{json, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -34,6 +37,10 @@ impl Mode {
 
 pub struct Settings {
     pub mode: Mode,
+    /// FC mode: how the model writes calls.
+    pub tool_format: ToolFormat,
+    /// FC mode: calls constrained by the tools' grammar (a call, when made, parses).
+    pub constrained: bool,
     pub think: bool,
     pub max_tokens: usize,
     pub prefill_step: usize,
@@ -58,24 +65,31 @@ fn engine_messages(messages: &[super::data::Message]) -> Vec<Message> {
 /// Asks `entry` and checks the reply.
 pub fn run_entry(model: &dyn LanguageModel, tokenizer: &TextTokenizer, entry: &Entry, settings: &Settings) -> Result<Sample> {
     let hinted = prompt::hinted_functions(&entry.functions, entry.category);
-    let (prompt_text, tool_names) = match settings.mode {
+    let (prompt_text, tools) = match settings.mode {
         Mode::Prompt => (tokenizer.apply_chat_template(&engine_messages(&prompt::messages(entry)), settings.think)?, Vec::new()),
         Mode::Fc => {
             let tools = prompt::tools(&hinted);
-            let names = tools.iter().filter_map(|t| t["function"]["name"].as_str().map(str::to_string)).collect();
-            (tokenizer.apply_chat_template_with_tools(&engine_messages(&entry.question), &tools, settings.think)?, names)
+            (tokenizer.apply_chat_template_with_tools(&engine_messages(&entry.question), &tools, settings.tool_format, settings.think)?, tools)
         }
     };
     let ids = tokenizer.encode(&prompt_text)?;
     let budget = Budget { max_tokens: settings.max_tokens, prefill_step: settings.prefill_step };
-    let answer = ask_tokens(model, tokenizer, &prompt_text, &ids, &budget, |_, _| {})?;
+    let mut sampler = Sampler::new(SamplingParams::default());
+    if settings.constrained && settings.mode == Mode::Fc {
+        let info = model.info();
+        let grammar = Grammar::Answer(settings.tool_format.auto_grammar(&tools, true));
+        let reasoning = Reasoning::after_prompt(&prompt_text, tokenizer.can_think() && settings.think);
+        sampler = sampler.constrained(tokenizer.grammar_compiler(info.vocab_size, &info.eos_token_ids)?.compile(&grammar, reasoning)?);
+    }
+    let answer = ask_drawing(model, tokenizer, &prompt_text, &ids, &budget, sampler, |_, _| {})?;
     let decoded = match settings.mode {
         // BFCL decodes irrelevance replies as Python whatever the language.
         Mode::Prompt => decode_prompt(&answer.text, if entry.category == Category::Irrelevance { super::data::Language::Python } else { entry.category.language() }),
         Mode::Fc => {
-            let mut splitter = ToolCallSplitter::new(tool_names);
-            let shown = splitter.push(&answer.text);
-            let (rest, calls) = splitter.finish();
+            let mut splitter = ToolCallSplitter::new(settings.tool_format, &tools);
+            let (shown, mut calls) = splitter.push(&answer.text);
+            let (rest, last) = splitter.finish();
+            calls.extend(last);
             if calls.is_empty() {
                 decode_fc_text(&(shown + &rest))
             } else {
@@ -96,10 +110,10 @@ pub fn run_entry(model: &dyn LanguageModel, tokenizer: &TextTokenizer, entry: &E
 }
 
 /// A per-sample JSONL record: the raw reply, what it decoded to, and the verdict.
-pub fn sample_json(model: &str, mode: Mode, s: &Sample) -> Value {
+pub fn sample_json(model: &str, mode: &str, s: &Sample) -> Value {
     json!({
         "model": model,
-        "mode": mode.name(),
+        "mode": mode,
         "id": s.entry_id,
         "category": s.category.name(),
         "valid": s.verdict.valid,
