@@ -127,7 +127,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__bench)
-            opts="-m -p -n -d -r -o -h -V --model --synthetic --bits --n-prompt --n-gen --n-depth --n-seq --draft-layers --num-draft --repetitions --output --output-file --suite --cache-dir --cache-memory --max-tokens --no-think --limit --samples --device --dtype --prefill-step --help --version"
+            opts="-m -p -n -d -r -o -h -V --model --synthetic --bits --n-prompt --n-gen --n-depth --n-seq --draft-layers --num-draft --repetitions --output --output-file --suite --cache-dir --cache-memory --tokenizer --max-tokens --no-think --limit --samples --device --dtype --prefill-step --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -206,7 +206,7 @@ _sala() {
                     return 0
                     ;;
                 --suite)
-                    COMPREPLY=($(compgen -W "speed prefix-cache quality" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "speed prefix-cache grammar quality" -- "${cur}"))
                     return 0
                     ;;
                 --cache-dir)
@@ -214,6 +214,10 @@ _sala() {
                     return 0
                     ;;
                 --cache-memory)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tokenizer)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -163,11 +163,13 @@ csv\t''
 json\t''
 jsonl\t''"
 complete -c sala -n "__fish_sala_using_subcommand bench" -l output-file -d 'Append the results to this file (in the --output format) and print the table' -r -F
-complete -c sala -n "__fish_sala_using_subcommand bench" -l suite -d 'What to measure: `speed` (the test matrix above), `prefix-cache` (time to first token of a -p-token follow-up after a -d-token prefix: cold, kept in memory, read from a prompt cache file) or `quality` (math and reasoning questions from eval/quality.jsonl, greedy, answered / correct / think loops per category)' -r -f -a "speed\t''
+complete -c sala -n "__fish_sala_using_subcommand bench" -l suite -d 'What to measure: `speed` (the test matrix above), `prefix-cache` (time to first token of a -p-token follow-up after a -d-token prefix: cold, kept in memory, read from a prompt cache file), `grammar` (-n tokens for each --n-seq, drawn on the host free and under a JSON grammar: what the token masks cost) or `quality` (math and reasoning questions from eval/quality.jsonl, greedy, answered / correct / think loops per category)' -r -f -a "speed\t''
 prefix-cache\t''
+grammar\t''
 quality\t''"
 complete -c sala -n "__fish_sala_using_subcommand bench" -l cache-dir -d 'Prefix-cache suite: the folder the prompt cache file is written to (removed afterwards; it needs room for one prefix\'s state)' -r -F
 complete -c sala -n "__fish_sala_using_subcommand bench" -l cache-memory -d 'Prefix-cache suite: bytes the in-memory prefix cache may keep (as `sala serve`; default: a quarter of the memory free once the model is loaded)' -r
+complete -c sala -n "__fish_sala_using_subcommand bench" -l tokenizer -d 'Grammar suite: the tokenizer (a folder with tokenizer.json) for a --synthetic model, which has none' -r -F
 complete -c sala -n "__fish_sala_using_subcommand bench" -l max-tokens -d 'Quality suite: most tokens per answer; an answer still thinking here is a think loop' -r
 complete -c sala -n "__fish_sala_using_subcommand bench" -l limit -d 'Quality suite: only the first N questions of each category' -r
 complete -c sala -n "__fish_sala_using_subcommand bench" -l samples -d 'Quality suite: append every answer with its verdict to this JSONL file' -r -F

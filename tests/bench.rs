@@ -216,6 +216,23 @@ fn quality_suite_counts_think_loops() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// The grammar suite: host-drawn decoding free and under the JSON grammar, one and two sequences,
+/// with the time relative to the free decoding in the table.
+#[test]
+fn grammar_suite_times_decoding_with_and_without_masks() {
+    let smol = common::smollm2_gguf();
+    let out = ok(&bench(&["--suite", "grammar", "-m", path(&smol), "-n", "6", "--n-seq", "1,2", "-r", "1", "-o", "jsonl"]));
+    let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let got: Vec<(u64, u64, bool)> = rows.iter().map(|r| (r["n_gen"].as_u64().unwrap(), r["n_seq"].as_u64().unwrap(), r["grammar"].as_bool().unwrap())).collect();
+    assert_eq!(got, [(6, 1, false), (6, 1, true), (6, 2, false), (6, 2, true)], "{out}");
+    let table = ok(&bench(&["--suite", "grammar", "-m", path(&smol), "-n", "4", "-r", "1"]));
+    assert!(table.contains("time vs host") && table.contains("tg4 host") && table.contains("tg4 grammar"), "{table}");
+    // A synthetic model has no tokenizer to compile the grammar with unless given one.
+    let out = bench(&["--suite", "grammar", "--synthetic", "qwen3-8b", "--bits", "4", "-n", "4"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--tokenizer DIR"), "{stderr}");
+}
+
 #[test]
 fn batched_and_speculative_generation_tests() {
     let sala = common::golden("C_sparse_prefill");

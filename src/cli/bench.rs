@@ -10,13 +10,15 @@ use crate::eval::quality;
 use crate::eval::synthetic::SyntheticModel;
 use crate::models;
 use crate::store::memory;
+use crate::engine::tokenizer::TextTokenizer;
+use anyhow::Context;
 use mlx_rs::Dtype;
 use clap::Args;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 #[derive(Args)]
-#[command(after_help = "Examples:\n  sala bench -m model.gguf\n  sala bench --synthetic minicpm-sala-9b --synthetic qwen3-8b --bits 8 -p 1024 -n 128 -d 0,32768\n  sala bench -m sala-8bit -m qwen3-8b-8bit -p 512,4096 -n 128 -d 0,32768 -r 3\n  sala bench -m model -o csv --output-file results.csv      # appends\n  sala bench -m model -p 0 -n 128 --n-seq 1,8                # batched decode\n  sala bench -m model -p 0 -n 128 --draft-layers 0,8 --num-draft 4   # speculative vs plain")]
+#[command(after_help = "Examples:\n  sala bench -m model.gguf\n  sala bench --synthetic minicpm-sala-9b --synthetic qwen3-8b --bits 8 -p 1024 -n 128 -d 0,32768\n  sala bench -m sala-8bit -m qwen3-8b-8bit -p 512,4096 -n 128 -d 0,32768 -r 3\n  sala bench -m model -o csv --output-file results.csv      # appends\n  sala bench -m model -p 0 -n 128 --n-seq 1,8                # batched decode\n  sala bench -m model -p 0 -n 128 --draft-layers 0,8 --num-draft 4   # speculative vs plain\n  sala bench -m model --suite grammar -n 128 --n-seq 1,8    # token-mask cost")]
 pub struct BenchArgs {
     /// Model to measure; repeat to compare several side by side
     #[arg(long = "model", short = 'm', required_unless_present = "synthetic")]
@@ -59,8 +61,9 @@ pub struct BenchArgs {
     pub output_file: Option<PathBuf>,
     /// What to measure: `speed` (the test matrix above), `prefix-cache` (time to first token of a
     /// -p-token follow-up after a -d-token prefix: cold, kept in memory, read from a prompt cache
-    /// file) or `quality` (math and reasoning questions from eval/quality.jsonl, greedy, answered
-    /// / correct / think loops per category)
+    /// file), `grammar` (-n tokens for each --n-seq, drawn on the host free and under a JSON
+    /// grammar: what the token masks cost) or `quality` (math and reasoning questions from
+    /// eval/quality.jsonl, greedy, answered / correct / think loops per category)
     #[arg(long, value_enum, default_value = "speed")]
     pub suite: Suite,
     /// Prefix-cache suite: the folder the prompt cache file is written to (removed afterwards;
@@ -71,6 +74,10 @@ pub struct BenchArgs {
     /// quarter of the memory free once the model is loaded)
     #[arg(long, value_name = "SIZE", value_parser = super::parse_byte_size)]
     pub cache_memory: Option<u64>,
+    /// Grammar suite: the tokenizer (a folder with tokenizer.json) for a --synthetic model, which
+    /// has none
+    #[arg(long, value_name = "DIR")]
+    pub tokenizer: Option<PathBuf>,
     /// Quality suite: most tokens per answer; an answer still thinking here is a think loop
     #[arg(long, default_value_t = 4096)]
     pub max_tokens: usize,
@@ -92,6 +99,7 @@ pub struct BenchArgs {
 pub enum Suite {
     Speed,
     PrefixCache,
+    Grammar,
     Quality,
 }
 
@@ -139,6 +147,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         draft_layers: args.draft_layers.clone(),
         num_draft: args.num_draft,
         follow_ups: args.suite == Suite::PrefixCache,
+        grammar: args.suite == Suite::Grammar,
     };
     let follow_ups = plan.follow_ups;
     let tests = plan.tests();
@@ -147,6 +156,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if tests.is_empty() {
         anyhow::bail!("nothing to measure: give -p and/or -n a length above 0");
+    }
+    if plan.grammar && !args.synthetic.is_empty() && args.tokenizer.is_none() {
+        anyhow::bail!("the grammar suite compiles its grammar against a vocabulary, and a --synthetic model has no tokenizer; pass --tokenizer DIR");
     }
     let cache_dir = args.cache_dir.clone().unwrap_or_else(std::env::temp_dir);
     if follow_ups && !cache_dir.is_dir() {
@@ -186,6 +198,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             },
             dtype: dtype_name(info.dtype).unwrap_or("?").to_ascii_lowercase(),
         };
+        let grammar = match (plan.grammar, &loaded.tokenizer, &args.tokenizer) {
+            (false, _, _) => None,
+            (true, _, Some(dir)) => {
+                let tokenizer = TextTokenizer::from_dir(dir, info.bos_token_id)?
+                    .with_context(|| format!("--tokenizer {}: no tokenizer.json there", dir.display()))?;
+                Some(tokenizer.grammar_compiler(info.vocab_size, &info.eos_token_ids)?)
+            }
+            (true, Some(tokenizer), None) => Some(tokenizer.grammar_compiler(info.vocab_size, &info.eos_token_ids)?),
+            (true, None, None) => anyhow::bail!("{}: no tokenizer to compile the grammar suite's grammar with; pass --tokenizer DIR", meta.model_filename),
+        };
         let keep = FollowUpPlan {
             fingerprint: &loaded.fingerprint,
             dir: &cache_dir,
@@ -195,7 +217,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             bar.set_message(format!("{} {:?} @ d{depth}", meta.model_filename, test));
             match test {
                 Test::FollowUp(prompt, _) => rows.extend(run_follow_up(loaded.model.as_ref(), &meta, &plan, &keep, depth, prompt, || bar.inc(1))?),
-                _ => rows.push(run_test(loaded.model.as_ref(), &meta, &plan, test, depth, || bar.inc(1))?),
+                _ => rows.push(run_test(loaded.model.as_ref(), &meta, &plan, test, depth, grammar.as_ref(), || bar.inc(1))?),
             }
         }
     }

@@ -7,6 +7,10 @@
 //! aggregate tokens/s) and as real greedy generation, plain or self-speculative (`tg128 greedy`,
 //! `tg128 draft 8/4`), where every token is read back and checked for a stop as `sala run` does.
 //!
+//! The grammar suite measures what constrained decoding costs: sequences decoded together as the
+//! server does it, greedy on the host, free (`tg128 host x8`) and under a JSON grammar
+//! (`tg128 grammar x8`).
+//!
 //! The prefix-cache suite measures what a long document asked many questions costs: the time to
 //! first token of a short follow-up after a `depth`-token prefix (`ttft64 @ d131072`), with the
 //! prefix's state prefilled on the spot (cold), kept in memory by a [`PrefixCache`] (warm), and
@@ -14,7 +18,8 @@
 
 use crate::engine::error::{Error, Result};
 use crate::engine::cache::ModelCache;
-use crate::engine::generate::{decode_pipelined, extend, generate, Decoding, Draft, Flow, GenerateOptions};
+use crate::engine::generate::{decode_pipelined, extend, generate, next_batch, Decoding, Draft, Flow, GenerateOptions, Step};
+use crate::engine::grammar::{Grammar, GrammarCompiler, Reasoning};
 use crate::engine::prefix_cache::{PrefixCache, Start, Trail};
 use crate::engine::state_file::{self, Fingerprint, StateFile};
 use crate::engine::sampler::{Sampler, SamplingParams};
@@ -67,12 +72,16 @@ pub enum Decode {
     /// plain greedy picks tokens on the device and runs one step ahead), self-speculative with
     /// a draft of `draft_layers` layers guessing `num_draft` tokens ahead when `draft_layers` > 0.
     Greedy { draft_layers: usize, num_draft: usize },
+    /// `seqs` sequences decoded together as `sala serve` does (logits read back, drawn on the
+    /// host, greedy), each held to [`bench_grammar`] when `constrained`: the cost of the token
+    /// masks is the difference between the two.
+    Sampled { seqs: usize, constrained: bool },
 }
 
 impl Decode {
     fn seqs(self) -> usize {
         match self {
-            Decode::Pipelined { seqs } => seqs,
+            Decode::Pipelined { seqs } | Decode::Sampled { seqs, .. } => seqs,
             Decode::Greedy { .. } => 1,
         }
     }
@@ -93,6 +102,9 @@ pub struct BenchPlan {
     /// The prefix-cache suite: a follow-up of each prompt length after each depth above 0, each
     /// run cold, warm and from disk (instead of the pp/tg matrix).
     pub follow_ups: bool,
+    /// The grammar suite: each generation length and sequence count decoded on the host, free and
+    /// under a grammar (instead of the pp/tg matrix).
+    pub grammar: bool,
 }
 
 impl BenchPlan {
@@ -102,6 +114,12 @@ impl BenchPlan {
             let prompts = self.prompts.iter().filter(|&&p| p > 0);
             let depths = || self.depths.iter().filter(|&&d| d > 0);
             return prompts.flat_map(|&p| depths().map(move |&d| (Test::FollowUp(p, Prefix::Cold), d))).collect();
+        }
+        if self.grammar {
+            let decodes: Vec<Decode> = self.seqs.iter().flat_map(|&seqs| [false, true].map(|constrained| Decode::Sampled { seqs, constrained })).collect();
+            let generations = self.generations.iter().filter(|&&n| n > 0);
+            let tests: Vec<Test> = generations.flat_map(|&n| decodes.iter().map(move |&d| Test::Generate(n, d))).collect();
+            return tests.into_iter().flat_map(|t| self.depths.iter().map(move |&d| (t, d))).collect();
         }
         let decodes: Vec<Decode> = self
             .seqs
@@ -219,7 +237,15 @@ impl BenchRow {
         }
     }
 
-    /// `pp512`, `tg128 @ d4096`, `tg128 x8`, `tg128 greedy`, `tg128 draft 8/4`.
+    /// Grammar-suite tests: whether the decoding was held to the grammar.
+    pub fn grammar(&self) -> Option<bool> {
+        match self.test {
+            Test::Generate(_, Decode::Sampled { constrained, .. }) => Some(constrained),
+            _ => None,
+        }
+    }
+
+    /// `pp512`, `tg128 @ d4096`, `tg128 x8`, `tg128 greedy`, `tg128 draft 8/4`, `tg128 grammar x8`.
     pub fn name(&self) -> String {
         let base = match self.test {
             Test::Prompt(p) => format!("pp{p}"),
@@ -227,6 +253,9 @@ impl BenchRow {
             Test::Generate(n, Decode::Pipelined { seqs }) => format!("tg{n} x{seqs}"),
             Test::Generate(n, Decode::Greedy { draft_layers: 0, .. }) => format!("tg{n} greedy"),
             Test::Generate(n, Decode::Greedy { draft_layers, num_draft }) => format!("tg{n} draft {draft_layers}/{num_draft}"),
+            Test::Generate(n, Decode::Sampled { seqs, constrained }) => {
+                format!("tg{n} {}{}", if constrained { "grammar" } else { "host" }, if seqs > 1 { format!(" x{seqs}") } else { String::new() })
+            }
             Test::FollowUp(p, _) => format!("ttft{p}"),
         };
         let base = if self.depth > 0 { format!("{base} @ d{}", self.depth) } else { base };
@@ -277,12 +306,14 @@ pub fn stddev(xs: &[f64]) -> f64 {
 }
 
 /// Runs one test: a warm-up, then `plan.repetitions` timed runs. `on_run` is called after each run.
+/// `grammar`: what the grammar suite's constrained tests compile [`bench_grammar`] with.
 pub fn run_test(
     model: &dyn LanguageModel,
     meta: &ModelMeta,
     plan: &BenchPlan,
     test: Test,
     depth: usize,
+    grammar: Option<&GrammarCompiler>,
     mut on_run: impl FnMut(),
 ) -> Result<BenchRow> {
     let info = model.info();
@@ -319,6 +350,14 @@ pub fn run_test(
                     (drafted, accepted) = (drafted + d, accepted + a);
                 }
             }
+            Test::Generate(n, Decode::Sampled { seqs, constrained }) => {
+                let grammar = match (constrained, grammar) {
+                    (false, _) => None,
+                    (true, Some(g)) => Some(g),
+                    (true, None) => return Err(Error::Usage("the grammar suite needs a tokenizer to compile its grammar with".into())),
+                };
+                decode_sampled(model, &mut caches, &tokens[..seqs], n, grammar)?;
+            }
             Test::FollowUp(..) => return Err(Error::Usage("internal: a follow-up test runs through run_follow_up".into())),
         }
         let elapsed = start.elapsed().as_nanos() as u64;
@@ -331,6 +370,43 @@ pub fn run_test(
     }
     let acceptance = (drafted > 0).then(|| accepted as f64 / drafted as f64);
     Ok(BenchRow { model: meta.clone(), test, depth, n_batch: plan.prefill_step, samples_ns, peak_mem, acceptance, reuse: None })
+}
+
+/// What the grammar suite's constrained tests generate: JSON objects (strings, integers, lists),
+/// one after another without end, so every step has a real mask to compute.
+pub fn bench_grammar() -> Grammar {
+    let item = serde_json::json!({"type": "object", "properties": {"name": {"type": "string"}, "count": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["name", "count", "tags"]});
+    Grammar::Lark(format!("start: item (\", \" item)*\nitem: {}\n", crate::engine::grammar::lark_json(&item)))
+}
+
+/// `n` tokens after each of `firsts` (one sequence each, decoded together), drawn greedily on the
+/// host, under [`bench_grammar`] when `grammar` is given.
+fn decode_sampled(model: &dyn LanguageModel, caches: &mut [ModelCache], firsts: &[u32], n: usize, grammar: Option<&GrammarCompiler>) -> Result<()> {
+    let opts = GenerateOptions { max_tokens: n, ignore_eos: true, ..Default::default() };
+    let mut decodings = Vec::with_capacity(firsts.len());
+    let mut samplers = Vec::with_capacity(firsts.len());
+    for (cache, &first) in caches.iter_mut().zip(firsts) {
+        let mut decoding = Decoding::begin(model, cache, &[first], &opts)?;
+        decoding.prefill_step(model, cache)?;
+        decodings.push(decoding);
+        let sampler = Sampler::new(SamplingParams::default());
+        samplers.push(match grammar {
+            Some(g) => sampler.constrained(g.compile(&bench_grammar(), Reasoning::Off)?),
+            None => sampler,
+        });
+    }
+    while decodings.iter().any(|d| !d.is_done()) {
+        let mut steps: Vec<Step> = decodings
+            .iter_mut()
+            .zip(caches.iter_mut())
+            .zip(samplers.iter_mut())
+            .filter(|((d, _), _)| !d.is_done())
+            .map(|((decoding, cache), sampler)| Step { decoding, cache, sampler })
+            .collect();
+        next_batch(model, &mut steps)?;
+    }
+    Ok(())
 }
 
 /// Greedy generation of `n` tokens after `first` (its forward call included), self-speculative

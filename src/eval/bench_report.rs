@@ -14,7 +14,7 @@ use std::path::Path;
 pub const FIELDS: &[&str] = &[
     "model_filename", "model_type", "model_size", "n_params", "backend", "dtype", "n_batch", "n_prompt", "n_gen", "n_depth",
     "n_seq", "draft_layers", "n_draft", "acceptance", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts", "peak_mem",
-    "prefix", "n_cached", "prefix_bytes", "prefix_mem",
+    "prefix", "n_cached", "prefix_bytes", "prefix_mem", "grammar",
 ];
 
 /// One row as `FIELDS` → value.
@@ -27,7 +27,7 @@ pub fn record(row: &BenchRow, test_time: &str) -> Vec<(&'static str, Value)> {
         json!(row.avg_ns().round() as u64), json!(row.stddev_ns().round() as u64), json!(row.avg_ts()), json!(row.stddev_ts()),
         json!(row.samples_ns), json!(row.samples_ts()), json!(row.peak_mem),
         json!(row.prefix().map(|p| p.name())), json!(row.reuse.map(|r| r.cached_tokens)), json!(row.reuse.map(|r| r.kept_bytes)),
-        json!(row.reuse.and_then(|r| r.measured_bytes)),
+        json!(row.reuse.and_then(|r| r.measured_bytes)), json!(row.grammar()),
     ];
     FIELDS.iter().copied().zip(values).collect()
 }
@@ -49,13 +49,25 @@ pub fn table(rows: &[BenchRow]) -> Report {
         return follow_up_table(rows);
     }
     let speculative = rows.iter().any(|r| r.acceptance.is_some());
+    let constrained = rows.iter().any(|r| r.grammar() == Some(true));
     let mut headers = vec!["model", "size", "params", "backend", "dtype", "test", "t/s", "peak mem"];
     if speculative {
         headers.push("accepted");
     }
+    if constrained {
+        headers.push("time vs host");
+    }
     let mut report = Report::new(&headers);
     for r in rows {
         let accepted = r.acceptance.map_or_else(String::new, |a| format!("{:.0}%", a * 100.0));
+        // Grammar rows: how much longer each step took than the same decoding without masks.
+        let free = rows.iter().find(|f| {
+            f.grammar() == Some(false) && f.model.model_filename == r.model.model_filename && f.n_gen() == r.n_gen() && f.n_seq() == r.n_seq() && f.depth == r.depth
+        });
+        let vs_host = match (r.grammar(), free) {
+            (Some(true), Some(f)) => format!("{:+.1}%", (r.avg_ns() / f.avg_ns() - 1.0) * 100.0),
+            _ => String::new(),
+        };
         report.push([vec![
             r.model.model_filename.clone(),
             human(r.model.model_size),
@@ -65,7 +77,7 @@ pub fn table(rows: &[BenchRow]) -> Report {
             r.name(),
             format!("{:.2} ± {:.2}", r.avg_ts(), r.stddev_ts()),
             human(r.peak_mem),
-        ], if speculative { vec![accepted] } else { vec![] }]
+        ], if speculative { vec![accepted] } else { vec![] }, if constrained { vec![vs_host] } else { vec![] }]
         .concat());
     }
     report

@@ -197,12 +197,20 @@ pub fn byte_tokenizer() -> serde_json::Value {
 pub fn golden_with_tokenizer(case: &str, label: &str, eos: Option<u32>) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sala-{label}-{case}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(golden(case).join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    // Tests of one binary share the folder: each file is written aside and renamed into place, so
+    // a server loading it while another test writes it again reads a whole file (an in-place copy
+    // truncated it under the reader: "failed to fill whole buffer").
+    let put = |name: &str, bytes: &[u8]| {
+        let aside = dir.join(format!("{name}.{:?}.part", std::thread::current().id()));
+        std::fs::write(&aside, bytes).unwrap();
+        std::fs::rename(&aside, dir.join(name)).unwrap();
+    };
+    put("model.safetensors", &std::fs::read(golden(case).join("model.safetensors")).unwrap());
     let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(golden(case).join("config.json")).unwrap()).unwrap();
     if let Some(eos) = eos {
         config["eos_token_id"] = serde_json::json!([eos]);
     }
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), byte_tokenizer().to_string()).unwrap();
+    put("config.json", config.to_string().as_bytes());
+    put("tokenizer.json", byte_tokenizer().to_string().as_bytes());
     dir
 }

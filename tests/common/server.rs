@@ -84,6 +84,9 @@ impl Server {
                 Some(s) => seen.push(s),
                 None => {}
             }
+            if seen.last() == Some(&500) {
+                self.fail("failed to load (/health answered 500)");
+            }
             if let Ok(Some(status)) = self.child.try_wait() {
                 self.fail(&format!("exited ({status}) before /health answered {ready_status}"));
             }
