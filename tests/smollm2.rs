@@ -95,3 +95,47 @@ fn sala_run_answers_the_capital_of_france() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(String::from_utf8_lossy(&output.stdout), "The capital of France is Paris.\n");
 }
+
+/// `sala run --json-schema` and `--grammar`: the answer follows them, which unconstrained it does
+/// not; files that are not a schema or do not compile are refused by name.
+#[test]
+fn sala_run_holds_the_answer_to_a_schema_or_grammar() {
+    let dir = std::env::temp_dir().join(format!("sala-run-grammar-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |extra: &[&str], prompt: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sala"))
+            .args(["run", "--temperature", "0", "--max-tokens", "40", "--model"])
+            .arg(common::smollm2_gguf())
+            .args(extra)
+            .arg(prompt)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).trim().to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let schema = dir.join("person.json");
+    std::fs::write(&schema, r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+        "required": ["name", "age"], "additionalProperties": false}"#).unwrap();
+    let prompt = "Describe Ann, aged 31, as JSON.";
+    let (ok, free, _) = run(&[], prompt);
+    assert!(ok && serde_json::from_str::<Value>(&free).ok().filter(|v| v["age"].is_u64() && v.as_object().unwrap().len() == 2).is_none(), "{free}");
+    let (ok, answer, stderr) = run(&["--json-schema", schema.to_str().unwrap()], prompt);
+    let person: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer} {stderr}"));
+    assert!(ok && person["name"].is_string() && person["age"].as_u64().is_some_and(|a| a <= 150) && person.as_object().unwrap().len() == 2, "{answer}");
+    let grammar = dir.join("answer.lark");
+    std::fs::write(&grammar, "start: \"yes\" | \"no\"\n").unwrap();
+    let (ok, answer, stderr) = run(&["--grammar", grammar.to_str().unwrap()], "Is Paris in France?");
+    assert!(ok && (answer == "yes" || answer == "no"), "{answer} {stderr}");
+    // Refusals name the flag, the file and the problem.
+    std::fs::write(&grammar, "start: \"yes\" | nope\n").unwrap();
+    let (ok, _, stderr) = run(&["--grammar", grammar.to_str().unwrap()], "?");
+    assert!(!ok && stderr.contains("--grammar") && stderr.contains("unknown name: \"nope\""), "{stderr}");
+    std::fs::write(&schema, "{not json").unwrap();
+    let (ok, _, stderr) = run(&["--json-schema", schema.to_str().unwrap()], "?");
+    assert!(!ok && stderr.contains("--json-schema") && stderr.contains("not valid JSON"), "{stderr}");
+    std::fs::write(&schema, r#"{"type": "frobnicate"}"#).unwrap();
+    let (ok, _, stderr) = run(&["--json-schema", schema.to_str().unwrap()], "?");
+    assert!(!ok && stderr.contains("frobnicate"), "{stderr}");
+    let (ok, _, stderr) = run(&["--json-schema", schema.to_str().unwrap(), "--grammar", grammar.to_str().unwrap()], "?");
+    assert!(!ok && stderr.contains("cannot be used with"), "{stderr}");
+    let _ = std::fs::remove_dir_all(dir);
+}
