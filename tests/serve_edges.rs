@@ -380,3 +380,37 @@ fn a_prompt_cache_dir_that_cannot_be_written_is_refused_before_loading() {
     }
     let _ = std::fs::remove_file(file);
 }
+
+/// A MiniCPM-SALA model (random weights) calls in its own syntax when it must: under the
+/// minicpm4_xml grammar every answer is a `<function>` call the parser reads back, arguments typed
+/// by the schema, whole or streamed.
+#[test]
+fn sala_required_calls_come_back_from_its_xml_syntax() {
+    // The config's own end token (the shared fixture's lies past the vocabulary: it never ends).
+    let sala = common::golden_with_tokenizer("A_dense_f32", "serve-xml", None);
+    let mut server = Server::start(&sala, &["--device", "cpu"], 200);
+    let tools = json!([{"type": "function", "function": {"name": "forecast", "parameters": {"type": "object",
+        "properties": {"unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["unit", "days"]}}}]);
+    let valid = |call: &Value| {
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap_or("")).unwrap_or(Value::Null);
+        call["function"]["name"] == "forecast"
+            && ["celsius", "fahrenheit"].contains(&args["unit"].as_str().unwrap_or(""))
+            && args["days"].as_u64().is_some_and(|d| (1..=7).contains(&d))
+    };
+    for seed in 0..3 {
+        let body = json!({"messages": [{"role": "user", "content": "weather?"}], "tools": tools, "tool_choice": "required",
+                          "parallel_tool_calls": false, "temperature": 1.0, "seed": seed, "max_tokens": 300});
+        let r = post(server.port, &body.to_string());
+        let v = r.json();
+        assert!(r.status == 200 && v["choices"][0]["finish_reason"] == "tool_calls" && valid(&v["choices"][0]["message"]["tool_calls"][0]), "{}", r.body);
+    }
+    let body = json!({"messages": [{"role": "user", "content": "weather?"}], "tools": tools, "tool_choice": "required",
+                      "parallel_tool_calls": false, "temperature": 0, "max_tokens": 300, "stream": true});
+    let r = post(server.port, &body.to_string());
+    let calls: Vec<Value> = r.body.lines().filter_map(|l| l.strip_prefix("data: ")).filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .flat_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default()).collect();
+    assert!(calls.len() == 1 && valid(&calls[0]), "{}", r.body);
+    server.terminate();
+    assert!(server.stderr().contains("tool calls: minicpm4_xml"));
+}
