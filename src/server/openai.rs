@@ -59,8 +59,6 @@ pub struct ChatRequest {
     pub enable_thinking: bool,
     /// The offered functions (OpenAI tool objects); empty with `tool_choice: "none"`.
     pub tools: Vec<Value>,
-    /// The functions' names, in the order of `tools`.
-    pub tool_names: Vec<String>,
     pub tool_choice: ToolChoice,
     pub parallel_tool_calls: bool,
     /// The served model's call syntax.
@@ -183,9 +181,9 @@ impl ChatRequest {
         }
         let parallel_tool_calls = boolean(obj, "parallel_tool_calls")?.unwrap_or(true);
         let response_format = response_format(obj.get("response_format"))?;
-        let (tools, tool_names, tool_choice) = match tool_choice {
-            Some(choice) => (tools, names, choice),
-            None => (Vec::new(), Vec::new(), ToolChoice::Auto),
+        let (tools, tool_choice) = match tool_choice {
+            Some(choice) => (tools, choice),
+            None => (Vec::new(), ToolChoice::Auto),
         };
         if let Some(n) = integer(obj, "n", 1)? {
             if n != 1 {
@@ -261,7 +259,6 @@ impl ChatRequest {
             include_usage,
             enable_thinking,
             tools,
-            tool_names,
             tool_choice,
             parallel_tool_calls,
             tool_format,
