@@ -7,8 +7,8 @@
 //! </tool_call>
 //! ```
 
-use super::{call_from_json, tools_block, CallSyntax, Function, Opener, Read, ToolCall, Tools};
-use serde_json::{json, Value};
+use super::{call_from_json, json_call_rules, json_call_text, tools_block, CallSyntax, Function, Opener, Read, ToolCall, Tools};
+use serde_json::Value;
 
 const CALL_OPEN: &str = "<tool_call>";
 const CALL_CLOSE: &str = "</tool_call>";
@@ -43,28 +43,16 @@ impl CallSyntax for Hermes {
     }
 
     fn render_call(&self, name: &str, arguments: &Value) -> String {
-        // Name first, as the model was shown.
-        format!("{CALL_OPEN}\n{{\"name\": {}, \"arguments\": {arguments}}}\n{CALL_CLOSE}", Value::String(name.to_string()))
+        format!("{CALL_OPEN}\n{}\n{CALL_CLOSE}", json_call_text(name, "arguments", arguments))
     }
 
     fn grammar(&self, functions: &[&Function], parallel: bool) -> String {
-        let mut rules = String::new();
-        let mut names = Vec::new();
-        for (i, f) in functions.iter().enumerate() {
-            let call = json!({
-                "type": "object",
-                "properties": {"name": {"const": f.name}, "arguments": f.parameters},
-                "required": ["name", "arguments"],
-                "additionalProperties": false,
-            });
-            rules.push_str(&format!("call_{i}: {}\n", crate::engine::grammar::lark_json(&call)));
-            names.push(format!("call_{i}"));
-        }
+        let (rules, calls) = json_call_rules(functions, "arguments");
         let more = if parallel { " (\"\\n\" call)*" } else { "" };
         format!(
             "calls: \"{CALL_OPEN}\" calls_opened\ncalls_opened: call_body{more}\ncall: \"{CALL_OPEN}\" call_body\n\
              call_body: \"\\n\" ({}) \"\\n{CALL_CLOSE}\"\n{rules}",
-            names.join(" | ")
+            calls
         )
     }
 }

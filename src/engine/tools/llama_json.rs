@@ -1,8 +1,8 @@
 //! Llama 3.1 and later: a call is a JSON object `{"name": "f", "parameters": {…}}`, at the start
 //! of the answer or after `<|python_tag|>`; several are joined by `; `.
 
-use super::{call_from_json, leading_json, tools_block, CallSyntax, Function, Opener, Read, Tools};
-use serde_json::{json, Value};
+use super::{call_from_json, json_call_rules, json_call_text, leading_json, tools_block, CallSyntax, Function, Opener, Read, Tools};
+use serde_json::Value;
 
 const PYTHON_TAG: &str = "<|python_tag|>";
 
@@ -39,7 +39,7 @@ impl CallSyntax for Llama3Json {
     }
 
     fn render_call(&self, name: &str, arguments: &Value) -> String {
-        format!("{{\"name\": {}, \"parameters\": {arguments}}}", Value::String(name.to_string()))
+        json_call_text(name, "parameters", arguments)
     }
 
     fn join_calls(&self, calls: &[String]) -> String {
@@ -47,20 +47,9 @@ impl CallSyntax for Llama3Json {
     }
 
     fn grammar(&self, functions: &[&Function], parallel: bool) -> String {
-        let mut rules = String::new();
-        let mut names = Vec::new();
-        for (i, f) in functions.iter().enumerate() {
-            let call = json!({
-                "type": "object",
-                "properties": {"name": {"const": f.name}, "parameters": f.parameters},
-                "required": ["name", "parameters"],
-                "additionalProperties": false,
-            });
-            rules.push_str(&format!("call_{i}: {}\n", crate::engine::grammar::lark_json(&call)));
-            names.push(format!("call_{i}"));
-        }
+        let (rules, calls) = json_call_rules(functions, "parameters");
         let more = if parallel { " (\"; \" call)*" } else { "" };
-        format!("calls: call{more}\ncall: {}\n{rules}", names.join(" | "))
+        format!("calls: call{more}\ncall: {}\n{rules}", calls)
     }
 }
 

@@ -2,7 +2,7 @@
 //! before v11), or `[TOOL_CALLS]name[ARGS]{…}` once per call (v11 on, with `[CALL_ID]id` before
 //! `[ARGS]` in v11 only).
 
-use super::{call_from_json, leading_json, tools_block, CallSyntax, Function, Opener, Read, ToolCall, Tools};
+use super::{call_from_json, json_call_rules, json_call_text, leading_json, tools_block, CallSyntax, Function, Opener, Read, ToolCall, Tools};
 use serde_json::{json, Value};
 
 const TOOL_CALLS: &str = "[TOOL_CALLS]";
@@ -63,7 +63,7 @@ impl CallSyntax for Mistral {
     }
 
     fn render_call(&self, name: &str, arguments: &Value) -> String {
-        format!("{{\"name\": {}, \"arguments\": {arguments}}}", Value::String(name.to_string()))
+        json_call_text(name, "arguments", arguments)
     }
 
     fn join_calls(&self, calls: &[String]) -> String {
@@ -71,20 +71,9 @@ impl CallSyntax for Mistral {
     }
 
     fn grammar(&self, functions: &[&Function], parallel: bool) -> String {
-        let mut rules = String::new();
-        let mut names = Vec::new();
-        for (i, f) in functions.iter().enumerate() {
-            let call = json!({
-                "type": "object",
-                "properties": {"name": {"const": f.name}, "arguments": f.parameters},
-                "required": ["name", "arguments"],
-                "additionalProperties": false,
-            });
-            rules.push_str(&format!("call_{i}: {}\n", crate::engine::grammar::lark_json(&call)));
-            names.push(format!("call_{i}"));
-        }
+        let (rules, calls) = json_call_rules(functions, "arguments");
         let more = if parallel { " (\", \" call)*" } else { "" };
-        format!("calls: \"{TOOL_CALLS}\" calls_opened\ncalls_opened: \" [\" call{more} \"]\"\ncall: {}\n{rules}", names.join(" | "))
+        format!("calls: \"{TOOL_CALLS}\" calls_opened\ncalls_opened: \" [\" call{more} \"]\"\ncall: {}\n{rules}", calls)
     }
 }
 

@@ -402,6 +402,29 @@ pub fn call_from_json(value: &Value, tools: &Tools) -> Option<ToolCall> {
     Some(ToolCall { name: name.to_string(), arguments })
 }
 
+/// A call as the JSON-object syntaxes write it: `{"name": "f", "<arguments>": {…}}`, name first.
+fn json_call_text(name: &str, arguments_key: &str, arguments: &Value) -> String {
+    format!("{{\"name\": {}, \"{arguments_key}\": {arguments}}}", Value::String(name.to_string()))
+}
+
+/// Lark rules `call_0`, `call_1`, … for those syntaxes, one per function (the object with its
+/// name and arguments valid under its schema), and the alternatives naming them.
+fn json_call_rules(functions: &[&Function], arguments_key: &str) -> (String, String) {
+    let mut rules = String::new();
+    let mut names = Vec::new();
+    for (i, f) in functions.iter().enumerate() {
+        let call = json!({
+            "type": "object",
+            "properties": {"name": {"const": f.name}, arguments_key: f.parameters},
+            "required": ["name", arguments_key],
+            "additionalProperties": false,
+        });
+        rules.push_str(&format!("call_{i}: {}\n", super::grammar::lark_json(&call)));
+        names.push(format!("call_{i}"));
+    }
+    (rules, names.join(" | "))
+}
+
 /// The first JSON value in `text`: `Ok((value, bytes))`, `Err(true)` when `text` ends inside
 /// it, `Err(false)` when it is not JSON.
 pub fn leading_json(text: &str) -> std::result::Result<(Value, usize), bool> {
