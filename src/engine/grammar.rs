@@ -197,7 +197,7 @@ impl Constraint {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A byte-level vocabulary of single characters plus a few words, as tokenizer.json.
@@ -227,7 +227,7 @@ mod tests {
     }
 
     /// Greedily feeds `text` (longest known piece first), checking each token against the mask.
-    fn feed(c: &mut Constraint, tokenizer: &Value, text: &str) -> std::result::Result<(), String> {
+    pub(crate) fn feed(c: &mut Constraint, tokenizer: &Value, text: &str) -> std::result::Result<(), String> {
         let vocab = tokenizer["model"]["vocab"].as_object().unwrap();
         let mut rest = text.replace(' ', "Ġ").replace('\n', "Ċ");
         while !rest.is_empty() {

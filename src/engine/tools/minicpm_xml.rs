@@ -291,6 +291,7 @@ mod tests {
     use super::super::tests::{split, split_anywhere, weather_tools};
     use super::super::{CallSyntax, Read, ToolCall, ToolCallSplitter, ToolFormat, Tools};
     use super::MiniCpmXml;
+    use crate::engine::grammar::tests::feed;
     use crate::engine::grammar::{Constraint, Grammar, GrammarCompiler, Reasoning};
     use serde_json::{json, Value};
 
@@ -444,22 +445,6 @@ mod tests {
         let compiler = GrammarCompiler::new(&tok, eos as usize + 1, &[eos]).unwrap();
         let rules = XML.calls_grammar(tools, only, parallel);
         (compiler.compile(&Grammar::Lark(format!("start: calls\n{rules}")), Reasoning::Off).unwrap(), tok)
-    }
-
-    /// Greedily feeds `text` (longest piece first), checking each token against the mask.
-    fn feed(c: &mut Constraint, tokenizer: &Value, text: &str) -> Result<(), String> {
-        let vocab = tokenizer["model"]["vocab"].as_object().unwrap();
-        let mut rest = text.replace(' ', "Ġ").replace('\n', "Ċ");
-        while !rest.is_empty() {
-            let piece = vocab.keys().filter(|k| rest.starts_with(k.as_str())).max_by_key(|k| k.len()).ok_or("no piece")?.clone();
-            let id = vocab[&piece].as_u64().unwrap() as u32;
-            if !c.mask().map_err(|e| e.to_string())?.allows(id) {
-                return Err(format!("`{piece}` refused before {rest:?}"));
-            }
-            c.commit(id).map_err(|e| e.to_string())?;
-            rest = rest[piece.len()..].to_string();
-        }
-        Ok(())
     }
 
     #[test]
