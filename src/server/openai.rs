@@ -437,17 +437,22 @@ pub fn prepare_chat(body: &[u8], served: &Served) -> Result<PreparedChat, ApiErr
             let compiler = tokenizer
                 .grammar_compiler(served.vocab_size, served.eos)
                 .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "grammar_unavailable", None, &e.to_string()))?;
-            // Each schema alone first, so a bad one is named with the engine's reason.
-            let schemas = request.response_format.iter().map(|s| ("response_format".to_string(), s)).chain(request.tools.iter().enumerate().filter_map(|(i, t)| {
-                Some((format!("tools[{i}].function.parameters"), t.get("function")?.get("parameters")?))
-            }));
-            for (param, schema) in schemas {
-                if let Err(e) = compiler.compile(&Grammar::JsonSchema(schema.clone()), Reasoning::Off) {
-                    return Err(ApiError::bad_request(&param, &format!("`{param}` cannot be enforced: {e}")));
+            let reasoning = Reasoning::after_prompt(&prompt_text, tokenizer.can_think() && request.enable_thinking);
+            let compiled = compiler.compile(&grammar, reasoning);
+            // Under `auto` the grammar holds every schema, so when it compiles they all do; else
+            // (it failed, or a forced call leaves the other schemas out) each is compiled alone,
+            // so a bad one is named with the engine's reason.
+            if compiled.is_err() || request.tool_choice != ToolChoice::Auto {
+                let schemas = request.response_format.iter().map(|s| ("response_format".to_string(), s)).chain(request.tools.iter().enumerate().filter_map(|(i, t)| {
+                    Some((format!("tools[{i}].function.parameters"), t.get("function")?.get("parameters")?))
+                }));
+                for (param, schema) in schemas {
+                    if let Err(e) = compiler.compile(&Grammar::JsonSchema(schema.clone()), Reasoning::Off) {
+                        return Err(ApiError::bad_request(&param, &format!("`{param}` cannot be enforced: {e}")));
+                    }
                 }
             }
-            let reasoning = Reasoning::after_prompt(&prompt_text, tokenizer.can_think() && request.enable_thinking);
-            Some(compiler.compile(&grammar, reasoning).map_err(|e| ApiError::bad_request("tools", &format!("the answer's grammar cannot be built: {e}")))?)
+            Some(compiled.map_err(|e| ApiError::bad_request("tools", &format!("the answer's grammar cannot be built: {e}")))?)
         }
     };
     let stop = request.stop.clone();
