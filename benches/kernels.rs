@@ -7,15 +7,15 @@ use mlx_rs::{ops, random, transforms::eval, Array, Dtype};
 use sala::engine::cache::{KvCache, KvParts};
 use sala::engine::device::{select, DeviceKind};
 use sala::engine::quant::{QuantFormat, QuantizedMatrix};
+use sala::models::layers::Matrix;
 use sala::kernels::custom::{backend, Backend};
 use sala::kernels::gla::{alibi_slopes, simple_gla, simple_gla_recurrent, simple_gla_step};
 use sala::kernels::qmv::{
     quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
     MmaTiling, QmvTiling, RmsNormIn,
 };
-use sala::kernels::sparse::{
-    block_sparse_attention, block_sparse_attention_mlx, select_blocks, select_blocks_mlx, BlockSelection,
-};
+use sala::kernels::sparse::BlockSelection;
+use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_mlx, compressed_keys, select_blocks, select_blocks_mlx};
 use std::time::Instant;
 
 /// `simple_gla_step` / `simple_gla_recurrent`.
@@ -196,8 +196,8 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
             }
             let mut out = Vec::new();
             if upto >= 1 {
-                let c1 = cache.pooled_keys(sel.kernel, sel.stride).unwrap().unwrap();
-                let c2 = cache.pooled_keys(sel.kernel2, sel.stride2).unwrap().unwrap();
+                let c1 = compressed_keys(cache, sel.kernel, sel.stride).unwrap().unwrap();
+                let c2 = compressed_keys(cache, sel.kernel2, sel.stride2).unwrap().unwrap();
                 if upto >= 2 {
                     let blocks = select_blocks(&q, &c1, &c2, first, first + 1, sel, Dtype::Bfloat16).unwrap();
                     if upto >= 3 {
@@ -254,8 +254,8 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
             for _ in 0..64 {
                 let first = cache.len();
                 cache.append_recent(&k1, &v1).unwrap();
-                let c1 = cache.pooled_keys(sel.kernel, sel.stride).unwrap().unwrap();
-                let c2 = cache.pooled_keys(sel.kernel2, sel.stride2).unwrap().unwrap();
+                let c1 = compressed_keys(&mut cache, sel.kernel, sel.stride).unwrap().unwrap();
+                let c2 = compressed_keys(&mut cache, sel.kernel2, sel.stride2).unwrap().unwrap();
                 last = piece(&c1, &c2, first);
                 last.extend([c1, c2]);
                 let kv = cache.parts().unwrap().unwrap();
@@ -271,7 +271,7 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
         // keys as the cache holds them (views into a buffer with spare capacity), then on
         // contiguous copies.
         let first = cache.len() - 1;
-        let (c1, c2) = (cache.pooled_keys(sel.kernel, sel.stride).unwrap().unwrap(), cache.pooled_keys(sel.kernel2, sel.stride2).unwrap().unwrap());
+        let (c1, c2) = (compressed_keys(&mut cache, sel.kernel, sel.stride).unwrap().unwrap(), compressed_keys(&mut cache, sel.kernel2, sel.stride2).unwrap().unwrap());
         let (d1, d2) = (ops::add(&c1, Array::from_f32(0.0)).unwrap(), ops::add(&c2, Array::from_f32(0.0)).unwrap());
         eval([&c1, &c2, &d1, &d2]).unwrap();
         for (name, a, b) in [("views", &c1, &c2), ("contiguous", &d1, &d2)] {
@@ -543,7 +543,7 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
     eval(&inputs).unwrap();
     let matrices: Vec<_> = weights
         .into_iter()
-        .map(|(packed, scales, biases, _)| QuantizedMatrix { packed, scales, biases, format: QuantFormat { group_size: 64, bits: 8 } })
+        .map(|(packed, scales, biases, _)| Matrix::Quantized(QuantizedMatrix { packed, scales, biases, format: QuantFormat { group_size: 64, bits: 8 } }))
         .collect();
     let products = time(|| matrices.iter().zip(&inputs).map(|(w, x)| w.matmul_t(x).unwrap()).collect());
     line("dequantize + matmul, one layer's products", products, 32);

@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 export SALA_SHARED=${SALA_SHARED:-.device/shared}
 for t in gpu_kernels speculative batching; do
   [ -x $BIN/$t ] || continue
-  MLX_ENABLE_TF32=0 $BIN/$t --test-threads=1 --skip smollm2 --skip dense_ 2>&1 | tee $OUT/$t.log | grep -E "^test |test result|panicked"
+  MLX_ENABLE_TF32=0 $BIN/$t --include-ignored --test-threads=1 --skip smollm2 --skip dense_ 2>&1 | tee $OUT/$t.log | grep -E "^test |test result|panicked"
 done
 if [ -x $BIN/sala-old ]; then
   $BIN/sala-old bench --synthetic minicpm-sala-9b --bits 8 -p 0 -n 128 -d $DEPTH -r 3 -o md 2>&1 | tee $OUT/before.md | tail -3

@@ -10,7 +10,7 @@ BIN=${BIN:-.device/bin}
 source ${MLX_BUNDLE:-.device/mlx-cuda-py}/activate.sh
 OUT=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-MLX_ENABLE_TF32=0 $BIN/gpu_kernels --test-threads=1 2>&1 | tee $OUT/gpu_kernels.log | grep -E "^test |test result|panicked|error" 
+MLX_ENABLE_TF32=0 $BIN/gpu_kernels --include-ignored --test-threads=1 2>&1 | tee $OUT/gpu_kernels.log | grep -E "^test |test result|panicked|error" 
 $BIN/kernels 2>&1 | tee $OUT/kernels.md
 # The decode GEMV alone on every matrix shape of a 9B decode step (achieved bandwidth per shape).
 $BIN/kernels qmv 2>&1 | tee $OUT/kernels-qmv.md

@@ -4,6 +4,8 @@ pub mod cli;
 pub mod engine;
 pub mod eval;
 pub mod kernels;
+pub mod load;
 pub mod models;
+pub mod progress;
 pub mod server;
 pub mod store;

@@ -13,7 +13,7 @@ mod common;
 
 use common::gguf_file::{gguf_bytes, Meta};
 use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
+use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -1,6 +1,7 @@
 //! Every GPU kernel against its MLX-ops version on fresh random inputs. These need a GPU build of
-//! MLX (CUDA or Metal) and are skipped, saying so, on the CPU; `eval/device-kernels.sh` runs them
-//! on the lent GPU (one test thread: MLX's default device is process-wide).
+//! MLX (CUDA or Metal), so they are `#[ignore]`d and show as ignored in a plain `cargo test`;
+//! `eval/device-kernels.sh` runs them on a GPU with `--include-ignored` (one test thread: MLX's
+//! default device is process-wide). Included without a GPU, they fail.
 
 use mlx_rs::{ops, ops::indexing::TryIndexOp, random, Array, Dtype};
 use sala::engine::cache::KvParts;
@@ -14,17 +15,14 @@ use sala::kernels::qmv::{
     epilogue_mlx, quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
     GateIn, MmaTiling, QmvTiling, RmsNormIn,
 };
-use sala::kernels::sparse::{
-    block_sparse_attention, block_sparse_attention_mlx, decode_attention, decode_attention_mlx, heads_to_rows, select_blocks_chunked,
-    select_blocks_mlx, select_blocks_scored, BlockSelection,
-};
+use sala::kernels::sparse::{decode_attention, decode_attention_mlx, heads_to_rows, BlockSelection};
+use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_mlx, select_blocks_chunked, select_blocks_mlx, select_blocks_scored};
 
-fn on_gpu() -> bool {
-    if select(Some(DeviceKind::Gpu)).is_err() || backend() == Backend::Cpu {
-        eprintln!("skipped: no GPU backend in this MLX build (run eval/device-kernels.sh on a GPU)");
-        return false;
-    }
-    true
+const NEEDS_GPU: &str = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored";
+
+/// Makes the GPU the default device; a run without one fails (it would test nothing).
+fn use_gpu() {
+    assert!(select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu, "{NEEDS_GPU}");
 }
 
 fn randn(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
@@ -43,10 +41,9 @@ fn rel_err(a: &Array, b: &Array) -> f32 {
 }
 
 #[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
 fn qmv_matches_mlx_quantized_matmul() {
-    if !on_gpu() {
-        return;
-    }
+    use_gpu();
     let mut seed = 10;
     for bits in [8, 4] {
         for (n, k) in [(4100, 4096), (256, 16384), (1000, 384), (1001, 384)] {
@@ -72,10 +69,9 @@ fn qmv_matches_mlx_quantized_matmul() {
 }
 
 #[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
 fn qmv_epilogues_match_mlx_operations() {
-    if !on_gpu() {
-        return;
-    }
+    use_gpu();
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
     let mut seed = 500;
     for bits in [8, 4] {
@@ -122,10 +118,9 @@ fn qmv_epilogues_match_mlx_operations() {
 /// split of K, number of outputs per warp and of loads in flight gives MLX's product, for K that does and that
 /// does not divide evenly among the warps.
 #[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
 fn qmv_tilings_match_mlx_quantized_matmul() {
-    if !on_gpu() {
-        return;
-    }
+    use_gpu();
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
     let mut seed = 900;
     for bits in [8, 4] {
@@ -176,10 +171,9 @@ fn qmv_tilings_match_mlx_quantized_matmul() {
 /// folded in, in bf16, f16 and f32 (several input rows), for ring depths of 2 to 8 and K that
 /// does and that does not divide evenly among the warps (1408: lanes with no chunk at all).
 #[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
 fn qmv_async_copies_match_mlx_operations() {
-    if !on_gpu() {
-        return;
-    }
+    use_gpu();
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
     let mut seed = 1300;
     for bits in [8, 4] {
@@ -232,10 +226,9 @@ fn qmv_async_copies_match_mlx_operations() {
 }
 
 #[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
 fn qmv_with_rms_norm_folded_in_matches_mlx_operations() {
-    if !on_gpu() {
-        return;
-    }
+    use_gpu();
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
     let mut seed = 900;
     for bits in [8, 4] {
@@ -286,10 +279,9 @@ fn qmv_with_rms_norm_folded_in_matches_mlx_operations() {
 /// norm-gate operations, then MLX's product in float32. The gate columns sit inside a wider
 /// stacked projection, as z does in qkvz.
 #[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
 fn qmv_with_norm_gate_folded_in_matches_mlx_operations() {
-    if !on_gpu() {
-        return;
-    }
+    use_gpu();
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
     let mut seed = 1700;
     for bits in [8, 4] {
@@ -334,10 +326,9 @@ fn qmv_with_norm_gate_folded_in_matches_mlx_operations() {
 }
 
 #[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
 fn gla_decode_step_matches_the_recurrence() {
-    if !on_gpu() {
-        return;
-    }
+    use_gpu();
     // Batch 1 and a batch of sequences (each head's decay found from b·H + h).
     for (b, h, d, seed) in [(1, 32, 128, 1u64), (1, 4, 32, 2), (1, 3, 8, 3), (5, 32, 128, 4), (3, 3, 8, 5)] {
         let slopes = Array::from_slice(&alibi_slopes(h as usize), &[h]);
@@ -364,10 +355,9 @@ fn gla_decode_step_matches_the_recurrence() {
 }
 
 #[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
 fn lightning_decode_step_matches_mlx_operations() {
-    if !on_gpu() {
-        return;
-    }
+    use_gpu();
     // (B, H, d, extra columns after q/k/v (a gate), positions per sequence, seed): positions in
     // the launch's shape for up to 8 sequences (8 at about 1M: the shape's element count
     // overflows, never used), in an array for more.
@@ -418,10 +408,9 @@ fn lightning_decode_step_matches_mlx_operations() {
 }
 
 #[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
 fn norm_gate_matches_mlx_operations() {
-    if !on_gpu() {
-        return;
-    }
+    use_gpu();
     for (b, t, dim, offset, seed) in [(1, 1, 4096, 3 * 4096, 700u64), (3, 1, 4096, 3 * 4096, 710), (2, 5, 256, 40, 720)] {
         let o = randn(&[b, t, dim], seed, Dtype::Float32);
         let src = randn(&[b, t, offset + dim + 8], seed + 1, Dtype::Float32);
@@ -447,10 +436,9 @@ fn windows(len: usize, kernel: usize, stride: usize) -> i32 {
 }
 
 #[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
 fn block_selection_kernel_matches_mlx() {
-    if !on_gpu() {
-        return;
-    }
+    use_gpu();
     // The 9B geometry (G = 16) at decode and prefill positions, and golden C's small one. Decode
     // with ≥ 2048 level-1 windows takes the two-kernel form.
     let small = BlockSelection { block: 64, kernel: 32, stride: 16, kernel2: 128, stride2: 64, init_blocks: 1, local_blocks: 2, topk: 6 };
@@ -520,10 +508,9 @@ fn poison_from(filled: &Array, hkv: i32, d: i32, dtype: Dtype) -> Array {
 }
 
 #[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
 fn block_sparse_attention_kernel_matches_mlx() {
-    if !on_gpu() {
-        return;
-    }
+    use_gpu();
     // (Hq, Hkv, d, kv_len, first query, queries, dtype): decode (split) and prefill shapes.
     let cases = [
         (32, 2, 128, 20000usize, 19999usize, 1i32, Dtype::Bfloat16),
@@ -581,10 +568,9 @@ fn block_sparse_attention_kernel_matches_mlx() {
 }
 
 #[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
 fn decode_attention_of_a_batch_matches_mlx() {
-    if !on_gpu() {
-        return;
-    }
+    use_gpu();
     // (Hq, Hkv, d, dtype, cache lengths): one sequence, a batch of different lengths, more
     // sequences than one launch takes, and lengths that are no whole number of blocks.
     let cases: [(i32, i32, i32, Dtype, &[usize]); 5] = [
@@ -643,10 +629,9 @@ fn decode_attention_of_a_batch_matches_mlx() {
 }
 
 #[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
 fn kv_append_matches_slice_updates() {
-    if !on_gpu() {
-        return;
-    }
+    use_gpu();
     // (Hq, Hkv, d, dtype, positions): one sequence; a batch at different fills, the first and the
     // last slot of a buffer among them; more sequences than one launch takes.
     let cases: [(i32, i32, i32, Dtype, &[usize]); 4] = [

@@ -6,7 +6,8 @@ use mlx_rs::{ops::indexing::TryIndexOp, random, Array, Dtype};
 use sala::engine::cache::KvParts;
 use sala::engine::ops::{to_vec_f32, to_vec_i32};
 use sala::kernels::gla::{alibi_slopes, simple_gla, simple_gla_chunked, simple_gla_recurrent};
-use sala::kernels::sparse::{block_sparse_attention, select_blocks_chunked, select_blocks_scored, BlockSelection};
+use sala::kernels::sparse::BlockSelection;
+use sala::models::sala::infllm::{block_sparse_attention, select_blocks_chunked, select_blocks_scored};
 
 fn randn(shape: &[i32], seed: u64) -> Array {
     let key = random::key(seed).unwrap();

@@ -6,6 +6,7 @@ use mlx_rs::Array;
 use sala::engine::cache::{KvCache, SeqBuffer};
 use sala::engine::ops::to_vec_f32;
 use sala::kernels::kv::{append_token_mlx, KvColumns, RecentSlot};
+use sala::models::sala::infllm::compressed_keys;
 
 /// `[1, 1, t, 1]` holding the token positions `from..from+t`.
 fn positions(from: usize, t: usize) -> Array {
@@ -44,8 +45,8 @@ fn recent_tokens_follow_the_history_in_every_reader() {
     let mut plain = KvCache::default();
     plain.append(&positions(0, len), &positions(0, len)).unwrap();
     for (kernel, stride) in [(32, 16), (128, 64)] {
-        let got = to_vec_f32(&cache.pooled_keys(kernel, stride).unwrap().unwrap()).unwrap();
-        let want = to_vec_f32(&plain.pooled_keys(kernel, stride).unwrap().unwrap()).unwrap();
+        let got = to_vec_f32(&compressed_keys(&mut cache, kernel, stride).unwrap().unwrap()).unwrap();
+        let want = to_vec_f32(&compressed_keys(&mut plain, kernel, stride).unwrap().unwrap()).unwrap();
         assert_eq!(got, want, "pooled keys {kernel}/{stride}");
     }
     // The contiguous reader (dense attention) moves the recent tokens into the history.
@@ -78,7 +79,7 @@ fn rollback_inside_the_recent_tokens_and_inside_the_history() {
     assert_holds_positions(&mut cache, 450);
     cache.append_recent(&positions(450, 3), &positions(450, 3)).unwrap();
     assert_holds_positions(&mut cache, 453);
-    assert_eq!(to_vec_f32(&cache.pooled_keys(32, 16).unwrap().unwrap()).unwrap().len(), (453 - 32) / 16 + 1);
+    assert_eq!(to_vec_f32(&compressed_keys(&mut cache, 32, 16).unwrap().unwrap()).unwrap().len(), (453 - 32) / 16 + 1);
 }
 
 /// One decode token as the sparse layers append it: written into the recent-token buffers that
@@ -119,8 +120,8 @@ fn decode_tokens_written_into_recent_slots_follow_the_history() {
     assert_holds_positions(&mut cache, len);
     let mut plain = KvCache::default();
     plain.append(&positions(0, len), &positions(0, len)).unwrap();
-    let got = to_vec_f32(&cache.pooled_keys(32, 16).unwrap().unwrap()).unwrap();
-    assert_eq!(got, to_vec_f32(&plain.pooled_keys(32, 16).unwrap().unwrap()).unwrap());
+    let got = to_vec_f32(&compressed_keys(&mut cache, 32, 16).unwrap().unwrap()).unwrap();
+    assert_eq!(got, to_vec_f32(&compressed_keys(&mut plain, 32, 16).unwrap().unwrap()).unwrap());
 }
 
 #[test]
@@ -143,7 +144,7 @@ fn pooled_keys_are_the_windows_means_in_the_keys_dtype() {
     let mut cache = KvCache::default();
     cache.append(&keys, &keys).unwrap();
     for (kernel, stride) in [(32usize, 16usize), (128, 64)] {
-        let pooled = cache.pooled_keys(kernel, stride).unwrap().unwrap();
+        let pooled = compressed_keys(&mut cache, kernel, stride).unwrap().unwrap();
         assert_eq!(pooled.dtype(), mlx_rs::Dtype::Bfloat16, "{kernel}/{stride}");
         let got = to_vec_f32(&pooled).unwrap();
         let want: Vec<f32> = (0..(len - kernel) / stride + 1)

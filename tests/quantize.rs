@@ -11,6 +11,7 @@ use sala::engine::model::LanguageModel;
 use sala::engine::ops::to_vec_f32;
 use sala::engine::quant::{QuantFormat, QuantizedMatrix};
 use sala::engine::sampler::{Sampler, SamplingParams};
+use sala::models::layers::Matrix;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -296,7 +297,7 @@ fn check_quantized_matmul(out_features: usize, in_features: usize, failures: &mu
             }
             let q = QuantizedMatrix::quantize(&w, QuantFormat { group_size, bits }).unwrap();
             let want = to_vec_f32(&x.matmul(q.dequantize().unwrap().t()).unwrap()).unwrap();
-            let got = to_vec_f32(&q.matmul_t(&x).unwrap()).unwrap();
+            let got = to_vec_f32(&Matrix::Quantized(q.clone()).matmul_t(&x).unwrap()).unwrap();
             let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
             let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             if diff > 1e-3 * scale {

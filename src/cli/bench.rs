@@ -1,6 +1,8 @@
 //! `sala bench`: throughput on llama-bench's test matrix, for one model or several side by side.
 
-use super::{bytes_progress, compute_dtype, file_label, load, load_source, progress_bar, select_device, LoadedModel, ModelArgs, RuntimeArgs};
+use super::RuntimeArgs;
+use crate::load::{compute_dtype, file_label, load, load_source, preflight, LoadedModel};
+use crate::progress::{bytes_progress, progress_bar};
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::generate::Draft;
 use crate::engine::weights::dtype_name;
@@ -8,8 +10,7 @@ use crate::eval::bench::{run_follow_up, run_test, BenchPlan, FollowUpPlan, Model
 use crate::eval::bench_report::{self, Format};
 use crate::eval::quality;
 use crate::eval::synthetic::SyntheticModel;
-use crate::models;
-use crate::store::memory;
+use crate::engine::memory;
 use crate::engine::tokenizer::TextTokenizer;
 use anyhow::Context;
 use mlx_rs::Dtype;
@@ -111,24 +112,23 @@ enum ModelChoice {
 /// Loads (or builds) one model to measure, checking that `tokens` of context fit; returns it with
 /// the name reports give it.
 fn load_choice(choice: ModelChoice, args: &BenchArgs, tokens: usize) -> anyhow::Result<(LoadedModel, String)> {
-    let model_args = ModelArgs { model: None, runtime: args.runtime, context_size: None, num_sink_tokens: None };
     match choice {
         ModelChoice::Path(path) => {
             let name = file_label(&path);
-            Ok((load(&ModelArgs { model: Some(path), ..model_args }, tokens)?, name))
+            Ok((load(&args.runtime.options(Some(path)), tokens)?, name))
         }
         ModelChoice::Synthetic(preset) => {
             let synthetic = SyntheticModel::new(&preset, args.bits)?;
-            let device = select_device(&args.runtime)?;
-            let dtype = compute_dtype(&args.runtime, device, Some(Dtype::Bfloat16));
-            let cache = models::cache_bytes(&synthetic.cfg, tokens, memory::dtype_bytes(dtype))?;
-            memory::check_fits(&synthetic.name, synthetic.weights_bytes(dtype), cache, tokens)
+            let options = args.runtime.options(None);
+            let device = device::select(options.device)?;
+            let dtype = compute_dtype(options.dtype, device, Some(Dtype::Bfloat16));
+            preflight(&synthetic.name, &synthetic.cfg, dtype, synthetic.weights_bytes(dtype), None, tokens, device)
                 .map_err(|e| anyhow::anyhow!("{e}; for a synthetic model, --bits 8 or 4 quantizes it"))?;
             let build = bytes_progress(&format!("building {}", synthetic.name), synthetic.weights_bytes(dtype));
             let source = synthetic.build(dtype, |bytes| build.inc(bytes))?;
             build.finish_and_clear();
             let name = synthetic.name.clone();
-            Ok((load_source(source, PathBuf::from(&name), device, &model_args, tokens)?, name))
+            Ok((load_source(source, PathBuf::from(&name), device, &options, tokens)?, name))
         }
     }
 }

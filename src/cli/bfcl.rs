@@ -2,8 +2,9 @@
 //! prompt or FC mode and checked by our port of BFCL's AST checker; a per-category table, the
 //! leaderboard row, `data_non_live.csv` and per-sample JSONL.
 
-use super::{bytes_progress, file_label, load, progress_bar, ModelArgs, RuntimeArgs};
-use crate::engine::tools::ToolFormat;
+use super::RuntimeArgs;
+use crate::load::{file_label, load};
+use crate::progress::{bytes_progress, progress_bar, progress_to};
 use crate::eval::bfcl::harness::{run_entry, sample_json, Mode, Settings};
 use crate::eval::bfcl::score::{non_live_csv, percent_cell, summarize, CategoryScore, NonLiveSummary};
 use crate::eval::bfcl::{load as load_entries, Category};
@@ -71,7 +72,7 @@ pub fn run(args: BfclArgs) -> anyhow::Result<()> {
         Some(dir) => dir.clone(),
         None => {
             let bar = bytes_progress("fetching bfcl-eval", 0);
-            let dir = crate::eval::pypi::files(&crate::eval::pypi::BFCL_EVAL, "bfcl_eval/data", &super::progress_to(&bar))?;
+            let dir = crate::eval::pypi::files(&crate::eval::pypi::BFCL_EVAL, "bfcl_eval/data", &progress_to(&bar))?;
             bar.finish_and_clear();
             dir
         }
@@ -96,12 +97,11 @@ pub fn run(args: BfclArgs) -> anyhow::Result<()> {
     let mut summaries: Vec<(String, NonLiveSummary)> = Vec::new();
     let stdout = &mut std::io::stdout().lock();
     for path in &args.models {
-        let model_args = ModelArgs { model: Some(path.clone()), runtime: args.runtime, context_size: None, num_sink_tokens: None };
-        let loaded = load(&model_args, context)?;
+        let loaded = load(&args.runtime.options(Some(path.clone())), context)?;
         let Some(tokenizer) = loaded.tokenizer.as_ref() else {
             bail!("{}: no tokenizer; BFCL asks questions in text", path.display());
         };
-        let tool_format = args.tool_calls.tool_call_parser.unwrap_or_else(|| ToolFormat::for_model(&loaded.model.info().model_type, tokenizer.chat_template()));
+        let tool_format = args.tool_calls.tool_call_parser.unwrap_or_else(|| crate::models::tool_format(&loaded.model.info().model_type, tokenizer.chat_template()));
         for &constrained in variants {
             let name = if constrained { format!("{} +grammar", file_label(path)) } else { file_label(path) };
             let mode = if constrained { "fc+grammar" } else { args.mode.name() };

@@ -2,7 +2,8 @@
 //! (`ChatSession`), so each turn prefills only what is new; `/retry` and `/edit` restore the state
 //! saved at the last message boundary instead of re-reading the history.
 
-use super::{load, DraftArgs, ModelArgs, PromptCacheArgs, SamplingArgs};
+use super::{DraftArgs, ModelArgs, PromptCacheArgs, SamplingArgs};
+use crate::load::{load, LoadedModel};
 use crate::engine::generate::{Flow, GenerateOptions, StopReason};
 use crate::engine::sampler::Sampler;
 use crate::engine::session::ChatSession;
@@ -70,7 +71,7 @@ static STOP: AtomicBool = AtomicBool::new(false);
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let sampling = args.sampling.params()?;
-    let loaded = load(&args.load, args.max_tokens)?;
+    let loaded = load(&args.load.options()?, args.max_tokens)?;
     let model = loaded.model.as_ref();
     let Some(tokenizer) = loaded.tokenizer.as_ref() else {
         bail!("{} has no tokenizer, which a chat needs", loaded.path.display());
@@ -221,7 +222,7 @@ fn answer(
     conversation: &mut Conversation,
     session: &mut ChatSession,
     tokenizer: &TextTokenizer,
-    loaded: &super::LoadedModel,
+    loaded: &LoadedModel,
     sampler: &mut Sampler,
     opts: &GenerateOptions,
     prompt_cache: &PromptCacheArgs,

@@ -1,9 +1,9 @@
 //! `sala doctor`: what a user runs when something is wrong. Each check prints OK, WARN or FAIL
 //! with what it found and, where something is off, the fix. Exits 1 when a check fails.
 
-use crate::engine::device;
+use crate::engine::device::{self, DeviceKind};
 use crate::store::cache::{self, cache_dir};
-use crate::store::memory::{available_bytes, human};
+use crate::engine::memory::{available_bytes, human, host_total_bytes};
 use crate::store::summary::summarize;
 use clap::Args;
 use serde::Serialize;
@@ -177,10 +177,16 @@ fn kernels_check() -> Option<Check> {
     off.then(|| Check::warn("kernels", "SALA_KERNELS=off: sala's GPU kernels are replaced by slower MLX-ops versions", "unset SALA_KERNELS"))
 }
 
+/// Memory of the device models run on by default: the GPU's own on CUDA, unified memory on
+/// Metal, host memory on the CPU.
 fn memory_check() -> Check {
-    let total = total_memory_bytes();
-    let of_total = total.map_or(String::new(), |t| format!(" of {}", human(t)));
-    match available_bytes() {
+    let device = if device::gpu_available() { DeviceKind::Gpu } else { DeviceKind::Cpu };
+    let total = match (device, device::gpu_backend()) {
+        (DeviceKind::Gpu, Some("cuda")) => device::gpu_info().and_then(|g| g.memory_bytes),
+        _ => host_total_bytes(),
+    };
+    let of_total = total.map_or(String::new(), |t| format!(" of {} ({})", human(t), device::describe(device)));
+    match available_bytes(device) {
         Some(free) if free < MEMORY_FOR_9B_Q8 => Check::warn(
             "memory",
             format!("{} available{of_total}", human(free)),
@@ -193,16 +199,6 @@ fn memory_check() -> Check {
             "sala cannot check that a model fits before loading it; set SALA_AVAILABLE_MEMORY=<bytes> to enable the check",
         ),
     }
-}
-
-fn total_memory_bytes() -> Option<u64> {
-    if let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") {
-        let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
-        return line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024);
-    }
-    // macOS
-    let out = std::process::Command::new("sysctl").args(["-n", "hw.memsize"]).output().ok()?;
-    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
 fn store_checks(store: &Path) -> Vec<Check> {

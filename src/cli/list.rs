@@ -2,7 +2,7 @@
 
 use crate::eval::report::Report;
 use crate::store::cache::{self, cache_dir};
-use crate::store::memory::human;
+use crate::engine::memory::human;
 use crate::store::summary::summarize;
 use clap::Args;
 

@@ -15,14 +15,14 @@ pub mod serve;
 pub mod show;
 
 use crate::engine::cache::Window;
-use crate::engine::device::{self, DeviceKind};
+use crate::engine::device::DeviceKind;
 use crate::engine::error::Error;
 use crate::engine::generate::Draft;
+use crate::engine::memory;
 use crate::engine::model::LanguageModel;
 use crate::engine::sampler::SamplingParams;
-use crate::engine::tokenizer::TextTokenizer;
-use crate::models;
-use crate::store::memory;
+use crate::load::{LoadOptions, LoadedModel};
+use crate::progress::{bytes_progress, progress_bar, progress_to};
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mlx_rs::Dtype;
@@ -91,36 +91,6 @@ pub fn main() -> anyhow::Result<()> {
         Command::Bfcl(args) => bfcl::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Completions(args) => completions::run(args),
-    }
-}
-
-/// A progress bar on stderr drawn with `template` (hidden when stderr is not a terminal).
-pub fn progress_bar(total: u64, template: &str) -> indicatif::ProgressBar {
-    use std::io::IsTerminal;
-    let bar = indicatif::ProgressBar::new(total);
-    if std::io::stderr().is_terminal() {
-        bar.set_style(indicatif::ProgressStyle::with_template(template).expect("valid template"));
-    } else {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    bar
-}
-
-/// How reports name the model at `path`: its file or folder name.
-pub fn file_label(path: &std::path::Path) -> String {
-    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().to_string())
-}
-
-/// A byte-counting progress bar on stderr.
-pub fn bytes_progress(label: &str, total: u64) -> indicatif::ProgressBar {
-    progress_bar(total, &format!("{label} {{bar:40}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, eta {{eta}})"))
-}
-
-/// A `(done, total)` progress callback that moves `bar`.
-pub fn progress_to(bar: &indicatif::ProgressBar) -> impl Fn(u64, u64) + '_ {
-    move |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
     }
 }
 
@@ -250,116 +220,30 @@ impl DraftArgs {
     }
 }
 
+impl RuntimeArgs {
+    /// The device asked for (`None`: the GPU when MLX has one).
+    pub fn device(&self) -> Option<DeviceKind> {
+        self.device.map(|d| match d {
+            DeviceArg::Cpu => DeviceKind::Cpu,
+            DeviceArg::Gpu => DeviceKind::Gpu,
+        })
+    }
+
+    /// What the loading path needs to load `model` as these flags ask.
+    pub fn options(&self, model: Option<PathBuf>) -> LoadOptions {
+        LoadOptions { model, device: self.device(), dtype: self.dtype.map(DtypeArg::dtype), window: None }
+    }
+}
+
 impl ModelArgs {
-    /// `--model`, else the model `sala pull` fetches by default once it is in the store (as
-    /// ollama runs what it pulled without a path).
-    pub fn model_or_default(&self) -> anyhow::Result<PathBuf> {
-        if let Some(path) = &self.model {
-            return Ok(path.clone());
-        }
-        let name = crate::store::pull::DEFAULT_REPO;
-        if crate::store::cache::ModelRef::parse(name)?.snapshot(&crate::store::cache::cache_dir()).is_some() {
-            return Ok(PathBuf::from(name));
-        }
-        bail!(
-            "no model given: pass --model PATH (a model directory, a .sala or .gguf file, or a name from `sala list`), \
-             or fetch the default model, {name}, with `sala pull`"
-        )
+    /// What the loading path needs to load the model as these flags ask.
+    pub fn options(&self) -> anyhow::Result<LoadOptions> {
+        let window = match self.context_size {
+            Some(capacity) => Some(Window { capacity, sinks: self.num_sink_tokens.unwrap_or(4) }.validate().map_err(Error::Usage)?),
+            None => None,
+        };
+        Ok(LoadOptions { window, ..self.runtime.options(self.model.clone()) })
     }
-}
-
-/// A model ready to run, with what the memory checks need.
-pub struct LoadedModel {
-    pub model: Box<dyn LanguageModel>,
-    pub tokenizer: Option<TextTokenizer>,
-    pub path: PathBuf,
-    pub device: DeviceKind,
-    /// What model and tokenizer states made by it belong to (prompt cache files).
-    pub fingerprint: crate::engine::state_file::Fingerprint,
-    weights_bytes: u64,
-    cfg: crate::engine::config::ConfigFile,
-    dtype: Dtype,
-    window: Option<Window>,
-}
-
-impl LoadedModel {
-    /// Bytes of the weights as loaded.
-    pub fn weights_bytes(&self) -> u64 {
-        self.weights_bytes
-    }
-
-    /// Refuses when weights + a cache of `tokens` tokens will not fit in memory.
-    pub fn check_fits(&self, tokens: usize) -> anyhow::Result<()> {
-        check_fits(&self.path, &self.cfg, self.dtype, self.weights_bytes, self.window, tokens)
-    }
-}
-
-fn check_fits(
-    path: &std::path::Path,
-    cfg: &crate::engine::config::ConfigFile,
-    dtype: Dtype,
-    weights_bytes: u64,
-    window: Option<Window>,
-    tokens: usize,
-) -> anyhow::Result<()> {
-    // A StreamingLLM window caps what the cache holds.
-    let held = window.map_or(tokens, |w| tokens.min(w.capacity + w.capacity / 8));
-    let cache = models::cache_bytes(cfg, held, memory::dtype_bytes(dtype))?;
-    memory::check_fits(&path.display().to_string(), weights_bytes, cache, tokens)?;
-    Ok(())
-}
-
-/// Selects the device, checks that weights + a cache of `tokens` fit, and loads the model and its
-/// tokenizer.
-pub fn load(args: &ModelArgs, tokens: usize) -> anyhow::Result<LoadedModel> {
-    let path = args.model_or_default()?;
-    let device = select_device(&args.runtime)?;
-    let source = models::open(&path).with_context(|| format!("opening {}", path.display()))?;
-    load_source(source, path, device, args, tokens)
-}
-
-/// The device `runtime` asks for (or the default one), made MLX's default.
-pub fn select_device(runtime: &RuntimeArgs) -> anyhow::Result<DeviceKind> {
-    Ok(device::select(runtime.device.map(|d| match d {
-        DeviceArg::Cpu => DeviceKind::Cpu,
-        DeviceArg::Gpu => DeviceKind::Gpu,
-    }))?)
-}
-
-/// The compute dtype: the one asked for, else f32 on the CPU (MLX's CPU backend multiplies only
-/// f32 through BLAS; bf16/f16 are ~40× slower there), else the checkpoint's.
-pub fn compute_dtype(runtime: &RuntimeArgs, device: DeviceKind, storage: Option<Dtype>) -> Dtype {
-    let default = match device {
-        DeviceKind::Cpu => Some(Dtype::Float32),
-        DeviceKind::Gpu => storage,
-    };
-    runtime.dtype.map(DtypeArg::dtype).or(default).unwrap_or(Dtype::Bfloat16)
-}
-
-/// [`load`] for a model already opened (or built in memory) on `device`; `path` is what the user
-/// named it.
-pub fn load_source(
-    mut source: crate::engine::source::ModelSource,
-    path: PathBuf,
-    device: DeviceKind,
-    args: &ModelArgs,
-    tokens: usize,
-) -> anyhow::Result<LoadedModel> {
-    let cfg = source.config()?;
-    let dtype = compute_dtype(&args.runtime, device, source.weights.storage_dtype());
-    let window = match args.context_size {
-        Some(capacity) => Some(Window { capacity, sinks: args.num_sink_tokens.unwrap_or(4) }.validate().map_err(Error::Usage)?),
-        None => None,
-    };
-    let weights_bytes = memory::weights_bytes(&source, dtype);
-    check_fits(&path, &cfg, dtype, weights_bytes, window, tokens)?;
-    let fingerprint = crate::engine::state_file::Fingerprint::of(&source, dtype)?;
-    let mut model = models::build(&cfg, &mut source.weights, Some(dtype)).with_context(|| format!("loading {}", path.display()))?;
-    if let Some(window) = window {
-        model.set_window(window)?;
-    }
-    let tokenizer = source.tokenizer(model.info().bos_token_id)?;
-    Ok(LoadedModel { model, tokenizer, path, device, fingerprint, weights_bytes, cfg, dtype, window })
 }
 
 /// A size on the command line (`8GB`, `512MiB`, `0`).

@@ -1,7 +1,9 @@
 //! `sala needle`: needle-in-a-haystack retrieval over context lengths × depths, with a table,
 //! a CSV (appended; `--resume` skips the cells it already has) and an SVG heatmap.
 
-use super::{bytes_progress, file_label, load, progress_bar, ModelArgs};
+use super::ModelArgs;
+use crate::load::{file_label, load};
+use crate::progress::{bytes_progress, progress_bar};
 use crate::eval::needle::{self, Cell, CellResult, Haystack, HaystackSource, NeedleText, Variant};
 use crate::eval::report::Format;
 use anyhow::bail;
@@ -76,10 +78,11 @@ pub fn run(args: NeedleArgs) -> anyhow::Result<()> {
         bail!("--context-len: give lengths above 0");
     }
     let longest = *lengths.last().expect("not empty");
-    let model_path = args.load.model_or_default()?;
+    let options = args.load.options()?;
+    let model_path = options.model_or_default()?;
     let name = file_label(&model_path);
     // Refuses up front (with the numbers) when the longest cell will not fit in memory.
-    let loaded = load(&args.load, longest + args.max_tokens)?;
+    let loaded = load(&options, longest + args.max_tokens)?;
     let info = loaded.model.info();
     if longest + args.max_tokens > info.max_context {
         bail!(

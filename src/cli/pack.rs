@@ -29,7 +29,7 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
         return crate::cli::show::run(crate::cli::show::ShowArgs { model: file, context: None, tensors: false, json: false });
     }
     let output = args.output.expect("clap requires --output");
-    let bar = crate::cli::bytes_progress("packing", 0);
+    let bar = crate::progress::bytes_progress("packing", 0);
     if let Some(file) = args.extract {
         let total = std::fs::metadata(&file).with_context(|| format!("{}", file.display()))?.len();
         bar.set_length(total);
@@ -39,13 +39,13 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let Some(model) = args.model else { bail!("pass --model DIR to pack, or --extract FILE") };
-    let mut source = models::open(&model).with_context(|| format!("opening {}", model.display()))?;
+    let mut source = crate::load::open(&model)?;
     let cfg = source.config()?;
     models::check(&cfg, &mut source.weights)?;
     bar.set_length(source.weights.infos().values().map(|i| i.nbytes()).sum());
     pack::pack(&source, &output, &|n| bar.inc(n))?;
     bar.finish_and_clear();
     let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
-    eprintln!("wrote {} ({})", output.display(), crate::store::memory::human(size));
+    eprintln!("wrote {} ({})", output.display(), crate::engine::memory::human(size));
     Ok(())
 }

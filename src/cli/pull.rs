@@ -1,7 +1,7 @@
 //! `sala pull`: download a model into the store (the HuggingFace cache).
 
 use crate::store::cache::ModelRef;
-use crate::store::memory::human;
+use crate::engine::memory::human;
 use crate::store::pull::{pull, DEFAULT_REPO};
 use clap::Args;
 

@@ -3,9 +3,10 @@
 use crate::cli::DtypeArg;
 use crate::engine::quant::{quantize_checkpoint, QuantFormat, QuantizeRequest};
 use crate::eval::quant_report;
+use crate::load::{load, open, LoadOptions};
 use crate::models;
-use crate::store::memory::human;
-use anyhow::{bail, Context};
+use crate::engine::memory::human;
+use anyhow::bail;
 use clap::Args;
 use mlx_rs::Dtype;
 use std::path::PathBuf;
@@ -44,7 +45,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     let format = QuantFormat { group_size: args.group_size, bits: args.bits }
         .validate()
         .map_err(|m| anyhow::anyhow!("--bits/--group-size: {m}"))?;
-    let mut source = models::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?;
+    let mut source = open(&args.model)?;
     let cfg = source.config()?;
     models::check(&cfg, &mut source.weights)?;
     let dtype = args.dtype.map(DtypeArg::dtype).or_else(|| source.weights.storage_dtype()).unwrap_or(Dtype::Bfloat16);
@@ -53,7 +54,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     }
     let request = QuantizeRequest { format, quantize_embeddings: args.quantize_embeddings, dtype };
     let total: u64 = source.weights.infos().values().map(|i| i.nbytes()).sum();
-    let bar = crate::cli::bytes_progress("quantizing", total);
+    let bar = crate::progress::bytes_progress("quantizing", total);
     let started = std::time::Instant::now();
     let out = quantize_checkpoint(&source, &request, &args.output, &|bytes| bar.inc(bytes))?;
     bar.finish_and_clear();
@@ -68,22 +69,23 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     if args.report {
-        report(&args, dtype, source)?;
+        drop(source);
+        report(&args, dtype)?;
     }
     Ok(())
 }
 
 /// Runs the fixed prompts through the source, then through the result, and prints the comparison.
-fn report(args: &QuantizeArgs, dtype: Dtype, mut source: crate::engine::source::ModelSource) -> anyhow::Result<()> {
-    let cfg = source.config()?;
-    let reference_model = models::build(&cfg, &mut source.weights, Some(dtype))?;
-    let tokenizer = source.tokenizer(reference_model.info().bos_token_id)?;
-    let prompts = quant_report::prompts(tokenizer.as_ref(), reference_model.info().vocab_size)?;
-    let reference = quant_report::run(reference_model.as_ref(), &prompts)?;
-    drop(reference_model);
+fn report(args: &QuantizeArgs, dtype: Dtype) -> anyhow::Result<()> {
+    let options = |path: &PathBuf| LoadOptions { dtype: Some(dtype), ..LoadOptions::at(path) };
+    let source = load(&options(&args.model), 0)?;
+    let prompts = quant_report::prompts(source.tokenizer.as_ref(), source.model.info().vocab_size)?;
+    let context = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    source.check_fits(context)?;
+    let reference = quant_report::run(source.model.as_ref(), &prompts)?;
     drop(source);
-    let quantized = models::load(&args.output, Some(dtype))?;
-    let comparison = quant_report::compare(&reference, &quant_report::run(quantized.as_ref(), &prompts)?);
+    let quantized = load(&options(&args.output), context)?;
+    let comparison = quant_report::compare(&reference, &quant_report::run(quantized.model.as_ref(), &prompts)?);
     let report = comparison.report();
     println!("{}", report.table());
     println!(

@@ -1,6 +1,7 @@
 //! `sala run`: one prompt in, a streamed answer out, a summary line on stderr.
 
-use super::{load, DraftArgs, ModelArgs, PromptCacheArgs, SamplingArgs};
+use super::{DraftArgs, ModelArgs, PromptCacheArgs, SamplingArgs};
+use crate::load::load;
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::generate::{generate, Flow, GenerateOptions, Generation};
 use crate::engine::grammar::{Grammar, Reasoning};
@@ -62,7 +63,7 @@ pub struct RunArgs {
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let sampling = args.sampling.params()?;
-    let loaded = load(&args.load, args.max_tokens)?;
+    let loaded = load(&args.load.options()?, args.max_tokens)?;
     let (model, tokenizer, model_dir) = (loaded.model.as_ref(), loaded.tokenizer.as_ref(), loaded.path.as_path());
     let (prompt_ids, prompt_text) = prompt_tokens(&args, model_dir, tokenizer)?;
     loaded.check_fits(prompt_ids.len() + args.max_tokens)?;

@@ -53,6 +53,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         cache_memory: args.cache_memory,
         prompt_cache_dir: args.prompt_cache_dir,
         tool_format: args.tool_calls.tool_call_parser,
+        prefill_step: args.load.runtime.prefill_step,
     };
-    crate::server::serve(args.load, options)
+    crate::server::serve(args.load.options()?, options)
 }

@@ -1,6 +1,6 @@
 //! `sala show`: what a model is (architecture, size, quantization, files), optionally every tensor.
 
-use crate::store::memory::human;
+use crate::engine::memory::human;
 use crate::store::summary::summarize;
 use clap::Args;
 use std::path::PathBuf;

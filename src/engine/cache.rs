@@ -1,14 +1,14 @@
 //! Per-sequence model state, one entry per layer, model-agnostic:
 //! * [`KvCache`]: keys/values of softmax-attention layers, growing along the sequence axis, with
-//!   optional mean-pooled key summaries (compressed keys for block-sparse attention) kept up to date
-//!   incrementally;
+//!   optional per-window key summaries that a model defines (e.g. the key compression of block-sparse
+//!   attention), kept up to date incrementally;
 //! * [`RecurrentState`]: the fixed-size state of a linear-attention/recurrent layer.
 //!
 //! Everything is an MLX array, so cloning a cache is cheap and gives an independent snapshot
 //! (arrays are immutable; the next write makes a new buffer).
 
 use crate::engine::ops::scalar;
-use mlx_rs::{error::Result, ops, ops::indexing::TryIndexMutOp, ops::indexing::TryIndexOp, Array, Dtype};
+use mlx_rs::{error::Result, ops, ops::indexing::TryIndexMutOp, ops::indexing::TryIndexOp, Array};
 
 /// An array `[B, H, capacity, D]` that grows along axis 2 with room to spare, so appending a
 /// token does not copy the whole history, plus a small buffer of the most recent tokens for
@@ -16,8 +16,8 @@ use mlx_rs::{error::Result, ops, ops::indexing::TryIndexMutOp, ops::indexing::Tr
 ///
 /// Why two parts: MLX writes a slice in place only when nothing else holds the buffer, and the
 /// previous step's kernels hold it until the device has run them. A decode step queued before
-/// the previous one finished would copy the whole history on every token (one sparse layer at
-/// 128K tokens on an H100: 332 µs a step, 215 µs without the copy). [`SeqBuffer::append_recent`]
+/// the previous one finished would copy the whole history on every token
+/// (eval/results/kernel-notes.md). [`SeqBuffer::append_recent`]
 /// writes into `recent` instead (a copy of at most [`SeqBuffer::RECENT`] tokens) and moves it
 /// into the history once it is full (a copy of the history at most once per `RECENT` tokens).
 #[derive(Clone, Default)]
@@ -195,14 +195,19 @@ impl SeqBuffer {
     }
 }
 
-/// Means of the key windows `[stride·c, stride·c + kernel)`, for every complete window.
+/// How a model sums up key windows: `span` holds the keys `[B, H, L, D]` of `windows` consecutive
+/// windows of `kernel` keys, `stride` apart (L = (windows − 1)·stride + kernel); the result is one
+/// row per window, `[B, H, windows, D]`.
+pub type WindowSummary = fn(span: &Array, kernel: usize, stride: usize, windows: usize) -> Result<Array>;
+
+/// One row per complete key window `[stride·c, stride·c + kernel)`, made by a model's
+/// [`WindowSummary`] and kept up to date as keys are added.
 ///
 /// Stored window-major, as `[B, 1, n, H·D]` rows, so that the first n windows of a sequence are
-/// one contiguous piece of the buffer: [`PooledKeys::view`] hands them out without a copy (the
-/// selection kernels read them in place; head-major storage had cost two copies of the pooled
-/// keys per sparse layer and decode step, 5 MB at 128K tokens).
+/// one contiguous piece of the buffer: [`KeyWindows::view`] hands them out without a copy (kernels
+/// read them in place).
 #[derive(Clone)]
-pub struct PooledKeys {
+pub struct KeyWindows {
     pub kernel: usize,
     pub stride: usize,
     windows: SeqBuffer,
@@ -211,7 +216,7 @@ pub struct PooledKeys {
     dim: i32,
 }
 
-impl PooledKeys {
+impl KeyWindows {
     /// Number of complete windows in `len` keys.
     pub fn count_for(&self, len: usize) -> usize {
         if len < self.kernel {
@@ -221,31 +226,19 @@ impl PooledKeys {
         }
     }
 
-    fn update(&mut self, keys: &SeqBuffer, len: usize) -> Result<()> {
+    fn update(&mut self, keys: &SeqBuffer, len: usize, summarize: WindowSummary) -> Result<()> {
         let done = self.windows.len();
         let wanted = self.count_for(len);
         if wanted <= done {
             return Ok(());
         }
         let new = wanted - done;
-        let (start, ratio) = (done * self.stride, self.kernel / self.stride);
-        let chunks = new - 1 + ratio;
-        let span = keys.range(start, start + chunks * self.stride)?;
-        let s = span.shape();
-        // Sum each stride-long chunk in f32, then add `ratio` neighbouring chunks per window.
-        let sums = span
-            .as_dtype(Dtype::Float32)?
-            .reshape(&[s[0], s[1], chunks as i32, self.stride as i32, s[3]])?
-            .sum_axis(3, false)?;
-        let mut total = sums.try_index((.., .., 0..new as i32, ..))?;
-        for j in 1..ratio {
-            total = total.add(sums.try_index((.., .., j as i32..(j + new) as i32, ..))?)?;
-        }
-        // Stored in the keys' dtype, as the reference stores them: CUDA's tensor-core stage 1
-        // reads bf16 keys as they are; the other forms score them in float32.
-        let means = total.multiply(scalar(1.0 / self.kernel as f32, Dtype::Float32)?)?.as_dtype(span.dtype())?;
+        let start = done * self.stride;
+        let span = keys.range(start, start + (new - 1) * self.stride + self.kernel)?;
+        let rows = summarize(&span, self.kernel, self.stride, new)?;
+        let s = rows.shape();
         (self.heads, self.dim) = (s[1], s[3]);
-        self.windows.append(&means.swap_axes(1, 2)?.reshape(&[s[0], 1, new as i32, s[1] * s[3]])?)
+        self.windows.append(&rows.swap_axes(1, 2)?.reshape(&[s[0], 1, new as i32, s[1] * s[3]])?)
     }
 
     /// The windows `[B, H, n, D]`: a transposed view of the window-major rows (`None` while empty).
@@ -324,7 +317,7 @@ impl<'a> KvParts<'a> {
 pub struct KvCache {
     keys: SeqBuffer,
     values: SeqBuffer,
-    pooled: Vec<PooledKeys>,
+    pooled: Vec<KeyWindows>,
     window: Option<Window>,
     /// Tokens dropped by the window so far (positions keep counting past them).
     evicted: usize,
@@ -406,21 +399,21 @@ impl KvCache {
         Ok(Some(KvParts { keys, values, recent: recent_keys.zip(recent_values), settled, len }))
     }
 
-    /// Mean-pooled keys `[B, Hkv, n, d]` in the keys' dtype over windows of `kernel` with `stride`
-    /// (kernel must be a multiple of stride), brought up to date with the cache: computed in full
-    /// on first use, incrementally afterwards. A transposed view of window-major storage (see
-    /// [`PooledKeys`]). `None` while no window is complete.
-    pub fn pooled_keys(&mut self, kernel: usize, stride: usize) -> Result<Option<Array>> {
+    /// The rows `[B, Hkv, n, d]` that `summarize` makes of the key windows of `kernel` keys,
+    /// `stride` apart, brought up to date with the cache: computed in full on first use,
+    /// incrementally afterwards. A transposed view of window-major storage (see [`KeyWindows`]).
+    /// `None` while no window is complete. One summary is kept per (kernel, stride).
+    pub fn key_windows(&mut self, kernel: usize, stride: usize, summarize: WindowSummary) -> Result<Option<Array>> {
         let i = match self.pooled.iter().position(|p| p.kernel == kernel && p.stride == stride) {
             Some(i) => i,
             None => {
-                self.pooled.push(PooledKeys { kernel, stride, windows: SeqBuffer::default(), heads: 0, dim: 0 });
+                self.pooled.push(KeyWindows { kernel, stride, windows: SeqBuffer::default(), heads: 0, dim: 0 });
                 self.pooled.len() - 1
             }
         };
         let len = self.len();
         if len > 0 {
-            self.pooled[i].update(&self.keys, len)?;
+            self.pooled[i].update(&self.keys, len, summarize)?;
         }
         self.pooled[i].view()
     }
@@ -753,12 +746,12 @@ impl LayerCache {
 /// One layer's state as plain arrays (for files): an attention layer's filled keys and values
 /// `[1, Hkv, len, d]` and pooled key windows, or a recurrent layer's state.
 pub enum LayerState {
-    Attention { keys: Option<(Array, Array)>, pooled: Vec<PooledState> },
+    Attention { keys: Option<(Array, Array)>, pooled: Vec<KeyWindowsState> },
     Recurrent { state: Option<Array>, len: usize },
 }
 
 /// Pooled key windows as stored: window-major rows `[1, 1, n, H·d]`.
-pub struct PooledState {
+pub struct KeyWindowsState {
     pub kernel: usize,
     pub stride: usize,
     pub heads: i32,
@@ -787,7 +780,7 @@ impl ModelCache {
                     let mut pooled = Vec::new();
                     for p in &mut kv.pooled {
                         if let Some(windows) = p.windows.view()? {
-                            pooled.push(PooledState { kernel: p.kernel, stride: p.stride, heads: p.heads, dim: p.dim, windows });
+                            pooled.push(KeyWindowsState { kernel: p.kernel, stride: p.stride, heads: p.heads, dim: p.dim, windows });
                         }
                     }
                     LayerState::Attention { keys, pooled }
@@ -815,7 +808,7 @@ impl ModelCache {
                     for p in pooled {
                         let mut windows = SeqBuffer::default();
                         windows.append(&p.windows).map_err(|e| e.to_string())?;
-                        kv.pooled.push(PooledKeys { kernel: p.kernel, stride: p.stride, windows, heads: p.heads, dim: p.dim });
+                        kv.pooled.push(KeyWindows { kernel: p.kernel, stride: p.stride, windows, heads: p.heads, dim: p.dim });
                     }
                 }
                 (LayerCache::Recurrent(r), LayerState::Recurrent { state, len }) => {

@@ -81,6 +81,8 @@ pub fn mlx_version() -> String {
 pub struct GpuInfo {
     pub name: Option<String>,
     pub memory_bytes: Option<u64>,
+    /// Metal: the memory the GPU may use without hurting performance (part of unified memory).
+    pub working_set_bytes: Option<u64>,
 }
 
 /// [`GpuInfo`] of GPU 0, `None` when this libmlx has no usable GPU.
@@ -105,11 +107,50 @@ pub fn gpu_info() -> Option<GpuInfo> {
         let result = GpuInfo {
             name: string(c"device_name"),
             memory_bytes: size(c"memory_size").or_else(|| size(c"total_memory")),
+            working_set_bytes: size(c"max_recommended_working_set_size"),
         };
         mlx_sys::mlx_device_info_free(info);
         mlx_sys::mlx_device_free(dev);
         Some(result)
     }
+}
+
+/// Compute units of GPU 0, which kernels size their grids by: streaming multiprocessors on CUDA
+/// (from the driver), GPU cores on Metal (from the IORegistry); `None` where the device does not
+/// say (MLX reports neither). Asked once.
+pub fn gpu_compute_units() -> Option<u32> {
+    static UNITS: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *UNITS.get_or_init(|| match gpu_backend() {
+        Some("cuda") => cuda_multiprocessors(),
+        Some("metal") => metal_gpu_cores(),
+        _ => None,
+    })
+}
+
+/// CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT of device 0, through the driver library that is
+/// always beside an NVIDIA driver (and already loaded by MLX).
+fn cuda_multiprocessors() -> Option<u32> {
+    const MULTIPROCESSOR_COUNT: i32 = 16;
+    // SAFETY: the CUDA driver API's C signatures; each call is checked for CUDA_SUCCESS (0).
+    unsafe {
+        let lib = libloading::Library::new("libcuda.so.1").ok()?;
+        let init = lib.get::<unsafe extern "C" fn(u32) -> i32>(b"cuInit\0").ok()?;
+        let device_get = lib.get::<unsafe extern "C" fn(*mut i32, i32) -> i32>(b"cuDeviceGet\0").ok()?;
+        let attribute = lib.get::<unsafe extern "C" fn(*mut i32, i32, i32) -> i32>(b"cuDeviceGetAttribute\0").ok()?;
+        let (mut device, mut count) = (0, 0);
+        if init(0) != 0 || device_get(&mut device, 0) != 0 || attribute(&mut count, MULTIPROCESSOR_COUNT, device) != 0 {
+            return None;
+        }
+        u32::try_from(count).ok().filter(|&n| n > 0)
+    }
+}
+
+/// The Apple GPU's core count (`gpu-core-count` of its AGXAccelerator in the IORegistry).
+fn metal_gpu_cores() -> Option<u32> {
+    let out = std::process::Command::new("ioreg").args(["-r", "-d", "1", "-k", "gpu-core-count", "-c", "AGXAccelerator"]).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains("\"gpu-core-count\""))?;
+    line.rsplit('=').next()?.trim().parse().ok().filter(|&n| n > 0)
 }
 
 pub fn describe(kind: DeviceKind) -> String {

@@ -1,5 +1,6 @@
 //! The model-agnostic engine: config and weight loading, tokenizer and chat template, sampling,
-//! per-layer caches and the generate loop.
+//! constrained decoding, per-layer caches and the generate loop. It names no model family's
+//! parts; it sits below kernels and models (docs/architecture.md).
 
 pub mod cache;
 pub mod checkpoint;
@@ -10,6 +11,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod grammar;
+pub mod memory;
 pub mod model;
 pub mod prefix_cache;
 pub mod ops;

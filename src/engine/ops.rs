@@ -6,8 +6,7 @@ use std::collections::HashMap;
 
 /// A 0-d array of `value` in `dtype` (so arithmetic keeps the other operand's dtype), made once
 /// per thread and reused: on CUDA, MLX keeps arrays in managed memory, and the GPU takes a page
-/// fault on every array the host has just written (a decode step that made its layers'
-/// constants anew spent ~4% of its time on them, measured on an H100).
+/// fault on every array the host has just written (eval/results/kernel-notes.md).
 pub fn scalar(value: f32, dtype: Dtype) -> Result<Array> {
     thread_local! {
         static MADE: RefCell<HashMap<(u32, u32), Array>> = RefCell::new(HashMap::new());
@@ -65,8 +64,8 @@ pub fn to_bytes(a: &Array) -> Result<Vec<u8>> {
 /// mixer or an MLP) ahead of the device. MLX allocates each operation's output when the host
 /// encodes it and frees it when the device has run it, and the host encodes a whole chunk long
 /// before the device finishes; so without a wait every layer's temporaries — a prefill chunk's
-/// dequantized weights above all — were alive at once (on an H100: 18 GB above the weights and
-/// cache at any context; paced per layer, 4.7 GB; per branch, 3.0 GB, for 3% of prefill speed).
+/// dequantized weights above all — were alive at once. Pacing per branch keeps the least alive,
+/// for little prefill speed (eval/results/kernel-notes.md).
 pub struct Pacer {
     queued: Vec<Array>,
     on: bool,

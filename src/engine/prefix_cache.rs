@@ -22,7 +22,7 @@ use std::rc::Rc;
 /// Tokens between the restart points a long prompt leaves behind (a follow-up that shares all
 /// but the end of a long prompt re-runs at most this many of its tokens).
 pub const SNAPSHOT_SPACING: usize = 2048;
-/// Spaced points one sequence keeps (SALA's lightning states are 48 MiB a point); past it, older
+/// Spaced points one sequence keeps (a hybrid model's recurrent states can be 48 MiB a point); past it, older
 /// ones are thinned.
 pub const MAX_TRAIL_POINTS: usize = 32;
 /// The newest spaced points thinning spares: a follow-up usually leaves a long prompt near its

@@ -8,7 +8,6 @@
 use super::config::ConfigFile;
 use super::error::{Error, Result};
 use mlx_rs::{ops, Array, Dtype};
-use crate::kernels::qmv::{epilogue_mlx, quantized_matmul_t, quantized_matmul_t_normed, quantized_matmul_t_then, Epilogue, RmsNormIn};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
@@ -122,11 +121,6 @@ pub struct QuantizedMatrix {
     pub format: QuantFormat,
 }
 
-/// Rows of input from which the CPU multiplies by the dequantized matrix instead.
-const CPU_DEQUANTIZE_ROWS: i32 = 6;
-/// Rows of input from which a GPU does the same (prefill chunks).
-const GPU_DEQUANTIZE_ROWS: i32 = 256;
-
 impl QuantizedMatrix {
     /// Quantizes a float `[out, in]` matrix (in must be a multiple of the group size).
     pub fn quantize(w: &Array, format: QuantFormat) -> Result<Self> {
@@ -141,73 +135,13 @@ impl QuantizedMatrix {
         Ok(Self { packed, scales, biases, format })
     }
 
-    /// x · Wᵀ. MLX's CPU kernel accumulates in the input dtype, which loses ~4% in bf16, so on
-    /// the CPU the product runs in float32 (scales and biases are kept in f32 there, see
-    /// [`QuantizedMatrix::for_device`]) and is cast back.
-    pub fn matmul_t(&self, x: &Array) -> Result<Array> {
-        self.matmul_t_then(x, Epilogue::Plain)
-    }
-
-    /// [`QuantizedMatrix::matmul_t`] followed by `epilogue`, fused into the decode kernel where
-    /// that runs (see kernels::qmv).
-    pub fn matmul_t_then(&self, x: &Array, epilogue: Epilogue) -> Result<Array> {
-        let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
-        if super::device::on_cpu() {
-            if rows >= CPU_DEQUANTIZE_ROWS {
-                // MLX's CPU quantized matmul handles one row at a time; for a prefill chunk or a
-                // decode batch, expanding the weights and multiplying through BLAS is far faster
-                // (measured: 8 rows × 4096² in 102 ms against 125 ms, 16 rows 85 against 248).
-                let y = x.as_dtype(Dtype::Float32)?.matmul(self.dequantize()?.as_dtype(Dtype::Float32)?.t())?;
-                return Ok(epilogue_mlx(&y.as_dtype(x.dtype())?, epilogue)?);
-            }
-        } else if self.dequantizes_on_gpu(rows) {
-            // On a GPU, multiply the expanded weights (the copy lives for one product):
-            // * MLX 0.32.2's CUDA quantized matmul gives wrong results for K = 64 (one group of 64
-            //   per row, up to 7% off; tests/quantize.rs shows it on an H200), and matrices this
-            //   narrow are tiny;
-            // * for a prefill chunk the matrix units beat MLX's CUDA quantized matmul by 2.4× (q8)
-            //   to 4.3× (q4) at 2048 rows (benches/kernels.rs on an H200).
-            return Ok(epilogue_mlx(&x.matmul(self.dequantize()?.as_dtype(x.dtype())?.t())?, epilogue)?);
-        }
-        let (q, fmt) = (self, self.format);
-        if self.scales_wider_than(x) {
-            // Scales wider than x: the product in float32, the epilogue in x's dtype.
-            let y = quantized_matmul_t(&x.as_dtype(Dtype::Float32)?, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits)?;
-            return Ok(epilogue_mlx(&y.as_dtype(x.dtype())?, epilogue)?);
-        }
-        Ok(quantized_matmul_t_then(x, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits, epilogue)?)
-    }
-
-    /// [`QuantizedMatrix::matmul_t_then`] of `RMSNorm(x)` (gated or not): the norm folded into the
-    /// decode kernel where it runs the product (see kernels::qmv), applied first otherwise.
-    pub fn matmul_t_normed_then(&self, x: &Array, norm: RmsNormIn, epilogue: Epilogue) -> Result<Array> {
-        let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
-        // The products that reach the decode kernels in matmul_t_then.
-        let kernel_path = !super::device::on_cpu() && !self.dequantizes_on_gpu(rows) && !self.scales_wider_than(x);
-        if !kernel_path {
-            return self.matmul_t_then(&norm.apply(x)?, epilogue);
-        }
-        let (q, fmt) = (self, self.format);
-        Ok(quantized_matmul_t_normed(x, norm, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits, epilogue)?)
-    }
-
-    /// Whether a GPU product of `rows` input rows multiplies the expanded weights (see
-    /// [`QuantizedMatrix::matmul_t_then`] for why).
-    fn dequantizes_on_gpu(&self, rows: i32) -> bool {
-        self.in_features() < 128 || rows >= GPU_DEQUANTIZE_ROWS
-    }
-
-    /// Whether the scales are float32 and x is not (the product then runs in float32).
-    fn scales_wider_than(&self, x: &Array) -> bool {
-        self.scales.dtype() == Dtype::Float32 && x.dtype() != Dtype::Float32
-    }
-
     /// Input features (columns of the unpacked matrix).
     pub fn in_features(&self) -> i32 {
         self.packed.shape()[1] * 32 / self.format.bits
     }
 
-    /// Scales and biases in `dtype`, or in float32 when running on the CPU (see `matmul_t`).
+    /// Scales and biases in `dtype`, or in float32 when running on the CPU (MLX's CPU kernel
+    /// accumulates in the input dtype, which loses ~4% in bf16; see models::layers).
     pub fn for_device(mut self, dtype: Dtype) -> Result<Self> {
         let dtype = if super::device::on_cpu() { Dtype::Float32 } else { dtype };
         self.scales = self.scales.as_dtype(dtype)?;

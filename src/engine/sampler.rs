@@ -4,7 +4,7 @@
 
 use super::error::Result;
 use super::grammar::{Constraint, TokenMask};
-use rand::{rngs::StdRng, RngExt, SeedableRng};
+use rand::{rngs::StdRng, Rng, SeedableRng};
 
 #[derive(Debug, Clone)]
 pub struct SamplingParams {

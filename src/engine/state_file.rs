@@ -10,7 +10,7 @@
 //! it once complete. Only what a prompt restarts from is read: the attention buffers and one
 //! restart point's recurrent states.
 
-use super::cache::{Checkpoint, LayerState, ModelCache, PooledState, RecurrentState};
+use super::cache::{Checkpoint, LayerState, ModelCache, KeyWindowsState, RecurrentState};
 use super::error::{Error, Result};
 use super::model::{LanguageModel, Logits};
 use super::prefix_cache::{common_prefix, Trail};
@@ -410,7 +410,7 @@ impl StateFile {
                             if !ok_params || s != [1, 1, count as i32, (heads * dim) as i32] || windows.dtype() != *dtype {
                                 return Err(self.mismatch(format!("layer {i} pooled keys: shape {s:?}")));
                             }
-                            pooled.push(PooledState { kernel: kernel as usize, stride: stride as usize, heads: heads as i32, dim: dim as i32, windows });
+                            pooled.push(KeyWindowsState { kernel: kernel as usize, stride: stride as usize, heads: heads as i32, dim: dim as i32, windows });
                         }
                         LayerState::Attention { keys, pooled }
                     }

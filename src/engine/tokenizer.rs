@@ -250,37 +250,39 @@ impl TextTokenizer {
 const TEMPLATE_FUEL_BASE: u64 = 10_000_000;
 const TEMPLATE_FUEL_PER_ITEM: u64 = 100_000;
 
-/// Turns a growing token sequence into text pieces, holding back incomplete UTF-8 and decoding
-/// only a short window (so the cost does not grow with the output).
+/// Turns a growing token sequence into text pieces: tokenizers' own stream decoding (incomplete
+/// UTF-8 held back, only a short window decoded, so the cost does not grow with the output),
+/// with the special tokens [`TextTokenizer::decode`] hides left out.
 #[derive(Default)]
 pub struct StreamDecoder {
     ids: Vec<u32>,
-    prefix: usize,
-    read: usize,
+    prefix: String,
+    prefix_index: usize,
 }
 
 impl StreamDecoder {
     pub fn push(&mut self, tokenizer: &TextTokenizer, id: u32) -> Result<String> {
-        self.ids.push(id);
-        let before = tokenizer.decode(&self.ids[self.prefix..self.read])?;
-        let now = tokenizer.decode(&self.ids[self.prefix..])?;
-        if now.len() > before.len() && !now.ends_with('\u{FFFD}') && now.starts_with(&before) {
-            let piece = now[before.len()..].to_string();
-            self.prefix = self.read;
-            self.read = self.ids.len();
-            Ok(piece)
-        } else {
-            Ok(String::new())
+        if tokenizer.hidden.contains(&id) {
+            return Ok(String::new());
         }
+        let (ids, prefix, prefix_index) = (&mut self.ids, &mut self.prefix, &mut self.prefix_index);
+        contain("detokenizing", || {
+            match tokenizers::tokenizer::step_decode_stream(&tokenizer.inner, vec![id], false, ids, prefix, prefix_index) {
+                Ok(piece) => Ok(piece.unwrap_or_default()),
+                // The window does not extend the text shown yet (a decoder rewrote its start): wait.
+                Err(e) if e.is::<tokenizers::tokenizer::DecodeStreamError>() => Ok(String::new()),
+                Err(e) => Err(Error::Tokenizer(e.to_string())),
+            }
+        })
     }
 
     /// Whatever is still held back (e.g. a dangling partial character).
     pub fn finish(&mut self, tokenizer: &TextTokenizer) -> Result<String> {
-        let before = tokenizer.decode(&self.ids[self.prefix..self.read])?;
-        let now = tokenizer.decode(&self.ids[self.prefix..])?;
-        self.prefix = self.ids.len();
-        self.read = self.ids.len();
-        Ok(now.get(before.len()..).unwrap_or_default().to_string())
+        let ids = std::mem::take(&mut self.ids);
+        let prefix = std::mem::take(&mut self.prefix);
+        self.prefix_index = 0;
+        let all = contain("detokenizing", || tokenizer.inner.decode(&ids, false).map_err(|e| Error::Tokenizer(e.to_string())))?;
+        Ok(all.strip_prefix(prefix.as_str()).unwrap_or_default().to_string())
     }
 }
 

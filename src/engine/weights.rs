@@ -474,6 +474,15 @@ fn shard_files(index: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// A safetensors header as the format defines it (the crate's tensor entries), before checking.
+#[derive(serde::Deserialize)]
+struct SafetensorsHeader {
+    #[serde(rename = "__metadata__")]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(flatten)]
+    tensors: BTreeMap<String, safetensors::tensor::TensorInfo>,
+}
+
 /// A validated safetensors header.
 pub struct Header {
     pub tensors: Vec<(String, TensorInfo)>,
@@ -502,38 +511,15 @@ pub fn parse_header(mut file: impl Read, file_len: u64, path: &Path) -> Result<H
     }
     let mut header = vec![0u8; header_len as usize];
     file.read_exact(&mut header).map_err(|e| Error::io(path, e))?;
-    let json: Value = serde_json::from_slice(&header)
-        .map_err(|e| bad(format!("corrupt header (not JSON: {e})")))?;
-    let entries = json.as_object().ok_or_else(|| bad("corrupt header (not a JSON object)".into()))?;
+    let header: SafetensorsHeader = serde_json::from_slice(&header).map_err(|e| bad(format!("corrupt header ({e})")))?;
     let data_start = 8 + header_len;
     let data_len = file_len - data_start;
-    let mut out = Header { tensors: Vec::new(), metadata: BTreeMap::new() };
-    for (name, entry) in entries {
-        if name == "__metadata__" {
-            if entry.is_null() {
-                continue; // MLX writes `null` when there is no metadata
-            }
-            let map = entry.as_object().ok_or_else(|| bad("corrupt header (__metadata__ is not an object)".into()))?;
-            for (key, value) in map {
-                let value = value.as_str().ok_or_else(|| bad(format!("__metadata__ `{key}` is not a string")))?;
-                out.metadata.insert(key.clone(), value.to_string());
-            }
-            continue;
-        }
-        let dtype = entry.get("dtype").and_then(Value::as_str).unwrap_or("");
-        let size = dtype_size(dtype)
-            .ok_or_else(|| bad(format!("tensor `{name}` has unknown dtype `{dtype}`")))?;
-        let shape: Vec<u64> = entry
-            .get("shape")
-            .and_then(Value::as_array)
-            .and_then(|s| s.iter().map(Value::as_u64).collect())
-            .ok_or_else(|| bad(format!("tensor `{name}` has no valid shape")))?;
-        let offsets: Vec<u64> = entry
-            .get("data_offsets")
-            .and_then(Value::as_array)
-            .and_then(|s| s.iter().map(Value::as_u64).collect())
-            .filter(|o: &Vec<u64>| o.len() == 2)
-            .ok_or_else(|| bad(format!("tensor `{name}` has no valid data_offsets")))?;
+    let mut out = Header { tensors: Vec::new(), metadata: header.metadata.unwrap_or_default() };
+    for (name, entry) in header.tensors {
+        let dtype = entry.dtype.to_string();
+        let size = dtype_size(&dtype).ok_or_else(|| bad(format!("tensor `{name}` has dtype `{dtype}`, which sala does not read")))?;
+        let shape: Vec<u64> = entry.shape.iter().map(|&d| d as u64).collect();
+        let offsets = [entry.data_offsets.0 as u64, entry.data_offsets.1 as u64];
         let count = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
         let expected = count.and_then(|c| c.checked_mul(size));
         if offsets[1] < offsets[0] || Some(offsets[1] - offsets[0]) != expected {
@@ -551,9 +537,9 @@ pub fn parse_header(mut file: impl Read, file_len: u64, path: &Path) -> Result<H
             return Err(bad(format!("tensor `{name}` has a dimension too large for MLX")));
         }
         out.tensors.push((
-            name.clone(),
+            name,
             TensorInfo {
-                dtype: dtype.to_string(),
+                dtype,
                 shape: shape.iter().map(|&d| d as i32).collect(),
                 file: path.to_path_buf(),
                 location: Location::File { offset: data_start + offsets[0], len: offsets[1] - offsets[0] },

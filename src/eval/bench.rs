@@ -24,7 +24,7 @@ use crate::engine::prefix_cache::{PrefixCache, Start, Trail};
 use crate::engine::state_file::{self, Fingerprint, StateFile};
 use crate::engine::sampler::{Sampler, SamplingParams};
 use crate::engine::model::LanguageModel;
-use rand::{RngExt, SeedableRng};
+use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::time::Instant;
 

@@ -5,7 +5,7 @@
 use super::bench::BenchRow;
 pub use super::report::Format;
 use super::report::{Records, Report};
-use crate::store::memory::human;
+use crate::engine::memory::human;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::Path;

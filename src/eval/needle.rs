@@ -16,7 +16,7 @@ use super::report::{Records, Report};
 use crate::engine::error::{Error, Result};
 use crate::engine::model::LanguageModel;
 use crate::engine::tokenizer::{Message, TextTokenizer};
-use rand::{RngExt, SeedableRng};
+use rand::{Rng, SeedableRng};
 use serde_json::json;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

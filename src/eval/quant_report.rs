@@ -7,7 +7,7 @@ use crate::engine::ops::to_vec_f32;
 use crate::engine::tokenizer::{Message, TextTokenizer};
 use crate::eval::report::Report;
 use mlx_rs::Array;
-use rand::{RngExt, SeedableRng};
+use rand::{Rng, SeedableRng};
 
 /// Texts covering prose, code, arithmetic and a chat turn.
 const PROMPTS: [&str; 3] = [

@@ -14,7 +14,7 @@ use crate::engine::source::{ModelSource, CONFIG_FILE};
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::models;
 use mlx_rs::{Array, Dtype};
-use rand::{RngExt, SeedableRng};
+use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -91,7 +91,7 @@ impl SyntheticModel {
 
     /// Bytes of the weights once built in `dtype` (scales and biases in `dtype` too).
     pub fn weights_bytes(&self, dtype: Dtype) -> u64 {
-        let size = crate::store::memory::dtype_bytes(dtype);
+        let size = crate::engine::memory::dtype_bytes(dtype);
         let bytes = |s: &TensorSpec| match self.format(s) {
             Some(f) => numel(s) * f.bits as usize / 8 + 2 * numel(s) / f.group_size as usize * size,
             None => numel(s) * size,

@@ -60,8 +60,7 @@ pub struct KernelSource {
 /// zero-strided broadcast of a device constant. MLX passes input shapes by value with the
 /// launch, so the kernel reads `vᵢ` as `NAME_shape[i] - 1` and never touches the data. (On CUDA
 /// MLX keeps arrays in managed memory: a small parameter array written by the host costs the GPU
-/// a page fault where the kernel reads it. Without them, and with constants and RoPE offsets no
-/// longer made per layer, decode at 128K went from 60.6 to 70.4 tok/s on an H100.)
+/// a page fault where the kernel reads it; eval/results/kernel-notes.md.)
 pub fn shape_args(values: &[usize]) -> mlx_rs::error::Result<Array> {
     debug_assert!(values.len() <= MAX_SHAPE_ARGS);
     let shape: Vec<i32> = values.iter().map(|&v| v as i32 + 1).collect();
@@ -166,8 +165,7 @@ fn minified(source: &str) -> String {
 
 /// `header` as an `#include` of a file holding it, named by its content's hash in the temporary
 /// directory: MLX writes a custom kernel's whole source into every launch, and the host's time
-/// per launch grew with it (`kernels host-cost`, H100 host: 7.3 µs to build and 10.5 µs to
-/// encode a launch with a 20 KB header, 3.6 and 3.6 µs with none; a decode step launches ~200).
+/// per launch grows with it (eval/results/kernel-notes.md).
 /// The compiler reads the file once, at the kernel's first launch. `None` (the header goes
 /// inline) when the file cannot be written or its path cannot be quoted.
 fn header_include(header: &str) -> Option<String> {

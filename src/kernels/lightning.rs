@@ -62,7 +62,8 @@ pub fn decode_step(p: &StepParams, qkv: &Array, positions: &[usize], state: &Arr
     }
     let bits = |x: f32| TemplateArg::Int(x.to_bits() as i32);
     // CUDA spreads a head's state over d / 32 thread blocks of 32 columns, whose 4·d threads split
-    // the rows (cuda/lightning_decode.cu; H100, 9B decode at 4K: 34 µs per layer with d threads).
+    // the rows: fewer threads leave the step latency-bound (cuda/lightning_decode.cu;
+    // eval/results/kernel-notes.md).
     let (column_blocks, threads) = if backend() == Backend::Cuda && d % 32 == 0 { (d / 32, (4 * d).min(1024)) } else { (1, d) };
     let out = apply(
         if keep_kv { &STEP_KEEP_KV } else { &STEP },
@@ -142,7 +143,7 @@ pub fn norm_gate(o: &Array, gate_src: &Array, z_offset: i32, weight: &Array, eps
         return norm_gate_mlx(o, gate_src, z_offset, weight, eps);
     }
     // One thread block per row: as many threads as a block takes, so each loads few elements
-    // (256 threads took 11 µs per 4096-wide row on an H100, the layer's third-largest kernel).
+    // (with fewer it was one of the layer's largest kernels: eval/results/kernel-notes.md).
     const THREADS: i32 = 1024;
     let out = apply(
         &NORM_GATE,

@@ -10,17 +10,14 @@ use super::custom::{apply, backend, pow2_floor, Backend, KernelSource, Launch, T
 use crate::engine::ops::scalar;
 use mlx_rs::{error::Result, ops, Array, Dtype};
 
-/// Input rows up to which the kernel is used: measured on an H200 (benches/kernels.rs) it beats
-/// MLX's quantized matmul by 1.15–1.4× at one row and 1.9–2.2× at four on the 9B's large
-/// matrices (the 4096² one is even at one row); from 8 rows MLX's matrix kernel is faster (2.3× at
-/// 8 rows on an H100).
+/// Input rows up to which the kernel is used: it beats MLX's quantized matmul up to here, and
+/// from 8 rows MLX's matrix kernel is faster (eval/results/kernel-notes.md).
 pub const MAX_ROWS: i32 = 4;
 /// Warps per thread block.
 const WARPS: i32 = 8;
 /// Weight rows per warp by default (each chunk of x is loaded once for all of them; a SwiGLU warp
-/// takes at least one gate row and its up row). Measured on an H100, 9B decode at 4K, same run:
-/// 8-bit 158.6 (1 row) vs 155.6 (2) tok/s, 4-bit 171.0 (2) vs 167.8 (4); 4 rows at 8 bits:
-/// 123–127. On CUDA, `general_tiling` departs from it per matrix (a later per-product sweep).
+/// takes at least one gate row and its up row): the fastest in 9B decode
+/// (eval/results/kernel-notes.md). On CUDA, `general_tiling` departs from it per matrix.
 fn rows_per_warp(bits: i32) -> i32 {
     if bits == 4 {
         2
@@ -176,9 +173,8 @@ const NORMED_STAGE_BYTES: usize = 32 * 1024;
 
 /// [`quantized_matmul_t_then`] of `RMSNorm(x)` (gated or not): one kernel where the general kernel
 /// takes the product on CUDA (without a gate plain or SwiGLU, with one the residual form of
-/// o_proj), else the norm first. (Folding the norm into the
-/// tensor-core kernel of a decode batch, as T(x · g) with each row's sums scaled at the end, made
-/// its products 9–11 µs slower each on an H100, more than the 64 norm kernels it saved.)
+/// o_proj), else the norm first. (Folded into the tensor-core kernel of a decode batch, the norm
+/// slowed its products by more than the norm kernels it saved: eval/results/kernel-notes.md.)
 #[allow(clippy::too_many_arguments)]
 pub fn quantized_matmul_t_normed(
     x: &Array,
@@ -215,9 +211,8 @@ pub fn quantized_matmul_t_normed(
 
 /// Input rows up to which the tensor-core kernel runs: the 16 rows of one mma tile.
 pub const MAX_MMA_ROWS: i32 = 16;
-/// Input rows from which it does: for one row the general kernel is faster (9B decode at 4K on
-/// an H100, same call: 148.9 against 134.3 tok/s), for a batch of 8 the tensor cores
-/// (745 against 510 tok/s).
+/// Input rows from which it does: for one row the general kernel is faster, for a batch of 8 the
+/// tensor cores (eval/results/kernel-notes.md).
 const MIN_MMA_ROWS: i32 = 2;
 
 const QMM_HEADER: &str = concat!(
@@ -267,18 +262,12 @@ pub struct MmaTiling {
     pub grid_warps: i32,
 }
 
-/// H100, benches/kernels.rs `qmv` at 8 rows on the 9B's shapes, same call: one tile of 8 weight
-/// rows per thread block (SwiGLU: a gate tile and its up tile), 2 steps of loads in flight per warp
-/// (4 or 8: 1.2–1.6× slower on the large matrices; 2 tiles per block: up to 1.3× slower), and K
-/// split over a block's warps so that the grid holds about 8192 warps (4096 or 16384: slower).
+/// The tensor-core kernel's default tiling (SwiGLU: a gate tile and its up tile per block), each
+/// field the fastest in a sweep at 8 rows on the 9B's shapes (eval/results/kernel-notes.md).
 const MMA_TILING: MmaTiling = MmaTiling { out_tiles: 1, in_flight: 2, grid_warps: 8192 };
 
-/// The tensor-core kernel's tiling for a product of `n` weight rows. At 8 bits (`kernels qmv-tiling
-/// 8 all 8` on an H100, 8 rows), one step in flight rather than two was faster for the plain and
-/// residual products up to 16384 rows (lightning qkvz 36.9 → 33.8 µs, down 41.1 → 37.8, o_proj
-/// and sparse qkvg even) and slower for SwiGLU (68.8 → 72.6); the output head (73448 rows) was
-/// fastest with 4 tiles a thread block, one step in flight and 16384 warps (179.0 → 161.9 µs).
-/// 4 bits was not swept.
+/// The tensor-core kernel's tiling for a product of `n` weight rows: at 8 bits, the fastest per
+/// product in a sweep (eval/results/kernel-notes.md); 4 bits was not swept and takes the default.
 fn mma_tiling(n: i32, bits: i32, swiglu: bool) -> MmaTiling {
     match (bits, swiglu) {
         (8, false) if n <= 16384 => MmaTiling { in_flight: 1, ..MMA_TILING },
@@ -409,11 +398,9 @@ impl QmvTiling {
 
 /// The general kernel's tiling for `n` weight rows of `chunks` 16-byte chunks.
 fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
-    // 4 bits on CUDA, from the one-row sweep `kernels qmv-tiling 4 all 1` (H100,
-    // `eval/results/2026-11-24-h100-09c65bb/profile/qmv-tiling-q4.txt`): 32 weights a 16-byte
-    // load make these products bound by the unpacking, which more rows a warp (x loaded once for
-    // all) and more loads in flight hide. SwiGLU gate/up 55.4 → 40.0 µs, lightning qkvz 32.9 →
-    // 24.0, sparse qkvg 19.6 → 16.7, the head 84.7 → 79.6; o_proj and down are even.
+    // 4 bits on CUDA: 32 weights a 16-byte load make these products bound by the unpacking, which
+    // more rows a warp (x loaded once for all) and more loads in flight hide
+    // (eval/results/kernel-notes.md).
     if bits == 4 && backend() == Backend::Cuda {
         if swiglu || n > 16384 {
             return QmvTiling { warps: WARPS, outputs_per_warp: 4, split: 1, in_flight: 2, async_copy: false };
@@ -424,12 +411,8 @@ fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
     }
     // 8 bits on CUDA: the weights through a cp.async ring of 2 slots, with fewer warps than the
     // register loads want (about 4096 for the smaller matrices, each lane with at least 8 chunks of
-    // a row). From the one-row sweep `kernels qmv-tiling 8 all 1 async` (H100,
-    // `eval/results/2026-11-24-h100-bb6eb0b/profile/qmv-tiling-q8-async.txt`), against the
-    // register tilings below: SwiGLU gate/up, one gate row a warp, 59.7 → 53.7 µs; lightning qkvz
-    // and sparse qkvg, two rows a warp over all of K, 31.7 → 29.4 and 20.7 → 21.2; o_proj, one row
-    // a warp over all of K, 11.4 → 9.9; down (K = 16384), two rows a warp each over half of K,
-    // 30.1 → 28.5. A ring of 3 slots was even, of 4 slower; the head keeps register loads (even).
+    // a row): the faster in a sweep but for the head, which keeps register loads
+    // (eval/results/kernel-notes.md).
     if bits == 8 && backend() == Backend::Cuda && (swiglu || n <= 16384) {
         let ring = |outputs_per_warp, split| QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2, async_copy: true };
         if swiglu {
@@ -441,10 +424,8 @@ fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
         let outputs_per_warp = if chunks > 256 { 2 } else { 1 };
         return ring(outputs_per_warp, pow2_floor((4096 * outputs_per_warp / n).min(chunks / 256).min(WARPS)));
     }
-    // 8 bits on CUDA past the ring's matrices (only the head comes here): two rows a warp, from the
-    // one-row sweep `kernels qmv-tiling 8 all 1` (H100,
-    // `eval/results/2026-11-24-h100-1d7d59d/profile/qmv-tiling-q8.txt`: the head 115.7 → 110.7 µs
-    // with the split below).
+    // 8 bits on CUDA past the ring's matrices (only the head comes here): two rows a warp, with the
+    // split below the fastest in a sweep (eval/results/kernel-notes.md).
     let wide = bits == 8 && backend() == Backend::Cuda;
     let outputs_per_warp = if wide {
         2
@@ -454,8 +435,8 @@ fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
         rows_per_warp(bits)
     };
     // Warps sharing a group of output rows, each over a part of K (CUDA, plain and residual forms):
-    // a matrix of 4096 rows has one warp per row otherwise, each with many loads in a row, and ran
-    // at a quarter of the memory bandwidth (o_proj 26 µs, down 45 µs per product on an H100).
+    // a matrix of 4096 rows has one warp per row otherwise, each with many loads in a row, far
+    // below the memory bandwidth (eval/results/kernel-notes.md).
     let split = if backend() == Backend::Cuda && !swiglu {
         pow2_floor((16384 * outputs_per_warp / n).min(chunks / 64).min(WARPS))
     } else {
@@ -637,8 +618,8 @@ pub fn quantized_matmul_t_mlx(
     bits: i32,
 ) -> Result<Array> {
     // As one [rows, K] matrix: given a decode batch as [B, 1, K], MLX multiplies B separate
-    // vectors (B reads of the weights); as [B, K] it runs its matrix kernel (2.3× faster at 8 rows,
-    // benches/kernels.rs on an H100).
+    // vectors (B reads of the weights); as [B, K] it runs its matrix kernel, read once
+    // (eval/results/kernel-notes.md).
     let k = x.shape()[x.ndim() - 1];
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("x has a last axis") = packed.shape()[0];

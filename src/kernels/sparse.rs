@@ -1,8 +1,8 @@
-//! InfLLM-V2 block selection and block-sparse attention: the GPU kernels (`cuda/select_blocks.cu`,
+//! InfLLM-V2 block selection and block-sparse attention on the GPU (`cuda/select_blocks.cu`,
 //! `cuda/block_sparse_attention.cu` and their Metal twins; `cuda/select_mma.cu` (bf16 stage 1)
 //! and `cuda/block_sparse_prefill.cu` (prefill attention), the tensor-core forms on CUDA, have no
-//! Metal twins: Metal runs the general kernels there) and the MLX-ops versions, which run on the CPU and are the
-//! kernels' test oracle.
+//! Metal twins: Metal runs the general kernels there), and dense decode attention. Their MLX-ops
+//! versions, the CPU path and test oracle, are `models::sala::infllm` (the math as in the paper).
 //!
 //! Shapes: queries `[B, Hq, T, d]` at absolute positions `first_pos ..`, keys/values
 //! `[B, Hkv, L, d]`, level-1/level-2 compressed keys `[B, Hkv, n, d]`. The `Hq / Hkv` query heads of
@@ -10,8 +10,8 @@
 
 use super::custom::{apply, backend, pow2_floor, shape_args, Backend, KernelSource, Launch, TemplateArg, MAX_SHAPE_ARGS};
 use crate::engine::cache::KvParts;
-use crate::engine::ops::{arange_i32, scalar, Pacer};
-use mlx_rs::{error::Result, ops, ops::indexing::{IntoStrideBy, TryIndexOp}, Array, Dtype};
+use crate::engine::device;
+use mlx_rs::{error::Result, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// Geometry of the block selection.
 #[derive(Debug, Clone, Copy)]
@@ -40,100 +40,9 @@ pub struct Selected {
     pub scores: Array,
 }
 
-/// Stage 1 (compressed-key relevance with the level-2 LSE), max-pooling to blocks, forced init
-/// and local blocks, and the per-group top-k (exact ties: the lower block index wins): the
-/// chosen blocks `[B, Hkv, T, topk]`. Queries are taken in chunks whose working memory stays
-/// within [`SELECTION_CHUNK_BYTES`], at most two chunks in flight.
-pub fn select_blocks(
-    q: &Array,
-    c1: &Array,
-    c2: &Array,
-    first_pos: usize,
-    kv_len: usize,
-    sel: &BlockSelection,
-    score_dtype: Dtype,
-) -> Result<Array> {
-    let chunk = selection_chunk(q, c1);
-    Ok(select_blocks_chunked(q, c1, c2, first_pos, kv_len, sel, score_dtype, chunk, false)?.0)
-}
-
-/// [`select_blocks`] with the pooled block scores kept (for tracing and tests: at long context
-/// and many queries they are the larger part of the result).
-pub fn select_blocks_scored(
-    q: &Array,
-    c1: &Array,
-    c2: &Array,
-    first_pos: usize,
-    kv_len: usize,
-    sel: &BlockSelection,
-    score_dtype: Dtype,
-) -> Result<Selected> {
-    let chunk = selection_chunk(q, c1);
-    let (blocks, scores) = select_blocks_chunked(q, c1, c2, first_pos, kv_len, sel, score_dtype, chunk, true)?;
-    Ok(Selected { blocks, scores: scores.expect("kept") })
-}
-
-/// Working memory of one query chunk of the selection: the float32 stage-1 scores of every query
-/// head and level-1 window, or only the window scores per KV head for the tensor-core form.
-/// At 1M tokens that is 256 queries a chunk: the 1M-token prompt took 107.5 s with these and
-/// with 1024-query chunks (H100), and the selection stays well below the MLPs' working memory.
-const SELECTION_CHUNK_BYTES: usize = 1 << 27;
-
-/// Queries per chunk of the selection, within [`SELECTION_CHUNK_BYTES`].
-fn selection_chunk(q: &Array, c1: &Array) -> usize {
-    let (hkv, n1) = (c1.shape()[1] as usize, c1.shape()[2] as usize);
-    let rows = if fused_stage1(q, hkv as i32) { hkv } else { q.shape()[1] as usize };
-    (SELECTION_CHUNK_BYTES / (4 * rows * n1.max(1))).clamp(16, 4096)
-}
-
-/// The selection in chunks of `chunk` queries, at most two in flight: the blocks, and the scores
-/// if `keep_scores` (otherwise dropped part by part). Public for the test that chunking changes
-/// nothing.
-#[doc(hidden)]
-#[allow(clippy::too_many_arguments)]
-pub fn select_blocks_chunked(
-    q: &Array,
-    c1: &Array,
-    c2: &Array,
-    first_pos: usize,
-    kv_len: usize,
-    sel: &BlockSelection,
-    score_dtype: Dtype,
-    chunk: usize,
-    keep_scores: bool,
-) -> Result<(Array, Option<Array>)> {
-    let t = q.shape()[2] as usize;
-    let one = |q: &Array, first_pos: usize| {
-        if backend() == Backend::Cpu || q.shape()[0] != 1 {
-            select_blocks_mlx(q, c1, c2, first_pos, kv_len, sel, score_dtype)
-        } else {
-            select_blocks_gpu(q, c1, c2, first_pos, kv_len, sel, score_dtype)
-        }
-    };
-    if t <= chunk {
-        let whole = one(q, first_pos)?;
-        return Ok((whole.blocks, keep_scores.then_some(whole.scores)));
-    }
-    let mut pacer = Pacer::new(t);
-    let (mut blocks, mut scores) = (Vec::new(), Vec::new());
-    for start in (0..t).step_by(chunk) {
-        let end = (start + chunk).min(t);
-        let part = one(&q.try_index((.., .., start as i32..end as i32, ..))?, first_pos + start)?;
-        pacer.step(vec![part.blocks.clone(), part.scores.clone()])?;
-        blocks.push(part.blocks);
-        if keep_scores {
-            scores.push(part.scores);
-        }
-    }
-    let blocks = ops::concatenate(&blocks, 2)?;
-    // Scores not kept are freed as each part has run.
-    let scores = if keep_scores { Some(ops::concatenate(&scores, 2)?) } else { None };
-    Ok((blocks, scores))
-}
-
 /// Whether the selection takes the tensor-core stage 1 (`cuda/select_mma.cu`): CUDA, bf16
 /// queries, at most 16 query heads per KV head.
-fn fused_stage1(q: &Array, hkv: i32) -> bool {
+pub fn fused_stage1(q: &Array, hkv: i32) -> bool {
     let (hq, d) = (q.shape()[1], q.shape()[3]);
     backend() == Backend::Cuda
         && q.shape()[0] == 1
@@ -141,122 +50,6 @@ fn fused_stage1(q: &Array, hkv: i32) -> bool {
         && hq / hkv <= 16
         && d % 32 == 0
         && d <= 128
-}
-
-/// The MLX-ops version of [`select_blocks`].
-pub fn select_blocks_mlx(
-    q: &Array,
-    c1: &Array,
-    c2: &Array,
-    first_pos: usize,
-    kv_len: usize,
-    sel: &BlockSelection,
-    score_dtype: Dtype,
-) -> Result<Selected> {
-    let (b, hq, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
-    let hkv = c1.shape()[1];
-    let g = hq / hkv;
-    let scale = (d as f32).powf(-0.5);
-    let f32s = |x: f32| scalar(x, Dtype::Float32);
-    let i32s = |x: i32| Array::from_int(x);
-
-    // Query positions [T,1] and visibility of each compressed window (it must end at or before i).
-    let pos = arange_i32(first_pos, t as usize)?.reshape(&[-1, 1])?;
-    let visible = |n: i32, kernel: usize, stride: usize| -> Result<Array> {
-        let ends = arange_i32(0, n as usize)?
-            .multiply(i32s(stride as i32))?
-            .add(i32s(kernel as i32 - 1))?
-            .reshape(&[1, -1])?;
-        ends.le(&pos) // [T, n]
-    };
-    let n1 = c1.shape()[2];
-    let n2 = c2.shape()[2];
-    let qg = q.as_dtype(Dtype::Float32)?.reshape(&[b, hkv, g, t, d])?;
-    let dot = |c: &Array| -> Result<Array> {
-        let ct = c.as_dtype(Dtype::Float32)?.swap_axes(2, 3)?.reshape(&[b, hkv, 1, d, -1])?;
-        qg.matmul(ct)?.multiply(f32s(scale)?)
-    };
-    let neg_inf = f32s(f32::NEG_INFINITY)?;
-
-    let vis2 = visible(n2, sel.kernel2, sel.stride2)?;
-    let lse = ops::select(&vis2, dot(c2)?, &neg_inf)?.logsumexp_axis(-1, true)?; // [B,Hkv,G,T,1]
-    let vis1 = visible(n1, sel.kernel, sel.stride)?;
-    let p = dot(c1)?.subtract(&lse)?.exp()?;
-    // Rows without any visible level-2 key score 0 (the kernel exits early there).
-    let has_lse = lse.is_finite()?;
-    let p = ops::select(vis1.logical_and(&has_lse)?, p, f32s(0.0)?)?;
-    let score = p.sum_axis(2, false)?; // [B,Hkv,T,n1]
-    let score = ops::select(score.is_nan()?, f32s(0.0)?, &score)?.as_dtype(score_dtype)?.as_dtype(Dtype::Float32)?;
-
-    // Max-pool level-1 windows onto blocks: window c overlaps block b iff r·b − (k/s − 1) ≤ c ≤ r·b + r − 1.
-    let r = (sel.block / sel.stride) as i32;
-    let left = (sel.kernel / sel.stride) as i32 - 1;
-    let width = r + left;
-    let nb = kv_len.div_ceil(sel.block) as i32;
-    let right = (r * nb + width - left - n1).max(0);
-    let padded = ops::pad(&score, &[(0, 0), (0, 0), (0, 0), (left, right)], Some(neg_inf.clone()), None)?;
-    let mut pooled: Option<Array> = None;
-    for o in 0..width {
-        let strided = padded.try_index((.., .., .., (o..o + r * nb).stride_by(r)))?;
-        pooled = Some(match pooled {
-            None => strided,
-            Some(m) => ops::maximum(&m, &strided)?,
-        });
-    }
-    let pooled = pooled.expect("pooling width is at least 1");
-
-    // Forced blocks: b < init_blocks, or qb − local ≤ b ≤ qb.
-    let blk = arange_i32(0, nb as usize)?.reshape(&[1, -1])?;
-    let qb = pos.floor_divide(i32s(sel.block as i32))?;
-    let forced = blk
-        .lt(i32s(sel.init_blocks as i32))?
-        .logical_or(blk.ge(qb.subtract(i32s(sel.local_blocks as i32))?)?.logical_and(blk.le(&qb)?)?)?;
-    let scores = ops::select(&forced, f32s(f32::INFINITY)?, &pooled)?; // [B,Hkv,T,nb]
-
-    // Top-k with ties to the lower index: sort on a u64 key (order-preserving score bits above,
-    // reversed block index below). Scores are −inf, or in [0, +inf].
-    let k = (sel.topk as i32).min(nb);
-    let bits = scores.view::<u32>()?.as_dtype(Dtype::Uint64)?;
-    let ordered = ops::select(
-        scores.eq(&neg_inf)?,
-        Array::from_slice(&[0u64], &[1]),
-        bits.add(Array::from_slice(&[1u64], &[1]))?,
-    )?;
-    let low = Array::from_slice(&[u32::MAX as u64], &[1]).subtract(blk.as_dtype(Dtype::Uint64)?)?;
-    let key = ordered.multiply(Array::from_slice(&[1u64 << 32], &[1]))?.add(&low)?;
-    let top = ops::indexing::topk_axis(&key, k, -1)?;
-    let chosen = Array::from_slice(&[u32::MAX as u64], &[1])
-        .subtract(top.remainder(Array::from_slice(&[1u64 << 32], &[1]))?)?
-        .as_dtype(Dtype::Int32)?;
-    let chosen = ops::sort_axis(&chosen, -1)?;
-    // Blocks after the query's own block are dropped; pad to `topk` columns with −1.
-    let mut blocks = ops::select(chosen.gt(qb.reshape(&[1, 1, -1, 1])?)?, i32s(-1), &chosen)?;
-    if (k as usize) < sel.topk {
-        blocks = ops::pad(&blocks, &[(0, 0), (0, 0), (0, 0), (0, sel.topk as i32 - k)], Some(i32s(-1)), None)?;
-    }
-    Ok(Selected { blocks, scores })
-}
-
-/// Softmax attention of each query over its group's selected blocks, causally clipped to
-/// positions ≤ the query's own. `kv`: the cache's keys and values as stored (history buffers
-/// with spare capacity, then recent tokens), read in place; `blocks`: `[B, Hkv, T, K]` (−1 = none).
-/// Returns the heads side by side, `[B, T, Hq·d]`, times σ(`gate`) `[B, T, Hq·d]` when given (see
-/// [`heads_to_rows`]; the kernels' merge of their splits applies it).
-#[allow(clippy::too_many_arguments)]
-pub fn block_sparse_attention(
-    q: &Array,
-    kv: &KvParts,
-    blocks: &Array,
-    first_pos: usize,
-    block: usize,
-    scale: f32,
-    gate: Option<&Array>,
-) -> Result<Array> {
-    if backend() == Backend::Cpu || q.shape()[0] != 1 || !attention_kernel_fits(q, kv.keys.shape()[1]) {
-        let (k, v) = kv.filled()?;
-        return heads_to_rows(&block_sparse_attention_mlx(q, &k, &v, blocks, first_pos, block, scale)?, gate);
-    }
-    block_sparse_attention_gpu(q, kv, blocks, first_pos, block, scale, gate)
 }
 
 /// An attention output `[B, Hq, T, d]` as the output projection reads it, `[B, T, Hq·d]`, times
@@ -269,69 +62,6 @@ pub fn heads_to_rows(o: &Array, gate: Option<&Array>) -> Result<Array> {
         Some(gate) => rows.multiply(ops::sigmoid(gate)?),
         None => Ok(rows),
     }
-}
-
-/// Queries per piece of [`block_sparse_attention_mlx`] (the 9B's gathered keys and values of
-/// 128 queries: 0.8 GB in float32).
-const GATHER_QUERIES: i32 = 128;
-
-/// The MLX-ops version of [`block_sparse_attention`], over filled keys/values `[B, Hkv, L, d]`.
-pub fn block_sparse_attention_mlx(
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    blocks: &Array,
-    first_pos: usize,
-    block: usize,
-    scale: f32,
-) -> Result<Array> {
-    let (b, hq, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
-    if t > GATHER_QUERIES {
-        // The gathered keys and values take [B, Hkv, T, blocks·block, d] floats: bound T.
-        let mut outputs = Vec::new();
-        for start in (0..t).step_by(GATHER_QUERIES as usize) {
-            let end = (start + GATHER_QUERIES).min(t);
-            let (qs, bs) = (q.try_index((.., .., start..end, ..))?, blocks.try_index((.., .., start..end, ..))?);
-            outputs.push(block_sparse_attention_mlx(&qs, k, v, &bs, first_pos + start as usize, block, scale)?);
-        }
-        return ops::concatenate(&outputs, 2);
-    }
-    let (hkv, kv_len) = (k.shape()[1], k.shape()[2]);
-    let g = hq / hkv;
-    let nsel = blocks.shape()[3];
-    let s = nsel * block as i32;
-    let i32s = |x: i32| Array::from_int(x);
-
-    // Token positions of the selected blocks [B,Hkv,T,S] and which of them may be attended.
-    let offsets = arange_i32(0, block)?.reshape(&[1, 1, 1, 1, -1])?;
-    let tok = blocks.expand_dims(-1)?.multiply(i32s(block as i32))?.add(&offsets)?.reshape(&[b, hkv, t, s])?;
-    let pos = arange_i32(first_pos, t as usize)?.reshape(&[1, 1, -1, 1])?;
-    let valid = blocks
-        .expand_dims(-1)?
-        .ge(i32s(0))?
-        .reshape(&[b, hkv, t, nsel, 1])?;
-    let valid = ops::broadcast_to(&valid, &[b, hkv, t, nsel, block as i32])?
-        .reshape(&[b, hkv, t, s])?
-        .logical_and(tok.le(&pos)?)?
-        .logical_and(tok.lt(i32s(kv_len))?)?;
-    let tok = ops::clip(&tok, (i32s(0), i32s(kv_len - 1)))?;
-
-    let gather = |x: &Array| -> Result<Array> {
-        let idx = tok.reshape(&[b, hkv, t * s, 1])?;
-        x.take_along_axis(&idx, 2)?.reshape(&[b, hkv, t, s, d])
-    };
-    let kg = gather(&k.as_dtype(Dtype::Float32)?)?;
-    let vg = gather(&v.as_dtype(Dtype::Float32)?)?;
-    let qg = q.as_dtype(Dtype::Float32)?.reshape(&[b, hkv, g, t, d])?.swap_axes(2, 3)?; // [B,Hkv,T,G,d]
-    let logits = qg.matmul(kg.swap_axes(3, 4)?)?.multiply(scalar(scale, Dtype::Float32)?)?; // [B,Hkv,T,G,S]
-    let logits = ops::select(
-        valid.reshape(&[b, hkv, t, 1, s])?,
-        logits,
-        scalar(f32::NEG_INFINITY, Dtype::Float32)?,
-    )?;
-    let probs = ops::softmax_axis(&logits, -1, None)?;
-    let out = probs.matmul(&vg)?; // [B,Hkv,T,G,d]
-    out.swap_axes(2, 3)?.reshape(&[b, hq, t, d])?.as_dtype(q.dtype())
 }
 
 static SELECT_BLOCKS: KernelSource = KernelSource {
@@ -391,10 +121,16 @@ static SELECT_TOPK: KernelSource = KernelSource {
 
 /// Threads per thread block of the sparse kernels.
 const THREADS: i32 = 256;
-/// Thread blocks that fill the GPU: two per streaming multiprocessor of an H100 (132).
-const FILL_BLOCKS: i32 = 2 * 132;
+/// Compute units assumed where the device does not say how many it has.
+const DEFAULT_COMPUTE_UNITS: u32 = 64;
 
-fn select_blocks_gpu(
+/// Thread blocks that fill the GPU: two per compute unit (streaming multiprocessor, GPU core).
+fn fill_blocks() -> i32 {
+    2 * device::gpu_compute_units().unwrap_or(DEFAULT_COMPUTE_UNITS) as i32
+}
+
+/// The selection's kernels (one query chunk of `models::sala::infllm::select_blocks`).
+pub fn select_blocks_gpu(
     q: &Array,
     c1: &Array,
     c2: &Array,
@@ -461,7 +197,7 @@ fn select_blocks_gpu(
 
 /// Level-1 windows from which one decoding query's selection runs as two kernels: the window
 /// scores spread over many thread blocks, then pooling and top-k (one thread block per KV head
-/// had taken 27 → 108 µs per layer from 32K to 128K tokens on an H100).
+/// slows down as the context grows: eval/results/kernel-notes.md).
 const SPLIT_WINDOWS: i32 = 2048;
 /// Level-1 windows per thread block of the split form's first kernel.
 const WINDOWS_PER_BLOCK: i32 = 512;
@@ -504,7 +240,7 @@ fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelectio
     let int = |v: usize| TemplateArg::Int(v as i32);
     // Few queries (decode) leave most of the GPU idle: give each thread block more threads (on
     // CUDA; Metal's limit per threadgroup depends on the kernel).
-    let threads = if backend() == Backend::Cuda && t * hkv < FILL_BLOCKS / 2 { 1024 } else { THREADS };
+    let threads = if backend() == Backend::Cuda && t * hkv < fill_blocks() / 2 { 1024 } else { THREADS };
     let out = apply(
         &SELECT_TOPK,
         &[window_scores, params],
@@ -551,8 +287,9 @@ static BLOCK_SPARSE_ATTENTION: KernelSource = KernelSource {
     contiguous_inputs: false,
 };
 
+/// The block-sparse attention kernels (`models::sala::infllm::block_sparse_attention`).
 #[allow(clippy::too_many_arguments)]
-fn block_sparse_attention_gpu(
+pub fn block_sparse_attention_gpu(
     q: &Array,
     kv: &KvParts,
     blocks: &Array,
@@ -569,9 +306,9 @@ fn block_sparse_attention_gpu(
         return heads_to_rows(&block_sparse_prefill_cuda(q, kv, blocks, first_pos, block, scale)?, gate);
     }
     // Few queries (decode) split the selected blocks among thread blocks to fill the GPU: one
-    // split per selected block when the GPU has room for them, else a power of two (few compiled
-    // variants). At 128K tokens on an H100, 32 splits of 3 blocks took 80.6 µs a layer.
-    let room = (FILL_BLOCKS / (t * hkv)).max(1);
+    // split per selected block when the GPU has room for them (eval/results/kernel-notes.md),
+    // else a power of two (few compiled variants).
+    let room = (fill_blocks() / (t * hkv)).max(1);
     let nsplit = if room >= nsel { nsel.max(1) } else { pow2_floor(room) };
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
@@ -587,8 +324,7 @@ fn block_sparse_attention_gpu(
 /// The splits' partial outputs `[R, H, NSPLIT, d]` and log-sum-exps `[R, H, NSPLIT]` (R rows: the
 /// queries of one sequence, or one query per sequence) merged into `shape` (`[B, T, H·d]` with
 /// B·T = R) in `dtype`, times σ(`gate`) (of that shape, read through its strides) when given: the
-/// gate multiply, the sigmoid and the transposing copy had been three more launches a sparse
-/// layer.
+/// gate multiply, the sigmoid and the transposing copy would be three more launches a sparse layer.
 fn merge_splits(partial: &Array, lse: &Array, shape: Vec<i32>, dtype: Dtype, gate: Option<&Array>) -> Result<Array> {
     let (h, nsplit, d) = (partial.shape()[1], partial.shape()[2], partial.shape()[3]);
     let total = partial.shape()[0] * h * d;
@@ -620,8 +356,8 @@ fn merge_splits(partial: &Array, lse: &Array, shape: Vec<i32>, dtype: Dtype, gat
 /// Dense attention of one decoding query per sequence over that sequence's whole cache: `q`
 /// `[B, Hq, 1, d]`, `kvs[b]` the cache of row b (lengths may differ; the query is each cache's
 /// last position). Returns `[B, 1, Hq·d]`, times σ(`gate`) `[B, 1, Hq·d]` when given (as
-/// [`heads_to_rows`]). On CUDA one launch serves up to [`DECODE_SLOTS`] sequences (a batch of 8
-/// had spent more host time on its 64 attention calls a step than the GPU spent on the step) and
+/// [`heads_to_rows`]). On CUDA one launch serves up to [`DECODE_SLOTS`] sequences (a call per
+/// sequence and layer costs the host more than the GPU spends on the step) and
 /// reads q through its strides (a slice of the projection's output needs no copy); elsewhere
 /// MLX's attention runs per sequence.
 pub fn decode_attention(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&Array>) -> Result<Array> {
@@ -673,7 +409,7 @@ const DECODE_SLOTS: usize = MAX_SHAPE_ARGS;
 /// queries `q` `[B, Hq, T, d]` over `hkv` KV heads: it reads keys and values in 16-byte pieces,
 /// and its tiles must fit a thread block's shared memory: G query rows as float, and a 32-token
 /// tile of keys and of values (CUDA: float, 48 KB; Metal: the keys' own type, 32 KB).
-fn attention_kernel_fits(q: &Array, hkv: i32) -> bool {
+pub fn attention_kernel_fits(q: &Array, hkv: i32) -> bool {
     let (hq, d, item) = (q.shape()[1], q.shape()[3], q.item_size() as i32);
     if (d * item) % 16 != 0 || hq % hkv != 0 {
         return false;
@@ -722,10 +458,10 @@ fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&A
     let hkv = kvs[0].keys.shape()[1];
     let block = DECODE_BLOCK as i32;
     // Splits: one per block of the longest cache when the GPU has room, else a power of two (few
-    // compiled variants, as the lengths change every step). (32 splits rather than 16 for a batch
-    // of 8 at 4K: 72.9 → 71.7 µs a layer on an H100, not worth the larger merge.)
+    // compiled variants, as the lengths change every step); more splits gain too little to pay for
+    // the larger merge (eval/results/kernel-notes.md).
     let longest = kvs.iter().map(|kv| kv.len).max().unwrap_or(1) as i32;
-    let room = (FILL_BLOCKS / (b * hkv)).max(1);
+    let room = (fill_blocks() / (b * hkv)).max(1);
     let nsplit = pow2_floor(room.min((longest + block - 1) / block));
     let mut lens = [0usize; DECODE_SLOTS];
     let mut settled = [0usize; DECODE_SLOTS];
@@ -816,9 +552,8 @@ static MERGE_SPLITS_GATED: KernelSource = KernelSource {
 /// Queries from which a half-precision call takes the tensor-core kernel: it gives each query one
 /// warp and does not split the selected blocks, which only fills the GPU with many queries.
 const MMA_QUERIES: i32 = 16;
-/// Queries (warps) per thread block of the tensor-core kernel, sharing each staged tile. H100,
-/// 2048 queries at 32K / 128K tokens: 2 → 7.8 / 8.0 ms, 4 → 7.2 / 8.0, 8 → 8.0 / 10.9 (before
-/// ldmatrix; 4 → 5.2 / 6.0 and 8 → 6.0 / 7.8 after).
+/// Queries (warps) per thread block of the tensor-core kernel, sharing each staged tile: the
+/// fastest in a sweep (eval/results/kernel-notes.md).
 const MMA_QUERIES_PER_BLOCK: i32 = 4;
 
 static BLOCK_SPARSE_PREFILL: KernelSource = KernelSource {
@@ -898,9 +633,9 @@ const SELECT_MMA_HEADER: &str = concat!(
     include_str!("../../cuda/select_mma.cu")
 );
 
-/// Queries (warps) per thread block of the tensor-core stage 1 when there are many queries; one
-/// query per thread block below [`MMA_QUERIES`]. H100, 2048 queries at 32K / 512K / 1M tokens,
-/// per layer: 4 → 0.65 / 6.2 / 12.7 ms, 8 → 0.62 / 5.9 / 11.9.
+/// Queries (warps) per thread block of the tensor-core stage 1 when there are many queries (the
+/// faster in a sweep: eval/results/kernel-notes.md); one query per thread block below
+/// [`MMA_QUERIES`].
 const SELECT_QUERIES_PER_BLOCK: i32 = 8;
 
 /// [`select_blocks_gpu`] for bf16 queries on CUDA (`cuda/select_mma.cu`): the level-2
@@ -925,7 +660,7 @@ fn select_blocks_fused(
     let qpb = if t >= MMA_QUERIES { SELECT_QUERIES_PER_BLOCK } else { 1 };
     let query_blocks = (t + qpb - 1) / qpb;
     // Ranges of 64-window tiles: enough thread blocks to fill the GPU.
-    let ranges = |n: i32| (FILL_BLOCKS / (query_blocks * hkv)).clamp(1, ((n + 63) / 64).max(1));
+    let ranges = |n: i32| (fill_blocks() / (query_blocks * hkv)).clamp(1, ((n + 63) / 64).max(1));
     let key_type = if c1.dtype() == Dtype::Bfloat16 { Dtype::Bfloat16 } else { Dtype::Float32 };
     // Window-major `[n, Hkv, d]`: the cache's pooled keys as stored (no copy; see PooledKeys).
     let keys = |c: &Array| -> Result<Array> { c.as_dtype(key_type)?.swap_axes(1, 2)?.reshape(&[-1, hkv, d])?.contiguous() };

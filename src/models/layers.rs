@@ -5,7 +5,8 @@ use crate::engine::model::{Logits, Trace};
 use crate::engine::ops::scalar;
 use crate::engine::quant::QuantizedMatrix;
 use crate::engine::weights::Weights;
-use crate::kernels::qmv::{epilogue_mlx, swiglu_mlx, Epilogue, GateIn, RmsNormIn};
+use crate::engine::device::on_cpu;
+use crate::kernels::qmv::{epilogue_mlx, quantized_matmul_t, quantized_matmul_t_normed, quantized_matmul_t_then, swiglu_mlx, Epilogue, GateIn, RmsNormIn};
 use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// A projection's input: x itself, or RMSNorm(x) not yet applied, so that the quantized decode
@@ -70,15 +71,15 @@ impl Matrix {
     pub fn matmul_t_then(&self, x: &Array, epilogue: Epilogue) -> Result<Array> {
         match self {
             Matrix::Dense(w) => Ok(epilogue_mlx(&x.matmul(w.t())?, epilogue)?),
-            Matrix::Quantized(q) => q.matmul_t_then(x, epilogue),
+            Matrix::Quantized(q) => quantized_product(q, x, epilogue),
         }
     }
 
     /// [`Matrix::matmul_t_then`] of an [`Input`].
     pub fn matmul_t_in(&self, x: Input, epilogue: Epilogue) -> Result<Array> {
         match (self, x) {
-            (Matrix::Quantized(q), Input::Normed(x, norm)) => q.matmul_t_normed_then(x, norm.input(None), epilogue),
-            (Matrix::Quantized(q), Input::NormGated(x, norm, gate)) => q.matmul_t_normed_then(x, norm.input(Some(gate)), epilogue),
+            (Matrix::Quantized(q), Input::Normed(x, norm)) => quantized_product_normed(q, x, norm.input(None), epilogue),
+            (Matrix::Quantized(q), Input::NormGated(x, norm, gate)) => quantized_product_normed(q, x, norm.input(Some(gate)), epilogue),
             (_, Input::Plain(x)) => self.matmul_t_then(x, epilogue),
             (Matrix::Dense(_), x) => self.matmul_t_then(&x.array()?, epilogue),
         }
@@ -118,6 +119,60 @@ impl Matrix {
             format: qs[0].format,
         })))
     }
+}
+
+/// Input rows from which the CPU multiplies by the dequantized matrix through BLAS: MLX's CPU
+/// quantized product takes one row at a time (eval/results/kernel-notes.md).
+const CPU_DEQUANTIZE_ROWS: i32 = 6;
+/// Input rows (prefill chunks) from which a GPU multiplies by the dequantized matrix: the matrix
+/// units beat MLX's CUDA quantized product there (eval/results/kernel-notes.md).
+const GPU_DEQUANTIZE_ROWS: i32 = 256;
+
+/// x · Wᵀ for a quantized W, then `epilogue`: the decode kernel (kernels::qmv) where it runs,
+/// else the product of the dequantized matrix. On the CPU in float32: MLX's CPU kernel
+/// accumulates in the input dtype, which loses precision in bf16 (eval/results/kernel-notes.md).
+fn quantized_product(q: &QuantizedMatrix, x: &Array, epilogue: Epilogue) -> Result<Array> {
+    let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
+    if on_cpu() {
+        if rows >= CPU_DEQUANTIZE_ROWS {
+            let y = x.as_dtype(Dtype::Float32)?.matmul(q.dequantize()?.as_dtype(Dtype::Float32)?.t())?;
+            return Ok(epilogue_mlx(&y.as_dtype(x.dtype())?, epilogue)?);
+        }
+    } else if dequantizes_on_gpu(q, rows) {
+        // The expanded copy lives for one product.
+        return Ok(epilogue_mlx(&x.matmul(q.dequantize()?.as_dtype(x.dtype())?.t())?, epilogue)?);
+    }
+    let fmt = q.format;
+    if scales_wider_than(q, x) {
+        // The product in float32, the epilogue in x's dtype.
+        let y = quantized_matmul_t(&x.as_dtype(Dtype::Float32)?, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits)?;
+        return Ok(epilogue_mlx(&y.as_dtype(x.dtype())?, epilogue)?);
+    }
+    Ok(quantized_matmul_t_then(x, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits, epilogue)?)
+}
+
+/// [`quantized_product`] of `RMSNorm(x)` (gated or not): the norm folded into the decode kernel
+/// where that runs the product, applied first otherwise.
+fn quantized_product_normed(q: &QuantizedMatrix, x: &Array, norm: RmsNormIn, epilogue: Epilogue) -> Result<Array> {
+    let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
+    let kernel_path = !on_cpu() && !dequantizes_on_gpu(q, rows) && !scales_wider_than(q, x);
+    if !kernel_path {
+        return quantized_product(q, &norm.apply(x)?, epilogue);
+    }
+    let fmt = q.format;
+    Ok(quantized_matmul_t_normed(x, norm, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits, epilogue)?)
+}
+
+/// Whether a GPU product of `rows` input rows multiplies the expanded weights: prefill chunks, and
+/// matrices narrower than 128 columns (MLX 0.32.2's CUDA quantized product is wrong for K = 64,
+/// tests/quantize.rs).
+fn dequantizes_on_gpu(q: &QuantizedMatrix, rows: i32) -> bool {
+    q.in_features() < 128 || rows >= GPU_DEQUANTIZE_ROWS
+}
+
+/// Whether the scales are float32 and x is not (the product then runs in float32).
+fn scales_wider_than(q: &QuantizedMatrix, x: &Array) -> bool {
+    q.scales.dtype() == Dtype::Float32 && x.dtype() != Dtype::Float32
 }
 
 /// Several bias-free projections of the same input (q/k/v, gate/up) multiplied as one stacked

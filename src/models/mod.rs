@@ -16,6 +16,7 @@ use crate::engine::model::LanguageModel;
 use crate::engine::quant::QuantConfig;
 use crate::engine::source::ModelSource;
 use crate::engine::tokenizer::TextTokenizer;
+use crate::engine::tools::ToolFormat;
 use crate::engine::weights::{TensorSpec, Weights};
 use decoder::{DecoderConfig, DecoderModel};
 use mlx_rs::Dtype;
@@ -28,10 +29,18 @@ pub fn supported_model_types() -> Vec<&'static str> {
     types
 }
 
+/// The syntax a model writes tool calls in: what its chat template shows, else its family's.
+pub fn tool_format(model_type: &str, chat_template: &str) -> ToolFormat {
+    ToolFormat::from_template(chat_template).unwrap_or(match model_type {
+        sala::MODEL_TYPE | minicpm::MODEL_TYPE => ToolFormat::MiniCpmXml,
+        "mistral" => ToolFormat::Mistral,
+        _ => ToolFormat::Hermes,
+    })
+}
+
 /// Finds the model at `path`: a directory, a `.sala`/`.safetensors` single file, or a `.gguf` file.
-/// A name that is not a path is looked up in the model store (`org/name[@revision]`).
+/// (Store names are resolved to a path by the loading path, `load::open`.)
 pub fn open(path: &Path) -> Result<ModelSource> {
-    let path = &crate::store::cache::resolve(path)?;
     if path.is_dir() {
         ModelSource::from_dir(path)
     } else if gguf::is_gguf(path) {
@@ -122,4 +131,19 @@ pub fn load_with_tokenizer(path: &Path, dtype: Option<Dtype>) -> Result<(Box<dyn
     let model = build(&cfg, &mut source.weights, dtype)?;
     let tokenizer = source.tokenizer(model.info().bos_token_id)?;
     Ok((model, tokenizer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_format_follows_the_template_then_the_family() {
+        assert_eq!(tool_format(sala::MODEL_TYPE, "{{ messages }}"), ToolFormat::MiniCpmXml);
+        assert_eq!(tool_format(minicpm::MODEL_TYPE, "<|im_start|>"), ToolFormat::MiniCpmXml);
+        assert_eq!(tool_format("mistral", ""), ToolFormat::Mistral);
+        assert_eq!(tool_format("llama", "<|im_start|>"), ToolFormat::Hermes);
+        assert_eq!(tool_format("llama", "{{ '<|python_tag|>' }}"), ToolFormat::Llama3Json);
+        assert_eq!(tool_format("qwen2", "x <function name=\"f\"> y"), ToolFormat::MiniCpmXml);
+    }
 }

@@ -9,7 +9,8 @@ pub mod models;
 pub mod openai;
 pub mod scheduler;
 
-use crate::cli::{load, ModelArgs};
+use crate::load::{file_label, load, LoadOptions};
+use crate::progress::{bytes_progress, progress_to};
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::tools::ToolFormat;
 use crate::engine::state_file::StateDir;
@@ -87,12 +88,14 @@ pub struct ServerOptions {
     pub prompt_cache_dir: Option<std::path::PathBuf>,
     /// The tool-call syntax, when not the model's own.
     pub tool_format: Option<ToolFormat>,
+    /// Prompt tokens per forward pass during prefill.
+    pub prefill_step: usize,
 }
 
 /// Binds, starts loading the model on the worker thread, and serves until SIGINT or SIGTERM,
 /// then drains: no new requests, running ones finish (or are ended at `shutdown_timeout`).
-pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
-    let ServerOptions { host, port, api_key, default_max_tokens, parallel, read_timeout, shutdown_timeout, cache_memory, prompt_cache_dir, tool_format } = options;
+pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
+    let ServerOptions { host, port, api_key, default_max_tokens, parallel, read_timeout, shutdown_timeout, cache_memory, prompt_cache_dir, tool_format, prefill_step } = options;
     let path = model.model_or_default()?;
     if let Some(dir) = &prompt_cache_dir {
         StateDir::check_writable(dir).map_err(|e| anyhow::anyhow!("--prompt-cache-dir {}: {e}; pass a folder this user can write", dir.display()))?;
@@ -110,7 +113,7 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
     let state = Arc::new(AppState {
         // Clients name the model by its path, as llama.cpp's server does; a public server says
         // only its file name.
-        model_id: if public { crate::cli::file_label(&path) } else { path.display().to_string() },
+        model_id: if public { file_label(&path) } else { path.display().to_string() },
         model_path: crate::store::cache::resolve(&path).unwrap_or_else(|_| path.clone()),
         downloads: Mutex::new(Vec::new()),
         api_key,
@@ -124,7 +127,6 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
         descriptions: tokio::sync::Mutex::new(std::collections::HashMap::new()),
     });
     let worker_state = state.clone();
-    let prefill_step = model.runtime.prefill_step;
     let worker = std::thread::Builder::new().name("sala-worker".into()).spawn(move || {
         let loaded = match load(&model, default_max_tokens) {
             Ok(l) => l,
@@ -139,7 +141,7 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
             return;
         };
         let tokenizer = Arc::new(tokenizer);
-        let cache_budget = cache_memory.unwrap_or_else(crate::store::memory::default_state_budget);
+        let cache_budget = cache_memory.unwrap_or_else(crate::engine::memory::default_state_budget);
         let model = loaded.model.as_ref();
         let mut prefixes = PrefixCache::new(cache_budget);
         let store = prompt_cache_dir.and_then(|dir| match StateDir::new(&dir, &loaded.fingerprint) {
@@ -160,14 +162,14 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
             max_context: info.max_context,
             vocab_size: info.vocab_size,
             eos: info.eos_token_ids.clone(),
-            tool_format: tool_format.unwrap_or_else(|| ToolFormat::for_model(&info.model_type, tokenizer.chat_template())),
+            tool_format: tool_format.unwrap_or_else(|| crate::models::tool_format(&info.model_type, tokenizer.chat_template())),
         });
         // A shutdown that came while loading found no sender to take.
         if worker_state.draining.load(Ordering::SeqCst) {
             return;
         }
         let format = worker_state.ready.get().map_or("", |r| r.tool_format.name());
-        eprintln!("model ready: {} (prefix cache: up to {}; tool calls: {format})", worker_state.model_id, crate::store::memory::human(cache_budget));
+        eprintln!("model ready: {} (prefix cache: up to {}; tool calls: {format})", worker_state.model_id, crate::engine::memory::human(cache_budget));
         let prefixes = scheduler::run(model, tokenizer, prefill_step, parallel, rx, worker_state.abort.clone(), prefixes);
         if let Some((dir, store)) = &store {
             write_kept_states(store, dir, &prefixes);
@@ -245,8 +247,8 @@ pub fn serve(model: ModelArgs, options: ServerOptions) -> anyhow::Result<()> {
 
 /// Puts the states saved in `store` back into `prefixes` (as many as its budget holds).
 fn read_kept_states(model: &dyn crate::engine::model::LanguageModel, store: &StateDir, dir: &std::path::Path, prefixes: &mut PrefixCache) {
-    let bar = crate::cli::bytes_progress("reading kept prompt states", 0);
-    let loaded = store.load(model, prefixes.budget(), &mut crate::cli::progress_to(&bar));
+    let bar = bytes_progress("reading kept prompt states", 0);
+    let loaded = store.load(model, prefixes.budget(), &mut progress_to(&bar));
     bar.finish_and_clear();
     match loaded {
         Ok((states, skipped)) => {
@@ -259,7 +261,7 @@ fn read_kept_states(model: &dyn crate::engine::model::LanguageModel, store: &Sta
                     eprintln!("warning: a saved prompt state was not kept: {e}");
                 }
             }
-            eprintln!("prompt cache: {count} kept states read from {} ({})", dir.display(), crate::store::memory::human(prefixes.held_bytes()));
+            eprintln!("prompt cache: {count} kept states read from {} ({})", dir.display(), crate::engine::memory::human(prefixes.held_bytes()));
         }
         Err(e) => eprintln!("warning: --prompt-cache-dir {}: {e}", dir.display()),
     }
@@ -267,8 +269,8 @@ fn read_kept_states(model: &dyn crate::engine::model::LanguageModel, store: &Sta
 
 /// Saves the states `prefixes` holds to `store`, for the next start.
 fn write_kept_states(store: &StateDir, dir: &std::path::Path, prefixes: &PrefixCache) {
-    let bar = crate::cli::bytes_progress("saving kept prompt states", 0);
-    let written = store.save(prefixes.kept(), &mut crate::cli::progress_to(&bar));
+    let bar = bytes_progress("saving kept prompt states", 0);
+    let written = store.save(prefixes.kept(), &mut progress_to(&bar));
     bar.finish_and_clear();
     match written {
         Ok(n) => eprintln!("prompt cache: {} kept states in {} ({n} written)", prefixes.len(), dir.display()),
@@ -384,7 +386,7 @@ pub(crate) fn may_manage(state: &AppState, headers: &HeaderMap) -> Result<(), Ap
 
 /// Load status for anyone (no filesystem paths); why a load failed only with the API key.
 async fn health(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let model = crate::cli::file_label(std::path::Path::new(&state.model_id));
+    let model = file_label(std::path::Path::new(&state.model_id));
     if state.ready.get().is_some() {
         (StatusCode::OK, Json(json!({"status": "ok", "model": model}))).into_response()
     } else if let Some(e) = state.load_error.get() {

@@ -2,7 +2,6 @@
 
 pub mod cache;
 pub mod http;
-pub mod memory;
 pub mod pack;
 pub mod pull;
 pub mod summary;

@@ -52,22 +52,18 @@ impl ToolFormat {
         })
     }
 
-    /// The syntax a model was trained on: what its chat template writes, else its family.
-    pub fn for_model(model_type: &str, chat_template: &str) -> Self {
+    /// The syntax a chat template writes calls in, if it shows one.
+    pub fn from_template(chat_template: &str) -> Option<Self> {
         if chat_template.contains("<function name=") || chat_template.contains("<param name=") {
-            ToolFormat::MiniCpmXml
+            Some(ToolFormat::MiniCpmXml)
         } else if chat_template.contains("[TOOL_CALLS]") {
-            ToolFormat::Mistral
+            Some(ToolFormat::Mistral)
         } else if chat_template.contains("<|python_tag|>") {
-            ToolFormat::Llama3Json
+            Some(ToolFormat::Llama3Json)
         } else if chat_template.contains("<tool_call>") {
-            ToolFormat::Hermes
+            Some(ToolFormat::Hermes)
         } else {
-            match model_type {
-                "minicpm_sala" | "minicpm" => ToolFormat::MiniCpmXml,
-                "mistral" => ToolFormat::Mistral,
-                _ => ToolFormat::Hermes,
-            }
+            None
         }
     }
 
@@ -494,12 +490,12 @@ mod tests {
 
     #[test]
     fn formats_are_chosen_from_the_template_then_the_family() {
-        assert_eq!(ToolFormat::for_model("minicpm_sala", "{{ messages }}"), ToolFormat::MiniCpmXml);
-        assert_eq!(ToolFormat::for_model("qwen3", "<tool_call>"), ToolFormat::Hermes);
-        assert_eq!(ToolFormat::for_model("llama", "{{ '<|python_tag|>' }}"), ToolFormat::Llama3Json);
-        assert_eq!(ToolFormat::for_model("llama", "<|im_start|>"), ToolFormat::Hermes);
-        assert_eq!(ToolFormat::for_model("mistral", ""), ToolFormat::Mistral);
-        assert_eq!(ToolFormat::for_model("qwen2", "x <function name=\"f\"> y"), ToolFormat::MiniCpmXml);
+        assert_eq!(ToolFormat::from_template("{{ messages }}"), None);
+        assert_eq!(ToolFormat::from_template("<tool_call>"), Some(ToolFormat::Hermes));
+        assert_eq!(ToolFormat::from_template("{{ '<|python_tag|>' }}"), Some(ToolFormat::Llama3Json));
+        assert_eq!(ToolFormat::from_template("<|im_start|>"), None);
+        assert_eq!(ToolFormat::from_template("{{ '[TOOL_CALLS]' }}"), Some(ToolFormat::Mistral));
+        assert_eq!(ToolFormat::from_template("x <function name=\"f\"> y"), Some(ToolFormat::MiniCpmXml));
         assert_eq!(ToolFormat::from_name("minicpm4_xml").unwrap(), ToolFormat::MiniCpmXml);
         let Err(Error::Usage(message)) = ToolFormat::from_name("xml") else { panic!("accepted") };
         assert!(message.contains("hermes, minicpm4_xml, llama3_json, mistral"), "{message}");

@@ -1,4 +1,4 @@
-//! The "lightning-attn" layer: Simple GLA linear attention (spec §3.2).
+//! The "lightning-attn" layer: Simple GLA linear attention (docs/sala-model.md, Lightning layer).
 //!
 //!   q, k, v = x·Wq, x·Wk, x·Wv                       [T, H, d]
 //!   q, k    = RMSNorm_d(q), RMSNorm_d(k)              (qk_norm; one weight shared by all heads)

@@ -1,12 +1,13 @@
 //! MiniCPM-SALA: a pre-norm decoder whose layers mix InfLLM-V2 sparse softmax attention
 //! ([`sparse`], "minicpm4") with Simple-GLA linear attention ([`lightning`], "lightning-attn"),
-//! using MiniCPM's muP scalings. Spec: ../shared/docs/sala-architecture.md §1–§3.
+//! using MiniCPM's muP scalings (docs/sala-model.md, Layer order and Forward pass).
 //!
 //!   h = Embed[ids] · scale_emb
 //!   per layer:  h += α · Mixer(RMSNorm(h));  h += α · MLP(RMSNorm(h))      α = scale_depth/√L
 //!   (each branch's last projection adds itself into h: Linear::forward_residual)
 //!   logits = (RMSNorm(h) / (hidden/dim_model_base)) · W_lmᵀ
 
+pub mod infllm;
 pub mod lightning;
 pub mod sparse;
 

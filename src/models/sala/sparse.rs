@@ -1,4 +1,5 @@
-//! The "minicpm4" layer: NoPE GQA softmax attention with a sigmoid output gate (spec §3.3–§3.4).
+//! The "minicpm4" layer: NoPE GQA softmax attention with a sigmoid output gate
+//! (docs/sala-model.md, Sparse layer).
 //!
 //!   q = x·Wq [T, Hq, d];  k, v = x·Wk, x·Wv [T, Hkv, d]      no RoPE, no QK-norm
 //!   append k, v to the cache;  L = P + T
@@ -18,9 +19,8 @@ use crate::engine::error::Result;
 use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::kv::{append_token, KvColumns, RecentSlot};
-use crate::kernels::sparse::{
-    block_sparse_attention, decode_attention, heads_to_rows, select_blocks, select_blocks_scored, BlockSelection,
-};
+use crate::kernels::sparse::{decode_attention, heads_to_rows, BlockSelection};
+use super::infllm::{block_sparse_attention, compressed_keys, select_blocks, select_blocks_scored};
 use crate::models::layers::{per_sequence, Input, Linear, QkvGate};
 use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, ops::indexing::TryIndexOp, Array, Dtype};
 
@@ -149,8 +149,8 @@ impl SparseAttention {
 
     /// One new token for each of the (non-empty) caches. Its keys and values go behind each
     /// cache's recent tokens, all sequences in one call: appending to a history the device still
-    /// reads (the previous step's attention) would copy it, and the per-sequence slice updates
-    /// had cost the host 14 operations per sequence and layer. Then one attention call for the
+    /// reads (the previous step's attention) would copy it, and per-sequence slice updates would
+    /// cost the host 14 operations per sequence and layer. Then one attention call for the
     /// batch while every cache is dense, else InfLLM-V2 per sequence.
     fn attend_decode(&self, x: Input, caches: &mut [&mut KvCache], layer: usize, mut trace: Option<&mut Trace>) -> Result<Array> {
         let b = x.shape()[0];
@@ -206,8 +206,8 @@ impl SparseAttention {
         trace: Option<&mut Trace>,
     ) -> Result<Array> {
         let sel = &self.cfg.selection;
-        let c1 = cache.pooled_keys(sel.kernel, sel.stride)?;
-        let c2 = cache.pooled_keys(sel.kernel2, sel.stride2)?;
+        let c1 = compressed_keys(cache, sel.kernel, sel.stride)?;
+        let c2 = compressed_keys(cache, sel.kernel2, sel.stride2)?;
         let (Some(c1), Some(c2)) = (c1, c2) else {
             unreachable!("dense_len ≥ one level-2 window, so both levels exist here")
         };
@@ -217,7 +217,8 @@ impl SparseAttention {
         // The selection and the attention kernels both read q contiguous: one copy for both.
         let q = &q.contiguous()?;
         // One call each for all queries (select_blocks bounds its own working memory; attention
-        // calls of few queries at a time had left the GPU half idle at 512K tokens).
+        // calls of few queries at a time leave the GPU half idle at long context;
+        // eval/results/kernel-notes.md).
         let blocks = match trace {
             Some(tr) => {
                 let selected = select_blocks_scored(q, &c1, &c2, past, kv_len, sel, q.dtype())?;

@@ -1,0 +1,109 @@
+//! Will it fit? Memory a model needs (weights in the compute dtype + one sequence's cache) against
+//! what the machine has, checked before loading and before prefill so an oversized request is
+//! refused with the numbers instead of crashing the machine.
+
+use super::device::{self, DeviceKind};
+use super::error::{Error, Result};
+use super::source::ModelSource;
+use super::weights::float_dtype;
+use mlx_rs::Dtype;
+
+/// Bytes the device that runs the model can give now: `SALA_AVAILABLE_MEMORY` if set; on a CUDA
+/// GPU its own memory less what MLX holds; on Metal the GPU's recommended working set less what
+/// MLX holds, capped by the free unified memory; on the CPU the free host memory. `None` when
+/// unknown (the check is then skipped).
+pub fn available_bytes(device: DeviceKind) -> Option<u64> {
+    if let Some(v) = std::env::var("SALA_AVAILABLE_MEMORY").ok().and_then(|v| v.trim().parse().ok()) {
+        return Some(v);
+    }
+    let held = || mlx_rs::memory::active_memory().unwrap_or(0) as u64;
+    match (device, device::gpu_backend()) {
+        (DeviceKind::Gpu, Some("cuda")) => device::gpu_info()?.memory_bytes.map(|total| total.saturating_sub(held())),
+        (DeviceKind::Gpu, Some(_)) => {
+            let working_set = device::gpu_info().and_then(|g| g.working_set_bytes).map(|w| w.saturating_sub(held()));
+            match (working_set, host_available_bytes()) {
+                (Some(gpu), Some(host)) => Some(gpu.min(host)),
+                (gpu, host) => gpu.or(host),
+            }
+        }
+        _ => host_available_bytes(),
+    }
+}
+
+/// Free host memory (what the OS could hand out without swapping), `None` where unknown.
+pub fn host_available_bytes() -> Option<u64> {
+    let system = host_memory();
+    Some(system.available_memory()).filter(|&b| b > 0)
+}
+
+/// Total host memory, `None` where unknown.
+pub fn host_total_bytes() -> Option<u64> {
+    Some(host_memory().total_memory()).filter(|&b| b > 0)
+}
+
+fn host_memory() -> sysinfo::System {
+    sysinfo::System::new_with_specifics(sysinfo::RefreshKind::nothing().with_memory(sysinfo::MemoryRefreshKind::nothing().with_ram()))
+}
+
+/// Bytes free now for states kept beside the loaded model, on the device it runs on.
+pub fn free_for_states() -> Option<u64> {
+    available_bytes(if device::on_cpu() { DeviceKind::Cpu } else { DeviceKind::Gpu })
+}
+
+/// The default budget of kept prompt states (`sala serve --cache-memory`): a quarter of the
+/// memory free once the model is loaded, 4 GiB where that is unknown.
+pub fn default_state_budget() -> u64 {
+    free_for_states().map_or(4 << 30, |free| free / 4)
+}
+
+/// Bytes of the weights once loaded in `dtype` (float tensors cast, quantized ones as stored).
+pub fn weights_bytes(source: &ModelSource, dtype: Dtype) -> u64 {
+    let size = dtype_bytes(dtype) as u64;
+    source
+        .weights
+        .infos()
+        .iter()
+        .map(|(name, info)| {
+            let quant_part = name.ends_with(".scales") || name.ends_with(".biases");
+            if float_dtype(&info.dtype).is_some() && !quant_part {
+                info.numel() as u64 * size
+            } else {
+                info.nbytes()
+            }
+        })
+        .sum()
+}
+
+pub fn dtype_bytes(dtype: Dtype) -> usize {
+    match dtype {
+        Dtype::Float32 => 4,
+        _ => 2,
+    }
+}
+
+/// `1.23 GB` or `45.6 MB`.
+pub fn human(bytes: u64) -> String {
+    if bytes >= 1_000_000_000 {
+        format!("{:.2} GB", bytes as f64 / 1e9)
+    } else {
+        format!("{:.1} MB", bytes as f64 / 1e6)
+    }
+}
+
+/// Refuses when `weights + cache` exceeds the available memory, naming all three numbers.
+pub fn check_fits(what: &str, weights: u64, cache: u64, context: usize, device: DeviceKind) -> Result<()> {
+    let Some(available) = available_bytes(device) else { return Ok(()) };
+    if weights + cache > available {
+        return Err(Error::Usage(format!(
+            "{what} needs {} (weights {} + cache {} for {context} tokens) but only {} is available on the {}; \
+             use a smaller context (--max-tokens, a shorter prompt), a quantized model (`sala quantize`) \
+             or a machine with more memory",
+            human(weights + cache),
+            human(weights),
+            human(cache),
+            human(available),
+            device::describe(device)
+        )));
+    }
+    Ok(())
+}

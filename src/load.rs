@@ -1,0 +1,144 @@
+//! The one loading path that every command and the server take:
+//! model source → device → dtype → memory preflight → model and tokenizer.
+//! (docs/architecture.md, "Loading a model".)
+
+use crate::engine::cache::Window;
+use crate::engine::config::ConfigFile;
+use crate::engine::device::{self, DeviceKind};
+use crate::engine::memory;
+use crate::engine::model::LanguageModel;
+use crate::engine::source::ModelSource;
+use crate::engine::state_file::Fingerprint;
+use crate::engine::tokenizer::TextTokenizer;
+use crate::models;
+use crate::store;
+use anyhow::{bail, Context};
+use mlx_rs::Dtype;
+use std::path::{Path, PathBuf};
+
+/// What to load and how, as the user asked (every field optional but the model).
+#[derive(Clone, Default)]
+pub struct LoadOptions {
+    /// A directory, a `.sala`/`.gguf` file or a store name; `None`: the model `sala pull` fetches
+    /// by default, once it is in the store.
+    pub model: Option<PathBuf>,
+    /// `None`: the GPU when MLX has one.
+    pub device: Option<DeviceKind>,
+    /// `None`: f32 on the CPU, else the checkpoint's.
+    pub dtype: Option<Dtype>,
+    /// StreamingLLM: the cache keeps sink tokens and the most recent ones.
+    pub window: Option<Window>,
+}
+
+impl LoadOptions {
+    /// The model at `path`, everything else by default.
+    pub fn at(path: impl Into<PathBuf>) -> Self {
+        Self { model: Some(path.into()), ..Self::default() }
+    }
+
+    /// The model asked for, else the default one once it is in the store (as ollama runs what it
+    /// pulled without a path).
+    pub fn model_or_default(&self) -> anyhow::Result<PathBuf> {
+        if let Some(path) = &self.model {
+            return Ok(path.clone());
+        }
+        let name = store::pull::DEFAULT_REPO;
+        if store::cache::ModelRef::parse(name)?.snapshot(&store::cache::cache_dir()).is_some() {
+            return Ok(PathBuf::from(name));
+        }
+        bail!(
+            "no model given: pass --model PATH (a model directory, a .sala or .gguf file, or a name from `sala list`), \
+             or fetch the default model, {name}, with `sala pull`"
+        )
+    }
+}
+
+/// Opens the model at `path`, a store name resolved to its snapshot first.
+pub fn open(path: &Path) -> anyhow::Result<ModelSource> {
+    let open = || models::open(&store::cache::resolve(path)?);
+    open().with_context(|| format!("opening {}", path.display()))
+}
+
+/// How reports name the model at `path`: its file or folder name.
+pub fn file_label(path: &Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().to_string())
+}
+
+/// The compute dtype: the one asked for, else f32 on the CPU (MLX's CPU backend multiplies only
+/// f32 through BLAS; bf16/f16 are far slower there), else the checkpoint's.
+pub fn compute_dtype(asked: Option<Dtype>, device: DeviceKind, storage: Option<Dtype>) -> Dtype {
+    let default = match device {
+        DeviceKind::Cpu => Some(Dtype::Float32),
+        DeviceKind::Gpu => storage,
+    };
+    asked.or(default).unwrap_or(Dtype::Bfloat16)
+}
+
+/// Refuses, before anything is loaded, when the weights and one sequence's cache of `tokens`
+/// tokens will not fit in the memory of `device`.
+pub fn preflight(
+    what: &str,
+    cfg: &ConfigFile,
+    dtype: Dtype,
+    weights_bytes: u64,
+    window: Option<Window>,
+    tokens: usize,
+    device: DeviceKind,
+) -> anyhow::Result<()> {
+    // A StreamingLLM window caps what the cache holds.
+    let held = window.map_or(tokens, |w| tokens.min(w.capacity + w.capacity / 8));
+    let cache = models::cache_bytes(cfg, held, memory::dtype_bytes(dtype))?;
+    memory::check_fits(what, weights_bytes, cache, tokens, device)?;
+    Ok(())
+}
+
+/// A model ready to run, with what later memory checks need.
+pub struct LoadedModel {
+    pub model: Box<dyn LanguageModel>,
+    pub tokenizer: Option<TextTokenizer>,
+    pub path: PathBuf,
+    pub device: DeviceKind,
+    /// What model and tokenizer states made by it belong to (prompt cache files).
+    pub fingerprint: Fingerprint,
+    weights_bytes: u64,
+    cfg: ConfigFile,
+    dtype: Dtype,
+    window: Option<Window>,
+}
+
+impl LoadedModel {
+    /// Bytes of the weights as loaded.
+    pub fn weights_bytes(&self) -> u64 {
+        self.weights_bytes
+    }
+
+    /// Refuses when weights + a cache of `tokens` tokens will not fit in memory.
+    pub fn check_fits(&self, tokens: usize) -> anyhow::Result<()> {
+        preflight(&self.path.display().to_string(), &self.cfg, self.dtype, self.weights_bytes, self.window, tokens, self.device)
+    }
+}
+
+/// Selects the device, checks that weights + a cache of `tokens` fit, and loads the model and its
+/// tokenizer.
+pub fn load(options: &LoadOptions, tokens: usize) -> anyhow::Result<LoadedModel> {
+    let path = options.model_or_default()?;
+    let device = device::select(options.device)?;
+    let source = open(&path)?;
+    load_source(source, path, device, options, tokens)
+}
+
+/// [`load`] for a model already opened (or built in memory) on `device`, which is selected;
+/// `path` is what the user named it.
+pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, options: &LoadOptions, tokens: usize) -> anyhow::Result<LoadedModel> {
+    let cfg = source.config()?;
+    let dtype = compute_dtype(options.dtype, device, source.weights.storage_dtype());
+    let weights_bytes = memory::weights_bytes(&source, dtype);
+    preflight(&path.display().to_string(), &cfg, dtype, weights_bytes, options.window, tokens, device)?;
+    let fingerprint = Fingerprint::of(&source, dtype)?;
+    let mut model = models::build(&cfg, &mut source.weights, Some(dtype)).with_context(|| format!("loading {}", path.display()))?;
+    if let Some(window) = options.window {
+        model.set_window(window)?;
+    }
+    let tokenizer = source.tokenizer(model.info().bos_token_id)?;
+    Ok(LoadedModel { model, tokenizer, path, device, fingerprint, weights_bytes, cfg, dtype, window: options.window })
+}

@@ -1,0 +1,317 @@
+//! InfLLM-V2, the sparse attention of SALA's "minicpm4" layers, as MLX operations: the CPU path
+//! and the oracle of the GPU kernels in `kernels::sparse` (docs/sala-model.md, "InfLLM-V2").
+//!
+//! For keys K of one KV head (tokens 0..L) and a query q at position i:
+//!
+//!   compression   C¹_c = mean(K[s₁·c .. s₁·c + k₁])        k₁ = 32, s₁ = 16   (level 1)
+//!                 C²_c = mean(K[s₂·c .. s₂·c + k₂])        k₂ = 128, s₂ = 64  (level 2)
+//!                 a window is visible to i when it ends at or before i
+//!   stage 1       lse  = logsumexp_c (q·C²_c / √d)         over visible level-2 windows
+//!                 p_c  = Σ_heads of the group exp(q·C¹_c / √d − lse)
+//!   max-pool      score_b = max{ p_c : window c overlaps block b }    64-token blocks
+//!   forced        score_b = +∞ for b < init_blocks and for the local blocks up to i's own
+//!   top-k         the `topk` best blocks per query and KV group (ties: the lower block)
+//!   attention     o = softmax(q·K_Sᵀ / √d) · V_S   over the tokens S of the chosen blocks, ≤ i
+//!
+//! Shapes: queries `[B, Hq, T, d]` at absolute positions `first_pos ..`, keys/values
+//! `[B, Hkv, L, d]`, compressed keys `[B, Hkv, n, d]`. The `Hq / Hkv` query heads of a KV group
+//! share one block selection.
+
+use crate::engine::cache::{KvCache, KvParts};
+use crate::engine::ops::{arange_i32, scalar, Pacer};
+use crate::kernels::custom::{backend, Backend};
+use crate::kernels::sparse::{self, heads_to_rows, BlockSelection, Selected};
+use mlx_rs::{error::Result, ops, ops::indexing::{IntoStrideBy, TryIndexOp}, Array, Dtype};
+
+/// The compressed keys C `[B, Hkv, n, d]` of the windows of `kernel` keys, `stride` apart, kept in
+/// the cache and brought up to date with it (`None` while no window is complete).
+pub fn compressed_keys(cache: &mut KvCache, kernel: usize, stride: usize) -> Result<Option<Array>> {
+    cache.key_windows(kernel, stride, mean_of_windows)
+}
+
+/// C_c = mean(K[stride·c .. stride·c + kernel]) for `windows` consecutive windows of `span`
+/// (summed in float32, stored in the keys' dtype as the reference stores them).
+fn mean_of_windows(span: &Array, kernel: usize, stride: usize, windows: usize) -> Result<Array> {
+    let s = span.shape();
+    let (chunks, ratio) = (windows - 1 + kernel / stride, kernel / stride);
+    // Sum each stride-long chunk, then add `ratio` neighbouring chunks per window.
+    let sums = span
+        .as_dtype(Dtype::Float32)?
+        .reshape(&[s[0], s[1], chunks as i32, stride as i32, s[3]])?
+        .sum_axis(3, false)?;
+    let mut total = sums.try_index((.., .., 0..windows as i32, ..))?;
+    for j in 1..ratio {
+        total = total.add(sums.try_index((.., .., j as i32..(j + windows) as i32, ..))?)?;
+    }
+    total.multiply(scalar(1.0 / kernel as f32, Dtype::Float32)?)?.as_dtype(span.dtype())
+}
+
+/// Stage 1 (compressed-key relevance with the level-2 LSE), max-pooling to blocks, forced init
+/// and local blocks, and the per-group top-k (exact ties: the lower block index wins): the
+/// chosen blocks `[B, Hkv, T, topk]`. Queries are taken in chunks whose working memory stays
+/// within [`SELECTION_CHUNK_BYTES`], at most two chunks in flight.
+pub fn select_blocks(
+    q: &Array,
+    c1: &Array,
+    c2: &Array,
+    first_pos: usize,
+    kv_len: usize,
+    sel: &BlockSelection,
+    score_dtype: Dtype,
+) -> Result<Array> {
+    let chunk = selection_chunk(q, c1);
+    Ok(select_blocks_chunked(q, c1, c2, first_pos, kv_len, sel, score_dtype, chunk, false)?.0)
+}
+
+/// [`select_blocks`] with the pooled block scores kept (for tracing and tests: at long context
+/// and many queries they are the larger part of the result).
+pub fn select_blocks_scored(
+    q: &Array,
+    c1: &Array,
+    c2: &Array,
+    first_pos: usize,
+    kv_len: usize,
+    sel: &BlockSelection,
+    score_dtype: Dtype,
+) -> Result<Selected> {
+    let chunk = selection_chunk(q, c1);
+    let (blocks, scores) = select_blocks_chunked(q, c1, c2, first_pos, kv_len, sel, score_dtype, chunk, true)?;
+    Ok(Selected { blocks, scores: scores.expect("kept") })
+}
+
+/// Working memory of one query chunk of the selection: the float32 stage-1 scores of every query
+/// head and level-1 window, or only the window scores per KV head for the tensor-core form.
+/// Bigger chunks gain nothing (eval/results/kernel-notes.md) and would cost the MLPs' memory.
+const SELECTION_CHUNK_BYTES: usize = 1 << 27;
+
+/// Queries per chunk of the selection, within [`SELECTION_CHUNK_BYTES`].
+fn selection_chunk(q: &Array, c1: &Array) -> usize {
+    let (hkv, n1) = (c1.shape()[1] as usize, c1.shape()[2] as usize);
+    let rows = if sparse::fused_stage1(q, hkv as i32) { hkv } else { q.shape()[1] as usize };
+    (SELECTION_CHUNK_BYTES / (4 * rows * n1.max(1))).clamp(16, 4096)
+}
+
+/// The selection in chunks of `chunk` queries, at most two in flight: the blocks, and the scores
+/// if `keep_scores` (otherwise dropped part by part). Public for the test that chunking changes
+/// nothing.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn select_blocks_chunked(
+    q: &Array,
+    c1: &Array,
+    c2: &Array,
+    first_pos: usize,
+    kv_len: usize,
+    sel: &BlockSelection,
+    score_dtype: Dtype,
+    chunk: usize,
+    keep_scores: bool,
+) -> Result<(Array, Option<Array>)> {
+    let t = q.shape()[2] as usize;
+    let one = |q: &Array, first_pos: usize| {
+        if backend() == Backend::Cpu || q.shape()[0] != 1 {
+            select_blocks_mlx(q, c1, c2, first_pos, kv_len, sel, score_dtype)
+        } else {
+            sparse::select_blocks_gpu(q, c1, c2, first_pos, kv_len, sel, score_dtype)
+        }
+    };
+    if t <= chunk {
+        let whole = one(q, first_pos)?;
+        return Ok((whole.blocks, keep_scores.then_some(whole.scores)));
+    }
+    let mut pacer = Pacer::new(t);
+    let (mut blocks, mut scores) = (Vec::new(), Vec::new());
+    for start in (0..t).step_by(chunk) {
+        let end = (start + chunk).min(t);
+        let part = one(&q.try_index((.., .., start as i32..end as i32, ..))?, first_pos + start)?;
+        pacer.step(vec![part.blocks.clone(), part.scores.clone()])?;
+        blocks.push(part.blocks);
+        if keep_scores {
+            scores.push(part.scores);
+        }
+    }
+    let blocks = ops::concatenate(&blocks, 2)?;
+    // Scores not kept are freed as each part has run.
+    let scores = if keep_scores { Some(ops::concatenate(&scores, 2)?) } else { None };
+    Ok((blocks, scores))
+}
+
+/// Stage 1, max-pooling, forced blocks and top-k as MLX operations: the CPU path of
+/// [`select_blocks`] and the oracle of its kernels.
+pub fn select_blocks_mlx(
+    q: &Array,
+    c1: &Array,
+    c2: &Array,
+    first_pos: usize,
+    kv_len: usize,
+    sel: &BlockSelection,
+    score_dtype: Dtype,
+) -> Result<Selected> {
+    let (b, hq, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let hkv = c1.shape()[1];
+    let g = hq / hkv;
+    let scale = (d as f32).powf(-0.5);
+    let f32s = |x: f32| scalar(x, Dtype::Float32);
+    let i32s = |x: i32| Array::from_int(x);
+
+    // Query positions [T,1] and visibility of each compressed window (it must end at or before i).
+    let pos = arange_i32(first_pos, t as usize)?.reshape(&[-1, 1])?;
+    let visible = |n: i32, kernel: usize, stride: usize| -> Result<Array> {
+        let ends = arange_i32(0, n as usize)?
+            .multiply(i32s(stride as i32))?
+            .add(i32s(kernel as i32 - 1))?
+            .reshape(&[1, -1])?;
+        ends.le(&pos) // [T, n]
+    };
+    let n1 = c1.shape()[2];
+    let n2 = c2.shape()[2];
+    let qg = q.as_dtype(Dtype::Float32)?.reshape(&[b, hkv, g, t, d])?;
+    let dot = |c: &Array| -> Result<Array> {
+        let ct = c.as_dtype(Dtype::Float32)?.swap_axes(2, 3)?.reshape(&[b, hkv, 1, d, -1])?;
+        qg.matmul(ct)?.multiply(f32s(scale)?)
+    };
+    let neg_inf = f32s(f32::NEG_INFINITY)?;
+
+    let vis2 = visible(n2, sel.kernel2, sel.stride2)?;
+    let lse = ops::select(&vis2, dot(c2)?, &neg_inf)?.logsumexp_axis(-1, true)?; // [B,Hkv,G,T,1]
+    let vis1 = visible(n1, sel.kernel, sel.stride)?;
+    let p = dot(c1)?.subtract(&lse)?.exp()?;
+    // Rows without any visible level-2 key score 0 (the kernel exits early there).
+    let has_lse = lse.is_finite()?;
+    let p = ops::select(vis1.logical_and(&has_lse)?, p, f32s(0.0)?)?;
+    let score = p.sum_axis(2, false)?; // [B,Hkv,T,n1]
+    let score = ops::select(score.is_nan()?, f32s(0.0)?, &score)?.as_dtype(score_dtype)?.as_dtype(Dtype::Float32)?;
+
+    // Max-pool level-1 windows onto blocks: window c overlaps block b iff r·b − (k/s − 1) ≤ c ≤ r·b + r − 1.
+    let r = (sel.block / sel.stride) as i32;
+    let left = (sel.kernel / sel.stride) as i32 - 1;
+    let width = r + left;
+    let nb = kv_len.div_ceil(sel.block) as i32;
+    let right = (r * nb + width - left - n1).max(0);
+    let padded = ops::pad(&score, &[(0, 0), (0, 0), (0, 0), (left, right)], Some(neg_inf.clone()), None)?;
+    let mut pooled: Option<Array> = None;
+    for o in 0..width {
+        let strided = padded.try_index((.., .., .., (o..o + r * nb).stride_by(r)))?;
+        pooled = Some(match pooled {
+            None => strided,
+            Some(m) => ops::maximum(&m, &strided)?,
+        });
+    }
+    let pooled = pooled.expect("pooling width is at least 1");
+
+    // Forced blocks: b < init_blocks, or qb − local ≤ b ≤ qb.
+    let blk = arange_i32(0, nb as usize)?.reshape(&[1, -1])?;
+    let qb = pos.floor_divide(i32s(sel.block as i32))?;
+    let forced = blk
+        .lt(i32s(sel.init_blocks as i32))?
+        .logical_or(blk.ge(qb.subtract(i32s(sel.local_blocks as i32))?)?.logical_and(blk.le(&qb)?)?)?;
+    let scores = ops::select(&forced, f32s(f32::INFINITY)?, &pooled)?; // [B,Hkv,T,nb]
+
+    // Top-k with ties to the lower index: sort on a u64 key (order-preserving score bits above,
+    // reversed block index below). Scores are −inf, or in [0, +inf].
+    let k = (sel.topk as i32).min(nb);
+    let bits = scores.view::<u32>()?.as_dtype(Dtype::Uint64)?;
+    let ordered = ops::select(
+        scores.eq(&neg_inf)?,
+        Array::from_slice(&[0u64], &[1]),
+        bits.add(Array::from_slice(&[1u64], &[1]))?,
+    )?;
+    let low = Array::from_slice(&[u32::MAX as u64], &[1]).subtract(blk.as_dtype(Dtype::Uint64)?)?;
+    let key = ordered.multiply(Array::from_slice(&[1u64 << 32], &[1]))?.add(&low)?;
+    let top = ops::indexing::topk_axis(&key, k, -1)?;
+    let chosen = Array::from_slice(&[u32::MAX as u64], &[1])
+        .subtract(top.remainder(Array::from_slice(&[1u64 << 32], &[1]))?)?
+        .as_dtype(Dtype::Int32)?;
+    let chosen = ops::sort_axis(&chosen, -1)?;
+    // Blocks after the query's own block are dropped; pad to `topk` columns with −1.
+    let mut blocks = ops::select(chosen.gt(qb.reshape(&[1, 1, -1, 1])?)?, i32s(-1), &chosen)?;
+    if (k as usize) < sel.topk {
+        blocks = ops::pad(&blocks, &[(0, 0), (0, 0), (0, 0), (0, sel.topk as i32 - k)], Some(i32s(-1)), None)?;
+    }
+    Ok(Selected { blocks, scores })
+}
+
+/// Softmax attention of each query over its group's selected blocks, causally clipped to
+/// positions ≤ the query's own. `kv`: the cache's keys and values as stored (history buffers
+/// with spare capacity, then recent tokens), read in place; `blocks`: `[B, Hkv, T, K]` (−1 = none).
+/// Returns the heads side by side, `[B, T, Hq·d]`, times σ(`gate`) `[B, T, Hq·d]` when given (see
+/// `heads_to_rows`; the kernels' merge of their splits applies it).
+#[allow(clippy::too_many_arguments)]
+pub fn block_sparse_attention(
+    q: &Array,
+    kv: &KvParts,
+    blocks: &Array,
+    first_pos: usize,
+    block: usize,
+    scale: f32,
+    gate: Option<&Array>,
+) -> Result<Array> {
+    if backend() == Backend::Cpu || q.shape()[0] != 1 || !sparse::attention_kernel_fits(q, kv.keys.shape()[1]) {
+        let (k, v) = kv.filled()?;
+        return heads_to_rows(&block_sparse_attention_mlx(q, &k, &v, blocks, first_pos, block, scale)?, gate);
+    }
+    sparse::block_sparse_attention_gpu(q, kv, blocks, first_pos, block, scale, gate)
+}
+
+/// Queries per piece of [`block_sparse_attention_mlx`] (the 9B's gathered keys and values of
+/// 128 queries: 0.8 GB in float32).
+const GATHER_QUERIES: i32 = 128;
+
+/// The MLX-ops version of [`block_sparse_attention`], over filled keys/values `[B, Hkv, L, d]`.
+pub fn block_sparse_attention_mlx(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    blocks: &Array,
+    first_pos: usize,
+    block: usize,
+    scale: f32,
+) -> Result<Array> {
+    let (b, hq, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    if t > GATHER_QUERIES {
+        // The gathered keys and values take [B, Hkv, T, blocks·block, d] floats: bound T.
+        let mut outputs = Vec::new();
+        for start in (0..t).step_by(GATHER_QUERIES as usize) {
+            let end = (start + GATHER_QUERIES).min(t);
+            let (qs, bs) = (q.try_index((.., .., start..end, ..))?, blocks.try_index((.., .., start..end, ..))?);
+            outputs.push(block_sparse_attention_mlx(&qs, k, v, &bs, first_pos + start as usize, block, scale)?);
+        }
+        return ops::concatenate(&outputs, 2);
+    }
+    let (hkv, kv_len) = (k.shape()[1], k.shape()[2]);
+    let g = hq / hkv;
+    let nsel = blocks.shape()[3];
+    let s = nsel * block as i32;
+    let i32s = |x: i32| Array::from_int(x);
+
+    // Token positions of the selected blocks [B,Hkv,T,S] and which of them may be attended.
+    let offsets = arange_i32(0, block)?.reshape(&[1, 1, 1, 1, -1])?;
+    let tok = blocks.expand_dims(-1)?.multiply(i32s(block as i32))?.add(&offsets)?.reshape(&[b, hkv, t, s])?;
+    let pos = arange_i32(first_pos, t as usize)?.reshape(&[1, 1, -1, 1])?;
+    let valid = blocks
+        .expand_dims(-1)?
+        .ge(i32s(0))?
+        .reshape(&[b, hkv, t, nsel, 1])?;
+    let valid = ops::broadcast_to(&valid, &[b, hkv, t, nsel, block as i32])?
+        .reshape(&[b, hkv, t, s])?
+        .logical_and(tok.le(&pos)?)?
+        .logical_and(tok.lt(i32s(kv_len))?)?;
+    let tok = ops::clip(&tok, (i32s(0), i32s(kv_len - 1)))?;
+
+    let gather = |x: &Array| -> Result<Array> {
+        let idx = tok.reshape(&[b, hkv, t * s, 1])?;
+        x.take_along_axis(&idx, 2)?.reshape(&[b, hkv, t, s, d])
+    };
+    let kg = gather(&k.as_dtype(Dtype::Float32)?)?;
+    let vg = gather(&v.as_dtype(Dtype::Float32)?)?;
+    let qg = q.as_dtype(Dtype::Float32)?.reshape(&[b, hkv, g, t, d])?.swap_axes(2, 3)?; // [B,Hkv,T,G,d]
+    let logits = qg.matmul(kg.swap_axes(3, 4)?)?.multiply(scalar(scale, Dtype::Float32)?)?; // [B,Hkv,T,G,S]
+    let logits = ops::select(
+        valid.reshape(&[b, hkv, t, 1, s])?,
+        logits,
+        scalar(f32::NEG_INFINITY, Dtype::Float32)?,
+    )?;
+    let probs = ops::softmax_axis(&logits, -1, None)?;
+    let out = probs.matmul(&vg)?; // [B,Hkv,T,G,d]
+    out.swap_axes(2, 3)?.reshape(&[b, hq, t, d])?.as_dtype(q.dtype())
+}

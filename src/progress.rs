@@ -1,0 +1,29 @@
+//! Progress bars on stderr (indicatif) for long work: downloads, prefill, state files, quantizing.
+//! A leaf: every layer may draw one.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+
+/// A progress bar on stderr drawn with `template` (hidden when stderr is not a terminal).
+pub fn progress_bar(total: u64, template: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    if std::io::stderr().is_terminal() {
+        bar.set_style(ProgressStyle::with_template(template).expect("valid template"));
+    } else {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    bar
+}
+
+/// A byte-counting progress bar on stderr.
+pub fn bytes_progress(label: &str, total: u64) -> ProgressBar {
+    progress_bar(total, &format!("{label} {{bar:40}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, eta {{eta}})"))
+}
+
+/// A `(done, total)` progress callback that moves `bar`.
+pub fn progress_to(bar: &ProgressBar) -> impl Fn(u64, u64) + '_ {
+    move |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    }
+}
