@@ -119,7 +119,10 @@ fn gpu_check() -> Check {
             let name = info.name.unwrap_or_else(|| "unnamed".into());
             // A tiny product on the GPU: a driver or runtime mismatch shows up here, not later.
             match gpu_smoke_test() {
-                Ok(()) => Check::ok("gpu", format!("{name}{memory} ({})", device::gpu_backend().unwrap_or("?"))),
+                Ok(()) => {
+                    let units = device::gpu_compute_units().map_or(String::new(), |n| format!(", {n} compute units"));
+                    Check::ok("gpu", format!("{name}{memory}{units} ({})", device::gpu_backend().unwrap_or("?")))
+                }
                 Err(e) => Check::fail(
                     "gpu",
                     format!("{name}{memory}: a test product failed: {e}"),

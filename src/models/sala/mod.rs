@@ -294,7 +294,7 @@ impl SalaModel {
         }
         let mut pacer = Pacer::new(tokens.size());
         for (i, layer) in self.layers.iter().enumerate().take(depth) {
-            // The norms are folded into the products that follow them (see layers::Input).
+            // x = RMSNorm(h), applied inside the products that read x (layers::Input).
             let x = Input::Normed(&h, &layer.input_norm);
             let (o, o_proj) = match &layer.mixer {
                 MixerLayer::Sparse(attn) => (
@@ -305,13 +305,13 @@ impl SalaModel {
                     (attn.attend(x, &mut layer_caches(caches, i, LayerCache::as_recurrent)?, &positions)?, attn.o_proj())
                 }
             };
-            // Each residual branch ends in a projection that adds itself into h: one kernel per
-            // branch on the quantized decode path, not a product, a scale and an add.
+            // h = h + α · o·Woᵀ: the projection adds itself into h (one kernel when quantized).
             h = o_proj.forward_residual(o.input(), &h, alpha)?;
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("hidden.mixer_out.{i}"), &o_proj.forward(&o.input().array()?)?);
             }
             pacer.step(layer_outputs(&h, caches, i))?;
+            // h = h + α · MLP(RMSNorm(h))
             h = layer.mlp.forward_residual(Input::Normed(&h, &layer.post_norm), &h, alpha)?;
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("hidden.layer_out.{i}"), &h);
