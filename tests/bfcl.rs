@@ -83,6 +83,9 @@ struct Tally {
     error_type_agree: usize,
     raw_lines: usize,
     decoded_agree: usize,
+    /// Raw lines of the java/javascript categories (our tree-sitter decoders).
+    raw_source_lines: usize,
+    source_decoded_agree: usize,
     differences: Vec<String>,
 }
 
@@ -137,12 +140,22 @@ fn compare(
         }
         if input.get("raw").is_some() {
             tally.raw_lines += 1;
+            let source = matches!(category, Category::SimpleJava | Category::SimpleJavascript);
+            tally.raw_source_lines += usize::from(source);
             let ours_decoded = decoded
                 .as_ref()
                 .map(|c| calls_to_json(c))
                 .unwrap_or(Value::Null);
-            if ours_decoded == theirs["decoded"] {
+            // No calls: the official decoder raised (null), or its Java one returned `{}` and its
+            // JavaScript one `None`; ours returns an error for all three, told apart (failed or
+            // wrong format) by the error_type compared above.
+            let theirs_decoded = match &theirs["decoded"] {
+                calls @ Value::Array(_) => calls.clone(),
+                _ => Value::Null,
+            };
+            if ours_decoded == theirs_decoded {
                 tally.decoded_agree += 1;
+                tally.source_decoded_agree += usize::from(source);
             } else {
                 problems.push(format!(
                     "decoded {} vs official {}",
@@ -196,9 +209,14 @@ fn verdicts_match_official_checker() {
         let inputs = parse_lines(&inputs_text);
         let tally = compare(&inputs, &official, &entries, underscore_to_dot);
         eprintln!(
-            "BFCL parity ({} mode): {} lines; valid agrees on {}, error_type on {}; decoded calls agree on {}/{} raw lines",
-            mode, tally.lines, tally.valid_agree, tally.error_type_agree, tally.decoded_agree, tally.raw_lines
+            "BFCL parity ({} mode): {} lines; valid agrees on {}, error_type on {}; decoded calls agree on {}/{} raw lines, {}/{} of them java/javascript",
+            mode, tally.lines, tally.valid_agree, tally.error_type_agree, tally.decoded_agree, tally.raw_lines,
+            tally.source_decoded_agree, tally.raw_source_lines
         );
+        if mode == "prompt" {
+            // The java/javascript raw lines exist (the tree-sitter decoders are exercised).
+            assert!(tally.raw_source_lines > 1000, "{} java/javascript raw lines", tally.raw_source_lines);
+        }
         for d in tally.differences.iter().take(40) {
             eprintln!("  {}", d);
         }

@@ -161,6 +161,9 @@ def check_line(off, data, obj):
     if "raw" in obj:
         # Relevance/irrelevance entries are always decoded as Python by the runner.
         fmt = off.ReturnFormat.PYTHON if u.is_relevance_or_irrelevance(category) else ret_fmt
+        # (The Java decoder recurses: the frames below it here, six with the
+        # module's, set where it hits the recursion limit; sala's decode.rs
+        # counts them as PY_BASE_FRAMES.  Keep the call this deep.)
         try:
             decoded = _official_prompt_decoder()(obj["raw"], fmt, False)
             decode_failed = False

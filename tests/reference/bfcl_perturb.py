@@ -14,10 +14,10 @@ Usage:
 WHEEL_OR_DATA_DIR is the unpacked wheel (containing bfcl_eval/data) or the
 data directory itself.  Output lines:
 
-    {"id", "category", "variant", "raw": "<prompt-mode model text>"}   python categories, irrelevance
-    {"id", "category", "variant", "decoded": [{name: {arg: value}}]}  java / javascript (values are
-                                                                      the source-text strings the
-                                                                      tree-sitter decoder yields)
+    {"id", "category", "variant", "raw": "<prompt-mode model text>"}   every category
+    {"id", "category", "variant", "decoded": [{name: {arg: value}}]}  java / javascript too (values
+                                                                      are the source-text strings
+                                                                      the tree-sitter decoder yields)
 
 Per entry: renderings of the ground truth (which should pass) in several
 syntactic styles, and systematic perturbations (wrong value, wrong type,
@@ -26,7 +26,15 @@ dropped / extra / reordered calls, string standardisation variants, nested
 list element types, dict keys and values, decoding edge cases).  Every
 eighth simple_python entry also gets "stress" lines: its call with one
 value replaced by each of ~120 tricky Python expressions, and ~40 odd
-overall layouts.  For irrelevance: prose, empty lists, calls.
+overall layouts.  Java/JavaScript entries get raw replies too, for BFCL's
+tree-sitter decoders: the ground truth as Java/JavaScript source
+(`new int[]{...}`, `new ArrayList<>(Arrays.asList(...))`, anonymous-class
+HashMaps, quoted strings, arrays, objects), the same perturbations, and
+syntax slips (lost brackets, `:` for `=`, stray commas, prose, quotes...);
+every fourth entry also gets ~120 tricky values (escapes, non-ASCII text,
+odd literals, lambdas, casts, comments, malformed ones), ~45 layouts of its
+call, and nesting on both sides of where BFCL's recursive Java decoder hits
+Python's recursion limit.  For irrelevance: prose, empty lists, calls.
 
 --fc writes "decoded" lines for every category as an FC model with
 `underscore_to_dot` would return them (dots in names replaced by `_`, plus
@@ -40,6 +48,7 @@ import argparse
 import json
 import os
 import random
+import re
 import zlib
 
 CATEGORIES = [
@@ -594,6 +603,244 @@ def source_variants(entry, rng, java):
     return out
 
 
+# ------------------------------------------------------------------ java / javascript raw text
+
+
+def java_string(s):
+    """A Java string literal as a model writes it (non-ASCII left as is)."""
+    out = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return '"' + out + '"'
+
+
+def is_plain_name(s):
+    """A variable or member name (`ctx`, `a.b`) rather than text."""
+    return bool(re.fullmatch(r"[A-Za-z_$][\w$]*(\.[A-Za-z_$][\w$]*)*", s)) and s not in ("true", "false", "null")
+
+
+def java_raw(v, t, items=None):
+    """Java source for a value of BFCL type t, as a prompt-mode model writes it."""
+    if isinstance(v, str):
+        # A String parameter gets a literal; elsewhere a name is a variable.
+        return v if t != "String" and is_plain_name(v) else java_string(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if t == "Array" and isinstance(v, list):
+        elem = {"integer": "int", "long": "long", "String": "String", "char": "char"}.get(items, "Object")
+        return f"new {elem}[]{{" + ", ".join(java_raw(x, items or "any") for x in v) + "}"
+    if t == "ArrayList" and isinstance(v, list):
+        return "new ArrayList<>(Arrays.asList(" + ", ".join(java_raw(x, items or "any") for x in v) + "))"
+    if t == "HashMap" and isinstance(v, dict):
+        puts = " ".join(f"put({java_string(k)}, {java_raw(x, 'String' if isinstance(x, str) else 'any')});" for k, x in v.items())
+        return f"new HashMap<String, Object>() {{{{ {puts} }}}}"
+    if isinstance(v, (list, dict)):
+        return "new Object[]{" + ", ".join(java_raw(x, "any") for x in (v if isinstance(v, list) else v.values())) + "}"
+    return java_src(v, t, items)
+
+
+def js_raw(v, t, items=None, quote="'"):
+    """JavaScript source for a value of BFCL type t."""
+    if isinstance(v, str):
+        if t != "String" and re.fullmatch(r"[A-Za-z_$][\w$.]*(\(.*\))?", v):
+            return v  # a variable, member or call expression
+        escaped = v.replace("\\", "\\\\").replace(quote, "\\" + quote).replace("\n", "\\n")
+        return quote + escaped + quote
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (int, float)):
+        return (str(v) + "n") if t == "Bigint" else repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(js_raw(x, items or "String", None, quote) for x in v) + "]"
+    if isinstance(v, dict):
+        key = lambda k: k if re.fullmatch(r"[A-Za-z_$][\w$]*", k) else quote + k + quote
+        return "{" + ", ".join(f"{key(k)}: {js_raw(x, 'any', None, quote)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+def raw_args(entry, name, args, java, quote="'", sep=", ", eq="="):
+    doc = doc_by_name(entry, name)
+    props = doc["parameters"]["properties"] if doc else {}
+    parts = []
+    for k, v in args.items():
+        if k is None:
+            parts.append(v.text)
+            continue
+        if isinstance(v, Raw):
+            parts.append(f"{k}{eq}{v.text}")
+            continue
+        schema = props.get(k, {})
+        t, items = schema.get("type", "any"), schema.get("items", {}).get("type")
+        parts.append(f"{k}{eq}{java_raw(v, t, items) if java else js_raw(v, t, items, quote)}")
+    return sep.join(parts)
+
+
+def raw_call(entry, name, args, java, **style):
+    return f"{name}({raw_args(entry, name, args, java, **style)})"
+
+
+# Ways a reply's text goes wrong around a correct call (C stands for it).
+SOURCE_LAYOUTS = [
+    "[C]", "C", "[C;]", "C;", "[C, C]", "[C; C]", "[C;\nC;]", "[C\nC]", "[C] [C]", "[C]\n[C]",
+    "```\n[C]\n```", "```java\n[C]\n```", "```javascript\n[C]\n```", "Sure! [C]", "[C] I hope this helps.",
+    "'[C]'", "[[C]]", "[C]]", "[[C]", "[(C)]", "[!C]", "[C;;]", "[;C]", "[// call\nC]", "[C // done]",
+    "[/* c */ C]", "[C /* c */]", "[x = C;]", "[var x = C;]", "[int x = C;]", "[return C;]", "[await C]",
+    "[new C]", "[C.then(r => r)]", "[{ C; }]", "[if (ok) C;]", "[label: C]", "['use strict'; C]",
+    "[function f() { C; }]", "[class X { void m() { C; } }]", "[C + C]", "[C ? C : C]", "  \n[C] \n", "[C]\t",
+]
+
+# Argument values models write, right and wrong, for Java...
+JAVA_STRESS_VALUES = [
+    '"plain"', '""', '"with \\"escaped\\" quotes"', '"tab\\tnew\\nline"', '"back\\\\slash"', '"\\u00e9"',
+    '"São Paulo"', '"日本語"', '"emoji 🙂"', "'c'", "'\\n'", "'é'", "'ab'", "''", '"""\n  text block\n  """',
+    '"unterminated', "42", "-42", "+42", "0x1F", "0b101", "017", "1_000", "5L", "5l", "1.5f", "1.5F", "2.5d",
+    "1e10", ".5", "5.", "-0.0", "Double.MAX_VALUE", "Integer.MIN_VALUE", "true", "false", "True", "null",
+    "None", "this", "super.x", "new int[]{1, 2, 3}", "new int[] {}", 'new String[]{"a", "b"}',
+    "new int[][]{{1, 2}, {3}}", "new int[3]", "new int[]{1, 2,}", 'new Object[]{1, "a", null}',
+    "new char[]{'a', 'b'}", "new ArrayList<>()", "new ArrayList<>(Arrays.asList(1, 2))",
+    'new ArrayList<String>(List.of("a"))', "new HashMap<>()",
+    'new HashMap<String, Integer>() {{ put("a", 1); put("b", 2); }}', "new java.util.Date()",
+    "new Foo.Bar(1)", 'new Foo(new Bar(1), "s")', "new Foo() { void m() { g(1); } }", "new Foo(/* none */)",
+    "new <String>Foo()", "outer.new Inner()", "Arrays.asList(1, 2)", 'List.of("a", "b")',
+    'Map.of("k", 1)', 'System.getenv("HOME")', "obj.method()", "a.b.c", "a[0]", "a[i][j]", "(int) 5.5",
+    "(String) obj", "x -> x + 1", "(a, b) -> a * b", "String::valueOf", "a ? b : c", "a + b", '"a" + "b"',
+    "1 + 2 * 3", "!flag", "~5", "x++", "i instanceof Integer", "String.class", "int.class", "int[].class",
+    "(1)", '(("x"))', "{1, 2}", "[1, 2]", '{"k": 1}', "'single quoted text'", "unquoted words here",
+    "`tpl`", "y = 5", "@Anno", "/* c */ 5", "5 // trailing\n", "#", "$var", "_x", "café", "Σ", "1..2",
+    "switch (x) { default -> 1; }", "new", "",
+]
+
+# ... and for JavaScript.
+JS_STRESS_VALUES = [
+    "'plain'", '"double"', "''", '""', "'it\\'s'", '"say \\"hi\\""', "'tab\\t'", "'é'", "'日本語'",
+    "'emoji 🙂'", "`template`", "`a ${b} c`", "'mixed\"", "'unterminated", "42", "-42", "+42", "4.2", ".5",
+    "5.", "1e3", "0x1F", "0o17", "0b101", "1_000", "10n", "NaN", "Infinity", "-Infinity", "true", "false",
+    "null", "undefined", "this", "True", "None", "[1, 2, 3]", "[]", "['a', 'b']", "[1, [2, 3]]",
+    "[1, 2,]", "[, 1]", "{}", "{a: 1}", "{'a': 1}", '{"a": 1, "b": [1, 2]}', "{a: {b: 'c'}}", "{a}",
+    "{...o}", "{a: 1,}", "{[k]: 1}", "x", "a.b", "a.b.c", "a[0]", "a?.b", "f()", "f(1, 2)", "a.b(c)",
+    "f(k=1)", "new Date()", "new Date('2020-01-01')", "new Map([[1, 2]])", "x => x + 1", "(a, b) => a * b",
+    "function() { return 1; }", "async () => 1", "await x", "typeof x", "!x", "-x", "a + b", "'a' + 'b'",
+    "a ? b : c", "a || b", "a ?? b", "a, b", "/ab+c/i", "/[a-z]/g", "x++", "...args", "class {}",
+    "void 0", "delete a.b", "y = b", "(1)", "('s')", "{a: 1", "[1, 2", "hello world", "1 2", "#x", "@x",
+    "a..b", "'a' 'b'", "Date.now()", "Math.PI", "JSON.stringify({a: 1})", "<div/>", "<a>text</a>",
+    "// note\n1", "/* c */ 1", "1 /* c */", "café", "\\u0041", "",
+]
+
+
+def stress_source_lines(entry, java):
+    """Raw texts around the entry's first ground-truth call: each stress
+    value in place of its first argument, and each layout of the call."""
+    name, args = gt_calls(entry)[0]
+    out = []
+    if args:
+        param = next(iter(args))
+        rest = {k: v for k, v in args.items() if k != param}
+        for expr in JAVA_STRESS_VALUES if java else JS_STRESS_VALUES:
+            out.append(("raw_stress_value", "[" + raw_call(entry, name, {param: Raw(expr), **rest}, java) + "]"))
+        # Nesting around where BFCL's recursive Java decoder runs out of Python
+        # frames, called as bfcl_official_check.py calls it (Python 3.11); the
+        # JavaScript decoder does not recurse.
+        nests = [(329, "(", ")"), (330, "(", ")"), (988, "new F(", ")"), (989, "new F(", ")"),
+                 (247, "new int[]{", "}"), (248, "new int[]{", "}"), (2000, "(", ")")] if java else \
+                [(2000, "(", ")"), (2000, "[", "]"), (1000, "{a: ", "}")]
+        for depth, open_, close in nests:
+            deep = Raw(open_ * depth + "1" + close * depth)
+            out.append(("raw_stress_deep", "[" + raw_call(entry, name, {param: deep, **rest}, java) + "]"))
+    call = raw_call(entry, name, args, java)
+    for depth in (988, 989):
+        out.append(("raw_stress_deep", "[" + "(" * depth + call + ")" * depth + "]"))
+    for layout in SOURCE_LAYOUTS:
+        out.append(("raw_stress_layout", layout.replace("C", call)))
+    return out
+
+
+def mutate_text(text, rng):
+    """One syntax slip applied to a rendered reply."""
+    kinds = [
+        lambda t: t[:-1],  # lost closing bracket
+        lambda t: t[:-2] + "]",  # lost closing parenthesis
+        lambda t: t + ")",
+        lambda t: t[1:],
+        lambda t: t.replace("=", ":", 1),
+        lambda t: t.replace("=", " = ", 1),
+        lambda t: t.replace("=", "==", 1),
+        lambda t: t.replace(", ", " ", 1),
+        lambda t: t.replace(", ", ",, ", 1),
+        lambda t: t.replace(")", ",)", 1) if t.count(")") else t + ",",
+        lambda t: t.replace('"', "", 1),
+        lambda t: t.replace('"', "'"),
+        lambda t: t.replace("'", '"'),
+        lambda t: t.replace("true", "True").replace("false", "False"),
+        lambda t: t.replace("(", " (", 1),
+        lambda t: t.replace("(", "({", 1).replace(")]", "})]", 1),
+        lambda t: t.replace("[", "[#", 1),
+        lambda t: "Sure! " + t,
+        lambda t: t + " Done.",
+        lambda t: "'" + t + "'",
+        lambda t: t.replace("[", "", 1).replace("]", "", 1) + ";",
+        lambda t: t.replace("(", "(\n  ", 1).replace(", ", ",\n  "),
+        lambda t: t.upper(),
+    ]
+    return rng.choice(kinds)(text)
+
+
+def raw_source_variants(entry, rng, java):
+    """(variant, raw text) pairs for a java/javascript entry: the prompt-mode
+    replies that BFCL's tree-sitter decoders read."""
+    calls = gt_calls(entry)
+    name, args = calls[0]
+    doc = doc_by_name(entry, name)
+    required = doc["parameters"]["required"] if doc else []
+    call = lambda n, a, **style: raw_call(entry, n, a, java, **style)
+    out = [("raw_gt", f"[{call(name, args)}]")]
+    quote = rng.choice(["'", '"'])
+    style = {"quote": quote, "sep": rng.choice([", ", ",", " , ", ",\n"]), "eq": rng.choice(["=", " = "])}
+    alt_name, alt_args = gt_calls(entry, rng)[0]
+    text = call(alt_name, alt_args, **style)
+    wrap = rng.choice(["[T]", "T", "```\n[T]\n```", "  \n[T] \n", "[T;]", "```java\n[T]\n```" if java else "```js\nT\n```"])
+    out.append(("raw_gt_alt", wrap.replace("T", text)))
+    if args:
+        p = rng.choice(list(args))
+        out.append(("raw_wrong_value", f"[{call(name, {**args, p: wrong_value(args[p], rng)})}]"))
+        p = rng.choice(list(args))
+        out.append(("raw_wrong_type", f"[{call(name, {**args, p: wrong_type(args[p], rng)})}]"))
+        strs = [k for k, v in args.items() if isinstance(v, str)]
+        if strs:
+            p = rng.choice(strs)
+            v = args[p]
+            # A string written the other way: a bare name quoted, a literal bare.
+            other = java_string(v) if java else f"'{v}'"
+            src = call(name, {p: v})
+            out.append(("raw_requoted", f"[{call(name, {**args, p: Raw(v if other in src else other)})}]"))
+            out.append(("raw_string_variant", f"[{call(name, {**args, p: string_variant(v, rng)})}]"))
+        req_present = [r for r in required if r in args]
+        if req_present:
+            p = rng.choice(req_present)
+            out.append(("raw_missing_required", f"[{call(name, {k: v for k, v in args.items() if k != p})}]"))
+        p = rng.choice(list(args))
+        dup = raw_args(entry, name, args, java) + ", " + raw_args(entry, name, {p: args[p]}, java)
+        out.append(("raw_repeated", f"[{name}({dup})]"))
+        keys = list(args)
+        rng.shuffle(keys)
+        out.append(("raw_reordered", f"[{call(name, {k: args[k] for k in keys})}]"))
+    out.append(("raw_extra_param", f"[{call(name, {**args, 'zqExtra': rng.choice([1, 'x', True])})}]"))
+    out.append(("raw_positional", f"[{call(name, {None: Raw(rng.choice(['ctx', 'true', '42', 'String.class', 'null'])), **args})}]"))
+    out.append(("raw_wrong_name", f"[{call(name + rng.choice(['X', '_v2', '.run']), args)}]"))
+    out.append(("raw_no_args", f"[{name}()]"))
+    out.append(("raw_two_calls", "[" + rng.choice([", ", "; ", "\n", ";\n"]).join([call(name, args)] * 2) + "]"))
+    out.append(("raw_empty", rng.choice(["[]", "", "``` ```", "[;]"])))
+    out.append(("raw_prose", rng.choice(["I cannot help with that.", "Call it with the given values.", "[None]"])))
+    # Syntax slips: several per entry, malformed replies are the ones that get scored.
+    base = f"[{call(name, args)}]"
+    seen = set()
+    for _ in range(6):
+        slipped = mutate_text(base, rng)
+        if slipped not in seen and slipped != base:
+            seen.add(slipped)
+            out.append(("raw_slip", slipped))
+    return out
+
+
 # ------------------------------------------------------------------ irrelevance
 
 
@@ -649,7 +896,11 @@ def main():
             elif category == "irrelevance":
                 lines = [(v, "raw", t) for v, t in irrelevance_variants(entry, rng)]
             elif category in ("simple_java", "simple_javascript"):
-                lines = [(v, "decoded", d) for v, d in source_variants(entry, rng, category == "simple_java")]
+                java = category == "simple_java"
+                lines = [(v, "decoded", d) for v, d in source_variants(entry, rng, java)]
+                lines += [(v, "raw", t) for v, t in raw_source_variants(entry, rng, java)]
+                if i % 4 == 0:
+                    lines += [(v, "raw", t) for v, t in stress_source_lines(entry, java)]
             else:
                 lines = [(v, "raw", t) for v, t in python_variants(entry, rng)]
                 if category == "simple_python" and i % 8 == 0:

@@ -15,11 +15,11 @@
 //!   `{name: {args}}`; a subscript is `unparse(value)[unparse(slice)]`;
 //!   anything else (attributes, sets, f-strings, comparisons, lambdas…)
 //!   fails.  See `pyexpr.rs` for the parser.
-//! * Java / JavaScript: the text between the added brackets is parsed as
-//!   source code and the **first** call found is kept, every argument value
-//!   being a string of source text (see [`decode_java`], [`decode_js`]).
-//!   BFCL uses tree-sitter for these; ours are hand-written parsers that
-//!   agree on the shapes models write, not on every error-recovery corner.
+//! * Java / JavaScript: the text between the added brackets is parsed with
+//!   tree-sitter, as BFCL does (same grammars, same C runtime); a tree with
+//!   an `ERROR` node fails, otherwise the **first** call found is kept,
+//!   every argument value being a string of source text (see
+//!   [`decode_java`], [`decode_js`]).
 //!
 //! FC mode (BFCL's OpenAI handler): each tool call's `arguments` JSON is
 //! parsed (`json.loads`), so JSON's int/float distinction carries through.
@@ -31,6 +31,7 @@
 //! two apart; for irrelevance both count as "no call".
 
 use serde_json::{Map, Value};
+use tree_sitter::{Node, Parser, Tree};
 
 use super::data::Language;
 use super::pyexpr::{self, Expr};
@@ -212,224 +213,44 @@ pub fn calls_to_json(calls: &[Call]) -> Value {
     )
 }
 
-// ---------------------------------------------------------------- shared lexer
+// ---------------------------------------------------------------- Java and JavaScript
 
-#[derive(Clone, Debug, PartialEq)]
-enum TokKind {
-    Ident,
-    Number,
-    /// `"..."` (and Java text blocks), with quotes.
-    Str,
-    /// Java `'c'`; JavaScript `'...'` strings are [`TokKind::Str`].
-    Char,
-    /// JavaScript template literal.
-    Template,
-    Op,
+/// BFCL's decoders give up on a tree whose S-expression mentions `ERROR`.
+/// That is not tree-sitter's `has_error`, which counts `MISSING` nodes too
+/// (a `;` or `)` that error recovery inserted): those pass, and most Java
+/// replies have one, a call without its `;`.  The runtime is pinned to the
+/// C core that BFCL's Python binding bundles, so trees and error recovery
+/// are the same.
+fn parse_checked(
+    source: &str,
+    language: &tree_sitter::Language,
+    what: &str,
+) -> Result<Tree, DecodeError> {
+    let mut parser = Parser::new();
+    parser
+        .set_language(language)
+        .map_err(|e| DecodeError::Failed(format!("{what} grammar: {e}")))?;
+    let tree = parser
+        .parse(source, None)
+        .ok_or_else(|| DecodeError::Failed(format!("{what}: parse cancelled")))?;
+    if tree.root_node().to_sexp().contains("ERROR") {
+        return Err(DecodeError::Failed(format!(
+            "Error parsing the {what} source code."
+        )));
+    }
+    Ok(tree)
 }
 
-#[derive(Clone, Debug)]
-struct Token {
-    kind: TokKind,
-    text: String,
-    /// Char offsets into the source.
-    start: usize,
-    end: usize,
-    /// A line break precedes this token (JavaScript statement ends).
-    newline_before: bool,
+fn children(node: Node<'_>) -> Vec<Node<'_>> {
+    let mut cursor = node.walk();
+    node.children(&mut cursor).collect()
 }
 
-const C_LIKE_OPS: [&str; 52] = [
-    ">>>=", "...", "===", "!==", "<<=", ">>=", ">>>", "**=", "&&=", "||=", "??=", "->", "::", "++",
-    "--", "&&", "||", "??", "?.", "==", "!=", "<=", ">=", "+=", "-=", "*=", "/=", "%=", "&=", "|=",
-    "^=", "<<", ">>", "**", "=>", "+", "-", "*", "/", "%", "=", "<", ">", "!", "~", "?", ":", ";",
-    ",", ".", "&", "|",
-];
-const SINGLE_OPS: &str = "^()[]{}@";
-
-/// Tokenizes Java or JavaScript source (comments skipped).
-fn lex_c_like(src: &[char], javascript: bool) -> Result<Vec<Token>, String> {
-    let mut toks = Vec::new();
-    let mut i = 0;
-    let mut newline = false;
-    while i < src.len() {
-        let c = src[i];
-        let start = i;
-        if c == '\n' || c == '\r' {
-            newline = true;
-            i += 1;
-            continue;
-        }
-        if c.is_whitespace() {
-            i += 1;
-            continue;
-        }
-        if c == '/' && src.get(i + 1) == Some(&'/') {
-            while i < src.len() && src[i] != '\n' {
-                i += 1;
-            }
-            continue;
-        }
-        if c == '/' && src.get(i + 1) == Some(&'*') {
-            i += 2;
-            while i + 1 < src.len() && !(src[i] == '*' && src[i + 1] == '/') {
-                i += 1;
-            }
-            if i + 1 >= src.len() {
-                return Err("unterminated comment".into());
-            }
-            i += 2;
-            continue;
-        }
-        let kind = if c.is_alphabetic() || c == '_' || c == '$' {
-            while i < src.len() && (src[i].is_alphanumeric() || src[i] == '_' || src[i] == '$') {
-                i += 1;
-            }
-            TokKind::Ident
-        } else if c.is_ascii_digit()
-            || (c == '.' && src.get(i + 1).is_some_and(|d| d.is_ascii_digit()))
-        {
-            while i < src.len() {
-                let d = src[i];
-                let exp_sign = (d == '+' || d == '-')
-                    && matches!(src[i - 1], 'e' | 'E')
-                    && !src[start..i].iter().any(|x| matches!(x, 'x' | 'X'));
-                if d.is_ascii_alphanumeric() || d == '_' || d == '.' || exp_sign {
-                    i += 1;
-                } else {
-                    break;
-                }
-            }
-            let text: String = src[start..i].iter().collect();
-            // A leading 0 makes a Java integer octal: 8 and 9 are errors.
-            if !javascript
-                && text.len() > 1
-                && text.starts_with('0')
-                && text
-                    .chars()
-                    .all(|d| d.is_ascii_digit() || d == '_' || d == 'l' || d == 'L')
-                && text.contains(['8', '9'])
-            {
-                return Err(format!("invalid octal literal {}", text));
-            }
-            TokKind::Number
-        } else if c == '"'
-            && !javascript
-            && src.get(i + 1) == Some(&'"')
-            && src.get(i + 2) == Some(&'"')
-        {
-            i += 3;
-            while i + 2 < src.len() && !(src[i] == '"' && src[i + 1] == '"' && src[i + 2] == '"') {
-                i += if src[i] == '\\' { 2 } else { 1 };
-            }
-            if i + 2 >= src.len() {
-                return Err("unterminated text block".into());
-            }
-            i += 3;
-            TokKind::Str
-        } else if c == '"' || c == '\'' || (c == '`' && javascript) {
-            i += 1;
-            let mut depth = 0usize;
-            loop {
-                let d = *src.get(i).ok_or("unterminated string literal")?;
-                if d == '\\' {
-                    i += 2;
-                    continue;
-                }
-                if c == '`' {
-                    // Template substitutions may nest braces and strings;
-                    // only brace depth is tracked.
-                    if d == '$' && src.get(i + 1) == Some(&'{') {
-                        depth += 1;
-                        i += 2;
-                        continue;
-                    }
-                    if d == '}' && depth > 0 {
-                        depth -= 1;
-                    }
-                } else if d == '\n' {
-                    return Err("unterminated string literal".into());
-                }
-                i += 1;
-                if d == c && depth == 0 {
-                    break;
-                }
-            }
-            match (c, javascript) {
-                ('`', _) => TokKind::Template,
-                ('\'', false) => TokKind::Char,
-                _ => TokKind::Str,
-            }
-        } else {
-            let rest: String = src[i..src.len().min(i + 4)].iter().collect();
-            let op = C_LIKE_OPS
-                .iter()
-                .find(|op| rest.starts_with(**op))
-                .map(|op| op.len());
-            match op {
-                Some(n) => i += n,
-                None if SINGLE_OPS.contains(c) => i += 1,
-                None => return Err(format!("unexpected character {:?}", c)),
-            }
-            TokKind::Op
-        };
-        toks.push(Token {
-            kind,
-            text: src[start..i].iter().collect(),
-            start,
-            end: i,
-            newline_before: newline,
-        });
-        newline = false;
-    }
-    // Brackets must balance, as any parse does.
-    let mut stack = Vec::new();
-    for t in &toks {
-        if t.kind != TokKind::Op {
-            continue;
-        }
-        match t.text.as_str() {
-            "(" | "[" | "{" => stack.push(t.text.clone()),
-            ")" | "]" | "}" => {
-                let open = stack.pop().ok_or("unbalanced brackets")?;
-                let ok = matches!(
-                    (open.as_str(), t.text.as_str()),
-                    ("(", ")") | ("[", "]") | ("{", "}")
-                );
-                if !ok {
-                    return Err("mismatched brackets".into());
-                }
-            }
-            _ => {}
-        }
-    }
-    if !stack.is_empty() {
-        return Err("unbalanced brackets".into());
-    }
-    Ok(toks)
-}
-
-/// Index of the bracket closing the one at `open`.
-fn matching_close(toks: &[Token], open: usize) -> usize {
-    let mut depth = 0;
-    for (i, t) in toks.iter().enumerate().skip(open) {
-        if t.kind == TokKind::Op {
-            match t.text.as_str() {
-                "(" | "[" | "{" => depth += 1,
-                ")" | "]" | "}" => {
-                    depth -= 1;
-                    if depth == 0 {
-                        return i;
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    unreachable!("brackets were checked to balance")
-}
-
-fn text_of(src: &[char], start: usize, end: usize) -> String {
-    src[start..end].iter().collect()
+/// Python's `node.children[i]`: every child counts (anonymous tokens and
+/// comments too); an absent one raises.
+fn child_at<'t>(node: Node<'t>, i: usize) -> Result<Node<'t>, DecodeError> {
+    node.child(i)
+        .ok_or_else(|| DecodeError::Failed(format!("{} has no child {}", node.kind(), i)))
 }
 
 /// Strips the first and last char (Python `s[1:-1]`).
@@ -452,879 +273,241 @@ fn insert_unique(
     Ok(())
 }
 
-// ---------------------------------------------------------------- Java
+/// BFCL's Java decoder is recursive Python: past the interpreter's
+/// recursion limit it raises `RecursionError`, a decode failure.  Ours
+/// counts the frames that Python would hold (see `Java`) and fails where it
+/// does; that also keeps our own recursion well within the stack.
+const PY_RECURSION_LIMIT: usize = 1000;
 
-/// A node of the Java syntax tree, with just the distinctions BFCL's
-/// rendering of argument values makes.
-#[derive(Debug)]
-struct JNode {
-    start: usize,
-    end: usize,
-    kind: JKind,
+/// Frames under the decoder when `tests/reference/bfcl_official_check.py`
+/// calls it (module, `main`, `check_line`, `default_decode_ast_prompting`,
+/// `ast_parse`, `parse_java_function_call`): with it, replies nested a few
+/// hundred levels deep fail exactly where they fail there.  BFCL's own
+/// runner calls it from deeper in its stack, so gives up a few levels sooner.
+const PY_BASE_FRAMES: usize = 6;
+
+/// Python 3.11 counts a frame for each call to `traverse`,
+/// `extract_arguments`, `traverse_node` and `get_text`; where `traverse_node`
+/// joins its children's renderings the generator and the C-level `join`
+/// count too (three a level, one where it recurses directly).
+fn enter(frames: usize) -> Result<usize, DecodeError> {
+    if frames > PY_RECURSION_LIMIT {
+        Err(DecodeError::Failed(
+            "maximum recursion depth exceeded".into(),
+        ))
+    } else {
+        Ok(frames)
+    }
 }
 
-#[derive(Debug)]
-enum JKind {
-    /// Rendered as its source text (identifiers, literals, operators…).
-    Leaf,
-    Ident,
-    ClassLiteral,
-    StringLiteral,
-    CharLiteral,
-    /// Any other construct: its parts' renderings concatenated.
-    Seq(Vec<JNode>),
-    MethodCall {
-        object: Option<(usize, usize)>,
-        name: String,
-        args: Vec<JNode>,
-    },
-    NewObject {
-        type_: Box<JNode>,
-        args: Vec<JNode>,
-    },
-    NewArray {
-        type_: Box<JNode>,
-        init: Option<Box<JNode>>,
-    },
-    Assign {
-        left: Box<JNode>,
-        op: Box<JNode>,
-        right: Box<JNode>,
-    },
+struct Java {
+    /// BFCL slices the Python *string* with the node's *byte* offsets, so
+    /// after a non-ASCII character its texts are shifted; done the same
+    /// way here (code points indexed by byte offsets, clamped like a slice).
+    chars: Vec<char>,
 }
 
-const JAVA_PRIMITIVES: [&str; 9] = [
-    "int", "long", "short", "byte", "char", "float", "double", "boolean", "void",
-];
-
-struct JavaParser<'a> {
-    src: &'a [char],
-    toks: Vec<Token>,
-    pos: usize,
-}
-
-type JResult = Result<JNode, String>;
-
-impl<'a> JavaParser<'a> {
-    fn peek(&self) -> Option<&Token> {
-        self.toks.get(self.pos)
+impl Java {
+    /// `get_text`, called from a frame at depth `caller`.
+    fn text(&self, node: Node, caller: usize) -> Result<String, DecodeError> {
+        enter(caller + 1)?;
+        let len = self.chars.len();
+        let (start, end) = (node.start_byte().min(len), node.end_byte().min(len));
+        Ok(self.chars[start..end.max(start)].iter().collect())
     }
 
-    fn peek_text(&self, n: usize) -> &str {
-        self.toks.get(self.pos + n).map_or("", |t| t.text.as_str())
-    }
-
-    fn is(&self, text: &str) -> bool {
-        self.peek()
-            .is_some_and(|t| t.text == text && matches!(t.kind, TokKind::Op | TokKind::Ident))
-    }
-
-    fn leaf(&mut self) -> JNode {
-        let t = &self.toks[self.pos];
-        self.pos += 1;
-        JNode {
-            start: t.start,
-            end: t.end,
-            kind: JKind::Leaf,
-        }
-    }
-
-    fn expect(&mut self, text: &str) -> JResult {
-        if self.is(text) {
-            Ok(self.leaf())
-        } else {
-            Err(format!("expected '{}'", text))
-        }
-    }
-
-    fn seq(parts: Vec<JNode>) -> JNode {
-        let start = parts.first().map_or(0, |p| p.start);
-        let end = parts.last().map_or(0, |p| p.end);
-        JNode {
-            start,
-            end,
-            kind: JKind::Seq(parts),
-        }
-    }
-
-    fn expression(&mut self) -> JResult {
-        if self.at_lambda() {
-            return self.lambda();
-        }
-        let left = self.ternary()?;
-        const ASSIGN: [&str; 12] = [
-            "=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=", ">>>=",
-        ];
-        if self
-            .peek()
-            .is_some_and(|t| t.kind == TokKind::Op && ASSIGN.contains(&t.text.as_str()))
-        {
-            let op = self.leaf();
-            let right = self.expression()?;
-            let (start, end) = (left.start, right.end);
-            return Ok(JNode {
-                start,
-                end,
-                kind: JKind::Assign {
-                    left: Box::new(left),
-                    op: Box::new(op),
-                    right: Box::new(right),
-                },
-            });
-        }
-        Ok(left)
-    }
-
-    fn at_lambda(&self) -> bool {
-        let Some(t) = self.peek() else { return false };
-        if t.kind == TokKind::Ident && self.peek_text(1) == "->" {
-            return true;
-        }
-        if t.text == "(" && t.kind == TokKind::Op {
-            let close = matching_close(&self.toks, self.pos);
-            return self.toks.get(close + 1).is_some_and(|n| n.text == "->");
-        }
-        false
-    }
-
-    fn lambda(&mut self) -> JResult {
-        let mut parts = Vec::new();
-        if self.is("(") {
-            let close = matching_close(&self.toks, self.pos);
-            while self.pos <= close {
-                parts.push(self.leaf());
+    /// An argument value as BFCL renders it (`traverse_node`, its frame at
+    /// depth `frames`).  At the top (`nested` false) a string or char
+    /// literal loses its first and last character.  Names, class literals
+    /// and method calls are their source text; `new T[]...` is `new T[]` +
+    /// its initializer (dimensions dropped, and no initializer raises);
+    /// `new T(a, b)` is rebuilt from its type and arguments (an anonymous
+    /// class body dropped); any other node is its children's renderings
+    /// joined without spaces, a leaf its text.
+    fn value(
+        &self,
+        node: Option<Node>,
+        nested: bool,
+        frames: usize,
+    ) -> Result<String, DecodeError> {
+        enter(frames)?;
+        // BFCL reads a field that may be absent (`new int[3]` has no `value`)
+        // and fails on the `None`.
+        let node = node.ok_or_else(|| {
+            DecodeError::Failed("'NoneType' object has no attribute 'type'".into())
+        })?;
+        match node.kind() {
+            "string_literal" | "character_literal" => {
+                let text = self.text(node, frames)?;
+                Ok(if nested { text } else { strip_ends(&text) })
             }
-        } else {
-            parts.push(self.leaf());
-        }
-        parts.push(self.expect("->")?);
-        if self.is("{") {
-            parts.push(self.balanced_block());
-        } else {
-            parts.push(self.expression()?);
-        }
-        Ok(Self::seq(parts))
-    }
-
-    /// A `{...}` block kept as its tokens (lambda bodies).
-    fn balanced_block(&mut self) -> JNode {
-        let close = matching_close(&self.toks, self.pos);
-        let mut parts = Vec::new();
-        while self.pos <= close {
-            parts.push(self.leaf());
-        }
-        Self::seq(parts)
-    }
-
-    fn ternary(&mut self) -> JResult {
-        let cond = self.binary()?;
-        if !self.is("?") {
-            return Ok(cond);
-        }
-        let q = self.leaf();
-        let a = self.expression()?;
-        let colon = self.expect(":")?;
-        let b = if self.at_lambda() {
-            self.lambda()?
-        } else {
-            self.ternary()?
-        };
-        Ok(Self::seq(vec![cond, q, a, colon, b]))
-    }
-
-    fn binary(&mut self) -> JResult {
-        const OPS: [&str; 19] = [
-            "||", "&&", "|", "^", "&", "==", "!=", "<", ">", "<=", ">=", "<<", ">>", ">>>", "+",
-            "-", "*", "/", "%",
-        ];
-        let mut parts = vec![self.unary()?];
-        while let Some(t) = self.peek() {
-            if t.kind == TokKind::Op && OPS.contains(&t.text.as_str()) {
-                parts.push(self.leaf());
-                parts.push(self.unary()?);
-            } else if t.kind == TokKind::Ident && t.text == "instanceof" {
-                parts.push(self.leaf());
-                parts.push(self.type_()?);
-            } else {
-                break;
+            "identifier" | "class_literal" | "type_identifier" | "method_invocation" => {
+                self.text(node, frames)
             }
-        }
-        Ok(if parts.len() == 1 {
-            parts.pop().expect("one part")
-        } else {
-            Self::seq(parts)
-        })
-    }
-
-    fn unary(&mut self) -> JResult {
-        if let Some(t) = self.peek() {
-            if t.kind == TokKind::Op
-                && matches!(t.text.as_str(), "+" | "-" | "!" | "~" | "++" | "--")
-            {
-                let op = self.leaf();
-                let operand = self.unary()?;
-                return Ok(Self::seq(vec![op, operand]));
+            "array_creation_expression" => {
+                let type_text = self.value(node.child_by_field_name("type"), true, frames + 1)?;
+                let init = self.value(node.child_by_field_name("value"), true, frames + 1)?;
+                Ok(format!("new {type_text}[]{init}"))
             }
-            if t.kind == TokKind::Op && t.text == "(" && self.at_cast() {
-                let close = matching_close(&self.toks, self.pos);
+            "object_creation_expression" => {
+                let type_text = self.value(node.child_by_field_name("type"), true, frames + 1)?;
+                let Some(arguments) = node.child_by_field_name("arguments") else {
+                    return Ok(format!("new {type_text}()"));
+                };
                 let mut parts = Vec::new();
-                while self.pos <= close {
-                    parts.push(self.leaf());
-                }
-                parts.push(self.unary()?);
-                return Ok(Self::seq(parts));
-            }
-        }
-        self.postfix()
-    }
-
-    /// `(Type) operand`: a parenthesised type name followed by something
-    /// that can only start an operand.
-    fn at_cast(&self) -> bool {
-        let close = matching_close(&self.toks, self.pos);
-        let inside = &self.toks[self.pos + 1..close];
-        let Some(first) = inside.first() else {
-            return false;
-        };
-        let type_like = first.kind == TokKind::Ident
-            && inside.iter().all(|t| {
-                t.kind == TokKind::Ident
-                    || matches!(
-                        t.text.as_str(),
-                        "." | "<" | ">" | "," | "[" | "]" | "?" | "&"
-                    )
-            });
-        if !type_like {
-            return false;
-        }
-        if inside.len() == 1 && JAVA_PRIMITIVES.contains(&first.text.as_str()) {
-            return true;
-        }
-        self.toks.get(close + 1).is_some_and(|n| {
-            matches!(
-                n.kind,
-                TokKind::Ident | TokKind::Number | TokKind::Str | TokKind::Char
-            ) || matches!(n.text.as_str(), "(" | "!" | "~")
-        })
-    }
-
-    fn postfix(&mut self) -> JResult {
-        let start_tok = self.pos;
-        let mut node = self.primary()?;
-        loop {
-            if self.is(".") {
-                let dot = self.leaf();
-                let Some(t) = self.peek() else {
-                    return Err("expected a member name".into());
-                };
-                if t.kind != TokKind::Ident {
-                    return Err("expected a member name".into());
-                }
-                if t.text == "class" {
-                    let class_kw = self.leaf();
-                    node = JNode {
-                        start: node.start,
-                        end: class_kw.end,
-                        kind: JKind::ClassLiteral,
-                    };
-                    continue;
-                }
-                let name = t.text.clone();
-                let member = self.leaf();
-                if self.is("(") {
-                    let args = self.arguments()?;
-                    let object = Some((node.start, node.end));
-                    let end = self.toks[self.pos - 1].end;
-                    node = JNode {
-                        start: self.toks[start_tok].start,
-                        end,
-                        kind: JKind::MethodCall { object, name, args },
-                    };
-                } else {
-                    node = Self::seq(vec![node, dot, member]);
-                }
-            } else if self.is("[") {
-                let open = self.leaf();
-                let index = self.expression()?;
-                let close = self.expect("]")?;
-                node = Self::seq(vec![node, open, index, close]);
-            } else if self.is("++") || self.is("--") {
-                let op = self.leaf();
-                node = Self::seq(vec![node, op]);
-            } else if self.is("::") {
-                let op = self.leaf();
-                let Some(t) = self.peek() else {
-                    return Err("expected a method reference".into());
-                };
-                if t.kind != TokKind::Ident {
-                    return Err("expected a method reference".into());
-                }
-                let name = self.leaf();
-                node = Self::seq(vec![node, op, name]);
-            } else {
-                return Ok(node);
-            }
-        }
-    }
-
-    fn arguments(&mut self) -> Result<Vec<JNode>, String> {
-        self.expect("(")?;
-        let mut args = Vec::new();
-        if self.is(")") {
-            self.pos += 1;
-            return Ok(args);
-        }
-        loop {
-            args.push(self.expression()?);
-            if self.is(",") {
-                self.pos += 1;
-                continue;
-            }
-            self.expect(")")?;
-            return Ok(args);
-        }
-    }
-
-    fn primary(&mut self) -> JResult {
-        let t = self.peek().ok_or("unexpected end of input")?.clone();
-        match t.kind {
-            TokKind::Number => Ok(self.leaf()),
-            TokKind::Str => {
-                self.pos += 1;
-                Ok(JNode {
-                    start: t.start,
-                    end: t.end,
-                    kind: JKind::StringLiteral,
-                })
-            }
-            TokKind::Char => {
-                self.pos += 1;
-                Ok(JNode {
-                    start: t.start,
-                    end: t.end,
-                    kind: JKind::CharLiteral,
-                })
-            }
-            TokKind::Template => Err("template literals are not Java".into()),
-            TokKind::Op if t.text == "(" => {
-                let open = self.leaf();
-                let inner = self.expression()?;
-                let close = self.expect(")")?;
-                Ok(Self::seq(vec![open, inner, close]))
-            }
-            TokKind::Op => Err(format!("unexpected '{}'", t.text)),
-            TokKind::Ident => match t.text.as_str() {
-                "new" => self.creation(),
-                "true" | "false" | "null" | "this" | "super" => Ok(self.leaf()),
-                p if JAVA_PRIMITIVES.contains(&p) => {
-                    // `int.class`, `int[].class`
-                    let ty = self.type_()?;
-                    self.expect(".")?;
-                    let class_kw = self.expect("class")?;
-                    Ok(JNode {
-                        start: ty.start,
-                        end: class_kw.end,
-                        kind: JKind::ClassLiteral,
-                    })
-                }
-                _ => {
-                    if self.peek_text(1) == "(" {
-                        let name = t.text.clone();
-                        self.pos += 1;
-                        let args = self.arguments()?;
-                        let end = self.toks[self.pos - 1].end;
-                        return Ok(JNode {
-                            start: t.start,
-                            end,
-                            kind: JKind::MethodCall {
-                                object: None,
-                                name,
-                                args,
-                            },
-                        });
-                    }
-                    self.pos += 1;
-                    Ok(JNode {
-                        start: t.start,
-                        end: t.end,
-                        kind: JKind::Ident,
-                    })
-                }
-            },
-        }
-    }
-
-    /// A type: `a.b.C<T, ? extends U>[]` (kept as its tokens).
-    fn type_(&mut self) -> JResult {
-        let mut parts = Vec::new();
-        let first = self.peek().ok_or("expected a type")?;
-        if first.kind != TokKind::Ident {
-            return Err("expected a type".into());
-        }
-        parts.push(self.leaf());
-        loop {
-            if self.is(".")
-                && self
-                    .toks
-                    .get(self.pos + 1)
-                    .is_some_and(|t| t.kind == TokKind::Ident && t.text != "class")
-            {
-                parts.push(self.leaf());
-                parts.push(self.leaf());
-            } else if self.is("<") {
-                // Generic arguments, with `>>` closing two levels.
-                let mut depth = 0i32;
-                loop {
-                    let t = self.peek().ok_or("unclosed type arguments")?;
-                    match t.text.as_str() {
-                        "<" => depth += 1,
-                        ">" => depth -= 1,
-                        ">>" => depth -= 2,
-                        ">>>" => depth -= 3,
-                        "?" | "," | "." | "&" | "[" | "]" | "extends" | "super" => {}
-                        _ if t.kind == TokKind::Ident => {}
-                        other => return Err(format!("unexpected '{}' in type arguments", other)),
-                    }
-                    parts.push(self.leaf());
-                    if depth <= 0 {
-                        break;
+                for child in children(arguments) {
+                    if !matches!(child.kind(), "," | "(" | ")") {
+                        parts.push(self.value(Some(child), true, frames + 1)?);
                     }
                 }
-            } else if self.is("[") && self.peek_text(1) == "]" && self.peek_text(2) != "{" {
-                parts.push(self.leaf());
-                parts.push(self.leaf());
-            } else {
-                return Ok(Self::seq(parts));
+                Ok(format!("new {type_text}({})", parts.join(", ")))
             }
+            _ if node.child_count() > 0 => children(node)
+                .into_iter()
+                .map(|child| self.value(Some(child), true, frames + 3))
+                .collect(),
+            _ => self.text(node, frames),
         }
     }
 
-    /// `new T(args) [class body]` or `new T[]{...}` / `new T[n]`.
-    fn creation(&mut self) -> JResult {
-        let new_kw = self.leaf();
-        let type_ = Box::new(self.type_()?);
-        if self.is("[") {
-            let mut sized = false;
-            while self.is("[") {
-                self.pos += 1;
-                if !self.is("]") {
-                    sized = true;
-                    self.expression()?;
-                }
-                self.expect("]")?;
-            }
-            let init = if !sized && self.is("{") {
-                Some(Box::new(self.array_initializer()?))
-            } else {
-                None
-            };
-            let end = self.toks[self.pos - 1].end;
-            return Ok(JNode {
-                start: new_kw.start,
-                end,
-                kind: JKind::NewArray { type_, init },
-            });
+    /// The first method invocation in document order (outermost first)
+    /// that has an argument list, with the depth of its `traverse` frame.
+    fn first_call<'t>(
+        &self,
+        node: Node<'t>,
+        frames: usize,
+    ) -> Result<Option<(Node<'t>, usize)>, DecodeError> {
+        enter(frames)?;
+        if node.kind() == "method_invocation" {
+            return Ok(node
+                .child_by_field_name("arguments")
+                .is_some()
+                .then_some((node, frames)));
         }
-        let args = self.arguments()?;
-        if self.is("{") {
-            // An anonymous class body: BFCL's rendering drops it.
-            let close = matching_close(&self.toks, self.pos);
-            self.pos = close + 1;
-        }
-        let end = self.toks[self.pos - 1].end;
-        Ok(JNode {
-            start: new_kw.start,
-            end,
-            kind: JKind::NewObject { type_, args },
-        })
-    }
-
-    fn array_initializer(&mut self) -> JResult {
-        let mut parts = vec![self.expect("{")?];
-        while !self.is("}") {
-            parts.push(if self.is("{") {
-                self.array_initializer()?
-            } else {
-                self.expression()?
-            });
-            if self.is(",") {
-                parts.push(self.leaf());
-            } else {
-                break;
+        for child in children(node) {
+            if let Some(found) = self.first_call(child, frames + 1)? {
+                return Ok(Some(found));
             }
         }
-        parts.push(self.expect("}")?);
-        Ok(Self::seq(parts))
-    }
-
-    fn text(&self, node: &JNode) -> String {
-        text_of(self.src, node.start, node.end)
-    }
-
-    /// BFCL's rendering of an argument value (`nested` = inside another node).
-    fn render(&self, node: &JNode, nested: bool) -> Result<String, String> {
-        Ok(match &node.kind {
-            JKind::StringLiteral | JKind::CharLiteral if !nested => strip_ends(&self.text(node)),
-            JKind::Leaf
-            | JKind::Ident
-            | JKind::ClassLiteral
-            | JKind::StringLiteral
-            | JKind::CharLiteral
-            | JKind::MethodCall { .. } => self.text(node),
-            JKind::Seq(parts) => parts
-                .iter()
-                .map(|p| self.render(p, true))
-                .collect::<Result<String, _>>()?,
-            JKind::Assign { left, op, right } => {
-                format!(
-                    "{}{}{}",
-                    self.render(left, true)?,
-                    self.render(op, true)?,
-                    self.render(right, true)?
-                )
-            }
-            JKind::NewObject { type_, args } => format!(
-                "new {}({})",
-                self.render(type_, true)?,
-                args.iter()
-                    .map(|a| self.render(a, true))
-                    .collect::<Result<Vec<_>, _>>()?
-                    .join(", ")
-            ),
-            JKind::NewArray { type_, init } => {
-                let init = init.as_ref().ok_or("array creation without initializer")?;
-                format!(
-                    "new {}[]{}",
-                    self.render(type_, true)?,
-                    self.render(init, true)?
-                )
-            }
-        })
+        Ok(None)
     }
 }
 
-/// The first method call in document order, outermost first.
-fn first_java_call(node: &JNode) -> Option<&JNode> {
-    match &node.kind {
-        JKind::MethodCall { .. } => Some(node),
-        JKind::Seq(parts) => parts.iter().find_map(first_java_call),
-        JKind::NewObject { type_, args } => {
-            first_java_call(type_).or_else(|| args.iter().find_map(first_java_call))
-        }
-        JKind::NewArray { type_, init } => {
-            first_java_call(type_).or_else(|| init.as_deref().and_then(first_java_call))
-        }
-        JKind::Assign { left, right, .. } => {
-            first_java_call(left).or_else(|| first_java_call(right))
-        }
-        _ => None,
-    }
-}
-
-/// BFCL's Java decoder: a sequence of expression statements; the first
-/// method call found is returned as `Class.method` (the receiver's source
-/// text + name) with `name=value` arguments (value = source text, string
-/// and char literals unquoted; `new` expressions rendered as
-/// `new T(args)` without any anonymous class body, `new T[]{...}`; other
-/// composite values with whitespace between tokens removed; nested method
-/// calls verbatim).  A bare identifier argument goes under a `None` name;
-/// other positional arguments are dropped; a repeated name fails.  No call
-/// at all is "wrong format".
-///
-/// Differences from tree-sitter-java 0.21: its error recovery accepts or
-/// rejects some inputs by cost — very short single-argument calls without
-/// a trailing `;` (`f(x=1)`, `A.b(x=1)`) are rejected there and accepted
-/// here, and statements without a `;` between them are accepted here but
-/// rejected there in some short layouts; statements other than expressions
-/// (declarations) are not
-/// parsed here, and calls inside anonymous class bodies are not searched.
+/// BFCL's Java decoder (`parse_java_function_call`, tree-sitter-java
+/// 0.21.0): a tree with an `ERROR` node fails; otherwise the first method
+/// invocation found is the call, named `object.name` (source texts) or
+/// just `name`.  Its arguments: `left = right` (any assignment operator,
+/// `left` as source text) gives `left: value` with the value rendered by
+/// BFCL's rules (see `Java::value`); a bare identifier or class literal goes
+/// under a `None` name; other arguments are dropped; a repeated name fails.
+/// No call at all is "wrong format" (BFCL returns `{}`).
 pub fn decode_java(source: &str) -> Result<Vec<Call>, DecodeError> {
-    let src: Vec<char> = source.chars().collect();
-    let toks = lex_c_like(&src, false).map_err(DecodeError::Failed)?;
-    let mut parser = JavaParser {
-        src: &src,
-        toks,
-        pos: 0,
+    // The walk recurses as deep as the reply nests, up to Python's limit of
+    // a thousand levels: it runs on a thread with the stack for that,
+    // whatever the caller's.
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("bfcl-java-decoder".into())
+            .stack_size(64 << 20)
+            .spawn_scoped(scope, || walk_java(source))
+            .map_err(|e| DecodeError::Failed(format!("cannot start the decoder thread: {e}")))?
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+fn walk_java(source: &str) -> Result<Vec<Call>, DecodeError> {
+    let tree = parse_checked(source, &tree_sitter_java::language(), "java")?;
+    let java = Java {
+        chars: source.chars().collect(),
     };
-    let mut statements = Vec::new();
-    while parser.pos < parser.toks.len() {
-        if parser.is(";") {
-            parser.pos += 1;
-            continue;
-        }
-        // tree-sitter recovers a missing `;` between statements.
-        statements.push(parser.expression().map_err(DecodeError::Failed)?);
-    }
-    let Some(call) = statements.iter().find_map(first_java_call) else {
+    let Some((call, frames)) = java.first_call(tree.root_node(), PY_BASE_FRAMES + 1)? else {
         return Err(DecodeError::WrongFormat(
             "no method invocation found".into(),
         ));
     };
-    let JKind::MethodCall { object, name, args } = &call.kind else {
-        unreachable!("first_java_call finds calls")
+    let name = call
+        .child_by_field_name("name")
+        .ok_or_else(|| DecodeError::Failed("method invocation without a name".into()))?;
+    let name = match call.child_by_field_name("object") {
+        Some(object) => format!(
+            "{}.{}",
+            java.text(object, frames)?,
+            java.text(name, frames)?
+        ),
+        None => java.text(name, frames)?,
     };
-    let function_name = match object {
-        Some((s, e)) => format!("{}.{}", text_of(&src, *s, *e), name),
-        None => name.clone(),
-    };
-    let mut decoded = Vec::new();
-    for arg in args {
-        match &arg.kind {
-            JKind::Assign { left, right, .. } => {
-                let value = parser.render(right, false).map_err(DecodeError::Failed)?;
-                insert_unique(&mut decoded, Some(parser.text(left)), value)?;
+    let arguments = call
+        .child_by_field_name("arguments")
+        .expect("first_call checked");
+    // `extract_arguments`, called from the `traverse` frame.
+    let frames = enter(frames + 1)?;
+    let mut args = Vec::new();
+    for child in children(arguments) {
+        match child.kind() {
+            "assignment_expression" => {
+                let key = java.text(child_at(child, 0)?, frames)?;
+                let value = java.value(Some(child_at(child, 2)?), false, frames + 1)?;
+                insert_unique(&mut args, Some(key), value)?;
             }
-            JKind::Ident | JKind::ClassLiteral => {
-                insert_unique(&mut decoded, None, parser.text(arg))?
+            // (BFCL also names a node type `set` here, which Java has not.)
+            "identifier" | "class_literal" => {
+                insert_unique(&mut args, None, java.value(Some(child), false, frames + 1)?)?
             }
             _ => {}
         }
     }
-    Ok(vec![Call {
-        name: function_name,
-        args: decoded,
-    }])
+    Ok(vec![Call { name, args }])
 }
 
-// ---------------------------------------------------------------- JavaScript
-
-const JS_STATEMENT_KEYWORDS: [&str; 22] = [
-    "await", "typeof", "void", "delete", "new", "function", "class", "let", "const", "var",
-    "return", "if", "for", "while", "do", "switch", "throw", "try", "yield", "import", "export",
-    "async",
-];
-
-/// Keywords that may sit between two operands (`a instanceof B`, `new X`…).
-const JS_OPERATOR_WORDS: [&str; 12] = [
-    "in",
-    "of",
-    "instanceof",
-    "new",
-    "typeof",
-    "void",
-    "delete",
-    "await",
-    "yield",
-    "async",
-    "return",
-    "function",
-];
-
-/// BFCL's JavaScript decoder: among the top-level statements (separated by
-/// `;` or a line break), the first that is a call expression gives the
-/// result: name = the callee's source text, `name=value` arguments with the
-/// value's source text (one pair of matching outer quotes stripped); a bare
-/// identifier or `true` argument goes under a `None` name; other positional
-/// arguments are dropped; a repeated name fails.  No call statement (also
-/// `f(a=1), g(b=2)`, which is one sequence expression) is "wrong format".
-///
-/// Differences from tree-sitter-javascript 0.21: syntax is checked only
-/// loosely here (balanced brackets, no two operands in a row), so some
-/// malformed values that tree-sitter rejects are accepted; regex literals
-/// are not recognised.
+/// BFCL's JavaScript decoder (`parse_javascript_function_call`,
+/// tree-sitter-javascript 0.21.4): a tree with an `ERROR` node fails;
+/// otherwise the first top-level expression statement that is a call
+/// expression gives the call: its name is the source text of the callee
+/// (the call's first child), its arguments come from its second child:
+/// `left = right` gives `left: source text of right` (one pair of matching
+/// outer quotes stripped), a bare identifier or `true` goes under a `None`
+/// name; other arguments are dropped; a repeated name fails.  No such
+/// statement (also `f(a=1), g(b=2)`, one sequence expression) is "wrong
+/// format" (BFCL returns `None`).
 pub fn decode_js(source: &str) -> Result<Vec<Call>, DecodeError> {
-    let src: Vec<char> = source.chars().collect();
-    let toks = lex_c_like(&src, true).map_err(DecodeError::Failed)?;
-    check_js_operands(&toks).map_err(DecodeError::Failed)?;
-    let mut start = 0;
-    while start < toks.len() {
-        let end = js_statement_end(&toks, start);
-        if let Some(call) = js_call_statement(&src, &toks[start..end])? {
-            return Ok(vec![call]);
+    let tree = parse_checked(source, &tree_sitter_javascript::LANGUAGE.into(), "js")?;
+    let text = |node: Node| -> Result<String, DecodeError> {
+        node.utf8_text(source.as_bytes())
+            .map(str::to_string)
+            .map_err(|e| DecodeError::Failed(e.to_string()))
+    };
+    for statement in children(tree.root_node()) {
+        if statement.kind() != "expression_statement" {
+            continue;
         }
-        start = if end < toks.len() && toks[end].text == ";" {
-            end + 1
-        } else {
-            end.max(start + 1)
-        };
+        for call in children(statement) {
+            if call.kind() != "call_expression" {
+                continue;
+            }
+            let name = text(child_at(call, 0)?)?;
+            let mut args = Vec::new();
+            for child in children(child_at(call, 1)?) {
+                match child.kind() {
+                    "assignment_expression" => {
+                        let key = text(child_at(child, 0)?)?;
+                        let mut value = text(child_at(child, 2)?)?;
+                        let quoted = |q: char| value.starts_with(q) && value.ends_with(q);
+                        if quoted('"') || quoted('\'') {
+                            value = strip_ends(&value);
+                        }
+                        insert_unique(&mut args, Some(key), value)?;
+                    }
+                    "identifier" | "true" => insert_unique(&mut args, None, text(child)?)?,
+                    _ => {}
+                }
+            }
+            return Ok(vec![Call { name, args }]);
+        }
     }
     Err(DecodeError::WrongFormat(
         "no call expression statement".into(),
     ))
-}
-
-fn is_operand_token(t: &Token) -> bool {
-    match t.kind {
-        TokKind::Ident => !JS_OPERATOR_WORDS.contains(&t.text.as_str()),
-        TokKind::Number | TokKind::Str | TokKind::Template | TokKind::Char => true,
-        TokKind::Op => false,
-    }
-}
-
-/// Two operands in a row on one line (`hello world`) is a syntax error.
-fn check_js_operands(toks: &[Token]) -> Result<(), String> {
-    for pair in toks.windows(2) {
-        let ends_operand = is_operand_token(&pair[0]) || matches!(pair[0].text.as_str(), ")" | "]");
-        if ends_operand
-            && is_operand_token(&pair[1])
-            && !pair[1].newline_before
-            && pair[1].kind != TokKind::Template
-        {
-            return Err(format!(
-                "unexpected '{}' after '{}'",
-                pair[1].text, pair[0].text
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// End (exclusive) of the statement starting at `start`: a top-level `;`,
-/// or a line break before a token that starts a new statement.
-fn js_statement_end(toks: &[Token], start: usize) -> usize {
-    let mut depth = 0i32;
-    for i in start..toks.len() {
-        let t = &toks[i];
-        if i > start && depth == 0 && t.newline_before {
-            let prev = &toks[i - 1];
-            let prev_ends = is_operand_token(prev) || matches!(prev.text.as_str(), ")" | "]" | "}");
-            if prev_ends && (is_operand_token(t) || t.kind == TokKind::Ident) {
-                return i;
-            }
-        }
-        if t.kind == TokKind::Op {
-            match t.text.as_str() {
-                "(" | "[" | "{" => depth += 1,
-                ")" | "]" | "}" => depth -= 1,
-                ";" if depth == 0 => return i,
-                _ => {}
-            }
-        }
-    }
-    toks.len()
-}
-
-/// The call of a statement that is a call expression, if it is one.
-fn js_call_statement(src: &[char], stmt: &[Token]) -> Result<Option<Call>, DecodeError> {
-    let Some(last) = stmt.last() else {
-        return Ok(None);
-    };
-    if last.text != ")" || last.kind != TokKind::Op {
-        return Ok(None);
-    }
-    // The `(` opening the final argument list.
-    let mut depth = 0;
-    let mut open = None;
-    for i in (0..stmt.len()).rev() {
-        match stmt[i].text.as_str() {
-            ")" | "]" | "}" if stmt[i].kind == TokKind::Op => depth += 1,
-            "(" | "[" | "{" if stmt[i].kind == TokKind::Op => {
-                depth -= 1;
-                if depth == 0 {
-                    open = Some(i);
-                    break;
-                }
-            }
-            _ => {}
-        }
-    }
-    let Some(open) = open.filter(|o| *o > 0) else {
-        return Ok(None);
-    };
-    let callee = &stmt[..open];
-    if JS_STATEMENT_KEYWORDS.contains(&callee[0].text.as_str()) && callee[0].kind == TokKind::Ident
-    {
-        // `new F(...)` is a new_expression; `new F().g(...)` is a call.
-        let chained = callee[0].text == "new"
-            && callee
-                .iter()
-                .any(|t| t.text == ")" && t.kind == TokKind::Op);
-        if !chained {
-            return Ok(None);
-        }
-    }
-    // The callee must be a member/call chain, not an operator expression.
-    let mut depth = 0;
-    for t in callee {
-        if t.kind == TokKind::Op {
-            match t.text.as_str() {
-                "(" | "[" | "{" => depth += 1,
-                ")" | "]" | "}" => depth -= 1,
-                "." | "?." if depth == 0 => {}
-                _ if depth == 0 => return Ok(None),
-                _ => {}
-            }
-        }
-    }
-    let name = text_of(src, callee[0].start, callee[callee.len() - 1].end);
-    let mut args = Vec::new();
-    for arg in split_top_level(&stmt[open + 1..stmt.len() - 1]) {
-        if arg.is_empty() {
-            continue;
-        }
-        let eq = arg
-            .iter()
-            .position(|t| t.kind == TokKind::Op && t.text == "=");
-        let eq = eq.filter(|&i| {
-            i > 0 && i + 1 < arg.len() && top_level(arg, i) && is_member_chain(&arg[..i])
-        });
-        if let Some(i) = eq {
-            let left = text_of(src, arg[0].start, arg[i - 1].end);
-            let mut value = text_of(src, arg[i + 1].start, arg[arg.len() - 1].end);
-            let quoted = |q: char| value.len() >= 2 && value.starts_with(q) && value.ends_with(q);
-            if quoted('"') || quoted('\'') || value == "\"" || value == "'" {
-                value = strip_ends(&value);
-            }
-            insert_unique(&mut args, Some(left), value)?;
-        } else if arg.len() == 1
-            && arg[0].kind == TokKind::Ident
-            && (arg[0].text == "true" || !is_js_literal_word(&arg[0].text))
-        {
-            insert_unique(&mut args, None, arg[0].text.clone())?;
-        }
-    }
-    Ok(Some(Call { name, args }))
-}
-
-/// Words tree-sitter gives their own node types (not `identifier`).
-fn is_js_literal_word(word: &str) -> bool {
-    matches!(
-        word,
-        "false" | "null" | "this" | "super" | "undefined" | "true"
-    )
-}
-
-fn top_level(toks: &[Token], index: usize) -> bool {
-    let mut depth = 0;
-    for t in &toks[..index] {
-        if t.kind == TokKind::Op {
-            match t.text.as_str() {
-                "(" | "[" | "{" => depth += 1,
-                ")" | "]" | "}" => depth -= 1,
-                _ => {}
-            }
-        }
-    }
-    depth == 0
-}
-
-/// `a`, `a.b`, `a[0].b`: what may stand left of `=` in an argument.
-fn is_member_chain(toks: &[Token]) -> bool {
-    toks.first().is_some_and(|t| t.kind == TokKind::Ident)
-        && toks
-            .iter()
-            .all(|t| t.kind != TokKind::Op || matches!(t.text.as_str(), "." | "[" | "]"))
-}
-
-fn split_top_level(toks: &[Token]) -> Vec<&[Token]> {
-    let mut parts = Vec::new();
-    let mut depth = 0;
-    let mut start = 0;
-    for (i, t) in toks.iter().enumerate() {
-        if t.kind == TokKind::Op {
-            match t.text.as_str() {
-                "(" | "[" | "{" => depth += 1,
-                ")" | "]" | "}" => depth -= 1,
-                "," if depth == 0 => {
-                    parts.push(&toks[start..i]);
-                    start = i + 1;
-                }
-                _ => {}
-            }
-        }
-    }
-    parts.push(&toks[start..]);
-    parts
 }
 
 #[cfg(test)]
@@ -1408,6 +591,41 @@ mod tests {
             decode_prompt("[A.b(x=new int[3])]", Language::Java),
             Err(DecodeError::Failed(_))
         ));
+        // tree-sitter's error recovery: a lone short call without `;` is an
+        // ERROR node, a longer one gets a MISSING `;` and passes.
+        assert!(matches!(
+            decode_prompt("[A.b(x=1)]", Language::Java),
+            Err(DecodeError::Failed(_))
+        ));
+        let java = |text: &str| calls_to_json(&decode_prompt(text, Language::Java).unwrap());
+        assert_eq!(
+            java("[A.b(x=1, y=2)]"),
+            json!([{"A.b": {"x": "1", "y": "2"}}])
+        );
+        // Children are counted as BFCL counts them: a comment is one.
+        assert_eq!(
+            java("[A.b(x /* c */ = 1, y = 2)]"),
+            json!([{"A.b": {"x": "=", "y": "2"}}])
+        );
+        // Byte offsets into a string of code points: after `ã` every text
+        // is one character late, as in BFCL.
+        // BFCL's recursion runs out: 329 nested parentheses decode, 330 fail
+        // (three Python frames a level); `new F(...)` costs one a level.
+        let nested = |open: &str, close: &str, n: usize| {
+            let value = format!("{}1{}", open.repeat(n), close.repeat(n));
+            decode_prompt(&format!("[A.b(x={value}, y=2)]"), Language::Java)
+        };
+        assert!(nested("(", ")", 329).is_ok());
+        assert!(matches!(nested("(", ")", 330), Err(DecodeError::Failed(_))));
+        assert!(nested("new F(", ")", 988).is_ok());
+        assert!(matches!(
+            nested("new F(", ")", 989),
+            Err(DecodeError::Failed(_))
+        ));
+        assert_eq!(
+            java(r#"[A.b(x="São Paulo", y="abc")]"#),
+            json!([{"A.b": {"x": "São Paulo\"", "=": "bc\""}}])
+        );
     }
 
     #[test]
@@ -1437,6 +655,17 @@ mod tests {
         assert!(matches!(
             decode_prompt("hello world", Language::JavaScript),
             Err(DecodeError::Failed(_))
+        ));
+        // JavaScript texts are byte-exact; a comment shifts the children.
+        assert_eq!(
+            calls_to_json(
+                &decode_prompt("[f(x /* c */ = 1, y='é')]", Language::JavaScript).unwrap()
+            ),
+            json!([{"f": {"x": "=", "y": "é"}}])
+        );
+        assert!(matches!(
+            decode_prompt("[f?.(x=1)]", Language::JavaScript).as_deref(),
+            Ok([Call { args, .. }]) if args.is_empty()
         ));
     }
 
