@@ -292,7 +292,7 @@ fn check_quantized_matmul(out_features: usize, in_features: usize, failures: &mu
     for rows in [1, 24] {
         let x = Array::from_slice(&random_matrix(rows, in_features, 5), &[rows as i32, in_features as i32]);
         for (bits, group_size) in [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64), (5, 32)] {
-            if in_features % group_size as usize != 0 {
+            if !in_features.is_multiple_of(group_size as usize) {
                 continue;
             }
             let q = QuantizedMatrix::quantize(&w, QuantFormat { group_size, bits }).unwrap();

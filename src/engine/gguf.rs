@@ -416,7 +416,7 @@ pub fn convert_bytes(bytes: &[u8], kind: GgmlType, shape: &[i32]) -> std::result
     let numel = shape.iter().try_fold(1u64, |a, &d| u64::try_from(d).ok().filter(|&d| d > 0).and_then(|d| a.checked_mul(d)));
     if let (Some((per_block, block_bytes)), Some(n)) = (kind.block(), numel) {
         let cols = shape.last().map_or(0, |&c| c as u64);
-        if cols % per_block != 0 || (n / per_block).checked_mul(block_bytes) != Some(bytes.len() as u64) {
+        if !cols.is_multiple_of(per_block) || (n / per_block).checked_mul(block_bytes) != Some(bytes.len() as u64) {
             return Err(format!("{} bytes of {} do not make shape {shape:?}", bytes.len(), kind.name()));
         }
     } else if kind.block().is_some() {

@@ -236,7 +236,7 @@ pub fn quantize_checkpoint(
         let is_matrix = module.is_some() && shape.len() == 2 && is_float;
         let is_embedding = module.is_some_and(|m| m.ends_with("embed_tokens"));
         let module = module.unwrap_or_default().to_string();
-        if is_matrix && (!is_embedding || request.quantize_embeddings) && shape[1] % format.group_size as usize == 0 {
+        if is_matrix && (!is_embedding || request.quantize_embeddings) && shape[1].is_multiple_of(format.group_size as usize) {
             let (rows, cols) = (shape[0], shape[1]);
             let groups = cols / format.group_size as usize;
             let key = module.clone();

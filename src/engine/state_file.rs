@@ -471,7 +471,7 @@ fn array_from_bytes(bytes: &[u8], shape: &[i32], dtype: Dtype) -> Result<Array> 
     let numel: usize = shape.iter().map(|&d| d as usize).product();
     let item = bytes.len() / numel.max(1);
     let pieces = (bytes.len() / READ_PIECE).clamp(1, 8);
-    if pieces == 1 || numel % pieces != 0 {
+    if pieces == 1 || !numel.is_multiple_of(pieces) {
         // SAFETY: `bytes` holds exactly numel × itemsize bytes (the caller's contract).
         return Ok(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), shape, dtype) });
     }
