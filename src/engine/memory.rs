@@ -107,3 +107,47 @@ pub fn check_fits(what: &str, weights: u64, cache: u64, context: usize, device: 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_memory_is_known_and_agrees_with_the_kernel() {
+        let (free, total) = (host_available_bytes().expect("free memory"), host_total_bytes().expect("total memory"));
+        assert!(free > 0 && free <= total, "free {free} of {total}");
+        #[cfg(target_os = "linux")]
+        {
+            let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+            let kb = |key: &str| -> u64 {
+                let line = meminfo.lines().find(|l| l.starts_with(key)).unwrap();
+                line.split_whitespace().nth(1).unwrap().parse().unwrap()
+            };
+            assert_eq!(total, kb("MemTotal:") * 1024);
+            // Free memory moves while the test runs; the two reads agree within 5 %.
+            let kernel = kb("MemAvailable:") * 1024;
+            assert!(free.abs_diff(kernel) < kernel / 20, "sysinfo {free}, /proc/meminfo {kernel}");
+        }
+    }
+
+    #[test]
+    fn each_device_reports_the_memory_it_uses() {
+        if let Some(set) = std::env::var("SALA_AVAILABLE_MEMORY").ok().and_then(|v| v.trim().parse::<u64>().ok()) {
+            // The user's figure stands for every device.
+            assert_eq!([DeviceKind::Cpu, DeviceKind::Gpu].map(available_bytes), [Some(set); 2]);
+            return;
+        }
+        let host = host_available_bytes().unwrap();
+        let near = |a: u64, b: u64| a.abs_diff(b) < b / 20;
+        assert!(near(available_bytes(DeviceKind::Cpu).unwrap(), host));
+        let gpu = available_bytes(DeviceKind::Gpu).unwrap();
+        match device::gpu_backend() {
+            // No GPU of its own: a GPU request is run on the host's memory.
+            None => assert!(near(gpu, host), "{gpu} vs host {host}"),
+            // CUDA: the card's memory, whatever the host has.
+            Some("cuda") => assert!(gpu <= device::gpu_info().unwrap().memory_bytes.unwrap()),
+            // Metal: unified memory, at most what the host has free.
+            Some(_) => assert!(gpu <= host + host / 20, "{gpu} vs host {host}"),
+        }
+    }
+}
