@@ -55,8 +55,7 @@ impl LoadOptions {
 
 /// Opens the model at `path`, a store name resolved to its snapshot first.
 pub fn open(path: &Path) -> anyhow::Result<ModelSource> {
-    let open = || models::open(&store::cache::resolve(path)?);
-    open().with_context(|| format!("opening {}", path.display()))
+    store::cache::open(path).with_context(|| format!("opening {}", path.display()))
 }
 
 /// How reports name the model at `path`: its file or folder name.

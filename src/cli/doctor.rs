@@ -3,7 +3,7 @@
 
 use crate::engine::device::{self, DeviceKind};
 use crate::store::cache::{self, cache_dir};
-use crate::engine::memory::{available_bytes, human, host_total_bytes};
+use crate::engine::memory::{available_bytes, human, total_bytes};
 use crate::store::summary::summarize;
 use clap::Args;
 use serde::Serialize;
@@ -184,10 +184,7 @@ fn kernels_check() -> Option<Check> {
 /// Metal, host memory on the CPU.
 fn memory_check() -> Check {
     let device = if device::gpu_available() { DeviceKind::Gpu } else { DeviceKind::Cpu };
-    let total = match (device, device::gpu_backend()) {
-        (DeviceKind::Gpu, Some("cuda")) => device::gpu_info().and_then(|g| g.memory_bytes),
-        _ => host_total_bytes(),
-    };
+    let total = total_bytes(device);
     let of_total = total.map_or(String::new(), |t| format!(" of {} ({})", human(t), device::describe(device)));
     match available_bytes(device) {
         Some(free) if free < MEMORY_FOR_9B_Q8 => Check::warn(

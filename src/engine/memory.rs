@@ -18,7 +18,7 @@ pub fn available_bytes(device: DeviceKind) -> Option<u64> {
     }
     let held = || mlx_rs::memory::active_memory().unwrap_or(0) as u64;
     match (device, device::gpu_backend()) {
-        (DeviceKind::Gpu, Some("cuda")) => device::gpu_info()?.memory_bytes.map(|total| total.saturating_sub(held())),
+        (DeviceKind::Gpu, Some("cuda")) => total_bytes(device).map(|total| total.saturating_sub(held())),
         (DeviceKind::Gpu, Some(_)) => {
             let working_set = device::gpu_info().and_then(|g| g.working_set_bytes).map(|w| w.saturating_sub(held()));
             match (working_set, host_available_bytes()) {
@@ -27,6 +27,15 @@ pub fn available_bytes(device: DeviceKind) -> Option<u64> {
             }
         }
         _ => host_available_bytes(),
+    }
+}
+
+/// All the memory the device that runs the model has: a CUDA GPU's own, else the host's (unified
+/// on Metal). `None` where unknown.
+pub fn total_bytes(device: DeviceKind) -> Option<u64> {
+    match (device, device::gpu_backend()) {
+        (DeviceKind::Gpu, Some("cuda")) => device::gpu_info()?.memory_bytes,
+        _ => host_total_bytes(),
     }
 }
 
@@ -137,6 +146,7 @@ mod tests {
             assert_eq!([DeviceKind::Cpu, DeviceKind::Gpu].map(available_bytes), [Some(set); 2]);
             return;
         }
+        assert_eq!(total_bytes(DeviceKind::Cpu), host_total_bytes());
         let host = host_available_bytes().unwrap();
         let near = |a: u64, b: u64| a.abs_diff(b) < b / 20;
         assert!(near(available_bytes(DeviceKind::Cpu).unwrap(), host));
@@ -145,7 +155,7 @@ mod tests {
             // No GPU of its own: a GPU request is run on the host's memory.
             None => assert!(near(gpu, host), "{gpu} vs host {host}"),
             // CUDA: the card's memory, whatever the host has.
-            Some("cuda") => assert!(gpu <= device::gpu_info().unwrap().memory_bytes.unwrap()),
+            Some("cuda") => assert!(gpu <= total_bytes(DeviceKind::Gpu).unwrap()),
             // Metal: unified memory, at most what the host has free.
             Some(_) => assert!(gpu <= host + host / 20, "{gpu} vs host {host}"),
         }

@@ -9,6 +9,7 @@
 //! A model is named by its repo id (`org/name`, optionally `@revision`).
 
 use crate::engine::error::{Error, Result};
+use crate::engine::source::ModelSource;
 use std::path::{Path, PathBuf};
 
 /// The hub cache directory from the environment (the same rules as `huggingface_hub`).
@@ -149,6 +150,11 @@ pub fn resolve(name: &Path) -> Result<PathBuf> {
             reference.repo
         ))
     })
+}
+
+/// Opens the model that `name` names: a path, or a store name resolved to its snapshot.
+pub fn open(name: &Path) -> Result<ModelSource> {
+    crate::models::open(&resolve(name)?)
 }
 
 /// Deletes a cached model; returns the bytes freed.

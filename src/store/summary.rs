@@ -43,7 +43,7 @@ pub struct MemoryEstimate {
 /// Describes the model at `path` (or store name); the memory estimate is for `context` tokens
 /// (default: the model's context length, at most 4096).
 pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, ModelSource)> {
-    let mut source = models::open(&super::cache::resolve(path)?)?;
+    let mut source = super::cache::open(path)?;
     let path = &source.path.clone();
     let cfg = source.config()?;
     models::check(&cfg, &mut source.weights)?;
