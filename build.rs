@@ -1,5 +1,5 @@
 //! Link settings for the final binaries (a dependency's link arguments do not reach them):
-//! * an rpath to the libmlx.so that mlx-sys linked, published as `DEP_MLX_LIB_DIR`;
+//! * an rpath to the libmlx that mlx-sys linked, published as `DEP_MLX_LIB_DIR`;
 //! * on Linux with the CPU wheel's MLX, OpenBLAS ahead of it. The wheel's libmlx.so comes with
 //!   the reference (netlib) BLAS, which makes every f32 matmul ~50× slower than OpenBLAS; a
 //!   library the executable itself needs comes earlier in the dynamic linker's search order than
@@ -11,8 +11,13 @@ fn main() {
     println!("cargo:rerun-if-env-changed=DEP_MLX_LIB_DIR");
     println!("cargo:rerun-if-env-changed=SALA_OPENBLAS");
     println!("cargo:rerun-if-env-changed=MLX_LINK_DIR");
+    println!("cargo:rerun-if-env-changed=DEP_MLX_MLX_C");
     if let Ok(dir) = std::env::var("DEP_MLX_LIB_DIR") {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
+    }
+    // tests/mlx_bindings.rs reads mlx-c's headers from the unpacked crate.
+    if let Ok(dir) = std::env::var("DEP_MLX_MLX_C") {
+        println!("cargo:rustc-env=SALA_MLX_C_DIR={dir}");
     }
     let linux = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux");
     // Another libmlx (the CUDA one) goes to machines that may lack OpenBLAS: leave it alone.

@@ -1,11 +1,11 @@
-//! Raw bindings to mlx-c, generated at build time from the pristine `mlx-sys` 0.7.0 crate.
-//! See this crate's `build.rs` for how MLX is located and linked.
+//! Raw bindings to mlx-c 0.7.0 (`src/bindings.rs`, generated once by bindgen and checked in).
+//! See this crate's `build.rs` for how mlx-c is compiled and MLX located and linked.
 #![allow(non_upper_case_globals)]
 #![allow(non_camel_case_types)]
 #![allow(non_snake_case)]
 #![allow(clippy::all)]
 
-include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+include!("bindings.rs");
 
 /// mlx-rs seeds its default random state with macOS's `mach_approximate_time` (through the
 /// `mach-sys` crate, which only declares it). Off Apple platforms nothing defines that symbol, so
