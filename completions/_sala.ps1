@@ -43,8 +43,8 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             break
         }
         'sala;run' {
-            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
-            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
+            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)')
+            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)')
             [CompletionResult]::new('--device', '--device', [CompletionResultType]::ParameterName, 'Device to run on (default: the GPU when MLX has one)')
             [CompletionResult]::new('--dtype', '--dtype', [CompletionResultType]::ParameterName, 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)')
             [CompletionResult]::new('--prefill-step', '--prefill-step', [CompletionResultType]::ParameterName, 'Prompt tokens per forward pass during prefill')
@@ -65,6 +65,7 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             [CompletionResult]::new('--logits-out', '--logits-out', [CompletionResultType]::ParameterName, 'Write the logits every generated token was drawn from to this safetensors file (tensor `logits`, float32 [generated, vocab])')
             [CompletionResult]::new('--json-schema', '--json-schema', [CompletionResultType]::ParameterName, 'Answer with JSON valid under this JSON Schema (constrained decoding: the answer parses whatever the model prefers)')
             [CompletionResult]::new('--grammar', '--grammar', [CompletionResultType]::ParameterName, 'Answer in this grammar, in llguidance''s Lark syntax (`%json {…}` embeds a JSON Schema); the model is asked not to think, as the grammar applies from the first token')
+            [CompletionResult]::new('--no-pull', '--no-pull', [CompletionResultType]::ParameterName, 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)')
             [CompletionResult]::new('--prompt-cache-ro', '--prompt-cache-ro', [CompletionResultType]::ParameterName, 'Only read --prompt-cache, never write it')
             [CompletionResult]::new('--raw', '--raw', [CompletionResultType]::ParameterName, 'Send the prompt as-is, without the chat template')
             [CompletionResult]::new('--no-think', '--no-think', [CompletionResultType]::ParameterName, 'Ask the model not to think, and hide any <think>…</think> from the output')
@@ -77,8 +78,8 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             break
         }
         'sala;chat' {
-            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
-            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
+            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)')
+            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)')
             [CompletionResult]::new('--device', '--device', [CompletionResultType]::ParameterName, 'Device to run on (default: the GPU when MLX has one)')
             [CompletionResult]::new('--dtype', '--dtype', [CompletionResultType]::ParameterName, 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)')
             [CompletionResult]::new('--prefill-step', '--prefill-step', [CompletionResultType]::ParameterName, 'Prompt tokens per forward pass during prefill')
@@ -95,6 +96,7 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             [CompletionResult]::new('--prompt-cache', '--prompt-cache', [CompletionResultType]::ParameterName, 'Keep the prompt''s model state in FILE: a later run whose prompt starts the same (a long document, then another question) loads it and prefills only the rest. Made on first use, rewritten when a prompt adds to it; refused if another model or tokenizer made it')
             [CompletionResult]::new('--system', '--system', [CompletionResultType]::ParameterName, 'System prompt')
             [CompletionResult]::new('--max-tokens', '--max-tokens', [CompletionResultType]::ParameterName, 'Most tokens per answer')
+            [CompletionResult]::new('--no-pull', '--no-pull', [CompletionResultType]::ParameterName, 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)')
             [CompletionResult]::new('--prompt-cache-ro', '--prompt-cache-ro', [CompletionResultType]::ParameterName, 'Only read --prompt-cache, never write it')
             [CompletionResult]::new('--no-think', '--no-think', [CompletionResultType]::ParameterName, 'Start with thinking off (`/think on` turns it back on)')
             [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
@@ -104,8 +106,8 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             break
         }
         'sala;serve' {
-            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
-            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
+            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)')
+            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)')
             [CompletionResult]::new('--device', '--device', [CompletionResultType]::ParameterName, 'Device to run on (default: the GPU when MLX has one)')
             [CompletionResult]::new('--dtype', '--dtype', [CompletionResultType]::ParameterName, 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)')
             [CompletionResult]::new('--prefill-step', '--prefill-step', [CompletionResultType]::ParameterName, 'Prompt tokens per forward pass during prefill')
@@ -121,6 +123,7 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             [CompletionResult]::new('--cache-memory', '--cache-memory', [CompletionResultType]::ParameterName, 'Memory for prompt states kept for reuse across requests, e.g. 8GB or 512MiB (0 = off; default: a quarter of the memory free once the model is loaded)')
             [CompletionResult]::new('--prompt-cache-dir', '--prompt-cache-dir', [CompletionResultType]::ParameterName, 'Keep prompt states across restarts: those the prefix cache holds are saved in DIR at shutdown (one prompt cache file each) and read back at start, up to --cache-memory')
             [CompletionResult]::new('--tool-call-parser', '--tool-call-parser', [CompletionResultType]::ParameterName, 'The model''s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family''s)')
+            [CompletionResult]::new('--no-pull', '--no-pull', [CompletionResultType]::ParameterName, 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)')
             [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
@@ -227,8 +230,8 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             break
         }
         'sala;needle' {
-            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
-            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)')
+            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)')
+            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)')
             [CompletionResult]::new('--device', '--device', [CompletionResultType]::ParameterName, 'Device to run on (default: the GPU when MLX has one)')
             [CompletionResult]::new('--dtype', '--dtype', [CompletionResultType]::ParameterName, 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)')
             [CompletionResult]::new('--prefill-step', '--prefill-step', [CompletionResultType]::ParameterName, 'Prompt tokens per forward pass during prefill')
@@ -247,6 +250,7 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             [CompletionResult]::new('--csv', '--csv', [CompletionResultType]::ParameterName, 'Append the results to this CSV file')
             [CompletionResult]::new('--svg', '--svg', [CompletionResultType]::ParameterName, 'Write the heatmap (depth × length) as SVG')
             [CompletionResult]::new('--resume', '--resume', [CompletionResultType]::ParameterName, 'Continue a run: skip the cells this CSV already has (same model, haystack, variant) and append the new ones to it')
+            [CompletionResult]::new('--no-pull', '--no-pull', [CompletionResultType]::ParameterName, 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)')
             [CompletionResult]::new('--think', '--think', [CompletionResultType]::ParameterName, 'Let thinking models think (give --max-tokens room for it)')
             [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')

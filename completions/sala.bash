@@ -319,7 +319,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__chat)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --no-think --max-tokens --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --no-pull --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --no-think --max-tokens --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -671,7 +671,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__needle)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --context-len --depth --depths --haystack --variant --needle --question --answer --max-tokens --think --seed --csv --svg --resume --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --no-pull --context-len --depth --depths --haystack --variant --needle --question --answer --max-tokens --think --seed --csv --svg --resume --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -881,7 +881,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__run)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --max-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --raw --no-think --ignore-eos --input-ids --logits-out --json --json-schema --grammar --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --no-pull --max-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --raw --no-think --ignore-eos --input-ids --logits-out --json --json-schema --grammar --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -983,7 +983,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__serve)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --prompt-cache-dir --tool-call-parser --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --no-pull --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --prompt-cache-dir --tool-call-parser --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -39,8 +39,8 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'sala;run'= {
-            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
-            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
+            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)'
+            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)'
             cand --device 'Device to run on (default: the GPU when MLX has one)'
             cand --dtype 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)'
             cand --prefill-step 'Prompt tokens per forward pass during prefill'
@@ -61,6 +61,7 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --logits-out 'Write the logits every generated token was drawn from to this safetensors file (tensor `logits`, float32 [generated, vocab])'
             cand --json-schema 'Answer with JSON valid under this JSON Schema (constrained decoding: the answer parses whatever the model prefers)'
             cand --grammar 'Answer in this grammar, in llguidance''s Lark syntax (`%json {…}` embeds a JSON Schema); the model is asked not to think, as the grammar applies from the first token'
+            cand --no-pull 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
             cand --prompt-cache-ro 'Only read --prompt-cache, never write it'
             cand --raw 'Send the prompt as-is, without the chat template'
             cand --no-think 'Ask the model not to think, and hide any <think>…</think> from the output'
@@ -72,8 +73,8 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --version 'Print version'
         }
         &'sala;chat'= {
-            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
-            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
+            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)'
+            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)'
             cand --device 'Device to run on (default: the GPU when MLX has one)'
             cand --dtype 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)'
             cand --prefill-step 'Prompt tokens per forward pass during prefill'
@@ -90,6 +91,7 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --prompt-cache 'Keep the prompt''s model state in FILE: a later run whose prompt starts the same (a long document, then another question) loads it and prefills only the rest. Made on first use, rewritten when a prompt adds to it; refused if another model or tokenizer made it'
             cand --system 'System prompt'
             cand --max-tokens 'Most tokens per answer'
+            cand --no-pull 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
             cand --prompt-cache-ro 'Only read --prompt-cache, never write it'
             cand --no-think 'Start with thinking off (`/think on` turns it back on)'
             cand -h 'Print help'
@@ -98,8 +100,8 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --version 'Print version'
         }
         &'sala;serve'= {
-            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
-            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
+            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)'
+            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)'
             cand --device 'Device to run on (default: the GPU when MLX has one)'
             cand --dtype 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)'
             cand --prefill-step 'Prompt tokens per forward pass during prefill'
@@ -115,6 +117,7 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --cache-memory 'Memory for prompt states kept for reuse across requests, e.g. 8GB or 512MiB (0 = off; default: a quarter of the memory free once the model is loaded)'
             cand --prompt-cache-dir 'Keep prompt states across restarts: those the prefix cache holds are saved in DIR at shutdown (one prompt cache file each) and read back at start, up to --cache-memory'
             cand --tool-call-parser 'The model''s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family''s)'
+            cand --no-pull 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
             cand -h 'Print help'
             cand --help 'Print help'
             cand -V 'Print version'
@@ -213,8 +216,8 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --version 'Print version'
         }
         &'sala;needle'= {
-            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
-            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)'
+            cand -m 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)'
+            cand --model 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)'
             cand --device 'Device to run on (default: the GPU when MLX has one)'
             cand --dtype 'Compute dtype (default: the checkpoint''s on a GPU, f32 on the CPU)'
             cand --prefill-step 'Prompt tokens per forward pass during prefill'
@@ -233,6 +236,7 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --csv 'Append the results to this CSV file'
             cand --svg 'Write the heatmap (depth × length) as SVG'
             cand --resume 'Continue a run: skip the cells this CSV already has (same model, haystack, variant) and append the new ones to it'
+            cand --no-pull 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
             cand --think 'Let thinking models think (give --max-tokens room for it)'
             cand -h 'Print help'
             cand --help 'Print help'

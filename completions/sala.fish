@@ -41,7 +41,7 @@ complete -c sala -n "__fish_sala_needs_command" -f -a "bfcl" -d 'Function callin
 complete -c sala -n "__fish_sala_needs_command" -f -a "doctor" -d 'Check the setup: MLX and its backend, GPU, memory, model store, hub access'
 complete -c sala -n "__fish_sala_needs_command" -f -a "completions" -d 'Print a shell completion script (bash, zsh, fish, elvish, powershell)'
 complete -c sala -n "__fish_sala_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c sala -n "__fish_sala_using_subcommand run" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)' -r -F
+complete -c sala -n "__fish_sala_using_subcommand run" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)' -r -F
 complete -c sala -n "__fish_sala_using_subcommand run" -l device -d 'Device to run on (default: the GPU when MLX has one)' -r -f -a "cpu\t''
 gpu\t''"
 complete -c sala -n "__fish_sala_using_subcommand run" -l dtype -d 'Compute dtype (default: the checkpoint\'s on a GPU, f32 on the CPU)' -r -f -a "f32\t''
@@ -65,6 +65,7 @@ complete -c sala -n "__fish_sala_using_subcommand run" -l input-ids -d 'Prompt t
 complete -c sala -n "__fish_sala_using_subcommand run" -l logits-out -d 'Write the logits every generated token was drawn from to this safetensors file (tensor `logits`, float32 [generated, vocab])' -r -F
 complete -c sala -n "__fish_sala_using_subcommand run" -l json-schema -d 'Answer with JSON valid under this JSON Schema (constrained decoding: the answer parses whatever the model prefers)' -r -F
 complete -c sala -n "__fish_sala_using_subcommand run" -l grammar -d 'Answer in this grammar, in llguidance\'s Lark syntax (`%json {…}` embeds a JSON Schema); the model is asked not to think, as the grammar applies from the first token' -r -F
+complete -c sala -n "__fish_sala_using_subcommand run" -l no-pull -d 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
 complete -c sala -n "__fish_sala_using_subcommand run" -l prompt-cache-ro -d 'Only read --prompt-cache, never write it'
 complete -c sala -n "__fish_sala_using_subcommand run" -l raw -d 'Send the prompt as-is, without the chat template'
 complete -c sala -n "__fish_sala_using_subcommand run" -l no-think -d 'Ask the model not to think, and hide any <think>…</think> from the output'
@@ -72,7 +73,7 @@ complete -c sala -n "__fish_sala_using_subcommand run" -l ignore-eos -d 'Keep ge
 complete -c sala -n "__fish_sala_using_subcommand run" -l json -d 'Print {"token_ids": [...], "text": "..."} instead of streaming text'
 complete -c sala -n "__fish_sala_using_subcommand run" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand run" -s V -l version -d 'Print version'
-complete -c sala -n "__fish_sala_using_subcommand chat" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)' -r -F
+complete -c sala -n "__fish_sala_using_subcommand chat" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)' -r -F
 complete -c sala -n "__fish_sala_using_subcommand chat" -l device -d 'Device to run on (default: the GPU when MLX has one)' -r -f -a "cpu\t''
 gpu\t''"
 complete -c sala -n "__fish_sala_using_subcommand chat" -l dtype -d 'Compute dtype (default: the checkpoint\'s on a GPU, f32 on the CPU)' -r -f -a "f32\t''
@@ -92,11 +93,12 @@ complete -c sala -n "__fish_sala_using_subcommand chat" -l num-draft -d 'Tokens 
 complete -c sala -n "__fish_sala_using_subcommand chat" -l prompt-cache -d 'Keep the prompt\'s model state in FILE: a later run whose prompt starts the same (a long document, then another question) loads it and prefills only the rest. Made on first use, rewritten when a prompt adds to it; refused if another model or tokenizer made it' -r -F
 complete -c sala -n "__fish_sala_using_subcommand chat" -l system -d 'System prompt' -r
 complete -c sala -n "__fish_sala_using_subcommand chat" -l max-tokens -d 'Most tokens per answer' -r
+complete -c sala -n "__fish_sala_using_subcommand chat" -l no-pull -d 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
 complete -c sala -n "__fish_sala_using_subcommand chat" -l prompt-cache-ro -d 'Only read --prompt-cache, never write it'
 complete -c sala -n "__fish_sala_using_subcommand chat" -l no-think -d 'Start with thinking off (`/think on` turns it back on)'
 complete -c sala -n "__fish_sala_using_subcommand chat" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand chat" -s V -l version -d 'Print version'
-complete -c sala -n "__fish_sala_using_subcommand serve" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)' -r -F
+complete -c sala -n "__fish_sala_using_subcommand serve" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)' -r -F
 complete -c sala -n "__fish_sala_using_subcommand serve" -l device -d 'Device to run on (default: the GPU when MLX has one)' -r -f -a "cpu\t''
 gpu\t''"
 complete -c sala -n "__fish_sala_using_subcommand serve" -l dtype -d 'Compute dtype (default: the checkpoint\'s on a GPU, f32 on the CPU)' -r -f -a "f32\t''
@@ -115,6 +117,7 @@ complete -c sala -n "__fish_sala_using_subcommand serve" -l shutdown-timeout -d 
 complete -c sala -n "__fish_sala_using_subcommand serve" -l cache-memory -d 'Memory for prompt states kept for reuse across requests, e.g. 8GB or 512MiB (0 = off; default: a quarter of the memory free once the model is loaded)' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l prompt-cache-dir -d 'Keep prompt states across restarts: those the prefix cache holds are saved in DIR at shutdown (one prompt cache file each) and read back at start, up to --cache-memory' -r -F
 complete -c sala -n "__fish_sala_using_subcommand serve" -l tool-call-parser -d 'The model\'s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family\'s)' -r
+complete -c sala -n "__fish_sala_using_subcommand serve" -l no-pull -d 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
 complete -c sala -n "__fish_sala_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand serve" -s V -l version -d 'Print version'
 complete -c sala -n "__fish_sala_using_subcommand quantize" -s m -l model -d 'Source model: a directory, a .sala file or a .gguf file (never modified)' -r -F
@@ -182,7 +185,7 @@ complete -c sala -n "__fish_sala_using_subcommand bench" -l prefill-step -d 'Pro
 complete -c sala -n "__fish_sala_using_subcommand bench" -l no-think -d 'Quality suite: answer without thinking (enable_thinking=false in the chat template)'
 complete -c sala -n "__fish_sala_using_subcommand bench" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand bench" -s V -l version -d 'Print version'
-complete -c sala -n "__fish_sala_using_subcommand needle" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches, once it is there)' -r -F
+complete -c sala -n "__fish_sala_using_subcommand needle" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)' -r -F
 complete -c sala -n "__fish_sala_using_subcommand needle" -l device -d 'Device to run on (default: the GPU when MLX has one)' -r -f -a "cpu\t''
 gpu\t''"
 complete -c sala -n "__fish_sala_using_subcommand needle" -l dtype -d 'Compute dtype (default: the checkpoint\'s on a GPU, f32 on the CPU)' -r -f -a "f32\t''
@@ -207,6 +210,7 @@ complete -c sala -n "__fish_sala_using_subcommand needle" -l seed -d 'Seed of th
 complete -c sala -n "__fish_sala_using_subcommand needle" -l csv -d 'Append the results to this CSV file' -r -F
 complete -c sala -n "__fish_sala_using_subcommand needle" -l svg -d 'Write the heatmap (depth × length) as SVG' -r -F
 complete -c sala -n "__fish_sala_using_subcommand needle" -l resume -d 'Continue a run: skip the cells this CSV already has (same model, haystack, variant) and append the new ones to it' -r -F
+complete -c sala -n "__fish_sala_using_subcommand needle" -l no-pull -d 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
 complete -c sala -n "__fish_sala_using_subcommand needle" -l think -d 'Let thinking models think (give --max-tokens room for it)'
 complete -c sala -n "__fish_sala_using_subcommand needle" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand needle" -s V -l version -d 'Print version'

@@ -28,6 +28,8 @@ pub struct LoadOptions {
     pub dtype: Option<Dtype>,
     /// StreamingLLM: the cache keeps sink tokens and the most recent ones.
     pub window: Option<Window>,
+    /// With no model given and the default one not in the store: refuse instead of pulling it.
+    pub no_pull: bool,
 }
 
 impl LoadOptions {
@@ -36,20 +38,34 @@ impl LoadOptions {
         Self { model: Some(path.into()), ..Self::default() }
     }
 
-    /// The model asked for, else the default one once it is in the store (as ollama runs what it
-    /// pulled without a path).
+    /// The model asked for, else the default one, pulled into the store first if it is not there
+    /// (as `ollama run` does) unless `no_pull` or HF_HUB_OFFLINE says not to.
     pub fn model_or_default(&self) -> anyhow::Result<PathBuf> {
         if let Some(path) = &self.model {
             return Ok(path.clone());
         }
         let name = store::pull::DEFAULT_REPO;
-        if store::cache::ModelRef::parse(name)?.snapshot(&store::cache::cache_dir()).is_some() {
+        let reference = store::cache::ModelRef::parse(name)?;
+        if reference.snapshot(&store::cache::cache_dir()).is_some() {
             return Ok(PathBuf::from(name));
         }
-        bail!(
-            "no model given: pass --model PATH (a model directory, a .sala or .gguf file, or a name from `sala list`), \
-             or fetch the default model, {name}, with `sala pull`"
-        )
+        let refused = if self.no_pull {
+            Some("--no-pull")
+        } else if store::pull::offline() {
+            Some("HF_HUB_OFFLINE is set")
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            bail!(
+                "no model given, and the default model, {name}, is not in the store ({why}): pass --model PATH \
+                 (a model directory, a .sala or .gguf file, or a name from `sala list`), or fetch it with `sala pull`"
+            );
+        }
+        eprintln!("no model given: pulling the default model, {name} (--model picks another, --no-pull refuses)");
+        store::pull::pull(&reference, &crate::progress::bar_set(), Default::default())
+            .with_context(|| format!("pulling the default model, {name}"))?;
+        Ok(PathBuf::from(name))
     }
 }
 

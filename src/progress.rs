@@ -15,6 +15,15 @@ pub fn progress_bar(total: u64, template: &str) -> ProgressBar {
     bar
 }
 
+/// A set of bars on stderr (a download's files), hidden when stderr is not a terminal.
+pub fn bar_set() -> indicatif::MultiProgress {
+    if std::io::stderr().is_terminal() {
+        indicatif::MultiProgress::new()
+    } else {
+        indicatif::MultiProgress::with_draw_target(ProgressDrawTarget::hidden())
+    }
+}
+
 /// A byte-counting progress bar on stderr.
 pub fn bytes_progress(label: &str, total: u64) -> ProgressBar {
     progress_bar(total, &format!("{label} {{bar:40}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, eta {{eta}})"))

@@ -189,3 +189,53 @@ fn a_timeout_that_is_not_a_number_of_seconds_is_refused() {
     }
     let _ = std::fs::remove_dir_all(cache);
 }
+
+/// With no `--model` and an empty store, `sala run` pulls the default model first (saying what and
+/// how much), then answers as the model run by path does; `--no-pull` and HF_HUB_OFFLINE refuse
+/// (for `chat` and `serve` too) without fetching a byte, and a second run fetches nothing.
+#[test]
+fn run_without_a_model_pulls_the_default_one_first() {
+    use sala::store::pull::DEFAULT_REPO;
+    let dir = common::golden_with_tokenizer("A_dense_f32", "autopull", None);
+    let files: Vec<File> = ["config.json", "model.safetensors", "tokenizer.json"]
+        .into_iter()
+        .map(|name| File { name, data: std::fs::read(dir.join(name)).unwrap(), lfs: name.ends_with(".safetensors") })
+        .collect();
+    let total: usize = files.iter().map(|f| f.data.len()).sum();
+    let hub = start_hub_serving(DEFAULT_REPO, files, Faults::default());
+    let cache = temp_cache("autopull");
+
+    let refusals: [(&[&str], &[(&str, &str)], &str); 4] = [
+        (&["run", "--no-pull", "hello"], &[], "--no-pull"),
+        (&["chat", "--no-pull"], &[], "--no-pull"),
+        (&["serve", "--no-pull", "--port", "0"], &[], "--no-pull"),
+        (&["run", "hello"], &[("HF_HUB_OFFLINE", "1")], "HF_HUB_OFFLINE is set"),
+    ];
+    for (args, env, why) in refusals {
+        let out = sala(&cache, &hub, args, env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} ran: {stderr}");
+        assert!(stderr.contains(why) && stderr.contains(DEFAULT_REPO) && stderr.contains("sala pull"), "{args:?}: {stderr}");
+    }
+    assert!(hub.log.lock().unwrap().data_requests.is_empty(), "a refusal downloaded something");
+
+    let args = ["hello", "--max-tokens", "4", "--temperature", "0", "--ignore-eos"];
+    let out = sala(&cache, &hub, &[&["run"][..], &args].concat(), &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("pulling the default model, {DEFAULT_REPO}")), "{stderr}");
+    let size = sala::engine::memory::human(total as u64);
+    assert!(stderr.contains(&format!("{DEFAULT_REPO}@main: 3 files, {size}")), "the size is announced: {stderr}");
+    assert!(stderr.contains("generated: 4 tokens"), "{stderr}");
+    let direct = sala(&cache, &hub, &[&["run", "--model", dir.to_str().unwrap()][..], &args].concat(), &[]);
+    assert!(direct.status.success());
+    assert_eq!(out.stdout, direct.stdout, "the pulled default model answers as the same model run by path");
+
+    let before = hub.log.lock().unwrap().data_requests.len();
+    let again = sala(&cache, &hub, &[&["run"][..], &args].concat(), &[("HF_HUB_OFFLINE", "1")]);
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(!String::from_utf8_lossy(&again.stderr).contains("pulling"));
+    assert_eq!(again.stdout, out.stdout);
+    assert_eq!(hub.log.lock().unwrap().data_requests.len(), before);
+    std::fs::remove_dir_all(cache).unwrap();
+}

@@ -79,11 +79,11 @@ fn store_names_list_show_run_and_rm() {
 fn the_pulled_default_model_runs_without_a_path() {
     let cache = store("default");
     let args = ["run", "--input-ids", "1,2,3", "--max-tokens", "2", "--temperature", "0", "--json"];
-    // Not pulled yet: the error says how to get it.
-    let missing = sala(&cache, &args, &[]);
+    // Not pulled yet, and told not to pull: the error says how to get it.
+    let missing = sala(&cache, &[&args[..], &["--no-pull"]].concat(), &[]);
     let (_, err) = text(&missing);
     assert!(!missing.status.success());
-    assert!(err.contains("no model given") && err.contains("sala pull") && err.contains("moxin-org/MiniCPM4-SALA-9B-8bit-mlx"), "{err}");
+    assert!(err.contains("no model given") && err.contains("--no-pull") && err.contains("sala pull") && err.contains("moxin-org/MiniCPM4-SALA-9B-8bit-mlx"), "{err}");
     // Pulled (here: golden case A stored under the default name): used without --model, and the
     // same answer as naming it.
     std::fs::rename(cache.join("models--test-org--tiny-sala"), cache.join("models--moxin-org--MiniCPM4-SALA-9B-8bit-mlx")).unwrap();

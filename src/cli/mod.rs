@@ -135,7 +135,7 @@ pub struct RuntimeArgs {
 #[derive(Args)]
 pub struct ModelArgs {
     /// Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file,
-    /// or a name from `sala list` (default: the model `sala pull` fetches, once it is there)
+    /// or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
     #[command(flatten)]
@@ -147,6 +147,10 @@ pub struct ModelArgs {
     /// StreamingLLM: tokens at the start that are never evicted (with --context-size)
     #[arg(long, value_name = "K", requires = "context_size")]
     pub num_sink_tokens: Option<usize>,
+    /// Without --model, when the default model is not in the store: refuse instead of pulling it
+    /// first (HF_HUB_OFFLINE=1 refuses too)
+    #[arg(long)]
+    pub no_pull: bool,
 }
 
 /// Sampling flags (shared by `run` and `chat`).
@@ -231,7 +235,7 @@ impl RuntimeArgs {
 
     /// What the loading path needs to load `model` as these flags ask.
     pub fn options(&self, model: Option<PathBuf>) -> LoadOptions {
-        LoadOptions { model, device: self.device(), dtype: self.dtype.map(DtypeArg::dtype), window: None }
+        LoadOptions { model, device: self.device(), dtype: self.dtype.map(DtypeArg::dtype), ..LoadOptions::default() }
     }
 }
 
@@ -242,7 +246,7 @@ impl ModelArgs {
             Some(capacity) => Some(Window { capacity, sinks: self.num_sink_tokens.unwrap_or(4) }.validate().map_err(Error::Usage)?),
             None => None,
         };
-        Ok(LoadOptions { window, ..self.runtime.options(self.model.clone()) })
+        Ok(LoadOptions { window, no_pull: self.no_pull, ..self.runtime.options(self.model.clone()) })
     }
 }
 

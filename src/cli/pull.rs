@@ -18,11 +18,7 @@ pub struct PullArgs {
 
 pub fn run(args: PullArgs) -> anyhow::Result<()> {
     let reference = ModelRef::parse(&format!("{}@{}", args.repo, args.revision))?;
-    let bars = indicatif::MultiProgress::new();
-    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        bars.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    let pulled = pull(&reference, &bars, Default::default())?;
+    let pulled = pull(&reference, &crate::progress::bar_set(), Default::default())?;
     eprintln!(
         "{}@{}: {} files, {} ({} already here, all verified) in {}",
         reference.repo,

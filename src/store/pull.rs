@@ -20,6 +20,7 @@
 use super::cache::{cache_dir, ModelRef};
 use super::http;
 use crate::engine::error::{Error, Result};
+use crate::engine::memory::human;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
@@ -144,8 +145,15 @@ pub fn pull_with(config: &HubConfig, reference: &ModelRef, bars: &indicatif::Mul
     let repo_dir = reference.repo_dir(cache);
     let snapshot = repo_dir.join("snapshots").join(&commit);
     let mut pulled = Pulled { snapshot: snapshot.clone(), files: files.len(), bytes: 0, reused: 0 };
+    let total: u64 = files.iter().filter_map(|f| f.size).sum();
     progress.files_total.store(files.len(), Ordering::Relaxed);
-    progress.total_bytes.store(files.iter().filter_map(|f| f.size).sum(), Ordering::Relaxed);
+    progress.total_bytes.store(total, Ordering::Relaxed);
+    let announce = format!("{}@{}: {} files, {}", reference.repo, reference.revision, files.len(), human(total));
+    if bars.is_hidden() {
+        eprintln!("{announce}");
+    } else {
+        let _ = bars.println(announce);
+    }
     for file in &files {
         client.check_cancelled()?;
         if !safe_name(&file.name) {

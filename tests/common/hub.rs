@@ -42,6 +42,8 @@ pub struct Log {
 }
 
 pub struct Hub {
+    /// The one repo it serves (org/name).
+    pub repo: String,
     pub files: Vec<File>,
     pub faults: Mutex<Faults>,
     pub log: Mutex<Log>,
@@ -92,7 +94,8 @@ impl Hub {
             let _ = stream.write_all(head.as_bytes());
             let _ = stream.write_all(body);
         };
-        if path == format!("/api/models/{REPO}/revision/main") {
+        let repo = &self.repo;
+        if path == format!("/api/models/{repo}/revision/main") {
             let siblings: Vec<serde_json::Value> = self
                 .files
                 .iter()
@@ -104,9 +107,9 @@ impl Hub {
                     s
                 })
                 .collect();
-            let body = serde_json::json!({"id": REPO, "sha": COMMIT, "siblings": siblings}).to_string();
+            let body = serde_json::json!({"id": repo, "sha": COMMIT, "siblings": siblings}).to_string();
             send(&mut stream, "200 OK", &[("Content-Type".into(), "application/json".into()), ("Content-Length".into(), body.len().to_string())], body.as_bytes());
-        } else if let Some(name) = path.strip_prefix(&format!("/{REPO}/resolve/main/")) {
+        } else if let Some(name) = path.strip_prefix(&format!("/{repo}/resolve/main/")) {
             let Some(f) = self.file(name) else { return send(&mut stream, "404 Not Found", &[("Content-Length".into(), "0".into())], b"") };
             let mut headers = vec![
                 ("Location".to_string(), format!("http://127.0.0.1:{}/cdn/{name}", self.port)),
@@ -177,15 +180,20 @@ impl Hub {
 }
 
 pub fn start_hub(faults: Faults) -> Arc<Hub> {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let golden = super::golden("A_dense_f32");
     let files = vec![
         File { name: "config.json", data: std::fs::read(golden.join("config.json")).unwrap(), lfs: false },
         File { name: "model.safetensors", data: std::fs::read(golden.join("model.safetensors")).unwrap(), lfs: true },
         File { name: "extra/notes.bin", data: (0..200_000u32).flat_map(|i| (i * 7919).to_le_bytes()).collect(), lfs: true },
     ];
-    let hub = Arc::new(Hub { files, faults: Mutex::new(faults), log: Mutex::new(Log::default()), port });
+    start_hub_serving(REPO, files, faults)
+}
+
+/// A hub serving `files` as the repo `repo`.
+pub fn start_hub_serving(repo: &str, files: Vec<File>, faults: Faults) -> Arc<Hub> {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hub = Arc::new(Hub { repo: repo.to_string(), files, faults: Mutex::new(faults), log: Mutex::new(Log::default()), port });
     let server = hub.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
