@@ -171,3 +171,92 @@ fn bad_arguments_are_refused_with_the_fix() {
     assert_eq!(std::fs::read_to_string(&other).unwrap(), "a,b\n1,2\n", "a foreign CSV is left untouched");
     std::fs::remove_file(other).unwrap();
 }
+
+fn cell(context_len: usize, depth: f64, score: f64) -> sala::eval::needle::CellResult {
+    sala::eval::needle::CellResult {
+        model: "m".into(),
+        haystack: "noise".into(),
+        variant: "single".into(),
+        context_len,
+        depth,
+        actual_depth: depth,
+        prompt_tokens: context_len,
+        score,
+        prefill_tps: 0.0,
+        decode_tps: 0.0,
+        seconds: 0.0,
+        gen_tokens: 0,
+        answer: String::new(),
+        expected: String::new(),
+    }
+}
+
+/// The heatmap rendered with real fonts (resvg, the system's sans-serif) to PNG: on the smallest
+/// grid with a long title, a small one and a large one, every text — title, axis labels, colour
+/// scale — lies inside the canvas. The PNGs are left in the target directory for a look.
+#[test]
+fn heatmap_canvas_holds_its_title_labels_and_colour_scale() {
+    let mut fonts = resvg::usvg::fontdb::Database::new();
+    fonts.load_system_fonts();
+    assert!(fonts.len() > 0, "no system fonts to render the heatmap's text with (Debian: fonts-dejavu-core)");
+    if fonts.faces().any(|f| f.families.iter().any(|(name, _)| name == "DejaVu Sans")) {
+        fonts.set_sans_serif_family("DejaVu Sans");
+    }
+    let options = resvg::usvg::Options { fontdb: std::sync::Arc::new(fonts), ..Default::default() };
+    let long_title = "Needle in a haystack: SmolLM2-135M-Instruct.Q4_1.gguf, noise haystack, multi-value";
+    let grids: [(&str, Vec<usize>, Vec<f64>); 3] = [
+        ("one-cell", vec![1000], vec![50.0]),
+        ("two-by-two", vec![1000, 2000], vec![0.0, 100.0]),
+        ("large", (1..=12).map(|i| i * 4096).collect(), (0..=10).map(|i| i as f64 * 10.0).collect()),
+    ];
+    for (name, lengths, depths) in grids {
+        let results: Vec<_> = lengths
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &l)| depths.iter().enumerate().map(move |(j, &d)| cell(l, d, ((i * 7 + j * 3) % 11) as f64 / 10.0)))
+            .collect();
+        let svg = sala::eval::needle::heatmap_svg(long_title, &results, &lengths, &depths);
+        let tree = resvg::usvg::Tree::from_str(&svg, &options).unwrap();
+        let size = tree.size();
+        let (mut texts, mut shapes) = (Vec::new(), Vec::new());
+        collect_boxes(tree.root(), &mut texts, &mut shapes);
+        assert_eq!(texts.len(), svg.matches("<text").count(), "{name}: every text is laid out with a font");
+        for (i, bounds) in texts.iter().enumerate() {
+            assert!(
+                bounds.left() >= 0.0 && bounds.top() >= 0.0 && bounds.right() <= size.width() && bounds.bottom() <= size.height(),
+                "{name}: text {i} at {bounds:?} leaves the {}×{} canvas",
+                size.width(),
+                size.height()
+            );
+        }
+        // Nothing is drawn over a text: no other text, no cell or colour swatch (the first shape is
+        // the white background).
+        let overlap = |a: &resvg::usvg::Rect, b: &resvg::usvg::Rect| {
+            a.left() < b.right() - 0.5 && b.left() < a.right() - 0.5 && a.top() < b.bottom() - 0.5 && b.top() < a.bottom() - 0.5
+        };
+        for (i, a) in texts.iter().enumerate() {
+            for b in texts[i + 1..].iter().chain(&shapes[1..]) {
+                assert!(!overlap(a, b), "{name}: text {i} at {a:?} overlaps {b:?}");
+            }
+        }
+        let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width().ceil() as u32, size.height().ceil() as u32).unwrap();
+        resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pixmap.as_mut());
+        let png = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("needle-heatmap-{name}.png"));
+        pixmap.save_png(&png).unwrap();
+        // The title's ink is there: dark pixels in the band it occupies.
+        let dark = pixmap.pixels()[..(30 * pixmap.width()) as usize].iter().filter(|p| p.red() < 100).count();
+        assert!(dark > 50, "{name}: the title did not render ({dark} dark pixels)");
+    }
+}
+
+/// The bounding boxes of the texts and of the other shapes, in drawing order.
+fn collect_boxes(group: &resvg::usvg::Group, texts: &mut Vec<resvg::usvg::Rect>, shapes: &mut Vec<resvg::usvg::Rect>) {
+    for node in group.children() {
+        match node {
+            resvg::usvg::Node::Group(g) => collect_boxes(g, texts, shapes),
+            resvg::usvg::Node::Text(text) => texts.push(text.abs_bounding_box()),
+            resvg::usvg::Node::Path(path) => shapes.push(path.abs_bounding_box()),
+            resvg::usvg::Node::Image(_) => {}
+        }
+    }
+}

@@ -443,16 +443,33 @@ pub fn pivot(results: &[CellResult], lengths: &[usize], depths: &[f64]) -> Repor
     report
 }
 
+/// Width of `text` at `size` px, erring wide: sans-serif glyphs average about 0.55 em.
+fn text_width(text: &str, size: f64) -> f64 {
+    text.chars().count() as f64 * size * 0.6
+}
+
 /// An SVG heatmap of the scores, depth (rows, 0% on top) × context length (columns), coloured
-/// from red (0) through amber to green (1) like gkamradt's plots.
+/// from red (0) through amber to green (1) like gkamradt's plots. The canvas is sized to hold the
+/// title, axis labels and colour scale as well as the cells, however few there are.
 pub fn heatmap_svg(title: &str, results: &[CellResult], lengths: &[usize], depths: &[f64]) -> String {
-    let (cw, ch, left, top) = (64.0, 26.0, 70.0, 56.0);
-    let width = left + cw * lengths.len() as f64 + 90.0;
-    let height = top + ch * depths.len() as f64 + 56.0;
+    let (cw, ch, left, top, pad) = (64.0, 26.0, 70.0, 56.0, 12.0);
+    let (font, title_font, swatch) = (12.0, 15.0, 14.0);
+    let grid_right = left + cw * lengths.len() as f64;
+    let grid_bottom = top + ch * depths.len() as f64;
+    let x_axis = "Context length (tokens)";
+    // Centred under the cells, moved right where they are narrower than the label.
+    let x_axis_centre = ((left + grid_right) / 2.0).max(left + text_width(x_axis, font) / 2.0);
+    // The colour scale stands right of the cells and of the axis label.
+    let legend_x = grid_right.max(x_axis_centre + text_width(x_axis, font) / 2.0) + 24.0;
+    let legend_bottom = top + 11.0 * swatch;
+    let width = (legend_x + 20.0 + text_width("100%", font) + pad)
+        .max(text_width(title, title_font) + 2.0 * pad)
+        .max(grid_right + pad);
+    let height = (grid_bottom + 40.0 + pad).max(legend_bottom + pad);
     let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" font-family=\"sans-serif\" font-size=\"{font}\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">{}</text>\n",
+         <text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"{title_font}\">{}</text>\n",
         width / 2.0,
         xml_escape(title)
     );
@@ -474,29 +491,23 @@ pub fn heatmap_svg(title: &str, results: &[CellResult], lengths: &[usize], depth
     }
     for (i, &l) in lengths.iter().enumerate() {
         let x = left + cw * (i as f64 + 0.5);
-        let y = top + ch * depths.len() as f64 + 16.0;
-        svg.push_str(&format!("<text x=\"{x}\" y=\"{y}\" text-anchor=\"middle\">{l}</text>\n"));
+        svg.push_str(&format!("<text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{l}</text>\n", grid_bottom + 16.0));
     }
-    let bottom = top + ch * depths.len() as f64;
+    svg.push_str(&format!("<text x=\"{x_axis_centre}\" y=\"{}\" text-anchor=\"middle\">{x_axis}</text>\n", grid_bottom + 36.0));
+    // The rotated label runs along y: centred on the cells, kept below the title.
+    let y_axis = "Depth (%)";
+    let y_centre = ((top + grid_bottom) / 2.0).max(top - 12.0 + text_width(y_axis, font) / 2.0);
     svg.push_str(&format!(
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">Context length (tokens)</text>\n",
-        left + cw * lengths.len() as f64 / 2.0,
-        bottom + 40.0
-    ));
-    svg.push_str(&format!(
-        "<text x=\"16\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {})\">Depth (%)</text>\n",
-        top + ch * depths.len() as f64 / 2.0,
-        top + ch * depths.len() as f64 / 2.0
+        "<text x=\"16\" y=\"{y_centre}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {y_centre})\">{y_axis}</text>\n"
     ));
     // Colour scale.
-    let sx = left + cw * lengths.len() as f64 + 24.0;
     for k in 0..=10 {
         let s = 1.0 - k as f64 / 10.0;
-        let y = top + k as f64 * 14.0;
-        svg.push_str(&format!("<rect x=\"{sx}\" y=\"{y}\" width=\"16\" height=\"14\" fill=\"{}\"/>\n", score_colour(s)));
+        let y = top + k as f64 * swatch;
+        svg.push_str(&format!("<rect x=\"{legend_x}\" y=\"{y}\" width=\"16\" height=\"{swatch}\" fill=\"{}\"/>\n", score_colour(s)));
     }
-    svg.push_str(&format!("<text x=\"{}\" y=\"{}\">100%</text>\n", sx + 20.0, top + 11.0));
-    svg.push_str(&format!("<text x=\"{}\" y=\"{}\">0%</text>\n", sx + 20.0, top + 10.0 * 14.0 + 11.0));
+    svg.push_str(&format!("<text x=\"{}\" y=\"{}\">100%</text>\n", legend_x + 20.0, top + 11.0));
+    svg.push_str(&format!("<text x=\"{}\" y=\"{}\">0%</text>\n", legend_x + 20.0, top + 10.0 * swatch + 11.0));
     svg.push_str("</svg>\n");
     svg
 }
