@@ -1,6 +1,8 @@
 //! GGUF import on hand-built files: a tiny Llama written the way llama.cpp's converter writes it
 //! (q/k rows permuted, ggml dimension order, one Q8_0 matrix) must give the same logits as the
-//! HF-layout checkpoint it came from; damaged files must give typed errors.
+//! HF-layout checkpoint it came from; damaged files must give typed errors; every block type must
+//! dequantize as gguf-py does; SmolLM2 in each llama.cpp preset mix must give the greedy tokens
+//! of its gguf-py-dequantized self.
 
 mod common;
 

@@ -163,7 +163,7 @@ def iq4_xs(x):
 
 OURS = {T.Q2_K: q2_k, T.Q3_K: q3_k, T.Q4_K: q4_k, T.Q5_K: q5_k, T.Q6_K: q6_k, T.IQ4_NL: iq4_nl, T.IQ4_XS: iq4_xs}
 # llama.cpp's stand-ins when a row is not a multiple of 256 weights.
-FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.IQ4_XS: T.IQ4_NL}
+FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.Q2_K: T.IQ4_NL, T.Q3_K: T.IQ4_NL, T.IQ4_XS: T.IQ4_NL}
 # llama.cpp's LLAMA_FTYPE_MOSTLY_* (general.file_type) and each preset's default type.
 PRESETS = {"Q4_K_M": (15, T.Q4_K), "Q5_K_M": (17, T.Q5_K), "Q6_K": (18, T.Q6_K), "Q8_0": (7, T.Q8_0), "Q4_0": (2, T.Q4_0), "MIX": (32, None)}
 
