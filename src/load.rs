@@ -12,7 +12,7 @@ use crate::engine::state_file::Fingerprint;
 use crate::engine::tokenizer::TextTokenizer;
 use crate::models;
 use crate::store;
-use anyhow::{bail, Context};
+use anyhow::bail;
 use mlx_rs::Dtype;
 use std::path::{Path, PathBuf};
 
@@ -71,7 +71,18 @@ impl LoadOptions {
 
 /// Opens the model at `path`, a store name resolved to its snapshot first.
 pub fn open(path: &Path) -> anyhow::Result<ModelSource> {
-    store::cache::open(path).with_context(|| format!("opening {}", path.display()))
+    store::cache::open(path).map_err(|e| naming(e, "opening", path))
+}
+
+/// `e` after "`doing` PATH", unless its message names the path already: errors about a file say
+/// which one, and saying it twice read "opening X: X: GGUF tensor …".
+pub fn naming(e: impl Into<anyhow::Error>, doing: &str, path: &Path) -> anyhow::Error {
+    let e = e.into();
+    if format!("{e:#}").contains(&path.display().to_string()) {
+        e
+    } else {
+        e.context(format!("{doing} {}", path.display()))
+    }
 }
 
 /// How reports name the model at `path`: its file or folder name.
@@ -150,7 +161,7 @@ pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, o
     let weights_bytes = memory::weights_bytes(&source, dtype);
     preflight(&path.display().to_string(), &cfg, dtype, weights_bytes, options.window, tokens, device)?;
     let fingerprint = Fingerprint::of(&source, dtype)?;
-    let mut model = models::build(&cfg, &mut source.weights, Some(dtype)).with_context(|| format!("loading {}", path.display()))?;
+    let mut model = models::build(&cfg, &mut source.weights, Some(dtype)).map_err(|e| naming(e, "loading", &path))?;
     if let Some(window) = options.window {
         model.set_window(window)?;
     }

@@ -186,3 +186,62 @@ fn cli_usage_errors() {
         assert!(stderr.contains("no usable GPU"), "{stderr}");
     }
 }
+
+/// A tiny llama GGUF's metadata (32 hidden, one layer) for the files below.
+fn llama_gguf_meta() -> Vec<(&'static str, common::gguf_file::Meta)> {
+    use common::gguf_file::Meta;
+    vec![
+        ("general.architecture", Meta::Str("llama")),
+        ("llama.block_count", Meta::U32(1)),
+        ("llama.context_length", Meta::U32(64)),
+        ("llama.embedding_length", Meta::U32(32)),
+        ("llama.feed_forward_length", Meta::U32(64)),
+        ("llama.attention.head_count", Meta::U32(4)),
+        ("llama.attention.head_count_kv", Meta::U32(2)),
+        ("llama.attention.layer_norm_rms_epsilon", Meta::F32(1e-5)),
+    ]
+}
+
+/// Errors about a model file name it once: they read "opening X: X: GGUF tensor …", the path
+/// added again by each layer the error passed through.
+#[test]
+fn model_file_errors_name_the_file_once() {
+    use common::gguf_file::gguf_bytes;
+    let dir = std::env::temp_dir().join(format!("sala-errors-{}-once", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let embed = ("token_embd.weight".to_string(), vec![32u64, 64], 0u32, vec![0u8; 32 * 64 * 4]);
+    let iq2 = ("blk.0.attn_q.weight".to_string(), vec![256u64, 1], 16u32, vec![0u8; 66]);
+    let write = |name: &str, bytes: &[u8]| {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    };
+    let full = gguf_bytes(&llama_gguf_meta(), std::slice::from_ref(&embed));
+    let corrupt = Scratch::new("once-corrupt", |_| {});
+    let mut bytes = std::fs::read(corrupt.weights()).unwrap();
+    bytes[8] = b'#';
+    std::fs::write(corrupt.weights(), &bytes).unwrap();
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (write("iq2.gguf", &gguf_bytes(&llama_gguf_meta(), &[embed.clone(), iq2])), "IQ2_XXS"),
+        (write("truncated.gguf", &full[..full.len() - 100]), "truncated"),
+        (write("missing.gguf", &full), "missing tensor"),
+        (corrupt.0.clone(), "corrupt header"),
+        (dir.join("absent.gguf"), "no such file"),
+    ];
+    let out = dir.join("out.sala");
+    for (path, problem) in &cases {
+        let p = path.to_str().unwrap();
+        for args in [
+            vec!["run", "--model", p, "--input-ids", "1,2", "--device", "cpu"],
+            vec!["show", p],
+            vec!["pack", "--model", p, "--output", out.to_str().unwrap()],
+        ] {
+            let (code, stderr) = sala(&args);
+            assert_eq!(code, 1, "{args:?}: {stderr}");
+            assert!(stderr.contains(problem), "{args:?}: {stderr}");
+            assert_eq!(stderr.matches(p).count(), 1, "{args:?} names {p} once: {stderr}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,14 +1,19 @@
 //! GGUF import on hand-built files: a tiny Llama written the way llama.cpp's converter writes it
 //! (q/k rows permuted, ggml dimension order, one Q8_0 matrix) must give the same logits as the
-//! HF-layout checkpoint it came from; damaged files must give typed errors.
+//! HF-layout checkpoint it came from; damaged files must give typed errors; every block type must
+//! dequantize as gguf-py does; SmolLM2 in each llama.cpp preset mix must give the greedy tokens
+//! of its gguf-py-dequantized self.
 
 mod common;
 
 use common::gguf_file::{gguf_bytes, Meta};
 use mlx_rs::Array;
 use sala::engine::error::Error;
-use sala::engine::gguf::{convert_bytes, Converted, GgmlType};
-use sala::engine::model::Logits;
+use sala::engine::generate::{generate, Flow, GenerateOptions};
+use sala::engine::gguf::{convert_bytes, Converted, GgmlType, GgufFile};
+use sala::engine::model::{LanguageModel, Logits};
+use sala::engine::sampler::{Sampler, SamplingParams};
+use sala::engine::tokenizer::Message;
 use sala::engine::ops::to_vec_f32;
 use std::path::{Path, PathBuf};
 
@@ -227,7 +232,8 @@ fn damaged_gguf_files_give_typed_errors() {
     let embed = ("token_embd.weight".to_string(), vec![HIDDEN as u64, VOCAB as u64], 0u32, vec![0u8; HIDDEN * VOCAB * 4]);
     let iq2 = vec![embed.clone(), ("blk.0.attn_q.weight".to_string(), vec![256u64, 1], 16u32, vec![0u8; 66])];
     let e = load_err(&write("iq2.gguf", &gguf_bytes(&llama_meta("llama"), &iq2)));
-    assert!(e.to_string().contains("IQ type 16 is not supported"), "{e}");
+    let message = e.to_string();
+    assert!(message.contains("IQ2_XXS (1 tensor, e.g. `blk.0.attn_q.weight`) is not supported") && message.contains("IQ4_XS") && message.contains("re-quantize"), "{e}");
     // A missing hyperparameter is named.
     let mut meta = llama_meta("llama");
     meta.retain(|(k, _)| *k != "llama.feed_forward_length");
@@ -236,36 +242,49 @@ fn damaged_gguf_files_give_typed_errors() {
     std::fs::remove_dir_all(d).unwrap();
 }
 
-/// Every block type we read, on random blocks, against gguf-py's dequantizers (PyPI `gguf`, the
-/// llama.cpp project's own Python reference).
+/// The PyPI `gguf` package (gguf-py, the llama.cpp project's own Python reader and writer).
+fn gguf_python() -> PathBuf {
+    common::venv_python("gguf-venv", "SALA_GGUF_PYTHON", "gguf", &["gguf==0.19.0"])
+}
+
+/// Every block type we read, on random blocks, against gguf-py's dequantizers: the affine types
+/// bit for bit (MLX's own dequantize of our packing, 5-bit included), the expanded ones within f16
+/// rounding.
 #[test]
 fn block_types_match_gguf_py() {
-    let python = common::venv_python("gguf-venv", "SALA_GGUF_PYTHON", "gguf", &["gguf==0.19.0"]);
+    let python = gguf_python();
     let d = dir("kquants");
     std::fs::create_dir_all(&d).unwrap();
     let mut rng = Lcg(99);
-    // (ggml type id, block bytes, offsets of f16 scale fields), 8 blocks of 256 weights per row.
-    let types: [(u32, usize, &[usize], GgmlType); 8] = [
-        (8, 34, &[0], GgmlType::Q8_0),
-        (2, 18, &[0], GgmlType::Q4_0),
-        (3, 20, &[0, 2], GgmlType::Q4_1),
-        (10, 84, &[80, 82], GgmlType::Q2K),
-        (11, 110, &[108], GgmlType::Q3K),
-        (12, 144, &[0, 2], GgmlType::Q4K),
-        (13, 176, &[0, 2], GgmlType::Q5K),
-        (14, 210, &[208], GgmlType::Q6K),
+    // (type, weights per block, block bytes, offsets of f16 scale fields, bits kept or None when
+    // expanded), 2 rows of 512 weights.
+    type Case = (GgmlType, usize, usize, &'static [usize], Option<i32>);
+    let types: [Case; 12] = [
+        (GgmlType::Q8_0, 32, 34, &[0], Some(8)),
+        (GgmlType::Q4_0, 32, 18, &[0], Some(4)),
+        (GgmlType::Q4_1, 32, 20, &[0, 2], Some(4)),
+        (GgmlType::Q5_0, 32, 22, &[0], Some(5)),
+        (GgmlType::Q5_1, 32, 24, &[0, 2], Some(5)),
+        (GgmlType::Iq4Nl, 32, 18, &[0], Some(8)),
+        (GgmlType::Q2K, 256, 84, &[80, 82], None),
+        (GgmlType::Q3K, 256, 110, &[108], Some(8)),
+        (GgmlType::Q4K, 256, 144, &[0, 2], Some(4)),
+        (GgmlType::Q5K, 256, 176, &[0, 2], Some(5)),
+        (GgmlType::Q6K, 256, 210, &[208], None),
+        (GgmlType::Iq4Xs, 256, 136, &[0], Some(8)),
     ];
     let (rows, cols) = (2usize, 512usize);
-    for (id, size, halves, kind) in types {
-        let per_block = if size == 34 || size == 18 || size == 20 { 32 } else { 256 };
+    for (kind, per_block, size, halves, bits) in types {
         let n_blocks = rows * cols / per_block;
         let mut bytes: Vec<u8> = (0..n_blocks * size).map(|_| (rng.next().abs() * 256.0) as u8).collect();
         for b in 0..n_blocks {
             for &at in halves {
-                let v = half::f16::from_f32(0.01 + 0.05 * rng.next().abs());
+                // Both signs: Q4_1/Q5_1 minimums are negative, and a negative d is valid.
+                let v = half::f16::from_f32((0.01 + 0.05 * rng.next().abs()) * rng.next().signum());
                 bytes[b * size + at..b * size + at + 2].copy_from_slice(&v.to_le_bytes());
             }
         }
+        let id = kind.id();
         let input = d.join(format!("{id}.bin"));
         let output = d.join(format!("{id}.f32"));
         std::fs::write(&input, &bytes).unwrap();
@@ -277,24 +296,141 @@ fn block_types_match_gguf_py() {
         let out = std::process::Command::new(&python).arg("-c").arg(script).arg(&input).arg(&output).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let want: Vec<f32> = std::fs::read(&output).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-        let got = match convert_bytes(&bytes, kind, &[rows as i32, cols as i32]).unwrap() {
+        let got = match (convert_bytes(&bytes, kind, &[rows as i32, cols as i32]).unwrap(), bits) {
             // In f32: MLX dequantizes in the scales' dtype, and f16 would round d·code + bias.
-            Converted::Quantized(mut q) => {
+            (Converted::Quantized(mut q), Some(bits)) => {
+                assert_eq!((q.format.bits, q.format.group_size), (bits, 32), "{kind:?}");
                 q.scales = q.scales.as_dtype(mlx_rs::Dtype::Float32).unwrap();
                 q.biases = q.biases.as_dtype(mlx_rs::Dtype::Float32).unwrap();
                 to_vec_f32(&q.dequantize().unwrap()).unwrap()
             }
-            Converted::Float(a) => to_vec_f32(&a).unwrap(),
+            (Converted::Float(a), None) => {
+                assert_eq!(a.dtype(), mlx_rs::Dtype::Float16, "{kind:?} is expanded to f16");
+                to_vec_f32(&a).unwrap()
+            }
+            (_, bits) => panic!("{kind:?}: expected {}", bits.map_or("an expansion".into(), |b| format!("{b}-bit quantization"))),
         };
         assert_eq!(got.len(), want.len(), "{kind:?}");
-        // Exact for the affine types (f32/f16 arithmetic of the same products); Q2_K/Q3_K/Q6_K are
-        // expanded to f16, so within f16 rounding.
-        let tolerance = |w: f32| if matches!(kind, GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q6K) { w.abs() * 1e-3 + 1e-6 } else { w.abs() * 1e-6 + 1e-7 };
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!((g - w).abs() <= tolerance(*w), "{kind:?}: weight {i} is {g}, gguf-py says {w}");
+            let tolerance = if bits.is_some() { 0.0 } else { w.abs() * 1e-3 + 1e-6 };
+            assert!((g - w).abs() <= tolerance, "{kind:?}: weight {i} is {g}, gguf-py says {w}");
         }
     }
     std::fs::remove_dir_all(d).unwrap();
+}
+
+fn greedy(model: &dyn LanguageModel, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut cache = model.new_cache();
+    let mut sampler = Sampler::new(SamplingParams { temperature: 0.0, ..Default::default() });
+    let opts = GenerateOptions { max_tokens: n, ignore_eos: true, ..Default::default() };
+    generate(model, &mut cache, prompt, &mut sampler, &opts, |_, _| {}, |_| Flow::Continue).unwrap().tokens
+}
+
+/// SmolLM2's weights written by `tests/reference/gguf_presets.py` in `preset`'s mix (llama.cpp's
+/// per-tensor rules; on SmolLM2's 576-column matrices Q5_0/Q5_1/Q8_0 stand in for K-quants, as
+/// llama.cpp does) must hold exactly `want_types`, give the greedy tokens of the same file
+/// dequantized by gguf-py to F32, and `sala show` must list each type with its count and storage.
+fn check_preset(preset: &str, want_types: &[&str]) {
+    let python = gguf_python();
+    let source = common::smollm2_gguf();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/gguf_presets.py");
+    let d = dir(&format!("preset-{preset}"));
+    std::fs::create_dir_all(&d).unwrap();
+    let out = std::process::Command::new(&python).arg(&script).arg(&source).arg(&d).arg(preset).output().unwrap();
+    assert!(out.status.success(), "{preset}: {}", String::from_utf8_lossy(&out.stderr));
+    let written: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (quantized, reference) = (d.join(format!("{preset}.gguf")), d.join(format!("{preset}.f32.gguf")));
+    // Meanwhile `sala show` reads the file in its own process.
+    let show = std::process::Command::new(env!("CARGO_BIN_EXE_sala"))
+        .arg("show")
+        .arg(&quantized)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    // The types gguf-py wrote are the ones llama.cpp's rules give, and sala reads them so.
+    let mut written: Vec<(String, usize)> =
+        written["types"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap() as usize)).collect();
+    written.sort();
+    let mut names: Vec<&str> = written.iter().map(|(k, _)| k.as_str()).collect();
+    let mut want_types = want_types.to_vec();
+    names.sort();
+    want_types.sort();
+    assert_eq!(names, want_types, "{preset}: tensor types written");
+    let mut read: Vec<(String, usize)> = GgufFile::open(&quantized).unwrap().type_counts().iter().map(|(k, n)| (k.name(), *n)).collect();
+    read.sort();
+    assert_eq!(read, written, "{preset}: tensor types as sala reads them");
+
+    // Quantized (kept in MLX's layout or expanded) vs the f32 reference, on the CPU in f32.
+    let (model, tokenizer) = sala::models::load_with_tokenizer(&quantized, Some(mlx_rs::Dtype::Float32)).unwrap();
+    let tokenizer = tokenizer.unwrap();
+    let reference_model = sala::models::load(&reference, Some(mlx_rs::Dtype::Float32)).unwrap();
+    let chat = tokenizer.apply_chat_template(&[Message::new("user", "What is the capital of France?")], true).unwrap();
+    // Types kept quantized are exact, so only summation order differs; f16 expansion rounds.
+    let expanded = written.iter().any(|(t, _)| t == "Q2_K" || t == "Q6_K");
+    let logit_tolerance = if expanded { 0.05 } else { 1e-3 };
+    for prompt in [tokenizer.encode(&chat).unwrap(), tokenizer.encode("The three primary colours are").unwrap()] {
+        let text = tokenizer.decode(&prompt).unwrap();
+        let input = Array::from_slice(&prompt.iter().map(|&i| i as i32).collect::<Vec<_>>(), &[1, prompt.len() as i32]);
+        let logits = |m: &dyn LanguageModel| to_vec_f32(&m.forward(&input, &mut m.new_cache(), Logits::Last, None).unwrap()).unwrap();
+        let (got, want) = (logits(model.as_ref()), logits(reference_model.as_ref()));
+        let diff = got.iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+        assert!(diff <= logit_tolerance, "{preset}: first-step logits of {text:?} differ by {diff}");
+        let got = greedy(model.as_ref(), &prompt, 20);
+        let want = greedy(reference_model.as_ref(), &prompt, 20);
+        assert_eq!(got, want, "{preset}: greedy tokens of {text:?}");
+    }
+    drop((model, reference_model));
+
+    // `sala show` lists each type with its count and what was done with it.
+    let show = show.wait_with_output().unwrap();
+    assert!(show.status.success(), "{}", String::from_utf8_lossy(&show.stderr));
+    let text = String::from_utf8(show.stdout).unwrap();
+    for (name, n) in &written {
+        let line = text.lines().find(|l| l.contains(&format!(" {name} ×{n}: "))).unwrap_or_else(|| panic!("{preset}: no {name} ×{n} in\n{text}"));
+        let how = match name.as_str() {
+            "F32" => "loaded as stored",
+            "Q2_K" | "Q6_K" => "expanded to f16 (scales",
+            "Q8_0" | "Q3_K" | "IQ4_NL" | "IQ4_XS" => "kept as 8-bit affine, group 32",
+            "Q5_0" | "Q5_1" | "Q5_K" => "kept as 5-bit affine, group 32",
+            _ => "kept as 4-bit affine, group 32",
+        };
+        assert!(line.contains(how), "{preset}: {name} should be {how}: {line}");
+    }
+    std::fs::remove_dir_all(d).unwrap();
+}
+
+#[test]
+fn preset_q4_k_m_gives_the_greedy_tokens_of_its_dequantized_reference() {
+    check_preset("Q4_K_M", &["F32", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]);
+}
+
+#[test]
+fn preset_q5_k_m_gives_the_greedy_tokens_of_its_dequantized_reference() {
+    check_preset("Q5_K_M", &["F32", "Q5_1", "Q8_0", "Q5_K", "Q6_K"]);
+}
+
+#[test]
+fn preset_q6_k_gives_the_greedy_tokens_of_its_dequantized_reference() {
+    check_preset("Q6_K", &["F32", "Q8_0", "Q6_K"]);
+}
+
+#[test]
+fn preset_q8_0_gives_the_greedy_tokens_of_its_dequantized_reference() {
+    check_preset("Q8_0", &["F32", "Q8_0"]);
+}
+
+#[test]
+fn preset_q4_0_gives_the_greedy_tokens_of_its_dequantized_reference() {
+    check_preset("Q4_0", &["F32", "Q4_0", "Q8_0"]);
+}
+
+/// Not a llama.cpp preset: Q2_K, Q3_K and IQ4_XS by layer on the 1536-column ffn_down, Q4_1 and
+/// IQ4_NL on the 576-column matrices, so every remaining type runs in a whole model.
+#[test]
+fn mix_of_the_remaining_types_gives_the_greedy_tokens_of_its_dequantized_reference() {
+    check_preset("MIX", &["F32", "Q4_1", "Q8_0", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"]);
 }
 
 /// Issue 28's crafted files: sizes that overflow, an offset that wraps, a metadata array far

@@ -114,7 +114,7 @@ fn gguf_blocks_convert_to_exact_mlx_quantization() {
         _ => panic!("F32 is float"),
     }
     let err = convert_bytes(&[0u8; 66], GgmlType::Other(16), &[1, 256]).err().unwrap();
-    assert!(err.contains("IQ type 16 is not supported") && err.contains("Q8_0"), "{err}");
+    assert!(err.contains("tensor type IQ2_XXS is not supported") && err.contains("Q8_0") && err.contains("re-quantize"), "{err}");
 }
 
 fn greedy(model: &dyn LanguageModel, prompt: &[u32], n: usize) -> Vec<u32> {

@@ -46,6 +46,10 @@ pub fn run(args: ShowArgs) -> anyhow::Result<()> {
     println!("quantization {}", s.quantization);
     let dtypes: Vec<String> = s.dtypes.iter().map(|(d, n)| format!("{d} ×{n}")).collect();
     println!("tensors      {} ({})", s.tensors, dtypes.join(", "));
+    for (i, t) in s.gguf_types.iter().enumerate() {
+        let label = if i == 0 { "gguf types" } else { "" };
+        println!("{label:<12} {} ×{}: {}", t.ggml_type, t.tensors, t.stored);
+    }
     println!("size         {:.1} MB on disk", s.disk_bytes as f64 / 1e6);
     println!("tokenizer    {}{}", if s.has_tokenizer { "yes" } else { "no" }, if s.has_chat_template { ", chat template" } else { "" });
     println!("files        {}", s.files.join(", "));

@@ -1,13 +1,15 @@
 //! GGUF files (llama.cpp's single-file format): header, metadata, tensor directory, and the
 //! conversion of its tensor types into MLX arrays.
 //!
-//! Q8_0, Q4_0 and Q4_1 blocks (32 weights, one f16 scale, Q4_1 also an f16 minimum) and the 32-weight
-//! sub-blocks of Q4_K and Q5_K map exactly onto MLX affine quantization with group size 32, so they
-//! are repacked rather than expanded: w = d·q + m becomes scale d, bias m (Q4_1), −8d (Q4_0),
-//! −128d (Q8_0, with q shifted to unsigned) or −dmin·m (K-quants). Q2_K, Q3_K and Q6_K (16-weight
-//! scales) are expanded to f16; F32, F16 and BF16 load as they are. Every length and offset is
-//! checked against the file size before use, so a truncated or corrupt file gives a typed error.
-//! `tests/gguf.rs` checks every block type against gguf-py's dequantizers.
+//! Every type whose blocks are affine in groups of 32 is repacked into MLX's affine quantization
+//! (group 32) rather than expanded: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the 32-weight sub-blocks of
+//! Q4_K and Q5_K (w = d·q + m becomes scale d, bias m). Q3_K, IQ4_NL and IQ4_XS are not affine at
+//! their own width, but each weight is a per-32 scale times an integer that fits 8 bits, so they
+//! are exact as 8-bit codes. Q2_K and Q6_K (scales per 16 weights, too wide for 8-bit codes) are
+//! expanded to f16; F32, F16 and BF16 load as they are; every other type is refused by name
+//! ([`GgmlType::storage`] says which is which). Every length and offset is checked against the
+//! file size before use, so a truncated or corrupt file gives a typed error. `tests/gguf.rs`
+//! checks every block type against gguf-py's dequantizers.
 
 use super::error::{Error, Result};
 use super::quant::{QuantFormat, QuantizedMatrix};
@@ -69,74 +71,171 @@ impl MetaValue {
     }
 }
 
-/// The ggml tensor types this reader knows by name (others are reported by number).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Every ggml tensor type gguf-py 0.19.0 lists: (id, name, weights per block, bytes per block).
+/// The sizes let the directory be bounds-checked even for types that are then refused by name.
+const GGML_TYPES: &[(u32, &str, u64, u64)] = &[
+    (0, "F32", 1, 4),
+    (1, "F16", 1, 2),
+    (2, "Q4_0", 32, 18),
+    (3, "Q4_1", 32, 20),
+    (6, "Q5_0", 32, 22),
+    (7, "Q5_1", 32, 24),
+    (8, "Q8_0", 32, 34),
+    (9, "Q8_1", 32, 40),
+    (10, "Q2_K", 256, 84),
+    (11, "Q3_K", 256, 110),
+    (12, "Q4_K", 256, 144),
+    (13, "Q5_K", 256, 176),
+    (14, "Q6_K", 256, 210),
+    (15, "Q8_K", 256, 292),
+    (16, "IQ2_XXS", 256, 66),
+    (17, "IQ2_XS", 256, 74),
+    (18, "IQ3_XXS", 256, 98),
+    (19, "IQ1_S", 256, 50),
+    (20, "IQ4_NL", 32, 18),
+    (21, "IQ3_S", 256, 110),
+    (22, "IQ2_S", 256, 82),
+    (23, "IQ4_XS", 256, 136),
+    (24, "I8", 1, 1),
+    (25, "I16", 1, 2),
+    (26, "I32", 1, 4),
+    (27, "I64", 1, 8),
+    (28, "F64", 1, 8),
+    (29, "IQ1_M", 256, 56),
+    (30, "BF16", 1, 2),
+    (34, "TQ1_0", 256, 54),
+    (35, "TQ2_0", 256, 66),
+    (39, "MXFP4", 32, 17),
+    (40, "NVFP4", 64, 36),
+    (41, "Q1_0", 128, 18),
+];
+
+/// The ggml tensor types this reader converts; any other is `Other(id)` and refused by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum GgmlType {
     F32,
     F16,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
     Q2K,
     Q3K,
     Q4K,
     Q5K,
     Q6K,
+    Iq4Nl,
+    Iq4Xs,
     Bf16,
     Other(u32),
 }
 
-impl GgmlType {
-    fn from_id(id: u32) -> Self {
-        match id {
-            0 => GgmlType::F32,
-            1 => GgmlType::F16,
-            2 => GgmlType::Q4_0,
-            3 => GgmlType::Q4_1,
-            8 => GgmlType::Q8_0,
-            10 => GgmlType::Q2K,
-            11 => GgmlType::Q3K,
-            12 => GgmlType::Q4K,
-            13 => GgmlType::Q5K,
-            14 => GgmlType::Q6K,
-            30 => GgmlType::Bf16,
-            other => GgmlType::Other(other),
+/// The supported types with their ids, in the order messages list them.
+const SUPPORTED: [(u32, GgmlType); 15] = [
+    (0, GgmlType::F32),
+    (1, GgmlType::F16),
+    (30, GgmlType::Bf16),
+    (2, GgmlType::Q4_0),
+    (3, GgmlType::Q4_1),
+    (6, GgmlType::Q5_0),
+    (7, GgmlType::Q5_1),
+    (8, GgmlType::Q8_0),
+    (10, GgmlType::Q2K),
+    (11, GgmlType::Q3K),
+    (12, GgmlType::Q4K),
+    (13, GgmlType::Q5K),
+    (14, GgmlType::Q6K),
+    (20, GgmlType::Iq4Nl),
+    (23, GgmlType::Iq4Xs),
+];
+
+/// How a GGML type is held once loaded (what `sala show` reports per type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// F32, F16 and BF16 load as they are.
+    AsStored,
+    /// Repacked exactly into MLX's affine quantization, group size 32; `note` says why it is
+    /// exact when that is not plain (a codebook or 16-weight scales held as 8-bit codes).
+    Affine { bits: i32, note: Option<&'static str> },
+    /// Dequantized to f16: `reason` says why MLX's layout cannot hold the blocks.
+    Expanded { reason: &'static str },
+    Unsupported,
+}
+
+impl std::fmt::Display for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Storage::AsStored => write!(f, "loaded as stored"),
+            Storage::Affine { bits, note: None } => write!(f, "kept as {bits}-bit affine, group 32 (exact)"),
+            Storage::Affine { bits, note: Some(note) } => write!(f, "kept as {bits}-bit affine, group 32 (exact: {note})"),
+            Storage::Expanded { reason } => write!(f, "expanded to f16 ({reason})"),
+            Storage::Unsupported => write!(f, "not supported"),
         }
+    }
+}
+
+/// Every type this reader converts, for messages.
+pub fn supported_type_names() -> String {
+    SUPPORTED.iter().map(|(_, t)| t.name()).collect::<Vec<_>>().join(", ")
+}
+
+/// "`what` not supported", the supported types and the fix.
+fn not_supported(what: &str) -> String {
+    format!(
+        "{what} not supported (supported: {}); re-quantize the model to one of those \
+         (e.g. llama.cpp's `llama-quantize model-f16.gguf out.gguf Q4_K_M`) or use its safetensors release",
+        supported_type_names()
+    )
+}
+
+impl GgmlType {
+    pub fn from_id(id: u32) -> Self {
+        SUPPORTED.iter().find(|(i, _)| *i == id).map_or(GgmlType::Other(id), |&(_, t)| t)
+    }
+
+    pub fn id(self) -> u32 {
+        match self {
+            GgmlType::Other(id) => id,
+            t => SUPPORTED.iter().find(|(_, s)| *s == t).expect("every named type is in SUPPORTED").0,
+        }
+    }
+
+    fn known(self) -> Option<&'static (u32, &'static str, u64, u64)> {
+        GGML_TYPES.iter().find(|k| k.0 == self.id())
     }
 
     /// (elements per block, bytes per block) of the types whose size is known.
     fn block(self) -> Option<(u64, u64)> {
-        Some(match self {
-            GgmlType::F32 => (1, 4),
-            GgmlType::F16 | GgmlType::Bf16 => (1, 2),
-            GgmlType::Q4_0 => (32, 18),
-            GgmlType::Q4_1 => (32, 20),
-            GgmlType::Q8_0 => (32, 34),
-            GgmlType::Q2K => (256, 84),
-            GgmlType::Q3K => (256, 110),
-            GgmlType::Q4K => (256, 144),
-            GgmlType::Q5K => (256, 176),
-            GgmlType::Q6K => (256, 210),
-            GgmlType::Other(_) => return None,
-        })
+        self.known().map(|&(_, _, elements, bytes)| (elements, bytes))
     }
 
+    /// llama.cpp's name (`Q4_K`, `IQ2_XXS`), or `type N` for an id it does not list.
     pub fn name(self) -> String {
+        self.known().map_or_else(|| format!("type {}", self.id()), |k| k.1.to_string())
+    }
+
+    /// How tensors of this type are held in MLX.
+    pub fn storage(self) -> Storage {
+        use GgmlType::*;
         match self {
-            GgmlType::Q2K => "Q2_K".into(),
-            GgmlType::Q3K => "Q3_K".into(),
-            GgmlType::Q4K => "Q4_K".into(),
-            GgmlType::Q5K => "Q5_K".into(),
-            GgmlType::Q6K => "Q6_K".into(),
-            GgmlType::Other(id) => match id {
-                6 => "Q5_0".into(),
-                7 => "Q5_1".into(),
-                15 => "Q8_K".into(),
-                16..=23 | 29 => format!("IQ type {id}"),
-                id => format!("type {id}"),
+            F32 | F16 | Bf16 => Storage::AsStored,
+            Q4_0 | Q4_1 | Q4K => Storage::Affine { bits: 4, note: None },
+            Q5_0 | Q5_1 | Q5K => Storage::Affine { bits: 5, note: None },
+            Q8_0 => Storage::Affine { bits: 8, note: None },
+            Q3K => Storage::Affine { bits: 8, note: Some("16-weight scales times 3-bit codes are d times an integer in -124..128") },
+            Iq4Nl | Iq4Xs => Storage::Affine { bits: 8, note: Some("the 16 codebook values are 16 of the 256 8-bit codes") },
+            Q2K => Storage::Expanded { reason: "scales and minimums per 16 weights; MLX groups are 32 or more" },
+            Q6K => Storage::Expanded {
+                reason: "scales per 16 weights; MLX groups are 32 or more, and one scale per 32 would need 13-bit codes",
             },
-            known => format!("{known:?}").to_uppercase(),
+            Other(_) => Storage::Unsupported,
         }
+    }
+
+    /// Why a type is refused and what to do instead.
+    pub fn refusal(self) -> String {
+        not_supported(&format!("tensor type {} is", self.name()))
     }
 }
 
@@ -403,15 +502,49 @@ impl GgufFile {
             message: format!("GGUF tensor `{}`: {message}", t.name),
         })
     }
+
+    /// How many tensors the file holds of each type, in type order.
+    pub fn type_counts(&self) -> Vec<(GgmlType, usize)> {
+        let mut counts: BTreeMap<GgmlType, usize> = BTreeMap::new();
+        for t in &self.tensors {
+            *counts.entry(t.kind).or_default() += 1;
+        }
+        counts.into_iter().collect()
+    }
+
+    /// Refuses a file holding any tensor type this reader does not convert, naming each such type
+    /// (with a tensor of it) before anything is read.
+    pub fn check_types(&self) -> Result<()> {
+        let refused: Vec<String> = self
+            .type_counts()
+            .into_iter()
+            .filter(|(kind, _)| kind.storage() == Storage::Unsupported)
+            .map(|(kind, n)| {
+                let example = self.tensors.iter().find(|t| t.kind == kind).map_or("", |t| t.name.as_str());
+                format!("{} ({n} tensor{}, e.g. `{example}`)", kind.name(), if n == 1 { "" } else { "s" })
+            })
+            .collect();
+        if refused.is_empty() {
+            return Ok(());
+        }
+        let what = match refused.len() {
+            1 => format!("GGUF tensor type {} is", refused[0]),
+            _ => format!("GGUF tensor types {} are", refused.join(", ")),
+        };
+        Err(Error::BadWeights { path: self.path.clone(), message: not_supported(&what) })
+    }
 }
 
-/// Converts raw GGUF tensor data of `kind` with row-major `shape` to MLX.
+/// Converts raw GGUF tensor data of `kind` with row-major `shape` to MLX, as [`GgmlType::storage`]
+/// says: affine types are repacked into MLX's layout (group 32), Q2_K and Q6_K expanded to f16.
 ///
-/// Types whose blocks are affine in groups of 32 stay quantized in MLX's layout: Q8_0, Q4_0, Q4_1
-/// (f16 scales, exact) and Q4_K, Q5_K (scale d·sc and bias −dmin·m per 32 weights, exact in
-/// f32). Q2_K, Q3_K and Q6_K scale groups of 16, which MLX cannot express, so they are expanded
-/// to f16.
+/// Exactness: every product below (an f16 d times a small integer, then times a code) fits in
+/// f32's 24-bit significand, so MLX's `scale·code + bias` gives gguf-py's values bit for bit.
+/// Scales and biases are stored in f16 when every one of them is exact there, else in f32.
 pub fn convert_bytes(bytes: &[u8], kind: GgmlType, shape: &[i32]) -> std::result::Result<Converted, String> {
+    if kind.storage() == Storage::Unsupported {
+        return Err(kind.refusal());
+    }
     // Every MLX array below is made from `bytes` with `shape`: they must agree exactly.
     let numel = shape.iter().try_fold(1u64, |a, &d| u64::try_from(d).ok().filter(|&d| d > 0).and_then(|d| a.checked_mul(d)));
     if let (Some((per_block, block_bytes)), Some(n)) = (kind.block(), numel) {
@@ -433,7 +566,8 @@ pub fn convert_bytes(bytes: &[u8], kind: GgmlType, shape: &[i32]) -> std::result
         // SAFETY: `packed` holds rows × cols·bits/8 bytes, i.e. the u32 words of the shape.
         let packed = unsafe { Array::from_raw_data(packed.as_ptr().cast(), &[rows, cols * bits / 32], Dtype::Uint32) };
         let group_shape = [rows, cols / 32];
-        let (scales, biases) = if g.f16_exact {
+        let f16_exact = g.scales.iter().chain(&g.biases).all(|&v| f16::from_f32(v).to_f32() == v);
+        let (scales, biases) = if f16_exact {
             let half = |v: &[f32]| Array::from_slice(&v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>(), &group_shape);
             (half(&g.scales), half(&g.biases))
         } else {
@@ -445,24 +579,25 @@ pub fn convert_bytes(bytes: &[u8], kind: GgmlType, shape: &[i32]) -> std::result
         let values: Vec<f16> = values.into_iter().map(f16::from_f32).collect();
         Converted::Float(Array::from_slice(&values, shape))
     };
+    let bits = match kind.storage() {
+        Storage::Affine { bits, .. } => bits,
+        _ => 0,
+    };
     Ok(match kind {
         GgmlType::F32 => float(Dtype::Float32),
         GgmlType::F16 => float(Dtype::Float16),
         GgmlType::Bf16 => float(Dtype::Bfloat16),
-        GgmlType::Q8_0 => matrix(q8_0(bytes), 8),
-        GgmlType::Q4_0 | GgmlType::Q4_1 => matrix(q4_legacy(bytes, kind == GgmlType::Q4_1), 4),
-        GgmlType::Q4K => matrix(q4_k(bytes), 4),
-        GgmlType::Q5K => matrix(q5_k(bytes), 5),
+        GgmlType::Q8_0 => matrix(q8_0(bytes), bits),
+        GgmlType::Q4_0 | GgmlType::Q4_1 => matrix(q4_legacy(bytes, kind == GgmlType::Q4_1), bits),
+        GgmlType::Q5_0 | GgmlType::Q5_1 => matrix(q5_legacy(bytes, kind == GgmlType::Q5_1), bits),
+        GgmlType::Q4K => matrix(q4_k(bytes), bits),
+        GgmlType::Q5K => matrix(q5_k(bytes), bits),
+        GgmlType::Q3K => matrix(q3_k(bytes), bits),
+        GgmlType::Iq4Nl => matrix(iq4_nl(bytes), bits),
+        GgmlType::Iq4Xs => matrix(iq4_xs(bytes), bits),
         GgmlType::Q6K => expanded(q6_k(bytes)),
-        GgmlType::Q3K => expanded(q3_k(bytes)),
         GgmlType::Q2K => expanded(q2_k(bytes)),
-        GgmlType::Other(_) => {
-            return Err(format!(
-                "type {} is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q2_K–Q6_K); \
-                 re-quantize the model with one of those or use its safetensors release",
-                kind.name()
-            ))
-        }
+        GgmlType::Other(_) => return Err(kind.refusal()),
     })
 }
 
@@ -472,8 +607,6 @@ struct AffineGroups {
     codes: Vec<u8>,
     scales: Vec<f32>,
     biases: Vec<f32>,
-    /// Scales and biases are exact in f16 (stored so, half the size).
-    f16_exact: bool,
 }
 
 impl AffineGroups {
@@ -505,7 +638,7 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 
 /// Q8_0: f16 d, 32 × i8; w = d·q (code q+128, bias −128d).
 fn q8_0(bytes: &[u8]) -> AffineGroups {
-    let mut g = AffineGroups { f16_exact: true, ..Default::default() };
+    let mut g = AffineGroups::default();
     for block in bytes.chunks_exact(34) {
         let d = f16_at(block, 0);
         g.push(block[2..].iter().map(|&q| (q as i8 as i16 + 128) as u8), d, -128.0 * d);
@@ -517,12 +650,70 @@ fn q8_0(bytes: &[u8]) -> AffineGroups {
 /// low nibble and weight j+16 in its high nibble.
 fn q4_legacy(bytes: &[u8], with_min: bool) -> AffineGroups {
     let size = if with_min { 20 } else { 18 };
-    let mut g = AffineGroups { f16_exact: true, ..Default::default() };
+    let mut g = AffineGroups::default();
     for block in bytes.chunks_exact(size) {
         let d = f16_at(block, 0);
         let qs = &block[size - 16..];
-        let codes = (0..32).map(|e| if e < 16 { qs[e] & 0x0f } else { qs[e - 16] >> 4 });
-        g.push(codes, d, if with_min { f16_at(block, 2) } else { -8.0 * d });
+        g.push((0..32).map(|e| nibble(qs, e)), d, if with_min { f16_at(block, 2) } else { -8.0 * d });
+    }
+    g
+}
+
+/// Weight `e` (0..32) of a 32-weight block whose 16 bytes hold weight j in the low nibble of
+/// byte j and weight j+16 in its high nibble (Q4_0, Q4_1, Q5_*, IQ4_NL, IQ4_XS sub-blocks).
+fn nibble(qs: &[u8], e: usize) -> u8 {
+    if e < 16 {
+        qs[e] & 0x0f
+    } else {
+        qs[e - 16] >> 4
+    }
+}
+
+/// Q5_0 (f16 d, u32 qh, 16 nibble bytes; w = d·(q−16)) and Q5_1 (f16 d, f16 m, then the same;
+/// w = d·q + m): bit e of qh is the fifth bit of weight e.
+fn q5_legacy(bytes: &[u8], with_min: bool) -> AffineGroups {
+    let size = if with_min { 24 } else { 22 };
+    let mut g = AffineGroups::default();
+    for block in bytes.chunks_exact(size) {
+        let d = f16_at(block, 0);
+        let qh = u32::from_le_bytes(block[size - 20..size - 16].try_into().expect("4 bytes"));
+        let qs = &block[size - 16..];
+        let codes = (0..32).map(|e| nibble(qs, e) | ((((qh >> e) & 1) as u8) << 4));
+        g.push(codes, d, if with_min { f16_at(block, 2) } else { -16.0 * d });
+    }
+    g
+}
+
+/// IQ4_NL / IQ4_XS codebook (ggml's `kvalues_iq4nl`).
+const IQ4_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// A codebook nibble as an unsigned 8-bit code: value + 128 (bias −128·scale).
+fn iq4_code(nib: u8) -> u8 {
+    (IQ4_VALUES[nib as usize] as i16 + 128) as u8
+}
+
+/// IQ4_NL: f16 d, 16 nibble bytes; w = d·kvalues[nibble].
+fn iq4_nl(bytes: &[u8]) -> AffineGroups {
+    let mut g = AffineGroups::default();
+    for block in bytes.chunks_exact(18) {
+        let (d, qs) = (f16_at(block, 0), &block[2..]);
+        g.push((0..32).map(|e| iq4_code(nibble(qs, e))), d, -128.0 * d);
+    }
+    g
+}
+
+/// IQ4_XS: 256 weights = 8 sub-blocks of 32; f16 d, u16 high scale bits, 4 bytes of low scale
+/// nibbles, 8 × 16 nibble bytes; w = d·(ls−32)·kvalues[nibble] with a 6-bit ls per sub-block.
+fn iq4_xs(bytes: &[u8]) -> AffineGroups {
+    let mut g = AffineGroups::default();
+    for block in bytes.chunks_exact(136) {
+        let (d, scales_h, scales_l, qs) = (f16_at(block, 0), u16::from_le_bytes([block[2], block[3]]), &block[4..8], &block[8..]);
+        for ib in 0..8 {
+            let ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0f) | ((((scales_h >> (2 * ib)) & 3) as u8) << 4);
+            let scale = d * (ls as f32 - 32.0);
+            let sub = &qs[16 * ib..16 * ib + 16];
+            g.push((0..32).map(|e| iq4_code(nibble(sub, e))), scale, -128.0 * scale);
+        }
     }
     g
 }
@@ -598,34 +789,39 @@ fn q6_k(bytes: &[u8]) -> Vec<f32> {
 }
 
 /// Q3_K: 32 bytes of high bits (set = no −4), 64 bytes of 2-bit codes, 12 bytes of 6-bit scales
-/// (offset 32), f16 d; w = d·(sc−32)·(q − 4·!high), 16 weights per scale.
-fn q3_k(bytes: &[u8]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(bytes.len() / 110 * 256);
+/// (offset 32), f16 d; w = d·(sc−32)·(q − 4·!high), 16 weights per scale. With one d per 256
+/// weights, w = d·k for an integer k in −124..128: 8-bit code 128 − k, scale −d, bias 128·d.
+fn q3_k(bytes: &[u8]) -> AffineGroups {
+    let mut g = AffineGroups::default();
     for block in bytes.chunks_exact(110) {
         let (hmask, qs, packed, d) = (&block[..32], &block[32..96], &block[96..108], f16_at(block, 108));
-        let scale = |i: usize| -> f32 {
+        let scale = |i: usize| -> i32 {
             let low = if i < 8 { packed[i] & 0x0f } else { packed[i - 8] >> 4 };
             let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
-            ((low | (high << 4)) as i32 - 32) as f32
+            (low | (high << 4)) as i32 - 32
         };
+        let mut k = Vec::with_capacity(256);
         let mut is = 0;
         let mut bit = 0;
         for half in 0..2 {
             let q = &qs[32 * half..];
             for shift in (0..8).step_by(2) {
                 for part in 0..2 {
-                    let dl = d * scale(is);
+                    let sc = scale(is);
                     is += 1;
                     for l in 16 * part..16 * part + 16 {
                         let code = ((q[l] >> shift) & 3) as i32 - if hmask[l] & (1 << bit) != 0 { 0 } else { 4 };
-                        out.push(dl * code as f32);
+                        k.push(sc * code);
                     }
                 }
                 bit += 1;
             }
         }
+        for group in k.chunks_exact(32) {
+            g.push(group.iter().map(|&k| (128 - k) as u8), -d, 128.0 * d);
+        }
     }
-    out
+    g
 }
 
 /// Q2_K: 16 scale bytes (low nibble scale, high nibble min), 64 bytes of 2-bit codes, f16 d and

@@ -28,6 +28,7 @@ pub fn is_gguf(path: &Path) -> bool {
 
 pub fn import(path: &Path) -> Result<ModelSource> {
     let file = GgufFile::open(path)?;
+    file.check_types()?;
     let arch = file.str("general.architecture")?;
     let Some(&(_, model_type, permuted)) = ARCHITECTURES.iter().find(|(a, _, _)| *a == arch) else {
         return Err(Error::UnsupportedModel {

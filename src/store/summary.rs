@@ -1,6 +1,7 @@
 //! What a model on disk is: architecture, size, quantization, files — for `sala show`.
 
 use crate::engine::error::Result;
+use crate::engine::gguf::GgufFile;
 use crate::engine::source::ModelSource;
 use crate::engine::memory;
 use crate::models;
@@ -23,6 +24,9 @@ pub struct ModelSummary {
     pub quantization: String,
     /// Tensor count by stored dtype.
     pub dtypes: BTreeMap<String, usize>,
+    /// GGUF files: each tensor type in the file, how many tensors have it and how it is held.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gguf_types: Vec<GgufTypeCount>,
     pub tensors: usize,
     pub disk_bytes: u64,
     pub files: Vec<String>,
@@ -30,6 +34,16 @@ pub struct ModelSummary {
     pub has_chat_template: bool,
     /// Memory to run it: weights in the default dtype, plus one sequence's cache at `context`.
     pub memory: MemoryEstimate,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GgufTypeCount {
+    /// llama.cpp's name (`Q4_K`).
+    #[serde(rename = "type")]
+    pub ggml_type: String,
+    pub tensors: usize,
+    /// Kept quantized (bits), loaded as stored, or expanded and why.
+    pub stored: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -68,6 +82,15 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
     } else {
         "single file"
     };
+    let gguf_types = if layout == "GGUF" {
+        GgufFile::open(path)?
+            .type_counts()
+            .into_iter()
+            .map(|(kind, tensors)| GgufTypeCount { ggml_type: kind.name(), tensors, stored: kind.storage().to_string() })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let disk_bytes = if path.is_dir() {
         crate::store::cache::dir_size(path)
     } else {
@@ -95,6 +118,7 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
         context_length: key("max_position_embeddings"),
         quantization,
         dtypes,
+        gguf_types,
         tensors: weights.infos().len(),
         disk_bytes,
         files: source.files.keys().cloned().collect(),
