@@ -12,7 +12,7 @@ use crate::engine::state_file::Fingerprint;
 use crate::engine::tokenizer::TextTokenizer;
 use crate::models;
 use crate::store;
-use anyhow::bail;
+use anyhow::{bail, Context};
 use mlx_rs::Dtype;
 use std::path::{Path, PathBuf};
 

@@ -1,4 +1,11 @@
 fn main() {
+    // Output piped into `head` that stops reading ends the process quietly, as with any Unix tool,
+    // instead of a panic in println!. Sockets are unaffected: Rust's networking never raises
+    // SIGPIPE (MSG_NOSIGNAL on Linux, SO_NOSIGPIPE on macOS).
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     if let Err(error) = sala::cli::main() {
         eprintln!("error: {error:#}");
         std::process::exit(1);

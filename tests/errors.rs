@@ -170,7 +170,7 @@ fn token_outside_the_vocabulary() {
 
 #[test]
 fn cli_usage_errors() {
-    let (code, stderr) = sala(&["run", "hello"]);
+    let (code, stderr) = sala(&["run", "--no-pull", "hello"]);
     assert_eq!(code, 1);
     assert!(stderr.contains("pass --model PATH"), "{stderr}");
     let case = golden("A_dense_f32");
@@ -244,4 +244,23 @@ fn model_file_errors_name_the_file_once() {
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `sala show … | head` that stops reading: sala ends quietly (SIGPIPE, as Unix tools do), with
+/// no panic from writing to the closed pipe.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sala"))
+        .args(["show", common::golden("A_dense_f32").to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader is gone before sala writes
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
+    use std::os::unix::process::ExitStatusExt;
+    assert!(out.status.success() || out.status.signal() == Some(libc::SIGPIPE), "{:?}: {stderr}", out.status);
 }

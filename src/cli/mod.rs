@@ -23,7 +23,7 @@ use crate::engine::model::LanguageModel;
 use crate::engine::sampler::SamplingParams;
 use crate::load::{LoadOptions, LoadedModel};
 use crate::progress::{bytes_progress, progress_bar, progress_to};
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mlx_rs::Dtype;
 use std::path::PathBuf;
@@ -313,7 +313,7 @@ impl PromptCacheArgs {
                 trail.prepend(file.points_before(model, reused, &mut progress_to(&bar))?);
             }
             let bytes = state_file::save(path, &loaded.fingerprint, head, &cache, &trail, &mut progress_to(&bar))
-            .with_context(|| format!("saving the prompt cache {}", path.display()))?;
+                .map_err(|e| crate::load::naming(e, "saving the prompt cache", path))?;
             bar.finish_and_clear();
             eprintln!("prompt cache: saved {} tokens to {} ({})", head.len(), path.display(), memory::human(bytes));
         }
