@@ -234,7 +234,8 @@ struct Choice {
     cursor: (usize, usize),
     /// Characters before the answer (the echoed prompt).
     before: usize,
-    usage: Option<(usize, usize)>,
+    /// Prompt, completion and cached tokens, once done.
+    usage: Option<(usize, usize, usize)>,
 }
 
 impl Choice {
@@ -351,10 +352,10 @@ async fn complete(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Bo
                         let scored = choice.text(&tokenizer, &text, &logprobs);
                         send(chunk(index, text, wants_logprobs.then_some(scored), None))
                     }
-                    Event::Done { finish_reason, prompt_tokens, completion_tokens, .. } => {
-                        choice.usage = Some((prompt_tokens, completion_tokens));
+                    Event::Done { finish_reason, prompt_tokens, completion_tokens, cached_tokens, .. } => {
+                        choice.usage = Some((prompt_tokens, completion_tokens, cached_tokens));
                         open -= 1;
-                        send(chunk(index, String::new(), wants_logprobs.then(Logprobs::default), Some(finish_reason))) && open > 0
+                        send(chunk(index, String::new(), None, Some(finish_reason))) && open > 0
                     }
                     Event::Error(e) => {
                         send(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "generation_failed", None, &e).to_json());
@@ -370,10 +371,10 @@ async fn complete(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Bo
                 }
             }
             if open == 0 && include_usage {
-                let (prompt, completion) = choices.iter().filter_map(|c| c.usage).fold((0, 0), |(p, c), (a, b)| (p + a, c + b));
+                let (prompt, completion, cached) = choices.iter().filter_map(|c| c.usage).fold((0, 0, 0), |(p, c, k), (a, b, d)| (p + a, c + b, k + d));
                 let mut last = chunk(0, String::new(), None, None);
                 last["choices"] = json!([]);
-                last["usage"] = openai::usage(prompt, completion, 0);
+                last["usage"] = openai::usage(prompt, completion, cached);
                 send(last);
             }
             let _ = out.send(Ok(SseEvent::default().data("[DONE]")));

@@ -177,7 +177,7 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
         }
         let format = worker_state.ready.get().map_or("", |r| r.tool_format.name());
         eprintln!("model ready: {} (prefix cache: up to {}; tool calls: {format})", worker_state.model_id, crate::engine::memory::human(cache_budget));
-        let prefixes = scheduler::run(model, tokenizer, prefill_step, parallel, rx, worker_state.abort.clone(), prefixes, &worker_state.metrics);
+        let prefixes = scheduler::run(model, tokenizer, scheduler::Batching { prefill_step, parallel }, rx, worker_state.abort.clone(), prefixes, &worker_state.metrics);
         if let Some((dir, store)) = &store {
             write_kept_states(store, dir, &prefixes);
         }
@@ -569,8 +569,8 @@ fn async_stream(
     tokio::spawn(async move {
         let chunk = |delta: serde_json::Value, finish: Option<&str>, tokens: &[crate::engine::logprobs::TokenLogprobs]| {
             let logprobs = match &logprobs {
-                Some(tokenizer) => json!({"content": openai::chat_logprobs(tokenizer, tokens), "refusal": null}),
-                None => serde_json::Value::Null,
+                Some(tokenizer) if !tokens.is_empty() => json!({"content": openai::chat_logprobs(tokenizer, tokens), "refusal": null}),
+                _ => serde_json::Value::Null,
             };
             json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                    "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})

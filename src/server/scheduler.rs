@@ -89,19 +89,28 @@ struct Active {
     answered: bool,
 }
 
+/// How the worker batches.
+#[derive(Debug, Clone, Copy)]
+pub struct Batching {
+    /// Prompt tokens per forward pass during prefill.
+    pub prefill_step: usize,
+    /// Requests decoded together.
+    pub parallel: usize,
+}
+
 /// Runs until every sender of `jobs` is gone, then returns the prompt states it kept (starting
 /// from `prefixes`); once `abort` is set, every request held or queued is ended with
-/// [`Event::Shutdown`].
+/// [`Event::Shutdown`]. `metrics` are kept up to date as it goes.
 pub fn run(
     model: &dyn LanguageModel,
     tokenizer: std::sync::Arc<TextTokenizer>,
-    prefill_step: usize,
-    parallel: usize,
+    batching: Batching,
     jobs: Receiver<Job>,
     abort: std::sync::Arc<std::sync::atomic::AtomicBool>,
     mut prefixes: PrefixCache,
     metrics: &Metrics,
 ) -> PrefixCache {
+    let Batching { prefill_step, parallel } = batching;
     let mut active: Vec<Active> = Vec::new();
     let mut waiting: VecDeque<Job> = VecDeque::new();
     loop {
@@ -207,6 +216,7 @@ pub fn run(
         }
         let mut keep = keep.into_iter();
         active.retain(|_| keep.next().unwrap_or(true));
+        metrics.batch_size.set(active.len() as i64);
     }
 }
 
