@@ -270,6 +270,7 @@ pub fn parse(body: &[u8], served_model: &str, tool_format: ToolFormat, counting:
         tool_format,
         response_format: None,
         logprobs: None,
+        cap_max_tokens: true,
     };
     Ok((request, thinking))
 }

@@ -70,6 +70,9 @@ pub struct ChatRequest {
     /// `logprobs: true`: the answer's tokens with their log-probabilities and this many
     /// alternatives each (`top_logprobs`).
     pub logprobs: Option<usize>,
+    /// `max_tokens` is only a cap: past the room the context leaves, it is lowered to that room
+    /// (Anthropic clients ask for far more than a small model holds) instead of refused.
+    pub cap_max_tokens: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -302,6 +305,7 @@ impl ChatRequest {
             tool_format,
             response_format,
             logprobs,
+            cap_max_tokens: false,
         })
     }
 
@@ -460,7 +464,11 @@ pub fn prepare(request: ChatRequest, served: &Served) -> Result<PreparedChat, Ap
     let prompt = tokenizer.encode(&prompt_text).map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
     let max_context = served.max_context;
     let room = max_context.saturating_sub(prompt.len());
-    let max_tokens = request.max_tokens.unwrap_or(served.default_max_tokens.min(room).max(1));
+    let max_tokens = match request.max_tokens {
+        Some(n) if request.cap_max_tokens => n.min(room.max(1)),
+        Some(n) => n,
+        None => served.default_max_tokens.min(room).max(1),
+    };
     // Checked: max_tokens comes from the request and may be up to 2^64 - 1.
     if prompt.len().checked_add(max_tokens).is_none_or(|total| total > max_context) {
         return Err(ApiError::new(

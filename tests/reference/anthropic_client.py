@@ -45,6 +45,8 @@ check("answer", text_of(r) == want == "The capital of France is Paris." and r.co
 check("message shape", r.type == "message" and r.role == "assistant" and r.id.startswith("msg_") and r.model == model, str(r))
 check("end_turn", r.stop_reason == "end_turn" and r.stop_sequence is None, r.stop_reason)
 check("usage", r.usage.input_tokens + r.usage.cache_read_input_tokens == usage.prompt_tokens and r.usage.output_tokens == usage.completion_tokens, str(r.usage))
+big = client.messages.create(model=model, max_tokens=1_000_000, temperature=0, messages=question)
+check("max_tokens past the context is a cap", text_of(big) == want and big.stop_reason == "end_turn", repr(text_of(big)))
 counted = client.messages.count_tokens(model=model, messages=question)
 check("count_tokens", counted.input_tokens == usage.prompt_tokens, str(counted))
 

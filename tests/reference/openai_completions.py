@@ -118,6 +118,11 @@ check("several prompts", [ch.index for ch in r.choices] == [0, 1] and r.choices[
 stop = greedy_text.strip()[-1]
 r = client.completions.create(model=model, prompt=prompt, max_tokens=n_greedy, temperature=0, stop=[stop])
 check("stop", r.choices[0].text == greedy_text[:greedy_text.index(stop)] and r.choices[0].finish_reason == "stop", repr(r.choices[0].text))
+cut = greedy_text.index("ri")  # inside " Paris": the token the stop string cuts is the last listed
+r = client.completions.create(model=model, prompt=prompt, max_tokens=n_greedy, temperature=0, stop=["ri"], logprobs=1)
+lp = r.choices[0].logprobs
+check("stop inside a token", r.choices[0].text == greedy_text[:cut] and "".join(lp.tokens).startswith(r.choices[0].text)
+      and "".join(lp.tokens[:-1]) == greedy_text[:sum(len(t) for t in lp.tokens[:-1])] and len(lp.tokens) == 1, f"{r.choices[0].text!r} {lp.tokens}")
 r = client.completions.create(model=model, prompt=prompt, temperature=0)
 check("max_tokens defaults to 16", r.usage.completion_tokens <= 16 and (r.usage.completion_tokens == 16) == (r.choices[0].finish_reason == "length"), str(r.usage))
 
