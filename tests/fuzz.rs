@@ -518,3 +518,47 @@ fn fuzz_chat_request() {
         sala::server::openai::prepare_chat(bytes, &served).is_ok()
     });
 }
+
+/// `/v1/completions` and `/v1/messages` bodies: mutated, they are refused or prepared, never a panic.
+#[test]
+fn fuzz_completions_and_messages_requests() {
+    let files = sala::engine::tokenizer::TokenizerFiles::from_dir(&common::shared().join("assets/minicpm4-tokenizer")).unwrap().unwrap();
+    let tokenizer = sala::engine::tokenizer::TextTokenizer::new(&files, Some(1)).unwrap();
+    let served = || sala::server::openai::Served {
+        model_id: "served",
+        tokenizer: &tokenizer,
+        max_context: 4096,
+        vocab_size: tokenizer.vocab_size(),
+        eos: &[2],
+        default_max_tokens: 512,
+        tool_format: sala::engine::tools::ToolFormat::MiniCpmXml,
+    };
+    let seeds: Vec<Vec<u8>> = [
+        json!({"model": "served", "prompt": "Once upon a time", "max_tokens": 8, "echo": true, "logprobs": 3, "stop": ["\n"], "temperature": 0}),
+        json!({"prompt": [[1, 2, 3], [4, 5]], "max_tokens": 0, "echo": true, "logprobs": 1, "stream": true, "stream_options": {"include_usage": true},
+               "n": 1, "best_of": 1, "suffix": null, "logit_bias": {"7": 5}, "seed": 3}),
+    ]
+    .iter()
+    .map(|v| v.to_string().into_bytes())
+    .collect();
+    fuzz("completions-request", &seeds, mutate_json_text, |bytes| sala::server::completions::prepare(bytes, &served()).is_ok());
+    let tool = json!({"name": "get_weather", "description": "Weather in a city", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}});
+    let seeds: Vec<Vec<u8>> = [
+        json!({"model": "served", "max_tokens": 32, "system": [{"type": "text", "text": "Be brief."}], "stop_sequences": ["END"], "temperature": 0.5,
+               "messages": [{"role": "user", "content": "Weather in Paris?"},
+                            {"role": "assistant", "content": [{"type": "text", "text": "Checking."}, {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny", "is_error": false}]}],
+               "tools": [tool.clone()], "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}}),
+        json!({"max_tokens": 16, "stream": true, "messages": [{"role": "user", "content": [{"type": "text", "text": "Call it"}]}], "tools": [tool],
+               "tool_choice": {"type": "tool", "name": "get_weather"}, "top_k": 20, "top_p": 0.9, "thinking": {"type": "disabled"}}),
+    ]
+    .iter()
+    .map(|v| v.to_string().into_bytes())
+    .collect();
+    fuzz("messages-request", &seeds, mutate_json_text, |bytes| {
+        let served = served();
+        sala::server::anthropic::parse(bytes, served.model_id, served.tool_format, false)
+            .and_then(|(request, _)| sala::server::openai::prepare(request, &served))
+            .is_ok()
+    });
+}

@@ -4,7 +4,7 @@ use super::ModelArgs;
 use clap::Args;
 
 #[derive(Args)]
-#[command(after_help = "Examples:\n  sala serve --model ./MiniCPM-SALA-8bit\n  sala serve -m org/name --host 0.0.0.0 --port 8080 --api-key secret\n\nThen: curl http://127.0.0.1:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}'")]
+#[command(after_help = "Examples:\n  sala serve --model ./MiniCPM-SALA-8bit\n  sala serve -m org/name --host 0.0.0.0 --port 8080 --api-key secret\n\nThen: curl http://127.0.0.1:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}'\nEndpoints: /v1/chat/completions, /v1/completions, /v1/messages (Anthropic), /v1/models, /metrics, /health")]
 pub struct ServeArgs {
     #[command(flatten)]
     pub load: ModelArgs,
@@ -14,7 +14,8 @@ pub struct ServeArgs {
     /// Port to listen on (0: one the system picks; the address is printed)
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on the API
+    /// Require the key on every endpoint but /health, as `Authorization: Bearer KEY` (OpenAI
+    /// clients) or `x-api-key: KEY` (Anthropic clients)
     #[arg(long)]
     pub api_key: Option<String>,
     /// Tokens per answer when a request does not say

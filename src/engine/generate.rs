@@ -4,6 +4,7 @@
 use super::cache::ModelCache;
 use super::prefix_cache::Trail;
 use super::error::{Error, Result};
+use super::logprobs::TokenLogprobs;
 use super::model::{LanguageModel, Logits};
 use super::ops::to_vec_f32;
 use super::sampler::Sampler;
@@ -156,7 +157,25 @@ pub struct Decoding {
     in_flight: Option<Array>,
     /// Whether the token handed out last is already in the cache (run ahead or an accepted guess).
     last_in_cache: bool,
+    /// Log-probabilities to keep (see [`Decoding::with_logprobs`]).
+    logprobs: LogprobOptions,
+    /// Per generated token, with `logprobs.generated`.
+    token_logprobs: Vec<TokenLogprobs>,
+    /// Per prompt token after the first, with `logprobs.prompt`.
+    prompt_logprobs: Vec<TokenLogprobs>,
 }
+
+/// Which log-probabilities a [`Decoding`] keeps: `Some(n)` keeps each token's with the `n` most
+/// likely alternatives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogprobOptions {
+    pub generated: Option<usize>,
+    pub prompt: Option<usize>,
+}
+
+/// Prompt tokens per forward call when the prompt is scored: every position's logits are
+/// computed, `[chunk, vocab]` float32 at once.
+const SCORING_CHUNK: usize = 512;
 
 /// A token drawn from the model, waiting to be handed out.
 struct Drawn {
@@ -213,7 +232,33 @@ impl Decoding {
             ready: VecDeque::new(),
             in_flight: None,
             last_in_cache: false,
+            logprobs: LogprobOptions::default(),
+            token_logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
         })
+    }
+
+    /// Keeps log-probabilities of the model's distribution (log-softmax of the raw logits, before
+    /// any sampling setting): of each generated token, and of each prompt token after the first
+    /// (the prompt is then run with every position's logits, in chunks of at most
+    /// [`SCORING_CHUNK`]). Set before the prompt goes in.
+    pub fn with_logprobs(mut self, logprobs: LogprobOptions) -> Self {
+        if logprobs.prompt.is_some() {
+            self.opts.prefill_step = self.opts.prefill_step.clamp(1, SCORING_CHUNK);
+        }
+        self.logprobs = logprobs;
+        self
+    }
+
+    /// Each generated token's log-probability (with [`LogprobOptions::generated`]), in order.
+    pub fn token_logprobs(&self) -> &[TokenLogprobs] {
+        &self.token_logprobs
+    }
+
+    /// Each prompt token's log-probability after the first (with [`LogprobOptions::prompt`]),
+    /// once the prompt is in.
+    pub fn prompt_logprobs(&self) -> &[TokenLogprobs] {
+        &self.prompt_logprobs
     }
 
     /// Runs the next `opts.prefill_step` prompt tokens; `true` once the whole prompt is in.
@@ -237,7 +282,18 @@ impl Decoding {
         if self.prefilled < total {
             let start = Instant::now();
             let end = (self.prefilled + self.opts.prefill_step.max(1)).min(total).min(until.max(self.prefilled + 1));
-            let logits = forward_eval(model, cache, &self.history[self.prefilled..end], Logits::Last)?;
+            let logits = match self.logprobs.prompt {
+                None => forward_eval(model, cache, &self.history[self.prefilled..end], Logits::Last)?,
+                Some(top) => {
+                    // Row i predicts prompt token prefilled + i + 1; the last row of the prompt
+                    // predicts the first generated token.
+                    let all = forward_eval(model, cache, &self.history[self.prefilled..end], Logits::All)?;
+                    let next = &self.history[self.prefilled + 1..(end + 1).min(total)];
+                    self.prompt_logprobs.extend(super::logprobs::for_rows(&all, next, top)?);
+                    use mlx_rs::ops::indexing::TryIndexOp;
+                    all.try_index(((end - self.prefilled - 1) as i32.., ..))?
+                }
+            };
             if end == total {
                 self.logits = to_vec_f32(&logits)?;
                 self.started = Instant::now();
@@ -268,7 +324,7 @@ impl Decoding {
         if !self.is_prefilled() {
             return Err(Error::Usage("Decoding::next before the prompt was prefilled".into()));
         }
-        let on_device = pipeline && sampler.is_plain_greedy() && !self.opts.keep_logits && self.opts.draft.is_none();
+        let on_device = pipeline && sampler.is_plain_greedy() && !self.opts.keep_logits && self.logprobs.generated.is_none() && self.opts.draft.is_none();
         if self.ready.is_empty() {
             match (self.pending.take(), self.opts.draft) {
                 (Some(previous), Some(draft)) => self.speculate(model, cache, sampler, previous, draft)?,
@@ -285,6 +341,9 @@ impl Decoding {
             }
         }
         let Drawn { token, in_cache, logits } = self.ready.pop_front().expect("drawn above");
+        if let Some(top) = self.logprobs.generated {
+            self.token_logprobs.push(super::logprobs::from_row(&logits, token, top));
+        }
         if self.opts.keep_logits {
             self.generation.logits.push(logits);
         }

@@ -11,6 +11,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod grammar;
+pub mod logprobs;
 pub mod memory;
 pub mod model;
 pub mod prefix_cache;

@@ -39,6 +39,8 @@ pub struct TextTokenizer {
     grammar: std::sync::OnceLock<super::grammar::GrammarCompiler>,
     /// Special tokens left out of decoded text (all but [`SHOWN_SPECIAL_TOKENS`]).
     hidden: std::collections::HashSet<u32>,
+    /// Each token's bytes, built on first use (APIs that report tokens).
+    token_bytes: std::sync::OnceLock<Vec<Vec<u8>>>,
 }
 
 /// Special tokens that stay in decoded text: they mark tool calls and reasoning, which the answer
@@ -153,7 +155,16 @@ impl TextTokenizer {
             .filter(|(_, token)| token.special && !SHOWN_SPECIAL_TOKENS.contains(&token.content.as_str()))
             .map(|(id, _)| id)
             .collect();
-        Ok(Self { inner, bos, eos_token: token_text("eos_token"), add_bos, chat_template, grammar: std::sync::OnceLock::new(), hidden })
+        Ok(Self {
+            inner,
+            bos,
+            eos_token: token_text("eos_token"),
+            add_bos,
+            chat_template,
+            grammar: std::sync::OnceLock::new(),
+            hidden,
+            token_bytes: std::sync::OnceLock::new(),
+        })
     }
 
     /// Whether the chat template knows `<think>` blocks (a reasoning model).
@@ -197,6 +208,30 @@ impl TextTokenizer {
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         let shown: Vec<u32> = ids.iter().copied().filter(|id| !self.hidden.contains(id)).collect();
         contain("detokenizing", || self.inner.decode(&shown, false).map_err(|e| Error::Tokenizer(e.to_string())))
+    }
+
+    /// The bytes token `id` stands for, whether or not they are whole UTF-8 (a byte-level piece
+    /// of a character is one byte); an added or special token's text. Empty for an unknown id.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let table = self.token_bytes.get_or_init(|| {
+            // Byte-level and byte-fallback vocabularies map exactly to bytes; others decode alone.
+            let json = serde_json::to_value(&self.inner).ok();
+            let mut table = json
+                .and_then(|j| contain("reading the vocabulary", || llguidance::token_bytes_from_tokenizer_json(&j).map_err(|e| Error::Tokenizer(e.to_string()))).ok())
+                .unwrap_or_default();
+            // Added tokens stand for their text (llguidance marks special ones with a prefix byte).
+            for (added, token) in self.inner.get_added_tokens_decoder() {
+                if table.len() <= added as usize {
+                    table.resize(added as usize + 1, Vec::new());
+                }
+                table[added as usize] = token.content.into_bytes();
+            }
+            table
+        });
+        match table.get(id as usize) {
+            Some(bytes) if !bytes.is_empty() => bytes.clone(),
+            _ => self.inner.decode(&[id], false).map(String::into_bytes).unwrap_or_default(),
+        }
     }
 
     /// Renders the chat prompt. `enable_thinking` is passed to templates that understand it.

@@ -1,10 +1,15 @@
-//! `sala serve`: an OpenAI-compatible HTTP API (axum). The model loads in the background
+//! `sala serve`: an OpenAI-compatible HTTP API (axum), with Anthropic's Messages API beside it
+//! ([`anthropic`]) and Prometheus metrics ([`metrics`]). The model loads in the background
 //! (`/health` answers 503 until it is ready) on the worker thread that then serves every request
 //! ([`scheduler`]). Errors follow OpenAI's schema: `{"error": {"message", "type", "param", "code"}}`,
-//! whichever layer makes them. Clients that stall sending a request are dropped; SIGINT and
-//! SIGTERM drain (running requests finish, up to a deadline) before the process exits.
+//! whichever layer makes them (Anthropic's endpoints rewrite them into theirs). Clients that stall
+//! sending a request are dropped; SIGINT and SIGTERM drain (running requests finish, up to a
+//! deadline) before the process exits.
 
+pub mod anthropic;
 pub mod answer;
+pub mod completions;
+pub mod metrics;
 pub mod models;
 pub mod openai;
 pub mod scheduler;
@@ -67,6 +72,7 @@ pub struct AppState {
     pub abort: Arc<AtomicBool>,
     /// `GET /v1/models` entries by model path (a model's files do not change under a snapshot).
     pub descriptions: tokio::sync::Mutex<std::collections::HashMap<std::path::PathBuf, serde_json::Value>>,
+    pub metrics: Arc<metrics::Metrics>,
 }
 
 pub struct ServerOptions {
@@ -125,6 +131,7 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
         draining: AtomicBool::new(false),
         abort: Arc::new(AtomicBool::new(false)),
         descriptions: tokio::sync::Mutex::new(std::collections::HashMap::new()),
+        metrics: Arc::new(metrics::Metrics::new()),
     });
     let worker_state = state.clone();
     let worker = std::thread::Builder::new().name("sala-worker".into()).spawn(move || {
@@ -170,7 +177,7 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
         }
         let format = worker_state.ready.get().map_or("", |r| r.tool_format.name());
         eprintln!("model ready: {} (prefix cache: up to {}; tool calls: {format})", worker_state.model_id, crate::engine::memory::human(cache_budget));
-        let prefixes = scheduler::run(model, tokenizer, prefill_step, parallel, rx, worker_state.abort.clone(), prefixes);
+        let prefixes = scheduler::run(model, tokenizer, scheduler::Batching { prefill_step, parallel }, rx, worker_state.abort.clone(), prefixes, &worker_state.metrics);
         if let Some((dir, store)) = &store {
             write_kept_states(store, dir, &prefixes);
         }
@@ -182,11 +189,16 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
         .route("/v1/models/download", post(models::download).get(models::downloads))
         .route("/v1/models/{*id}", axum::routing::delete(models::delete))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions::handle))
+        .route("/metrics", get(metrics::get))
+        .merge(anthropic::routes())
         .fallback(|| async { ApiError::not_found("no such endpoint").into_response() })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed", None, "this endpoint does not take that method").into_response()
         })
         .layer(axum::middleware::map_response(json_errors))
+        .layer(axum::middleware::from_fn(anthropic::error_shape))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::count_requests))
         .with_state(state.clone());
     let shutdown_state = state.clone();
     runtime.block_on(async move {
@@ -356,16 +368,19 @@ pub(crate) async fn read_body(state: &AppState, body: axum::body::Body, limit: u
     }
 }
 
+/// The API key, given as `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY`
+/// (Anthropic's).
 pub(crate) fn authorized(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &state.api_key else { return Ok(()) };
-    let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+    let bearer = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let given = bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok())).unwrap_or("");
     // Compared as digests in constant time: neither the key's bytes nor its length leak through timing.
     use sha2::Digest;
     use subtle::ConstantTimeEq;
     if bool::from(sha2::Sha256::digest(given.as_bytes()).ct_eq(&sha2::Sha256::digest(key.as_bytes()))) {
         Ok(())
     } else {
-        Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", "invalid_api_key", None, "missing or wrong API key (Authorization: Bearer KEY)"))
+        Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", "invalid_api_key", None, "missing or wrong API key (Authorization: Bearer KEY, or x-api-key: KEY)"))
     }
 }
 
@@ -401,7 +416,7 @@ async fn health(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
     }
 }
 
-fn shutting_down() -> ApiError {
+pub(crate) fn shutting_down() -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "server_shutting_down", None, "the server is shutting down; retry against another instance")
 }
 
@@ -412,43 +427,49 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
     }
 }
 
-async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
-    authorized(&state, &headers)?;
+/// A generation request's common start: the key, not draining, the body, the model ready.
+pub(crate) async fn accept(state: &Arc<AppState>, headers: &HeaderMap, body: axum::body::Body) -> Result<axum::body::Bytes, ApiError> {
+    authorized(state, headers)?;
     if state.draining.load(Ordering::SeqCst) {
         return Err(shutting_down());
     }
-    let bytes = read_body(&state, body, MAX_BODY_BYTES).await?;
+    let bytes = read_body(state, body, MAX_BODY_BYTES).await?;
     if state.ready.get().is_none() {
         return Err(match state.load_error.get() {
             Some(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "model_load_failed", None, &format!("the model failed to load: {e}")),
             None => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_loading", None, "the model is still loading; retry shortly (GET /health says when it is ready)"),
         });
     }
-    // Parsing, templating and tokenizing a large body is CPU work: off the async threads.
-    let prepared = {
-        let state = state.clone();
-        tokio::task::spawn_blocking(move || {
-            let ready = state.ready.get().expect("checked above");
-            let served = openai::Served {
-                model_id: &state.model_id,
-                tokenizer: &ready.tokenizer,
-                max_context: ready.max_context,
-                vocab_size: ready.vocab_size,
-                eos: &ready.eos,
-                default_max_tokens: state.default_max_tokens,
-                tool_format: ready.tool_format,
-            };
-            openai::prepare_chat(&bytes, &served)
-        })
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", None, &format!("preparing the request failed: {e}")))??
-    };
-    let ready = state.ready.get().expect("checked above");
-    let openai::PreparedChat { request, prompt_text, prompt, max_tokens, stop, constraint } = prepared;
-    let tools = (!request.tools.is_empty()).then_some((request.tool_format, request.tools.as_slice()));
-    let parser = AnswerParser::new(&prompt_text, tools, request.parallel_tool_calls);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let job = Job { prompt, sampling: request.sampling.clone(), constraint, max_tokens, stop, events: tx };
+    Ok(bytes)
+}
+
+/// Runs `prepare` on the request off the async threads (parsing, templating and tokenizing a
+/// large body is CPU work) with what it is checked against.
+pub(crate) async fn prepare_blocking<T: Send + 'static>(
+    state: &Arc<AppState>,
+    prepare: impl FnOnce(&openai::Served) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || {
+        let ready = state.ready.get().expect("accept checked it");
+        let served = openai::Served {
+            model_id: &state.model_id,
+            tokenizer: &ready.tokenizer,
+            max_context: ready.max_context,
+            vocab_size: ready.vocab_size,
+            eos: &ready.eos,
+            default_max_tokens: state.default_max_tokens,
+            tool_format: ready.tool_format,
+        };
+        prepare(&served)
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", None, &format!("preparing the request failed: {e}")))?
+}
+
+/// Hands a job to the worker.
+pub(crate) fn submit(state: &AppState, job: Job) -> Result<(), ApiError> {
+    let ready = state.ready.get().expect("accept checked it");
     ready
         .jobs
         .lock()
@@ -456,28 +477,48 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
         .as_ref()
         .ok_or(std::sync::mpsc::SendError(()))
         .and_then(|jobs| jobs.send(job).map_err(|_| std::sync::mpsc::SendError(())))
-        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "worker_gone", None, "the model worker stopped"))?;
+        .map_err(|_| worker_gone())
+}
+
+pub(crate) fn worker_gone() -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "worker_gone", None, "the model worker stopped")
+}
+
+async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
+    let received = std::time::Instant::now();
+    let bytes = accept(&state, &headers, body).await?;
+    let prepared = prepare_blocking(&state, move |served| openai::prepare_chat(&bytes, served)).await?;
+    let tokenizer = state.ready.get().expect("accept checked it").tokenizer.clone();
+    let openai::PreparedChat { request, prompt_text, prompt, max_tokens, stop, constraint } = prepared;
+    let tools = (!request.tools.is_empty()).then_some((request.tool_format, request.tools.as_slice()));
+    let parser = AnswerParser::new(&prompt_text, tools, request.parallel_tool_calls);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let logprobs = crate::engine::generate::LogprobOptions { generated: request.logprobs, prompt: None };
+    submit(&state, Job { prompt, sampling: request.sampling.clone(), constraint, max_tokens, stop, logprobs, received, events: tx })?;
     let id = openai::completion_id();
     let created = openai::now();
     if request.stream {
         let model = state.model_id.clone();
         let include_usage = request.include_usage;
-        let stream = async_stream(id, created, model, include_usage, parser, rx);
+        let logprobs = request.logprobs.is_some().then_some(tokenizer);
+        let stream = async_stream(id, created, model, include_usage, parser, logprobs, rx);
         return Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response());
     }
     let mut parser = parser;
-    let (mut reasoning, mut content, mut calls) = (String::new(), String::new(), Vec::new());
+    let (mut reasoning, mut content, mut calls, mut token_logprobs) = (String::new(), String::new(), Vec::new(), Vec::new());
     while let Some(event) = rx.recv().await {
         match event {
-            Event::Text(t) => {
-                let d = parser.push(&t);
+            Event::Text { text, logprobs } => {
+                let d = parser.push(&text);
                 reasoning.push_str(&d.reasoning);
                 content.push_str(&d.content);
                 calls.extend(d.calls);
+                token_logprobs.extend(logprobs.into_iter().map(|t| t.logprobs));
             }
+            Event::PromptLogprobs(_) => {}
             Event::Error(e) => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "generation_failed", None, &e)),
             Event::Shutdown => return Err(shutting_down()),
-            Event::Done { finish_reason, prompt_tokens, completion_tokens, cached_tokens } => {
+            Event::Done { finish_reason, prompt_tokens, completion_tokens, cached_tokens, .. } => {
                 let d = parser.finish();
                 reasoning.push_str(&d.reasoning);
                 content.push_str(&d.content);
@@ -495,45 +536,59 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
                     message["tool_calls"] = answer::tool_calls_json(&calls, None);
                     "tool_calls"
                 };
+                let logprobs = match request.logprobs {
+                    Some(_) => json!({"content": openai::chat_logprobs(&tokenizer, &token_logprobs), "refusal": null}),
+                    None => serde_json::Value::Null,
+                };
                 return Ok(Json(json!({
                     "id": id, "object": "chat.completion", "created": created, "model": state.model_id,
-                    "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+                    "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}],
                     "usage": openai::usage(prompt_tokens, completion_tokens, cached_tokens),
                 }))
                 .into_response());
             }
         }
     }
-    Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "worker_gone", None, "the model worker stopped"))
+    Err(worker_gone())
 }
 
 /// The SSE chunks of a streamed completion, ending with `data: [DONE]`. A task converts the
 /// worker's events; when the client goes away the stream is dropped, the task ends, and the
-/// worker sees the request's channel closed.
+/// worker sees the request's channel closed. With `logprobs` (the tokenizer to name tokens),
+/// each chunk carries the log-probabilities of the tokens its text completes.
 fn async_stream(
     id: String,
     created: u64,
     model: String,
     include_usage: bool,
     mut parser: AnswerParser,
+    logprobs: Option<Arc<TextTokenizer>>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) -> impl tokio_stream::Stream<Item = Result<SseEvent, std::convert::Infallible>> {
     let (out, out_rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
-        let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+        let chunk = |delta: serde_json::Value, finish: Option<&str>, tokens: &[crate::engine::logprobs::TokenLogprobs]| {
+            let logprobs = match &logprobs {
+                Some(tokenizer) if !tokens.is_empty() => json!({"content": openai::chat_logprobs(tokenizer, tokens), "refusal": null}),
+                _ => serde_json::Value::Null,
+            };
             json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+                   "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
         };
         let send = |v: serde_json::Value| out.send(Ok(SseEvent::default().data(v.to_string()))).is_ok();
-        if !send(chunk(json!({"role": "assistant", "content": ""}), None)) {
+        if !send(chunk(json!({"role": "assistant", "content": ""}), None, &[])) {
             return;
         }
+        // Log-probabilities of tokens whose text the parser still holds back go with the next chunk.
+        let mut unsent = Vec::new();
         while let Some(event) = rx.recv().await {
             let more = match event {
-                Event::Text(t) => {
+                Event::Text { text, logprobs } => {
+                    unsent.extend(logprobs.into_iter().map(|t| t.logprobs));
                     let first = parser.calls_so_far();
-                    parser.push(&t).chunks(first).into_iter().all(|delta| send(chunk(delta, None)))
+                    parser.push(&text).chunks(first).into_iter().all(|delta| send(chunk(delta, None, &std::mem::take(&mut unsent))))
                 }
+                Event::PromptLogprobs(_) => true,
                 Event::Error(e) => {
                     send(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "generation_failed", None, &e).to_json());
                     false
@@ -542,15 +597,15 @@ fn async_stream(
                     send(shutting_down().to_json());
                     false
                 }
-                Event::Done { finish_reason, prompt_tokens, completion_tokens, cached_tokens } => {
+                Event::Done { finish_reason, prompt_tokens, completion_tokens, cached_tokens, .. } => {
                     let first = parser.calls_so_far();
                     for delta in parser.finish().chunks(first) {
-                        send(chunk(delta, None));
+                        send(chunk(delta, None, &std::mem::take(&mut unsent)));
                     }
                     let finish_reason = if parser.calls_so_far() == 0 { finish_reason } else { "tool_calls" };
-                    send(chunk(json!({}), Some(finish_reason)));
+                    send(chunk(json!({}), Some(finish_reason), &std::mem::take(&mut unsent)));
                     if include_usage {
-                        let mut last = chunk(json!({}), None);
+                        let mut last = chunk(json!({}), None, &[]);
                         last["choices"] = json!([]);
                         last["usage"] = openai::usage(prompt_tokens, completion_tokens, cached_tokens);
                         send(last);

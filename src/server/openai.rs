@@ -2,6 +2,7 @@
 //! answered with a 4xx error naming the parameter, and the error type itself.
 
 use crate::engine::grammar::{Constraint, Grammar, Reasoning};
+use crate::engine::logprobs::{TokenLogprobs, MAX_TOP_LOGPROBS};
 use crate::engine::tools::ToolFormat;
 use crate::engine::sampler::SamplingParams;
 use crate::engine::tokenizer::{Message, TextTokenizer};
@@ -66,6 +67,12 @@ pub struct ChatRequest {
     /// `response_format`: the JSON Schema the answer must follow (`{"type": "object"}` for
     /// `json_object`); `None` for free text.
     pub response_format: Option<Value>,
+    /// `logprobs: true`: the answer's tokens with their log-probabilities and this many
+    /// alternatives each (`top_logprobs`).
+    pub logprobs: Option<usize>,
+    /// `max_tokens` is only a cap: past the room the context leaves, it is lowered to that room
+    /// (Anthropic clients ask for far more than a small model holds) instead of refused.
+    pub cap_max_tokens: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -101,11 +108,11 @@ fn tool_names(tools: &[Value]) -> Result<Vec<String>, ApiError> {
         .collect()
 }
 
-fn wrong(param: &str, expected: &str) -> ApiError {
+pub(crate) fn wrong(param: &str, expected: &str) -> ApiError {
     ApiError::bad_request(param, &format!("`{param}` must be {expected}"))
 }
 
-fn number(obj: &Map<String, Value>, key: &str, range: std::ops::RangeInclusive<f64>) -> Result<Option<f64>, ApiError> {
+pub(crate) fn number(obj: &Map<String, Value>, key: &str, range: std::ops::RangeInclusive<f64>) -> Result<Option<f64>, ApiError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => {
@@ -118,7 +125,7 @@ fn number(obj: &Map<String, Value>, key: &str, range: std::ops::RangeInclusive<f
     }
 }
 
-fn integer(obj: &Map<String, Value>, key: &str, min: u64) -> Result<Option<u64>, ApiError> {
+pub(crate) fn integer(obj: &Map<String, Value>, key: &str, min: u64) -> Result<Option<u64>, ApiError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => {
@@ -128,32 +135,92 @@ fn integer(obj: &Map<String, Value>, key: &str, min: u64) -> Result<Option<u64>,
     }
 }
 
-fn boolean(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
+pub(crate) fn boolean(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v.as_bool().map(Some).ok_or_else(|| wrong(key, "true or false")),
     }
 }
 
+/// The body as a JSON object.
+pub(crate) fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_json", None, &format!("the body is not valid JSON: {e}")))?;
+    match value {
+        Value::Object(obj) => Ok(obj),
+        _ => Err(ApiError::bad_request("body", "the body must be a JSON object")),
+    }
+}
+
+/// The request's `model`, when given, must be the one served.
+pub(crate) fn check_model(obj: &Map<String, Value>, served_model: &str) -> Result<(), ApiError> {
+    match obj.get("model") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(m)) if m == served_model => Ok(()),
+        Some(Value::String(m)) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            Some("model"),
+            &format!("model `{m}` is not served here (this server serves `{served_model}`; see GET /v1/models)"),
+        )),
+        Some(_) => Err(wrong("model", "a string")),
+    }
+}
+
+/// `stop`: a string or up to 4 non-empty strings.
+pub(crate) fn stop_strings(value: Option<&Value>, param: &str) -> Result<Vec<String>, ApiError> {
+    let stop = match value {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => {
+            let stops: Vec<String> = items
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| wrong(param, "a string or a list of strings"))?;
+            if stops.len() > 4 {
+                return Err(ApiError::bad_request(param, &format!("at most 4 `{param}` strings")));
+            }
+            stops
+        }
+        Some(_) => return Err(wrong(param, "a string or a list of strings")),
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad_request(param, &format!("`{param}` strings must not be empty")));
+    }
+    Ok(stop)
+}
+
+/// `logit_bias`: token id → bias in [-100, 100].
+pub(crate) fn logit_bias(value: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Object(map)) => map
+            .iter()
+            .map(|(k, v)| {
+                let id: u32 = k.parse().map_err(|_| wrong("logit_bias", "an object of token id → bias"))?;
+                let bias = v.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| wrong("logit_bias", "biases between -100 and 100"))?;
+                Ok((id, bias as f32))
+            })
+            .collect(),
+        Some(_) => Err(wrong("logit_bias", "an object of token id → bias")),
+    }
+}
+
+/// `stream_options.include_usage`.
+pub(crate) fn include_usage(obj: &Map<String, Value>) -> Result<bool, ApiError> {
+    match obj.get("stream_options") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Object(o)) => Ok(boolean(o, "include_usage")?.unwrap_or(false)),
+        Some(_) => Err(wrong("stream_options", "an object")),
+    }
+}
+
 impl ChatRequest {
     pub fn parse(body: &[u8], served_model: &str, tool_format: ToolFormat) -> Result<Self, ApiError> {
-        let value: Value = serde_json::from_slice(body)
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_json", None, &format!("the body is not valid JSON: {e}")))?;
-        let obj = value.as_object().ok_or_else(|| ApiError::bad_request("body", "the body must be a JSON object"))?;
-        match obj.get("model") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(m)) if m == served_model => {}
-            Some(Value::String(m)) => {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "invalid_request_error",
-                    "model_not_found",
-                    Some("model"),
-                    &format!("model `{m}` is not served here (this server serves `{served_model}`; see GET /v1/models)"),
-                ))
-            }
-            Some(_) => return Err(wrong("model", "a string")),
-        }
+        let obj = &json_object(body)?;
+        check_model(obj, served_model)?;
         let tools = match obj.get("tools") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(tools)) => tools.clone(),
@@ -191,47 +258,21 @@ impl ChatRequest {
             }
         }
         let messages = parse_messages(obj.get("messages"))?;
-        let stop = match obj.get("stop") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::String(s)) => vec![s.clone()],
-            Some(Value::Array(items)) => {
-                let stops: Vec<String> = items
-                    .iter()
-                    .map(|v| v.as_str().map(str::to_string))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| wrong("stop", "a string or a list of strings"))?;
-                if stops.len() > 4 {
-                    return Err(ApiError::bad_request("stop", "at most 4 stop sequences"));
-                }
-                stops
-            }
-            Some(_) => return Err(wrong("stop", "a string or a list of strings")),
-        };
-        if stop.iter().any(String::is_empty) {
-            return Err(ApiError::bad_request("stop", "stop sequences must not be empty"));
-        }
-        let logit_bias = match obj.get("logit_bias") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Object(map)) => map
-                .iter()
-                .map(|(k, v)| {
-                    let id: u32 = k.parse().map_err(|_| wrong("logit_bias", "an object of token id → bias"))?;
-                    let bias = v.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| wrong("logit_bias", "biases between -100 and 100"))?;
-                    Ok((id, bias as f32))
-                })
-                .collect::<Result<Vec<_>, ApiError>>()?,
-            Some(_) => return Err(wrong("logit_bias", "an object of token id → bias")),
+        let stop = stop_strings(obj.get("stop"), "stop")?;
+        let logit_bias = logit_bias(obj.get("logit_bias"))?;
+        let top_logprobs = integer(obj, "top_logprobs", 0)?;
+        let logprobs = match (boolean(obj, "logprobs")?.unwrap_or(false), top_logprobs) {
+            (_, Some(n)) if n as usize > MAX_TOP_LOGPROBS => return Err(wrong("top_logprobs", &format!("an integer from 0 to {MAX_TOP_LOGPROBS}"))),
+            (false, Some(_)) => return Err(ApiError::bad_request("top_logprobs", "`top_logprobs` needs `logprobs: true`")),
+            (true, n) => Some(n.unwrap_or(0) as usize),
+            (false, None) => None,
         };
         let max_tokens = match integer(obj, "max_completion_tokens", 1)? {
             Some(n) => Some(n),
             None => integer(obj, "max_tokens", 1)?,
         };
         let stream = boolean(obj, "stream")?.unwrap_or(false);
-        let include_usage = match obj.get("stream_options") {
-            None | Some(Value::Null) => false,
-            Some(Value::Object(o)) => boolean(o, "include_usage")?.unwrap_or(false),
-            Some(_) => return Err(wrong("stream_options", "an object")),
-        };
+        let include_usage = include_usage(obj)?;
         let enable_thinking = match obj.get("chat_template_kwargs") {
             None | Some(Value::Null) => true,
             Some(Value::Object(o)) => boolean(o, "enable_thinking")?.unwrap_or(true),
@@ -263,6 +304,8 @@ impl ChatRequest {
             parallel_tool_calls,
             tool_format,
             response_format,
+            logprobs,
+            cap_max_tokens: false,
         })
     }
 
@@ -409,15 +452,23 @@ pub struct Served<'a> {
 /// Parses `body`, renders and tokenizes the prompt, checks that it and `max_tokens` fit in the
 /// context, and compiles the answer's grammar (CPU work: the server runs it off the async threads).
 pub fn prepare_chat(body: &[u8], served: &Served) -> Result<PreparedChat, ApiError> {
+    prepare(ChatRequest::parse(body, served.model_id, served.tool_format)?, served)
+}
+
+/// [`prepare_chat`] for a request already read (the Anthropic endpoint makes one from its own format).
+pub fn prepare(request: ChatRequest, served: &Served) -> Result<PreparedChat, ApiError> {
     let tokenizer = served.tokenizer;
-    let request = ChatRequest::parse(body, served.model_id, served.tool_format)?;
     let prompt_text = tokenizer
         .apply_chat_template_with_tools(&request.messages, &request.tools, request.tool_format, request.enable_thinking)
         .map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
     let prompt = tokenizer.encode(&prompt_text).map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
     let max_context = served.max_context;
     let room = max_context.saturating_sub(prompt.len());
-    let max_tokens = request.max_tokens.unwrap_or(served.default_max_tokens.min(room).max(1));
+    let max_tokens = match request.max_tokens {
+        Some(n) if request.cap_max_tokens => n.min(room.max(1)),
+        Some(n) => n,
+        None => served.default_max_tokens.min(room).max(1),
+    };
     // Checked: max_tokens comes from the request and may be up to 2^64 - 1.
     if prompt.len().checked_add(max_tokens).is_none_or(|total| total > max_context) {
         return Err(ApiError::new(
@@ -466,8 +517,46 @@ pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
 }
 
 pub fn completion_id() -> String {
+    response_id("chatcmpl")
+}
+
+/// A unique id for a response: `prefix`, the time, a counter.
+pub fn response_id(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    format!("chatcmpl-{}-{}", now(), NEXT.fetch_add(1, Ordering::Relaxed))
+    format!("{prefix}-{}-{}", now(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A token as the APIs show it: its text, or `bytes:\xNN…` when its bytes are not whole UTF-8
+/// (a piece of a character), as OpenAI writes them.
+pub fn token_text(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_string(),
+        Err(_) => "bytes:".to_string() + &bytes.iter().map(|b| format!("\\x{b:02x}")).collect::<String>(),
+    }
+}
+
+/// Chat `logprobs.content` entries: each token with its log-probability, bytes and alternatives.
+pub fn chat_logprobs(tokenizer: &TextTokenizer, tokens: &[TokenLogprobs]) -> Value {
+    let entry = |id: u32, logprob: f32| {
+        let bytes = tokenizer.token_bytes(id);
+        json!({"token": token_text(&bytes), "logprob": logprob_value(logprob), "bytes": bytes})
+    };
+    Value::Array(
+        tokens
+            .iter()
+            .map(|t| {
+                let mut e = entry(t.token, t.logprob);
+                e["top_logprobs"] = t.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+                e
+            })
+            .collect(),
+    )
+}
+
+/// A log-probability as JSON: −∞ (a token the model rules out) has no JSON number, so it is the
+/// most negative finite f32, as other servers write it.
+pub fn logprob_value(logprob: f32) -> Value {
+    json!(if logprob.is_finite() { logprob } else { f32::MIN })
 }
 
 pub fn now() -> u64 {

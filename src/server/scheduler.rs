@@ -9,15 +9,18 @@
 //! looked up) only once the prompt before it is in, so requests arriving together over one
 //! document prefill it once.
 
+use super::metrics::Metrics;
 use crate::engine::cache::ModelCache;
 use crate::engine::grammar::Constraint;
-use crate::engine::generate::{next_batch, Decoding, GenerateOptions, Step, StopReason};
+use crate::engine::generate::{next_batch, Decoding, GenerateOptions, LogprobOptions, Step, StopReason};
+use crate::engine::logprobs::TokenLogprobs;
 use crate::engine::model::LanguageModel;
-use crate::engine::prefix_cache::{PrefixCache, Trail};
+use crate::engine::prefix_cache::{PrefixCache, Start, Trail};
 use crate::engine::sampler::{Sampler, SamplingParams};
 use crate::engine::tokenizer::{StreamDecoder, TextTokenizer};
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// A request as the worker sees it.
@@ -29,14 +32,36 @@ pub struct Job {
     pub max_tokens: usize,
     /// Strings that end the answer (not included in it).
     pub stop: Vec<String>,
+    /// Log-probabilities to report: of generated tokens (with [`Event::Text`]) and of the
+    /// prompt's (one [`Event::PromptLogprobs`]; such a prompt is run whole, not from the prefix cache).
+    pub logprobs: LogprobOptions,
+    /// When the request arrived (time to first token and latency are measured from it).
+    pub received: Instant,
     pub events: UnboundedSender<Event>,
+}
+
+/// A generated token's log-probabilities and where its text starts in the answer (bytes).
+#[derive(Debug, Clone)]
+pub struct AnswerToken {
+    pub logprobs: TokenLogprobs,
+    pub offset: usize,
 }
 
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// More answer text.
-    Text(String),
-    Done { finish_reason: &'static str, prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize },
+    /// More answer text, with the log-probabilities of the tokens it completes (when asked for):
+    /// a token whose text straddles a piece goes with the piece that ends it.
+    Text { text: String, logprobs: Vec<AnswerToken> },
+    /// The log-probability of each prompt token after the first, once the prompt is in.
+    PromptLogprobs(Vec<TokenLogprobs>),
+    Done {
+        finish_reason: &'static str,
+        /// The stop string that ended the answer, if one did.
+        stop_sequence: Option<String>,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        cached_tokens: usize,
+    },
     Error(String),
     /// Ended unfinished: the server is shutting down.
     Shutdown,
@@ -52,27 +77,48 @@ struct Active {
     decoder: StreamDecoder,
     /// Text produced but held back because it could be the start of a stop string.
     held: String,
+    /// Bytes of answer text produced and sent so far.
+    produced: usize,
+    sent: usize,
+    /// Log-probabilities of tokens whose text is not all sent yet, with where it starts and
+    /// ends in the answer (bytes).
+    pending: VecDeque<(TokenLogprobs, usize, usize)>,
     /// Prompt tokens taken from the prefix cache.
     cached_tokens: usize,
+    /// Whether a token came yet (time to first token is measured once).
+    answered: bool,
+}
+
+/// How the worker batches.
+#[derive(Debug, Clone, Copy)]
+pub struct Batching {
+    /// Prompt tokens per forward pass during prefill.
+    pub prefill_step: usize,
+    /// Requests decoded together.
+    pub parallel: usize,
 }
 
 /// Runs until every sender of `jobs` is gone, then returns the prompt states it kept (starting
 /// from `prefixes`); once `abort` is set, every request held or queued is ended with
-/// [`Event::Shutdown`].
+/// [`Event::Shutdown`]. `metrics` are kept up to date as it goes.
 pub fn run(
     model: &dyn LanguageModel,
     tokenizer: std::sync::Arc<TextTokenizer>,
-    prefill_step: usize,
-    parallel: usize,
+    batching: Batching,
     jobs: Receiver<Job>,
     abort: std::sync::Arc<std::sync::atomic::AtomicBool>,
     mut prefixes: PrefixCache,
+    metrics: &Metrics,
 ) -> PrefixCache {
+    let Batching { prefill_step, parallel } = batching;
     let mut active: Vec<Active> = Vec::new();
     let mut waiting: VecDeque<Job> = VecDeque::new();
     loop {
+        metrics.observe_memory();
         // Take what is queued; block for the next request only when there is nothing to do.
         if active.is_empty() && waiting.is_empty() {
+            metrics.queue_depth.set(0);
+            metrics.batch_size.set(0);
             match jobs.recv() {
                 Ok(job) => waiting.push_back(job),
                 Err(_) => return prefixes,
@@ -98,10 +144,12 @@ pub fn run(
         // it is in, from the state that one left if they share a start.
         while active.len() < parallel.max(1) && active.iter().all(|a| a.decoding.is_prefilled()) {
             let Some(job) = waiting.pop_front() else { break };
-            if let Some(a) = admit(model, job, prefill_step, &mut prefixes) {
+            if let Some(a) = admit(model, job, prefill_step, &mut prefixes, metrics) {
                 active.push(a);
             }
         }
+        metrics.queue_depth.set(waiting.len() as i64);
+        metrics.batch_size.set(active.len() as i64);
         // One prefill chunk per round (the oldest waiting prompt), so a long prompt delays the
         // others' next tokens by a chunk at a time instead of all at once.
         if let Some(i) = active.iter().position(|a| !a.decoding.is_prefilled()) {
@@ -113,7 +161,16 @@ pub fn run(
                 Ok(done)
             });
             match step {
-                Ok(_) => {}
+                Ok(done) => {
+                    if done && a.job.logprobs.prompt.is_some() {
+                        let _ = a.job.events.send(Event::PromptLogprobs(a.decoding.prompt_logprobs().to_vec()));
+                    }
+                    // Scoring only (max_tokens 0): the prompt was all there was to run.
+                    if done && a.job.max_tokens == 0 {
+                        finish(a, "length", None, metrics);
+                        active.remove(i);
+                    }
+                }
                 Err(e) => {
                     let _ = a.job.events.send(Event::Error(e.to_string()));
                     active.remove(i);
@@ -137,7 +194,7 @@ pub fn run(
         match tokens {
             Ok(tokens) => {
                 for (&i, token) in ready.iter().zip(tokens) {
-                    keep[i] = emit(model, &tokenizer, &mut active[i], token);
+                    keep[i] = emit(model, &tokenizer, &mut active[i], token, metrics);
                     if !keep[i] {
                         // The answer is over: keep the conversation so far for its next turn.
                         let a = &mut active[i];
@@ -159,17 +216,34 @@ pub fn run(
         }
         let mut keep = keep.into_iter();
         active.retain(|_| keep.next().unwrap_or(true));
+        metrics.batch_size.set(active.len() as i64);
     }
 }
 
 /// Checks a request's prompt, starting from the longest kept state it extends; `None` (after
 /// telling the client) when it cannot run.
-fn admit(model: &dyn LanguageModel, mut job: Job, prefill_step: usize, prefixes: &mut PrefixCache) -> Option<Active> {
+fn admit(model: &dyn LanguageModel, mut job: Job, prefill_step: usize, prefixes: &mut PrefixCache, metrics: &Metrics) -> Option<Active> {
     let opts = GenerateOptions { max_tokens: job.max_tokens, prefill_step, ..Default::default() };
-    let started = prefixes.start(&job.prompt, model.new_cache()).and_then(|start| {
-        let decoding = Decoding::begin(model, &start.cache, &job.prompt[start.tokens..], &opts)?;
+    let start = if job.logprobs.prompt.is_some() {
+        // Every prompt position's distribution is needed: none of it comes from a kept state.
+        let cache = model.new_cache();
+        let mut trail = Trail::new(&cache);
+        trail.stop_at(job.prompt.len().saturating_sub(1));
+        Ok(Start { tokens: 0, cache, trail })
+    } else {
+        metrics.prefix_cache_lookups.inc();
+        prefixes.start(&job.prompt, model.new_cache())
+    };
+    let started = start.and_then(|start| {
+        let decoding = Decoding::begin(model, &start.cache, &job.prompt[start.tokens..], &opts)?.with_logprobs(job.logprobs);
         Ok((start, decoding))
     });
+    if let Ok((start, _)) = &started {
+        if start.tokens > 0 {
+            metrics.prefix_cache_hits.inc();
+            metrics.prefix_cache_hit_tokens.inc_by(start.tokens as u64);
+        }
+    }
     match started {
         Ok((start, decoding)) => Some(Active {
             sampler: match job.constraint.take() {
@@ -183,6 +257,10 @@ fn admit(model: &dyn LanguageModel, mut job: Job, prefill_step: usize, prefixes:
             decoding,
             decoder: StreamDecoder::default(),
             held: String::new(),
+            produced: 0,
+            sent: 0,
+            pending: VecDeque::new(),
+            answered: false,
         }),
         Err(e) => {
             let _ = job.events.send(Event::Error(e.to_string()));
@@ -192,30 +270,48 @@ fn admit(model: &dyn LanguageModel, mut job: Job, prefill_step: usize, prefixes:
 }
 
 /// Sends what a request's new token adds to its answer; `false` when it is finished.
-fn emit(model: &dyn LanguageModel, tokenizer: &TextTokenizer, a: &mut Active, token: Option<u32>) -> bool {
+fn emit(model: &dyn LanguageModel, tokenizer: &TextTokenizer, a: &mut Active, token: Option<u32>, metrics: &Metrics) -> bool {
+    if token.is_some() && !a.answered {
+        a.answered = true;
+        metrics.time_to_first_token.observe(a.job.received.elapsed().as_secs_f64());
+    }
     let eos = model.info().eos_token_ids.contains(&token.unwrap_or(u32::MAX));
     if let Some(token) = token.filter(|_| !eos) {
+        let start = a.produced;
         if let Ok(piece) = a.decoder.push(tokenizer, token) {
+            a.produced += piece.len();
             a.held.push_str(&piece);
+        }
+        if a.job.logprobs.generated.is_some() {
+            if let Some(lp) = a.decoding.token_logprobs().last() {
+                a.pending.push_back((lp.clone(), start, a.produced));
+            }
         }
     }
     if a.decoding.is_done() {
-        a.held.push_str(&a.decoder.finish(tokenizer).unwrap_or_default());
+        let rest = a.decoder.finish(tokenizer).unwrap_or_default();
+        a.produced += rest.len();
+        a.held.push_str(&rest);
+        // A dangling partial character belongs to the tokens that made it.
+        if let Some(last) = a.pending.back_mut() {
+            last.2 = a.produced;
+        }
     }
     // A stop string ends the answer before it.
-    if let Some(at) = a.job.stop.iter().filter_map(|s| a.held.find(s.as_str())).min() {
+    if let Some((at, stop)) = a.job.stop.iter().filter_map(|s| a.held.find(s.as_str()).map(|at| (at, s))).min_by_key(|(at, _)| *at) {
+        let stop = stop.clone();
         a.held.truncate(at);
-        flush(a, a.held.len());
-        finish(a, "stop");
+        flush(a, a.held.len(), true);
+        finish(a, "stop", Some(stop), metrics);
         return false;
     }
     if a.decoding.is_done() {
-        flush(a, a.held.len());
+        flush(a, a.held.len(), true);
         let reason = match a.decoding.stop_reason() {
             StopReason::EndOfSequence | StopReason::Cancelled => "stop",
             StopReason::MaxTokens | StopReason::ContextLimit => "length",
         };
-        finish(a, reason);
+        finish(a, reason, None, metrics);
         return false;
     }
     // Keep back what could still become a stop string.
@@ -224,22 +320,35 @@ fn emit(model: &dyn LanguageModel, tokenizer: &TextTokenizer, a: &mut Active, to
     while !a.held.is_char_boundary(cut) {
         cut -= 1;
     }
-    flush(a, cut);
+    flush(a, cut, false);
     true
 }
 
-fn flush(a: &mut Active, upto: usize) {
-    if upto > 0 {
-        let text: String = a.held.drain(..upto).collect();
-        let _ = a.job.events.send(Event::Text(text));
+/// Sends the first `upto` bytes held, with the log-probabilities of the tokens they complete;
+/// `last`: the answer ends there, and a token cut by a stop string goes with it.
+fn flush(a: &mut Active, upto: usize, last: bool) {
+    let text: String = a.held.drain(..upto).collect();
+    a.sent += upto;
+    let mut logprobs = Vec::new();
+    while let Some((_, start, end)) = a.pending.front() {
+        if !(*end <= a.sent || (last && *start < a.sent)) {
+            break;
+        }
+        let (logprobs_of, offset, _) = a.pending.pop_front().expect("looked at above");
+        logprobs.push(AnswerToken { logprobs: logprobs_of, offset });
+    }
+    if last {
+        a.pending.clear();
+    }
+    if !text.is_empty() || !logprobs.is_empty() {
+        let _ = a.job.events.send(Event::Text { text, logprobs });
     }
 }
 
-fn finish(a: &mut Active, finish_reason: &'static str) {
-    let _ = a.job.events.send(Event::Done {
-        finish_reason,
-        prompt_tokens: a.job.prompt.len(),
-        completion_tokens: a.decoding.tokens().len(),
-        cached_tokens: a.cached_tokens,
-    });
+fn finish(a: &mut Active, finish_reason: &'static str, stop_sequence: Option<String>, metrics: &Metrics) {
+    let (prompt_tokens, completion_tokens) = (a.job.prompt.len(), a.decoding.tokens().len());
+    metrics.prompt_tokens.inc_by(prompt_tokens as u64);
+    metrics.generated_tokens.inc_by(completion_tokens as u64);
+    metrics.request_duration.observe(a.job.received.elapsed().as_secs_f64());
+    let _ = a.job.events.send(Event::Done { finish_reason, stop_sequence, prompt_tokens, completion_tokens, cached_tokens: a.cached_tokens });
 }
