@@ -983,7 +983,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__serve)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --no-pull --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --prompt-cache-dir --tool-call-parser --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --no-pull --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --prompt-cache-dir --tool-call-parser --max-models --keep-alive --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1054,6 +1054,14 @@ _sala() {
                     return 0
                     ;;
                 --tool-call-parser)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-models)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --keep-alive)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

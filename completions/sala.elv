@@ -117,6 +117,8 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --cache-memory 'Memory for prompt states kept for reuse across requests, e.g. 8GB or 512MiB (0 = off; default: a quarter of the memory free once the model is loaded)'
             cand --prompt-cache-dir 'Keep prompt states across restarts: those the prefix cache holds are saved in DIR at shutdown (one prompt cache file each) and read back at start, up to --cache-memory'
             cand --tool-call-parser 'The model''s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family''s)'
+            cand --max-models 'Without --model (serving every model of the store): the most models loaded at once; the least recently used idle one is unloaded to make room'
+            cand --keep-alive 'Without --model: unload a model after it has been idle this long (e.g. 30s, 5m, 1h; "never" keeps it)'
             cand --no-pull 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
             cand -h 'Print help'
             cand --help 'Print help'

@@ -117,6 +117,8 @@ complete -c sala -n "__fish_sala_using_subcommand serve" -l shutdown-timeout -d 
 complete -c sala -n "__fish_sala_using_subcommand serve" -l cache-memory -d 'Memory for prompt states kept for reuse across requests, e.g. 8GB or 512MiB (0 = off; default: a quarter of the memory free once the model is loaded)' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l prompt-cache-dir -d 'Keep prompt states across restarts: those the prefix cache holds are saved in DIR at shutdown (one prompt cache file each) and read back at start, up to --cache-memory' -r -F
 complete -c sala -n "__fish_sala_using_subcommand serve" -l tool-call-parser -d 'The model\'s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family\'s)' -r
+complete -c sala -n "__fish_sala_using_subcommand serve" -l max-models -d 'Without --model (serving every model of the store): the most models loaded at once; the least recently used idle one is unloaded to make room' -r
+complete -c sala -n "__fish_sala_using_subcommand serve" -l keep-alive -d 'Without --model: unload a model after it has been idle this long (e.g. 30s, 5m, 1h; "never" keeps it)' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l no-pull -d 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
 complete -c sala -n "__fish_sala_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand serve" -s V -l version -d 'Print version'

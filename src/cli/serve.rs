@@ -40,6 +40,27 @@ pub struct ServeArgs {
     pub prompt_cache_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub tool_calls: super::ToolCallArgs,
+    /// Without --model (serving every model of the store): the most models loaded at once; the
+    /// least recently used idle one is unloaded to make room
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_models: u16,
+    /// Without --model: unload a model after it has been idle this long (e.g. 30s, 5m, 1h;
+    /// "never" keeps it)
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_keep_alive)]
+    pub keep_alive: KeepAlive,
+}
+
+/// `--keep-alive`: a duration, or never.
+#[derive(Clone, Copy, Debug)]
+pub struct KeepAlive(pub Option<std::time::Duration>);
+
+fn parse_keep_alive(text: &str) -> Result<KeepAlive, String> {
+    if text.trim() == "never" {
+        return Ok(KeepAlive(None));
+    }
+    humantime::parse_duration(text.trim())
+        .map(|d| KeepAlive(Some(d)))
+        .map_err(|e| format!("{e}; give a duration such as 30s, 5m or 1h, or `never`"))
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -55,6 +76,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         prompt_cache_dir: args.prompt_cache_dir,
         tool_format: args.tool_calls.tool_call_parser,
         prefill_step: args.load.runtime.prefill_step,
+        max_models: args.max_models as usize,
+        keep_alive: args.keep_alive.0,
     };
     crate::server::serve(args.load.options()?, options)
 }

@@ -8,6 +8,12 @@ use super::source::ModelSource;
 use super::weights::float_dtype;
 use mlx_rs::Dtype;
 
+/// Returns the buffers MLX keeps cached for reuse to the system (after a model is dropped, so
+/// the memory shows as free to the next memory check).
+pub fn release_cached() {
+    let _ = mlx_rs::memory::clear_cache();
+}
+
 /// Bytes the device that runs the model can give now: `SALA_AVAILABLE_MEMORY` if set; on a CUDA
 /// GPU its own memory less what MLX holds; on Metal the GPU's recommended working set less what
 /// MLX holds, capped by the free unified memory; on the CPU the free host memory. `None` when

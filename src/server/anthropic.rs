@@ -310,8 +310,8 @@ async fn messages(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
 
 async fn answer(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
-    let bytes = super::accept(&state, &headers, body).await?;
-    let (prepared, thinking) = super::prepare_blocking(&state, move |served| {
+    let (bytes, lease) = super::accept(&state, &headers, body).await?;
+    let (prepared, thinking) = super::prepare_blocking(&state, &lease, move |served| {
         let (request, thinking) = parse(&bytes, served.model_id, served.tool_format, false)?;
         Ok((openai::prepare(request, served)?, thinking))
     })
@@ -321,10 +321,10 @@ async fn answer(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body
     let mut parser = AnswerParser::new(&prompt_text, tools, request.parallel_tool_calls);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let prompt_tokens = prompt.len();
-    let job = Job { prompt, sampling: request.sampling.clone(), constraint, max_tokens, stop, logprobs: LogprobOptions::default(), received, events: tx };
-    super::submit(&state, job)?;
+    let job = Job { prompt, sampling: request.sampling.clone(), constraint, max_tokens, stop, logprobs: LogprobOptions::default(), received, events: tx, lease: None };
+    super::submit(&lease, job)?;
     let id = random_id("msg");
-    let model = state.model_id.clone();
+    let model = lease.id.clone();
     if request.stream {
         return Ok(stream(id, model, prompt_tokens, thinking, parser, rx));
     }
@@ -478,8 +478,8 @@ fn stream(
 
 async fn count_tokens(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Response {
     let counted = async {
-        let bytes = super::accept(&state, &headers, body).await?;
-        super::prepare_blocking(&state, move |served| {
+        let (bytes, lease) = super::accept(&state, &headers, body).await?;
+        super::prepare_blocking(&state, &lease, move |served| {
             let (request, _) = parse(&bytes, served.model_id, served.tool_format, true)?;
             Ok(openai::prepare(request, served)?.prompt.len())
         })

@@ -282,9 +282,9 @@ pub async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body
 
 async fn complete(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
-    let bytes = super::accept(&state, &headers, body).await?;
-    let (request, prompts) = super::prepare_blocking(&state, move |served| prepare(&bytes, served)).await?;
-    let tokenizer = state.ready.get().expect("accept checked it").tokenizer.clone();
+    let (bytes, lease) = super::accept(&state, &headers, body).await?;
+    let (request, prompts) = super::prepare_blocking(&state, &lease, move |served| prepare(&bytes, served)).await?;
+    let tokenizer = lease.ready().tokenizer.clone();
     // Each prompt is its own job; their events come in through one channel, tagged by choice.
     let (merged, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Event)>();
     let mut choices = Vec::new();
@@ -300,8 +300,9 @@ async fn complete(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Bo
             logprobs,
             received,
             events: tx,
+            lease: None,
         };
-        super::submit(&state, job)?;
+        super::submit(&lease, job)?;
         let merged = merged.clone();
         tokio::spawn(async move {
             while let Some(event) = events.recv().await {
@@ -315,7 +316,7 @@ async fn complete(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Bo
     drop(merged);
     let id = openai::response_id("cmpl");
     let created = openai::now();
-    let model = state.model_id.clone();
+    let model = lease.id.clone();
     if request.stream {
         let (out, out_rx) = tokio::sync::mpsc::unbounded_channel();
         let include_usage = request.include_usage;
@@ -425,7 +426,7 @@ async fn complete(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Bo
         })
         .collect();
     Ok(Json(json!({
-        "id": id, "object": "text_completion", "created": created, "model": state.model_id,
+        "id": id, "object": "text_completion", "created": created, "model": lease.id,
         "choices": choices,
         "usage": openai::usage(prompt_total, completion_total, cached_total),
     }))

@@ -12,9 +12,10 @@ pub mod completions;
 pub mod metrics;
 pub mod models;
 pub mod openai;
+pub mod pool;
 pub mod scheduler;
 
-use crate::load::{file_label, load, LoadOptions};
+use crate::load::{file_label, LoadOptions};
 use crate::progress::{bytes_progress, progress_to};
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::tools::ToolFormat;
@@ -32,7 +33,7 @@ use openai::ApiError;
 use scheduler::{Event, Job};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Largest request body accepted.
@@ -53,16 +54,13 @@ pub struct Ready {
 }
 
 pub struct AppState {
-    pub model_id: String,
-    /// Where the served model is (a store name resolved to its snapshot).
-    pub model_path: std::path::PathBuf,
+    /// The models served: the one given with --model, or the store's, loaded on demand.
+    pub pool: pool::Pool,
     pub downloads: Mutex<Vec<Arc<models::Download>>>,
     pub api_key: Option<String>,
     /// Listening beyond this machine without an API key: model management is refused and no
     /// filesystem path is shown.
     pub public: bool,
-    pub ready: OnceLock<Ready>,
-    pub load_error: OnceLock<String>,
     pub default_max_tokens: usize,
     /// How long a client may take to send a request's body.
     pub read_timeout: Duration,
@@ -96,13 +94,39 @@ pub struct ServerOptions {
     pub tool_format: Option<ToolFormat>,
     /// Prompt tokens per forward pass during prefill.
     pub prefill_step: usize,
+    /// Serving the store: the most models loaded at once.
+    pub max_models: usize,
+    /// Serving the store: how long a model may stay idle before it is unloaded (`None`: kept).
+    pub keep_alive: Option<Duration>,
 }
 
 /// Binds, starts loading the model on the worker thread, and serves until SIGINT or SIGTERM,
 /// then drains: no new requests, running ones finish (or are ended at `shutdown_timeout`).
 pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
-    let ServerOptions { host, port, api_key, default_max_tokens, parallel, read_timeout, shutdown_timeout, cache_memory, prompt_cache_dir, tool_format, prefill_step } = options;
-    let path = model.model_or_default()?;
+    let ServerOptions {
+        host,
+        port,
+        api_key,
+        default_max_tokens,
+        parallel,
+        read_timeout,
+        shutdown_timeout,
+        cache_memory,
+        prompt_cache_dir,
+        tool_format,
+        prefill_step,
+        max_models,
+        keep_alive,
+    } = options;
+    // Without --model the store is served; an empty one gets the default model first.
+    let fixed = match &model.model {
+        Some(path) => Some(path.clone()),
+        None if crate::store::cache::list(&crate::store::cache::cache_dir()).unwrap_or_default().is_empty() => {
+            model.model_or_default()?;
+            None
+        }
+        None => None,
+    };
     if let Some(dir) = &prompt_cache_dir {
         StateDir::check_writable(dir).map_err(|e| anyhow::anyhow!("--prompt-cache-dir {}: {e}; pass a folder this user can write", dir.display()))?;
     }
@@ -116,16 +140,22 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
              Model downloads and deletions are refused and paths are hidden; pass --api-key KEY to allow them."
         );
     }
-    let state = Arc::new(AppState {
+    let settings = pool::WorkerSettings { load: model, default_max_tokens, prefill_step, parallel, cache_memory, prompt_cache_dir, tool_format };
+    let pool = match &fixed {
         // Clients name the model by its path, as llama.cpp's server does; a public server says
         // only its file name.
-        model_id: if public { file_label(&path) } else { path.display().to_string() },
-        model_path: crate::store::cache::resolve(&path).unwrap_or_else(|_| path.clone()),
+        Some(path) => pool::Pool::fixed(
+            if public { file_label(path) } else { path.display().to_string() },
+            crate::store::cache::resolve(path).unwrap_or_else(|_| path.clone()),
+            settings,
+        ),
+        None => pool::Pool::store(max_models, keep_alive, settings),
+    };
+    let state = Arc::new(AppState {
+        pool,
         downloads: Mutex::new(Vec::new()),
         api_key,
         public,
-        ready: OnceLock::new(),
-        load_error: OnceLock::new(),
         default_max_tokens,
         read_timeout,
         draining: AtomicBool::new(false),
@@ -133,55 +163,13 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
         descriptions: tokio::sync::Mutex::new(std::collections::HashMap::new()),
         metrics: Arc::new(metrics::Metrics::new()),
     });
-    let worker_state = state.clone();
-    let worker = std::thread::Builder::new().name("sala-worker".into()).spawn(move || {
-        let loaded = match load(&model, default_max_tokens) {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("error: loading {}: {e:#}", model.model.as_ref().map(|p| p.display().to_string()).unwrap_or_default());
-                let _ = worker_state.load_error.set(format!("{e:#}"));
-                return;
-            }
-        };
-        let Some(tokenizer) = loaded.tokenizer else {
-            let _ = worker_state.load_error.set("the model has no tokenizer, which the chat API needs".into());
-            return;
-        };
-        let tokenizer = Arc::new(tokenizer);
-        let cache_budget = cache_memory.unwrap_or_else(crate::engine::memory::default_state_budget);
-        let model = loaded.model.as_ref();
-        let mut prefixes = PrefixCache::new(cache_budget);
-        let store = prompt_cache_dir.and_then(|dir| match StateDir::new(&dir, &loaded.fingerprint) {
-            Ok(store) => Some((dir, store)),
-            Err(e) => {
-                eprintln!("warning: --prompt-cache-dir {}: {e}; prompt states will not be kept on disk", dir.display());
-                None
-            }
-        });
-        if let Some((dir, store)) = &store {
-            read_kept_states(model, store, dir, &mut prefixes);
-        }
-        let (tx, rx) = std::sync::mpsc::channel();
-        let info = model.info();
-        let _ = worker_state.ready.set(Ready {
-            tokenizer: tokenizer.clone(),
-            jobs: Mutex::new(Some(tx)),
-            max_context: info.max_context,
-            vocab_size: info.vocab_size,
-            eos: info.eos_token_ids.clone(),
-            tool_format: tool_format.unwrap_or_else(|| crate::models::tool_format(&info.model_type, tokenizer.chat_template())),
-        });
-        // A shutdown that came while loading found no sender to take.
-        if worker_state.draining.load(Ordering::SeqCst) {
-            return;
-        }
-        let format = worker_state.ready.get().map_or("", |r| r.tool_format.name());
-        eprintln!("model ready: {} (prefix cache: up to {}; tool calls: {format})", worker_state.model_id, crate::engine::memory::human(cache_budget));
-        let prefixes = scheduler::run(model, tokenizer, scheduler::Batching { prefill_step, parallel }, rx, worker_state.abort.clone(), prefixes, &worker_state.metrics);
-        if let Some((dir, store)) = &store {
-            write_kept_states(store, dir, &prefixes);
-        }
-    })?;
+    if state.pool.fixed {
+        pool::start_worker(&state, state.pool.only());
+    } else {
+        let keep = state.pool.keep_alive.map_or("never".to_string(), |d| humantime::format_duration(d).to_string());
+        eprintln!("serving the model store ({}): models load on first request, at most {} at once, unloaded after {keep} idle", crate::store::cache::cache_dir().display(), state.pool.max_models);
+        runtime.spawn(pool::keep_alive(state.clone()));
+    }
 
     let app = Router::new()
         .route("/health", get(health))
@@ -247,12 +235,7 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
         }
         Ok::<(), anyhow::Error>(())
     })?;
-    // A serving worker stops once its requests are done, saving kept prompt states first; one
-    // still loading has nothing to save and is not waited for.
-    if let Some(ready) = shutdown_state.ready.get() {
-        ready.jobs.lock().expect("jobs lock").take();
-        let _ = worker.join();
-    }
+    pool::stop_all(&shutdown_state.pool);
     eprintln!("stopped");
     Ok(())
 }
@@ -399,12 +382,18 @@ pub(crate) fn may_manage(state: &AppState, headers: &HeaderMap) -> Result<(), Ap
     Ok(())
 }
 
-/// Load status for anyone (no filesystem paths); why a load failed only with the API key.
+/// Load status for anyone (no filesystem paths); why a load failed only with the API key. A
+/// server of the store is up whatever its models do: it lists each one loaded or loading.
 async fn health(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let model = file_label(std::path::Path::new(&state.model_id));
-    if state.ready.get().is_some() {
+    if !state.pool.fixed {
+        let models: Vec<_> = state.pool.slots().iter().map(|s| json!({"model": s.id, "status": s.status()})).collect();
+        return (StatusCode::OK, Json(json!({"status": "ok", "models": models, "max_models": state.pool.max_models}))).into_response();
+    }
+    let slot = state.pool.only();
+    let model = file_label(std::path::Path::new(&slot.id));
+    if slot.ready.get().is_some() {
         (StatusCode::OK, Json(json!({"status": "ok", "model": model}))).into_response()
-    } else if let Some(e) = state.load_error.get() {
+    } else if let Some(e) = slot.load_error.get() {
         let error = if state.api_key.is_some() && authorized(&state, &headers).is_ok() {
             e.clone()
         } else {
@@ -427,38 +416,52 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
     }
 }
 
-/// A generation request's common start: the key, not draining, the body, the model ready.
-pub(crate) async fn accept(state: &Arc<AppState>, headers: &HeaderMap, body: axum::body::Body) -> Result<axum::body::Bytes, ApiError> {
+/// A generation request's common start: the key, not draining, the body, and a hold on the model
+/// it names (loaded first when the server serves the store).
+pub(crate) async fn accept(state: &Arc<AppState>, headers: &HeaderMap, body: axum::body::Body) -> Result<(axum::body::Bytes, pool::Lease), ApiError> {
     authorized(state, headers)?;
     if state.draining.load(Ordering::SeqCst) {
         return Err(shutting_down());
     }
     let bytes = read_body(state, body, MAX_BODY_BYTES).await?;
-    if state.ready.get().is_none() {
-        return Err(match state.load_error.get() {
-            Some(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "model_load_failed", None, &format!("the model failed to load: {e}")),
-            None => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_loading", None, "the model is still loading; retry shortly (GET /health says when it is ready)"),
-        });
+    let requested = requested_model(&bytes)?;
+    let lease = pool::acquire(state, requested.as_deref()).await?;
+    Ok((bytes, lease))
+}
+
+/// The `model` a request body names, if any (the full parse checks the rest).
+fn requested_model(body: &[u8]) -> Result<Option<String>, ApiError> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        model: Option<serde_json::Value>,
     }
-    Ok(bytes)
+    match serde_json::from_slice::<Named>(body) {
+        Ok(Named { model: Some(serde_json::Value::String(m)) }) => Ok(Some(m)),
+        Ok(Named { model: None | Some(serde_json::Value::Null) }) => Ok(None),
+        Ok(Named { model: Some(_) }) => Err(ApiError::bad_request("model", "`model` must be a string")),
+        // Not JSON, or not an object: the full parse says what is wrong.
+        Err(_) => Ok(None),
+    }
 }
 
 /// Runs `prepare` on the request off the async threads (parsing, templating and tokenizing a
 /// large body is CPU work) with what it is checked against.
 pub(crate) async fn prepare_blocking<T: Send + 'static>(
     state: &Arc<AppState>,
+    lease: &pool::Lease,
     prepare: impl FnOnce(&openai::Served) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let state = state.clone();
+    let default_max_tokens = state.default_max_tokens;
+    let lease = lease.clone();
     tokio::task::spawn_blocking(move || {
-        let ready = state.ready.get().expect("accept checked it");
+        let ready = lease.ready();
         let served = openai::Served {
-            model_id: &state.model_id,
+            model_id: &lease.id,
             tokenizer: &ready.tokenizer,
             max_context: ready.max_context,
             vocab_size: ready.vocab_size,
             eos: &ready.eos,
-            default_max_tokens: state.default_max_tokens,
+            default_max_tokens,
             tool_format: ready.tool_format,
         };
         prepare(&served)
@@ -467,10 +470,11 @@ pub(crate) async fn prepare_blocking<T: Send + 'static>(
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", None, &format!("preparing the request failed: {e}")))?
 }
 
-/// Hands a job to the worker.
-pub(crate) fn submit(state: &AppState, job: Job) -> Result<(), ApiError> {
-    let ready = state.ready.get().expect("accept checked it");
-    ready
+/// Hands a job to the model's worker; the job holds the model loaded until it is done.
+pub(crate) fn submit(lease: &pool::Lease, mut job: Job) -> Result<(), ApiError> {
+    job.lease = Some(lease.clone());
+    lease
+        .ready()
         .jobs
         .lock()
         .expect("jobs lock")
@@ -486,19 +490,19 @@ pub(crate) fn worker_gone() -> ApiError {
 
 async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
-    let bytes = accept(&state, &headers, body).await?;
-    let prepared = prepare_blocking(&state, move |served| openai::prepare_chat(&bytes, served)).await?;
-    let tokenizer = state.ready.get().expect("accept checked it").tokenizer.clone();
+    let (bytes, lease) = accept(&state, &headers, body).await?;
+    let prepared = prepare_blocking(&state, &lease, move |served| openai::prepare_chat(&bytes, served)).await?;
+    let tokenizer = lease.ready().tokenizer.clone();
     let openai::PreparedChat { request, prompt_text, prompt, max_tokens, stop, constraint } = prepared;
     let tools = (!request.tools.is_empty()).then_some((request.tool_format, request.tools.as_slice()));
     let parser = AnswerParser::new(&prompt_text, tools, request.parallel_tool_calls);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let logprobs = crate::engine::generate::LogprobOptions { generated: request.logprobs, prompt: None };
-    submit(&state, Job { prompt, sampling: request.sampling.clone(), constraint, max_tokens, stop, logprobs, received, events: tx })?;
+    submit(&lease, Job { prompt, sampling: request.sampling.clone(), constraint, max_tokens, stop, logprobs, received, events: tx, lease: None })?;
     let id = openai::completion_id();
     let created = openai::now();
     if request.stream {
-        let model = state.model_id.clone();
+        let model = lease.id.clone();
         let include_usage = request.include_usage;
         let logprobs = request.logprobs.is_some().then_some(tokenizer);
         let stream = async_stream(id, created, model, include_usage, parser, logprobs, rx);
@@ -541,7 +545,7 @@ async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) 
                     None => serde_json::Value::Null,
                 };
                 return Ok(Json(json!({
-                    "id": id, "object": "chat.completion", "created": created, "model": state.model_id,
+                    "id": id, "object": "chat.completion", "created": created, "model": lease.id,
                     "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}],
                     "usage": openai::usage(prompt_tokens, completion_tokens, cached_tokens),
                 }))

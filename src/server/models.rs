@@ -79,9 +79,11 @@ pub async fn list(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Res
     let task_state = state.clone();
     let fresh = tokio::task::spawn_blocking(move || {
         let state = task_state;
-        let mut models = vec![(state.model_id.clone(), state.model_path.clone(), 0)];
+        // A --model server lists its model first (it may be no store model), then the store.
+        let fixed = state.pool.fixed.then(|| state.pool.only());
+        let mut models: Vec<(String, std::path::PathBuf, u64)> = fixed.iter().map(|s| (s.id.clone(), s.path.clone(), 0)).collect();
         for m in cache::list(&cache_dir()).unwrap_or_default() {
-            if m.snapshot != state.model_path {
+            if fixed.as_ref().is_none_or(|s| m.snapshot != s.path) {
                 models.push((m.repo, m.snapshot, m.size));
             }
         }
@@ -102,7 +104,14 @@ pub async fn list(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Res
             None => descriptions.get_mut(&path).expect("described before"),
         };
         let mut v = entry.clone();
-        v["loaded"] = json!(path == state.model_path && state.ready.get().is_some());
+        let slot = state.pool.holding(&path);
+        v["loaded"] = json!(slot.as_ref().is_some_and(|s| s.ready.get().is_some()));
+        // "loaded", "loading", "error" (a --model server whose model failed) or "unloaded".
+        v["status"] = json!(match slot.map(|s| s.status()) {
+            Some("ready") => "loaded",
+            Some(other) => other,
+            None => "unloaded",
+        });
         if state.public {
             v.as_object_mut().map(|o| o.remove("path"));
         }
@@ -187,17 +196,23 @@ pub async fn delete(State(state): State<Arc<AppState>>, headers: HeaderMap, Path
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn remove(state: &AppState, id: &str) -> Result<Value, ApiError> {
-    let in_use = || {
-        ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "model_in_use", Some("model"), &format!("`{id}` is the model this server is running; stop the server to delete it"))
-    };
+    let in_use = |what: &str| ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "model_in_use", Some("model"), &format!("`{id}` {what}"));
+    let fixed = || in_use("is the model this server is running; stop the server to delete it");
     // The served model's own id may be a path, which is no store name: checked before parsing.
-    if id == state.model_id {
-        return Err(in_use());
+    if state.pool.fixed && id == state.pool.only().id {
+        return Err(fixed());
     }
     let reference = parse_ref(id, "model")?;
     let store = cache_dir();
-    if reference.snapshot(&store).is_some_and(|s| s == state.model_path) {
-        return Err(in_use());
+    if let Some(slot) = reference.snapshot(&store).and_then(|s| state.pool.holding(&s)) {
+        if state.pool.fixed {
+            return Err(fixed());
+        }
+        // Serving the store: an idle model is unloaded first; one in use is kept.
+        if !state.pool.take_if_idle(&slot) {
+            return Err(in_use("is loading or answering requests; retry when it is idle"));
+        }
+        super::pool::unload_blocking(slot);
     }
     let running: Vec<Arc<Download>> =
         state.downloads.lock().expect("downloads lock").iter().filter(|d| d.reference.repo == reference.repo && d.running()).cloned().collect();

@@ -38,6 +38,8 @@ pub struct Job {
     /// When the request arrived (time to first token and latency are measured from it).
     pub received: Instant,
     pub events: UnboundedSender<Event>,
+    /// Keeps the model loaded while the job runs (set by `submit`).
+    pub lease: Option<super::pool::Lease>,
 }
 
 /// A generated token's log-probabilities and where its text starts in the answer (bytes).

@@ -40,9 +40,21 @@ impl Server {
     /// where it listens. A port chosen by the test could be taken by another socket before the
     /// server binds it.
     pub fn spawn(mut cmd: Command, model: &Path, extra: &[&str]) -> Self {
+        cmd.args(["serve", "--model"]).arg(model);
+        Self::launch(cmd, extra)
+    }
+
+    /// Starts `sala serve extra…` without a model (serving the store `cmd`'s environment names)
+    /// and waits until `/health` answers 200.
+    pub fn start_serving_store(mut cmd: Command, extra: &[&str]) -> Self {
+        cmd.arg("serve");
+        let mut server = Self::launch(cmd, extra);
+        server.wait_for_health(200);
+        server
+    }
+
+    fn launch(mut cmd: Command, extra: &[&str]) -> Self {
         let mut child = cmd
-            .args(["serve", "--model"])
-            .arg(model)
             .args(["--port", "0"])
             .args(extra)
             .stdout(Stdio::null())
@@ -101,6 +113,11 @@ impl Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
         panic!("server {what}; its stderr:\n{}", self.stderr())
+    }
+
+    /// What the server has written on stderr so far.
+    pub fn log_so_far(&self) -> String {
+        self.log.lock().unwrap().clone()
     }
 
     /// Everything the server wrote on stderr (after it exited or was killed).

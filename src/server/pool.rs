@@ -1,0 +1,468 @@
+//! The models a server holds. With `--model`, that one model: loaded at start and kept. Without,
+//! every model of the store by its name (as ollama and llama.cpp's router serve): a model loads
+//! on its first request, which waits for it; at most `max_models` are loaded at once, the least
+//! recently used idle one making room (and room in memory) for another; a model idle for
+//! `keep_alive` is unloaded. Each loaded model has its own worker thread ([`super::scheduler`]).
+
+use super::openai::ApiError;
+use super::{metrics, read_kept_states, scheduler, write_kept_states, AppState, Ready};
+use crate::engine::prefix_cache::PrefixCache;
+use crate::engine::state_file::StateDir;
+use crate::engine::tools::ToolFormat;
+use crate::load::{load, LoadOptions};
+use crate::store::cache::{cache_dir, ModelRef};
+use axum::http::StatusCode;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How long a request waits for a loaded model to become idle (to be unloaded for it) before
+/// the server answers that it is busy.
+const BUSY_WAIT: Duration = Duration::from_secs(600);
+
+/// What every model's worker is started with.
+pub struct WorkerSettings {
+    /// Device, dtype, window; the model is each slot's.
+    pub load: LoadOptions,
+    pub default_max_tokens: usize,
+    pub prefill_step: usize,
+    pub parallel: usize,
+    pub cache_memory: Option<u64>,
+    pub prompt_cache_dir: Option<PathBuf>,
+    pub tool_format: Option<ToolFormat>,
+}
+
+/// One model the server holds: loading, ready, or failed to load.
+pub struct Slot {
+    /// How clients name it: the store name, or with `--model` what was given (its file name on a
+    /// public server).
+    pub id: String,
+    /// Where it is (a store name resolved to its snapshot).
+    pub path: PathBuf,
+    pub ready: OnceLock<Ready>,
+    pub load_error: OnceLock<String>,
+    /// Woken when `ready` or `load_error` is set.
+    settled: tokio::sync::Notify,
+    /// Requests holding a [`Lease`]: waiting for the load, being prepared, or running.
+    in_flight: AtomicUsize,
+    last_used: Mutex<Instant>,
+    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Slot {
+    fn new(id: String, path: PathBuf) -> Arc<Self> {
+        Arc::new(Slot {
+            id,
+            path,
+            ready: OnceLock::new(),
+            load_error: OnceLock::new(),
+            settled: tokio::sync::Notify::new(),
+            in_flight: AtomicUsize::new(0),
+            last_used: Mutex::new(Instant::now()),
+            worker: Mutex::new(None),
+        })
+    }
+
+    /// "loading", "ready" or "error".
+    pub fn status(&self) -> &'static str {
+        if self.ready.get().is_some() {
+            "ready"
+        } else if self.load_error.get().is_some() {
+            "error"
+        } else {
+            "loading"
+        }
+    }
+
+    /// Loaded (or failed) and no request holds it: it may be unloaded.
+    pub fn idle(&self) -> bool {
+        self.status() != "loading" && self.in_flight.load(Ordering::SeqCst) == 0
+    }
+
+    fn idle_for(&self) -> Duration {
+        self.last_used.lock().expect("last_used lock").elapsed()
+    }
+
+    async fn settled(&self) {
+        loop {
+            // Registered before the check, so a wake between the check and the wait is not lost.
+            let woken = self.settled.notified();
+            if self.status() != "loading" {
+                return;
+            }
+            woken.await;
+        }
+    }
+
+    fn settle(&self) {
+        self.settled.notify_waiters();
+    }
+
+    /// Stops the worker once it has finished what it holds (it saves kept prompt states) and
+    /// waits for it; the model's memory is then free.
+    fn stop_worker(&self) {
+        if let Some(ready) = self.ready.get() {
+            ready.jobs.lock().expect("jobs lock").take();
+        }
+        if let Some(worker) = self.worker.lock().expect("worker lock").take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// A request's hold on a model: while any exists the model stays loaded. Jobs carry one to the
+/// worker, so a streamed answer holds the model until it is done.
+pub struct Lease(Arc<Slot>);
+
+impl Lease {
+    fn new(slot: Arc<Slot>) -> Self {
+        slot.in_flight.fetch_add(1, Ordering::SeqCst);
+        *slot.last_used.lock().expect("last_used lock") = Instant::now();
+        Lease(slot)
+    }
+
+    /// The loaded model ([`Pool::acquire`] hands out leases of ready models only).
+    pub fn ready(&self) -> &Ready {
+        self.0.ready.get().expect("a lease is handed out once the model is ready")
+    }
+}
+
+impl std::ops::Deref for Lease {
+    type Target = Slot;
+    fn deref(&self) -> &Slot {
+        &self.0
+    }
+}
+
+impl Clone for Lease {
+    fn clone(&self) -> Self {
+        Lease::new(self.0.clone())
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        *self.0.last_used.lock().expect("last_used lock") = Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+pub struct Pool {
+    slots: Mutex<Vec<Arc<Slot>>>,
+    /// Serving the one model given with `--model`, not the store.
+    pub fixed: bool,
+    pub max_models: usize,
+    /// `None`: never unloaded for being idle.
+    pub keep_alive: Option<Duration>,
+    pub settings: WorkerSettings,
+}
+
+impl Pool {
+    /// A pool serving the store.
+    pub fn store(max_models: usize, keep_alive: Option<Duration>, settings: WorkerSettings) -> Self {
+        Pool { slots: Mutex::new(Vec::new()), fixed: false, max_models: max_models.max(1), keep_alive, settings }
+    }
+
+    /// A pool of the one model `id` at `path`.
+    pub fn fixed(id: String, path: PathBuf, settings: WorkerSettings) -> Self {
+        Pool { slots: Mutex::new(vec![Slot::new(id, path)]), fixed: true, max_models: 1, keep_alive: None, settings }
+    }
+
+    /// The models held now, in loading order.
+    pub fn slots(&self) -> Vec<Arc<Slot>> {
+        self.slots.lock().expect("slots lock").clone()
+    }
+
+    /// The one model of a `--model` server.
+    pub fn only(&self) -> Arc<Slot> {
+        self.slots()[0].clone()
+    }
+
+    /// The slot holding the model at `path`, if loaded or loading.
+    pub fn holding(&self, path: &Path) -> Option<Arc<Slot>> {
+        self.slots().into_iter().find(|s| s.path == path)
+    }
+
+    /// Takes `slot` out of the pool if it is idle, so no request can lease it any more (leases
+    /// are made under the same lock); then it is the caller's to [`unload`].
+    pub fn take_if_idle(&self, slot: &Arc<Slot>) -> bool {
+        let mut slots = self.slots.lock().expect("slots lock");
+        let idle = slot.idle() && slots.iter().any(|s| Arc::ptr_eq(s, slot));
+        if idle {
+            slots.retain(|s| !Arc::ptr_eq(s, slot));
+        }
+        idle
+    }
+}
+
+/// A hold on the model a request names (`None`: it named none), loading it first when the server
+/// serves the store. With `--model` a request gets an answer at once while the model loads.
+pub async fn acquire(state: &Arc<AppState>, requested: Option<&str>) -> Result<Lease, ApiError> {
+    let pool = &state.pool;
+    if pool.fixed {
+        let slot = pool.only();
+        if let Some(name) = requested.filter(|n| *n != slot.id) {
+            return Err(not_served(name, &slot.id));
+        }
+        return match (slot.ready.get(), slot.load_error.get()) {
+            (Some(_), _) => Ok(Lease::new(slot)),
+            (None, Some(e)) => Err(load_failed(e)),
+            (None, None) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "model_loading",
+                None,
+                "the model is still loading; retry shortly (GET /health says when it is ready)",
+            )),
+        };
+    }
+    let name = requested.ok_or_else(|| {
+        ApiError::bad_request("model", "`model` is required: this server serves every model of its store by name (GET /v1/models lists them)")
+    })?;
+    let lease = slot_for(state, name).await?;
+    lease.settled().await;
+    match lease.load_error.get() {
+        Some(e) => Err(load_failed(e)),
+        None => Ok(lease),
+    }
+}
+
+fn not_served(name: &str, served: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "model_not_found",
+        Some("model"),
+        &format!("model `{name}` is not served here (this server serves `{served}`; see GET /v1/models)"),
+    )
+}
+
+fn load_failed(e: &str) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "model_load_failed", None, &format!("the model failed to load: {e}"))
+}
+
+/// The model's snapshot in the store.
+fn in_store(name: &str) -> Result<PathBuf, ApiError> {
+    let reference = ModelRef::parse(name).map_err(|e| ApiError::bad_request("model", &e.to_string()))?;
+    reference.snapshot(&cache_dir()).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            Some("model"),
+            &format!("model `{name}` is not in the store; fetch it first (`sala pull {name}`, or POST /v1/models/download)"),
+        )
+    })
+}
+
+/// Bytes of the files under `dir` (links followed): what loading it will take, roughly.
+fn size_on_disk(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match std::fs::metadata(e.path()) {
+            Ok(m) if m.is_dir() => size_on_disk(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// What to do about a model that is not loaded.
+enum Step {
+    Lease(Lease),
+    /// Unload this idle model, then look again.
+    Evict(Arc<Slot>),
+    /// Every loaded model is busy: wait.
+    Wait,
+}
+
+/// A lease on `name`'s slot: the one loaded or loading, or a new one once there is room.
+async fn slot_for(state: &Arc<AppState>, name: &str) -> Result<Lease, ApiError> {
+    let pool = &state.pool;
+    let started = Instant::now();
+    let mut path = None;
+    loop {
+        let step = {
+            let mut slots = pool.slots.lock().expect("slots lock");
+            if let Some(slot) = slots.iter().find(|s| s.id == name) {
+                Step::Lease(Lease::new(slot.clone()))
+            } else {
+                let path = match &path {
+                    Some(p) => p,
+                    None => path.insert(in_store(name)?),
+                };
+                let lru_idle = slots.iter().filter(|s| s.idle()).min_by_key(|s| std::cmp::Reverse(s.idle_for())).cloned();
+                let full = slots.len() >= pool.max_models;
+                // Room in memory too: what the files take against what the device has free.
+                let short_of_memory = || {
+                    crate::engine::memory::available_bytes(pool.settings.load.device.unwrap_or(if crate::engine::device::gpu_available() {
+                        crate::engine::device::DeviceKind::Gpu
+                    } else {
+                        crate::engine::device::DeviceKind::Cpu
+                    }))
+                        .is_some_and(|free| size_on_disk(path) > free)
+                };
+                match lru_idle {
+                    Some(victim) if full || short_of_memory() => {
+                        // Out of the pool under the lock that makes leases: nobody leases it now.
+                        slots.retain(|s| !Arc::ptr_eq(s, &victim));
+                        Step::Evict(victim)
+                    }
+                    _ if full => Step::Wait,
+                    _ => {
+                        let slot = Slot::new(name.to_string(), path.clone());
+                        slots.push(slot.clone());
+                        let lease = Lease::new(slot.clone());
+                        start_worker(state, slot);
+                        Step::Lease(lease)
+                    }
+                }
+            }
+        };
+        match step {
+            Step::Lease(lease) => return Ok(lease),
+            Step::Evict(victim) => unload(victim).await,
+            Step::Wait if started.elapsed() > BUSY_WAIT => {
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "server_error",
+                    "all_models_busy",
+                    None,
+                    &format!("all {} loaded models are busy (--max-models); retry later", pool.max_models),
+                ))
+            }
+            Step::Wait => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// Stops the worker of `slot`, taken out of the pool, off the async threads.
+pub async fn unload(slot: Arc<Slot>) {
+    let _ = tokio::task::spawn_blocking(move || unload_blocking(slot)).await;
+}
+
+/// [`unload`] on a thread that may block.
+pub fn unload_blocking(slot: Arc<Slot>) {
+    slot.stop_worker();
+    crate::engine::memory::release_cached();
+    eprintln!("model unloaded: {}", slot.id);
+}
+
+/// Unloads models idle for longer than `--keep-alive`, checking a few times per period.
+pub async fn keep_alive(state: Arc<AppState>) {
+    let Some(keep) = state.pool.keep_alive.filter(|_| !state.pool.fixed) else { return };
+    let tick = (keep / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    loop {
+        tokio::time::sleep(tick).await;
+        let expired: Vec<Arc<Slot>> = state.pool.slots().into_iter().filter(|s| s.idle() && s.idle_for() >= keep).collect();
+        for slot in expired {
+            // Leased since it was listed: kept.
+            if state.pool.take_if_idle(&slot) {
+                unload(slot).await;
+            }
+        }
+    }
+}
+
+/// Stops every serving worker: each finishes what it holds and saves kept prompt states first.
+/// One still loading has nothing to save and is not waited for.
+pub fn stop_all(pool: &Pool) {
+    for slot in pool.slots.lock().expect("slots lock").drain(..) {
+        if slot.ready.get().is_some() {
+            slot.stop_worker();
+        }
+    }
+}
+
+/// Loads `slot`'s model on its own thread, which then serves its requests until its job
+/// channel closes.
+pub fn start_worker(state: &Arc<AppState>, slot: Arc<Slot>) {
+    let state = state.clone();
+    let worker_slot = slot.clone();
+    let spawned = std::thread::Builder::new().name("sala-worker".into()).spawn(move || {
+        let slot = worker_slot;
+        serve_model(&state, &slot);
+        if slot.ready.get().is_none() {
+            // A store model that failed is dropped, so a later request tries again.
+            if !state.pool.fixed {
+                state.pool.slots.lock().expect("slots lock").retain(|s| !Arc::ptr_eq(s, &slot));
+            }
+            slot.settle();
+        }
+    });
+    match spawned {
+        Ok(handle) => *slot.worker.lock().expect("worker lock") = Some(handle),
+        Err(e) => {
+            let _ = slot.load_error.set(format!("starting the model's thread: {e}"));
+            slot.settle();
+        }
+    }
+}
+
+fn serve_model(state: &Arc<AppState>, slot: &Slot) {
+    let settings = &state.pool.settings;
+    let options = LoadOptions { model: Some(slot.path.clone()), ..settings.load.clone() };
+    let loaded = match load(&options, settings.default_max_tokens) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: loading {}: {e:#}", slot.id);
+            let _ = slot.load_error.set(format!("{e:#}"));
+            return;
+        }
+    };
+    let Some(tokenizer) = loaded.tokenizer else {
+        let _ = slot.load_error.set("the model has no tokenizer, which the chat API needs".into());
+        return;
+    };
+    let tokenizer = Arc::new(tokenizer);
+    let cache_budget = settings.cache_memory.unwrap_or_else(crate::engine::memory::default_state_budget);
+    let model = loaded.model.as_ref();
+    let mut prefixes = PrefixCache::new(cache_budget);
+    let store = settings.prompt_cache_dir.clone().and_then(|dir| match StateDir::new(&dir, &loaded.fingerprint) {
+        Ok(store) => Some((dir, store)),
+        Err(e) => {
+            eprintln!("warning: --prompt-cache-dir {}: {e}; prompt states will not be kept on disk", dir.display());
+            None
+        }
+    });
+    if let Some((dir, store)) = &store {
+        read_kept_states(model, store, dir, &mut prefixes);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let info = model.info();
+    let tool_format = settings.tool_format.unwrap_or_else(|| crate::models::tool_format(&info.model_type, tokenizer.chat_template()));
+    let _ = slot.ready.set(Ready {
+        tokenizer: tokenizer.clone(),
+        jobs: Mutex::new(Some(tx)),
+        max_context: info.max_context,
+        vocab_size: info.vocab_size,
+        eos: info.eos_token_ids.clone(),
+        tool_format,
+    });
+    slot.settle();
+    // A shutdown that came while loading found no sender to take.
+    if state.draining.load(Ordering::SeqCst) {
+        slot.ready.get().map(|r| r.jobs.lock().expect("jobs lock").take());
+    }
+    eprintln!(
+        "model ready: {} (prefix cache: up to {}; tool calls: {})",
+        slot.id,
+        crate::engine::memory::human(cache_budget),
+        tool_format.name()
+    );
+    let metrics: &metrics::Metrics = &state.metrics;
+    let prefixes = scheduler::run(
+        model,
+        tokenizer,
+        scheduler::Batching { prefill_step: settings.prefill_step, parallel: settings.parallel },
+        rx,
+        state.abort.clone(),
+        prefixes,
+        metrics,
+    );
+    if let Some((dir, store)) = &store {
+        write_kept_states(store, dir, &prefixes);
+    }
+}
