@@ -334,7 +334,10 @@ mod self_check {
         oracle(x)?.multiply(Array::from_f32(1.0 + 1e-4))
     }
 
-    fn check_with(kernel: fn(&Array) -> Result<Array>) -> Verdict {
+    /// A stand-in kernel.
+    type StandIn = fn(&Array) -> Result<Array>;
+
+    fn check_with(kernel: StandIn) -> Verdict {
         verify(input, |x| Ok(vec![kernel(x)?]), |x| Ok(vec![oracle(x)?]))
     }
 
@@ -362,7 +365,7 @@ mod self_check {
 
     /// A kernel's public function as the real ones are written: the kernel once it has passed its
     /// check, the MLX-ops version otherwise.
-    fn product(registry: &Registry, check: &KernelCheck, backend: Backend, kernel: fn(&Array) -> Result<Array>, x: &Array) -> Vec<f32> {
+    fn product(registry: &Registry, check: &KernelCheck, backend: Backend, kernel: StandIn, x: &Array) -> Vec<f32> {
         let y = if registry.enabled(check, backend) { kernel(x) } else { oracle(x) };
         to_vec_f32(&y.unwrap()).unwrap()
     }
@@ -372,7 +375,7 @@ mod self_check {
         let registry = Registry::new(record);
         let x = input().unwrap();
         let want = to_vec_f32(&oracle(&x).unwrap()).unwrap();
-        let cases: [(&KernelCheck, fn(&Array) -> Result<Array>, &str); 4] = [
+        let cases: [(&KernelCheck, StandIn, &str); 4] = [
             (&WRONG, wrong, ", tolerance 1e-2"),
             (&NOT_COMPILING, not_compiling, "the kernel failed: [metal::Device] Unable to build metal library from source | program_source:12:5: error: unknown type name 'flaot'"),
             (&NAN, nan, "element 17 is NaN"),
