@@ -696,9 +696,10 @@ fn kv_append_matches_slice_updates() {
 fn every_kernel_passes_its_self_check() {
     assert!(select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu, "{NEEDS_GPU}");
     for check in sala::models::kernel_checks() {
+        let start = std::time::Instant::now();
         let ran = selfcheck::enabled(check);
         let status = selfcheck::status(check);
-        eprintln!("{:<24} {status:?}", check.name);
+        eprintln!("{:<24} {status:?} ({:.2} s)", check.name, start.elapsed().as_secs_f64());
         if check.backends.contains(&backend()) {
             assert!(ran && status == Status::Verified, "{}: {status:?}", check.name);
         } else {
