@@ -1,5 +1,6 @@
 //! `sala doctor`: each check's status and fix under controlled settings (a store with one model,
-//! offline, little memory, a store that is a file, a token file, kernels switched off).
+//! offline, little memory, a store that is a file, a token file, kernels switched off), and the
+//! kernels' self-checks (on a GPU, each kernel's line).
 
 mod common;
 
@@ -93,13 +94,29 @@ fn doctor_reports_each_part_of_the_setup() {
     let hub_check = check(&all, "hub");
     assert_eq!(hub_check["status"], "warn", "{hub_check}");
     assert!(hub_check["found"].as_str().unwrap().contains("HF_HUB_OFFLINE"), "{hub_check}");
-    assert!(all.iter().all(|c| c["name"] != "kernels"), "kernels are on: no check line");
+    // sala's kernels: on a GPU each has run its self-check (one line each), elsewhere one line.
+    let kernel_names: Vec<&str> = sala::models::kernel_checks().iter().map(|c| c.name).collect();
+    if sala::engine::device::gpu_available() {
+        let kernels: Vec<&Value> = all.iter().filter(|c| c["name"] == "kernel").collect();
+        assert_eq!(kernels.len(), kernel_names.len(), "{kernels:?}");
+        for (line, name) in kernels.iter().zip(&kernel_names) {
+            let found = line["found"].as_str().unwrap();
+            assert_eq!(line["status"], "ok", "{line}");
+            assert!(found.starts_with(&format!("{name}: verified on ")) || found.starts_with(&format!("{name}: not used on metal")), "{line}");
+        }
+    } else {
+        let kernels = check(&all, "kernels");
+        assert_eq!(kernels["status"], "ok", "{kernels}");
+        assert_eq!(kernels["found"], format!("not used on cpu, the MLX-ops versions run ({})", kernel_names.join(", ")));
+    }
 
     // The same checks as lines: status, name, what was found, and the fix below.
     let out = doctor(&[], &[("HF_HUB_CACHE", &hub), ("HF_HOME", &home)], &[("HF_HUB_OFFLINE", "1"), ("SALA_AVAILABLE_MEMORY", "4000000000")]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.lines().any(|l| l.starts_with("OK    mlx       MLX 0.32.2")), "{text}");
     assert!(text.lines().any(|l| l.starts_with("WARN  memory    4.00 GB available")), "{text}");
+    let kernels_line = if sala::engine::device::gpu_available() { "OK    kernel    gla_decode: " } else { "OK    kernels   not used on cpu" };
+    assert!(text.lines().any(|l| l.starts_with(kernels_line)), "{text}");
     assert!(text.contains("fix: unset HF_HUB_OFFLINE to download"), "{text}");
 }
 

@@ -1,13 +1,17 @@
-//! Every GPU kernel against its MLX-ops version on fresh random inputs. These need a GPU build of
-//! MLX (CUDA or Metal), so they are `#[ignore]`d and show as ignored in a plain `cargo test`;
-//! `eval/device-kernels.sh` runs them on a GPU with `--include-ignored` (one test thread: MLX's
-//! default device is process-wide). Included without a GPU, they fail.
+//! Every GPU kernel against its MLX-ops version on fresh random inputs, and the kernels'
+//! self-check on the device: every kernel passes it, and deliberately broken variants of a real
+//! kernel (one computing a wrong value, one that does not compile) are switched off, their caller
+//! getting the MLX-ops version's values. These need a GPU build of MLX (CUDA or Metal), so they are
+//! `#[ignore]`d and show as ignored in a plain `cargo test`; `eval/device-kernels.sh` runs them on
+//! a GPU with `--include-ignored` (one test thread: MLX's default device is process-wide).
+//! Included without a GPU, they fail.
 
 use mlx_rs::{ops, ops::indexing::TryIndexOp, random, Array, Dtype};
 use sala::engine::cache::KvParts;
 use sala::engine::device::{select, DeviceKind};
 use sala::engine::ops::{to_vec_f32, to_vec_i32};
-use sala::kernels::custom::{backend, Backend};
+use sala::kernels::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
+use sala::kernels::selfcheck::{self, verify, KernelCheck, Status, Verdict, CUDA_AND_METAL};
 use sala::kernels::gla::{alibi_slopes, simple_gla_recurrent, simple_gla_step};
 use sala::kernels::kv::{append_token, append_token_mlx, KvColumns, RecentSlot};
 use sala::kernels::lightning::{decode_step, decode_step_mlx, norm_gate, norm_gate_mlx, StepParams};
@@ -20,9 +24,22 @@ use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_
 
 const NEEDS_GPU: &str = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored";
 
-/// Makes the GPU the default device; a run without one fails (it would test nothing).
+/// Makes the GPU the default device; a run without one fails (it would test nothing). Every kernel
+/// must have passed its self-check, else the tests below would compare its MLX-ops version with
+/// itself.
 fn use_gpu() {
     assert!(select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu, "{NEEDS_GPU}");
+    let failed: Vec<String> = sala::models::kernel_checks()
+        .into_iter()
+        .filter_map(|check| {
+            selfcheck::enabled(check);
+            match selfcheck::status(check) {
+                Status::Verified | Status::NotUsed => None,
+                other => Some(format!("{}: {other:?}", check.name)),
+            }
+        })
+        .collect();
+    assert!(failed.is_empty(), "kernels that failed their self-check: {failed:#?}");
 }
 
 fn randn(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
@@ -671,4 +688,153 @@ fn kv_append_matches_slice_updates() {
             assert!(filled(gv) == filled(wv), "case {i}, slot {j} (at {}): values differ", slot.at);
         }
     }
+}
+
+/// Every kernel passes its self-check on this device; CUDA-only kernels are not used on Metal.
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+fn every_kernel_passes_its_self_check() {
+    assert!(select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu, "{NEEDS_GPU}");
+    for check in sala::models::kernel_checks() {
+        let start = std::time::Instant::now();
+        let ran = selfcheck::enabled(check);
+        let status = selfcheck::status(check);
+        eprintln!("{:<24} {status:?} ({:.2} s)", check.name, start.elapsed().as_secs_f64());
+        if check.backends.contains(&backend()) {
+            assert!(ran && status == Status::Verified, "{}: {status:?}", check.name);
+        } else {
+            assert!(!ran && status == Status::NotUsed, "{}: {status:?}", check.name);
+        }
+    }
+}
+
+/// The norm-gate kernel's source with another body (see `kernels::lightning`'s own).
+const fn norm_gate_variant(name: &'static str, cuda_body: &'static str, metal_body: &'static str) -> KernelSource {
+    KernelSource {
+        name,
+        inputs: &["o", "gate_src", "weight"],
+        outputs: &["out"],
+        cuda_header: include_str!("../cuda/lightning_decode.cu"),
+        cuda_body,
+        metal_header: include_str!("../metal/lightning_decode.metal"),
+        metal_body,
+        contiguous_inputs: true,
+    }
+}
+
+/// The real body, under another name: the launch below is right.
+static NORM_GATE_AS_IS: KernelSource = norm_gate_variant(
+    "test_norm_gate_as_is",
+    "sala_norm_gate<T, D, Z_OFF, EPS_BITS, NT>(o, gate_src, gate_src_shape[2], weight, out);",
+    "threadgroup float partial[NT / 32]; \
+     sala_norm_gate<T, D, Z_OFF, EPS_BITS, NT>(o, gate_src, int(gate_src_shape[2]), weight, out, partial, \
+     thread_position_in_threadgroup.x, threadgroup_position_in_grid.y, thread_index_in_simdgroup, \
+     simdgroup_index_in_threadgroup);",
+);
+
+/// A bug: the gate read one column too far right.
+static NORM_GATE_WRONG: KernelSource = norm_gate_variant(
+    "test_norm_gate_wrong",
+    "sala_norm_gate<T, D, Z_OFF + 1, EPS_BITS, NT>(o, gate_src, gate_src_shape[2], weight, out);",
+    "threadgroup float partial[NT / 32]; \
+     sala_norm_gate<T, D, Z_OFF + 1, EPS_BITS, NT>(o, gate_src, int(gate_src_shape[2]), weight, out, partial, \
+     thread_position_in_threadgroup.x, threadgroup_position_in_grid.y, thread_index_in_simdgroup, \
+     simdgroup_index_in_threadgroup);",
+);
+
+/// A body that does not compile (a function that does not exist).
+static NORM_GATE_NOT_COMPILING: KernelSource = norm_gate_variant(
+    "test_norm_gate_not_compiling",
+    "sala_norm_gate_missing<T, D>(o, gate_src, weight, out);",
+    "sala_norm_gate_missing<T, D>(o, gate_src, weight, out);",
+);
+
+/// Launches a norm-gate variant as `kernels::lightning::norm_gate` launches its kernel.
+fn launch_norm_gate(source: &'static KernelSource, o: &Array, src: &Array, offset: i32, weight: &Array) -> mlx_rs::error::Result<Array> {
+    let (b, t, dim) = (o.shape()[0], o.shape()[1], o.shape()[2]);
+    let out = apply(
+        source,
+        &[o, src, weight],
+        Launch {
+            grid: (1024, b * t, 1),
+            threads: (1024, 1, 1),
+            outputs: vec![(vec![b, t, dim], o.dtype())],
+            template: vec![
+                ("T", TemplateArg::Type(o.dtype())),
+                ("D", TemplateArg::Int(dim)),
+                ("Z_OFF", TemplateArg::Int(offset)),
+                ("EPS_BITS", TemplateArg::Int(1e-6f32.to_bits() as i32)),
+                ("NT", TemplateArg::Int(1024)),
+            ],
+            init: None,
+        },
+    )?;
+    Ok(out.into_iter().next().expect("one output"))
+}
+
+/// The norm-gate inputs of a check: o `[2, 3, 256]`, z at column 40 of wider rows, in bfloat16.
+fn norm_gate_inputs() -> mlx_rs::error::Result<(Array, Array, Array)> {
+    let bf16 = Dtype::Bfloat16;
+    Ok((selfcheck::sample(&[2, 3, 256], 1, bf16)?, selfcheck::sample(&[2, 3, 304], 2, bf16)?, selfcheck::sample(&[256], 3, bf16)?))
+}
+
+fn check_norm_gate_variant(source: &'static KernelSource) -> Verdict {
+    verify(
+        norm_gate_inputs,
+        |(o, src, weight)| Ok(vec![launch_norm_gate(source, o, src, 40, weight)?]),
+        |(o, src, weight)| Ok(vec![norm_gate_mlx(o, src, 40, weight, 1e-6)?]),
+    )
+}
+
+static AS_IS_CHECK: KernelCheck = KernelCheck { name: "test_norm_gate_as_is", backends: CUDA_AND_METAL, run: || check_norm_gate_variant(&NORM_GATE_AS_IS) };
+static WRONG_CHECK: KernelCheck = KernelCheck { name: "test_norm_gate_wrong", backends: CUDA_AND_METAL, run: || check_norm_gate_variant(&NORM_GATE_WRONG) };
+static NOT_COMPILING_CHECK: KernelCheck =
+    KernelCheck { name: "test_norm_gate_not_compiling", backends: CUDA_AND_METAL, run: || check_norm_gate_variant(&NORM_GATE_NOT_COMPILING) };
+
+/// A caller written as the kernels' public functions are: the variant once it passed its check,
+/// the MLX-ops version otherwise.
+fn gated_rows(check: &KernelCheck, source: &'static KernelSource, o: &Array, src: &Array, weight: &Array) -> Array {
+    if selfcheck::enabled(check) {
+        launch_norm_gate(source, o, src, 40, weight).unwrap()
+    } else {
+        norm_gate_mlx(o, src, 40, weight, 1e-6).unwrap()
+    }
+}
+
+/// The acceptance test of the self-check on a device: a real kernel with a bug and one that does
+/// not compile are switched off (once: a second call does not check again), and their caller
+/// returns exactly the MLX-ops version's values; the same kernel as it is passes and runs; and
+/// after the failed compile the real kernels still run and agree.
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+fn broken_kernels_are_switched_off_and_the_mlx_ops_version_runs() {
+    use_gpu();
+    let (o, src, weight) = norm_gate_inputs().unwrap();
+    let want = to_vec_f32(&norm_gate_mlx(&o, &src, 40, &weight, 1e-6).unwrap()).unwrap();
+    for (check, source, reason) in [
+        (&WRONG_CHECK, &NORM_GATE_WRONG, "relative error"),
+        (&NOT_COMPILING_CHECK, &NORM_GATE_NOT_COMPILING, "the kernel failed: "),
+    ] {
+        for _ in 0..2 {
+            let got = to_vec_f32(&gated_rows(check, source, &o, &src, &weight)).unwrap();
+            assert!(got == want, "{}: the caller did not get the MLX-ops version's values", check.name);
+        }
+        let status = selfcheck::status(check);
+        eprintln!("{}: {status:?}", check.name);
+        assert!(matches!(&status, Status::Disabled(why) if why.contains(reason) && !why.contains('\n')), "{}: {status:?}", check.name);
+    }
+    // The wrong variant does compute something else: launched regardless, it is far off.
+    let wrong = launch_norm_gate(&NORM_GATE_WRONG, &o, &src, 40, &weight).unwrap();
+    let oracle = Array::from_slice(&want, o.shape());
+    assert!(rel_err(&wrong, &oracle) > 0.1, "the wrong variant is not wrong: {}", rel_err(&wrong, &oracle));
+    // The real body passes, and its caller gets the kernel's values.
+    let got = gated_rows(&AS_IS_CHECK, &NORM_GATE_AS_IS, &o, &src, &weight);
+    assert_eq!(selfcheck::status(&AS_IS_CHECK), Status::Verified);
+    let kernel = launch_norm_gate(&NORM_GATE_AS_IS, &o, &src, 40, &weight).unwrap();
+    assert!(to_vec_f32(&got).unwrap() == to_vec_f32(&kernel).unwrap());
+    assert!(rel_err(&got, &oracle) < selfcheck::TOLERANCE as f32);
+    // MLX runs on after the failed compile: the real kernel at the model's width.
+    let (o, src, weight) = (randn(&[1, 1, 4096], 1, Dtype::Bfloat16), randn(&[1, 1, 4 * 4096], 2, Dtype::Bfloat16), randn(&[4096], 3, Dtype::Bfloat16));
+    let err = rel_err(&norm_gate(&o, &src, 3 * 4096, &weight, 1e-6).unwrap(), &norm_gate_mlx(&o, &src, 3 * 4096, &weight, 1e-6).unwrap());
+    assert!(err < 1e-2, "norm_gate after a failed compile: relative error {err}");
 }

@@ -1,6 +1,10 @@
 //! The kernels on random inputs: chunked GLA against the token-by-token recurrence (with and
 //! without a carried state, full and partial chunks), and the InfLLM-V2 block selection and
-//! block-sparse attention against straightforward host-side implementations of the spec.
+//! block-sparse attention against straightforward host-side implementations of the spec. And the
+//! kernels' self-check (`kernels::selfcheck`) driven by stand-in kernels on the CPU: a wrong one,
+//! one that fails to compile, one returning NaN and one whose check panics are switched off with
+//! one warning each and their callers get the MLX-ops version's values; every registered check
+//! runs all but its kernel here. (A real broken kernel on a GPU: tests/gpu_kernels.rs.)
 
 use mlx_rs::{ops::indexing::TryIndexOp, random, Array, Dtype};
 use sala::engine::cache::KvParts;
@@ -272,6 +276,216 @@ fn quantized_product_epilogues_follow_their_definitions() {
             let want = res[r * 2 * f + n] as f64 + 0.25 * dot(r, n);
             let have = got[r * 2 * f + n] as f64;
             assert!((have - want).abs() < 1e-3 * (1.0 + want.abs()), "residual row {r} col {n}: {have} vs {want}");
+        }
+    }
+}
+
+mod self_check {
+    use mlx_rs::{error::Exception, error::Result, Array, Dtype};
+    use sala::engine::ops::to_vec_f32;
+    use sala::kernels::custom::Backend;
+    use sala::kernels::selfcheck::{self, verify, KernelCheck, Registry, Status, Verdict, CUDA_AND_METAL, CUDA_ONLY};
+    use std::cell::RefCell;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    thread_local! {
+        // Each test has its own thread and registry.
+        static WARNINGS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    }
+
+    fn record(message: &str) {
+        WARNINGS.with(|w| w.borrow_mut().push(message.to_string()));
+    }
+
+    fn warnings() -> Vec<String> {
+        WARNINGS.with(|w| w.borrow().clone())
+    }
+
+    fn input() -> Result<Array> {
+        selfcheck::sample(&[4, 64], 1, Dtype::Float32)
+    }
+
+    /// The MLX-ops version of the stand-in kernels: 2x + 1.
+    fn oracle(x: &Array) -> Result<Array> {
+        x.multiply(Array::from_f32(2.0))?.add(Array::from_f32(1.0))
+    }
+
+    /// Off by 0.5 everywhere: a kernel with a bug.
+    fn wrong(x: &Array) -> Result<Array> {
+        oracle(x)?.add(Array::from_f32(0.5))
+    }
+
+    /// What MLX reports when a kernel's source does not compile (a Metal compiler's log).
+    fn not_compiling(_: &Array) -> Result<Array> {
+        Err(Exception::custom(
+            "[metal::Device] Unable to build metal library from source\nprogram_source:12:5: error: unknown type name 'flaot'\n    flaot y = x[i];\n    ^",
+        ))
+    }
+
+    /// One NaN among right values.
+    fn nan(x: &Array) -> Result<Array> {
+        let mut values = to_vec_f32(&oracle(x)?)?;
+        values[17] = f32::NAN;
+        Ok(Array::from_slice(&values, x.shape()))
+    }
+
+    /// Right within the tolerance, but not bit for bit: its callers' results show which ran.
+    fn close(x: &Array) -> Result<Array> {
+        oracle(x)?.multiply(Array::from_f32(1.0 + 1e-4))
+    }
+
+    /// A stand-in kernel.
+    type StandIn = fn(&Array) -> Result<Array>;
+
+    fn check_with(kernel: StandIn) -> Verdict {
+        verify(input, |x| Ok(vec![kernel(x)?]), |x| Ok(vec![oracle(x)?]))
+    }
+
+    static WRONG_RUNS: AtomicUsize = AtomicUsize::new(0);
+    static WRONG: KernelCheck = KernelCheck {
+        name: "test_wrong",
+        backends: CUDA_AND_METAL,
+        run: || {
+            WRONG_RUNS.fetch_add(1, Ordering::SeqCst);
+            check_with(wrong)
+        },
+    };
+    static NOT_COMPILING: KernelCheck = KernelCheck { name: "test_not_compiling", backends: CUDA_AND_METAL, run: || check_with(not_compiling) };
+    static NAN: KernelCheck = KernelCheck { name: "test_nan", backends: CUDA_AND_METAL, run: || check_with(nan) };
+    static PANICKING: KernelCheck = KernelCheck { name: "test_panicking", backends: CUDA_AND_METAL, run: || panic!("index out of bounds") };
+    static CLOSE_RUNS: AtomicUsize = AtomicUsize::new(0);
+    static CLOSE: KernelCheck = KernelCheck {
+        name: "test_close",
+        backends: CUDA_ONLY,
+        run: || {
+            CLOSE_RUNS.fetch_add(1, Ordering::SeqCst);
+            check_with(close)
+        },
+    };
+
+    /// A kernel's public function as the real ones are written: the kernel once it has passed its
+    /// check, the MLX-ops version otherwise.
+    fn product(registry: &Registry, check: &KernelCheck, backend: Backend, kernel: StandIn, x: &Array) -> Vec<f32> {
+        let y = if registry.enabled(check, backend) { kernel(x) } else { oracle(x) };
+        to_vec_f32(&y.unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_failing_kernel_is_switched_off_once_with_one_warning_and_its_callers_get_the_mlx_ops_values() {
+        let registry = Registry::new(record);
+        let x = input().unwrap();
+        let want = to_vec_f32(&oracle(&x).unwrap()).unwrap();
+        let cases: [(&KernelCheck, StandIn, &str); 4] = [
+            (&WRONG, wrong, ", tolerance 1e-2"),
+            (&NOT_COMPILING, not_compiling, "the kernel failed: [metal::Device] Unable to build metal library from source | program_source:12:5: error: unknown type name 'flaot'"),
+            (&NAN, nan, "element 17 is NaN"),
+            (&PANICKING, wrong, "its check panicked: index out of bounds"),
+        ];
+        for (i, (check, kernel, reason)) in cases.into_iter().enumerate() {
+            assert_eq!(registry.status(check, Backend::Metal), Status::Unchecked);
+            // Called three times: checked once, warned once, the MLX-ops version's values each time.
+            for _ in 0..3 {
+                assert_eq!(product(&registry, check, Backend::Metal, kernel, &x), want, "{}", check.name);
+            }
+            let Status::Disabled(why) = registry.status(check, Backend::Metal) else { panic!("{} not switched off", check.name) };
+            assert!(why.contains(reason) && !why.contains('\n'), "{}: {why}", check.name);
+            let warned = warnings();
+            assert_eq!(warned.len(), i + 1, "{warned:?}");
+            assert_eq!(
+                warned[i],
+                format!("kernel `{}` failed its self-check on metal ({why}); switched off for this process, its MLX-ops version runs instead", check.name)
+            );
+            // Per backend: on CUDA it is checked again, and switched off again.
+            assert_eq!(registry.status(check, Backend::Cuda), Status::Unchecked);
+        }
+        assert_eq!(WRONG_RUNS.load(Ordering::SeqCst), 1);
+        assert_eq!(product(&registry, &WRONG, Backend::Cuda, wrong, &x), want);
+        assert_eq!(WRONG_RUNS.load(Ordering::SeqCst), 2);
+        assert_eq!(warnings().len(), 5);
+    }
+
+    #[test]
+    fn a_kernel_that_agrees_runs_and_one_without_a_source_for_the_backend_is_never_checked() {
+        let registry = Registry::new(record);
+        let x = input().unwrap();
+        let close_values = to_vec_f32(&close(&x).unwrap()).unwrap();
+        assert_ne!(close_values, to_vec_f32(&oracle(&x).unwrap()).unwrap());
+        // CUDA only: not on Metal or the CPU, and its check never runs there.
+        for backend in [Backend::Metal, Backend::Cpu] {
+            assert_eq!(registry.status(&CLOSE, backend), Status::NotUsed);
+            assert!(!registry.enabled(&CLOSE, backend));
+        }
+        assert_eq!(CLOSE_RUNS.load(Ordering::SeqCst), 0);
+        for _ in 0..3 {
+            assert_eq!(product(&registry, &CLOSE, Backend::Cuda, close, &x), close_values);
+        }
+        assert_eq!(registry.status(&CLOSE, Backend::Cuda), Status::Verified);
+        assert_eq!(CLOSE_RUNS.load(Ordering::SeqCst), 1);
+        assert!(warnings().is_empty(), "{:?}", warnings());
+    }
+
+    #[test]
+    fn outputs_are_compared_by_shape_value_and_tolerance() {
+        let ints = |v: &[i32]| Array::from_slice(v, &[v.len() as i32]);
+        let floats = |v: &[f32]| Array::from_slice(v, &[v.len() as i32]);
+        let compare = |got: Vec<Array>, want: Vec<Array>| verify(|| Ok(()), |_| Ok(got), |_| Ok(want));
+        // Integer outputs (block indices) must be equal.
+        assert_eq!(compare(vec![ints(&[1, 2, 3])], vec![ints(&[1, 2, 3])]), Ok(()));
+        assert_eq!(
+            compare(vec![ints(&[1, 2, 3])], vec![ints(&[1, 2, 4])]),
+            Err("output 1 of 1: element 2 is 3 where its MLX-ops version gives 4".into())
+        );
+        // Infinities (forced blocks' scores) in the same places; the rest within 1e-2 relative.
+        let inf = f32::INFINITY;
+        assert_eq!(compare(vec![floats(&[inf, -inf, 1.0, 2.0])], vec![floats(&[inf, -inf, 1.001, 2.0])]), Ok(()));
+        assert_eq!(
+            compare(vec![floats(&[inf, 5.0, 1.0])], vec![floats(&[inf, inf, 1.0])]),
+            Err("output 1 of 1: element 1 is 5 where its MLX-ops version gives inf".into())
+        );
+        assert_eq!(compare(vec![floats(&[1.0, 1.05])], vec![floats(&[1.0, 1.0])]), Err("output 1 of 1: relative error 3.54e-2, tolerance 1e-2".into()));
+        // A bfloat16 output against a float32 oracle: the values count, not the dtype.
+        let bf16 = floats(&[0.3, -1.7]).as_dtype(Dtype::Bfloat16).unwrap();
+        assert_eq!(compare(vec![bf16], vec![floats(&[0.3, -1.7])]), Ok(()));
+        // Shapes and the number of outputs.
+        assert_eq!(
+            compare(vec![floats(&[1.0, 2.0]).reshape(&[1, 2]).unwrap()], vec![floats(&[1.0, 2.0])]),
+            Err("output 1 of 1: shape [1, 2] where its MLX-ops version gives [2]".into())
+        );
+        assert_eq!(compare(vec![floats(&[1.0])], vec![floats(&[1.0]), floats(&[2.0])]), Err("1 outputs where its MLX-ops version gives 2".into()));
+        // All zero on both sides agrees; anything against all zero does not.
+        assert_eq!(compare(vec![floats(&[0.0, 0.0])], vec![floats(&[0.0, 0.0])]), Ok(()));
+        assert!(compare(vec![floats(&[0.0, 1e-9])], vec![floats(&[0.0, 0.0])]).is_err());
+    }
+
+    /// Every kernel is registered, once; on the CPU none runs (its check is never started), and
+    /// each check, run by hand, makes its inputs and runs its MLX-ops version, failing only where
+    /// it launches the kernel.
+    #[test]
+    fn every_kernel_has_a_self_check_that_runs_all_but_the_kernel_on_the_cpu() {
+        let checks = sala::models::kernel_checks();
+        let names: Vec<&str> = checks.iter().map(|c| c.name).collect();
+        assert_eq!(
+            names,
+            [
+                "gla_decode",
+                "lightning_decode",
+                "norm_gate",
+                "kv_append",
+                "qmv",
+                "qmv_mma",
+                "qmv_normed",
+                "decode_attention",
+                "select_blocks",
+                "select_blocks_mma",
+                "block_sparse_attention",
+                "block_sparse_prefill"
+            ]
+        );
+        for check in &checks {
+            assert!(!selfcheck::enabled(check), "{}", check.name);
+            assert_eq!(selfcheck::status(check), Status::NotUsed, "{}", check.name);
+            let Err(reason) = (check.run)() else { panic!("{}: a kernel ran on the CPU", check.name) };
+            assert!(reason.contains("the kernel failed: kernel `sala_") && reason.contains("no GPU backend"), "{}: {reason}", check.name);
         }
     }
 }

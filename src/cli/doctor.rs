@@ -1,7 +1,9 @@
 //! `sala doctor`: what a user runs when something is wrong. Each check prints OK, WARN or FAIL
 //! with what it found and, where something is off, the fix. Exits 1 when a check fails.
 
-use crate::engine::device::{self, DeviceKind};
+use crate::engine::device::{self, select, DeviceKind};
+use crate::kernels::custom::{backend, Backend};
+use crate::kernels::selfcheck::{self, Status as KernelStatus};
 use crate::store::cache::{self, cache_dir};
 use crate::engine::memory::{available_bytes, human, total_bytes};
 use crate::store::summary::summarize;
@@ -89,7 +91,7 @@ pub fn checks() -> Vec<Check> {
         gpu_check(),
     ];
     out.extend(blas_check());
-    out.extend(kernels_check());
+    out.extend(kernel_checks());
     out.push(memory_check());
     out.extend(store_checks(&cache_dir()));
     out.push(token_check());
@@ -175,9 +177,34 @@ fn blas_check() -> Option<Check> {
     })
 }
 
-fn kernels_check() -> Option<Check> {
-    let off = std::env::var("SALA_KERNELS").is_ok_and(|v| v == "off");
-    off.then(|| Check::warn("kernels", "SALA_KERNELS=off: sala's GPU kernels are replaced by slower MLX-ops versions", "unset SALA_KERNELS"))
+/// sala's GPU kernels: on a GPU each runs its self-check (against its MLX-ops version) and gets a
+/// line; elsewhere one line says they are not used.
+fn kernel_checks() -> Vec<Check> {
+    let checks = crate::models::kernel_checks();
+    if std::env::var("SALA_KERNELS").is_ok_and(|v| v == "off" || v == "0") {
+        return vec![Check::warn("kernels", "SALA_KERNELS=off: sala's GPU kernels are replaced by slower MLX-ops versions", "unset SALA_KERNELS")];
+    }
+    if select(Some(DeviceKind::Gpu)).is_err() || backend() == Backend::Cpu {
+        let names: Vec<&str> = checks.iter().map(|c| c.name).collect();
+        return vec![Check::ok("kernels", format!("not used on cpu, the MLX-ops versions run ({})", names.join(", ")))];
+    }
+    let gpu = backend().name();
+    checks
+        .iter()
+        .map(|check| {
+            selfcheck::enabled(check);
+            match selfcheck::status(check) {
+                KernelStatus::Verified => Check::ok("kernel", format!("{}: verified on {gpu}", check.name)),
+                KernelStatus::NotUsed => Check::ok("kernel", format!("{}: not used on {gpu} (CUDA only; the MLX-ops version runs)", check.name)),
+                KernelStatus::Disabled(reason) => Check::warn(
+                    "kernel",
+                    format!("{}: switched off on {gpu}, the MLX-ops version runs: {reason}", check.name),
+                    "results stay right, only slower; please report this line (sala doctor --json) with the GPU and OS",
+                ),
+                other => Check::warn("kernel", format!("{}: {other:?} on {gpu}", check.name), "run sala doctor again"),
+            }
+        })
+        .collect()
 }
 
 /// Memory of the device models run on by default: the GPU's own on CUDA, unified memory on

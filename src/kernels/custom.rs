@@ -10,11 +10,22 @@ use std::collections::HashMap;
 use std::ffi::CString;
 
 /// Where kernels run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Backend {
     Cpu,
     Cuda,
     Metal,
+}
+
+impl Backend {
+    /// The name users see ("cpu", "cuda", "metal").
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+            Backend::Metal => "metal",
+        }
+    }
 }
 
 /// The backend of the current default device. `SALA_KERNELS=off` reports the CPU for a GPU too,

@@ -9,6 +9,7 @@
 //! operation, see eval/results/2026-11-22-h100-6453092).
 
 use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
+use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_AND_METAL};
 use crate::engine::ops::{arange_f32, scalar};
 use mlx_rs::{error::Result, ops, Array, Dtype};
 
@@ -71,9 +72,21 @@ pub fn simple_gla_step(
     state: Option<&Array>,
     scale: f32,
 ) -> Result<(Array, Array)> {
-    if backend() == Backend::Cpu || q.shape()[2] != 1 {
+    if backend() == Backend::Cpu || q.shape()[2] != 1 || !selfcheck::enabled(&GLA_DECODE_CHECK) {
         return in_float32(q, k, v, |q, k, v| simple_gla_recurrent(q, k, v, slopes, state, scale));
     }
+    simple_gla_step_kernel(q, k, v, slopes, state, scale)
+}
+
+/// [`simple_gla_step`]'s kernel.
+fn simple_gla_step_kernel(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    slopes: &Array,
+    state: Option<&Array>,
+    scale: f32,
+) -> Result<(Array, Array)> {
     let (b, h, dk, dv) = (q.shape()[0], q.shape()[1], q.shape()[3], v.shape()[3]);
     let state = match state {
         Some(s) => s.clone(),
@@ -113,6 +126,29 @@ static GLA_DECODE: KernelSource = KernelSource {
                  thread_position_in_grid.x, thread_position_in_grid.y);",
     contiguous_inputs: true,
 };
+
+/// The decode step's kernel against the recurrence on bfloat16 inputs (as the model passes them)
+/// and a carried state.
+pub static GLA_DECODE_CHECK: KernelCheck = KernelCheck { name: "gla_decode", backends: CUDA_AND_METAL, run: check_gla_decode };
+
+fn check_gla_decode() -> Verdict {
+    let (b, h, d) = (2, 3, 32);
+    verify(
+        || {
+            let qkv = [1, 2, 3].map(|seed| sample(&[b, h, 1, d], seed, Dtype::Bfloat16));
+            let [q, k, v] = qkv;
+            Ok((q?, k?, v?, Array::from_slice(&alibi_slopes(h as usize), &[h]), sample(&[b, h, d, d], 4, Dtype::Float32)?))
+        },
+        |(q, k, v, slopes, state)| {
+            let (o, s) = simple_gla_step_kernel(q, k, v, slopes, Some(state), 0.125)?;
+            Ok(vec![o, s])
+        },
+        |(q, k, v, slopes, state)| {
+            let (o, s) = in_float32(q, k, v, |q, k, v| simple_gla_recurrent(q, k, v, slopes, Some(state), 0.125))?;
+            Ok(vec![o, s])
+        },
+    )
+}
 
 /// The recurrent form in MLX ops, one token at a time (the CPU decode step; the test oracle).
 pub fn simple_gla_recurrent(

@@ -7,7 +7,8 @@
 //! a batch of 8 made 112 of them per sparse layer.
 
 use super::custom::{apply, backend, shape_args, Backend, KernelSource, Launch, TemplateArg, MAX_SHAPE_ARGS};
-use mlx_rs::{error::Result, ops::indexing::TryIndexMutOp, ops::indexing::TryIndexOp, Array};
+use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
+use mlx_rs::{error::Result, ops::indexing::TryIndexMutOp, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// Where a token's keys and values are in the stacked projection's rows, and how many there are.
 #[derive(Debug, Clone, Copy)]
@@ -47,7 +48,8 @@ pub fn append_token(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> R
                 && s.keys.shape()[1] == columns.kv_heads
                 && s.keys.shape()[3] == columns.head_dim
                 && s.at < s.keys.shape()[2] as usize
-        });
+        })
+        && selfcheck::enabled(&APPEND_CHECK);
     if !fits {
         return append_token_mlx(rows, columns, slots);
     }
@@ -78,6 +80,40 @@ pub fn append_token_mlx(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) 
             Ok((k, v))
         })
         .collect()
+}
+
+/// The append kernel against [`append_token_mlx`] in bfloat16: two sequences at different fills,
+/// their rows a view of wider ones. Positions after each token's are not compared (unspecified).
+pub static APPEND_CHECK: KernelCheck = KernelCheck { name: "kv_append", backends: CUDA_ONLY, run: check_append };
+
+fn check_append() -> Verdict {
+    let (hq, hkv, d, capacity) = (4, 2, 64, 16);
+    let columns = KvColumns { keys: hq * d, values: (hq + hkv) * d, kv_heads: hkv, head_dim: d };
+    let width = (2 * hq + 2 * hkv) * d;
+    let at = [3, 15];
+    let filled = |pairs: Vec<(Array, Array)>| -> Result<Vec<Array>> {
+        let mut out = Vec::new();
+        for ((k, v), at) in pairs.into_iter().zip(at) {
+            out.push(k.try_index((.., .., ..=at as i32, ..))?);
+            out.push(v.try_index((.., .., ..=at as i32, ..))?);
+        }
+        Ok(out)
+    };
+    verify(
+        || {
+            let bf16 = Dtype::Bfloat16;
+            let rows = sample(&[2, 1, width + 8], 31, bf16)?.try_index((.., .., 8..))?;
+            let slots = (0..2)
+                .map(|i| {
+                    let buffer = |seed| sample(&[1, hkv, capacity, d], seed, bf16);
+                    Ok(RecentSlot { keys: buffer(32 + 2 * i as u64)?, values: buffer(33 + 2 * i as u64)?, at: at[i] })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok((rows, slots))
+        },
+        |(rows, slots)| filled(append_token_cuda(rows, columns, slots)?),
+        |(rows, slots)| filled(append_token_mlx(rows, columns, slots)?),
+    )
 }
 
 /// At most [`MAX_SHAPE_ARGS`] slots: thread block row y = slot, z = keys (0) or values (1).

@@ -7,6 +7,7 @@
 
 use super::custom::{apply, backend, shape_args, Backend, KernelSource, Launch, TemplateArg, MAX_SHAPE_ARGS};
 use super::gla;
+use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_AND_METAL};
 use mlx_rs::{error::Result, fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// What a decode step of one lightning layer computes, beyond its inputs.
@@ -47,10 +48,23 @@ pub fn decode_step(p: &StepParams, qkv: &Array, positions: &[usize], state: &Arr
         && state.dtype() == Dtype::Float32
         && (2..=1024).contains(&d)
         && d % 2 == 0
-        && (positions.len() == 1 || positions.len() == b as usize);
-    let (Some((q_norm, k_norm, eps)), Some(theta), true) = (p.qk_norm, p.rope_theta, fits) else {
+        && (positions.len() == 1 || positions.len() == b as usize)
+        && p.rope_theta.is_some()
+        && selfcheck::enabled(&DECODE_STEP_CHECK);
+    if !fits {
         return decode_step_mlx(p, qkv, &positions_array(positions), state, keep_kv);
+    }
+    decode_step_kernel(p, qkv, positions, state, keep_kv)
+}
+
+/// [`decode_step`]'s kernel, for a layer with QK-norm (weights in qkv's dtype) and RoPE.
+fn decode_step_kernel(p: &StepParams, qkv: &Array, positions: &[usize], state: &Array, keep_kv: bool) -> Result<StepOutput> {
+    let (Some((q_norm, k_norm, eps)), Some(theta)) = (p.qk_norm, p.rope_theta) else {
+        return Err(mlx_rs::error::Exception::custom("the lightning decode kernel needs QK-norm and RoPE"));
     };
+    let b = qkv.shape()[0];
+    let d = p.head_dim;
+    let dtype = qkv.dtype();
     // Up to MAX_SHAPE_ARGS positions travel as a shape (nothing for the GPU to fetch); more as an
     // array the host writes.
     let (in_shape, per_seq) = (positions.len() <= MAX_SHAPE_ARGS, positions.len() > 1);
@@ -90,6 +104,46 @@ pub fn decode_step(p: &StepParams, qkv: &Array, positions: &[usize], state: &Arr
     let (o, state) = (out.next().expect("outputs"), out.next().expect("outputs"));
     let kv = if keep_kv { Some((out.next().expect("outputs"), out.next().expect("outputs"))) } else { None };
     Ok(StepOutput { o, state, kv })
+}
+
+/// The decode step's kernel (and the form keeping the rotated keys and values) against
+/// [`decode_step_mlx`], in bfloat16, for two sequences at their own positions.
+pub static DECODE_STEP_CHECK: KernelCheck = KernelCheck { name: "lightning_decode", backends: CUDA_AND_METAL, run: check_decode_step };
+
+fn check_decode_step() -> Verdict {
+    let (b, h, d) = (2, 2, 32);
+    let positions = [5, 70];
+    for keep_kv in [false, true] {
+        verify(
+            || {
+                let bf16 = Dtype::Bfloat16;
+                let norm = |seed| sample(&[d], seed, bf16)?.multiply(Array::from_f32(0.5))?.add(Array::from_f32(1.0))?.as_dtype(bf16);
+                // q, k, v and a gate's columns after them, as the stacked projection gives them.
+                let qkv = sample(&[b, 1, 3 * h * d + 16], 11, bf16)?;
+                Ok((qkv, norm(12)?, norm(13)?, Array::from_slice(&gla::alibi_slopes(h as usize), &[h]), sample(&[b, h, d, d], 14, Dtype::Float32)?))
+            },
+            |(qkv, q_norm, k_norm, slopes, state)| {
+                let p = check_params(h, d, q_norm, k_norm, slopes);
+                outputs(decode_step_kernel(&p, qkv, &positions, state, keep_kv)?)
+            },
+            |(qkv, q_norm, k_norm, slopes, state)| {
+                let p = check_params(h, d, q_norm, k_norm, slopes);
+                outputs(decode_step_mlx(&p, qkv, &positions_array(&positions), state, keep_kv)?)
+            },
+        )
+        .map_err(|e| if keep_kv { format!("keeping the keys and values: {e}") } else { e })?;
+    }
+    Ok(())
+}
+
+fn check_params<'a>(h: i32, d: i32, q_norm: &'a Array, k_norm: &'a Array, slopes: &'a Array) -> StepParams<'a> {
+    StepParams { heads: h, head_dim: d, qk_norm: Some((q_norm, k_norm, 1e-6)), rope_theta: Some(10000.0), slopes, scale: (d as f32).powf(-0.5) }
+}
+
+fn outputs(step: StepOutput) -> Result<Vec<Array>> {
+    let mut out = vec![step.o, step.state];
+    out.extend(step.kv.into_iter().flat_map(|(k, v)| [k, v]));
+    Ok(out)
 }
 
 /// Positions as an int32 array: a scalar for one, `[B]` for several.
@@ -137,11 +191,19 @@ pub fn rotate(p: &StepParams, q: &Array, k: &Array, offset: &Array) -> Result<(A
 /// RMSNorm(o) · w ⊙ σ(z) per row: `o` `[B, T, D]`, z the columns `z_offset..z_offset + D` of
 /// `gate_src` `[B, T, W]` (the stacked projection it came out of).
 pub fn norm_gate(o: &Array, gate_src: &Array, z_offset: i32, weight: &Array, eps: f32) -> Result<Array> {
-    let (b, t, dim) = (o.shape()[0], o.shape()[1], o.shape()[2]);
-    let fits = backend() != Backend::Cpu && gate_src.dtype() == o.dtype() && weight.dtype() == o.dtype();
+    let fits = backend() != Backend::Cpu
+        && gate_src.dtype() == o.dtype()
+        && weight.dtype() == o.dtype()
+        && selfcheck::enabled(&NORM_GATE_CHECK);
     if !fits {
         return norm_gate_mlx(o, gate_src, z_offset, weight, eps);
     }
+    norm_gate_kernel(o, gate_src, z_offset, weight, eps)
+}
+
+/// [`norm_gate`]'s kernel.
+fn norm_gate_kernel(o: &Array, gate_src: &Array, z_offset: i32, weight: &Array, eps: f32) -> Result<Array> {
+    let (b, t, dim) = (o.shape()[0], o.shape()[1], o.shape()[2]);
     // One thread block per row: as many threads as a block takes, so each loads few elements
     // (with fewer it was one of the layer's largest kernels: eval/results/kernel-notes.md).
     const THREADS: i32 = 1024;
@@ -163,6 +225,24 @@ pub fn norm_gate(o: &Array, gate_src: &Array, z_offset: i32, weight: &Array, eps
         },
     )?;
     Ok(out.into_iter().next().expect("one output"))
+}
+
+/// The norm-gate kernel against [`norm_gate_mlx`] in bfloat16, z inside wider rows.
+pub static NORM_GATE_CHECK: KernelCheck = KernelCheck { name: "norm_gate", backends: CUDA_AND_METAL, run: check_norm_gate };
+
+fn check_norm_gate() -> Verdict {
+    let (b, t, dim, z_offset) = (2, 3, 256, 40);
+    let bf16 = Dtype::Bfloat16;
+    verify(
+        || {
+            // Far from unit RMS and a weight far from 1, so that a norm left out shows.
+            let o = sample(&[b, t, dim], 21, Dtype::Float32)?.multiply(Array::from_f32(5.0))?.as_dtype(bf16)?;
+            let weight = sample(&[dim], 23, Dtype::Float32)?.multiply(Array::from_f32(0.5))?.add(Array::from_f32(1.0))?.as_dtype(bf16)?;
+            Ok((o, sample(&[b, t, z_offset + dim + 8], 22, bf16)?, weight))
+        },
+        |(o, src, weight)| Ok(vec![norm_gate_kernel(o, src, z_offset, weight, 1e-6)?]),
+        |(o, src, weight)| Ok(vec![norm_gate_mlx(o, src, z_offset, weight, 1e-6)?]),
+    )
 }
 
 /// The MLX-ops version of [`norm_gate`].

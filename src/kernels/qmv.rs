@@ -7,6 +7,7 @@
 //! operations run.
 
 use super::custom::{apply, backend, pow2_floor, Backend, KernelSource, Launch, TemplateArg};
+use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_AND_METAL, CUDA_ONLY};
 use crate::engine::ops::scalar;
 use mlx_rs::{error::Result, ops, Array, Dtype};
 
@@ -202,7 +203,8 @@ pub fn quantized_matmul_t_normed(
         && fits(x, scales, biases, group_size, bits)
         && norm.weight.shape() == [k]
         && norm.weight.dtype() == x.dtype()
-        && rows as usize * k as usize * x.item_size() <= NORMED_STAGE_BYTES;
+        && rows as usize * k as usize * x.item_size() <= NORMED_STAGE_BYTES
+        && selfcheck::enabled(&QMV_NORMED_CHECK);
     if !fused {
         return quantized_matmul_t_then(&norm.apply(x)?, packed, scales, biases, group_size, bits, epilogue);
     }
@@ -288,6 +290,7 @@ fn mma_fits(x: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i3
         && scales.dtype() == x.dtype()
         && biases.dtype() == x.dtype()
         && k % 128 == 0
+        && selfcheck::enabled(&QMM_CHECK)
 }
 
 /// Whether the general kernel runs this product on the current backend.
@@ -301,6 +304,7 @@ fn fits(x: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32) -
         && scales.dtype() == x.dtype()
         && biases.dtype() == x.dtype()
         && k % 128 == 0
+        && selfcheck::enabled(&QMV_CHECK)
 }
 
 /// x · Wᵀ for W given as MLX's (packed, scales, biases) with `group_size` and `bits`.
@@ -577,6 +581,129 @@ fn quantized_matmul_t_mma(
         },
     )?;
     Ok(y.into_iter().next().expect("one output"))
+}
+
+/// The general kernel against MLX's product and [`epilogue_mlx`] in float32, for each epilogue:
+/// one bfloat16 row at 4 bits, three at 8 bits.
+pub static QMV_CHECK: KernelCheck = KernelCheck { name: "qmv", backends: CUDA_AND_METAL, run: check_qmv };
+
+/// The tensor-core kernel likewise: 3 rows at 4 bits, 11 at 8 bits (the two halves of its tile).
+pub static QMM_CHECK: KernelCheck = KernelCheck { name: "qmv_mma", backends: CUDA_ONLY, run: check_qmm };
+
+/// The general kernel with the RMSNorm folded in (plain and SwiGLU at 8 bits) and with the
+/// norm-gate folded into the residual form (4 bits), against MLX's norm, product and epilogue.
+pub static QMV_NORMED_CHECK: KernelCheck = KernelCheck { name: "qmv_normed", backends: CUDA_ONLY, run: check_qmv_normed };
+
+/// A check's product: W `[272, 384]` (SwiGLU: 136 gate rows and their up rows) quantized in
+/// groups of 64, scales and biases in bfloat16, x `[rows, 384]` and the residual in bfloat16.
+struct CheckProduct {
+    x: Array,
+    packed: Array,
+    scales: Array,
+    biases: Array,
+    residual: Array,
+    bits: i32,
+}
+
+const CHECK_N: i32 = 272;
+const CHECK_K: i32 = 384;
+const CHECK_GROUP: i32 = 64;
+/// Exact in every dtype.
+const CHECK_ALPHA: f32 = 0.5;
+const CHECK_EPS: f32 = 1e-6;
+
+impl CheckProduct {
+    fn new(rows: i32, bits: i32, seed: u64) -> Result<Self> {
+        let (packed, scales, biases) = ops::quantize(&sample(&[CHECK_N, CHECK_K], seed, Dtype::Float32)?, CHECK_GROUP, bits)?;
+        let (scales, biases) = (scales.as_dtype(Dtype::Bfloat16)?, biases.as_dtype(Dtype::Bfloat16)?);
+        mlx_rs::transforms::eval([&packed, &scales, &biases])?;
+        let x = sample(&[rows, CHECK_K], seed + 1, Dtype::Bfloat16)?;
+        Ok(Self { x, packed, scales, biases, residual: sample(&[rows, CHECK_N], seed + 2, Dtype::Bfloat16)?, bits })
+    }
+
+    /// Plain, SwiGLU or residual (`which` 0, 1, 2), the residual read as `residual`.
+    fn epilogue<'a>(which: usize, residual: &'a Array) -> Epilogue<'a> {
+        [Epilogue::Plain, Epilogue::SwiGlu, Epilogue::Residual { residual, alpha: CHECK_ALPHA }][which]
+    }
+
+    /// The kernel's output for `x`: the general kernel, with `norm` folded in when given.
+    fn general(&self, x: &Array, norm: Option<RmsNormIn>, epilogue: Epilogue) -> Result<Vec<Array>> {
+        let shape = output_shape(x, CHECK_N, epilogue);
+        Ok(vec![quantized_matmul_t_general(x, &self.packed, &self.scales, &self.biases, CHECK_GROUP, self.bits, epilogue, shape, norm)?])
+    }
+
+    /// The oracle for `x` (already normalised): MLX's product and `epilogue` in float32.
+    fn oracle(&self, x: &Array, epilogue: Epilogue) -> Result<Vec<Array>> {
+        let f = |a: &Array| a.as_dtype(Dtype::Float32);
+        let y = quantized_matmul_t_mlx(&f(x)?, &self.packed, &f(&self.scales)?, &f(&self.biases)?, CHECK_GROUP, self.bits)?;
+        Ok(vec![match epilogue {
+            Epilogue::Residual { residual, alpha } => epilogue_mlx(&y, Epilogue::Residual { residual: &f(residual)?, alpha })?,
+            other => epilogue_mlx(&y, other)?,
+        }])
+    }
+}
+
+const EPILOGUE_NAMES: [&str; 3] = ["plain", "swiglu", "residual"];
+
+/// `kernel` (a launch function) against the oracle for each epilogue, with (rows, bits) as given.
+fn check_products(cases: [(i32, i32); 2], kernel: fn(&CheckProduct, Epilogue) -> Result<Array>) -> Verdict {
+    for (i, (rows, bits)) in cases.into_iter().enumerate() {
+        for (which, name) in EPILOGUE_NAMES.iter().enumerate() {
+            verify(
+                || CheckProduct::new(rows, bits, 40 + 4 * i as u64),
+                |p| Ok(vec![kernel(p, CheckProduct::epilogue(which, &p.residual))?]),
+                |p| p.oracle(&p.x, CheckProduct::epilogue(which, &p.residual)),
+            )
+            .map_err(|reason| format!("{rows} rows, {bits} bits, {name}: {reason}"))?;
+        }
+    }
+    Ok(())
+}
+
+fn check_qmv() -> Verdict {
+    check_products([(1, 4), (3, 8)], |p, epilogue| Ok(p.general(&p.x, None, epilogue)?.remove(0)))
+}
+
+fn check_qmm() -> Verdict {
+    check_products([(3, 4), (11, 8)], |p, epilogue| {
+        let shape = output_shape(&p.x, CHECK_N, epilogue);
+        quantized_matmul_t_mma(&p.x, &p.packed, &p.scales, &p.biases, CHECK_GROUP, p.bits, epilogue, shape)
+    })
+}
+
+fn check_qmv_normed() -> Verdict {
+    // Inputs far from unit RMS and a norm weight far from 1, so that a norm left out shows.
+    let far = |shape: &[i32], seed: u64, scale: f32| -> Result<Array> {
+        sample(shape, seed, Dtype::Float32)?.multiply(Array::from_f32(scale))?.as_dtype(Dtype::Bfloat16)
+    };
+    let weight = || -> Result<Array> {
+        sample(&[CHECK_K], 47, Dtype::Float32)?.multiply(Array::from_f32(0.5))?.add(Array::from_f32(1.0))?.as_dtype(Dtype::Bfloat16)
+    };
+    for which in [0, 1] {
+        verify(
+            || Ok((CheckProduct::new(1, 8, 48)?, far(&[1, CHECK_K], 49, 7.0)?, weight()?)),
+            |(p, x, weight)| p.general(x, Some(RmsNormIn { weight, eps: CHECK_EPS, gate: None }), CheckProduct::epilogue(which, &p.residual)),
+            |(p, x, weight)| p.oracle(&mlx_rs::fast::rms_norm(x, Some(weight), CHECK_EPS)?, CheckProduct::epilogue(which, &p.residual)),
+        )
+        .map_err(|reason| format!("{}: {reason}", EPILOGUE_NAMES[which]))?;
+    }
+    // A lightning layer's o_proj: the norm-gate folded in, z at column 8 of 800-wide rows.
+    let (offset, width) = (8, 800);
+    verify(
+        || {
+            let p = CheckProduct::new(1, 4, 52)?;
+            let residual = p.residual.reshape(&[1, 1, CHECK_N])?;
+            Ok((p, far(&[1, 1, CHECK_K], 53, 5.0)?, far(&[1, 1, width], 54, 2.0)?, weight()?, residual))
+        },
+        |(p, o, src, weight, residual)| {
+            let norm = RmsNormIn { weight, eps: CHECK_EPS, gate: Some(GateIn { src, offset }) };
+            p.general(o, Some(norm), CheckProduct::epilogue(2, residual))
+        },
+        |(p, o, src, weight, residual)| {
+            p.oracle(&super::lightning::norm_gate_mlx(o, src, offset, weight, CHECK_EPS)?, CheckProduct::epilogue(2, residual))
+        },
+    )
+    .map_err(|reason| format!("norm-gated residual: {reason}"))
 }
 
 /// The residual epilogue's alpha as a compile-time constant: the bit pattern of its value

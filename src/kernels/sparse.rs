@@ -9,6 +9,7 @@
 //! a KV group share one block selection.
 
 use super::custom::{apply, backend, pow2_floor, shape_args, Backend, KernelSource, Launch, TemplateArg, MAX_SHAPE_ARGS};
+use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
 use crate::engine::cache::KvParts;
 use crate::engine::device;
 use mlx_rs::{error::Result, ops, ops::indexing::TryIndexOp, Array, Dtype};
@@ -40,8 +41,8 @@ pub struct Selected {
     pub scores: Array,
 }
 
-/// Whether the selection takes the tensor-core stage 1 (`cuda/select_mma.cu`): CUDA, bf16
-/// queries, at most 16 query heads per KV head.
+/// Whether the tensor-core stage 1 of the selection (`cuda/select_mma.cu`, [`select_blocks_fused`])
+/// takes these queries: CUDA, bf16 queries, at most 16 query heads per KV head.
 pub fn fused_stage1(q: &Array, hkv: i32) -> bool {
     let (hq, d) = (q.shape()[1], q.shape()[3]);
     backend() == Backend::Cuda
@@ -129,7 +130,8 @@ fn fill_blocks() -> i32 {
     2 * device::gpu_compute_units().unwrap_or(DEFAULT_COMPUTE_UNITS) as i32
 }
 
-/// The selection's kernels (one query chunk of `models::sala::infllm::select_blocks`).
+/// The selection's general kernels (one query chunk of `models::sala::infllm::select_blocks`, which
+/// picks between them, [`select_blocks_fused`] and its MLX-ops version).
 pub fn select_blocks_gpu(
     q: &Array,
     c1: &Array,
@@ -143,9 +145,6 @@ pub fn select_blocks_gpu(
     let hkv = c1.shape()[1];
     let g = hq / hkv;
     let scale_bits = (d as f32).powf(-0.5).to_bits() as i32;
-    if fused_stage1(q, hkv) {
-        return select_blocks_fused(q, c1, c2, first_pos, kv_len, sel, score_dtype);
-    }
     // Both score products as float32 matrix products, one per KV group: [Hkv, G·T, n] (the
     // kernel applies the scale).
     let qg = q.as_dtype(Dtype::Float32)?.reshape(&[hkv, g * t, d])?;
@@ -287,7 +286,8 @@ static BLOCK_SPARSE_ATTENTION: KernelSource = KernelSource {
     contiguous_inputs: false,
 };
 
-/// The block-sparse attention kernels (`models::sala::infllm::block_sparse_attention`).
+/// The block-sparse attention's general kernel (`models::sala::infllm::block_sparse_attention`
+/// picks between it, [`block_sparse_prefill_cuda`] and its MLX-ops version).
 #[allow(clippy::too_many_arguments)]
 pub fn block_sparse_attention_gpu(
     q: &Array,
@@ -301,10 +301,6 @@ pub fn block_sparse_attention_gpu(
     let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
     let hkv = kv.keys.shape()[1];
     let nsel = blocks.shape()[3];
-    let half = matches!(q.dtype(), Dtype::Bfloat16 | Dtype::Float16);
-    if backend() == Backend::Cuda && half && t >= MMA_QUERIES && hq / hkv <= 16 && d % 32 == 0 && d <= 128 && block == 64 {
-        return heads_to_rows(&block_sparse_prefill_cuda(q, kv, blocks, first_pos, block, scale)?, gate);
-    }
     // Few queries (decode) split the selected blocks among thread blocks to fill the GPU: one
     // split per selected block when the GPU has room for them (eval/results/kernel-notes.md),
     // else a power of two (few compiled variants).
@@ -367,7 +363,8 @@ pub fn decode_attention(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&Ar
         && t == 1
         && b as usize == kvs.len()
         && attention_kernel_fits(q, hkv)
-        && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && kv.keys.dtype() == q.dtype());
+        && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && kv.keys.dtype() == q.dtype())
+        && selfcheck::enabled(&DECODE_ATTENTION_CHECK);
     if !fits {
         return heads_to_rows(&decode_attention_mlx(q, kvs, scale)?, gate);
     }
@@ -399,6 +396,59 @@ pub fn decode_attention_mlx(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Ar
         1 => Ok(rows.into_iter().next().expect("one row")),
         _ => ops::concatenate(&rows, 0),
     }
+}
+
+/// The decode attention kernel against [`decode_attention_mlx`] in float32, for two bfloat16
+/// sequences of different lengths (one with recent tokens), q and the gate views of wider rows.
+pub static DECODE_ATTENTION_CHECK: KernelCheck = KernelCheck { name: "decode_attention", backends: CUDA_ONLY, run: check_decode_attention };
+
+fn check_decode_attention() -> Verdict {
+    let (hq, hkv, d) = (4, 2, 32);
+    let bf16 = Dtype::Bfloat16;
+    let scale = (d as f32).powf(-0.5);
+    // (buffer length, filled length, settled length: the rest is in a recent-token buffer).
+    let caches = [(96, 70, 70), (160, 130, 120)];
+    verify(
+        || {
+            let projected = sample(&[2, 1, 3 * hq * d], 61, bf16)?;
+            let mut buffers = Vec::new();
+            for (i, &(capacity, _, _)) in caches.iter().enumerate() {
+                let seed = 62 + 4 * i as u64;
+                let kv = [seed, seed + 1, seed + 2, seed + 3].map(|s| sample(&[1, hkv, capacity, d], s, bf16));
+                let [k, v, kr, vr] = kv;
+                buffers.push([k?, v?, kr?, vr?]);
+            }
+            Ok((projected, buffers))
+        },
+        |(projected, buffers)| {
+            let (q, gate) = check_query(projected, hq, d)?;
+            let parts = check_parts(buffers, &caches);
+            Ok(vec![decode_attention_cuda(&q, &parts, scale, Some(&gate))?])
+        },
+        |(projected, buffers)| {
+            let (q, gate) = check_query(projected, hq, d)?;
+            let f = |a: &Array| a.as_dtype(Dtype::Float32);
+            let filled = check_parts(buffers, &caches).iter().map(|p| p.filled()).collect::<Result<Vec<_>>>()?;
+            let filled = filled.iter().map(|(k, v)| Ok((f(k)?, f(v)?))).collect::<Result<Vec<_>>>()?;
+            let parts: Vec<_> = filled.iter().zip(&caches).map(|((k, v), &(_, len, _))| KvParts::history(k, v, len)).collect();
+            Ok(vec![heads_to_rows(&decode_attention_mlx(&f(&q)?, &parts, scale)?, Some(&f(&gate)?))?])
+        },
+    )
+}
+
+/// q `[B, Hq, 1, d]` and the gate `[B, 1, Hq·d]` as views of the projection's rows.
+fn check_query(projected: &Array, hq: i32, d: i32) -> Result<(Array, Array)> {
+    let b = projected.shape()[0];
+    let q = projected.try_index((.., .., ..hq * d))?.reshape(&[b, 1, hq, d])?.swap_axes(1, 2)?;
+    Ok((q, projected.try_index((.., .., 2 * hq * d..))?))
+}
+
+fn check_parts<'a>(buffers: &'a [[Array; 4]], caches: &[(i32, usize, usize)]) -> Vec<KvParts<'a>> {
+    buffers
+        .iter()
+        .zip(caches)
+        .map(|([k, v, kr, vr], &(_, len, settled))| KvParts { keys: k, values: v, recent: (settled < len).then_some((kr, vr)), settled, len })
+        .collect()
 }
 
 /// Sequences per launch of the decode attention kernel: each brings four buffers as kernel
@@ -570,10 +620,19 @@ static BLOCK_SPARSE_PREFILL: KernelSource = KernelSource {
     contiguous_inputs: false,
 };
 
-/// [`block_sparse_attention`] for many half-precision queries on CUDA's tensor cores
+/// Whether [`block_sparse_prefill_cuda`] takes these queries `[1, Hq, T, d]` over `hkv` KV heads:
+/// CUDA, half precision, many queries, at most 16 query heads per KV head, 64-token blocks.
+pub fn prefill_fits(q: &Array, hkv: i32, block: usize) -> bool {
+    let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
+    let half = matches!(q.dtype(), Dtype::Bfloat16 | Dtype::Float16);
+    backend() == Backend::Cuda && half && t >= MMA_QUERIES && hq / hkv <= 16 && d % 32 == 0 && d <= 128 && block == 64
+}
+
+/// The block-sparse attention for many half-precision queries on CUDA's tensor cores
 /// (`cuda/block_sparse_prefill.cu`): the same attention, with the probabilities rounded to the
-/// model's dtype before they weight the values, as flash attention rounds them.
-fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_pos: usize, block: usize, scale: f32) -> Result<Array> {
+/// model's dtype before they weight the values, as flash attention rounds them. Heads
+/// `[1, Hq, T, d]` (see [`heads_to_rows`]).
+pub fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_pos: usize, block: usize, scale: f32) -> Result<Array> {
     let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
     let hkv = kv.keys.shape()[1];
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
@@ -643,7 +702,7 @@ const SELECT_QUERIES_PER_BLOCK: i32 = 8;
 /// score matrices; bf16 keys scored as the reference scores them, float32 keys with ≈ 2⁻¹⁷
 /// relative error), then the pooling and top-k kernel, one thread block per query. Few queries
 /// (decode) split the windows into ranges over many thread blocks.
-fn select_blocks_fused(
+pub fn select_blocks_fused(
     q: &Array,
     c1: &Array,
     c2: &Array,

@@ -18,9 +18,15 @@ use crate::engine::source::ModelSource;
 use crate::engine::tokenizer::TextTokenizer;
 use crate::engine::tools::ToolFormat;
 use crate::engine::weights::{TensorSpec, Weights};
+use crate::kernels::selfcheck::KernelCheck;
 use decoder::{DecoderConfig, DecoderModel};
 use mlx_rs::Dtype;
 use std::path::Path;
+
+/// Every custom kernel's self-check (`kernels::selfcheck`), for `sala doctor` and the GPU tests.
+pub fn kernel_checks() -> Vec<&'static KernelCheck> {
+    crate::kernels::KERNEL_CHECKS.iter().chain(&sala::infllm::KERNEL_CHECKS).copied().collect()
+}
 
 /// Every `model_type` this build runs.
 pub fn supported_model_types() -> Vec<&'static str> {

@@ -20,6 +20,7 @@
 use crate::engine::cache::{KvCache, KvParts};
 use crate::engine::ops::{arange_i32, scalar, Pacer};
 use crate::kernels::custom::{backend, Backend};
+use crate::kernels::selfcheck::{self, sample, sample_quarters, verify, KernelCheck, Verdict, CUDA_AND_METAL, CUDA_ONLY};
 use crate::kernels::sparse::{self, heads_to_rows, BlockSelection, Selected};
 use mlx_rs::{error::Result, ops, ops::indexing::{IntoStrideBy, TryIndexOp}, Array, Dtype};
 
@@ -87,7 +88,7 @@ const SELECTION_CHUNK_BYTES: usize = 1 << 27;
 /// Queries per chunk of the selection, within [`SELECTION_CHUNK_BYTES`].
 fn selection_chunk(q: &Array, c1: &Array) -> usize {
     let (hkv, n1) = (c1.shape()[1] as usize, c1.shape()[2] as usize);
-    let rows = if sparse::fused_stage1(q, hkv as i32) { hkv } else { q.shape()[1] as usize };
+    let rows = if selection_kernel(q, hkv as i32) == Some(SelectionKernel::TensorCores) { hkv } else { q.shape()[1] as usize };
     (SELECTION_CHUNK_BYTES / (4 * rows * n1.max(1))).clamp(16, 4096)
 }
 
@@ -108,12 +109,11 @@ pub fn select_blocks_chunked(
     keep_scores: bool,
 ) -> Result<(Array, Option<Array>)> {
     let t = q.shape()[2] as usize;
-    let one = |q: &Array, first_pos: usize| {
-        if backend() == Backend::Cpu || q.shape()[0] != 1 {
-            select_blocks_mlx(q, c1, c2, first_pos, kv_len, sel, score_dtype)
-        } else {
-            sparse::select_blocks_gpu(q, c1, c2, first_pos, kv_len, sel, score_dtype)
-        }
+    let kernel = selection_kernel(q, c1.shape()[1]);
+    let one = |q: &Array, first_pos: usize| match kernel {
+        Some(SelectionKernel::TensorCores) => sparse::select_blocks_fused(q, c1, c2, first_pos, kv_len, sel, score_dtype),
+        Some(SelectionKernel::General) => sparse::select_blocks_gpu(q, c1, c2, first_pos, kv_len, sel, score_dtype),
+        None => select_blocks_mlx(q, c1, c2, first_pos, kv_len, sel, score_dtype),
     };
     if t <= chunk {
         let whole = one(q, first_pos)?;
@@ -134,6 +134,86 @@ pub fn select_blocks_chunked(
     // Scores not kept are freed as each part has run.
     let scores = if keep_scores { Some(ops::concatenate(&scores, 2)?) } else { None };
     Ok((blocks, scores))
+}
+
+/// The selection's kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SelectionKernel {
+    /// `sparse::select_blocks_fused` (CUDA, stage 1 on tensor cores).
+    TensorCores,
+    /// `sparse::select_blocks_gpu`.
+    General,
+}
+
+/// Which kernel selects the blocks of queries `q` over `hkv` KV heads: the tensor-core one where it
+/// fits, else the general one, each once it has passed its self-check; `None`: the MLX-ops
+/// version (the CPU, a batch of sequences, or both kernels switched off).
+fn selection_kernel(q: &Array, hkv: i32) -> Option<SelectionKernel> {
+    if backend() == Backend::Cpu || q.shape()[0] != 1 {
+        None
+    } else if sparse::fused_stage1(q, hkv) && selfcheck::enabled(&SELECT_MMA_CHECK) {
+        Some(SelectionKernel::TensorCores)
+    } else if selfcheck::enabled(&SELECT_CHECK) {
+        Some(SelectionKernel::General)
+    } else {
+        None
+    }
+}
+
+/// The kernels' self-checks whose oracles are here (the InfLLM-V2 math): `models::kernel_checks`
+/// lists them with the kernels' own.
+pub static KERNEL_CHECKS: [&KernelCheck; 4] = [&SELECT_CHECK, &SELECT_MMA_CHECK, &ATTENTION_CHECK, &PREFILL_CHECK];
+
+/// The selection's general kernels against [`select_blocks_mlx`]: five queries over a short context
+/// (one kernel), and one decoding query past `SPLIT_WINDOWS` level-1 windows (the two-kernel form).
+pub static SELECT_CHECK: KernelCheck = KernelCheck { name: "select_blocks", backends: CUDA_AND_METAL, run: check_select };
+
+/// The tensor-core stage 1 and the pooling kernel against [`select_blocks_mlx`] (bfloat16 queries
+/// and keys): sixteen queries over a short context, one decoding query over a long one.
+pub static SELECT_MMA_CHECK: KernelCheck = KernelCheck { name: "select_blocks_mma", backends: CUDA_ONLY, run: check_select_mma };
+
+/// Float32 queries (the general kernels also take them on CUDA).
+fn check_select() -> Verdict {
+    check_selection(Dtype::Float32, sparse::select_blocks_gpu)
+}
+
+fn check_select_mma() -> Verdict {
+    check_selection(Dtype::Bfloat16, sparse::select_blocks_fused)
+}
+
+type SelectionFn = fn(&Array, &Array, &Array, usize, usize, &BlockSelection, Dtype) -> Result<Selected>;
+
+/// `kernel` against [`select_blocks_mlx`] on queries in `dtype`, 4 heads over 2 KV heads, d = 32;
+/// the second head of each group is twice the first, and all values are multiples of 1/4, so the
+/// scores are exact and their order the same in both (see `selfcheck::sample_quarters`).
+fn check_selection(dtype: Dtype, kernel: SelectionFn) -> Verdict {
+    let sel = BlockSelection { block: 64, kernel: 32, stride: 16, kernel2: 128, stride2: 64, init_blocks: 1, local_blocks: 2, topk: 6 };
+    let (hkv, d) = (2, 32);
+    let windows = |len: usize, kernel: usize, stride: usize| ((len - kernel) / stride + 1) as i32;
+    // (queries, context length): a chunk of queries, and a decoding query with 2049 windows.
+    for (t, kv_len) in [(if dtype == Dtype::Float32 { 5 } else { 16 }, 1300usize), (1, 32_800)] {
+        let first = kv_len - t as usize;
+        verify(
+            || {
+                let half = sample_quarters(&[1, hkv, 1, t, d], 71, Dtype::Float32)?;
+                let q = ops::concatenate(&[&half, &half.multiply(Array::from_f32(2.0))?], 2)?.reshape(&[1, 2 * hkv, t, d])?.as_dtype(dtype)?;
+                let c1 = sample_quarters(&[1, hkv, windows(kv_len, sel.kernel, sel.stride), d], 72, dtype)?;
+                let c2 = sample_quarters(&[1, hkv, windows(kv_len, sel.kernel2, sel.stride2), d], 73, dtype)?;
+                q.eval()?;
+                Ok((q, c1, c2))
+            },
+            |(q, c1, c2)| {
+                let got = kernel(q, c1, c2, first, kv_len, &sel, Dtype::Float32)?;
+                Ok(vec![got.blocks, got.scores])
+            },
+            |(q, c1, c2)| {
+                let want = select_blocks_mlx(q, c1, c2, first, kv_len, &sel, Dtype::Float32)?;
+                Ok(vec![want.blocks, want.scores])
+            },
+        )
+        .map_err(|reason| format!("{t} queries over {kv_len} tokens: {reason}"))?;
+    }
+    Ok(())
 }
 
 /// Stage 1, max-pooling, forced blocks and top-k as MLX operations: the CPU path of
@@ -246,11 +326,72 @@ pub fn block_sparse_attention(
     scale: f32,
     gate: Option<&Array>,
 ) -> Result<Array> {
-    if backend() == Backend::Cpu || q.shape()[0] != 1 || !sparse::attention_kernel_fits(q, kv.keys.shape()[1]) {
-        let (k, v) = kv.filled()?;
-        return heads_to_rows(&block_sparse_attention_mlx(q, &k, &v, blocks, first_pos, block, scale)?, gate);
+    let hkv = kv.keys.shape()[1];
+    let kernel_fits = backend() != Backend::Cpu && q.shape()[0] == 1 && sparse::attention_kernel_fits(q, hkv);
+    if kernel_fits && sparse::prefill_fits(q, hkv, block) && selfcheck::enabled(&PREFILL_CHECK) {
+        return heads_to_rows(&sparse::block_sparse_prefill_cuda(q, kv, blocks, first_pos, block, scale)?, gate);
     }
-    sparse::block_sparse_attention_gpu(q, kv, blocks, first_pos, block, scale, gate)
+    if kernel_fits && selfcheck::enabled(&ATTENTION_CHECK) {
+        return sparse::block_sparse_attention_gpu(q, kv, blocks, first_pos, block, scale, gate);
+    }
+    let (k, v) = kv.filled()?;
+    heads_to_rows(&block_sparse_attention_mlx(q, &k, &v, blocks, first_pos, block, scale)?, gate)
+}
+
+/// The general attention kernel against [`block_sparse_attention_mlx`] in bfloat16: one decoding
+/// query with the output gate over a cache whose last tokens are in a recent-token buffer, and five
+/// queries over one history buffer.
+pub static ATTENTION_CHECK: KernelCheck = KernelCheck { name: "block_sparse_attention", backends: CUDA_AND_METAL, run: check_attention };
+
+/// The tensor-core prefill kernel likewise, for sixteen queries.
+pub static PREFILL_CHECK: KernelCheck = KernelCheck { name: "block_sparse_prefill", backends: CUDA_ONLY, run: check_prefill };
+
+fn check_attention() -> Verdict {
+    check_sparse_attention(1, true, 280, |q, kv, blocks, first, scale, gate| sparse::block_sparse_attention_gpu(q, kv, blocks, first, 64, scale, gate))?;
+    check_sparse_attention(5, false, 300, |q, kv, blocks, first, scale, gate| sparse::block_sparse_attention_gpu(q, kv, blocks, first, 64, scale, gate))
+}
+
+fn check_prefill() -> Verdict {
+    check_sparse_attention(16, true, 290, |q, kv, blocks, first, scale, gate| {
+        heads_to_rows(&sparse::block_sparse_prefill_cuda(q, kv, blocks, first, 64, scale)?, gate)
+    })
+}
+
+type AttentionFn = fn(&Array, &KvParts, &Array, usize, f32, Option<&Array>) -> Result<Array>;
+
+/// `kernel` against [`block_sparse_attention_mlx`] for `t` bfloat16 queries at the end of 300
+/// tokens (4 heads over 2 KV heads, d = 32, 64-token blocks), the first `settled` in a history
+/// buffer and the rest in a recent-token buffer, both with junk past what they hold; each query
+/// attends to blocks 0, 2, 4 (KV head 0) or 1, 3, 4 (KV head 1), then none (−1).
+fn check_sparse_attention(t: i32, gated: bool, settled: usize, kernel: AttentionFn) -> Verdict {
+    let (hq, hkv, d, len) = (4, 2, 32, 300usize);
+    let first = len - t as usize;
+    let scale = (d as f32).powf(-0.5);
+    let bf16 = Dtype::Bfloat16;
+    verify(
+        || {
+            let q = sample(&[1, hq, t, d], 81, bf16)?;
+            let gate_rows = sample(&[1, t, 2 * hq * d], 82, bf16)?;
+            // Each buffer with 20 positions of junk after what it holds.
+            let buffer = |seed: u64, positions: usize| sample(&[1, hkv, positions as i32 + 20, d], seed, bf16);
+            let (k, v, kr, vr) = (buffer(83, settled)?, buffer(84, settled)?, buffer(85, len - settled)?, buffer(86, len - settled)?);
+            let per_head: Vec<i32> = [[0, 2, 4, -1], [1, 3, 4, -1]].iter().flat_map(|b| b.repeat(t as usize)).collect();
+            let blocks = Array::from_slice(&per_head, &[1, hkv, t, 4]);
+            Ok((q, gate_rows, k, v, kr, vr, blocks))
+        },
+        |(q, gate_rows, k, v, kr, vr, blocks)| {
+            let gate = gated.then(|| gate_rows.try_index((.., .., hq * d..))).transpose()?;
+            let kv = KvParts { keys: k, values: v, recent: (settled < len).then_some((kr, vr)), settled, len };
+            Ok(vec![kernel(q, &kv, blocks, first, scale, gate.as_ref())?])
+        },
+        |(q, gate_rows, k, v, kr, vr, blocks)| {
+            let gate = gated.then(|| gate_rows.try_index((.., .., hq * d..))).transpose()?;
+            let kv = KvParts { keys: k, values: v, recent: (settled < len).then_some((kr, vr)), settled, len };
+            let (k, v) = kv.filled()?;
+            Ok(vec![heads_to_rows(&block_sparse_attention_mlx(q, &k, &v, blocks, first, 64, scale)?, gate.as_ref())?])
+        },
+    )
+    .map_err(|reason| format!("{t} queries: {reason}"))
 }
 
 /// Queries per piece of [`block_sparse_attention_mlx`] (the 9B's gathered keys and values of
