@@ -284,7 +284,7 @@ mod self_check {
     use mlx_rs::{error::Exception, error::Result, Array, Dtype};
     use sala::engine::ops::to_vec_f32;
     use sala::kernels::custom::Backend;
-    use sala::kernels::selfcheck::{self, verify, KernelCheck, Registry, Status, Verdict, CUDA_AND_METAL, CUDA_ONLY};
+    use sala::kernels::selfcheck::{self, verify, KernelCheck, Memo, Registry, Status, Verdict, CUDA_AND_METAL, CUDA_ONLY};
     use std::cell::RefCell;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -402,6 +402,64 @@ mod self_check {
         assert_eq!(product(&registry, &WRONG, Backend::Cuda, wrong, &x), want);
         assert_eq!(WRONG_RUNS.load(Ordering::SeqCst), 2);
         assert_eq!(warnings().len(), 5);
+    }
+
+    static MEMO_GOOD_RUNS: AtomicUsize = AtomicUsize::new(0);
+    static MEMO_GOOD: KernelCheck = KernelCheck {
+        name: "test_memo_good",
+        backends: CUDA_AND_METAL,
+        run: || {
+            MEMO_GOOD_RUNS.fetch_add(1, Ordering::SeqCst);
+            check_with(close)
+        },
+    };
+    static MEMO_BAD_RUNS: AtomicUsize = AtomicUsize::new(0);
+    static MEMO_BAD: KernelCheck = KernelCheck {
+        name: "test_memo_bad",
+        backends: CUDA_AND_METAL,
+        run: || {
+            MEMO_BAD_RUNS.fetch_add(1, Ordering::SeqCst);
+            check_with(wrong)
+        },
+    };
+
+    /// A check passed is remembered on disk for later processes (registries) of the same binary on
+    /// the same GPU, driver and MLX; a failed one never is; another backend or setting, or a
+    /// recheck (`sala doctor`), runs the check again.
+    #[test]
+    fn a_passed_check_is_remembered_for_later_processes_in_the_same_setting() {
+        let dir = std::env::temp_dir().join(format!("sala-kernel-memo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("sala").join("kernel-checks");
+        let memo = |setting: &str| Memo::new(path.clone(), setting.to_string());
+        let runs = || (MEMO_GOOD_RUNS.load(Ordering::SeqCst), MEMO_BAD_RUNS.load(Ordering::SeqCst));
+
+        let first = Registry::with_memo(record, memo("binary=1 mlx=0.32.2 gpu=G driver=13000"));
+        assert!(first.enabled(&MEMO_GOOD, Backend::Cuda));
+        assert!(!first.enabled(&MEMO_BAD, Backend::Cuda));
+        assert_eq!(runs(), (1, 1));
+
+        let later = Registry::with_memo(record, memo("binary=1 mlx=0.32.2 gpu=G driver=13000"));
+        assert!(later.enabled(&MEMO_GOOD, Backend::Cuda), "remembered as passed");
+        assert_eq!(later.status(&MEMO_GOOD, Backend::Cuda), Status::Verified);
+        assert!(!later.enabled(&MEMO_BAD, Backend::Cuda), "a failure is checked again, and fails again");
+        assert_eq!(runs(), (1, 2));
+        assert!(later.enabled(&MEMO_GOOD, Backend::Metal));
+        assert_eq!(runs(), (2, 2), "another backend is checked");
+        for other in ["binary=2 mlx=0.32.2 gpu=G driver=13000", "binary=1 mlx=0.32.2 gpu=G driver=13010", "binary=1 mlx=0.32.3 gpu=G driver=13000"] {
+            let registry = Registry::with_memo(record, memo(other));
+            assert!(registry.enabled(&MEMO_GOOD, Backend::Cuda));
+        }
+        assert_eq!(runs(), (5, 2), "another binary, driver or MLX is checked");
+        assert!(later.recheck(&MEMO_GOOD, Backend::Cuda));
+        assert_eq!(runs(), (6, 2), "a recheck runs the check whatever is remembered");
+
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        assert!(lines.iter().all(|l| l.starts_with("test_memo_good ")), "{text}");
+        assert!(!dir.join("sala").read_dir().unwrap().any(|e| e.unwrap().file_name().to_string_lossy().contains(".part")));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -145,6 +145,21 @@ fn cuda_multiprocessors() -> Option<u32> {
     }
 }
 
+/// The GPU driver's version where the backend has one apart from the OS: CUDA's (e.g. 13000).
+/// Metal comes with the OS.
+pub fn gpu_driver_version() -> Option<String> {
+    if gpu_backend() != Some("cuda") {
+        return None;
+    }
+    // SAFETY: cuDriverGetVersion(int*) of the CUDA driver API, checked for CUDA_SUCCESS (0).
+    unsafe {
+        let lib = libloading::Library::new("libcuda.so.1").ok()?;
+        let get = lib.get::<unsafe extern "C" fn(*mut i32) -> i32>(b"cuDriverGetVersion\0").ok()?;
+        let mut version = 0;
+        (get(&mut version) == 0).then(|| version.to_string())
+    }
+}
+
 /// The Apple GPU's core count (`gpu-core-count` of its AGXAccelerator in the IORegistry).
 fn metal_gpu_cores() -> Option<u32> {
     let out = std::process::Command::new("ioreg").args(["-r", "-d", "1", "-k", "gpu-core-count", "-c", "AGXAccelerator"]).output().ok()?;

@@ -7,13 +7,18 @@
 //!
 //! Each kernel registers a [`KernelCheck`] beside its launch; its public function asks
 //! [`enabled`] after its own shape checks, before it launches.
+//!
+//! MLX compiles custom kernels again in every process (seconds each on CUDA), so a check passed by
+//! this very binary on this GPU, driver and MLX is remembered on disk ([`Memo`]) and not run again
+//! by later processes; a failed one is never remembered. `sala doctor` always checks afresh.
 
 use super::custom::{backend, Backend};
 use crate::engine::ops::to_vec_f32;
 use mlx_rs::{error::Result, Array, Dtype};
 use rand::{Rng, SeedableRng};
 use std::collections::btree_map::{BTreeMap, Entry};
-use std::sync::{Mutex, MutexGuard};
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Relative error ‖kernel − oracle‖ / ‖oracle‖ up to which a check's float outputs agree: the GPU
 /// tests' tolerance for half precision. Checks run in bfloat16 where the kernel takes it, and
@@ -55,22 +60,124 @@ pub enum Status {
     Disabled(String),
 }
 
+/// Checks passed before, kept in a file: one line per kernel and backend, each naming the binary
+/// (a hash of its bytes: kernel sources, launch variants and the check itself are in it), the MLX
+/// version, the GPU and its driver. A line is trusted only if all of them match this process.
+pub struct Memo {
+    path: PathBuf,
+    /// What a line must say besides the kernel and backend.
+    setting: String,
+}
+
+impl Memo {
+    /// A memo at `path` for checks made in `setting` (what must match for a verdict to hold).
+    pub fn new(path: PathBuf, setting: String) -> Self {
+        Self { path, setting }
+    }
+
+    /// This machine's memo (`$XDG_CACHE_HOME/sala/kernel-checks`, else `~/.cache/…`); `None` when
+    /// there is no cache folder or the binary cannot be read.
+    fn this_machine() -> Option<&'static Memo> {
+        static MEMO: OnceLock<Option<Memo>> = OnceLock::new();
+        MEMO.get_or_init(|| {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+            let binary = std::fs::read(std::env::current_exe().ok()?).ok()?;
+            let gpu = crate::engine::device::gpu_info().and_then(|g| g.name).unwrap_or_default();
+            let setting = format!(
+                "binary={:016x} mlx={} gpu={} driver={} os={}",
+                xxhash_rust::xxh3::xxh3_64(&binary),
+                crate::engine::device::mlx_version(),
+                gpu.replace(' ', "_"),
+                crate::engine::device::gpu_driver_version().unwrap_or_default(),
+                sysinfo::System::kernel_version().unwrap_or_default().replace(' ', "_"),
+            );
+            Some(Memo::new(cache.join("sala").join("kernel-checks"), setting))
+        })
+        .as_ref()
+    }
+
+    fn line(&self, kernel: &str, backend: Backend) -> String {
+        format!("{kernel} {} {}", backend.name(), self.setting)
+    }
+
+    /// Whether `kernel` passed its check on `backend` in this setting before.
+    pub fn holds(&self, kernel: &str, backend: Backend) -> bool {
+        let line = self.line(kernel, backend);
+        std::fs::read_to_string(&self.path).is_ok_and(|text| text.lines().any(|l| l == line))
+    }
+
+    /// Remembers that `kernel` passed on `backend`; a file that cannot be written is left alone
+    /// (later processes check again). Written aside and renamed, so a reader never sees half a file.
+    pub fn record(&self, kernel: &str, backend: Backend) {
+        let line = self.line(kernel, backend);
+        let old = std::fs::read_to_string(&self.path).unwrap_or_default();
+        // Lines of other binaries, GPUs or drivers stay, within reason.
+        let mut lines: Vec<&str> = old.lines().filter(|l| *l != line).collect();
+        let keep_from = lines.len().saturating_sub(999);
+        lines.drain(..keep_from);
+        lines.push(&line);
+        let aside = self.path.with_extension(format!("{}.part", std::process::id()));
+        let written = self.path.parent().is_some_and(|dir| std::fs::create_dir_all(dir).is_ok())
+            && std::fs::write(&aside, lines.join("\n") + "\n").is_ok()
+            && std::fs::rename(&aside, &self.path).is_ok();
+        if !written {
+            let _ = std::fs::remove_file(&aside);
+        }
+    }
+}
+
+/// Where a registry keeps verdicts across processes.
+enum Memory {
+    /// Nowhere: every process checks.
+    None,
+    /// [`Memo::this_machine`].
+    ThisMachine,
+    At(Memo),
+}
+
 /// Each kernel's [`Status`] per backend, for one process (see [`enabled`]); its own instances serve
 /// tests.
 pub struct Registry {
     states: Mutex<BTreeMap<(&'static str, Backend), Status>>,
     warn: fn(&str),
+    memory: Memory,
 }
 
 impl Registry {
-    /// A registry that reports each kernel it switches off through `warn`, once.
+    /// A registry that reports each kernel it switches off through `warn`, once, and remembers
+    /// nothing across processes.
     pub const fn new(warn: fn(&str)) -> Self {
-        Self { states: Mutex::new(BTreeMap::new()), warn }
+        Self { states: Mutex::new(BTreeMap::new()), warn, memory: Memory::None }
+    }
+
+    /// [`Registry::new`] remembering passed checks in `memo`.
+    pub fn with_memo(warn: fn(&str), memo: Memo) -> Self {
+        Self { states: Mutex::new(BTreeMap::new()), warn, memory: Memory::At(memo) }
+    }
+
+    fn memo(&self) -> Option<&Memo> {
+        match &self.memory {
+            Memory::None => None,
+            Memory::ThisMachine => Memo::this_machine(),
+            Memory::At(memo) => Some(memo),
+        }
     }
 
     /// Whether `check`'s kernel may run on `backend`. The first call for a kernel and backend runs
-    /// its check; calls while it runs (another thread, or the check itself) answer no.
+    /// its check, unless the memo says this binary passed it here before; calls while it runs
+    /// (another thread, or the check itself) answer no.
     pub fn enabled(&self, check: &KernelCheck, backend: Backend) -> bool {
+        self.decide(check, backend, false)
+    }
+
+    /// Runs `check` now whatever is known (`sala doctor`), and says whether the kernel may run.
+    pub fn recheck(&self, check: &KernelCheck, backend: Backend) -> bool {
+        self.decide(check, backend, true)
+    }
+
+    fn decide(&self, check: &KernelCheck, backend: Backend, afresh: bool) -> bool {
         if !check.backends.contains(&backend) {
             return false;
         }
@@ -78,11 +185,18 @@ impl Registry {
         {
             let mut states = self.lock();
             match states.entry(key) {
-                Entry::Occupied(state) => return *state.get() == Status::Verified,
+                Entry::Occupied(state) if !afresh || *state.get() == Status::Checking => return *state.get() == Status::Verified,
+                Entry::Occupied(mut state) => {
+                    state.insert(Status::Checking);
+                }
                 Entry::Vacant(state) => {
                     state.insert(Status::Checking);
                 }
             }
+        }
+        if !afresh && self.memo().is_some_and(|m| m.holds(check.name, backend)) {
+            self.lock().insert(key, Status::Verified);
+            return true;
         }
         // Not under the lock: a check may launch other kernels, whose first use checks them.
         let status = match std::panic::catch_unwind(check.run) {
@@ -98,6 +212,11 @@ impl Registry {
             ));
         }
         let verified = status == Status::Verified;
+        if verified {
+            if let Some(memo) = self.memo() {
+                memo.record(check.name, backend);
+            }
+        }
         self.lock().insert(key, status);
         verified
     }
@@ -120,12 +239,18 @@ fn print_warning(message: &str) {
     eprintln!("warning: {message}");
 }
 
-static PROCESS: Registry = Registry::new(print_warning);
+static PROCESS: Registry = Registry { states: Mutex::new(BTreeMap::new()), warn: print_warning, memory: Memory::ThisMachine };
 
 /// Whether `check`'s kernel may run on the current backend ([`backend`]): never on the CPU, and
 /// on a GPU once it has passed its check, run at the first call.
 pub fn enabled(check: &KernelCheck) -> bool {
     PROCESS.enabled(check, backend())
+}
+
+/// Runs `check` afresh on the current backend (not trusting the memo) and says whether its kernel
+/// may run: `sala doctor`.
+pub fn recheck(check: &KernelCheck) -> bool {
+    PROCESS.recheck(check, backend())
 }
 
 /// Where `check`'s kernel stands on the current backend in this process.
