@@ -13,6 +13,10 @@ static C_TOKEN: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\w+|\*").unwrap(
 static RUST_FN_PTR: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r#"^(?s)Option<\s*unsafe extern "C" fn\((.*)\)\s*(->\s*(.*))?>$"#).unwrap());
 static SPACES: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\s+").unwrap());
+static BLOCK_COMMENT: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?s)/\*.*?\*/").unwrap());
+static LINE_COMMENT: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"//[^\n]*").unwrap());
+/// A struct field's name: `type name` or a function pointer `ret (*name)(params)`.
+static FIELD_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[^(]*\(\s*\*\s*(\w+)\s*\)|(\w+)\s*$").unwrap());
 
 fn headers_dir() -> PathBuf {
     PathBuf::from(env!("SALA_MLX_C_DIR")).join("mlx").join("c")
@@ -35,8 +39,8 @@ fn headers_text() -> String {
     let mut all = String::new();
     for path in paths {
         let text = std::fs::read_to_string(&path).unwrap();
-        let text = Regex::new(r"(?s)/\*.*?\*/").unwrap().replace_all(&text, " ");
-        let text = Regex::new(r"//[^\n]*").unwrap().replace_all(&text, " ");
+        let text = BLOCK_COMMENT.replace_all(&text, " ");
+        let text = LINE_COMMENT.replace_all(&text, " ");
         for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
             all.push_str(line);
             all.push('\n');
@@ -264,9 +268,7 @@ fn enum_constants_and_structs_match_the_headers() {
             .map(str::trim)
             .filter(|f| !f.is_empty())
             .map(|f| {
-                // `type name` or a function pointer `ret (*name)(params)`.
-                let name = Regex::new(r"^[^(]*\(\s*\*\s*(\w+)\s*\)|(\w+)\s*$").unwrap();
-                let c = name.captures(f).expect("field name");
+                let c = FIELD_NAME.captures(f).expect("field name");
                 let field = c.get(1).or(c.get(2)).unwrap().as_str();
                 format!("{field}:{}", c_type(f))
             })

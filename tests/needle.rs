@@ -198,7 +198,7 @@ fn cell(context_len: usize, depth: f64, score: f64) -> sala::eval::needle::CellR
 fn heatmap_canvas_holds_its_title_labels_and_colour_scale() {
     let mut fonts = resvg::usvg::fontdb::Database::new();
     fonts.load_system_fonts();
-    assert!(fonts.len() > 0, "no system fonts to render the heatmap's text with (Debian: fonts-dejavu-core)");
+    assert!(!fonts.is_empty(), "no system fonts to render the heatmap's text with (Debian: fonts-dejavu-core)");
     if fonts.faces().any(|f| f.families.iter().any(|(name, _)| name == "DejaVu Sans")) {
         fonts.set_sans_serif_family("DejaVu Sans");
     }

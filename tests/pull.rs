@@ -205,7 +205,8 @@ fn run_without_a_model_pulls_the_default_one_first() {
     let hub = start_hub_serving(DEFAULT_REPO, files, Faults::default());
     let cache = temp_cache("autopull");
 
-    let refusals: [(&[&str], &[(&str, &str)], &str); 4] = [
+    type Refusal<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let refusals: [Refusal; 4] = [
         (&["run", "--no-pull", "hello"], &[], "--no-pull"),
         (&["chat", "--no-pull"], &[], "--no-pull"),
         (&["serve", "--no-pull", "--port", "0"], &[], "--no-pull"),
