@@ -232,8 +232,8 @@ fn python() -> Result<String> {
         .into())
 }
 
-/// The checked-in bindings hold only for the headers they were generated from.
-fn check_headers(mlx_c: &Path) -> Result<()> {
+/// mlx-c's headers, `mlx/c/*.h`, sorted by name.
+fn headers(mlx_c: &Path) -> Result<Vec<PathBuf>> {
     let dir = mlx_c.join("mlx").join("c");
     let mut headers: Vec<PathBuf> = fs::read_dir(&dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?
@@ -242,8 +242,13 @@ fn check_headers(mlx_c: &Path) -> Result<()> {
         .filter(|p| p.extension().is_some_and(|x| x == "h"))
         .collect();
     headers.sort();
+    Ok(headers)
+}
+
+/// The checked-in bindings hold only for the headers they were generated from.
+fn check_headers(mlx_c: &Path) -> Result<()> {
     let mut hasher = Sha256::new();
-    for header in &headers {
+    for header in &headers(mlx_c)? {
         hasher.update(fs::read(header).map_err(|e| format!("{}: {e}", header.display()))?);
     }
     let digest = hex(&hasher.finalize());
@@ -251,7 +256,7 @@ fn check_headers(mlx_c: &Path) -> Result<()> {
         return Err(format!(
             "mlx-c's headers in {} (sha256 {digest}) are not the ones src/bindings.rs was generated \
              from ({HEADERS_SHA256}); regenerate with `--features mlx-sys/regenerate-bindings`",
-            dir.display()
+            mlx_c.join("mlx").join("c").display()
         ));
     }
     Ok(())
@@ -461,14 +466,6 @@ mod regenerate {
     /// with the aarch64 half types (`half_prelude.h`), so one file serves every platform.
     pub fn bindings(mlx_c: &Path) -> Result<()> {
         let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-        let header_dir = mlx_c.join("mlx").join("c");
-        let mut headers: Vec<PathBuf> = fs::read_dir(&header_dir)
-            .map_err(|e| format!("{}: {e}", header_dir.display()))?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "h"))
-            .collect();
-        headers.sort();
         let mut builder = bindgen::Builder::default()
             .rust_target("1.73.0".parse().expect("rust target"))
             .clang_arg("--target=x86_64-unknown-linux-gnu")
@@ -482,7 +479,7 @@ mod regenerate {
             .blocklist_type("FILE|_IO_.*|__off(64)?_t")
             .raw_line("pub type FILE = core::ffi::c_void;")
             .layout_tests(false);
-        for header in &headers {
+        for header in headers(mlx_c)? {
             builder = builder.header(header.display().to_string());
         }
         let text = builder.generate().map_err(|e| format!("bindgen: {e} (is libclang installed?)"))?.to_string();

@@ -210,7 +210,7 @@ fn kernel_checks() -> Vec<Check> {
 /// Memory of the device models run on by default: the GPU's own on CUDA, unified memory on
 /// Metal, host memory on the CPU.
 fn memory_check() -> Check {
-    let device = if device::gpu_available() { DeviceKind::Gpu } else { DeviceKind::Cpu };
+    let device = device::or_default(None);
     let total = total_bytes(device);
     let of_total = total.map_or(String::new(), |t| format!(" of {} ({})", human(t), device::describe(device)));
     match available_bytes(device) {

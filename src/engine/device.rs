@@ -46,9 +46,14 @@ pub fn gpu_backend() -> Option<&'static str> {
     }
 }
 
+/// The device `kind` names, by default the GPU when there is one.
+pub fn or_default(kind: Option<DeviceKind>) -> DeviceKind {
+    kind.unwrap_or(if gpu_available() { DeviceKind::Gpu } else { DeviceKind::Cpu })
+}
+
 /// Makes `kind` (default: the GPU when there is one) the device for all following work.
 pub fn select(kind: Option<DeviceKind>) -> Result<DeviceKind> {
-    let kind = kind.unwrap_or(if gpu_available() { DeviceKind::Gpu } else { DeviceKind::Cpu });
+    let kind = or_default(kind);
     match kind {
         DeviceKind::Gpu if !gpu_available() => {
             return Err(Error::Usage(

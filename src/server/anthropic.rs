@@ -301,14 +301,7 @@ fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -
            "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0})
 }
 
-async fn messages(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Response {
-    match answer(state, headers, body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn answer(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
+async fn messages(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
     let (bytes, lease) = super::accept(&state, &headers, body).await?;
     let (prepared, thinking) = super::prepare_blocking(&state, &lease, move |served| {
@@ -476,19 +469,14 @@ fn stream(
     Sse::new(tokio_stream::wrappers::UnboundedReceiverStream::new(out_rx)).keep_alive(KeepAlive::default()).into_response()
 }
 
-async fn count_tokens(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Response {
-    let counted = async {
-        let (bytes, lease) = super::accept(&state, &headers, body).await?;
-        super::prepare_blocking(&state, &lease, move |served| {
-            let (request, _) = parse(&bytes, served.model_id, served.tool_format, true)?;
-            Ok(openai::prepare(request, served)?.prompt.len())
-        })
-        .await
-    };
-    match counted.await {
-        Ok(n) => Json(json!({"input_tokens": n})).into_response(),
-        Err(e) => e.into_response(),
-    }
+async fn count_tokens(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
+    let (bytes, lease) = super::accept(&state, &headers, body).await?;
+    let counted = super::prepare_blocking(&state, &lease, move |served| {
+        let (request, _) = parse(&bytes, served.model_id, served.tool_format, true)?;
+        Ok(openai::prepare(request, served)?.prompt.len())
+    })
+    .await?;
+    Ok(Json(json!({"input_tokens": counted})).into_response())
 }
 
 #[cfg(test)]

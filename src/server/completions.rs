@@ -273,14 +273,7 @@ impl Choice {
     }
 }
 
-pub async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Response {
-    match complete(state, headers, body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn complete(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
+pub async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
     let (bytes, lease) = super::accept(&state, &headers, body).await?;
     let (request, prompts) = super::prepare_blocking(&state, &lease, move |served| prepare(&bytes, served)).await?;

@@ -176,7 +176,7 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
         .route("/v1/models", get(models::list))
         .route("/v1/models/download", post(models::download).get(models::downloads))
         .route("/v1/models/{*id}", axum::routing::delete(models::delete))
-        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions::handle))
         .route("/metrics", get(metrics::get))
         .merge(anthropic::routes())
@@ -409,13 +409,6 @@ pub(crate) fn shutting_down() -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "server_shutting_down", None, "the server is shutting down; retry against another instance")
 }
 
-async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Response {
-    match chat(state, headers, body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
 /// A generation request's common start: the key, not draining, the body, and a hold on the model
 /// it names (loaded first when the server serves the store).
 pub(crate) async fn accept(state: &Arc<AppState>, headers: &HeaderMap, body: axum::body::Body) -> Result<(axum::body::Bytes, pool::Lease), ApiError> {
@@ -424,7 +417,9 @@ pub(crate) async fn accept(state: &Arc<AppState>, headers: &HeaderMap, body: axu
         return Err(shutting_down());
     }
     let bytes = read_body(state, body, MAX_BODY_BYTES).await?;
-    let requested = requested_model(&bytes)?;
+    // With --model the full parse checks the name (`openai::check_model`); only a server of the
+    // store needs it first, to know which model prepares the request.
+    let requested = if state.pool.fixed { None } else { requested_model(&bytes)? };
     let lease = pool::acquire(state, requested.as_deref()).await?;
     Ok((bytes, lease))
 }
@@ -488,7 +483,7 @@ pub(crate) fn worker_gone() -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "worker_gone", None, "the model worker stopped")
 }
 
-async fn chat(state: Arc<AppState>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
+async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
     let (bytes, lease) = accept(&state, &headers, body).await?;
     let prepared = prepare_blocking(&state, &lease, move |served| openai::prepare_chat(&bytes, served)).await?;

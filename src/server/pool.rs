@@ -10,7 +10,7 @@ use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::state_file::StateDir;
 use crate::engine::tools::ToolFormat;
 use crate::load::{load, LoadOptions};
-use crate::store::cache::{cache_dir, ModelRef};
+use crate::store::cache::{cache_dir, dir_size, ModelRef};
 use axum::http::StatusCode;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -197,14 +197,12 @@ impl Pool {
 }
 
 /// A hold on the model a request names (`None`: it named none), loading it first when the server
-/// serves the store. With `--model` a request gets an answer at once while the model loads.
+/// serves the store. With `--model` a request gets an answer at once while the model loads, and
+/// the name is checked where the request is parsed.
 pub async fn acquire(state: &Arc<AppState>, requested: Option<&str>) -> Result<Lease, ApiError> {
     let pool = &state.pool;
     if pool.fixed {
         let slot = pool.only();
-        if let Some(name) = requested.filter(|n| *n != slot.id) {
-            return Err(not_served(name, &slot.id));
-        }
         return match (slot.ready.get(), slot.load_error.get()) {
             (Some(_), _) => Ok(Lease::new(slot)),
             (None, Some(e)) => Err(load_failed(e)),
@@ -228,16 +226,6 @@ pub async fn acquire(state: &Arc<AppState>, requested: Option<&str>) -> Result<L
     }
 }
 
-fn not_served(name: &str, served: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        "model_not_found",
-        Some("model"),
-        &format!("model `{name}` is not served here (this server serves `{served}`; see GET /v1/models)"),
-    )
-}
-
 fn load_failed(e: &str) -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "model_load_failed", None, &format!("the model failed to load: {e}"))
 }
@@ -254,19 +242,6 @@ fn in_store(name: &str) -> Result<PathBuf, ApiError> {
             &format!("model `{name}` is not in the store; fetch it first (`sala pull {name}`, or POST /v1/models/download)"),
         )
     })
-}
-
-/// Bytes of the files under `dir` (links followed): what loading it will take, roughly.
-fn size_on_disk(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    entries
-        .flatten()
-        .map(|e| match std::fs::metadata(e.path()) {
-            Ok(m) if m.is_dir() => size_on_disk(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
 }
 
 /// What to do about a model that is not loaded.
@@ -297,12 +272,8 @@ async fn slot_for(state: &Arc<AppState>, name: &str) -> Result<Lease, ApiError> 
                 let full = slots.len() >= pool.max_models;
                 // Room in memory too: what the files take against what the device has free.
                 let short_of_memory = || {
-                    crate::engine::memory::available_bytes(pool.settings.load.device.unwrap_or(if crate::engine::device::gpu_available() {
-                        crate::engine::device::DeviceKind::Gpu
-                    } else {
-                        crate::engine::device::DeviceKind::Cpu
-                    }))
-                        .is_some_and(|free| size_on_disk(path) > free)
+                    crate::engine::memory::available_bytes(crate::engine::device::or_default(pool.settings.load.device))
+                        .is_some_and(|free| dir_size(path) > free)
                 };
                 match lru_idle {
                     Some(victim) if full || short_of_memory() => {

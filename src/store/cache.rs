@@ -126,11 +126,18 @@ fn newest_snapshot(repo_dir: &Path) -> Option<PathBuf> {
         .map(|e| e.path())
 }
 
-/// Bytes of the regular files directly in `dir` (symlinks followed); 0 if it cannot be read.
+/// Bytes of the regular files in `dir` and its folders (symlinks followed); 0 for what cannot be
+/// read.
 pub fn dir_size(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|entries| entries.filter_map(|e| std::fs::metadata(e.ok()?.path()).ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
-        .unwrap_or(0)
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match std::fs::metadata(e.path()) {
+            Ok(m) if m.is_dir() => dir_size(&e.path()),
+            Ok(m) if m.is_file() => m.len(),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// Resolves what the user typed as `--model`: an existing path wins; otherwise a cached repo id.
