@@ -173,6 +173,13 @@ fn cli_usage_errors() {
     let (code, stderr) = sala(&["run", "--no-pull", "hello"]);
     assert_eq!(code, 1);
     assert!(stderr.contains("pass --model PATH"), "{stderr}");
+    // serve's store settings: a duration or `never`, at least one model.
+    let (code, stderr) = sala(&["serve", "--keep-alive", "soon"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("--keep-alive") && stderr.contains("give a duration such as 30s, 5m or 1h, or `never`"), "{stderr}");
+    let (code, stderr) = sala(&["serve", "--max-models", "0"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("--max-models") && stderr.contains("0 is not in 1.."), "{stderr}");
     let case = golden("A_dense_f32");
     let (code, stderr) = sala(&["run", "--model", case.to_str().unwrap(), "hello", "--device", "cpu"]);
     assert_eq!(code, 1);
