@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod contain;
 pub mod device;
+pub mod distributed;
 pub mod error;
 pub mod generate;
 pub mod gguf;
