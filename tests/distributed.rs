@@ -1,6 +1,7 @@
 //! MLX's ring backend from sala on this machine: two processes (this test binary again, one per
 //! rank) on 127.0.0.1 sum and gather arrays.
 
+use sala::engine::distributed::{Backend, TensorParallel};
 use std::process::Command;
 
 const CHILD: &str = "SALA_TEST_DISTRIBUTED_RANK";
@@ -10,20 +11,28 @@ const CHILD: &str = "SALA_TEST_DISTRIBUTED_RANK";
 #[ignore = "a rank of ring_backend_sums_over_two_processes"]
 fn ring_rank() {
     let Ok(rank) = std::env::var(CHILD) else { return };
-    let group = sala::engine::distributed::init("ring").unwrap();
-    assert_eq!(group.rank().to_string(), rank);
-    assert_eq!(group.size(), 2);
-    let cpu = mlx_rs::Stream::cpu();
-    let r = group.rank() as f32;
+    let tp = TensorParallel::join(Backend::Ring, 2).unwrap();
+    assert_eq!(tp.rank.to_string(), rank);
+    assert_eq!(tp.size, 2);
+    let r = tp.rank as f32;
     let x = mlx_rs::Array::from_slice(&[r + 1.0, 10.0 * (r + 1.0)], &[2]);
-    let sum = group.all_sum(&x, &cpu).unwrap();
-    let gathered = group.all_gather(&x, &cpu).unwrap();
-    println!("RESULT rank={} sum={:?} gathered={:?}", group.rank(), sum.as_slice::<f32>(), gathered.as_slice::<f32>());
+    let sum = tp.all_sum(&x).unwrap();
+    let gathered = tp.all_gather(&x).unwrap();
+    let broadcast = tp.broadcast(&[tp.rank as i32 + 5, 7]).unwrap();
+    println!(
+        "RESULT rank={} sum={:?} gathered={:?} broadcast={broadcast:?}",
+        tp.rank,
+        sum.as_slice::<f32>(),
+        gathered.as_slice::<f32>()
+    );
+    tp.check_agree(&[3, 4], "a constant").unwrap();
+    let differs = tp.check_agree(&[tp.rank as i64], "the rank").unwrap_err().to_string();
+    assert!(differs.contains("disagree on the rank"), "{differs}");
 }
 
 #[test]
 fn ring_backend_sums_over_two_processes() {
-    assert!(sala::engine::distributed::is_available("ring"), "the MLX build has no ring backend");
+    assert!(sala::engine::distributed::is_available(Backend::Ring), "the MLX build has no ring backend");
     let ports: Vec<u16> = (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
     let hostfile = std::env::temp_dir().join(format!("sala-ring-{}.json", std::process::id()));
     let hosts: Vec<Vec<String>> = ports.iter().map(|p| vec![format!("127.0.0.1:{p}")]).collect();
@@ -41,7 +50,7 @@ fn ring_backend_sums_over_two_processes() {
     for (rank, out) in ranks.into_iter().map(|c| c.join().unwrap()).enumerate() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "rank {rank}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-        assert!(stdout.contains(&format!("RESULT rank={rank} sum=[3.0, 30.0] gathered=[1.0, 10.0, 2.0, 20.0]")), "{stdout}");
+        assert!(stdout.contains(&format!("RESULT rank={rank} sum=[3.0, 30.0] gathered=[1.0, 10.0, 2.0, 20.0] broadcast=[5, 7]")), "{stdout}");
     }
     std::fs::remove_file(hostfile).unwrap();
 }
@@ -64,7 +73,7 @@ fn lone_rank() {
     if std::env::var(CHILD).is_err() {
         return;
     }
-    let error = sala::engine::distributed::init("ring").err().expect("no hostfile: init must fail");
+    let error = TensorParallel::join(Backend::Ring, 2).err().expect("no hostfile: joining must fail");
     println!("ERROR {error}");
 }
 
