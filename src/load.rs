@@ -5,6 +5,7 @@
 use crate::engine::cache::Window;
 use crate::engine::config::ConfigFile;
 use crate::engine::device::{self, DeviceKind};
+use crate::engine::distributed::TensorParallel;
 use crate::engine::memory;
 use crate::engine::model::LanguageModel;
 use crate::engine::source::ModelSource;
@@ -30,6 +31,8 @@ pub struct LoadOptions {
     pub window: Option<Window>,
     /// With no model given and the default one not in the store: refuse instead of pulling it.
     pub no_pull: bool,
+    /// This process's rank of a tensor-parallel group (a single device by default).
+    pub tp: TensorParallel,
 }
 
 impl LoadOptions {
@@ -101,7 +104,9 @@ pub fn compute_dtype(asked: Option<Dtype>, device: DeviceKind, storage: Option<D
 }
 
 /// Refuses, before anything is loaded, when the weights and one sequence's cache of `tokens`
-/// tokens will not fit in the memory of `device`.
+/// tokens will not fit in the memory of `device`. Under tensor parallelism, `weights_bytes` is
+/// one rank's and the cache is split over `ranks`.
+#[allow(clippy::too_many_arguments)]
 pub fn preflight(
     what: &str,
     cfg: &ConfigFile,
@@ -110,10 +115,11 @@ pub fn preflight(
     window: Option<Window>,
     tokens: usize,
     device: DeviceKind,
+    ranks: usize,
 ) -> anyhow::Result<()> {
     // A StreamingLLM window caps what the cache holds.
     let held = window.map_or(tokens, |w| tokens.min(w.capacity + w.capacity / 8));
-    let cache = models::cache_bytes(cfg, held, memory::dtype_bytes(dtype))?;
+    let cache = models::cache_bytes(cfg, held, memory::dtype_bytes(dtype))? / ranks as u64;
     memory::check_fits(what, weights_bytes, cache, tokens, device)?;
     Ok(())
 }
@@ -127,6 +133,8 @@ pub struct LoadedModel {
     /// What model and tokenizer states made by it belong to (prompt cache files).
     pub fingerprint: Fingerprint,
     weights_bytes: u64,
+    /// Tensor-parallel ranks the model is split over (1: one device).
+    ranks: usize,
     cfg: ConfigFile,
     dtype: Dtype,
     window: Option<Window>,
@@ -140,7 +148,7 @@ impl LoadedModel {
 
     /// Refuses when weights + a cache of `tokens` tokens will not fit in memory.
     pub fn check_fits(&self, tokens: usize) -> anyhow::Result<()> {
-        preflight(&self.path.display().to_string(), &self.cfg, self.dtype, self.weights_bytes, self.window, tokens, self.device)
+        preflight(&self.path.display().to_string(), &self.cfg, self.dtype, self.weights_bytes, self.window, tokens, self.device, self.ranks)
     }
 }
 
@@ -158,13 +166,16 @@ pub fn load(options: &LoadOptions, tokens: usize) -> anyhow::Result<LoadedModel>
 pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, options: &LoadOptions, tokens: usize) -> anyhow::Result<LoadedModel> {
     let cfg = source.config()?;
     let dtype = compute_dtype(options.dtype, device, source.weights.storage_dtype());
-    let weights_bytes = memory::weights_bytes(&source, dtype);
-    preflight(&path.display().to_string(), &cfg, dtype, weights_bytes, options.window, tokens, device)?;
+    let tp = &options.tp;
+    let weights_bytes = memory::weights_bytes_per_rank(&source, dtype, tp.size);
+    preflight(&path.display().to_string(), &cfg, dtype, weights_bytes, options.window, tokens, device, tp.size)?;
     let fingerprint = Fingerprint::of(&source, dtype)?;
-    let mut model = models::build(&cfg, &mut source.weights, Some(dtype)).map_err(|e| naming(e, "loading", &path))?;
+    // Every rank must hold its part of the same model in the same dtype, or their sums are garbage.
+    tp.check_agree(&fingerprint.digest_words(), "the model they loaded (its config, tensors or dtype differ)")?;
+    let mut model = models::build(&cfg, &mut source.weights, Some(dtype), tp).map_err(|e| naming(e, "loading", &path))?;
     if let Some(window) = options.window {
         model.set_window(window)?;
     }
     let tokenizer = source.tokenizer(model.info().bos_token_id)?;
-    Ok(LoadedModel { model, tokenizer, path, device, fingerprint, weights_bytes, cfg, dtype, window: options.window })
+    Ok(LoadedModel { model, tokenizer, path, device, fingerprint, weights_bytes, ranks: tp.size, cfg, dtype, window: options.window })
 }

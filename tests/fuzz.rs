@@ -464,7 +464,7 @@ fn fuzz_sala_file() {
         let Ok((_, mut source)) = sala::store::summary::summarize(&path, None) else { return false };
         // Accepted: the model is built and runs a step.
         let Ok(cfg) = source.config() else { return false };
-        let Ok(model) = sala::models::build(&cfg, &mut source.weights, Some(mlx_rs::Dtype::Float32)) else { return false };
+        let Ok(model) = sala::models::build(&cfg, &mut source.weights, Some(mlx_rs::Dtype::Float32), &Default::default()) else { return false };
         let input = mlx_rs::Array::from_slice(&[1i32, 2, 3], &[1, 3]);
         let logits = model.forward(&input, &mut model.new_cache(), sala::engine::model::Logits::Last, None);
         let tokenizer = source.tokenizer(model.info().bos_token_id);

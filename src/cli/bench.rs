@@ -122,7 +122,7 @@ fn load_choice(choice: ModelChoice, args: &BenchArgs, tokens: usize) -> anyhow::
             let options = args.runtime.options(None);
             let device = device::select(options.device)?;
             let dtype = compute_dtype(options.dtype, device, Some(Dtype::Bfloat16));
-            preflight(&synthetic.name, &synthetic.cfg, dtype, synthetic.weights_bytes(dtype), None, tokens, device)
+            preflight(&synthetic.name, &synthetic.cfg, dtype, synthetic.weights_bytes(dtype), None, tokens, device, 1)
                 .map_err(|e| anyhow::anyhow!("{e}; for a synthetic model, --bits 8 or 4 quantizes it"))?;
             let build = bytes_progress(&format!("building {}", synthetic.name), synthetic.weights_bytes(dtype));
             let source = synthetic.build(dtype, |bytes| build.inc(bytes))?;

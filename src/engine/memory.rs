@@ -73,6 +73,12 @@ pub fn default_state_budget() -> u64 {
 
 /// Bytes of the weights once loaded in `dtype` (float tensors cast, quantized ones as stored).
 pub fn weights_bytes(source: &ModelSource, dtype: Dtype) -> u64 {
+    weights_bytes_per_rank(source, dtype, 1)
+}
+
+/// [`weights_bytes`] on each of `ranks` tensor-parallel ranks: the layers' matrices are split
+/// between them; embeddings, the output head and vectors are whole on every rank.
+pub fn weights_bytes_per_rank(source: &ModelSource, dtype: Dtype, ranks: usize) -> u64 {
     let size = dtype_bytes(dtype) as u64;
     source
         .weights
@@ -80,10 +86,12 @@ pub fn weights_bytes(source: &ModelSource, dtype: Dtype) -> u64 {
         .iter()
         .map(|(name, info)| {
             let quant_part = name.ends_with(".scales") || name.ends_with(".biases");
-            if float_dtype(&info.dtype).is_some() && !quant_part {
-                info.numel() as u64 * size
+            let bytes = if float_dtype(&info.dtype).is_some() && !quant_part { info.numel() as u64 * size } else { info.nbytes() };
+            let split = name.starts_with("model.layers.") && info.shape.len() == 2;
+            if split {
+                bytes / ranks as u64
             } else {
-                info.nbytes()
+                bytes
             }
         })
         .sum()

@@ -64,6 +64,15 @@ impl Fingerprint {
     }
 }
 
+impl Fingerprint {
+    /// The model digest as whole numbers (the first 16 hex digits in two halves), for ranks to
+    /// compare through a collective.
+    pub fn digest_words(&self) -> [i64; 2] {
+        let word = |at: usize| self.model.get(at..at + 8).and_then(|h| i64::from_str_radix(h, 16).ok()).unwrap_or(0);
+        [word(0), word(8)]
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -9,7 +9,7 @@
 
 use super::error::{Error, Result};
 use super::quant::{QuantConfig, QuantFormat};
-use mlx_rs::{Array, Dtype};
+use mlx_rs::{ops::indexing::TryIndexOp, Array, Dtype};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
@@ -46,6 +46,15 @@ enum Location {
     /// Absolute byte range in `TensorInfo::file`.
     File { offset: u64, len: u64 },
     Memory(Array),
+}
+
+/// Which part of a tensor to load: all of it, a block of its rows (first axis), or a block of its
+/// columns (last axis).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    Whole,
+    Rows(std::ops::Range<usize>),
+    Cols(std::ops::Range<usize>),
 }
 
 /// Header facts of one tensor.
@@ -316,6 +325,59 @@ impl Weights {
                 })?;
                 // SAFETY: `bytes` holds exactly numel × itemsize bytes (checked against the header).
                 Ok(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), &info.shape, dtype) })
+            }
+        }
+    }
+
+    /// Loads `part` of one tensor in its stored dtype, reading only that part from its file:
+    /// a rank's shard of a matrix split for tensor parallelism.
+    pub fn raw_part(&self, name: &str, part: &Part) -> Result<Array> {
+        let info = self.info(name, &[])?;
+        let (axis, range) = match part {
+            Part::Whole => return self.raw(name),
+            Part::Rows(r) => (0, r.clone()),
+            Part::Cols(r) => (info.shape.len().saturating_sub(1), r.clone()),
+        };
+        let Some(&dim) = info.shape.get(axis) else {
+            return Err(self.bad(name, "is a scalar; it cannot be split".into()));
+        };
+        if range.start > range.end || range.end > dim as usize {
+            return Err(self.bad(name, format!("has {dim} entries along axis {axis}; part {range:?} is outside them")));
+        }
+        let mut shape = info.shape.clone();
+        shape[axis] = range.len() as i32;
+        match &info.location {
+            Location::Memory(array) => {
+                let slice = if axis == 0 {
+                    array.try_index(range.start as i32..range.end as i32)?
+                } else {
+                    array.try_index((.., range.start as i32..range.end as i32))?
+                };
+                // Adding zero gives the part a buffer of its own, so the whole tensor can be freed.
+                Ok(slice.add(crate::engine::ops::scalar(0.0, slice.dtype())?)?)
+            }
+            Location::File { offset, .. } => {
+                let dtype = stored_dtype(&info.dtype).ok_or_else(|| self.bad(name, format!("has dtype {} which MLX cannot load", info.dtype)))?;
+                let item = dtype_size(&info.dtype).unwrap_or(0);
+                // Bytes of one entry along `axis`: a row of the rest, or one element.
+                let inner: u64 = info.shape[axis + 1..].iter().map(|&d| d as u64).product::<u64>() * item;
+                let outer: usize = info.shape[..axis].iter().map(|&d| d as usize).product();
+                let stride = dim as u64 * inner;
+                let (start, len) = (range.start as u64 * inner, range.len() as u64 * inner);
+                let bytes = if outer == 1 {
+                    read_range(&info.file, offset + start, len, &|_, _| Ok(()))?
+                } else {
+                    // A column block: one read per row, only this part's columns.
+                    use std::os::unix::fs::FileExt;
+                    let file = std::fs::File::open(&info.file).map_err(|e| Error::io(&info.file, e))?;
+                    let mut buf = vec![0u8; outer * len as usize];
+                    for (row, piece) in buf.chunks_mut(len as usize).enumerate() {
+                        file.read_exact_at(piece, offset + row as u64 * stride + start).map_err(|e| Error::io(&info.file, e))?;
+                    }
+                    buf
+                };
+                // SAFETY: `bytes` holds exactly the part's numel × itemsize bytes.
+                Ok(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), &shape, dtype) })
             }
         }
     }

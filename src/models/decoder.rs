@@ -8,6 +8,7 @@
 
 use crate::engine::cache::{layer_caches, layer_outputs, KvCache, LayerCache, ModelCache, Window};
 use crate::engine::config::{size_product, ConfigFile, MAX_HEAD_DIM};
+use crate::engine::distributed::TensorParallel;
 use crate::engine::error::{Error, Result};
 use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
@@ -189,25 +190,21 @@ struct Attention {
 }
 
 impl Attention {
-    fn load(weights: &Weights, prefix: &str, c: &DecoderConfig, dtype: Dtype) -> Result<Self> {
-        let linear = |name: &str, bias: bool| {
-            let module = format!("{prefix}.{name}");
-            if bias {
-                Linear::load_with_bias(weights, &module, dtype)
-            } else {
-                Linear::load(weights, &module, dtype)
-            }
-        };
+    /// This rank's heads: their q, k, v rows and o_proj columns.
+    fn load(weights: &Weights, prefix: &str, c: &DecoderConfig, dtype: Dtype, tp: &TensorParallel) -> Result<Self> {
+        let heads = tp.part(c.heads, "the attention heads (num_attention_heads)")?.len();
+        let kv_heads = tp.part(c.kv_heads, "the key-value heads (num_key_value_heads)")?.len();
+        let rows = |name: &str| Linear::column_parallel(weights, &format!("{prefix}.{name}"), dtype, c.qkv_bias, tp);
         let norm = |name: &str| RmsNorm::load(weights, &format!("{prefix}.{name}"), c.rms_norm_eps, dtype);
         Ok(Self {
-            q_proj: linear("q_proj", c.qkv_bias)?,
-            k_proj: linear("k_proj", c.qkv_bias)?,
-            v_proj: linear("v_proj", c.qkv_bias)?,
-            o_proj: linear("o_proj", c.o_bias)?,
+            q_proj: rows("q_proj")?,
+            k_proj: rows("k_proj")?,
+            v_proj: rows("v_proj")?,
+            o_proj: Linear::row_parallel(weights, &format!("{prefix}.o_proj"), dtype, c.o_bias, tp)?,
             q_norm: if c.qk_norm { Some(norm("q_norm")?) } else { None },
             k_norm: if c.qk_norm { Some(norm("k_norm")?) } else { None },
-            heads: c.heads as i32,
-            kv_heads: c.kv_heads as i32,
+            heads: heads as i32,
+            kv_heads: kv_heads as i32,
             head_dim: c.head_dim as i32,
         })
     }
@@ -258,7 +255,8 @@ pub struct DecoderModel {
 }
 
 impl DecoderModel {
-    pub fn load(mut config: DecoderConfig, weights: &mut Weights, dtype: Option<Dtype>) -> Result<Self> {
+    /// The model, or under tensor parallelism this rank's part of it (`tp`).
+    pub fn load(mut config: DecoderConfig, weights: &mut Weights, dtype: Option<Dtype>, tp: &TensorParallel) -> Result<Self> {
         config.resolve_tie(weights);
         weights.check(&config.tensor_specs()?, &config.model_type)?;
         let dtype = dtype.or_else(|| weights.storage_dtype()).unwrap_or(Dtype::Bfloat16);
@@ -269,8 +267,8 @@ impl DecoderModel {
                 Ok(Layer {
                     input_norm: RmsNorm::load(weights, &format!("{p}.input_layernorm"), eps, dtype)?,
                     post_norm: RmsNorm::load(weights, &format!("{p}.post_attention_layernorm"), eps, dtype)?,
-                    attn: Attention::load(weights, &format!("{p}.self_attn"), &config, dtype)?,
-                    mlp: Mlp::load(weights, &format!("{p}.mlp"), dtype)?,
+                    attn: Attention::load(weights, &format!("{p}.self_attn"), &config, dtype, tp)?,
+                    mlp: Mlp::load(weights, &format!("{p}.mlp"), dtype, tp)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;

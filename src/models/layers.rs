@@ -1,10 +1,11 @@
 //! Building blocks shared by the model families.
 
-use crate::engine::error::Result;
+use crate::engine::distributed::TensorParallel;
+use crate::engine::error::{Error, Result};
 use crate::engine::model::{Logits, Trace};
 use crate::engine::ops::scalar;
 use crate::engine::quant::QuantizedMatrix;
-use crate::engine::weights::Weights;
+use crate::engine::weights::{Part, Weights};
 use crate::engine::device::on_cpu;
 use crate::kernels::qmv::{epilogue_mlx, quantized_matmul_t, quantized_matmul_t_normed, quantized_matmul_t_then, swiglu_mlx, Epilogue, GateIn, RmsNormIn};
 use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
@@ -47,18 +48,45 @@ pub enum Matrix {
 impl Matrix {
     /// Loads `{module}.weight` (and `.scales`/`.biases` when the checkpoint quantized it).
     pub fn load(weights: &Weights, module: &str, dtype: Dtype) -> Result<Self> {
+        Self::load_part(weights, module, dtype, Part::Whole)
+    }
+
+    /// Loads `part` of the `[out, in]` matrix `module`: a block of output rows or of input
+    /// columns, in the matrix's own (unpacked) units. A quantized matrix is split as stored,
+    /// never expanded: its packed words and its scales and biases by whole quantization groups.
+    pub fn load_part(weights: &Weights, module: &str, dtype: Dtype, part: Part) -> Result<Self> {
         let weight = format!("{module}.weight");
         Ok(match weights.quantized(module) {
-            Some(format) => Matrix::Quantized(
-                QuantizedMatrix {
-                    packed: weights.raw(&weight)?,
-                    scales: weights.raw(&format!("{module}.scales"))?,
-                    biases: weights.raw(&format!("{module}.biases"))?,
-                    format,
-                }
-                .for_device(dtype)?,
-            ),
-            None => Matrix::Dense(weights.get(&weight, dtype)?),
+            Some(format) => {
+                let (packed, groups) = match &part {
+                    Part::Cols(c) => {
+                        let g = format.group_size as usize;
+                        if c.start % g != 0 || c.len() % g != 0 {
+                            return Err(Error::Usage(format!(
+                                "tensor parallelism gives each rank {} of `{module}`'s input columns, not a multiple of its \
+                                 quantization group size {g}: choose a --tp whose share is a multiple of {g}",
+                                c.len()
+                            )));
+                        }
+                        let words = |n: usize| n * format.bits as usize / 32;
+                        (Part::Cols(words(c.start)..words(c.end)), Part::Cols(c.start / g..c.end / g))
+                    }
+                    rows => (rows.clone(), rows.clone()),
+                };
+                Matrix::Quantized(
+                    QuantizedMatrix {
+                        packed: weights.raw_part(&weight, &packed)?,
+                        scales: weights.raw_part(&format!("{module}.scales"), &groups)?,
+                        biases: weights.raw_part(&format!("{module}.biases"), &groups)?,
+                        format,
+                    }
+                    .for_device(dtype)?,
+                )
+            }
+            None => {
+                let w = weights.raw_part(&weight, &part)?;
+                Matrix::Dense(if w.dtype() == dtype { w } else { w.as_dtype(dtype)? })
+            }
         })
     }
 
@@ -184,8 +212,9 @@ pub struct Projections<const N: usize> {
 }
 
 impl<const N: usize> Projections<N> {
-    pub fn load(weights: &Weights, names: [String; N], dtype: Dtype) -> Result<Self> {
-        let parts = names.iter().map(|n| Linear::load(weights, n, dtype)).collect::<Result<Vec<_>>>()?;
+    /// The projections `names`, each split by output rows over the ranks of `tp` (column-parallel).
+    pub fn load(weights: &Weights, names: [String; N], dtype: Dtype, tp: &TensorParallel) -> Result<Self> {
+        let parts = names.iter().map(|n| Linear::column_parallel(weights, n, dtype, false, tp)).collect::<Result<Vec<_>>>()?;
         let matrices: Vec<&Matrix> = parts.iter().map(|p| &p.weight).collect();
         let Some(stacked) = Matrix::stack(&matrices)? else { return Ok(Self { stacked: None, parts }) };
         // Built now, so the separate matrices are freed as loading goes rather than all being held
@@ -238,12 +267,13 @@ pub enum QkvGate {
 }
 
 impl QkvGate {
-    /// `{prefix}.q_proj`, `.k_proj`, `.v_proj` and `{prefix}.{gate}` when given.
-    pub fn load(weights: &Weights, prefix: &str, gate: Option<&str>, dtype: Dtype) -> Result<Self> {
+    /// `{prefix}.q_proj`, `.k_proj`, `.v_proj` and `{prefix}.{gate}` when given, each this rank's
+    /// block of output rows (its heads).
+    pub fn load(weights: &Weights, prefix: &str, gate: Option<&str>, dtype: Dtype, tp: &TensorParallel) -> Result<Self> {
         let name = |n: &str| format!("{prefix}.{n}");
         Ok(match gate {
-            None => Self::Plain(Projections::load(weights, ["q_proj", "k_proj", "v_proj"].map(name), dtype)?),
-            Some(g) => Self::Gated(Projections::load(weights, ["q_proj", "k_proj", "v_proj", g].map(name), dtype)?),
+            None => Self::Plain(Projections::load(weights, ["q_proj", "k_proj", "v_proj"].map(name), dtype, tp)?),
+            Some(g) => Self::Gated(Projections::load(weights, ["q_proj", "k_proj", "v_proj", g].map(name), dtype, tp)?),
         })
     }
 
@@ -267,24 +297,61 @@ impl QkvGate {
     }
 }
 
-/// y = x · Wᵀ (+ b).
+/// y = x · Wᵀ (+ b). Under tensor parallelism a projection is either column-parallel (each rank
+/// holds a block of W's output rows and computes that block of y) or row-parallel (each rank holds
+/// a block of W's input columns, multiplies the matching block of x, and the ranks sum their
+/// partial products before the bias).
 pub struct Linear {
     pub weight: Matrix,
     pub bias: Option<Array>,
+    /// The ranks whose partial products are summed (row-parallel over more than one rank).
+    sum_over: Option<TensorParallel>,
 }
 
 impl Linear {
     pub fn load(weights: &Weights, name: &str, dtype: Dtype) -> Result<Self> {
-        Ok(Self { weight: Matrix::load(weights, name, dtype)?, bias: None })
+        Ok(Self { weight: Matrix::load(weights, name, dtype)?, bias: None, sum_over: None })
     }
 
-    /// A projection with a bias vector `{name}.bias`.
-    pub fn load_with_bias(weights: &Weights, name: &str, dtype: Dtype) -> Result<Self> {
-        Ok(Self { weight: Matrix::load(weights, name, dtype)?, bias: Some(weights.get(&format!("{name}.bias"), dtype)?) })
+    /// This rank's block of output rows of `name` (and of its bias vector `{name}.bias`, if `bias`).
+    pub fn column_parallel(weights: &Weights, name: &str, dtype: Dtype, bias: bool, tp: &TensorParallel) -> Result<Self> {
+        let part = Self::share(weights, name, 0, tp)?;
+        let bias = bias.then(|| -> Result<Array> { Ok(weights.raw_part(&format!("{name}.bias"), &part)?.as_dtype(dtype)?) }).transpose()?;
+        Ok(Self { weight: Matrix::load_part(weights, name, dtype, part)?, bias, sum_over: None })
+    }
+
+    /// This rank's block of input columns of `name`; the bias `{name}.bias` (if `bias`) is whole,
+    /// added once after the sum.
+    pub fn row_parallel(weights: &Weights, name: &str, dtype: Dtype, bias: bool, tp: &TensorParallel) -> Result<Self> {
+        let part = match Self::share(weights, name, 1, tp)? {
+            Part::Rows(r) => Part::Cols(r),
+            whole => whole,
+        };
+        let bias = bias.then(|| weights.get(&format!("{name}.bias"), dtype)).transpose()?;
+        Ok(Self { weight: Matrix::load_part(weights, name, dtype, part)?, bias, sum_over: (!tp.is_single()).then(|| tp.clone()) })
+    }
+
+    /// This rank's equal share of `name`'s dimension `axis` (0: rows, 1: columns), as rows.
+    fn share(weights: &Weights, name: &str, axis: usize, tp: &TensorParallel) -> Result<Part> {
+        if tp.is_single() {
+            return Ok(Part::Whole);
+        }
+        // A quantized matrix's header shape counts packed words; its scales count groups.
+        let weight = format!("{name}.weight");
+        let shape = &weights.infos().get(&weight).ok_or_else(|| Error::Usage(format!("internal: no tensor `{weight}`")))?.shape;
+        let n = match (axis, weights.quantized(name)) {
+            (1, Some(f)) => shape[1] as usize * 32 / f.bits as usize,
+            _ => shape[axis] as usize,
+        };
+        let what = format!("`{name}`'s {}", if axis == 0 { "output rows" } else { "input columns" });
+        Ok(Part::Rows(tp.part(n, &what)?))
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let y = self.weight.matmul_t(x)?;
+        let mut y = self.weight.matmul_t(x)?;
+        if let Some(tp) = &self.sum_over {
+            y = tp.all_sum(&y)?;
+        }
         Ok(match &self.bias {
             Some(b) => y.add(b)?,
             None => y,
@@ -295,9 +362,18 @@ impl Linear {
     /// kernel with the product (and x's norm and gate, if any) on the quantized decode path.
     pub fn forward_residual(&self, x: Input, residual: &Array, alpha: f32) -> Result<Array> {
         let epilogue = Epilogue::Residual { residual, alpha };
-        match &self.bias {
-            None => self.weight.matmul_t_in(x, epilogue),
-            Some(_) => Ok(epilogue_mlx(&self.forward(&x.array()?)?, epilogue)?),
+        match (&self.bias, &self.sum_over) {
+            (None, None) => self.weight.matmul_t_in(x, epilogue),
+            (_, Some(tp)) => {
+                let partial = self.weight.matmul_t_in(x, Epilogue::Plain)?;
+                let y = tp.all_sum(&partial)?;
+                let y = match &self.bias {
+                    Some(b) => y.add(b)?,
+                    None => y,
+                };
+                Ok(epilogue_mlx(&y, epilogue)?)
+            }
+            (Some(_), None) => Ok(epilogue_mlx(&self.forward(&x.array()?)?, epilogue)?),
         }
     }
 }
@@ -377,6 +453,11 @@ impl RmsNorm {
         Ok(Self { weight: weights.get(&format!("{name}.weight"), dtype)?, eps })
     }
 
+    /// `part` of the weight vector (a rank's block of a norm split over ranks).
+    pub fn load_part(weights: &Weights, name: &str, eps: f32, dtype: Dtype, part: Part) -> Result<Self> {
+        Ok(Self { weight: weights.raw_part(&format!("{name}.weight"), &part)?.as_dtype(dtype)?, eps })
+    }
+
     /// RMS over the last axis in float32, then the weight.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
@@ -425,10 +506,11 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn load(weights: &Weights, prefix: &str, dtype: Dtype) -> Result<Self> {
+    /// gate and up split by output rows over the ranks of `tp`, down by input columns.
+    pub fn load(weights: &Weights, prefix: &str, dtype: Dtype, tp: &TensorParallel) -> Result<Self> {
         Ok(Self {
-            gate_up: Projections::load(weights, [format!("{prefix}.gate_proj"), format!("{prefix}.up_proj")], dtype)?,
-            down: Linear::load(weights, &format!("{prefix}.down_proj"), dtype)?,
+            gate_up: Projections::load(weights, [format!("{prefix}.gate_proj"), format!("{prefix}.up_proj")], dtype, tp)?,
+            down: Linear::row_parallel(weights, &format!("{prefix}.down_proj"), dtype, false, tp)?,
         })
     }
 

@@ -11,6 +11,7 @@ pub mod rope;
 pub mod sala;
 
 use crate::engine::config::ConfigFile;
+use crate::engine::distributed::TensorParallel;
 use crate::engine::error::{Error, Result};
 use crate::engine::model::LanguageModel;
 use crate::engine::quant::QuantConfig;
@@ -105,14 +106,15 @@ pub fn cache_bytes(cfg: &ConfigFile, context: usize, dtype_bytes: usize) -> Resu
     }
 }
 
-/// Builds the model that `cfg` describes from `weights`, in `dtype` or the checkpoint's own.
-pub fn build(cfg: &ConfigFile, weights: &mut Weights, dtype: Option<Dtype>) -> Result<Box<dyn LanguageModel>> {
+/// Builds the model that `cfg` describes from `weights`, in `dtype` or the checkpoint's own; under
+/// tensor parallelism, this rank's part of it.
+pub fn build(cfg: &ConfigFile, weights: &mut Weights, dtype: Option<Dtype>, tp: &TensorParallel) -> Result<Box<dyn LanguageModel>> {
     weights.set_quantization(QuantConfig::from_config(cfg)?);
     if let Some(config) = decoder_config(cfg)? {
-        return Ok(Box::new(DecoderModel::load(config, weights, dtype)?));
+        return Ok(Box::new(DecoderModel::load(config, weights, dtype, tp)?));
     }
     match cfg.str("model_type")? {
-        sala::MODEL_TYPE => Ok(Box::new(sala::SalaModel::load(cfg, weights, dtype)?)),
+        sala::MODEL_TYPE => Ok(Box::new(sala::SalaModel::load(cfg, weights, dtype, tp)?)),
         other => Err(unsupported(cfg, other)),
     }
 }
@@ -134,7 +136,7 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Box<dyn LanguageModel>>
 pub fn load_with_tokenizer(path: &Path, dtype: Option<Dtype>) -> Result<(Box<dyn LanguageModel>, Option<TextTokenizer>)> {
     let mut source = open(path)?;
     let cfg = source.config()?;
-    let model = build(&cfg, &mut source.weights, dtype)?;
+    let model = build(&cfg, &mut source.weights, dtype, &TensorParallel::single())?;
     let tokenizer = source.tokenizer(model.info().bos_token_id)?;
     Ok((model, tokenizer))
 }

@@ -13,8 +13,10 @@
 use super::SalaConfig;
 use crate::engine::cache::{RecurrentState, Replay};
 use crate::engine::config::ConfigFile;
+use crate::engine::distributed::TensorParallel;
 use crate::engine::error::{Error, Result};
-use crate::engine::weights::{TensorSpec, Weights};
+use crate::engine::ops::scalar;
+use crate::engine::weights::{Part, TensorSpec, Weights};
 use crate::kernels::{gla, lightning};
 use crate::models::layers::{per_sequence, sigmoid_gate, Input, Linear, MixerOutput, QkvGate, RmsNorm};
 use mlx_rs::{ops, ops::indexing::TryIndexOp, Array, Dtype};
@@ -106,7 +108,12 @@ impl Positions {
 }
 
 pub struct LightningAttention {
+    /// The layer's shapes with this rank's heads (all of them on one device).
     cfg: LightningConfig,
+    /// The ranks this layer's heads are split over: o_norm's RMS is over every rank's heads.
+    tp: TensorParallel,
+    /// Width of o_norm over all heads (H·d).
+    norm_width: usize,
     /// q, k, v and z (the output gate) in one stacked projection.
     qkvz_proj: QkvGate,
     o_proj: Linear,
@@ -118,18 +125,26 @@ pub struct LightningAttention {
 }
 
 impl LightningAttention {
-    pub fn load(weights: &mut Weights, prefix: &str, config: &SalaConfig, dtype: Dtype) -> Result<Self> {
-        let cfg = config.lightning.clone();
+    /// The layer, or under tensor parallelism this rank's heads of it: their q, k, v, z rows,
+    /// o_norm weights, decay rates and o_proj columns.
+    pub fn load(weights: &mut Weights, prefix: &str, config: &SalaConfig, dtype: Dtype, tp: &TensorParallel) -> Result<Self> {
+        let all = &config.lightning;
+        let heads = tp.part(all.heads, "the lightning layers' heads (num_attention_heads)")?;
+        let cfg = LightningConfig { heads: heads.len(), kv_heads: heads.len(), ..all.clone() };
         let eps = config.rms_norm_eps;
-        let linear = |w: &mut Weights, name: &str| Linear::load(w, &format!("{prefix}.{name}"), dtype);
         let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{prefix}.{name}"), eps, dtype);
+        let d = all.head_dim;
+        let o_norm = Part::Rows(heads.start * d..heads.end * d);
         Ok(Self {
-            qkvz_proj: QkvGate::load(weights, prefix, cfg.use_output_gate.then_some("z_proj"), dtype)?,
-            o_proj: linear(weights, "o_proj")?,
+            qkvz_proj: QkvGate::load(weights, prefix, cfg.use_output_gate.then_some("z_proj"), dtype, tp)?,
+            o_proj: Linear::row_parallel(weights, &format!("{prefix}.o_proj"), dtype, false, tp)?,
             q_norm: if cfg.qk_norm { Some(norm(weights, "q_norm")?) } else { None },
             k_norm: if cfg.qk_norm { Some(norm(weights, "k_norm")?) } else { None },
-            o_norm: if cfg.use_output_norm { Some(norm(weights, "o_norm")?) } else { None },
-            slopes: Array::from_slice(&gla::alibi_slopes(cfg.heads), &[cfg.heads as i32]),
+            o_norm: if cfg.use_output_norm { Some(RmsNorm::load_part(weights, &format!("{prefix}.o_norm"), eps, dtype, o_norm)?) } else { None },
+            // The decay rate is the global head's.
+            slopes: Array::from_slice(&gla::alibi_slopes(all.heads)[heads.clone()], &[heads.len() as i32]),
+            tp: tp.clone(),
+            norm_width: all.heads * d,
             cfg,
         })
     }
@@ -144,10 +159,16 @@ impl LightningAttention {
         let qkvz = self.qkvz_proj.forward_joined(x)?;
         debug_assert!(states.iter().zip(&positions.host).all(|(s, &p)| s.len == p), "lightning states at other positions");
         let o = if x.shape()[1] == 1 { self.decode(&qkvz, states, positions)? } else { self.prefill(&qkvz, states, positions)? };
+        let z = || qkvz.try_index((.., .., 3 * inner..4 * inner));
         Ok(match (&self.o_norm, self.cfg.use_output_gate) {
+            // Split over ranks, the RMS spans every rank's heads: no single kernel sees them all.
+            (Some(norm), gate) if !self.tp.is_single() => {
+                let o = self.sharded_rms_norm(&o, norm)?;
+                MixerOutput::done(if gate { sigmoid_gate(&o, &z()?)? } else { o })
+            }
             (Some(norm), true) => MixerOutput::normed(o, norm, Some((qkvz, 3 * inner))),
             (Some(norm), false) => MixerOutput::normed(o, norm, None),
-            (None, true) => MixerOutput::done(sigmoid_gate(&o, &qkvz.try_index((.., .., 3 * inner..4 * inner))?)?),
+            (None, true) => MixerOutput::done(sigmoid_gate(&o, &z()?)?),
             (None, false) => MixerOutput::done(o),
         })
     }
@@ -201,6 +222,16 @@ impl LightningAttention {
             Ok(o)
         })?;
         Ok(o.swap_axes(1, 2)?.reshape(&[b, t, (self.cfg.heads * self.cfg.head_dim) as i32])?)
+    }
+
+    /// RMSNorm over all H·d outputs of a token when this rank holds only its heads' `o`: the
+    /// ranks sum their squares (in float32), then each scales its own block.
+    fn sharded_rms_norm(&self, o: &Array, norm: &RmsNorm) -> Result<Array> {
+        let o32 = o.as_dtype(Dtype::Float32)?;
+        let squares = self.tp.all_sum(&o32.square()?.sum_axis(-1, true)?)?;
+        let mean = squares.multiply(scalar(1.0 / self.norm_width as f32, Dtype::Float32)?)?;
+        let inv_rms = ops::rsqrt(&mean.add(scalar(norm.eps, Dtype::Float32)?)?)?;
+        Ok(o32.multiply(&inv_rms)?.as_dtype(o.dtype())?.multiply(&norm.weight)?)
     }
 
     /// The output projection Wo.

@@ -13,6 +13,7 @@ pub mod sparse;
 
 use crate::engine::cache::{layer_caches, layer_outputs, KvCache, LayerCache, ModelCache, RecurrentState};
 use crate::engine::config::{size_product, ConfigFile};
+use crate::engine::distributed::TensorParallel;
 use crate::engine::error::{Error, Result};
 use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
@@ -178,7 +179,8 @@ pub struct SalaModel {
 }
 
 impl SalaModel {
-    pub fn load(cfg: &ConfigFile, weights: &mut Weights, dtype: Option<Dtype>) -> Result<Self> {
+    /// The model, or under tensor parallelism this rank's part of it (`tp`).
+    pub fn load(cfg: &ConfigFile, weights: &mut Weights, dtype: Option<Dtype>, tp: &TensorParallel) -> Result<Self> {
         let config = SalaConfig::from_file(cfg)?;
         let specs = config.tensor_specs()?;
         weights.check(&specs, MODEL_TYPE)?;
@@ -192,12 +194,12 @@ impl SalaModel {
                 input_norm: RmsNorm::load(weights, &format!("{p}.input_layernorm"), eps, dtype)?,
                 post_norm: RmsNorm::load(weights, &format!("{p}.post_attention_layernorm"), eps, dtype)?,
                 mixer: match mixer {
-                    Mixer::Sparse => MixerLayer::Sparse(SparseAttention::load(weights, &attn, &config, dtype)?),
+                    Mixer::Sparse => MixerLayer::Sparse(SparseAttention::load(weights, &attn, &config, dtype, tp)?),
                     Mixer::Lightning => {
-                        MixerLayer::Lightning(LightningAttention::load(weights, &attn, &config, dtype)?)
+                        MixerLayer::Lightning(LightningAttention::load(weights, &attn, &config, dtype, tp)?)
                     }
                 },
-                mlp: Mlp::load(weights, &format!("{p}.mlp"), dtype)?,
+                mlp: Mlp::load(weights, &format!("{p}.mlp"), dtype, tp)?,
             });
         }
         let n_params = weights.n_params();

@@ -15,6 +15,7 @@
 use super::SalaConfig;
 use crate::engine::cache::KvCache;
 use crate::engine::config::ConfigFile;
+use crate::engine::distributed::TensorParallel;
 use crate::engine::error::Result;
 use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
@@ -106,12 +107,16 @@ pub struct SparseAttention {
 }
 
 impl SparseAttention {
-    pub fn load(weights: &mut Weights, prefix: &str, config: &SalaConfig, dtype: Dtype) -> Result<Self> {
-        let linear = |w: &mut Weights, name: &str| Linear::load(w, &format!("{prefix}.{name}"), dtype);
-        let cfg = config.sparse.clone();
+    /// The layer, or under tensor parallelism this rank's KV groups of it (their query heads and
+    /// KV heads): block selection is per KV group, so it needs nothing from the other ranks.
+    pub fn load(weights: &mut Weights, prefix: &str, config: &SalaConfig, dtype: Dtype, tp: &TensorParallel) -> Result<Self> {
+        let all = &config.sparse;
+        let kv_heads = tp.part(all.kv_heads, "the sparse layers' key-value heads (num_key_value_heads; replicating KV heads is not supported)")?;
+        let heads = tp.part(all.heads, "the sparse layers' query heads (num_attention_heads)")?;
+        let cfg = SparseConfig { heads: heads.len(), kv_heads: kv_heads.len(), ..all.clone() };
         Ok(Self {
-            qkv_gate_proj: QkvGate::load(weights, prefix, cfg.use_output_gate.then_some("o_gate"), dtype)?,
-            o_proj: linear(weights, "o_proj")?,
+            qkv_gate_proj: QkvGate::load(weights, prefix, cfg.use_output_gate.then_some("o_gate"), dtype, tp)?,
+            o_proj: Linear::row_parallel(weights, &format!("{prefix}.o_proj"), dtype, false, tp)?,
             cfg,
         })
     }
