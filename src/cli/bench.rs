@@ -1,7 +1,9 @@
 //! `sala bench`: throughput on llama-bench's test matrix, for one model or several side by side.
 
-use super::RuntimeArgs;
-use crate::load::{compute_dtype, file_label, load, load_source, preflight, LoadedModel};
+use super::{RuntimeArgs, TpArgs};
+use crate::engine::distributed::TensorParallel;
+use crate::launch::Start;
+use crate::load::{compute_dtype, file_label, load, load_source, preflight, LoadOptions, LoadedModel};
 use crate::progress::{bytes_progress, progress_bar};
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::generate::Draft;
@@ -94,6 +96,8 @@ pub struct BenchArgs {
     /// Device, dtype and prefill chunk (`--prefill-step` is llama-bench's n_batch)
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+    #[command(flatten)]
+    pub tp: TpArgs,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -111,18 +115,19 @@ enum ModelChoice {
 
 /// Loads (or builds) one model to measure, checking that `tokens` of context fit; returns it with
 /// the name reports give it.
-fn load_choice(choice: ModelChoice, args: &BenchArgs, tokens: usize) -> anyhow::Result<(LoadedModel, String)> {
+fn load_choice(choice: ModelChoice, args: &BenchArgs, tokens: usize, tp: &TensorParallel) -> anyhow::Result<(LoadedModel, String)> {
     match choice {
         ModelChoice::Path(path) => {
             let name = file_label(&path);
-            Ok((load(&args.runtime.options(Some(path)), tokens)?, name))
+            Ok((load(&LoadOptions { tp: tp.clone(), ..args.runtime.options(Some(path)) }, tokens)?, name))
         }
         ModelChoice::Synthetic(preset) => {
             let synthetic = SyntheticModel::new(&preset, args.bits)?;
-            let options = args.runtime.options(None);
+            let options = LoadOptions { tp: tp.clone(), ..args.runtime.options(None) };
             let device = device::select(options.device)?;
             let dtype = compute_dtype(options.dtype, device, Some(Dtype::Bfloat16));
-            preflight(&synthetic.name, &synthetic.cfg, dtype, synthetic.weights_bytes(dtype), None, tokens, device, 1)
+            // Each rank draws the whole model and keeps its part.
+            preflight(&synthetic.name, &synthetic.cfg, dtype, synthetic.weights_bytes(dtype), None, tokens, device, tp.size)
                 .map_err(|e| anyhow::anyhow!("{e}; for a synthetic model, --bits 8 or 4 quantizes it"))?;
             let build = bytes_progress(&format!("building {}", synthetic.name), synthetic.weights_bytes(dtype));
             let source = synthetic.build(dtype, |bytes| build.inc(bytes))?;
@@ -134,6 +139,13 @@ fn load_choice(choice: ModelChoice, args: &BenchArgs, tokens: usize) -> anyhow::
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let tp = match args.tp.start(args.runtime.device())? {
+        Start::Rank(tp) => tp,
+        Start::Finished(code) => std::process::exit(code),
+    };
+    if !tp.is_single() && args.suite != Suite::Speed {
+        anyhow::bail!("--tp measures the speed suite only; drop --suite or --tp");
+    }
     if args.suite == Suite::Quality {
         return run_quality(args);
     }
@@ -175,7 +187,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let sources = sources.chain(args.synthetic.iter().map(|s| ModelChoice::Synthetic(s.clone())));
     for choice in sources {
         // Refuses up front when the deepest test will not fit in memory.
-        let (loaded, name) = load_choice(choice, &args, plan.max_cached_tokens())?;
+        let (loaded, name) = load_choice(choice, &args, plan.max_cached_tokens(), &tp)?;
         let info = loaded.model.info();
         for &layers in args.draft_layers.iter().filter(|&&l| l > 0) {
             Draft { layers, tokens: args.num_draft }.validate(loaded.model.as_ref(), &loaded.model.new_cache())?;
@@ -192,9 +204,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             model_type: info.model_type.clone(),
             model_size: loaded.weights_bytes(),
             n_params: info.n_params,
-            backend: match loaded.device {
-                DeviceKind::Cpu => "cpu".into(),
-                DeviceKind::Gpu => device::gpu_backend().unwrap_or("gpu").into(),
+            backend: {
+                let backend = match loaded.device {
+                    DeviceKind::Cpu => "cpu",
+                    DeviceKind::Gpu => device::gpu_backend().unwrap_or("gpu"),
+                };
+                if tp.is_single() {
+                    backend.into()
+                } else {
+                    format!("{backend} tp{}", tp.size)
+                }
             },
             dtype: dtype_name(info.dtype).unwrap_or("?").to_ascii_lowercase(),
         };
@@ -222,6 +241,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     bar.finish_and_clear();
+    if !tp.is_leader() {
+        return Ok(());
+    }
     let stdout = &mut std::io::stdout().lock();
     if let Some(file) = &args.output_file {
         bench_report::append(&rows, args.output, &test_time, file)?;
@@ -262,7 +284,7 @@ fn run_quality(args: BenchArgs) -> anyhow::Result<()> {
     let stdout = &mut std::io::stdout().lock();
     let mut appended = 0;
     for path in &args.models {
-        let (loaded, name) = load_choice(ModelChoice::Path(path.clone()), &args, context)?;
+        let (loaded, name) = load_choice(ModelChoice::Path(path.clone()), &args, context, &TensorParallel::single())?;
         let Some(tokenizer) = loaded.tokenizer.as_ref() else {
             anyhow::bail!("{}: no tokenizer; the quality suite asks questions in text", path.display());
         };

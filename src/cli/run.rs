@@ -1,6 +1,8 @@
 //! `sala run`: one prompt in, a streamed answer out, a summary line on stderr.
 
-use super::{DraftArgs, ModelArgs, PromptCacheArgs, SamplingArgs};
+use super::{DraftArgs, ModelArgs, PromptCacheArgs, SamplingArgs, TpArgs};
+use crate::launch::Start;
+use crate::load::LoadOptions;
 use crate::load::load;
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::generate::{generate, Flow, GenerateOptions, Generation};
@@ -59,13 +61,36 @@ pub struct RunArgs {
     /// the model is asked not to think, as the grammar applies from the first token
     #[arg(long, value_name = "FILE")]
     pub grammar: Option<PathBuf>,
+    #[command(flatten)]
+    pub tp: TpArgs,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let sampling = args.sampling.params()?;
-    let loaded = load(&args.load.options()?, args.max_tokens)?;
+    let tp = match args.tp.start(args.load.runtime.device())? {
+        Start::Rank(tp) => tp,
+        Start::Finished(code) => std::process::exit(code),
+    };
+    if !tp.is_single() && args.prompt_cache.prompt_cache.is_some() {
+        bail!("--prompt-cache cannot be used with --tp yet: each rank holds only its part of the state; drop one of them");
+    }
+    let mut sampling = args.sampling.params()?;
+    if !tp.is_single() {
+        // Every rank draws the same tokens from the same logits: one seed for all.
+        let seed = tp.share(|| Ok(seed_words(sampling.seed.unwrap_or_else(rand::random))))?;
+        sampling.seed = Some((seed[0] as u32 as u64) << 32 | seed[1] as u32 as u64);
+    }
+    let loaded = load(&LoadOptions { tp: tp.clone(), ..args.load.options()? }, args.max_tokens)?;
     let (model, tokenizer, model_dir) = (loaded.model.as_ref(), loaded.tokenizer.as_ref(), loaded.path.as_path());
-    let (prompt_ids, prompt_text) = prompt_tokens(&args, model_dir, tokenizer)?;
+    // The prompt is read once, by rank 0 (stdin is its alone), and handed to the others.
+    let (prompt_ids, prompt_text) = if tp.is_single() {
+        prompt_tokens(&args, model_dir, tokenizer)?
+    } else {
+        let shared = tp.share(|| {
+            let (ids, text) = prompt_tokens(&args, model_dir, tokenizer)?;
+            Ok(pack_prompt(&ids, &text))
+        })?;
+        unpack_prompt(&shared)
+    };
     loaded.check_fits(prompt_ids.len() + args.max_tokens)?;
     // With a prompt cache, all but the last prompt token go in (from the file where it holds
     // them) before generation starts.
@@ -99,7 +124,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     let mut decoder = StreamDecoder::default();
     let mut think = ThinkFilter::after_prompt(&prompt_text);
-    let stream = !args.json && tokenizer.is_some();
+    // Only rank 0 speaks; the others compute their part alongside it.
+    let speaks = tp.is_leader();
+    let stream = speaks && !args.json && tokenizer.is_some();
     let mut write_error = None;
     let mut emit = |piece: String, think: &mut ThinkFilter, out: &mut std::io::StdoutLock| {
         let visible = if args.no_think { think.push(&piece) } else { piece };
@@ -141,6 +168,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(e) = write_error {
         return Err(e).context("writing to stdout");
     }
+    tp.check_agree(&[token_digest(&generation.tokens)], "the tokens they generated")?;
+    if !speaks {
+        return Ok(());
+    }
     if args.json {
         let text = match tokenizer {
             Some(tok) => {
@@ -161,6 +192,32 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     print_summary(&generation, model, loaded.device);
     Ok(())
+}
+
+/// A seed as two 32-bit words.
+fn seed_words(seed: u64) -> Vec<i32> {
+    vec![(seed >> 32) as u32 as i32, seed as u32 as i32]
+}
+
+/// The prompt's ids and its text as one list (count, ids, then the text's bytes) for rank 0 to
+/// hand to the others.
+fn pack_prompt(ids: &[u32], text: &str) -> Vec<i32> {
+    let mut packed = vec![ids.len() as i32];
+    packed.extend(ids.iter().map(|&id| id as i32));
+    packed.extend(text.bytes().map(i32::from));
+    packed
+}
+
+fn unpack_prompt(packed: &[i32]) -> (Vec<u32>, String) {
+    let n = packed.first().map_or(0, |&n| n as usize);
+    let ids = packed[1..=n].iter().map(|&id| id as u32).collect();
+    let bytes: Vec<u8> = packed[n + 1..].iter().map(|&b| b as u8).collect();
+    (ids, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// A checksum of the generated ids, which every rank must agree on.
+fn token_digest(tokens: &[u32]) -> i64 {
+    tokens.iter().fold(tokens.len() as i64, |h, &t| h.wrapping_mul(1_000_003).wrapping_add(t as i64)) & i64::MAX
 }
 
 /// Whether the model is asked to think: not with --no-think, nor under a Lark grammar, which

@@ -201,6 +201,21 @@ impl TensorParallel {
         Ok(sum.as_slice::<i32>().to_vec())
     }
 
+    /// What `leader` computes on rank 0, on every rank (the others never call it). If it fails,
+    /// rank 0 ends with the error and its supervisor stops the others.
+    pub fn share(&self, leader: impl FnOnce() -> Result<Vec<i32>>) -> Result<Vec<i32>> {
+        if self.is_single() {
+            return leader();
+        }
+        let values = if self.is_leader() { leader()? } else { Vec::new() };
+        let len = self.broadcast(&[values.len() as i32])?[0] as usize;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let mine = if self.is_leader() { values } else { vec![0; len] };
+        self.broadcast(&mine)
+    }
+
     /// Refuses unless every rank passes the same `values` (what each loaded, how it was started),
     /// naming `what` differs.
     pub fn check_agree(&self, values: &[i64], what: &str) -> Result<()> {

@@ -1,0 +1,173 @@
+//! Tensor parallelism on this machine's CPU: `sala run --tp N` starts N ranks that talk over MLX's
+//! ring backend on 127.0.0.1, and what they compute together must be what one process computes
+//! alone — the golden SALA cases (dense, chunk boundary, sparse, two-turn) within their float32
+//! tolerance, a quantized model, and SmolLM2 from its GGUF file. Setups that cannot be split are
+//! refused before anything runs.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The float32 CPU tolerance of the golden cases (tests/golden.rs).
+const GOLDEN_TOL: f64 = 1e-4;
+
+/// `sala run` of `model` on the CPU in float32, greedy, over `--tp tp` ranks: the generated ids
+/// and every logits row.
+struct Generated {
+    ids: Vec<u32>,
+    logits: Tensor,
+}
+
+fn run_ids(model: &Path, prompt: &[u32], max_tokens: usize, tp: usize, extra: &[&str]) -> Generated {
+    let out_dir = std::env::temp_dir().join(format!("sala-tp-{}-{}", std::process::id(), unique()));
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out_file = out_dir.join("logits.safetensors");
+    let output = sala_run(model, prompt, max_tokens, tp, extra, Some(&out_file));
+    assert!(output.status.success(), "--tp {tp} {}: {}", model.display(), String::from_utf8_lossy(&output.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("--tp {tp}: stdout is not one JSON answer ({e}): {}", String::from_utf8_lossy(&output.stdout)));
+    let ids = json["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let logits = read_safetensors(&out_file).remove("logits").unwrap();
+    let _ = std::fs::remove_dir_all(&out_dir);
+    Generated { ids, logits }
+}
+
+fn sala_run(model: &Path, prompt: &[u32], max_tokens: usize, tp: usize, extra: &[&str], logits_out: Option<&Path>) -> Output {
+    let ids = prompt.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sala"));
+    cmd.args(["run", "--model"]).arg(model);
+    cmd.args(["--input-ids", &ids, "--temperature", "0", "--ignore-eos", "--json", "--dtype", "f32", "--device", "cpu"]);
+    cmd.args(["--max-tokens", &max_tokens.to_string(), "--tp", &tp.to_string()]).args(extra);
+    if let Some(file) = logits_out {
+        cmd.arg("--logits-out").arg(file);
+    }
+    cmd.output().unwrap()
+}
+
+fn unique() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Largest |Δ| between the same rows of two logits tensors.
+fn rows_diff(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.shape, b.shape);
+    (0..a.shape[0]).map(|i| max_abs_diff(a.row(i), b.row(i))).fold(0.0, f64::max)
+}
+
+#[test]
+fn golden_cases_over_two_ranks_match_the_reference_and_one_rank() {
+    for case in ["A_dense_f32", "B_chunk_boundary", "C_sparse_prefill", "D_two_turn"] {
+        let toks = tokens(case);
+        let exp = read_safetensors(&golden(case).join("expected.safetensors"));
+        let (prompt, decode) = (ids(&toks, "prompt_ids"), ids(&toks, "decode_input_ids"));
+        let one = run_ids(&golden(case), &prompt, decode.len() + 1, 1, &[]);
+        let two = run_ids(&golden(case), &prompt, decode.len() + 1, 2, &[]);
+        assert_eq!(&two.ids[..decode.len()], &decode[..], "{case}: greedy ids over two ranks");
+        assert_eq!(two.ids, one.ids, "{case}: two ranks generate what one does");
+        // Row 0 is the prefill's last position (the sparse regime in C), the rest decode steps.
+        let prefill = max_abs_diff(two.logits.row(0), &exp["f32.prefill.last_logits"].data);
+        assert!(prefill <= GOLDEN_TOL, "{case}: prefill logits over two ranks differ from the reference by {prefill}");
+        for i in 0..decode.len() {
+            let diff = max_abs_diff(two.logits.row(i + 1), exp["f32.decode.logits"].row(i));
+            assert!(diff <= GOLDEN_TOL, "{case}: decode step {i} over two ranks differs from the reference by {diff}");
+        }
+        let vs_one = rows_diff(&two.logits, &one.logits);
+        assert!(vs_one <= GOLDEN_TOL, "{case}: two ranks differ from one by {vs_one}");
+        eprintln!("{case}: two ranks vs one: max |Δlogit| {vs_one:.2e}");
+    }
+}
+
+/// An 8-bit copy of golden A: its packed matrices are split as stored, by rows and by columns.
+fn quantized_golden(bits: u32) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sala-tp-q{bits}-{}", std::process::id()));
+    if !dir.join("config.json").is_file() {
+        let output = Command::new(env!("CARGO_BIN_EXE_sala"))
+            .args(["quantize", "--bits", &bits.to_string(), "--model"])
+            .arg(golden("A_dense_f32"))
+            .arg("--output")
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "quantize: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    dir
+}
+
+#[test]
+fn a_quantized_model_over_two_ranks_matches_one_rank() {
+    let model = quantized_golden(8);
+    let prompt = ids(&tokens("A_dense_f32"), "prompt_ids");
+    let one = run_ids(&model, &prompt, 8, 1, &[]);
+    let two = run_ids(&model, &prompt, 8, 2, &[]);
+    assert_eq!(two.ids, one.ids);
+    let diff = rows_diff(&two.logits, &one.logits);
+    assert!(diff <= GOLDEN_TOL, "8-bit golden A: two ranks differ from one by {diff}");
+    let _ = std::fs::remove_dir_all(&model);
+}
+
+#[test]
+fn smollm2_over_three_ranks_matches_one_rank() {
+    let model = smollm2_gguf();
+    let expected = smollm2_expected();
+    for case in expected["cases"].as_array().unwrap().iter().take(2) {
+        let ids: Vec<u32> = case["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let one = run_ids(&model, &ids, 24, 1, &[]);
+        let three = run_ids(&model, &ids, 24, 3, &[]);
+        assert_eq!(three.ids, one.ids, "SmolLM2: three ranks generate what one does");
+        let diff = rows_diff(&three.logits, &one.logits);
+        assert!(diff <= 1e-3, "SmolLM2 (Q4_1): three ranks differ from one by {diff}");
+        eprintln!("SmolLM2: three ranks vs one: max |Δlogit| {diff:.2e}");
+    }
+}
+
+#[test]
+fn heads_that_do_not_divide_are_refused_before_loading() {
+    // SmolLM2 has 9 query heads: two ranks cannot share them.
+    let output = sala_run(&smollm2_gguf(), &[1, 2, 3], 1, 2, &[], None);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("num_attention_heads (9) divisible by 2"), "{stderr}");
+    // SALA's sparse layers have 2 KV heads: four ranks would have to replicate them.
+    let output = sala_run(&golden("A_dense_f32"), &[1, 2, 3], 1, 4, &[], None);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("key-value heads (num_key_value_heads; replicating KV heads is not supported) (2) divisible by 4"), "{stderr}");
+}
+
+#[test]
+fn ranks_that_loaded_different_models_are_refused() {
+    // Started by hand, as a launcher on several machines starts them: rank 1 names another
+    // checkpoint of the same shapes.
+    let ports: Vec<u16> = (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
+    let hostfile = std::env::temp_dir().join(format!("sala-tp-hosts-{}.json", std::process::id()));
+    let hosts: Vec<Vec<String>> = ports.iter().map(|p| vec![format!("127.0.0.1:{p}")]).collect();
+    std::fs::write(&hostfile, serde_json::to_string(&hosts).unwrap()).unwrap();
+    let prompt = ids(&tokens("A_dense_f32"), "prompt_ids");
+    let ranks: Vec<_> = ["A_dense_f32", "B_chunk_boundary"]
+        .iter()
+        .enumerate()
+        .map(|(rank, case)| {
+            let ids = prompt.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+            let child = Command::new(env!("CARGO_BIN_EXE_sala"))
+                .args(["run", "--model"])
+                .arg(golden(case))
+                .args(["--input-ids", &ids, "--temperature", "0", "--json", "--device", "cpu", "--max-tokens", "2", "--tp", "2"])
+                .env("MLX_RANK", rank.to_string())
+                .env("MLX_HOSTFILE", &hostfile)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            std::thread::spawn(move || child.wait_with_output().unwrap())
+        })
+        .collect();
+    for (rank, out) in ranks.into_iter().map(|r| r.join().unwrap()).enumerate() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "rank {rank} ran a model its peer does not have: {stderr}");
+        assert!(stderr.contains("ranks disagree on the model they loaded"), "rank {rank}: {stderr}");
+    }
+    std::fs::remove_file(hostfile).unwrap();
+}
