@@ -283,6 +283,8 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             break
         }
         'sala;doctor' {
+            [CompletionResult]::new('--tp', '--tp', [CompletionResultType]::ParameterName, 'Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs, MLX''s ring backend on CPUs and Macs)')
+            [CompletionResult]::new('--tp-backend', '--tp-backend', [CompletionResultType]::ParameterName, 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl')
             [CompletionResult]::new('--json', '--json', [CompletionResultType]::ParameterName, 'Print JSON ({"ok": bool, "checks": [{name, status, found, fix}]}) instead of lines')
             [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')

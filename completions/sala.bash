@@ -419,12 +419,20 @@ _sala() {
             return 0
             ;;
         sala__subcmd__doctor)
-            opts="-h -V --json --help --version"
+            opts="-h -V --json --tp --tp-backend --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --tp)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tp-backend)
+                    COMPREPLY=($(compgen -W "auto ring nccl" -- "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;

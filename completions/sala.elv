@@ -267,6 +267,8 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --version 'Print version'
         }
         &'sala;doctor'= {
+            cand --tp 'Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs, MLX''s ring backend on CPUs and Macs)'
+            cand --tp-backend 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl'
             cand --json 'Print JSON ({"ok": bool, "checks": [{name, status, found, fix}]}) instead of lines'
             cand -h 'Print help'
             cand --help 'Print help'

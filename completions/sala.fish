@@ -236,6 +236,10 @@ complete -c sala -n "__fish_sala_using_subcommand bfcl" -l think -d 'Let thinkin
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l constrain -d 'FC mode: ask every entry twice, freely and with calls held to the tools\' grammar (a call, once opened, parses), and report both'
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -s V -l version -d 'Print version'
+complete -c sala -n "__fish_sala_using_subcommand doctor" -l tp -d 'Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs, MLX\'s ring backend on CPUs and Macs)' -r
+complete -c sala -n "__fish_sala_using_subcommand doctor" -l tp-backend -d 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl' -r -f -a "auto\t''
+ring\t''
+nccl\t''"
 complete -c sala -n "__fish_sala_using_subcommand doctor" -l json -d 'Print JSON ({"ok": bool, "checks": [{name, status, found, fix}]}) instead of lines'
 complete -c sala -n "__fish_sala_using_subcommand doctor" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand doctor" -s V -l version -d 'Print version'

@@ -4,6 +4,7 @@ pub mod cli;
 pub mod engine;
 pub mod eval;
 pub mod kernels;
+pub mod launch;
 pub mod load;
 pub mod models;
 pub mod progress;

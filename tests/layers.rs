@@ -12,7 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["kernels"],
     &["models"],
     &["store"],
-    &["load"],
+    &["load", "launch"],
     &["eval", "server"],
     &["cli"],
 ];

@@ -1,7 +1,10 @@
 //! `sala doctor`: what a user runs when something is wrong. Each check prints OK, WARN or FAIL
 //! with what it found and, where something is off, the fix. Exits 1 when a check fails.
 
+use super::TpArgs;
 use crate::engine::device::{self, select, DeviceKind};
+use crate::engine::distributed::TensorParallel;
+use crate::launch::{self, Start};
 use crate::kernels::custom::{backend, Backend};
 use crate::kernels::selfcheck::{self, Status as KernelStatus};
 use crate::store::cache::{self, cache_dir};
@@ -13,11 +16,15 @@ use std::path::Path;
 use std::time::Duration;
 
 #[derive(Args)]
-#[command(after_help = "Examples:\n  sala doctor\n  sala doctor --json | jq '.checks[] | select(.status != \"ok\")'")]
+#[command(
+    after_help = "With --tp N (N > 1), doctor starts N ranks and runs only the tensor-parallel check: sums, gathers and a broadcast\nacross the ranks, one 16 MiB all_sum's bandwidth and a small one's latency.\n\nExamples:\n  sala doctor\n  sala doctor --json | jq '.checks[] | select(.status != \"ok\")'\n  sala doctor --tp 2"
+)]
 pub struct DoctorArgs {
     /// Print JSON ({"ok": bool, "checks": [{name, status, found, fix}]}) instead of lines
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub tp: TpArgs,
 }
 
 /// The MLX release sala is built and tested against.
@@ -60,7 +67,22 @@ impl Check {
 }
 
 pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
-    let checks = checks();
+    let checks = match args.tp.start(None)? {
+        Start::Finished(code) => std::process::exit(code),
+        Start::Rank(tp) if tp.is_single() => checks(),
+        Start::Rank(tp) => {
+            let check = tp_check(&tp);
+            if !tp.is_leader() {
+                // Rank 0 speaks; a follower only says what went wrong on its side.
+                if check.status == Status::Fail {
+                    eprintln!("error: {}", check.found);
+                    std::process::exit(1);
+                }
+                return Ok(());
+            }
+            vec![check]
+        }
+    };
     let ok = checks.iter().all(|c| c.status != Status::Fail);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "ok": ok, "checks": checks }))?);
@@ -81,6 +103,17 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+fn tp_check(tp: &TensorParallel) -> Check {
+    match launch::check_group(tp) {
+        Ok(group) => Check::ok("tp", group.summary),
+        Err(e) => Check::fail(
+            "tp",
+            format!("rank {} of {}: {e:#}", tp.rank, tp.size),
+            "the ranks' own messages say more (NCCL_DEBUG=INFO for nccl, MLX_RING_VERBOSE=1 for ring); --tp 1 runs on one device meanwhile",
+        ),
+    }
 }
 
 /// Every check, in the order a user reads them: the build, the hardware, the store, the hub.

@@ -100,6 +100,38 @@ pub enum DeviceArg {
     Gpu,
 }
 
+/// Tensor parallelism (shared by the commands that run a model, and `doctor`).
+#[derive(Args, Clone, Copy)]
+pub struct TpArgs {
+    /// Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs,
+    /// MLX's ring backend on CPUs and Macs)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub tp: usize,
+    /// How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl
+    #[arg(long, value_enum, value_name = "BACKEND", default_value_t = TpBackendArg::Auto)]
+    pub tp_backend: TpBackendArg,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum TpBackendArg {
+    Auto,
+    Ring,
+    Nccl,
+}
+
+impl TpArgs {
+    /// Starts the ranks (this process then supervises them) or joins the group as one of them;
+    /// `device`: the device the command runs on (`None`: the GPU when MLX has one).
+    pub fn start(&self, device: Option<DeviceKind>) -> anyhow::Result<crate::launch::Start> {
+        let backend = match self.tp_backend {
+            TpBackendArg::Auto => None,
+            TpBackendArg::Ring => Some(crate::engine::distributed::Backend::Ring),
+            TpBackendArg::Nccl => Some(crate::engine::distributed::Backend::Nccl),
+        };
+        crate::launch::start(self.tp, backend, device)
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 pub enum DtypeArg {
     F32,

@@ -1,0 +1,217 @@
+//! `--tp N`'s launcher through `sala doctor --tp N` on this machine (ring backend on 127.0.0.1):
+//! the ranks start, sum, gather and broadcast together; a rank that dies is named with its status
+//! and last words and no rank is left behind; a rank whose supervisor is gone stops; bad
+//! settings are refused.
+
+use serde_json::Value;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn sala() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sala"));
+    // A clean start: no rank environment from outside, nothing slow in plain doctor.
+    for var in ["MLX_RANK", "MLX_HOSTFILE", "MLX_WORLD_SIZE", "NCCL_HOST_IP", "NCCL_PORT", "SALA_TP_SUPERVISOR_PID", "SALA_TP_TEST_EXIT_RANK"] {
+        command.env_remove(var);
+    }
+    command.env("HF_HUB_OFFLINE", "1");
+    command
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn doctor_tp(n: usize, extra: &[&str]) -> Output {
+    sala().args(["doctor", "--tp", &n.to_string(), "--tp-backend", "ring"]).args(extra).output().unwrap()
+}
+
+#[test]
+fn two_ranks_sum_gather_and_broadcast() {
+    let out = doctor_tp(2, &[]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("tensor parallel: starting 2 ranks over ring"), "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "only the tensor-parallel check, printed once (by rank 0): {stdout}");
+    let line = lines[0];
+    assert!(line.starts_with("OK    tp        2 ranks over ring: all_sum of rank+1 = 3, all_gather = [0, 1], broadcast from rank 0 and agreement OK; 16 MiB all_sum "), "{line}");
+    assert!(line.contains(" GB/s), 4-byte all_sum ") && line.ends_with(" µs (mean of 20)"), "{line}");
+}
+
+#[test]
+fn three_ranks_sum_to_six() {
+    let out = doctor_tp(3, &[]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("3 ranks over ring: all_sum of rank+1 = 6, all_gather = [0, 1, 2]"), "{stdout}");
+}
+
+#[test]
+fn the_json_form_holds_the_tensor_parallel_check() {
+    let out = doctor_tp(2, &["--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
+    assert_eq!(v["ok"], true);
+    let checks = v["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), 1, "{v}");
+    assert_eq!(checks[0]["name"], "tp");
+    assert_eq!(checks[0]["status"], "ok");
+    assert!(checks[0]["found"].as_str().unwrap().starts_with("2 ranks over ring: all_sum of rank+1 = 3"), "{v}");
+    assert!(checks[0].get("fix").is_none(), "{v}");
+}
+
+/// Processes (Linux: from /proc) started by the supervisor `pid`: their environment names it.
+fn ranks_of(pid: u32) -> Vec<u32> {
+    let marker = format!("SALA_TP_SUPERVISOR_PID={pid}");
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| std::fs::read(format!("/proc/{p}/environ")).is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes())))
+        .collect()
+}
+
+#[test]
+fn a_rank_that_dies_is_named_and_no_rank_is_left() {
+    let started = Instant::now();
+    let child = sala()
+        .args(["doctor", "--tp", "3", "--tp-backend", "ring"])
+        .env("SALA_TP_TEST_EXIT_RANK", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let supervisor = child.id();
+    let out = child.wait_with_output().unwrap();
+    let elapsed = started.elapsed();
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("error: tensor-parallel rank 1 of 3 exited with status 3; its last lines on stderr:"), "{stderr}");
+    // Its own last words, kept by the supervisor.
+    assert!(stderr.contains("  [rank 1] rank 1: exiting with status 3 (SALA_TP_TEST_EXIT_RANK)"), "{stderr}");
+    assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}: {stderr}");
+    if cfg!(target_os = "linux") {
+        let left = ranks_of(supervisor);
+        assert!(left.is_empty(), "ranks {left:?} of supervisor {supervisor} still run");
+    }
+}
+
+#[test]
+fn a_rank_whose_supervisor_is_gone_stops() {
+    // Rank 0 of two with no rank 1: the ring would wait forever for it. Its supervisor's pid is
+    // not its parent's (this test is the parent), so it is taken for gone.
+    let hostfile = std::env::temp_dir().join(format!("sala-tp-lone-{}.json", std::process::id()));
+    let ports: Vec<u16> = (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
+    std::fs::write(&hostfile, format!(r#"[["127.0.0.1:{}"],["127.0.0.1:{}"]]"#, ports[0], ports[1])).unwrap();
+    let started = Instant::now();
+    let out = sala()
+        .args(["doctor", "--tp", "2"])
+        .env("MLX_RANK", "0")
+        .env("MLX_HOSTFILE", &hostfile)
+        .env("SALA_TP_SUPERVISOR_PID", "1")
+        .output()
+        .unwrap();
+    std::fs::remove_file(&hostfile).unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("error: rank 0: the tensor-parallel supervisor (pid 1) is gone; stopping"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+}
+
+#[test]
+fn bad_settings_are_refused() {
+    let out = sala().args(["doctor", "--tp", "0"]).output().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("error: --tp 0: give the number of devices to split the model over (1 or more)"), "{stderr}");
+
+    let out = sala().args(["doctor", "--tp", "2", "--tp-backend", "mpi"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("[possible values: auto, ring, nccl]"), "{}", text(&out.stderr));
+
+    let out = sala().args(["doctor", "--tp", "2"]).env("MLX_RANK", "one").output().unwrap();
+    assert!(text(&out.stderr).contains("error: MLX_RANK=\"one\" is not a rank number"), "{}", text(&out.stderr));
+
+    if sala::engine::device::gpu_backend() != Some("cuda") {
+        let out = sala().args(["doctor", "--tp", "2", "--tp-backend", "nccl"]).output().unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("error: --tp-backend nccl: this MLX build has no NCCL (it comes with the CUDA build of MLX); use --tp-backend ring"), "{stderr}");
+        assert!(!stderr.contains("starting"), "refused before any rank starts: {stderr}");
+    }
+}
+
+#[test]
+fn tp_one_is_plain_doctor() {
+    let out = sala().args(["doctor", "--tp", "1", "--json"]).output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
+    let names: Vec<&str> = v["checks"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert!(names.starts_with(&["sala", "mlx", "gpu"]) && !names.contains(&"tp"), "{names:?}");
+    assert!(!text(&out.stderr).contains("tensor parallel"), "{}", text(&out.stderr));
+}
+
+/// `sala doctor --tp 2` whose rank 0 waits forever after joining (rank 1 then waits in its first
+/// all_sum), once rank 0 says so.
+fn hanging_group() -> std::process::Child {
+    use std::io::BufRead;
+    let mut child = sala()
+        .args(["doctor", "--tp", "2", "--tp-backend", "ring"])
+        .env("SALA_TP_TEST_HANG_RANK", "0")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let (said, heard) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if line.contains("rank 0: waiting forever (SALA_TP_TEST_HANG_RANK)") {
+                let _ = said.send(());
+            }
+        }
+    });
+    heard.recv_timeout(Duration::from_secs(60)).expect("rank 0 did not join within 60 s");
+    child
+}
+
+fn wait_at_most(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(started.elapsed() < limit, "still running after {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_signal_to_the_supervisor_stops_every_rank() {
+    let mut child = hanging_group();
+    let supervisor = child.id();
+    if cfg!(target_os = "linux") {
+        assert_eq!(ranks_of(supervisor).len(), 2, "both ranks run");
+    }
+    // SAFETY: the pid of our own unreaped child.
+    unsafe { libc::kill(supervisor as libc::pid_t, libc::SIGTERM) };
+    let status = wait_at_most(&mut child, Duration::from_secs(15));
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "rank 0 died of the forwarded SIGTERM: {status}");
+    let left = ranks_of(supervisor);
+    assert!(left.is_empty(), "ranks {left:?} still run");
+}
+
+#[test]
+fn ranks_stop_when_their_supervisor_is_killed() {
+    let mut child = hanging_group();
+    let supervisor = child.id();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let started = Instant::now();
+    loop {
+        let left = ranks_of(supervisor);
+        if left.is_empty() {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "ranks {left:?} still run 10 s after their supervisor was killed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
