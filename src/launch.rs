@@ -184,7 +184,13 @@ fn rank_gpus(tp: usize) -> anyhow::Result<Vec<String>> {
 struct Rank {
     child: Child,
     status: Option<ExitStatus>,
-    stderr: Option<(Arc<Mutex<VecDeque<String>>>, JoinHandle<()>)>,
+    stderr: Option<StderrTail>,
+}
+
+/// The last lines a follower wrote to stderr, and the thread reading them.
+struct StderrTail {
+    lines: Arc<Mutex<VecDeque<String>>>,
+    reader: JoinHandle<()>,
 }
 
 impl Rank {
@@ -197,7 +203,7 @@ impl Rank {
 
     /// Its last stderr lines, once it has closed stderr.
     fn last_lines(&mut self) -> Vec<String> {
-        let Some((lines, reader)) = self.stderr.take() else { return Vec::new() };
+        let Some(StderrTail { lines, reader }) = self.stderr.take() else { return Vec::new() };
         let _ = reader.join();
         let lines = lines.lock().unwrap_or_else(|e| e.into_inner());
         lines.iter().cloned().collect()
@@ -205,7 +211,7 @@ impl Rank {
 }
 
 /// Keeps the last [`STDERR_LINES`] lines a follower writes to stderr.
-fn keep_tail(stderr: impl std::io::Read + Send + 'static) -> (Arc<Mutex<VecDeque<String>>>, JoinHandle<()>) {
+fn keep_tail(stderr: impl std::io::Read + Send + 'static) -> StderrTail {
     let lines = Arc::new(Mutex::new(VecDeque::new()));
     let kept = lines.clone();
     let reader = thread::spawn(move || {
@@ -221,7 +227,7 @@ fn keep_tail(stderr: impl std::io::Read + Send + 'static) -> (Arc<Mutex<VecDeque
             line.clear();
         }
     });
-    (lines, reader)
+    StderrTail { lines, reader }
 }
 
 fn describe(status: ExitStatus) -> String {
@@ -266,13 +272,13 @@ fn supervise(tp: usize, backend: Backend) -> anyhow::Result<i32> {
     };
     let gpus = match backend {
         Backend::Nccl => rank_gpus(tp)?,
-        Backend::Ring => Vec::new(),
+        Backend::Ring => vec![String::new(); tp],
     };
     let program = std::env::current_exe().map_err(|e| anyhow::anyhow!("finding this program to start its ranks: {e}"))?;
     eprintln!("tensor parallel: starting {tp} ranks over {} on this machine", backend.name());
     take_signals();
     let mut ranks = Vec::with_capacity(tp);
-    for r in 0..tp {
+    for (r, gpu) in gpus.iter().enumerate() {
         let mut command = Command::new(&program);
         command
             .args(std::env::args_os().skip(1))
@@ -287,7 +293,7 @@ fn supervise(tp: usize, backend: Backend) -> anyhow::Result<i32> {
                 command
                     .env("NCCL_HOST_IP", "127.0.0.1")
                     .env("NCCL_PORT", ports[0].to_string())
-                    .env("CUDA_VISIBLE_DEVICES", &gpus[r])
+                    .env("CUDA_VISIBLE_DEVICES", gpu)
                     .env_remove("MLX_HOSTFILE");
                 // NVLink multicast stays off unless asked for: on shared hosts it can take GPUs out of service.
                 if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
@@ -327,18 +333,19 @@ fn stop(rank: &mut Rank) {
 }
 
 /// Waits for every rank; on the first failure (or hang after rank 0 ended) reports it and stops
-/// the others. A signal to the supervisor goes to every rank; ranks that end after one are not
-/// reported (the user stopped them). Returns the failed rank's code, else rank 0's.
+/// the others. A signal to the supervisor goes to every rank; a rank ending of it (or with
+/// 128 + it) is no failure. Returns the failed rank's code, else rank 0's.
 fn watch(ranks: &mut [Rank]) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
     let size = ranks.len();
     let mut failed: Option<i32> = None;
-    let mut interrupted = false;
+    let mut passed_on: Vec<i32> = Vec::new();
     let mut kill_at: Option<Instant> = None;
     let mut leader_done: Option<Instant> = None;
     loop {
         let signal = SIGNALLED.swap(0, Ordering::SeqCst);
         if signal != 0 {
-            interrupted = true;
+            passed_on.push(signal);
             ranks.iter().for_each(|r| r.signal(signal));
             if signal != libc::SIGINT {
                 kill_at.get_or_insert(Instant::now() + KILL_AFTER);
@@ -359,12 +366,16 @@ fn watch(ranks: &mut [Rank]) -> i32 {
             }
         }
         if !ended_badly.is_empty() && failed.is_none() && kill_at.is_none() {
-            if !interrupted {
-                for &r in &ended_badly {
-                    let status = ranks[r].status.expect("ended");
-                    report(r, size, status, ranks[r].last_lines());
-                }
-                failed = Some(exit_code(ranks[ended_badly[0]].status.expect("ended")));
+            let stopped_by_user = |status: ExitStatus| {
+                passed_on.iter().any(|&s| status.signal() == Some(s) || status.code() == Some(128 + s))
+            };
+            let failures: Vec<usize> = ended_badly.into_iter().filter(|&r| !stopped_by_user(ranks[r].status.expect("ended"))).collect();
+            for &r in &failures {
+                let status = ranks[r].status.expect("ended");
+                report(r, size, status, ranks[r].last_lines());
+            }
+            if let Some(&first) = failures.first() {
+                failed = Some(exit_code(ranks[first].status.expect("ended")));
                 let running: Vec<String> = (0..size).filter(|&r| ranks[r].status.is_none()).map(|r| r.to_string()).collect();
                 if !running.is_empty() {
                     eprintln!("tensor parallel: stopping rank(s) {}", running.join(", "));

@@ -150,8 +150,8 @@ fn tp_one_is_plain_doctor() {
 }
 
 /// `sala doctor --tp 2` whose rank 0 waits forever after joining (rank 1 then waits in its first
-/// all_sum), once rank 0 says so.
-fn hanging_group() -> std::process::Child {
+/// all_sum), once rank 0 says so; and what it writes to stderr.
+fn hanging_group() -> (std::process::Child, std::sync::Arc<std::sync::Mutex<String>>) {
     use std::io::BufRead;
     let mut child = sala()
         .args(["doctor", "--tp", "2", "--tp-backend", "ring"])
@@ -162,15 +162,18 @@ fn hanging_group() -> std::process::Child {
         .unwrap();
     let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
     let (said, heard) = std::sync::mpsc::channel();
+    let written = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let kept = written.clone();
     std::thread::spawn(move || {
         for line in stderr.lines().map_while(Result::ok) {
             if line.contains("rank 0: waiting forever (SALA_TP_TEST_HANG_RANK)") {
                 let _ = said.send(());
             }
+            kept.lock().unwrap().push_str(&(line + "\n"));
         }
     });
     heard.recv_timeout(Duration::from_secs(60)).expect("rank 0 did not join within 60 s");
-    child
+    (child, written)
 }
 
 fn wait_at_most(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
@@ -185,23 +188,29 @@ fn wait_at_most(child: &mut std::process::Child, limit: Duration) -> std::proces
 }
 
 #[test]
-fn a_signal_to_the_supervisor_stops_every_rank() {
-    let mut child = hanging_group();
-    let supervisor = child.id();
-    if cfg!(target_os = "linux") {
-        assert_eq!(ranks_of(supervisor).len(), 2, "both ranks run");
+fn a_signal_to_the_supervisor_stops_every_rank_quietly() {
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let (mut child, stderr) = hanging_group();
+        let supervisor = child.id();
+        if cfg!(target_os = "linux") {
+            assert_eq!(ranks_of(supervisor).len(), 2, "both ranks run");
+        }
+        // SAFETY: the pid of our own unreaped child.
+        unsafe { libc::kill(supervisor as libc::pid_t, signal) };
+        let status = wait_at_most(&mut child, Duration::from_secs(15));
+        assert_eq!(status.code(), Some(128 + signal), "rank 0 died of the signal passed on: {status}");
+        let left = ranks_of(supervisor);
+        assert!(left.is_empty(), "ranks {left:?} still run");
+        // Stopped by the user: no rank is reported as failed.
+        std::thread::sleep(Duration::from_millis(100));
+        let stderr = stderr.lock().unwrap().clone();
+        assert!(!stderr.contains("error"), "signal {signal}: {stderr}");
     }
-    // SAFETY: the pid of our own unreaped child.
-    unsafe { libc::kill(supervisor as libc::pid_t, libc::SIGTERM) };
-    let status = wait_at_most(&mut child, Duration::from_secs(15));
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "rank 0 died of the forwarded SIGTERM: {status}");
-    let left = ranks_of(supervisor);
-    assert!(left.is_empty(), "ranks {left:?} still run");
 }
 
 #[test]
 fn ranks_stop_when_their_supervisor_is_killed() {
-    let mut child = hanging_group();
+    let (mut child, _) = hanging_group();
     let supervisor = child.id();
     child.kill().unwrap();
     child.wait().unwrap();
