@@ -73,7 +73,7 @@ fn lone_rank() {
     if std::env::var(CHILD).is_err() {
         return;
     }
-    let error = TensorParallel::join(Backend::Ring, 2).err().expect("no hostfile: joining must fail");
+    let error = TensorParallel::join(Backend::Ring, 2).expect_err("no hostfile: joining must fail");
     println!("ERROR {error}");
 }
 

@@ -76,7 +76,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut sampling = args.sampling.params()?;
     if !tp.is_single() {
         // Every rank draws the same tokens from the same logits: one seed for all.
-        let seed = tp.share(|| Ok(seed_words(sampling.seed.unwrap_or_else(rand::random))))?;
+        let seed = tp.share(|| anyhow::Ok(seed_words(sampling.seed.unwrap_or_else(rand::random))))?;
         sampling.seed = Some((seed[0] as u32 as u64) << 32 | seed[1] as u32 as u64);
     }
     let loaded = load(&LoadOptions { tp: tp.clone(), ..args.load.options()? }, args.max_tokens)?;
@@ -87,7 +87,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         let shared = tp.share(|| {
             let (ids, text) = prompt_tokens(&args, model_dir, tokenizer)?;
-            Ok(pack_prompt(&ids, &text))
+            anyhow::Ok(pack_prompt(&ids, &text))
         })?;
         unpack_prompt(&shared)
     };

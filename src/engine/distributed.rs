@@ -165,9 +165,10 @@ impl TensorParallel {
     /// This rank's equal share of `n` things (heads, rows, columns): refused, naming `what`,
     /// when the ranks cannot share them equally.
     pub fn part(&self, n: usize, what: &str) -> Result<Range<usize>> {
-        if n % self.size != 0 {
+        if !n.is_multiple_of(self.size) {
             return Err(Error::Usage(format!(
-                "tensor parallelism over {} ranks needs {what} ({n}) divisible by {}: choose a --tp that divides {n}",
+                "tensor parallelism over {} ranks splits {what} between them, and {n} is not divisible by {}: \
+                 choose a --tp that divides {n}",
                 self.size, self.size
             )));
         }
@@ -203,7 +204,7 @@ impl TensorParallel {
 
     /// What `leader` computes on rank 0, on every rank (the others never call it). If it fails,
     /// rank 0 ends with the error and its supervisor stops the others.
-    pub fn share(&self, leader: impl FnOnce() -> Result<Vec<i32>>) -> Result<Vec<i32>> {
+    pub fn share<E: From<Error>>(&self, leader: impl FnOnce() -> Result<Vec<i32>, E>) -> Result<Vec<i32>, E> {
         if self.is_single() {
             return leader();
         }
@@ -213,7 +214,7 @@ impl TensorParallel {
             return Ok(Vec::new());
         }
         let mine = if self.is_leader() { values } else { vec![0; len] };
-        self.broadcast(&mine)
+        Ok(self.broadcast(&mine)?)
     }
 
     /// Refuses unless every rank passes the same `values` (what each loaded, how it was started),
