@@ -27,6 +27,27 @@ pub fn scalar(value: f32, dtype: Dtype) -> Result<Array> {
     })
 }
 
+/// Zeros of `shape` in `dtype`, made once per thread and shape and reused (as [`scalar`]).
+pub fn zeros(shape: &[i32], dtype: Dtype) -> Result<Array> {
+    thread_local! {
+        static MADE: RefCell<HashMap<(Vec<i32>, u32), Array>> = RefCell::new(HashMap::new());
+    }
+    MADE.with(|made| {
+        let mut made = made.borrow_mut();
+        let key = (shape.to_vec(), dtype as u32);
+        if let Some(a) = made.get(&key) {
+            return Ok(a.clone());
+        }
+        if made.len() >= 64 {
+            made.clear(); // A decode step's shape and a few prefill chunks'; never grow without bound.
+        }
+        let a = mlx_rs::ops::zeros_dtype(shape, dtype)?;
+        a.eval()?;
+        made.insert(key, a.clone());
+        Ok(a)
+    })
+}
+
 /// `[0, 1, ..., n-1]` as float32.
 pub fn arange_f32(n: usize) -> Result<Array> {
     Array::arange::<f32, f32>(None, n as f32, None)

@@ -364,16 +364,20 @@ impl Linear {
         let epilogue = Epilogue::Residual { residual, alpha };
         match (&self.bias, &self.sum_over) {
             (None, None) => self.weight.matmul_t_in(x, epilogue),
-            (_, Some(tp)) => {
-                let partial = self.weight.matmul_t_in(x, Epilogue::Plain)?;
-                let y = tp.all_sum(&partial)?;
-                let y = match &self.bias {
-                    Some(b) => y.add(b)?,
-                    None => y,
+            (None, Some(tp)) => {
+                // Rank 0 adds the residual in its product's kernel and the others add zeros, so
+                // the sum is residual + α·Σ partials with one operation more than on one device.
+                let zeros;
+                let residual = if tp.is_leader() {
+                    residual
+                } else {
+                    zeros = crate::engine::ops::zeros(residual.shape(), residual.dtype())?;
+                    &zeros
                 };
-                Ok(epilogue_mlx(&y, epilogue)?)
+                let partial = self.weight.matmul_t_in(x, Epilogue::Residual { residual, alpha })?;
+                Ok(tp.all_sum(&partial)?)
             }
-            (Some(_), None) => Ok(epilogue_mlx(&self.forward(&x.array()?)?, epilogue)?),
+            (Some(_), _) => Ok(epilogue_mlx(&self.forward(&x.array()?)?, epilogue)?),
         }
     }
 }
