@@ -127,7 +127,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__bench)
-            opts="-m -p -n -d -r -o -h -V --model --synthetic --bits --n-prompt --n-gen --n-depth --n-seq --draft-layers --num-draft --repetitions --output --output-file --suite --cache-dir --cache-memory --tokenizer --max-tokens --no-think --limit --samples --device --dtype --prefill-step --help --version"
+            opts="-m -p -n -d -r -o -h -V --model --synthetic --bits --n-prompt --n-gen --n-depth --n-seq --draft-layers --num-draft --repetitions --output --output-file --suite --cache-dir --cache-memory --tokenizer --max-tokens --no-think --limit --samples --device --dtype --prefill-step --tp --tp-backend --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -243,6 +243,14 @@ _sala() {
                     ;;
                 --prefill-step)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tp)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tp-backend)
+                    COMPREPLY=($(compgen -W "auto ring nccl" -- "${cur}"))
                     return 0
                     ;;
                 *)
@@ -889,7 +897,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__run)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --no-pull --max-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --raw --no-think --ignore-eos --input-ids --logits-out --json --json-schema --grammar --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --no-pull --max-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --raw --no-think --ignore-eos --input-ids --logits-out --json --json-schema --grammar --tp --tp-backend --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -981,6 +989,14 @@ _sala() {
                     ;;
                 --grammar)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tp)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tp-backend)
+                    COMPREPLY=($(compgen -W "auto ring nccl" -- "${cur}"))
                     return 0
                     ;;
                 *)

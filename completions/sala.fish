@@ -65,6 +65,10 @@ complete -c sala -n "__fish_sala_using_subcommand run" -l input-ids -d 'Prompt t
 complete -c sala -n "__fish_sala_using_subcommand run" -l logits-out -d 'Write the logits every generated token was drawn from to this safetensors file (tensor `logits`, float32 [generated, vocab])' -r -F
 complete -c sala -n "__fish_sala_using_subcommand run" -l json-schema -d 'Answer with JSON valid under this JSON Schema (constrained decoding: the answer parses whatever the model prefers)' -r -F
 complete -c sala -n "__fish_sala_using_subcommand run" -l grammar -d 'Answer in this grammar, in llguidance\'s Lark syntax (`%json {…}` embeds a JSON Schema); the model is asked not to think, as the grammar applies from the first token' -r -F
+complete -c sala -n "__fish_sala_using_subcommand run" -l tp -d 'Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs, MLX\'s ring backend on CPUs and Macs)' -r
+complete -c sala -n "__fish_sala_using_subcommand run" -l tp-backend -d 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl' -r -f -a "auto\t''
+ring\t''
+nccl\t''"
 complete -c sala -n "__fish_sala_using_subcommand run" -l no-pull -d 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
 complete -c sala -n "__fish_sala_using_subcommand run" -l prompt-cache-ro -d 'Only read --prompt-cache, never write it'
 complete -c sala -n "__fish_sala_using_subcommand run" -l raw -d 'Send the prompt as-is, without the chat template'
@@ -184,6 +188,10 @@ complete -c sala -n "__fish_sala_using_subcommand bench" -l dtype -d 'Compute dt
 bf16\t''
 f16\t''"
 complete -c sala -n "__fish_sala_using_subcommand bench" -l prefill-step -d 'Prompt tokens per forward pass during prefill' -r
+complete -c sala -n "__fish_sala_using_subcommand bench" -l tp -d 'Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs, MLX\'s ring backend on CPUs and Macs)' -r
+complete -c sala -n "__fish_sala_using_subcommand bench" -l tp-backend -d 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl' -r -f -a "auto\t''
+ring\t''
+nccl\t''"
 complete -c sala -n "__fish_sala_using_subcommand bench" -l no-think -d 'Quality suite: answer without thinking (enable_thinking=false in the chat template)'
 complete -c sala -n "__fish_sala_using_subcommand bench" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand bench" -s V -l version -d 'Print version'

@@ -7,7 +7,7 @@
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::distributed::{Backend, TensorParallel};
 use crate::engine::error::Error;
-use mlx_rs::Array;
+use mlx_rs::{ops, Array, Dtype};
 use std::collections::VecDeque;
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -436,6 +436,15 @@ pub struct GroupCheck {
 const BANDWIDTH_BYTES: usize = 16 << 20;
 /// Small all_sums averaged for the latency.
 const LATENCY_ROUNDS: u32 = 20;
+/// All_sums one decoding token of MiniCPM-SALA-9B waits for when split over ranks: 2 per layer
+/// × 32 layers + 24 lightning output norms.
+const DECODE_ALL_SUMS: usize = 88;
+/// All_sums in the timed chain of prefill-sized ones.
+const PREFILL_ALL_SUMS: usize = 16;
+/// MiniCPM-SALA-9B's hidden size: the width of every summed activation.
+const HIDDEN: i32 = 4096;
+/// Tokens in one prefill chunk.
+const PREFILL_CHUNK: i32 = 2048;
 
 /// Test-only (tests/tensor_parallel_launch.rs): the rank this names exits with status 3 right
 /// after joining.
@@ -445,7 +454,8 @@ const TEST_HANG_RANK: &str = "SALA_TP_TEST_HANG_RANK";
 
 /// Checks that the group's collectives give every rank the right answers and times them: an
 /// all_sum of rank+1 (N(N+1)/2), an all_gather of the ranks (0..N), a broadcast from rank 0, an
-/// agreement check, then one 16 MiB all_sum and the mean of [`LATENCY_ROUNDS`] 4-byte ones.
+/// agreement check, then one 16 MiB all_sum and the mean of [`LATENCY_ROUNDS`] 4-byte ones (each
+/// with an eval's host round trip), then [`time_chain`]s of decode- and prefill-sized all_sums.
 pub fn check_group(tp: &TensorParallel) -> anyhow::Result<GroupCheck> {
     if std::env::var(TEST_EXIT_RANK).is_ok_and(|r| r == tp.rank.to_string()) {
         eprintln!("rank {}: exiting with status 3 ({TEST_EXIT_RANK})", tp.rank);
@@ -495,14 +505,84 @@ pub fn check_group(tp: &TensorParallel) -> anyhow::Result<GroupCheck> {
     }
     let latency = started.elapsed() / LATENCY_ROUNDS;
 
+    let dtype = Dtype::Bfloat16;
+    let decode = time_chain(tp, &[1, 1, HIDDEN], dtype, DECODE_ALL_SUMS)?;
+    let prefill = time_chain(tp, &[1, PREFILL_CHUNK, HIDDEN], dtype, PREFILL_ALL_SUMS)?;
+
     let gbps = BANDWIDTH_BYTES as f64 / bandwidth_time.as_secs_f64() / 1e9;
     let backend = tp.backend().map_or("none", Backend::name);
     Ok(GroupCheck {
         summary: format!(
             "{size} ranks over {backend}: all_sum of rank+1 = {expected_sum}, all_gather = {gathered:?}, broadcast from rank 0 and agreement OK; \
-             16 MiB all_sum {:.1} ms ({gbps:.2} GB/s), 4-byte all_sum {} µs (mean of {LATENCY_ROUNDS})",
+             16 MiB all_sum {:.1} ms ({gbps:.2} GB/s), 4-byte all_sum {} µs (mean of {LATENCY_ROUNDS}); \
+             in one graph: {} ({:.2} ms a decode token), {} ({:.2} GB/s)",
             bandwidth_time.as_secs_f64() * 1e3,
-            latency.as_micros()
+            latency.as_micros(),
+            decode.describe(),
+            decode.total.as_secs_f64() * 1e3,
+            prefill.describe(),
+            prefill.gbps(),
         ),
     })
+}
+
+/// A timed chain of all_sums of one shape, evaluated as one graph.
+struct Chain {
+    count: usize,
+    bytes: usize,
+    dtype: Dtype,
+    total: Duration,
+}
+
+impl Chain {
+    fn each(&self) -> Duration {
+        self.total / self.count as u32
+    }
+
+    /// Bytes each rank contributes per second, one all_sum after another.
+    fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.each().as_secs_f64() / 1e9
+    }
+
+    /// "88 × 8 KiB bf16 all_sum 9.1 µs each", in µs below a millisecond and ms above.
+    fn describe(&self) -> String {
+        let size = if self.bytes >= 1 << 20 { format!("{} MiB", self.bytes >> 20) } else { format!("{} KiB", self.bytes >> 10) };
+        let each = self.each().as_secs_f64();
+        let each = if each < 1e-3 { format!("{:.1} µs", each * 1e6) } else { format!("{:.2} ms", each * 1e3) };
+        let dtype = match self.dtype {
+            Dtype::Bfloat16 => "bf16".to_string(),
+            Dtype::Float32 => "f32".to_string(),
+            other => format!("{other:?}"),
+        };
+        format!("{} × {size} {dtype} all_sum {each} each", self.count)
+    }
+}
+
+/// Times `count` all_sums of a `shape` array of `dtype`, chained as in a forward pass (each sums
+/// the previous result scaled back by 1/size, so none can be dropped or merged) and evaluated
+/// once after one warm-up chain. Every rank builds the same chain. Refused unless it ends at 1.
+fn time_chain(tp: &TensorParallel, shape: &[i32], dtype: Dtype, count: usize) -> anyhow::Result<Chain> {
+    let ones = ops::ones_dtype(shape, dtype)?;
+    let scale = Array::from_f32(1.0 / tp.size as f32).as_dtype(dtype)?;
+    mlx_rs::transforms::eval([&ones, &scale])?;
+    let chain = || -> anyhow::Result<Array> {
+        let mut x = ones.clone();
+        for _ in 0..count {
+            x = tp.all_sum(&x)?.multiply(&scale)?;
+        }
+        Ok(x)
+    };
+    chain()?.eval()?;
+    let out = chain()?;
+    let started = Instant::now();
+    out.eval()?;
+    let total = started.elapsed();
+    let worst = out.subtract(Array::from_f32(1.0).as_dtype(dtype)?)?.abs()?.max(None)?.try_item_cast::<f32>()?;
+    anyhow::ensure!(
+        worst < 1.0 / 64.0,
+        "a chain of {count} all_sums of {dtype:?} {shape:?} ones, each scaled by 1/{}, is off 1 by {worst} on rank {}",
+        tp.size,
+        tp.rank
+    );
+    Ok(Chain { count, bytes: ones.nbytes(), dtype, total })
 }

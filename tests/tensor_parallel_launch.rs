@@ -1,7 +1,7 @@
 //! `--tp N`'s launcher through `sala doctor --tp N` on this machine (ring backend on 127.0.0.1):
-//! the ranks start, sum, gather and broadcast together; a rank that dies is named with its status
-//! and last words and no rank is left behind; a rank whose supervisor is gone stops; bad
-//! settings are refused.
+//! the ranks start, sum, gather and broadcast together and time chains of all_sums; a rank that
+//! dies is named with its status and last words and no rank is left behind; a rank whose
+//! supervisor is gone stops; bad settings are refused.
 
 use serde_json::Value;
 use std::process::{Command, Output, Stdio};
@@ -35,7 +35,31 @@ fn two_ranks_sum_gather_and_broadcast() {
     assert_eq!(lines.len(), 1, "only the tensor-parallel check, printed once (by rank 0): {stdout}");
     let line = lines[0];
     assert!(line.starts_with("OK    tp        2 ranks over ring: all_sum of rank+1 = 3, all_gather = [0, 1], broadcast from rank 0 and agreement OK; 16 MiB all_sum "), "{line}");
-    assert!(line.contains(" GB/s), 4-byte all_sum ") && line.ends_with(" µs (mean of 20)"), "{line}");
+    assert!(line.contains(" GB/s), 4-byte all_sum ") && line.contains(" µs (mean of 20); in one graph: "), "{line}");
+    assert_chains_timed(line);
+}
+
+/// Seconds in "9.1 µs" or "0.41 ms".
+fn seconds(value: &str, unit: &str) -> f64 {
+    value.parse::<f64>().unwrap() * if unit == "µs" { 1e-6 } else { 1e-3 }
+}
+
+/// The check ends with the two chains' figures, positive and consistent with each other.
+fn assert_chains_timed(found: &str) {
+    let pattern = regex::Regex::new(
+        r"; in one graph: 88 × 8 KiB bf16 all_sum ([0-9.]+) (µs|ms) each \(([0-9.]+) ms a decode token\), 16 × 16 MiB bf16 all_sum ([0-9.]+) (µs|ms) each \(([0-9.]+) GB/s\)$",
+    )
+    .unwrap();
+    let caps = pattern.captures(found).unwrap_or_else(|| panic!("no chain figures: {found}"));
+    let decode_each = seconds(&caps[1], &caps[2]);
+    let decode_token = seconds(&caps[3], "ms");
+    let prefill_each = seconds(&caps[4], &caps[5]);
+    let gbps: f64 = caps[6].parse().unwrap();
+    assert!(decode_each > 0.0 && decode_token > 0.0 && prefill_each > 0.0 && gbps > 0.0, "{found}");
+    // Rounded figures: the token is 88 all_sums, the bandwidth 16 MiB per all_sum.
+    assert!((decode_token / (88.0 * decode_each) - 1.0).abs() < 0.1, "{decode_token} s vs 88 × {decode_each} s: {found}");
+    let implied = (16 << 20) as f64 / prefill_each / 1e9;
+    assert!((gbps - implied).abs() < 0.1 * implied + 0.005, "{gbps} GB/s vs {implied} GB/s implied: {found}");
 }
 
 #[test]
@@ -56,7 +80,9 @@ fn the_json_form_holds_the_tensor_parallel_check() {
     assert_eq!(checks.len(), 1, "{v}");
     assert_eq!(checks[0]["name"], "tp");
     assert_eq!(checks[0]["status"], "ok");
-    assert!(checks[0]["found"].as_str().unwrap().starts_with("2 ranks over ring: all_sum of rank+1 = 3"), "{v}");
+    let found = checks[0]["found"].as_str().unwrap();
+    assert!(found.starts_with("2 ranks over ring: all_sum of rank+1 = 3"), "{v}");
+    assert_chains_timed(found);
     assert!(checks[0].get("fix").is_none(), "{v}");
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 #[derive(Args)]
 #[command(
-    after_help = "With --tp N (N > 1), doctor starts N ranks and runs only the tensor-parallel check: sums, gathers and a broadcast\nacross the ranks, one 16 MiB all_sum's bandwidth and a small one's latency.\n\nExamples:\n  sala doctor\n  sala doctor --json | jq '.checks[] | select(.status != \"ok\")'\n  sala doctor --tp 2"
+    after_help = "With --tp N (N > 1), doctor starts N ranks and runs only the tensor-parallel check: sums, gathers and a broadcast\nacross the ranks, one 16 MiB all_sum's bandwidth and a small one's latency, and the time of chains of all_sums\nevaluated as one graph, as a decoding token (88 of [1, 1, 4096]) and a prefill chunk (16 of [1, 2048, 4096]) see them.\n\nExamples:\n  sala doctor\n  sala doctor --json | jq '.checks[] | select(.status != \"ok\")'\n  sala doctor --tp 2"
 )]
 pub struct DoctorArgs {
     /// Print JSON ({"ok": bool, "checks": [{name, status, found, fix}]}) instead of lines
