@@ -604,7 +604,7 @@ fn synthetic_9b() -> Box<dyn sala::engine::model::LanguageModel> {
     let synthetic = sala::eval::synthetic::SyntheticModel::new("minicpm-sala-9b", Some(bits)).unwrap();
     let mut source = synthetic.build(Dtype::Bfloat16, |_| {}).unwrap();
     let cfg = source.config().unwrap();
-    sala::models::build(&cfg, &mut source.weights, Some(Dtype::Bfloat16)).unwrap()
+    sala::models::build(&cfg, &mut source.weights, Some(Dtype::Bfloat16), &Default::default()).unwrap()
 }
 
 /// Puts `len` random tokens (seeded by `seed`) into `cache`, 2048 a forward call.
