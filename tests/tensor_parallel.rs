@@ -190,3 +190,78 @@ fn ranks_that_loaded_different_models_are_refused() {
     }
     std::fs::remove_file(hostfile).unwrap();
 }
+
+/// What a chat answer says: its text, each token's log-probability, and its prompt tokens taken
+/// from the prefix cache.
+fn answer(server: &common::server::Server, body: &serde_json::Value) -> (String, Vec<f64>, u64) {
+    let response = common::server::request(server.port, "POST", "/v1/chat/completions", Some(&body.to_string()), &[]).expect("an answer");
+    let json = response.json();
+    let choice = &json["choices"][0];
+    assert!(choice["message"]["content"].is_string(), "{json}");
+    let logprobs = choice["logprobs"]["content"].as_array().map_or_else(Vec::new, |c| c.iter().map(|t| t["logprob"].as_f64().unwrap()).collect());
+    let cached = json["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+    (choice["message"]["content"].as_str().unwrap().to_string(), logprobs, cached)
+}
+
+#[test]
+fn serving_over_two_ranks_answers_as_one_rank() {
+    use serde_json::json;
+    let model = golden_with_tokenizer("A_dense_f32", "tp-serve", None);
+    let device = if on_gpu() { "gpu" } else { "cpu" };
+    let args = ["--device", device, "--dtype", "f32"];
+    let start = |tp: &str| {
+        let mut cmd = Command::new(sala_bin());
+        cmd.env_remove("MLX_RANK");
+        let mut extra = args.to_vec();
+        extra.extend(["--tp", tp]);
+        common::server::Server::start_with(cmd, &model, &extra, 200)
+    };
+    let (one, two) = (start("1"), start("2"));
+    let greedy = json!({"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 12, "temperature": 0, "logprobs": true});
+    // Sampled under a grammar: every rank compiles rank 0's grammar and draws with its seed.
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
+    let structured = json!({"messages": [{"role": "user", "content": "a number"}], "max_tokens": 24, "temperature": 0.9, "seed": 7,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}});
+    // The same document twice: the second prefills only what is new.
+    let document = "the quick brown fox jumps over the lazy dog ".repeat(6);
+    let first = json!({"messages": [{"role": "user", "content": format!("{document} first?")}], "max_tokens": 4, "temperature": 0});
+    let second = json!({"messages": [{"role": "user", "content": format!("{document} second?")}], "max_tokens": 4, "temperature": 0});
+    for body in [&greedy, &structured, &first, &second] {
+        let (a, b) = (answer(&one, body), answer(&two, body));
+        assert_eq!(b.0, a.0, "two ranks answer {body} as one does");
+        assert_eq!(b.2, a.2, "two ranks take as much from the prefix cache as one");
+        assert_eq!(b.1.len(), a.1.len());
+        let diff = b.1.iter().zip(&a.1).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(diff <= golden_tol(), "log-probabilities over two ranks differ by {diff}");
+    }
+    assert!(answer(&two, &second).2 > 0, "the prefix cache served the document again");
+    let parsed: serde_json::Value = serde_json::from_str(&answer(&two, &structured).0).expect("the structured answer parses");
+    assert!(parsed["n"].is_i64(), "{parsed}");
+    // Requests at once are batched; one without a seed gets rank 0's, so the ranks stay in step.
+    let unseeded = json!({"messages": [{"role": "user", "content": "anything"}], "max_tokens": 16, "temperature": 1.0});
+    let answers: Vec<_> = [&greedy, &unseeded, &structured, &greedy]
+        .into_iter()
+        .map(|body| {
+            let (port, body) = (two.port, body.to_string());
+            std::thread::spawn(move || common::server::request(port, "POST", "/v1/chat/completions", Some(&body), &[]).expect("an answer"))
+        })
+        .collect();
+    let answers: Vec<_> = answers.into_iter().map(|t| t.join().unwrap()).collect();
+    for response in &answers {
+        assert!(response.json()["choices"][0]["message"]["content"].is_string(), "{}", response.json());
+    }
+    // And the ranks are still in step afterwards.
+    assert_eq!(answer(&two, &greedy).0, answer(&one, &greedy).0);
+    // SIGTERM drains rank 0; the others end when it says so, and the whole group exits cleanly.
+    let mut two = two;
+    two.terminate();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = two.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "the group did not stop: {}", two.log_so_far());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status}: {}", two.log_so_far());
+}

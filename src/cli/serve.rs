@@ -48,6 +48,8 @@ pub struct ServeArgs {
     /// "never" keeps it)
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_keep_alive)]
     pub keep_alive: KeepAlive,
+    #[command(flatten)]
+    pub tp: super::TpArgs,
 }
 
 /// `--keep-alive`: a duration, or never.
@@ -64,6 +66,16 @@ fn parse_keep_alive(text: &str) -> Result<KeepAlive, String> {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    if args.tp.tp > 1 && args.load.model.is_none() {
+        anyhow::bail!("serve --tp serves one model split over the devices: give it with --model (serving the store is one device's)");
+    }
+    if args.tp.tp > 1 && args.prompt_cache_dir.is_some() {
+        anyhow::bail!("--prompt-cache-dir cannot be used with --tp yet: each rank holds only its part of a prompt's state; drop one of them");
+    }
+    let tp = match args.tp.start(args.load.runtime.device())? {
+        crate::launch::Start::Rank(tp) => tp,
+        crate::launch::Start::Finished(code) => std::process::exit(code),
+    };
     let options = crate::server::ServerOptions {
         host: args.host,
         port: args.port,
@@ -79,5 +91,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_models: args.max_models as usize,
         keep_alive: args.keep_alive.0,
     };
-    crate::server::serve(args.load.options()?, options)
+    let load = crate::load::LoadOptions { tp: tp.clone(), ..args.load.options()? };
+    if tp.is_leader() {
+        crate::server::serve(load, options)
+    } else {
+        crate::server::follow(load, options)
+    }
 }

@@ -217,6 +217,28 @@ impl TensorParallel {
         Ok(self.broadcast(&mine)?)
     }
 
+    /// [`TensorParallel::share`] of bytes (four to a word).
+    pub fn share_bytes<E: From<Error>>(&self, leader: impl FnOnce() -> Result<Vec<u8>, E>) -> Result<Vec<u8>, E> {
+        if self.is_single() {
+            return leader();
+        }
+        let words = self.share::<E>(|| {
+            let bytes = leader()?;
+            if bytes.is_empty() {
+                return Ok(Vec::new()); // One collective: the length alone.
+            }
+            let mut words = vec![bytes.len() as i32];
+            words.extend(bytes.chunks(4).map(|c| {
+                let mut word = [0u8; 4];
+                word[..c.len()].copy_from_slice(c);
+                i32::from_le_bytes(word)
+            }));
+            Ok(words)
+        })?;
+        let Some((&len, data)) = words.split_first() else { return Ok(Vec::new()) };
+        Ok(data.iter().flat_map(|w| w.to_le_bytes()).take(len as usize).collect())
+    }
+
     /// Refuses unless every rank passes the same `values` (what each loaded, how it was started),
     /// naming `what` differs.
     pub fn check_agree(&self, values: &[i64], what: &str) -> Result<()> {

@@ -167,7 +167,7 @@ pub struct Decoding {
 
 /// Which log-probabilities a [`Decoding`] keeps: `Some(n)` keeps each token's with the `n` most
 /// likely alternatives.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LogprobOptions {
     pub generated: Option<usize>,
     pub prompt: Option<usize>,

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 /// What an answer must be.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Grammar {
     /// Any JSON object (OpenAI `response_format: {"type": "json_object"}`).
     JsonObject,
@@ -45,7 +45,7 @@ pub fn with_json_layout(schema: &Value) -> Value {
 
 /// What may come before the constrained part: a reasoning model writes `<think>…</think>`
 /// first, freely, and the grammar applies from the answer on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Reasoning {
     /// The answer starts at the first token.
     Off,
@@ -138,7 +138,7 @@ impl GrammarCompiler {
         if let Some(e) = matcher.get_error() {
             return Err(Error::Grammar(e));
         }
-        Ok(Constraint { matcher, eos: self.factory.tok_env().tok_trie().eos_tokens().to_vec() })
+        Ok(Constraint { matcher, eos: self.factory.tok_env().tok_trie().eos_tokens().to_vec(), source: (grammar.clone(), reasoning) })
     }
 }
 
@@ -147,6 +147,8 @@ impl GrammarCompiler {
 pub struct Constraint {
     matcher: Matcher,
     eos: Vec<u32>,
+    /// What it was compiled from, so another process can compile the same (tensor parallelism).
+    source: (Grammar, Reasoning),
 }
 
 /// The tokens allowed at one step.
@@ -173,6 +175,11 @@ impl TokenMask {
 }
 
 impl Constraint {
+    /// The grammar and reasoning mode it was compiled from.
+    pub fn source(&self) -> &(Grammar, Reasoning) {
+        &self.source
+    }
+
     /// The tokens that may come next (the end-of-sequence tokens once the output is complete).
     pub fn mask(&mut self) -> Result<TokenMask> {
         let mask = self.matcher.compute_mask_or_eos().map_err(|e| Error::Grammar(format!("{e:#}")))?;

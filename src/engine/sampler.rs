@@ -6,7 +6,7 @@ use super::error::Result;
 use super::grammar::{Constraint, TokenMask};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SamplingParams {
     /// 0 means greedy.
     pub temperature: f32,

@@ -240,6 +240,32 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A rank other than 0 of `sala serve --tp`: loads its part of the model and runs every round
+/// rank 0's worker runs, until rank 0 ends (rank 0 alone listens, answers and stops on signals).
+pub fn follow(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
+    // The supervisor passes Ctrl-C and SIGTERM to every rank: this one ends when rank 0 has drained.
+    // SAFETY: setting a signal's disposition to "ignore".
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGTERM, libc::SIG_IGN);
+    }
+    let tp = model.tp.clone();
+    let loaded = crate::load::load(&model, options.default_max_tokens)?;
+    let tokenizer = loaded.tokenizer.ok_or_else(|| anyhow::anyhow!("the model has no tokenizer, which the chat API needs"))?;
+    let budget = pool::shared_budget(&tp, options.cache_memory)?;
+    let metrics = metrics::Metrics::new();
+    scheduler::run(
+        loaded.model.as_ref(),
+        Arc::new(tokenizer),
+        scheduler::Batching { prefill_step: options.prefill_step, parallel: options.parallel },
+        scheduler::Intake::Follower(scheduler::Follower::new(tp)),
+        Arc::new(AtomicBool::new(false)),
+        PrefixCache::new(budget),
+        &metrics,
+    );
+    Ok(())
+}
+
 /// Puts the states saved in `store` back into `prefixes` (as many as its budget holds).
 fn read_kept_states(model: &dyn crate::engine::model::LanguageModel, store: &StateDir, dir: &std::path::Path, prefixes: &mut PrefixCache) {
     let bar = bytes_progress("reading kept prompt states", 0);

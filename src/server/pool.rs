@@ -375,8 +375,14 @@ pub fn start_worker(state: &Arc<AppState>, slot: Arc<Slot>) {
 fn serve_model(state: &Arc<AppState>, slot: &Slot) {
     let settings = &state.pool.settings;
     let options = LoadOptions { model: Some(slot.path.clone()), ..settings.load.clone() };
+    let tp = options.tp.clone();
     let loaded = match load(&options, settings.default_max_tokens) {
         Ok(l) => l,
+        Err(e) if !tp.is_single() => {
+            // The other ranks wait for this one: end, and the supervisor stops them.
+            eprintln!("error: loading {}: {e:#}", slot.id);
+            std::process::exit(1);
+        }
         Err(e) => {
             eprintln!("error: loading {}: {e:#}", slot.id);
             let _ = slot.load_error.set(format!("{e:#}"));
@@ -388,7 +394,13 @@ fn serve_model(state: &Arc<AppState>, slot: &Slot) {
         return;
     };
     let tokenizer = Arc::new(tokenizer);
-    let cache_budget = settings.cache_memory.unwrap_or_else(crate::engine::memory::default_state_budget);
+    let cache_budget = match shared_budget(&tp, settings.cache_memory) {
+        Ok(budget) => budget,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    };
     let model = loaded.model.as_ref();
     let mut prefixes = PrefixCache::new(cache_budget);
     let store = settings.prompt_cache_dir.clone().and_then(|dir| match StateDir::new(&dir, &loaded.fingerprint) {
@@ -424,11 +436,12 @@ fn serve_model(state: &Arc<AppState>, slot: &Slot) {
         tool_format.name()
     );
     let metrics: &metrics::Metrics = &state.metrics;
+    let intake = if tp.is_single() { scheduler::Intake::Channel(rx) } else { scheduler::Intake::Leader(rx, tp) };
     let prefixes = scheduler::run(
         model,
         tokenizer,
         scheduler::Batching { prefill_step: settings.prefill_step, parallel: settings.parallel },
-        rx,
+        intake,
         state.abort.clone(),
         prefixes,
         metrics,
@@ -436,4 +449,14 @@ fn serve_model(state: &Arc<AppState>, slot: &Slot) {
     if let Some((dir, store)) = &store {
         write_kept_states(store, dir, &prefixes);
     }
+}
+
+/// The prefix cache's budget: `asked`, else a share of the free memory; under tensor parallelism
+/// rank 0's, so that every rank keeps and drops the same states.
+pub fn shared_budget(tp: &crate::engine::distributed::TensorParallel, asked: Option<u64>) -> crate::engine::error::Result<u64> {
+    let words = tp.share(|| {
+        let budget = asked.unwrap_or_else(crate::engine::memory::default_state_budget);
+        Ok::<_, crate::engine::error::Error>(vec![(budget >> 32) as u32 as i32, budget as u32 as i32])
+    })?;
+    Ok((words[0] as u32 as u64) << 32 | words[1] as u32 as u64)
 }

@@ -11,7 +11,7 @@
 
 use super::metrics::Metrics;
 use crate::engine::cache::ModelCache;
-use crate::engine::grammar::Constraint;
+use crate::engine::grammar::{Constraint, Grammar, GrammarCompiler, Reasoning};
 use crate::engine::generate::{next_batch, Decoding, GenerateOptions, LogprobOptions, Step, StopReason};
 use crate::engine::logprobs::TokenLogprobs;
 use crate::engine::model::LanguageModel;
@@ -19,9 +19,10 @@ use crate::engine::prefix_cache::{PrefixCache, Start, Trail};
 use crate::engine::sampler::{Sampler, SamplingParams};
 use crate::engine::tokenizer::{StreamDecoder, TextTokenizer};
 use std::collections::VecDeque;
-use std::sync::mpsc::{Receiver, TryRecvError};
+use crate::engine::distributed::TensorParallel;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::Instant;
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 /// A request as the worker sees it.
 pub struct Job {
@@ -70,6 +71,8 @@ pub enum Event {
 }
 
 struct Active {
+    /// The request's number in this worker (the same on every rank of a tensor-parallel group).
+    id: u64,
     job: Job,
     cache: ModelCache,
     /// Restart points kept along the way.
@@ -100,53 +103,227 @@ pub struct Batching {
     pub parallel: usize,
 }
 
-/// Runs until every sender of `jobs` is gone, then returns the prompt states it kept (starting
-/// from `prefixes`); once `abort` is set, every request held or queued is ended with
-/// [`Event::Shutdown`]. `metrics` are kept up to date as it goes.
+/// Where each round's new requests, cancellations and shutdown come from.
+pub enum Intake {
+    /// The server's channel (one device).
+    Channel(Receiver<Job>),
+    /// Rank 0 of a tensor-parallel group: the server's channel, each round handed to the other
+    /// ranks, which must run the same rounds.
+    Leader(Receiver<Job>, TensorParallel),
+    /// Another rank of the group: rank 0's rounds (its answers go nowhere).
+    Follower(Follower),
+}
+
+/// A rank other than 0 of a tensor-parallel group serving alongside rank 0.
+pub struct Follower {
+    tp: TensorParallel,
+    /// Compiles the grammars of rank 0's requests (made at the first one).
+    compiler: Option<GrammarCompiler>,
+    /// The other ends of the requests' event channels, kept open and emptied.
+    sinks: Vec<UnboundedReceiver<Event>>,
+}
+
+impl Follower {
+    pub fn new(tp: TensorParallel) -> Self {
+        Self { tp, compiler: None, sinks: Vec::new() }
+    }
+}
+
+/// What a round starts from.
+#[derive(Default)]
+struct Round {
+    arrived: Vec<(u64, Job)>,
+    /// Requests whose client went away.
+    gone: Vec<u64>,
+    /// End every request held (the shutdown deadline passed).
+    abort: bool,
+    /// Nothing left to do and no more requests can come: return.
+    end: bool,
+}
+
+/// A round as rank 0 hands it to the other ranks.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct RoundSpec {
+    arrived: Vec<JobSpec>,
+    gone: Vec<u64>,
+    abort: bool,
+    end: bool,
+}
+
+/// What every rank needs to run a request as rank 0 does (the seed included, so every rank draws
+/// the same tokens).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct JobSpec {
+    id: u64,
+    prompt: Vec<u32>,
+    sampling: SamplingParams,
+    grammar: Option<(Grammar, Reasoning)>,
+    max_tokens: usize,
+    stop: Vec<String>,
+    logprobs: LogprobOptions,
+}
+
+/// How long rank 0 waits for a request before it hands the others an empty round: they wait in
+/// a collective, which on a GPU spins.
+const IDLE_ROUND: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl Intake {
+    /// The next round; blocks for a request when `idle`. `next_id` numbers arrivals.
+    fn round(&mut self, idle: bool, held: &[u64], is_gone: &dyn Fn(u64) -> bool, abort: bool, next_id: &mut u64, model: &dyn LanguageModel, tokenizer: &TextTokenizer) -> crate::engine::error::Result<Round> {
+        let mut take = |jobs: &Receiver<Job>, wait: Option<std::time::Duration>| {
+            let mut round = Round { abort, ..Round::default() };
+            let mut disconnected = false;
+            if idle {
+                let first = match wait {
+                    None => jobs.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                    Some(w) => jobs.recv_timeout(w),
+                };
+                match first {
+                    Ok(job) => round.arrived.push((std::mem::replace(next_id, *next_id + 1), job)),
+                    Err(RecvTimeoutError::Disconnected) => disconnected = true,
+                    Err(RecvTimeoutError::Timeout) => {}
+                }
+            }
+            while !disconnected {
+                match jobs.try_recv() {
+                    Ok(job) => round.arrived.push((std::mem::replace(next_id, *next_id + 1), job)),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => disconnected = true,
+                }
+            }
+            round.end = disconnected && idle && round.arrived.is_empty();
+            round.gone = held.iter().copied().filter(|&id| is_gone(id)).collect();
+            round.gone.extend(round.arrived.iter().filter(|(_, j)| j.events.is_closed()).map(|(id, _)| *id));
+            round
+        };
+        match self {
+            Intake::Channel(jobs) => Ok(take(jobs, None)),
+            Intake::Leader(jobs, tp) => {
+                let mut round = take(jobs, Some(IDLE_ROUND));
+                for (_, job) in &mut round.arrived {
+                    job.sampling.seed.get_or_insert_with(rand::random);
+                }
+                let tp = tp.clone();
+                tp.share_bytes(|| {
+                    if round.arrived.is_empty() && round.gone.is_empty() && !round.abort && !round.end {
+                        return Ok(Vec::new());
+                    }
+                    let spec = RoundSpec {
+                        arrived: round.arrived.iter().map(|(id, job)| JobSpec::of(*id, job)).collect(),
+                        gone: round.gone.clone(),
+                        abort: round.abort,
+                        end: round.end,
+                    };
+                    Ok::<_, crate::engine::error::Error>(serde_json::to_vec(&spec).expect("a round serialises"))
+                })?;
+                Ok(round)
+            }
+            Intake::Follower(f) => {
+                for sink in &mut f.sinks {
+                    while sink.try_recv().is_ok() {}
+                }
+                f.sinks.retain(|s| !s.is_closed() || !s.is_empty());
+                let bytes = f.tp.share_bytes(|| Ok::<_, crate::engine::error::Error>(Vec::new()))?;
+                let spec: RoundSpec = if bytes.is_empty() {
+                    RoundSpec::default()
+                } else {
+                    serde_json::from_slice(&bytes).map_err(|e| crate::engine::error::Error::Usage(format!("internal: rank 0's round does not parse: {e}")))?
+                };
+                let mut arrived = Vec::with_capacity(spec.arrived.len());
+                for job in spec.arrived {
+                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                    f.sinks.push(rx);
+                    let constraint = match &job.grammar {
+                        None => None,
+                        Some((grammar, reasoning)) => {
+                            if f.compiler.is_none() {
+                                let info = model.info();
+                                f.compiler = Some(tokenizer.grammar_compiler(info.vocab_size, &info.eos_token_ids)?);
+                            }
+                            Some(f.compiler.as_ref().expect("made above").compile(grammar, *reasoning)?)
+                        }
+                    };
+                    let received = Instant::now();
+                    let id = job.id;
+                    let job = Job { prompt: job.prompt, sampling: job.sampling, constraint, max_tokens: job.max_tokens, stop: job.stop, logprobs: job.logprobs, received, events: tx, lease: None };
+                    arrived.push((id, job));
+                }
+                Ok(Round { arrived, gone: spec.gone, abort: spec.abort, end: spec.end })
+            }
+        }
+    }
+}
+
+impl JobSpec {
+    fn of(id: u64, job: &Job) -> Self {
+        Self {
+            id,
+            prompt: job.prompt.clone(),
+            sampling: job.sampling.clone(),
+            grammar: job.constraint.as_ref().map(|c| c.source().clone()),
+            max_tokens: job.max_tokens,
+            stop: job.stop.clone(),
+            logprobs: job.logprobs,
+        }
+    }
+}
+
+/// Runs until no more requests can come (every sender of the intake's channel is gone, or rank 0
+/// says so) and nothing is left to do, then returns the prompt states it kept (starting from
+/// `prefixes`); once `abort` is set, every request held or queued is ended with
+/// [`Event::Shutdown`]. `metrics` are kept up to date as it goes. Every rank of a tensor-parallel
+/// group runs the same rounds: what could differ between them (arrivals, clients gone, the
+/// shutdown) comes from rank 0's intake.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     model: &dyn LanguageModel,
     tokenizer: std::sync::Arc<TextTokenizer>,
     batching: Batching,
-    jobs: Receiver<Job>,
+    mut intake: Intake,
     abort: std::sync::Arc<std::sync::atomic::AtomicBool>,
     mut prefixes: PrefixCache,
     metrics: &Metrics,
 ) -> PrefixCache {
     let Batching { prefill_step, parallel } = batching;
     let mut active: Vec<Active> = Vec::new();
-    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut waiting: VecDeque<(u64, Job)> = VecDeque::new();
+    let mut next_id = 0u64;
     loop {
         metrics.observe_memory();
         // Take what is queued; block for the next request only when there is nothing to do.
-        if active.is_empty() && waiting.is_empty() {
+        let idle = active.is_empty() && waiting.is_empty();
+        if idle {
             metrics.queue_depth.set(0);
             metrics.batch_size.set(0);
-            match jobs.recv() {
-                Ok(job) => waiting.push_back(job),
-                Err(_) => return prefixes,
-            }
         }
-        loop {
-            match jobs.try_recv() {
-                Ok(job) => waiting.push_back(job),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) if active.is_empty() && waiting.is_empty() => return prefixes,
-                Err(TryRecvError::Disconnected) => break,
+        let held: Vec<u64> = waiting.iter().map(|(id, _)| *id).chain(active.iter().map(|a| a.id)).collect();
+        let closed: std::collections::HashSet<u64> =
+            waiting.iter().filter(|(_, j)| j.events.is_closed()).map(|(id, _)| *id).chain(active.iter().filter(|a| a.job.events.is_closed()).map(|a| a.id)).collect();
+        let aborting = abort.load(std::sync::atomic::Ordering::SeqCst);
+        let round = match intake.round(idle, &held, &|id| closed.contains(&id), aborting, &mut next_id, model, &tokenizer) {
+            Ok(round) => round,
+            Err(e) => {
+                eprintln!("error: the worker stops: {e}");
+                return prefixes;
             }
+        };
+        if round.end {
+            return prefixes;
         }
-        if abort.load(std::sync::atomic::Ordering::SeqCst) {
-            for events in active.drain(..).map(|a| a.job.events).chain(waiting.drain(..).map(|j| j.events)) {
+        waiting.extend(round.arrived);
+        if round.abort {
+            for events in active.drain(..).map(|a| a.job.events).chain(waiting.drain(..).map(|(_, j)| j.events)) {
                 let _ = events.send(Event::Shutdown);
             }
             continue;
         }
-        waiting.retain(|job| !job.events.is_closed());
-        active.retain(|a| !a.job.events.is_closed());
+        waiting.retain(|(id, _)| !round.gone.contains(id));
+        active.retain(|a| !round.gone.contains(&a.id));
         // Prompts go in one at a time, oldest first: the next request starts once the one before
         // it is in, from the state that one left if they share a start.
         while active.len() < parallel.max(1) && active.iter().all(|a| a.decoding.is_prefilled()) {
-            let Some(job) = waiting.pop_front() else { break };
-            if let Some(a) = admit(model, job, prefill_step, &mut prefixes, metrics) {
+            let Some((id, job)) = waiting.pop_front() else { break };
+            if let Some(a) = admit(model, id, job, prefill_step, &mut prefixes, metrics) {
                 active.push(a);
             }
         }
@@ -224,7 +401,7 @@ pub fn run(
 
 /// Checks a request's prompt, starting from the longest kept state it extends; `None` (after
 /// telling the client) when it cannot run.
-fn admit(model: &dyn LanguageModel, mut job: Job, prefill_step: usize, prefixes: &mut PrefixCache, metrics: &Metrics) -> Option<Active> {
+fn admit(model: &dyn LanguageModel, id: u64, mut job: Job, prefill_step: usize, prefixes: &mut PrefixCache, metrics: &Metrics) -> Option<Active> {
     let opts = GenerateOptions { max_tokens: job.max_tokens, prefill_step, ..Default::default() };
     let start = if job.logprobs.prompt.is_some() {
         // Every prompt position's distribution is needed: none of it comes from a kept state.
@@ -248,6 +425,7 @@ fn admit(model: &dyn LanguageModel, mut job: Job, prefill_step: usize, prefixes:
     }
     match started {
         Ok((start, decoding)) => Some(Active {
+            id,
             sampler: match job.constraint.take() {
                 Some(constraint) => Sampler::new(job.sampling.clone()).constrained(constraint),
                 None => Sampler::new(job.sampling.clone()),
