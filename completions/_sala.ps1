@@ -127,6 +127,8 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             [CompletionResult]::new('--tool-call-parser', '--tool-call-parser', [CompletionResultType]::ParameterName, 'The model''s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family''s)')
             [CompletionResult]::new('--max-models', '--max-models', [CompletionResultType]::ParameterName, 'Without --model (serving every model of the store): the most models loaded at once; the least recently used idle one is unloaded to make room')
             [CompletionResult]::new('--keep-alive', '--keep-alive', [CompletionResultType]::ParameterName, 'Without --model: unload a model after it has been idle this long (e.g. 30s, 5m, 1h; "never" keeps it)')
+            [CompletionResult]::new('--tp', '--tp', [CompletionResultType]::ParameterName, 'Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs, MLX''s ring backend on CPUs and Macs)')
+            [CompletionResult]::new('--tp-backend', '--tp-backend', [CompletionResultType]::ParameterName, 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl')
             [CompletionResult]::new('--no-pull', '--no-pull', [CompletionResultType]::ParameterName, 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)')
             [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')

@@ -121,6 +121,8 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --tool-call-parser 'The model''s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family''s)'
             cand --max-models 'Without --model (serving every model of the store): the most models loaded at once; the least recently used idle one is unloaded to make room'
             cand --keep-alive 'Without --model: unload a model after it has been idle this long (e.g. 30s, 5m, 1h; "never" keeps it)'
+            cand --tp 'Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs, MLX''s ring backend on CPUs and Macs)'
+            cand --tp-backend 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl'
             cand --no-pull 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
             cand -h 'Print help'
             cand --help 'Print help'

@@ -123,6 +123,10 @@ complete -c sala -n "__fish_sala_using_subcommand serve" -l prompt-cache-dir -d 
 complete -c sala -n "__fish_sala_using_subcommand serve" -l tool-call-parser -d 'The model\'s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family\'s)' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l max-models -d 'Without --model (serving every model of the store): the most models loaded at once; the least recently used idle one is unloaded to make room' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l keep-alive -d 'Without --model: unload a model after it has been idle this long (e.g. 30s, 5m, 1h; "never" keeps it)' -r
+complete -c sala -n "__fish_sala_using_subcommand serve" -l tp -d 'Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs, MLX\'s ring backend on CPUs and Macs)' -r
+complete -c sala -n "__fish_sala_using_subcommand serve" -l tp-backend -d 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl' -r -f -a "auto\t''
+ring\t''
+nccl\t''"
 complete -c sala -n "__fish_sala_using_subcommand serve" -l no-pull -d 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
 complete -c sala -n "__fish_sala_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand serve" -s V -l version -d 'Print version'
