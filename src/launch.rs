@@ -94,6 +94,12 @@ fn supervisor_backend(backend: Option<Backend>, device: Option<DeviceKind>) -> a
 /// Joins the group as the rank MLX_RANK names, giving up after [`JOIN_TIMEOUT`].
 fn join(tp: usize, backend: Backend, rank: &str) -> anyhow::Result<TensorParallel> {
     let rank: usize = rank.trim().parse().map_err(|_| Error::Usage(format!("MLX_RANK={rank:?} is not a rank number (0, 1, …)")))?;
+    if backend == Backend::Nccl && std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+        // NVLink multicast stays off on ranks started by any launcher, not only ours: on shared
+        // hosts it can take the GPUs out of service. Set before NCCL starts, with no other thread
+        // reading the environment yet.
+        std::env::set_var("NCCL_NVLS_ENABLE", "0");
+    }
     if let Some(pid) = std::env::var(SUPERVISOR_PID).ok().and_then(|p| p.parse().ok()) {
         stop_without_supervisor(rank, pid);
     }

@@ -265,3 +265,29 @@ fn serving_over_two_ranks_answers_as_one_rank() {
     };
     assert!(status.success(), "{status}: {}", two.log_so_far());
 }
+
+/// `sala run` of a prompt piped to rank 0's stdin, sampled: the other ranks get the prompt and the
+/// seed from rank 0, so two ranks write what one does with the same seed, and stay in step without one.
+#[test]
+fn a_piped_prompt_and_sampling_over_two_ranks() {
+    use std::io::Write;
+    let model = golden_with_tokenizer("A_dense_f32", "tp-run", Some(100000));
+    let run = |tp: &str, seed: Option<&str>| {
+        let mut cmd = Command::new(sala_bin());
+        cmd.args(["run", "--model"]).arg(&model);
+        cmd.args(["--device", if on_gpu() { "gpu" } else { "cpu" }, "--dtype", "f32", "--max-tokens", "24", "--temperature", "0.9", "--json", "--tp", tp]);
+        if let Some(seed) = seed {
+            cmd.args(["--seed", seed]);
+        }
+        let mut child = cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+        child.stdin.take().unwrap().write_all(b"tell me a story about a fox").unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "--tp {tp}: {}", String::from_utf8_lossy(&out.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        json["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect::<Vec<_>>()
+    };
+    let one = run("1", Some("3"));
+    assert_eq!(one.len(), 24);
+    assert_eq!(run("2", Some("3")), one, "two ranks sample what one does with the same seed");
+    assert_eq!(run("2", None).len(), 24, "without a seed the ranks share rank 0's");
+}
