@@ -240,9 +240,37 @@ fn describe(status: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exited with status {code}"),
-        (None, Some(signal)) => format!("was killed by signal {signal}"),
+        (None, Some(signal)) => format!("was killed by signal {signal}{}", signal_name(signal)),
         _ => format!("ended ({status})"),
     }
+}
+
+/// " (SIGKILL: …)": the signal's name, and what it usually means for a rank.
+fn signal_name(signal: i32) -> String {
+    let (name, meaning) = match signal {
+        libc::SIGKILL => ("SIGKILL", ": killed from outside, by a user or by the kernel when memory ran out"),
+        // MLX's ring writes to its sockets without MSG_NOSIGNAL, and sala keeps SIGPIPE's default.
+        libc::SIGPIPE => ("SIGPIPE", ": a peer it was sending to, or the reader of its output, was gone"),
+        libc::SIGSEGV => ("SIGSEGV", ": a crash"),
+        libc::SIGABRT => ("SIGABRT", ": a crash"),
+        libc::SIGBUS => ("SIGBUS", ": a crash"),
+        libc::SIGTERM => ("SIGTERM", ""),
+        libc::SIGINT => ("SIGINT", ""),
+        libc::SIGHUP => ("SIGHUP", ""),
+        _ => return String::new(),
+    };
+    format!(" ({name}{meaning})")
+}
+
+/// Ranks failing in the same poll, the likely cause first: one killed outright before one that
+/// exited with an error, before one killed by SIGPIPE (a peer was gone); else in rank order.
+fn cause_first(failures: &mut [usize], ranks: &[Rank]) {
+    use std::os::unix::process::ExitStatusExt;
+    failures.sort_by_key(|&r| match ranks[r].status.and_then(|s| s.signal()) {
+        Some(libc::SIGPIPE) => 2,
+        Some(_) => 0,
+        None => 1,
+    });
 }
 
 fn exit_code(status: ExitStatus) -> i32 {
@@ -375,7 +403,8 @@ fn watch(ranks: &mut [Rank]) -> i32 {
             let stopped_by_user = |status: ExitStatus| {
                 passed_on.iter().any(|&s| status.signal() == Some(s) || status.code() == Some(128 + s))
             };
-            let failures: Vec<usize> = ended_badly.into_iter().filter(|&r| !stopped_by_user(ranks[r].status.expect("ended"))).collect();
+            let mut failures: Vec<usize> = ended_badly.into_iter().filter(|&r| !stopped_by_user(ranks[r].status.expect("ended"))).collect();
+            cause_first(&mut failures, ranks);
             for &r in &failures {
                 let status = ranks[r].status.expect("ended");
                 report(r, size, status, ranks[r].last_lines());
@@ -416,8 +445,10 @@ fn watch(ranks: &mut [Rank]) -> i32 {
 
 fn report(rank: usize, size: usize, status: ExitStatus, lines: Vec<String>) {
     let what = format!("error: tensor-parallel rank {rank} of {size} {}", describe(status));
-    if rank == 0 {
+    if rank == 0 && status.code().is_some() {
         eprintln!("{what} (its messages are above)");
+    } else if rank == 0 {
+        eprintln!("{what}");
     } else if lines.is_empty() {
         eprintln!("{what} and wrote nothing to stderr");
     } else {

@@ -1,7 +1,10 @@
 //! `--tp N`'s launcher through `sala doctor --tp N` on this machine (ring backend on 127.0.0.1):
 //! the ranks start, sum, gather and broadcast together and time chains of all_sums; a rank that
-//! dies is named with its status and last words and no rank is left behind; a rank whose
-//! supervisor is gone stops; bad settings are refused.
+//! dies is named with its status and last words and no rank is left behind, in doctor and in the
+//! middle of a real `sala run --tp 2`; a rank whose supervisor is gone stops; bad settings are
+//! refused, `serve --tp` ones before any rank starts.
+
+mod common;
 
 use serde_json::Value;
 use std::process::{Command, Output, Stdio};
@@ -249,4 +252,187 @@ fn ranks_stop_when_their_supervisor_is_killed() {
         assert!(started.elapsed() < Duration::from_secs(10), "ranks {left:?} still run 10 s after their supervisor was killed");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Fields of /proc/PID/stat after the command name: [0] state, [1] parent pid, [11] utime,
+/// [12] stime (clock ticks).
+fn stat_of(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat[stat.rfind(')')? + 1..].split_whitespace().map(str::to_string).collect())
+}
+
+/// The rank `rank` the supervisor `pid` started: its child whose environment holds MLX_RANK=rank.
+fn rank_pid(supervisor: u32, rank: usize) -> Option<u32> {
+    let marker = format!("MLX_RANK={rank}");
+    ranks_of(supervisor).into_iter().find(|&p| {
+        stat_of(p).is_some_and(|f| f[1] == supervisor.to_string())
+            && std::fs::read(format!("/proc/{p}/environ")).is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
+    })
+}
+
+/// CPU seconds (user + system) the process has used.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let f = stat_of(pid)?;
+    // SAFETY: sysconf only reads a setting.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some((f[11].parse::<f64>().ok()? + f[12].parse::<f64>().ok()?) / ticks)
+}
+
+/// Everything `child` writes to stderr, gathered by a thread as it comes.
+fn gather_stderr(child: &mut std::process::Child) -> std::sync::Arc<std::sync::Mutex<String>> {
+    use std::io::Read;
+    let mut stderr = child.stderr.take().unwrap();
+    let written = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let kept = written.clone();
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = stderr.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            kept.lock().unwrap().push_str(&String::from_utf8_lossy(&chunk[..n]));
+        }
+    });
+    written
+}
+
+/// A rank SIGKILLed while `sala run --tp 2` generates (a million tokens of golden case A, minutes
+/// on this CPU): once both ranks have used 1 s of CPU (a whole one-token run takes 0.2 s, so
+/// they are decoding, each step an all_sum with the other), `victim` is killed. The supervisor
+/// must exit within 30 s with the victim's status, name it first, and leave no rank running.
+/// Returns its stderr.
+fn kill_a_rank_mid_run(victim: usize) -> String {
+    let mut child = sala()
+        .args(["run", "--model"])
+        .arg(common::golden("A_dense_f32"))
+        .args(["--input-ids", "1,2,3", "--temperature", "0", "--ignore-eos", "--max-tokens", "1000000"])
+        .args(["--device", "cpu", "--dtype", "f32", "--json", "--tp", "2", "--tp-backend", "ring"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let supervisor = child.id();
+    let stderr = gather_stderr(&mut child);
+    let started = Instant::now();
+    let ranks = loop {
+        let ranks = [rank_pid(supervisor, 0), rank_pid(supervisor, 1)];
+        if let [Some(r0), Some(r1)] = ranks {
+            if cpu_seconds(r0).unwrap_or(0.0) >= 1.0 && cpu_seconds(r1).unwrap_or(0.0) >= 1.0 {
+                break [r0, r1];
+            }
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before rank {victim} was killed: {}", stderr.lock().unwrap());
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("the ranks did not both use 1 s of CPU within 120 s: {}", stderr.lock().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // SAFETY: kill only sends a signal; the pid is a rank of our supervisor, still running.
+    assert_eq!(unsafe { libc::kill(ranks[victim] as libc::pid_t, libc::SIGKILL) }, 0);
+    let killed = Instant::now();
+    let status = wait_at_most(&mut child, Duration::from_secs(30));
+    let elapsed = killed.elapsed();
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let stderr = stderr.lock().unwrap().clone();
+    assert_eq!(status.code(), Some(128 + libc::SIGKILL), "the supervisor exits with the killed rank's code: {stderr}");
+    assert_eq!(stdout, "", "no answer from a broken run");
+    let first_error = stderr.lines().find(|l| l.starts_with("error: tensor-parallel rank")).unwrap_or_else(|| panic!("no rank reported: {stderr}"));
+    let expected = format!(
+        "error: tensor-parallel rank {victim} of 2 was killed by signal 9 (SIGKILL: killed from outside, by a user or by the kernel when memory ran out)"
+    );
+    assert!(first_error.starts_with(&expected), "the killed rank is named first: {stderr}");
+    let left = ranks_of(supervisor);
+    assert!(left.is_empty(), "ranks {left:?} still run after the supervisor exited: {stderr}");
+    for pid in ranks {
+        assert!(stat_of(pid).is_none_or(|f| f[0] == "Z"), "rank pid {pid} still runs");
+    }
+    assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}");
+    stderr
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "finds the ranks through /proc")]
+fn a_follower_killed_mid_run_is_named_and_stops_the_group() {
+    let stderr = kill_a_rank_mid_run(1);
+    assert!(stderr.contains("killed from outside, by a user or by the kernel when memory ran out) and wrote nothing to stderr"), "{stderr}");
+    // Rank 0 is stopped by the supervisor or ends on its own (its peer is gone): either way it is
+    // not taken for the cause.
+    assert!(!stderr.contains("error: tensor-parallel rank 0 of 2 was killed by signal 9"), "{stderr}");
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "finds the ranks through /proc")]
+fn rank_zero_killed_mid_run_is_named_and_its_follower_stopped() {
+    let stderr = kill_a_rank_mid_run(0);
+    // Rank 1 would wait in its next all_sum: the supervisor stops it, or it ends of its broken
+    // socket and is reported after rank 0.
+    let stopped = stderr.contains("tensor parallel: stopping rank(s) 1");
+    let ended = stderr.contains("error: tensor-parallel rank 1 of 2 ");
+    assert!(stopped || ended, "{stderr}");
+    if ended {
+        let (zero, one) = (stderr.find("error: tensor-parallel rank 0 of 2").unwrap(), stderr.find("error: tensor-parallel rank 1 of 2").unwrap());
+        assert!(zero < one, "the killed rank is reported first: {stderr}");
+    }
+}
+
+/// `cmd`'s status and stderr, failing if it runs past `limit` (a refusal that did not happen
+/// would start a server).
+fn output_within(cmd: &mut Command, limit: Duration) -> (std::process::ExitStatus, String) {
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let stderr = gather_stderr(&mut child);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let supervisor = child.id();
+            let _ = child.kill();
+            let _ = child.wait();
+            std::thread::sleep(Duration::from_secs(1));
+            for pid in ranks_of(supervisor) {
+                // SAFETY: a rank left by the supervisor this test started.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            }
+            panic!("still running after {limit:?}: {}", stderr.lock().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let stderr = stderr.lock().unwrap().clone();
+    (status, stderr)
+}
+
+#[test]
+fn serve_tp_refuses_what_it_cannot_split_before_any_rank_starts() {
+    let cache_dir = std::env::temp_dir().join(format!("sala-tp-serve-cache-{}", std::process::id()));
+    let (status, stderr) = output_within(
+        sala()
+            .args(["serve", "--tp", "2", "--tp-backend", "ring", "--device", "cpu", "--port", "0", "--model"])
+            .arg(common::golden("A_dense_f32"))
+            .arg("--prompt-cache-dir")
+            .arg(&cache_dir),
+        Duration::from_secs(30),
+    );
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        "error: --prompt-cache-dir cannot be used with --tp yet: each rank holds only its part of a prompt's state; drop one of them"
+    );
+    assert!(!cache_dir.exists(), "nothing written to {}", cache_dir.display());
+
+    let (status, stderr) = output_within(
+        sala().args(["serve", "--tp", "2", "--tp-backend", "ring", "--device", "cpu", "--port", "0"]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        "error: serve --tp serves one model split over the devices: give it with --model (serving the store is one device's)"
+    );
 }
