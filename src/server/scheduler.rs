@@ -168,8 +168,9 @@ struct JobSpec {
 const IDLE_ROUND: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Intake {
-    /// The next round; blocks for a request when `idle`. `next_id` numbers arrivals.
-    fn round(&mut self, idle: bool, held: &[u64], is_gone: &dyn Fn(u64) -> bool, abort: bool, next_id: &mut u64, model: &dyn LanguageModel, tokenizer: &TextTokenizer) -> crate::engine::error::Result<Round> {
+    /// The next round; blocks for a request when `idle`. `closed`: the requests held whose
+    /// client went away; `next_id` numbers arrivals.
+    fn round(&mut self, idle: bool, closed: Vec<u64>, abort: bool, next_id: &mut u64, model: &dyn LanguageModel, tokenizer: &TextTokenizer) -> crate::engine::error::Result<Round> {
         let mut take = |jobs: &Receiver<Job>, wait: Option<std::time::Duration>| {
             let mut round = Round { abort, ..Round::default() };
             let mut disconnected = false;
@@ -192,7 +193,7 @@ impl Intake {
                 }
             }
             round.end = disconnected && idle && round.arrived.is_empty();
-            round.gone = held.iter().copied().filter(|&id| is_gone(id)).collect();
+            round.gone = closed.clone();
             round.gone.extend(round.arrived.iter().filter(|(_, j)| j.events.is_closed()).map(|(id, _)| *id));
             round
         };
@@ -274,7 +275,6 @@ impl JobSpec {
 /// [`Event::Shutdown`]. `metrics` are kept up to date as it goes. Every rank of a tensor-parallel
 /// group runs the same rounds: what could differ between them (arrivals, clients gone, the
 /// shutdown) comes from rank 0's intake.
-#[allow(clippy::too_many_arguments)]
 pub fn run(
     model: &dyn LanguageModel,
     tokenizer: std::sync::Arc<TextTokenizer>,
@@ -296,11 +296,10 @@ pub fn run(
             metrics.queue_depth.set(0);
             metrics.batch_size.set(0);
         }
-        let held: Vec<u64> = waiting.iter().map(|(id, _)| *id).chain(active.iter().map(|a| a.id)).collect();
-        let closed: std::collections::HashSet<u64> =
+        let closed: Vec<u64> =
             waiting.iter().filter(|(_, j)| j.events.is_closed()).map(|(id, _)| *id).chain(active.iter().filter(|a| a.job.events.is_closed()).map(|a| a.id)).collect();
         let aborting = abort.load(std::sync::atomic::Ordering::SeqCst);
-        let round = match intake.round(idle, &held, &|id| closed.contains(&id), aborting, &mut next_id, model, &tokenizer) {
+        let round = match intake.round(idle, closed, aborting, &mut next_id, model, &tokenizer) {
             Ok(round) => round,
             Err(e) => {
                 eprintln!("error: the worker stops: {e}");
