@@ -47,6 +47,15 @@ decode)
     bench $tp --synthetic minicpm-sala-9b --bits 8 -p 0 -n 64 -d 4096 --n-seq 1,8 -r 3
   done
   ;;
+gpu-tests)
+  # Every tensor_parallel test but SmolLM2's (its GGUF is not carried) on two GPUs over NCCL, then
+  # the dense Qwen3-8B shape at --tp 1 and --tp 2.
+  MLX_ENABLE_TF32=0 SALA_TEST_DEVICE=gpu SALA_SHARED=.device SALA_BIN=$BIN/sala $BIN/tensor_parallel --test-threads=1 --nocapture \
+    --skip smollm2 --skip heads_that 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "^test |test result|Δlogit|panicked"
+  for tp in 1 2; do
+    bench $tp --synthetic qwen3-8b --bits 8 -p 32768 -n 64 -r 2
+  done
+  ;;
 long)
   python3 -c "import json; c = json.load(open('eval/synthetic/minicpm-sala-9b.json')); c['max_position_embeddings'] = 1048576; json.dump(c, open('$OUT/minicpm-sala-9b-1m.json', 'w'))"
   for tp in ${TPS:-2 1}; do
