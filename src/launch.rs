@@ -329,10 +329,7 @@ fn supervise(tp: usize, backend: Backend) -> anyhow::Result<i32> {
                     .env("NCCL_PORT", ports[0].to_string())
                     .env("CUDA_VISIBLE_DEVICES", gpu)
                     .env_remove("MLX_HOSTFILE");
-                // NVLink multicast stays off unless asked for: on shared hosts it can take GPUs out of service.
-                if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-                    command.env("NCCL_NVLS_ENABLE", "0");
-                }
+                // NCCL_NVLS_ENABLE: each rank sets it when it joins (`join`).
             }
         }
         if r > 0 {

@@ -2,7 +2,6 @@
 
 use super::{RuntimeArgs, TpArgs};
 use crate::engine::distributed::TensorParallel;
-use crate::launch::Start;
 use crate::load::{compute_dtype, file_label, load, load_source, preflight, LoadOptions, LoadedModel};
 use crate::progress::{bytes_progress, progress_bar};
 use crate::engine::device::{self, DeviceKind};
@@ -139,10 +138,7 @@ fn load_choice(choice: ModelChoice, args: &BenchArgs, tokens: usize, tp: &Tensor
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let tp = match args.tp.start(args.runtime.device())? {
-        Start::Rank(tp) => tp,
-        Start::Finished(code) => std::process::exit(code),
-    };
+    let tp = args.tp.rank(args.runtime.device())?;
     if !tp.is_single() && args.suite != Suite::Speed {
         anyhow::bail!("--tp measures the speed suite only; drop --suite or --tp");
     }

@@ -4,7 +4,7 @@
 use super::TpArgs;
 use crate::engine::device::{self, select, DeviceKind};
 use crate::engine::distributed::TensorParallel;
-use crate::launch::{self, Start};
+use crate::launch;
 use crate::kernels::custom::{backend, Backend};
 use crate::kernels::selfcheck::{self, Status as KernelStatus};
 use crate::store::cache::{self, cache_dir};
@@ -67,10 +67,9 @@ impl Check {
 }
 
 pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
-    let checks = match args.tp.start(None)? {
-        Start::Finished(code) => std::process::exit(code),
-        Start::Rank(tp) if tp.is_single() => checks(),
-        Start::Rank(tp) => {
+    let checks = match args.tp.rank(None)? {
+        tp if tp.is_single() => checks(),
+        tp => {
             let check = tp_check(&tp);
             if !tp.is_leader() {
                 // Rank 0 speaks; a follower only says what went wrong on its side.

@@ -120,15 +120,20 @@ pub enum TpBackendArg {
 }
 
 impl TpArgs {
-    /// Starts the ranks (this process then supervises them) or joins the group as one of them;
-    /// `device`: the device the command runs on (`None`: the GPU when MLX has one).
-    pub fn start(&self, device: Option<DeviceKind>) -> anyhow::Result<crate::launch::Start> {
+    /// This process's rank: it joins the group as one of the ranks or, without --tp, is a single
+    /// device. With --tp N and no rank of its own, it starts the N ranks, supervises them and
+    /// exits with their code, never returning. `device`: the device the command runs on (`None`:
+    /// the GPU when MLX has one).
+    pub fn rank(&self, device: Option<DeviceKind>) -> anyhow::Result<crate::engine::distributed::TensorParallel> {
         let backend = match self.tp_backend {
             TpBackendArg::Auto => None,
             TpBackendArg::Ring => Some(crate::engine::distributed::Backend::Ring),
             TpBackendArg::Nccl => Some(crate::engine::distributed::Backend::Nccl),
         };
-        crate::launch::start(self.tp, backend, device)
+        match crate::launch::start(self.tp, backend, device)? {
+            crate::launch::Start::Rank(tp) => Ok(tp),
+            crate::launch::Start::Finished(code) => std::process::exit(code),
+        }
     }
 }
 

@@ -1,7 +1,6 @@
 //! `sala run`: one prompt in, a streamed answer out, a summary line on stderr.
 
 use super::{DraftArgs, ModelArgs, PromptCacheArgs, SamplingArgs, TpArgs};
-use crate::launch::Start;
 use crate::load::LoadOptions;
 use crate::load::load;
 use crate::engine::device::{self, DeviceKind};
@@ -66,18 +65,14 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let tp = match args.tp.start(args.load.runtime.device())? {
-        Start::Rank(tp) => tp,
-        Start::Finished(code) => std::process::exit(code),
-    };
+    let tp = args.tp.rank(args.load.runtime.device())?;
     if !tp.is_single() && args.prompt_cache.prompt_cache.is_some() {
         bail!("--prompt-cache cannot be used with --tp yet: each rank holds only its part of the state; drop one of them");
     }
     let mut sampling = args.sampling.params()?;
     if !tp.is_single() {
         // Every rank draws the same tokens from the same logits: one seed for all.
-        let seed = tp.share(|| anyhow::Ok(seed_words(sampling.seed.unwrap_or_else(rand::random))))?;
-        sampling.seed = Some((seed[0] as u32 as u64) << 32 | seed[1] as u32 as u64);
+        sampling.seed = Some(tp.share_u64(|| anyhow::Ok(sampling.seed.unwrap_or_else(rand::random)))?);
     }
     let loaded = load(&LoadOptions { tp: tp.clone(), ..args.load.options()? }, args.max_tokens)?;
     let (model, tokenizer, model_dir) = (loaded.model.as_ref(), loaded.tokenizer.as_ref(), loaded.path.as_path());
@@ -85,11 +80,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let (prompt_ids, prompt_text) = if tp.is_single() {
         prompt_tokens(&args, model_dir, tokenizer)?
     } else {
-        let shared = tp.share(|| {
-            let (ids, text) = prompt_tokens(&args, model_dir, tokenizer)?;
-            anyhow::Ok(pack_prompt(&ids, &text))
-        })?;
-        unpack_prompt(&shared)
+        let shared = tp.share_bytes(|| anyhow::Ok(serde_json::to_vec(&prompt_tokens(&args, model_dir, tokenizer)?)?))?;
+        serde_json::from_slice(&shared).context("internal: rank 0's prompt does not parse")?
     };
     loaded.check_fits(prompt_ids.len() + args.max_tokens)?;
     // With a prompt cache, all but the last prompt token go in (from the file where it holds
@@ -192,27 +184,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     print_summary(&generation, model, loaded.device);
     Ok(())
-}
-
-/// A seed as two 32-bit words.
-fn seed_words(seed: u64) -> Vec<i32> {
-    vec![(seed >> 32) as u32 as i32, seed as u32 as i32]
-}
-
-/// The prompt's ids and its text as one list (count, ids, then the text's bytes) for rank 0 to
-/// hand to the others.
-fn pack_prompt(ids: &[u32], text: &str) -> Vec<i32> {
-    let mut packed = vec![ids.len() as i32];
-    packed.extend(ids.iter().map(|&id| id as i32));
-    packed.extend(text.bytes().map(i32::from));
-    packed
-}
-
-fn unpack_prompt(packed: &[i32]) -> (Vec<u32>, String) {
-    let n = packed.first().map_or(0, |&n| n as usize);
-    let ids = packed[1..=n].iter().map(|&id| id as u32).collect();
-    let bytes: Vec<u8> = packed[n + 1..].iter().map(|&b| b as u8).collect();
-    (ids, String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// A checksum of the generated ids, which every rank must agree on.

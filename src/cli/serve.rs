@@ -72,10 +72,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.tp.tp > 1 && args.prompt_cache_dir.is_some() {
         anyhow::bail!("--prompt-cache-dir cannot be used with --tp yet: each rank holds only its part of a prompt's state; drop one of them");
     }
-    let tp = match args.tp.start(args.load.runtime.device())? {
-        crate::launch::Start::Rank(tp) => tp,
-        crate::launch::Start::Finished(code) => std::process::exit(code),
-    };
+    let tp = args.tp.rank(args.load.runtime.device())?;
     let options = crate::server::ServerOptions {
         host: args.host,
         port: args.port,

@@ -217,6 +217,15 @@ impl TensorParallel {
         Ok(self.broadcast(&mine)?)
     }
 
+    /// [`TensorParallel::share`] of one 64-bit number (a seed, a budget).
+    pub fn share_u64<E: From<Error>>(&self, leader: impl FnOnce() -> Result<u64, E>) -> Result<u64, E> {
+        let words = self.share::<E>(|| {
+            let value = leader()?;
+            Ok(vec![(value >> 32) as u32 as i32, value as u32 as i32])
+        })?;
+        Ok((words[0] as u32 as u64) << 32 | words[1] as u32 as u64)
+    }
+
     /// [`TensorParallel::share`] of bytes (four to a word).
     pub fn share_bytes<E: From<Error>>(&self, leader: impl FnOnce() -> Result<Vec<u8>, E>) -> Result<Vec<u8>, E> {
         if self.is_single() {

@@ -8,40 +8,32 @@ use std::collections::HashMap;
 /// per thread and reused: on CUDA, MLX keeps arrays in managed memory, and the GPU takes a page
 /// fault on every array the host has just written (eval/results/kernel-notes.md).
 pub fn scalar(value: f32, dtype: Dtype) -> Result<Array> {
-    thread_local! {
-        static MADE: RefCell<HashMap<(u32, u32), Array>> = RefCell::new(HashMap::new());
-    }
-    MADE.with(|made| {
-        let mut made = made.borrow_mut();
-        let key = (value.to_bits(), dtype as u32);
-        if let Some(a) = made.get(&key) {
-            return Ok(a.clone());
-        }
-        if made.len() >= 1024 {
-            made.clear(); // Callers use a handful of constants; never grow without bound.
-        }
-        let a = Array::from_f32(value).as_dtype(dtype)?;
-        a.eval()?;
-        made.insert(key, a.clone());
-        Ok(a)
-    })
+    made_once(&[], value, dtype, || Array::from_f32(value).as_dtype(dtype))
 }
 
 /// Zeros of `shape` in `dtype`, made once per thread and shape and reused (as [`scalar`]).
 pub fn zeros(shape: &[i32], dtype: Dtype) -> Result<Array> {
+    made_once(shape, 0.0, dtype, || mlx_rs::ops::zeros_dtype(shape, dtype))
+}
+
+/// The constant array of `shape` filled with `value` in `dtype`, evaluated once per thread by
+/// `make` and kept.
+fn made_once(shape: &[i32], value: f32, dtype: Dtype, make: impl FnOnce() -> Result<Array>) -> Result<Array> {
+    /// Shape, value bits, dtype.
+    type Key = (Vec<i32>, u32, u32);
     thread_local! {
-        static MADE: RefCell<HashMap<(Vec<i32>, u32), Array>> = RefCell::new(HashMap::new());
+        static MADE: RefCell<HashMap<Key, Array>> = RefCell::new(HashMap::new());
     }
     MADE.with(|made| {
         let mut made = made.borrow_mut();
-        let key = (shape.to_vec(), dtype as u32);
+        let key = (shape.to_vec(), value.to_bits(), dtype as u32);
         if let Some(a) = made.get(&key) {
             return Ok(a.clone());
         }
-        if made.len() >= 64 {
-            made.clear(); // A decode step's shape and a few prefill chunks'; never grow without bound.
+        if made.len() >= 1024 {
+            made.clear(); // Callers use a handful of constants and shapes; never grow without bound.
         }
-        let a = mlx_rs::ops::zeros_dtype(shape, dtype)?;
+        let a = make()?;
         a.eval()?;
         made.insert(key, a.clone());
         Ok(a)

@@ -62,9 +62,7 @@ impl Fingerprint {
         }
         Ok(Self { model: hex(&model.finalize()[..16]), tokenizer: hex(&tokenizer.finalize()[..16]) })
     }
-}
 
-impl Fingerprint {
     /// The model digest as whole numbers (the first 16 hex digits in two halves), for ranks to
     /// compare through a collective.
     pub fn digest_words(&self) -> [i64; 2] {

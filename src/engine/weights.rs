@@ -318,15 +318,19 @@ impl Weights {
         let info = self.info(name, &[])?;
         match &info.location {
             Location::Memory(array) => Ok(array.clone()),
-            Location::File { .. } => {
-                let bytes = self.bytes(name)?;
-                let dtype = stored_dtype(&info.dtype).ok_or_else(|| {
-                    self.bad(name, format!("has dtype {} which MLX cannot load", info.dtype))
-                })?;
-                // SAFETY: `bytes` holds exactly numel × itemsize bytes (checked against the header).
-                Ok(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), &info.shape, dtype) })
-            }
+            Location::File { .. } => self.array_of(name, info, &self.bytes(name)?, &info.shape),
         }
+    }
+
+    /// `bytes` of tensor `name` (stored as `info` says) as an array of `shape`.
+    fn array_of(&self, name: &str, info: &TensorInfo, bytes: &[u8], shape: &[i32]) -> Result<Array> {
+        let dtype = stored_dtype(&info.dtype).ok_or_else(|| self.bad(name, format!("has dtype {} which MLX cannot load", info.dtype)))?;
+        let numel: usize = shape.iter().map(|&d| d as usize).product();
+        if bytes.len() as u64 != numel as u64 * dtype_size(&info.dtype).unwrap_or(0) {
+            return Err(self.bad(name, format!("read {} bytes for shape {shape:?}", bytes.len())));
+        }
+        // SAFETY: `bytes` holds exactly numel × itemsize bytes (checked just above).
+        Ok(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), shape, dtype) })
     }
 
     /// Loads `part` of one tensor in its stored dtype, reading only that part from its file:
@@ -357,7 +361,6 @@ impl Weights {
                 Ok(slice.add(crate::engine::ops::scalar(0.0, slice.dtype())?)?)
             }
             Location::File { offset, .. } => {
-                let dtype = stored_dtype(&info.dtype).ok_or_else(|| self.bad(name, format!("has dtype {} which MLX cannot load", info.dtype)))?;
                 let item = dtype_size(&info.dtype).unwrap_or(0);
                 // Bytes of one entry along `axis`: a row of the rest, or one element.
                 let inner: u64 = info.shape[axis + 1..].iter().map(|&d| d as u64).product::<u64>() * item;
@@ -376,8 +379,7 @@ impl Weights {
                     }
                     buf
                 };
-                // SAFETY: `bytes` holds exactly the part's numel × itemsize bytes.
-                Ok(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), &shape, dtype) })
+                self.array_of(name, info, &bytes, &shape)
             }
         }
     }
@@ -406,7 +408,12 @@ impl Weights {
 
     /// Loads one tensor (after [`Weights::check`]) and casts it to `dtype`.
     pub fn get(&self, name: &str, dtype: Dtype) -> Result<Array> {
-        let array = self.raw(name)?;
+        self.get_part(name, &Part::Whole, dtype)
+    }
+
+    /// [`Weights::raw_part`] cast to `dtype`.
+    pub fn get_part(&self, name: &str, part: &Part, dtype: Dtype) -> Result<Array> {
+        let array = self.raw_part(name, part)?;
         Ok(if array.dtype() == dtype { array } else { array.as_dtype(dtype)? })
     }
 }

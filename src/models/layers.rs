@@ -83,10 +83,7 @@ impl Matrix {
                     .for_device(dtype)?,
                 )
             }
-            None => {
-                let w = weights.raw_part(&weight, &part)?;
-                Matrix::Dense(if w.dtype() == dtype { w } else { w.as_dtype(dtype)? })
-            }
+            None => Matrix::Dense(weights.get_part(&weight, &part, dtype)?),
         })
     }
 
@@ -315,26 +312,24 @@ impl Linear {
 
     /// This rank's block of output rows of `name` (and of its bias vector `{name}.bias`, if `bias`).
     pub fn column_parallel(weights: &Weights, name: &str, dtype: Dtype, bias: bool, tp: &TensorParallel) -> Result<Self> {
-        let part = Self::share(weights, name, 0, tp)?;
-        let bias = bias.then(|| -> Result<Array> { Ok(weights.raw_part(&format!("{name}.bias"), &part)?.as_dtype(dtype)?) }).transpose()?;
+        let part = Self::share(weights, name, 0, tp)?.map_or(Part::Whole, Part::Rows);
+        let bias = bias.then(|| weights.get_part(&format!("{name}.bias"), &part, dtype)).transpose()?;
         Ok(Self { weight: Matrix::load_part(weights, name, dtype, part)?, bias, sum_over: None })
     }
 
     /// This rank's block of input columns of `name`; the bias `{name}.bias` (if `bias`) is whole,
     /// added once after the sum.
     pub fn row_parallel(weights: &Weights, name: &str, dtype: Dtype, bias: bool, tp: &TensorParallel) -> Result<Self> {
-        let part = match Self::share(weights, name, 1, tp)? {
-            Part::Rows(r) => Part::Cols(r),
-            whole => whole,
-        };
+        let part = Self::share(weights, name, 1, tp)?.map_or(Part::Whole, Part::Cols);
         let bias = bias.then(|| weights.get(&format!("{name}.bias"), dtype)).transpose()?;
         Ok(Self { weight: Matrix::load_part(weights, name, dtype, part)?, bias, sum_over: (!tp.is_single()).then(|| tp.clone()) })
     }
 
-    /// This rank's equal share of `name`'s dimension `axis` (0: rows, 1: columns), as rows.
-    fn share(weights: &Weights, name: &str, axis: usize, tp: &TensorParallel) -> Result<Part> {
+    /// This rank's equal share of `name`'s dimension `axis` (0: rows, 1: columns); `None` on one
+    /// device (all of it).
+    fn share(weights: &Weights, name: &str, axis: usize, tp: &TensorParallel) -> Result<Option<std::ops::Range<usize>>> {
         if tp.is_single() {
-            return Ok(Part::Whole);
+            return Ok(None);
         }
         // A quantized matrix's header shape counts packed words; its scales count groups.
         let weight = format!("{name}.weight");
@@ -344,7 +339,7 @@ impl Linear {
             _ => shape[axis] as usize,
         };
         let what = format!("`{name}`'s {}", if axis == 0 { "output rows" } else { "input columns" });
-        Ok(Part::Rows(tp.part(n, &what)?))
+        Ok(Some(tp.part(n, &what)?))
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
@@ -459,7 +454,7 @@ impl RmsNorm {
 
     /// `part` of the weight vector (a rank's block of a norm split over ranks).
     pub fn load_part(weights: &Weights, name: &str, eps: f32, dtype: Dtype, part: Part) -> Result<Self> {
-        Ok(Self { weight: weights.raw_part(&format!("{name}.weight"), &part)?.as_dtype(dtype)?, eps })
+        Ok(Self { weight: weights.get_part(&format!("{name}.weight"), &part, dtype)?, eps })
     }
 
     /// RMS over the last axis in float32, then the weight.

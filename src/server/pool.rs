@@ -454,9 +454,5 @@ fn serve_model(state: &Arc<AppState>, slot: &Slot) {
 /// The prefix cache's budget: `asked`, else a share of the free memory; under tensor parallelism
 /// rank 0's, so that every rank keeps and drops the same states.
 pub fn shared_budget(tp: &crate::engine::distributed::TensorParallel, asked: Option<u64>) -> crate::engine::error::Result<u64> {
-    let words = tp.share(|| {
-        let budget = asked.unwrap_or_else(crate::engine::memory::default_state_budget);
-        Ok::<_, crate::engine::error::Error>(vec![(budget >> 32) as u32 as i32, budget as u32 as i32])
-    })?;
-    Ok((words[0] as u32 as u64) << 32 | words[1] as u32 as u64)
+    tp.share_u64(|| Ok(asked.unwrap_or_else(crate::engine::memory::default_state_budget)))
 }

@@ -129,10 +129,11 @@ impl Follower {
     }
 }
 
-/// What a round starts from.
-#[derive(Default)]
-struct Round {
-    arrived: Vec<(u64, Job)>,
+/// What a round starts from: the requests that arrived (numbered, as [`Job`]s; as [`JobSpec`]s
+/// where rank 0 hands the round to the other ranks).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Round<J> {
+    arrived: Vec<J>,
     /// Requests whose client went away.
     gone: Vec<u64>,
     /// End every request held (the shutdown deadline passed).
@@ -141,13 +142,17 @@ struct Round {
     end: bool,
 }
 
-/// A round as rank 0 hands it to the other ranks.
-#[derive(Default, serde::Serialize, serde::Deserialize)]
-struct RoundSpec {
-    arrived: Vec<JobSpec>,
-    gone: Vec<u64>,
-    abort: bool,
-    end: bool,
+impl<J> Default for Round<J> {
+    fn default() -> Self {
+        Self { arrived: Vec::new(), gone: Vec::new(), abort: false, end: false }
+    }
+}
+
+impl<J> Round<J> {
+    /// Nothing happened (rank 0 hands the others no bytes for it).
+    fn is_empty(&self) -> bool {
+        self.arrived.is_empty() && self.gone.is_empty() && !self.abort && !self.end
+    }
 }
 
 /// What every rank needs to run a request as rank 0 does (the seed included, so every rank draws
@@ -170,7 +175,7 @@ const IDLE_ROUND: std::time::Duration = std::time::Duration::from_millis(100);
 impl Intake {
     /// The next round; blocks for a request when `idle`. `closed`: the requests held whose
     /// client went away; `next_id` numbers arrivals.
-    fn round(&mut self, idle: bool, closed: Vec<u64>, abort: bool, next_id: &mut u64, model: &dyn LanguageModel, tokenizer: &TextTokenizer) -> crate::engine::error::Result<Round> {
+    fn round(&mut self, idle: bool, closed: Vec<u64>, abort: bool, next_id: &mut u64, model: &dyn LanguageModel, tokenizer: &TextTokenizer) -> crate::engine::error::Result<Round<(u64, Job)>> {
         let mut take = |jobs: &Receiver<Job>, wait: Option<std::time::Duration>| {
             let mut round = Round { abort, ..Round::default() };
             let mut disconnected = false;
@@ -204,12 +209,11 @@ impl Intake {
                 for (_, job) in &mut round.arrived {
                     job.sampling.seed.get_or_insert_with(rand::random);
                 }
-                let tp = tp.clone();
                 tp.share_bytes(|| {
-                    if round.arrived.is_empty() && round.gone.is_empty() && !round.abort && !round.end {
+                    if round.is_empty() {
                         return Ok(Vec::new());
                     }
-                    let spec = RoundSpec {
+                    let spec = Round {
                         arrived: round.arrived.iter().map(|(id, job)| JobSpec::of(*id, job)).collect(),
                         gone: round.gone.clone(),
                         abort: round.abort,
@@ -225,8 +229,8 @@ impl Intake {
                 }
                 f.sinks.retain(|s| !s.is_closed() || !s.is_empty());
                 let bytes = f.tp.share_bytes(|| Ok::<_, crate::engine::error::Error>(Vec::new()))?;
-                let spec: RoundSpec = if bytes.is_empty() {
-                    RoundSpec::default()
+                let spec: Round<JobSpec> = if bytes.is_empty() {
+                    Round::default()
                 } else {
                     serde_json::from_slice(&bytes).map_err(|e| crate::engine::error::Error::Usage(format!("internal: rank 0's round does not parse: {e}")))?
                 };
