@@ -100,11 +100,11 @@ fn golden_cases_over_two_ranks_match_the_reference_and_one_rank() {
 }
 
 /// An 8-bit copy of golden A: its packed matrices are split as stored, by rows and by columns.
-fn quantized_golden(bits: u32) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sala-tp-q{bits}-{}", std::process::id()));
+fn quantized_golden(bits: u32, group_size: u32) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sala-tp-q{bits}g{group_size}-{}", std::process::id()));
     if !dir.join("config.json").is_file() {
         let output = Command::new(sala_bin())
-            .args(["quantize", "--bits", &bits.to_string(), "--model"])
+            .args(["quantize", "--bits", &bits.to_string(), "--group-size", &group_size.to_string(), "--model"])
             .arg(golden("A_dense_f32"))
             .arg("--output")
             .arg(&dir)
@@ -117,7 +117,7 @@ fn quantized_golden(bits: u32) -> PathBuf {
 
 #[test]
 fn a_quantized_model_over_two_ranks_matches_one_rank() {
-    let model = quantized_golden(8);
+    let model = quantized_golden(8, 64);
     let prompt = ids(&tokens("A_dense_f32"), "prompt_ids");
     let one = run_ids(&model, &prompt, 8, 1, &[]);
     let two = run_ids(&model, &prompt, 8, 2, &[]);
@@ -154,6 +154,14 @@ fn heads_that_do_not_divide_are_refused_before_loading() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{stderr}");
     assert!(stderr.contains("(num_key_value_heads; replicating KV heads is not supported) between them, and 2 is not divisible by 4"), "{stderr}");
+    // Golden A's o_proj has 128 input columns: two ranks get 64 each, half of a 128-wide
+    // quantization group, which cannot be split as stored (layer 0's is the first loaded).
+    let model = quantized_golden(8, 128);
+    let output = sala_run(&model, &[1, 2, 3], 1, 2, &[], None);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("gives each rank 64 of `model.layers.0.self_attn.o_proj`'s input columns, not a multiple of its quantization group size 128"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&model);
 }
 
 #[test]
