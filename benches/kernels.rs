@@ -14,7 +14,7 @@ use sala::kernels::qmv::{
     quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
     MmaTiling, QmvTiling, RmsNormIn,
 };
-use sala::kernels::sparse::BlockSelection;
+use sala::kernels::sparse::{decode_attention, decode_attention_mlx, with_decode_splits, BlockSelection};
 use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_mlx, compressed_keys, select_blocks, select_blocks_mlx};
 use std::time::Instant;
 
@@ -88,6 +88,11 @@ fn main() {
     // `kernels qmv-tiling`: the GEMV kernels' tilings on the 9B's decode products, for a profiler.
     if std::env::args().skip(1).any(|a| a == "qmv-tiling") {
         qmv_tiling_sweep();
+        return;
+    }
+    // `kernels decode-attention`: dense decode attention over a whole cache, Qwen3-8B's heads.
+    if std::env::args().skip(1).any(|a| a == "decode-attention") {
+        decode_attention_by_depth();
         return;
     }
     // `kernels qmv` times only the quantized GEMV kernel on the 9B's decode shapes.
@@ -172,6 +177,35 @@ type Stage1Piece<'a> = dyn Fn(&Array, &Array, usize) -> Vec<Array> + 'a;
 /// step's write queued while the previous step's kernels may still read the cache), with the
 /// keys written into the history (a copy of it whenever the device still holds it) and into
 /// the recent-token buffer.
+/// One decoding query's attention over a whole cache (Qwen3-8B: 32 query heads, 8 KV heads of
+/// 128, bfloat16) at the depths of the speed table, one sequence and 16: the kernel at its
+/// default splits and a sweep of split counts, against MLX's attention, with the bandwidth of
+/// the keys and values read.
+fn decode_attention_by_depth() {
+    let (hq, hkv, d) = (32, 8, 128);
+    let scale = (d as f32).powf(-0.5);
+    for (batch, len) in [(1usize, 4096usize), (1, 32768), (1, 131072), (16, 4096)] {
+        let caches: Vec<(Array, Array)> = (0..batch)
+            .map(|i| {
+                let seed = 300 + 2 * i as u64;
+                (randn(&[1, hkv, len as i32, d], seed, Dtype::Bfloat16), randn(&[1, hkv, len as i32, d], seed + 1, Dtype::Bfloat16))
+            })
+            .collect();
+        let q = randn(&[batch as i32, hq, 1, d], 9, Dtype::Bfloat16);
+        eval(caches.iter().flat_map(|(k, v)| [k, v]).chain([&q])).unwrap();
+        let parts: Vec<KvParts> = caches.iter().map(|(k, v)| KvParts::history(k, v, len)).collect();
+        let bytes = (batch * 2 * len * hkv as usize * d as usize * 2) as f64;
+        let mlx = time(|| vec![decode_attention_mlx(&q, &parts, scale).unwrap()]);
+        let kernel = time(|| vec![decode_attention(&q, &parts, scale, None).unwrap()]);
+        let name = format!("decode attention B={batch} L={len}");
+        row(&name, kernel, mlx, &format!("default splits: {:.0} GB/s (MLX {:.0} GB/s)", bytes / kernel / 1e9, bytes / mlx / 1e9));
+        for splits in [16, 32, 64, 128, 256] {
+            let t = with_decode_splits(splits, || time(|| vec![decode_attention(&q, &parts, scale, None).unwrap()]));
+            row(&format!("{name}, ≤{splits} splits"), t, mlx, &format!("{:.0} GB/s", bytes / t / 1e9));
+        }
+    }
+}
+
 fn sparse_step_on_a_cache(sel: &BlockSelection) {
     let (hq, hkv, d) = (32, 2, 128);
     let scale = (d as f32).powf(-0.5);

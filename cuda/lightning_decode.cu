@@ -17,9 +17,6 @@
 //
 // Float constants come as their bit patterns (template ints): compile-time, no upload per step.
 
-template <typename T>
-__device__ __forceinline__ float sala_to_t(float v) { return static_cast<float>(static_cast<T>(v)); }
-
 template <typename T, int H, int D, int SCALE_BITS, int EPS_BITS, int LOG2_THETA_BITS, bool PER_SEQ, bool POS_IN_SHAPE,
           typename Dims, typename Strides>
 __device__ void sala_lightning_step(

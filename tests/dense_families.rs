@@ -6,8 +6,12 @@
 //!
 //! Needs `python3` (or $PYTHON) with numpy; if numpy is missing the test tries
 //! `python3 -m pip install --user numpy` (then without `--user`, for a virtualenv) once.
+//!
+//! SALA_TEST_DEVICE=gpu runs them on the GPU (with MLX_ENABLE_TF32=0: the tolerance is float32's),
+//! where a decoding token goes through the kernels (kernels::rope, kv, sparse::decode_attention).
 
 use mlx_rs::Array;
+use sala::engine::device::DeviceKind;
 use sala::engine::model::{LanguageModel, Logits};
 use sala::engine::ops::to_vec_f32;
 use serde_json::{json, Value};
@@ -189,7 +193,12 @@ fn ensure_numpy() {
 /// The reference logits `[T, vocab]` for `ids` on the model in `dir`.
 fn reference(dir: &Path, ids: &[u32]) -> Vec<Vec<f64>> {
     ensure_numpy();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/dense_forward.py");
+    // From the repository root when the test binary runs on another machine (a lent GPU).
+    let script = [Path::new(env!("CARGO_MANIFEST_DIR")), Path::new(".")]
+        .map(|root| root.join("tests/reference/dense_forward.py"))
+        .into_iter()
+        .find(|p| p.exists())
+        .expect("tests/reference/dense_forward.py (run from the repository root)");
     let out = dir.join("reference-logits.f32");
     let list = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     let output = Command::new(python()).arg(&script).arg(dir).arg(&list).arg(&out).output().unwrap();
@@ -198,6 +207,13 @@ fn reference(dir: &Path, ids: &[u32]) -> Vec<Vec<f64>> {
     assert_eq!(bytes.len(), ids.len() * VOCAB * 4, "reference wrote {} bytes", bytes.len());
     let flat: Vec<f64> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect();
     flat.chunks(VOCAB).map(<[f64]>::to_vec).collect()
+}
+
+/// Loads the model in `dir` on the device SALA_TEST_DEVICE names (the CPU by default).
+fn load(dir: &Path) -> Box<dyn LanguageModel> {
+    let gpu = std::env::var("SALA_TEST_DEVICE").is_ok_and(|d| d == "gpu");
+    sala::engine::device::select(Some(if gpu { DeviceKind::Gpu } else { DeviceKind::Cpu })).unwrap();
+    sala::models::load(dir, None).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// Our logits `[len, vocab]` for `ids` fed in one call on `cache`.
@@ -233,7 +249,7 @@ fn check(name: &str, cfg: Value, seed: u64) {
     let dir = write_model(name, &cfg, seed);
     let ids = prompt(seed);
     let want = reference(&dir.0, &ids);
-    let model = sala::models::load(&dir.0, None).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let model = load(&dir.0);
     assert_eq!(model.info().vocab_size, VOCAB);
     let got = run(model.as_ref(), &mut model.new_cache(), &ids);
     let (diff, row) = max_diff(&got, &want);
@@ -373,6 +389,10 @@ fn cached_decode_matches_the_full_sequence() {
         ("cache_qwen2", qwen2()),
         ("cache_qwen3_yarn", qwen3_yarn()),
         ("cache_minicpm_longrope", minicpm_longrope()),
+        // Heads 32 wide, which the decode kernels take (a GPU run goes through them).
+        ("cache_qwen3_d32", with(qwen3(), json!({ "head_dim": 32 }))),
+        ("cache_qwen3_yarn_d32", with(qwen3_yarn(), json!({ "head_dim": 32 }))),
+        ("cache_llama3_d32", with(with(base("llama"), llama3_scaling(16)), json!({ "hidden_size": 128, "num_attention_heads": 4 }))),
     ];
     let mut failures = Vec::new();
     for (i, (name, cfg)) in cases.into_iter().enumerate() {
@@ -380,7 +400,7 @@ fn cached_decode_matches_the_full_sequence() {
         let dir = write_model(name, &cfg, seed);
         let ids = prompt(seed);
         let want = reference(&dir.0, &ids);
-        let model = sala::models::load(&dir.0, None).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let model = load(&dir.0);
         let mut cache = model.new_cache();
         let (prefill, chunk) = (12, 9);
         let mut got = run(model.as_ref(), &mut cache, &ids[..prefill]);

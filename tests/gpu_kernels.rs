@@ -19,6 +19,7 @@ use sala::kernels::qmv::{
     epilogue_mlx, quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
     GateIn, MmaTiling, QmvTiling, RmsNormIn,
 };
+use sala::kernels::rope::{rope_qk, rope_qk_mlx, QkHeads, RopeAngles};
 use sala::kernels::sparse::{decode_attention, decode_attention_mlx, heads_to_rows, BlockSelection};
 use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_mlx, select_blocks_chunked, select_blocks_mlx, select_blocks_scored};
 
@@ -690,6 +691,48 @@ fn kv_append_matches_slice_updates() {
     }
 }
 
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+fn rope_qk_matches_mlx_operations() {
+    use_gpu();
+    // (Hq, Hkv, d, rotated dims, dtype, positions, QK-norm, period table with position and
+    // attention scaling): Qwen3-8B's shape; Llama's with a table; partial rotation; more
+    // sequences than positions travel in a shape; float32 and float16.
+    let cases: [(i32, i32, i32, i32, Dtype, &[usize], bool, bool); 5] = [
+        (32, 8, 128, 128, Dtype::Bfloat16, &[4096], true, false),
+        (32, 8, 128, 128, Dtype::Bfloat16, &[0, 1, 131072, 77, 32767], false, true),
+        (8, 2, 64, 32, Dtype::Float16, &[5, 9000], true, true),
+        (4, 4, 32, 32, Dtype::Bfloat16, &[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], true, false),
+        (12, 4, 64, 64, Dtype::Float32, &[100, 200, 300], false, false),
+    ];
+    for (i, &(hq, hkv, d, dims, dtype, positions, normed, table)) in cases.iter().enumerate() {
+        let seed = 7000 + 10 * i as u64;
+        let b = positions.len() as i32;
+        let width = (hq + 2 * hkv) * d;
+        // The projection's rows as a view of wider ones: the kernel reads them through their strides.
+        let rows = randn(&[b, 1, width + 16], seed, dtype).try_index((.., .., 16..)).unwrap();
+        let weight = |s| randn(&[d], s, Dtype::Float32).multiply(Array::from_f32(0.3)).unwrap().add(Array::from_f32(1.0)).unwrap().as_dtype(dtype).unwrap();
+        let (qn, kn) = (weight(seed + 1), weight(seed + 2));
+        let periods: Vec<f32> = (0..dims / 2).map(|j| 10000f32.powf(2.0 * j as f32 / dims as f32) * (1.0 + j as f32 / 4.0)).collect();
+        let angles = if table {
+            RopeAngles { dims, base: 0.0, periods: Some(Array::from_slice(&periods, &[dims / 2])), position_scale: 0.25, mscale: 1.1 }
+        } else {
+            RopeAngles { dims, base: 1_000_000.0, periods: None, position_scale: 1.0, mscale: 1.0 }
+        };
+        let heads = QkHeads { heads: hq, kv_heads: hkv, head_dim: d, norms: normed.then_some((&qn, &kn, 1e-6)) };
+        let got = rope_qk(&rows, heads, &angles, positions).unwrap();
+        let want = rope_qk_mlx(&rows, heads, &angles, positions).unwrap();
+        assert_eq!(got.shape(), &[b, 1, width]);
+        assert_eq!(got.dtype(), dtype);
+        // The values pass through untouched.
+        let v = |a: &Array| to_vec_f32(&a.try_index((.., .., (hq + hkv) * d..)).unwrap().as_dtype(Dtype::Float32).unwrap()).unwrap();
+        assert!(v(&got) == v(&rows), "case {i}: the values changed");
+        let err = rel_err(&got, &want);
+        let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
+        assert!(err < tol, "case {i}: relative error {err}");
+    }
+}
+
 /// Every kernel passes its self-check on this device; CUDA-only kernels are not used on Metal.
 #[test]
 #[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
@@ -714,7 +757,7 @@ const fn norm_gate_variant(name: &'static str, cuda_body: &'static str, metal_bo
         name,
         inputs: &["o", "gate_src", "weight"],
         outputs: &["out"],
-        cuda_header: include_str!("../cuda/lightning_decode.cu"),
+        cuda_header: concat!(include_str!("../cuda/round.cu"), include_str!("../cuda/lightning_decode.cu")),
         cuda_body,
         metal_header: include_str!("../metal/lightning_decode.metal"),
         metal_body,

@@ -533,6 +533,7 @@ mod self_check {
                 "qmv_mma",
                 "qmv_normed",
                 "decode_attention",
+                "rope_qk",
                 "select_blocks",
                 "select_blocks_mma",
                 "block_sparse_attention",

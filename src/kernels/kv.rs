@@ -53,6 +53,9 @@ pub fn append_token(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> R
     if !fits {
         return append_token_mlx(rows, columns, slots);
     }
+    if slots.len() <= MAX_SHAPE_ARGS {
+        return append_token_cuda(rows, columns, slots);
+    }
     let mut written = Vec::with_capacity(slots.len());
     for (i, chunk) in slots.chunks(MAX_SHAPE_ARGS).enumerate() {
         let start = (i * MAX_SHAPE_ARGS) as i32;

@@ -252,12 +252,14 @@ pub fn norm_gate_mlx(o: &Array, gate_src: &Array, z_offset: i32, weight: &Array,
     fast::rms_norm(o, Some(weight), eps)?.multiply(ops::sigmoid(&z)?)
 }
 
+const LIGHTNING_HEADER: &str = concat!(include_str!("../../cuda/round.cu"), include_str!("../../cuda/lightning_decode.cu"));
+
 const fn source(name: &'static str, outputs: &'static [&'static str], cuda_body: &'static str, metal_body: &'static str) -> KernelSource {
     KernelSource {
         name,
         inputs: &["qkv", "q_norm", "k_norm", "positions", "slopes", "state"],
         outputs,
-        cuda_header: include_str!("../../cuda/lightning_decode.cu"),
+        cuda_header: LIGHTNING_HEADER,
         cuda_body,
         metal_header: include_str!("../../metal/lightning_decode.metal"),
         metal_body,
@@ -293,7 +295,7 @@ static NORM_GATE: KernelSource = KernelSource {
     name: "sala_norm_gate",
     inputs: &["o", "gate_src", "weight"],
     outputs: &["out"],
-    cuda_header: include_str!("../../cuda/lightning_decode.cu"),
+    cuda_header: LIGHTNING_HEADER,
     cuda_body: "sala_norm_gate<T, D, Z_OFF, EPS_BITS, NT>(o, gate_src, gate_src_shape[2], weight, out);",
     metal_header: include_str!("../../metal/lightning_decode.metal"),
     metal_body: "threadgroup float partial[NT / 32]; \

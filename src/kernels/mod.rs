@@ -10,12 +10,13 @@ pub mod gla;
 pub mod kv;
 pub mod lightning;
 pub mod qmv;
+pub mod rope;
 pub mod selfcheck;
 pub mod sparse;
 
 /// The self-checks of the kernels whose MLX-ops versions are here (InfLLM-V2's are in
 /// `models::sala::infllm`; `models::kernel_checks` lists all).
-pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 8] = [
+pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 9] = [
     &gla::GLA_DECODE_CHECK,
     &lightning::DECODE_STEP_CHECK,
     &lightning::NORM_GATE_CHECK,
@@ -24,4 +25,5 @@ pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 8] = [
     &qmv::QMM_CHECK,
     &qmv::QMV_NORMED_CHECK,
     &sparse::DECODE_ATTENTION_CHECK,
+    &rope::ROPE_QK_CHECK,
 ];

@@ -368,6 +368,9 @@ pub fn decode_attention(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&Ar
     if !fits {
         return heads_to_rows(&decode_attention_mlx(q, kvs, scale)?, gate);
     }
+    if kvs.len() <= DECODE_SLOTS {
+        return decode_attention_cuda(q, kvs, scale, gate);
+    }
     let mut outputs = Vec::new();
     for (i, chunk) in kvs.chunks(DECODE_SLOTS).enumerate() {
         let start = (i * DECODE_SLOTS) as i32;
@@ -512,7 +515,7 @@ fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&A
     // the larger merge (eval/results/kernel-notes.md).
     let longest = kvs.iter().map(|kv| kv.len).max().unwrap_or(1) as i32;
     let room = (fill_blocks() / (b * hkv)).max(1);
-    let nsplit = pow2_floor(room.min((longest + block - 1) / block));
+    let nsplit = pow2_floor(DECODE_SPLITS_OVERRIDE.with(|o| o.get()).unwrap_or(room).min((longest + block - 1) / block));
     let mut lens = [0usize; DECODE_SLOTS];
     let mut settled = [0usize; DECODE_SLOTS];
     let mut buffers = Vec::with_capacity(4 * DECODE_SLOTS);
@@ -531,6 +534,21 @@ fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&A
     inputs.extend([&lens, &settled]);
     let out = apply(decode_attention_source(), &inputs, split_attention_launch(q.dtype(), b, hq, hkv, d, block, nsplit, scale))?;
     merge_splits(&out[0], &out[1], vec![b, 1, hq * d], q.dtype(), gate)
+}
+
+thread_local! {
+    static DECODE_SPLITS_OVERRIDE: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the decode attention's splits per (sequence, KV head) capped at `splits` rather
+/// than what fills the GPU, for the kernel benchmark's sweep (`kernels decode-attention`); the
+/// model always uses the default.
+#[doc(hidden)]
+pub fn with_decode_splits<R>(splits: i32, f: impl FnOnce() -> R) -> R {
+    DECODE_SPLITS_OVERRIDE.with(|o| o.set(Some(splits)));
+    let r = f();
+    DECODE_SPLITS_OVERRIDE.with(|o| o.set(None));
+    r
 }
 
 /// Tokens per split unit of the decode attention (the sparse layers' block size; any size works).

@@ -13,10 +13,13 @@ use crate::engine::error::{Error, Result};
 use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::models::layers::{per_sequence, scale, Embedding, Input, Linear, LmHead, Mlp, RmsNorm};
+use crate::kernels::kv::{append_token, KvColumns, RecentSlot};
+use crate::kernels::rope::{rope_qk, QkHeads, RopeAngles};
+use crate::kernels::sparse::decode_attention;
+use crate::models::layers::{per_sequence, scale, Embedding, Input, Linear, LmHead, Mlp, Projections, RmsNorm};
 use crate::models::rope::Rope;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::{Array, Dtype};
+use mlx_rs::{ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 #[derive(Clone)]
 pub struct DecoderConfig {
@@ -178,9 +181,8 @@ impl DecoderConfig {
 }
 
 struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    /// q, k and v in one stacked projection.
+    qkv_proj: Projections<3>,
     o_proj: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
@@ -194,13 +196,11 @@ impl Attention {
     fn load(weights: &Weights, prefix: &str, c: &DecoderConfig, dtype: Dtype, tp: &TensorParallel) -> Result<Self> {
         let heads = tp.part(c.heads, "the attention heads (num_attention_heads)")?.len();
         let kv_heads = tp.part(c.kv_heads, "the key-value heads (num_key_value_heads)")?.len();
-        let rows = |name: &str| Linear::column_parallel(weights, &format!("{prefix}.{name}"), dtype, c.qkv_bias, tp);
-        let norm = |name: &str| RmsNorm::load(weights, &format!("{prefix}.{name}"), c.rms_norm_eps, dtype);
+        let name = |n: &str| format!("{prefix}.{n}");
+        let norm = |n: &str| RmsNorm::load(weights, &name(n), c.rms_norm_eps, dtype);
         Ok(Self {
-            q_proj: rows("q_proj")?,
-            k_proj: rows("k_proj")?,
-            v_proj: rows("v_proj")?,
-            o_proj: Linear::row_parallel(weights, &format!("{prefix}.o_proj"), dtype, c.o_bias, tp)?,
+            qkv_proj: Projections::load(weights, ["q_proj", "k_proj", "v_proj"].map(name), dtype, c.qkv_bias, tp)?,
+            o_proj: Linear::row_parallel(weights, &name("o_proj"), dtype, c.o_bias, tp)?,
             q_norm: if c.qk_norm { Some(norm("q_norm")?) } else { None },
             k_norm: if c.qk_norm { Some(norm("k_norm")?) } else { None },
             heads: heads as i32,
@@ -209,32 +209,85 @@ impl Attention {
         })
     }
 
-    /// `x`: `[B, T, hidden]`, row b continuing `caches[b]`.
-    fn forward(&self, x: &Array, caches: &mut [&mut KvCache], rope: &Rope) -> Result<Array> {
+    /// The attention output `[B, T, Hq·d]` before o_proj; `x` `[B, T, hidden]`, row b continuing
+    /// `caches[b]`.
+    fn attend(&self, x: Input, caches: &mut [&mut KvCache], rope: &Rope) -> Result<Array> {
+        if x.shape()[1] == 1 && caches.iter().all(|c| !c.is_empty()) {
+            return self.attend_decode(x, caches, rope);
+        }
         let (b, t) = (x.shape()[0], x.shape()[1]);
-        let heads = |proj: &Linear, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let y = proj.forward(x)?.reshape(&[b, t, n, self.head_dim])?;
+        let heads = |y: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+            let y = y.reshape(&[b, t, n, self.head_dim])?;
             let y = match norm {
                 Some(norm) => norm.forward(&y)?,
                 None => y,
             };
             Ok(y.swap_axes(1, 2)?)
         };
-        let q = heads(&self.q_proj, self.heads, &self.q_norm)?;
-        let k = heads(&self.k_proj, self.kv_heads, &self.k_norm)?;
-        let v = heads(&self.v_proj, self.kv_heads, &None)?;
+        let [q, k, v] = self.qkv_proj.forward(x)?;
+        let q = heads(q, self.heads, &self.q_norm)?;
+        let k = heads(k, self.kv_heads, &self.k_norm)?;
+        let v = heads(v, self.kv_heads, &None)?;
         let o = per_sequence(&[&q, &k, &v], caches, |qkv, cache| {
             let position = cache.position();
             let q = rope.apply(&qkv[0], position)?;
             let k = rope.apply(&qkv[1], position)?;
             let (keys, values) = cache.append(&k, &qkv[2])?;
             let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
-            let scale = (self.head_dim as f32).powf(-0.5);
-            let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?;
+            let o = fast::scaled_dot_product_attention(&q, &keys, &values, self.scale(), mask, None)?;
             cache.evict()?;
             Ok(o)
         })?;
-        self.o_proj.forward(&o.swap_axes(1, 2)?.reshape(&[b, t, self.heads * self.head_dim])?)
+        Ok(o.swap_axes(1, 2)?.reshape(&[b, t, self.heads * self.head_dim])?)
+    }
+
+    /// One new token for each of the (non-empty) caches, as the kernels take it: q, k and v side
+    /// by side from the stacked projection, q and k normed and rotated in one launch, the keys
+    /// and values written behind each cache's recent tokens (no copy of a history the device
+    /// still reads), then one attention call over every cache's whole history (split over its
+    /// length, the query heads of a KV group together).
+    fn attend_decode(&self, x: Input, caches: &mut [&mut KvCache], rope: &Rope) -> Result<Array> {
+        let b = x.shape()[0];
+        let (hq, hkv, d) = (self.heads, self.kv_heads, self.head_dim);
+        let positions: Vec<usize> = caches.iter().map(|c| c.position()).collect();
+        let heads = QkHeads {
+            heads: hq,
+            kv_heads: hkv,
+            head_dim: d,
+            norms: self.q_norm.as_ref().zip(self.k_norm.as_ref()).map(|(q, k)| (&q.weight, &k.weight, q.eps)),
+        };
+        let rows = self.qkv_proj.forward_joined(x)?;
+        let angles: Vec<&RopeAngles> = positions.iter().map(|&p| rope.angles(p + 1)).collect();
+        let rows = if angles.iter().all(|a| std::ptr::eq(*a, angles[0])) {
+            rope_qk(&rows, heads, angles[0], &positions)?
+        } else {
+            // longrope with sequences on both sides of the original context: one call each.
+            let each = ops::split_equal(&rows, b, 0)?;
+            let rotated = each.iter().zip(&angles).zip(&positions).map(|((row, a), &p)| rope_qk(row, heads, a, &[p])).collect::<std::result::Result<Vec<_>, _>>()?;
+            ops::concatenate(&rotated, 0)?
+        };
+        let q = rows.try_index((.., .., ..hq * d))?.reshape(&[b, 1, hq, d])?.swap_axes(1, 2)?;
+        let columns = KvColumns { keys: hq * d, values: (hq + hkv) * d, kv_heads: hkv, head_dim: d };
+        let slots = caches
+            .iter_mut()
+            .map(|c| {
+                let (keys, values, at) = c.recent_slot()?.expect("caches checked non-empty");
+                Ok(RecentSlot { keys, values, at })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for (cache, (keys, values)) in caches.iter_mut().zip(append_token(&rows, columns, &slots)?) {
+            cache.commit_recent(keys, values);
+        }
+        let parts = caches.iter_mut().map(|c| Ok(c.parts()?.expect("keys were just appended"))).collect::<Result<Vec<_>>>()?;
+        let o = decode_attention(&q, &parts, self.scale(), None)?;
+        for cache in caches.iter_mut() {
+            cache.evict()?;
+        }
+        Ok(o)
+    }
+
+    fn scale(&self) -> f32 {
+        (self.head_dim as f32).powf(-0.5)
     }
 }
 
@@ -333,16 +386,19 @@ impl DecoderModel {
         if let Some(t) = trace.as_deref_mut() {
             t.record("hidden.embeddings", &h);
         }
-        let residual = |branch: Array| if c.residual_scale != 1.0 { scale(&branch, c.residual_scale) } else { Ok(branch) };
         let mut pacer = Pacer::new(tokens.size());
         for (i, layer) in self.layers.iter().enumerate().take(depth) {
             let mut kv = layer_caches(caches, i, LayerCache::as_attention)?;
-            let mixed = layer.attn.forward(&layer.input_norm.forward(&h)?, &mut kv, &c.rope)?;
-            h = h.add(residual(mixed.clone())?)?;
+            // x = RMSNorm(h), applied inside the products that read x (layers::Input).
+            let o = layer.attn.attend(Input::Normed(&h, &layer.input_norm), &mut kv, &c.rope)?;
+            // h = h + α · o·Woᵀ: the projection adds itself into h (one kernel when quantized).
+            h = layer.attn.o_proj.forward_residual(Input::Plain(&o), &h, c.residual_scale)?;
+            if let Some(t) = trace.as_deref_mut() {
+                t.record(format!("hidden.mixer_out.{i}"), &layer.attn.o_proj.forward(&o)?);
+            }
             pacer.step(layer_outputs(&h, caches, i))?;
             h = layer.mlp.forward_residual(Input::Normed(&h, &layer.post_norm), &h, c.residual_scale)?;
             if let Some(t) = trace.as_deref_mut() {
-                t.record(format!("hidden.mixer_out.{i}"), &mixed);
                 t.record(format!("hidden.layer_out.{i}"), &h);
             }
             pacer.step(layer_outputs(&h, caches, i))?;

@@ -200,31 +200,43 @@ fn scales_wider_than(q: &QuantizedMatrix, x: &Array) -> bool {
     q.scales.dtype() == Dtype::Float32 && x.dtype() != Dtype::Float32
 }
 
-/// Several bias-free projections of the same input (q/k/v, gate/up) multiplied as one stacked
-/// matrix: one kernel launch instead of several, which is what a decode step is short of. Kept
-/// apart when their storage differs (a mixed-precision quantization).
+/// Several projections of the same input (q/k/v, gate/up) multiplied as one stacked matrix: one
+/// kernel launch instead of several, which is what a decode step is short of. Kept apart when
+/// their storage differs (a mixed-precision quantization).
 pub struct Projections<const N: usize> {
     stacked: Option<(Matrix, [i32; N])>,
+    /// The stacked biases, added after the product (Qwen2's q/k/v).
+    bias: Option<Array>,
     parts: Vec<Linear>,
 }
 
 impl<const N: usize> Projections<N> {
-    /// The projections `names`, each split by output rows over the ranks of `tp` (column-parallel).
-    pub fn load(weights: &Weights, names: [String; N], dtype: Dtype, tp: &TensorParallel) -> Result<Self> {
-        let parts = names.iter().map(|n| Linear::column_parallel(weights, n, dtype, false, tp)).collect::<Result<Vec<_>>>()?;
+    /// The projections `names` (with their `.bias` vectors, if `bias`), each split by output rows
+    /// over the ranks of `tp` (column-parallel).
+    pub fn load(weights: &Weights, names: [String; N], dtype: Dtype, bias: bool, tp: &TensorParallel) -> Result<Self> {
+        let parts = names.iter().map(|n| Linear::column_parallel(weights, n, dtype, bias, tp)).collect::<Result<Vec<_>>>()?;
         let matrices: Vec<&Matrix> = parts.iter().map(|p| &p.weight).collect();
-        let Some(stacked) = Matrix::stack(&matrices)? else { return Ok(Self { stacked: None, parts }) };
+        let Some(stacked) = Matrix::stack(&matrices)? else { return Ok(Self { stacked: None, bias: None, parts }) };
+        let bias = bias.then(|| ops::concatenate(&parts.iter().filter_map(|p| p.bias.as_ref()).collect::<Vec<_>>(), 0)).transpose()?;
         // Built now, so the separate matrices are freed as loading goes rather than all being held
         // until the first forward pass.
         stacked.eval()?;
         let widths = std::array::from_fn(|i| matrices[i].out_features());
-        Ok(Self { stacked: Some((stacked, widths)), parts: Vec::new() })
+        Ok(Self { stacked: Some((stacked, widths)), bias, parts: Vec::new() })
+    }
+
+    /// The stacked product, then the biases.
+    fn stacked_product(&self, matrix: &Matrix, x: Input, epilogue: Epilogue) -> Result<Array> {
+        match &self.bias {
+            None => matrix.matmul_t_in(x, epilogue),
+            Some(b) => Ok(epilogue_mlx(&matrix.matmul_t_in(x, Epilogue::Plain)?.add(b)?, epilogue)?),
+        }
     }
 
     /// The projections of `x` side by side `[B, T, Σ out]`, in the order they were named.
     pub fn forward_joined(&self, x: Input) -> Result<Array> {
         match &self.stacked {
-            Some((matrix, _)) => matrix.matmul_t_in(x, Epilogue::Plain),
+            Some((matrix, _)) => self.stacked_product(matrix, x, Epilogue::Plain),
             None => {
                 let x = x.array()?;
                 Ok(ops::concatenate(&self.parts.iter().map(|p| p.forward(&x)).collect::<Result<Vec<_>>>()?, -1)?)
@@ -240,7 +252,7 @@ impl<const N: usize> Projections<N> {
                 self.parts.iter().map(|p| p.forward(&x)).collect::<Result<_>>()?
             }
             Some((matrix, widths)) => {
-                let y = matrix.matmul_t_in(x, Epilogue::Plain)?;
+                let y = self.stacked_product(matrix, x, Epilogue::Plain)?;
                 let mut start = 0;
                 widths
                     .iter()
@@ -269,8 +281,8 @@ impl QkvGate {
     pub fn load(weights: &Weights, prefix: &str, gate: Option<&str>, dtype: Dtype, tp: &TensorParallel) -> Result<Self> {
         let name = |n: &str| format!("{prefix}.{n}");
         Ok(match gate {
-            None => Self::Plain(Projections::load(weights, ["q_proj", "k_proj", "v_proj"].map(name), dtype, tp)?),
-            Some(g) => Self::Gated(Projections::load(weights, ["q_proj", "k_proj", "v_proj", g].map(name), dtype, tp)?),
+            None => Self::Plain(Projections::load(weights, ["q_proj", "k_proj", "v_proj"].map(name), dtype, false, tp)?),
+            Some(g) => Self::Gated(Projections::load(weights, ["q_proj", "k_proj", "v_proj", g].map(name), dtype, false, tp)?),
         })
     }
 
@@ -508,7 +520,7 @@ impl Mlp {
     /// gate and up split by output rows over the ranks of `tp`, down by input columns.
     pub fn load(weights: &Weights, prefix: &str, dtype: Dtype, tp: &TensorParallel) -> Result<Self> {
         Ok(Self {
-            gate_up: Projections::load(weights, [format!("{prefix}.gate_proj"), format!("{prefix}.up_proj")], dtype, tp)?,
+            gate_up: Projections::load(weights, [format!("{prefix}.gate_proj"), format!("{prefix}.up_proj")], dtype, false, tp)?,
             down: Linear::row_parallel(weights, &format!("{prefix}.down_proj"), dtype, false, tp)?,
         })
     }
@@ -526,7 +538,7 @@ impl Mlp {
     /// silu(x · W_gateᵀ) ⊙ (x · W_upᵀ): one kernel from the stacked matrix on the decode path.
     fn activation(&self, x: Input) -> Result<Array> {
         match &self.gate_up.stacked {
-            Some((matrix, _)) => matrix.matmul_t_in(x, Epilogue::SwiGlu),
+            Some((matrix, _)) => self.gate_up.stacked_product(matrix, x, Epilogue::SwiGlu),
             None => {
                 let [gate, up] = self.gate_up.forward(x)?;
                 Ok(swiglu_mlx(&gate, &up)?)

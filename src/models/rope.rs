@@ -8,28 +8,23 @@
 
 use crate::engine::config::ConfigFile;
 use crate::engine::error::Result;
-use crate::models::layers::scale;
-use mlx_rs::{fast, Array};
+use crate::kernels::rope::RopeAngles;
+use mlx_rs::Array;
 use serde_json::Value;
 
 #[derive(Clone)]
 pub struct Rope {
-    pub dims: i32,
-    pub base: f32,
-    /// Periods per rotated pair (`dims/2`), when they are not plain `base^(2i/dims)`.
-    periods: Option<Array>,
-    /// longrope: periods used once the sequence passes `original_max`, and the attention factor
-    /// the length ratio implies (MiniCPM's code uses it even when the config names another).
-    long_periods: Option<(usize, Array, f32)>,
-    /// Multiplies positions (linear scaling: 1/factor).
-    position_scale: f32,
-    /// Multiplies q and k (yarn / longrope attention factor).
-    mscale: f32,
+    /// The angles for every position (longrope: up to `original_max_position_embeddings`).
+    angles: RopeAngles,
+    /// longrope: the original context length, the angles of a sequence that passes it, and the
+    /// attention factor the length ratio implies (MiniCPM's code uses it even when the config
+    /// names another).
+    long: Option<(usize, RopeAngles, f32)>,
 }
 
 impl Rope {
     pub fn plain(dims: usize, base: f32) -> Self {
-        Self { dims: dims as i32, base, periods: None, long_periods: None, position_scale: 1.0, mscale: 1.0 }
+        Self { angles: RopeAngles { dims: dims as i32, base, periods: None, position_scale: 1.0, mscale: 1.0 }, long: None }
     }
 
     /// Reads `rope_theta` (default 10000) and `rope_scaling` from the config.
@@ -67,9 +62,9 @@ impl Rope {
                     .and_then(|l| l.iter().map(|v| v.as_f64().map(|f| f as f32)).collect::<Option<Vec<_>>>())
                     .filter(|l| l.len() == half)
                     .ok_or_else(|| cfg.invalid(&key("factors"), format!("expected {half} numbers")))?;
-                rope.periods = Some(table(factors.iter().zip(&default_periods).map(|(f, p)| f * p).collect()));
+                rope.angles.periods = Some(table(factors.iter().zip(&default_periods).map(|(f, p)| f * p).collect()));
             }
-            "linear" => rope.position_scale = 1.0 / num("factor")? as f32,
+            "linear" => rope.angles.position_scale = 1.0 / num("factor")? as f32,
             "llama3" => {
                 let factor = num("factor")?;
                 let low = num("low_freq_factor")?;
@@ -92,7 +87,7 @@ impl Rope {
                     })
                     .map(|p| p as f32)
                     .collect();
-                rope.periods = Some(table(periods));
+                rope.angles.periods = Some(table(periods));
             }
             "yarn" => {
                 let factor = num("factor")?;
@@ -120,12 +115,12 @@ impl Rope {
                         (1.0 / inv) as f32
                     })
                     .collect();
-                rope.periods = Some(table(periods));
+                rope.angles.periods = Some(table(periods));
                 let get_mscale = |m: f64| if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 };
                 // HF: an explicit attention_factor wins; else the mscale ratio when both are set
                 // (and non-zero); else 0.1·ln(factor) + 1.
                 let set = |k: &str| scaling.get(k).and_then(Value::as_f64).filter(|v| *v != 0.0);
-                rope.mscale = match (scaling.get("attention_factor").filter(|v| !v.is_null()), set("mscale"), set("mscale_all_dim")) {
+                rope.angles.mscale = match (scaling.get("attention_factor").filter(|v| !v.is_null()), set("mscale"), set("mscale_all_dim")) {
                     (Some(_), _, _) => num("attention_factor")? as f32,
                     (None, Some(m), Some(all)) => (get_mscale(m) / get_mscale(all)) as f32,
                     _ => get_mscale(1.0) as f32,
@@ -148,12 +143,13 @@ impl Rope {
                     None => cfg.f64("original_max_position_embeddings")?,
                 };
                 let max = cfg.f64("max_position_embeddings")?;
-                rope.periods = Some(table(factors("short_factor")?));
+                rope.angles.periods = Some(table(factors("short_factor")?));
                 let factor = max / original;
                 let default_factor =
                     if factor <= 1.0 { 1.0 } else { (1.0 + factor.ln() / original.ln()).sqrt() };
-                rope.long_periods = Some((original as usize, table(factors("long_factor")?), default_factor as f32));
-                rope.mscale = num_or("attention_factor", default_factor)? as f32;
+                rope.angles.mscale = num_or("attention_factor", default_factor)? as f32;
+                let long = RopeAngles { periods: Some(table(factors("long_factor")?)), ..rope.angles.clone() };
+                rope.long = Some((original as usize, long, default_factor as f32));
             }
             other => {
                 return Err(cfg.invalid(
@@ -169,26 +165,26 @@ impl Rope {
     /// longer than the original one, for every position — and always uses the attention factor
     /// the length ratio implies.
     pub fn fix_longrope_choice(&mut self, max_position: usize) {
-        if let Some((original, long, mscale)) = self.long_periods.take() {
+        if let Some((original, long, mscale)) = self.long.take() {
             if max_position > original {
-                self.periods = Some(long);
+                self.angles.periods = long.periods;
             }
-            self.mscale = mscale;
+            self.angles.mscale = mscale;
+        }
+    }
+
+    /// The angles of a forward pass whose positions end before `end` (longrope switches to its
+    /// long factors for a sequence that passes the original context).
+    pub fn angles(&self, end: usize) -> &RopeAngles {
+        match &self.long {
+            Some((original, long, _)) if end > *original => long,
+            _ => &self.angles,
         }
     }
 
     /// Rotates `x` `[B, H, T, D]` whose first row is at position `offset`.
     pub fn apply(&self, x: &Array, offset: usize) -> Result<Array> {
-        let t = x.shape()[2] as usize;
-        let periods = match &self.long_periods {
-            Some((original, long, _)) if offset + t > *original => Some(long),
-            _ => self.periods.as_ref(),
-        };
-        let x = if self.mscale != 1.0 { scale(x, self.mscale)? } else { x.clone() };
-        Ok(match periods {
-            Some(freqs) => fast::rope(&x, self.dims, false, None, self.position_scale, offset as i32, freqs)?,
-            None => fast::rope(&x, self.dims, false, self.base, self.position_scale, offset as i32, None)?,
-        })
+        Ok(self.angles(offset + x.shape()[2] as usize).apply(x, &[offset])?)
     }
 }
 
