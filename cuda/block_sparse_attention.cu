@@ -9,21 +9,18 @@
 // selected blocks evenly among thread blocks (decode has one query, so one thread block per KV
 // head would leave the GPU idle; it gets one split per selected block); each writes its
 // normalised partial output and log-sum-exp, merged afterwards. Needs unpack.cu (sala_unpack16).
-//
-// sala_decode_attention_seq runs the same loop as dense decode attention for a batch of
-// sequences with caches of their own (thread block row y = sequence): every block of the
-// sequence's cache is "selected", and the query is its last position.
+
 
 #define SALA_TILE 32
 
-template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS, bool DENSE>
+template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS>
 __device__ void sala_attend_blocks(
     const T* q,              // [Hq, Tq, D], heads q_head_stride and dims q_dim_stride apart
     const T* k,              // [Hkv, cap, D]  the cache's history: positions < settled
     const T* v,              // [Hkv, cap, D]
     const T* kr,             // [Hkv, rcap, D] its recent tokens: positions settled .. kv_len
     const T* vr,             // [Hkv, rcap, D]
-    const int32_t* blocks,   // [Hkv, Tq, nsel], ascending, -1 = none (DENSE: unread, all nsel blocks)
+    const int32_t* blocks,   // [Hkv, Tq, nsel], ascending, -1 = none
     int first_pos,           // position of query 0
     int kv_len,              // positions in the cache
     int settled,             // of which in the history buffers
@@ -73,7 +70,7 @@ __device__ void sala_attend_blocks(
 
   // First token of tile i of the split (tiles of unselected blocks or past the query: −1).
   auto tile_base = [&](int i) -> int {
-    const int blk = DENSE ? b0 + i / TILES : sel[b0 + i / TILES];
+    const int blk = sel[b0 + i / TILES];
     const int base = blk * BLOCK + (i % TILES) * SALA_TILE;
     return blk < 0 || base > pos || base >= kv_len ? -1 : base;
   };
@@ -173,22 +170,8 @@ template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS>
 __device__ void sala_block_sparse_attention(
     const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first_pos,
     int kv_len, int settled, float* out, float* lse, int Tq, int cap, int rcap, int nsel) {
-  sala_attend_blocks<T, D, G, BLOCK, NSPLIT, SCALE_BITS, false>(
+  sala_attend_blocks<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(
       q, k, v, kr, vr, blocks, first_pos, kv_len, settled, out, lse, blockIdx.y, Tq, cap, rcap, nsel, (int64_t)Tq * D, 1);
-}
-
-// One decoding query of sequence blockIdx.y (q [B, Hq, 1, D] read through its strides: a view of
-// the projection's output) against the kv_len positions of its own cache; partial outputs
-// [B, Hq, NSPLIT, D] and log-sum-exp [B, Hq, NSPLIT].
-template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS>
-__device__ void sala_decode_attention_seq(
-    const T* q, int64_t q_seq_stride, int64_t q_head_stride, int64_t q_dim_stride, const T* k, const T* v,
-    const T* kr, const T* vr, int kv_len, int settled, float* out, float* lse, int cap, int rcap) {
-  const int b = blockIdx.y, Hq = gridDim.z * G;
-  sala_attend_blocks<T, D, G, BLOCK, NSPLIT, SCALE_BITS, true>(
-      q + b * q_seq_stride, k, v, kr, vr, nullptr, kv_len - 1, kv_len, settled,
-      out + (size_t)b * Hq * NSPLIT * D, lse + (size_t)b * Hq * NSPLIT, 0, 1, cap, rcap,
-      (kv_len + BLOCK - 1) / BLOCK, q_head_stride, q_dim_stride);
 }
 
 // Merges the splits' partial outputs (softmax-weighted by their log-sum-exp) of R rows (queries or

@@ -61,6 +61,10 @@ pub fn rope_qk(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[u
         && d % 32 == 0
         && d <= 1024
         && angles.dims % 2 == 0
+        // Float constants travel as the bit patterns of template ints, which must not be negative.
+        && angles.mscale > 0.0
+        && angles.position_scale > 0.0
+        && (angles.periods.is_some() || angles.base > 1.0)
         && angles.dims <= d
         && rows.shape()[2] % d == 0
         && rows.shape()[2] >= (heads.heads + 2 * heads.kv_heads) * d
@@ -151,7 +155,7 @@ fn rope_qk_cuda(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[
                 ("MSCALE_BITS", bits(angles.mscale)),
                 ("POS_SCALE_BITS", bits(angles.position_scale)),
                 // As MLX's RoPE: inv_freq = 2^(−(i/(dims/2))·log₂base), log₂base computed on the host.
-                ("LOG2_BASE_BITS", bits((angles.base as f64).log2() as f32)),
+                ("LOG2_BASE_BITS", bits(if angles.periods.is_some() { 0.0 } else { (angles.base as f64).log2() as f32 })),
                 ("POS_IN_SHAPE", TemplateArg::Bool(in_shape)),
             ],
             init: None,

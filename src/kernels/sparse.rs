@@ -362,7 +362,7 @@ pub fn decode_attention(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&Ar
     let fits = backend() == Backend::Cuda
         && t == 1
         && b as usize == kvs.len()
-        && attention_kernel_fits(q, hkv)
+        && decode_kernel_fits(q, hkv)
         && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && kv.keys.dtype() == q.dtype())
         && selfcheck::enabled(&DECODE_ATTENTION_CHECK);
     if !fits {
@@ -504,17 +504,31 @@ fn split_attention_launch(dtype: Dtype, rows: i32, hq: i32, hkv: i32, d: i32, bl
     }
 }
 
-/// The decode attention kernel for at most [`DECODE_SLOTS`] sequences: `cuda/block_sparse_attention.cu`'s
-/// loop with every block of each cache selected, then the usual merge of the splits.
+/// Whether `cuda/decode_attention.cu` takes queries `q` `[B, Hq, 1, d]` over `hkv` KV heads: a
+/// row of d values must be a power-of-two number of 16-byte pieces, at most one per lane of a warp.
+fn decode_kernel_fits(q: &Array, hkv: i32) -> bool {
+    let (hq, row) = (q.shape()[1], q.shape()[3] * q.item_size() as i32);
+    hkv > 0 && hq % hkv == 0 && row % 16 == 0 && (row as u32 / 16).is_power_of_two() && row / 16 <= 32
+}
+
+/// Query heads of a KV group per thread block of the decode attention: the largest divisor of
+/// the group size up to 8 (each head holds its query and output slice in registers).
+fn heads_per_block(group: i32) -> i32 {
+    (1..=group.min(8)).rev().find(|n| group % n == 0).unwrap_or(1)
+}
+
+/// The decode attention kernel for at most [`DECODE_SLOTS`] sequences (`cuda/decode_attention.cu`),
+/// then the usual merge of the splits.
 fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&Array>) -> Result<Array> {
     let (b, hq, d) = (q.shape()[0], q.shape()[1], q.shape()[3]);
     let hkv = kvs[0].keys.shape()[1];
+    let (group, gb) = (hq / hkv, heads_per_block(hq / hkv));
     let block = DECODE_BLOCK as i32;
-    // Splits: one per block of the longest cache when the GPU has room, else a power of two (few
-    // compiled variants, as the lengths change every step); more splits gain too little to pay for
-    // the larger merge (eval/results/kernel-notes.md).
+    // Splits: enough thread blocks for four per compute unit (each holds few registers' worth of
+    // loads in flight), at least DECODE_BLOCK tokens each; a power of two (few compiled variants,
+    // as the lengths change every step).
     let longest = kvs.iter().map(|kv| kv.len).max().unwrap_or(1) as i32;
-    let room = (fill_blocks() / (b * hkv)).max(1);
+    let room = (2 * fill_blocks() / (b * hq / gb)).max(1);
     let nsplit = pow2_floor(DECODE_SPLITS_OVERRIDE.with(|o| o.get()).unwrap_or(room).min((longest + block - 1) / block));
     let mut lens = [0usize; DECODE_SLOTS];
     let mut settled = [0usize; DECODE_SLOTS];
@@ -532,7 +546,22 @@ fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&A
     let mut inputs: Vec<&Array> = vec![q];
     inputs.extend(buffers.iter());
     inputs.extend([&lens, &settled]);
-    let out = apply(decode_attention_source(), &inputs, split_attention_launch(q.dtype(), b, hq, hkv, d, block, nsplit, scale))?;
+    const THREADS: i32 = 128;
+    let launch = Launch {
+        grid: (THREADS * nsplit, b, hq / gb),
+        threads: (THREADS, 1, 1),
+        outputs: vec![(vec![b, hq, nsplit, d], Dtype::Float32), (vec![b, hq, nsplit], Dtype::Float32)],
+        template: vec![
+            ("T", TemplateArg::Type(q.dtype())),
+            ("D", TemplateArg::Int(d)),
+            ("G", TemplateArg::Int(group)),
+            ("GB", TemplateArg::Int(gb)),
+            ("NSPLIT", TemplateArg::Int(nsplit)),
+            ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
+        ],
+        init: None,
+    };
+    let out = apply(decode_attention_source(), &inputs, launch)?;
     merge_splits(&out[0], &out[1], vec![b, 1, hq * d], q.dtype(), gate)
 }
 
@@ -551,7 +580,7 @@ pub fn with_decode_splits<R>(splits: i32, f: impl FnOnce() -> R) -> R {
     r
 }
 
-/// Tokens per split unit of the decode attention (the sparse layers' block size; any size works).
+/// Tokens per split unit of the decode attention (a split takes at least this many).
 const DECODE_BLOCK: usize = 64;
 
 /// [`decode_attention`]'s kernel: inputs q, then k, v, k_recent, v_recent of each slot, then the
@@ -572,14 +601,16 @@ fn decode_attention_source() -> &'static KernelSource {
         let body = format!(
             "const T *k = k0, *v = v0, *kr = kr0, *vr = vr0; int cap = 0, rcap = 0; \
              switch (blockIdx.y) {{ {cases}}} \
-             sala_decode_attention_seq<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(q, q_strides[0], q_strides[1], q_strides[3], \
-             k, v, kr, vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, out, lse, cap, rcap);"
+             const int hq = gridDim.z * GB; \
+             sala_decode_attention_split<T, D, G, GB, NSPLIT, SCALE_BITS>(q + blockIdx.y * q_strides[0], q_strides[1], \
+             q_strides[3], k, v, kr, vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, cap, rcap, \
+             out + (size_t)blockIdx.y * hq * NSPLIT * D, lse + (size_t)blockIdx.y * hq * NSPLIT);"
         );
         KernelSource {
             name: "sala_decode_attention",
             inputs: Box::leak(inputs.into_boxed_slice()),
             outputs: &["out", "lse"],
-            cuda_header: BLOCK_SPARSE_ATTENTION_HEADER,
+            cuda_header: concat!(include_str!("../../cuda/unpack.cu"), include_str!("../../cuda/decode_attention.cu")),
             cuda_body: leak(body),
             // CUDA only: Metal takes at most 31 buffers per kernel; it runs MLX's attention.
             metal_header: "",
