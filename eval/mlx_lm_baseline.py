@@ -40,7 +40,8 @@ for context in [int(c) for c in contexts.split(",")]:
                 "peak_gb": round(mx.get_peak_memory() / 1e9, 2),
             })
             print(rows[-1], flush=True)
-with open(out_path, "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=list(rows[0]))
-    w.writeheader()
-    w.writerows(rows)
+            # Written after every context, so a run stopped at a time limit keeps what it measured.
+            with open(out_path, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
