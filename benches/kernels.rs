@@ -629,13 +629,15 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
 /// The synthetic 8-bit 9B.
 /// The synthetic 9B, 8-bit, or 4-bit with `SALA_KERNELS_BITS=4` (for `decode-step` and
 /// `decode-profile`).
+/// The synthetic 9B, or the preset SALA_KERNELS_MODEL names (e.g. qwen3-8b).
 fn synthetic_9b() -> Box<dyn sala::engine::model::LanguageModel> {
     let bits = match std::env::var("SALA_KERNELS_BITS").as_deref() {
         Ok("4") => 4,
         Ok("8") | Err(_) => 8,
         Ok(other) => panic!("SALA_KERNELS_BITS={other}: the synthetic 9B is quantized to 4 or 8 bits"),
     };
-    let synthetic = sala::eval::synthetic::SyntheticModel::new("minicpm-sala-9b", Some(bits)).unwrap();
+    let preset = std::env::var("SALA_KERNELS_MODEL").unwrap_or_else(|_| "minicpm-sala-9b".into());
+    let synthetic = sala::eval::synthetic::SyntheticModel::new(&preset, Some(bits)).unwrap();
     let mut source = synthetic.build(Dtype::Bfloat16, |_| {}).unwrap();
     let cfg = source.config().unwrap();
     sala::models::build(&cfg, &mut source.weights, Some(Dtype::Bfloat16), &Default::default()).unwrap()

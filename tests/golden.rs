@@ -286,7 +286,9 @@ fn sala_run_reproduces_golden_logits() {
         let out_file = dir.join(format!("{case}.safetensors"));
         let ids_arg = prompt.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         let device = if on_gpu() { "gpu" } else { "cpu" };
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_sala"))
+        // SALA_BIN: the binary beside a test binary carried to a lent GPU.
+        let sala = std::env::var_os("SALA_BIN").map_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_sala")), std::path::PathBuf::from);
+        let output = std::process::Command::new(sala)
             .args(["run", "--model"])
             .arg(golden(case))
             .args(["--input-ids", &ids_arg, "--temperature", "0", "--ignore-eos", "--json", "--dtype", "f32", "--device", device])

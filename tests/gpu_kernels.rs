@@ -720,16 +720,20 @@ fn rope_qk_matches_mlx_operations() {
             RopeAngles { dims, base: 1_000_000.0, periods: None, position_scale: 1.0, mscale: 1.0 }
         };
         let heads = QkHeads { heads: hq, kv_heads: hkv, head_dim: d, norms: normed.then_some((&qn, &kn, 1e-6)) };
-        let got = rope_qk(&rows, heads, &angles, positions).unwrap();
-        let want = rope_qk_mlx(&rows, heads, &angles, positions).unwrap();
-        assert_eq!(got.shape(), &[b, 1, width]);
-        assert_eq!(got.dtype(), dtype);
+        let (got_q, got_rest) = rope_qk(&rows, heads, &angles, positions).unwrap();
+        let (want_q, want_rest) = rope_qk_mlx(&rows, heads, &angles, positions).unwrap();
+        assert_eq!(got_q.shape(), &[b, hq, 1, d]);
+        assert_eq!(got_rest.shape(), &[b, 1, width - hq * d]);
+        assert_eq!(got_q.dtype(), dtype);
         // The values pass through untouched.
-        let v = |a: &Array| to_vec_f32(&a.try_index((.., .., (hq + hkv) * d..)).unwrap().as_dtype(Dtype::Float32).unwrap()).unwrap();
-        assert!(v(&got) == v(&rows), "case {i}: the values changed");
-        let err = rel_err(&got, &want);
+        let f = |a: Array| to_vec_f32(&a.as_dtype(Dtype::Float32).unwrap()).unwrap();
+        let values = |a: &Array, from: i32| f(a.try_index((.., .., from..)).unwrap());
+        assert!(values(&got_rest, hkv * d) == values(&rows, (hq + hkv) * d), "case {i}: the values changed");
         let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
-        assert!(err < tol, "case {i}: relative error {err}");
+        for (what, got, want) in [("q", &got_q, &want_q), ("k, v", &got_rest, &want_rest)] {
+            let err = rel_err(got, want);
+            assert!(err < tol, "case {i}, {what}: relative error {err}");
+        }
     }
 }
 

@@ -72,10 +72,28 @@ pub struct KernelSource {
 /// launch, so the kernel reads `vᵢ` as `NAME_shape[i] - 1` and never touches the data. (On CUDA
 /// MLX keeps arrays in managed memory: a small parameter array written by the host costs the GPU
 /// a page fault where the kernel reads it; eval/results/kernel-notes.md.)
+///
+/// The last few are kept and handed out again: every layer of a decode step passes the same
+/// positions and lengths, and each new array is an operation the host pays for.
 pub fn shape_args(values: &[usize]) -> mlx_rs::error::Result<Array> {
     debug_assert!(values.len() <= MAX_SHAPE_ARGS);
+    const KEPT: usize = 8;
+    thread_local! {
+        static RECENT: RefCell<Vec<(Vec<usize>, Array)>> = const { RefCell::new(Vec::new()) };
+    }
+    if let Some(hit) = RECENT.with(|r| r.borrow().iter().find(|(v, _)| v == values).map(|(_, a)| a.clone())) {
+        return Ok(hit);
+    }
     let shape: Vec<i32> = values.iter().map(|&v| v as i32 + 1).collect();
-    mlx_rs::ops::broadcast_to(crate::engine::ops::scalar(0.0, Dtype::Int32)?, &shape)
+    let array = mlx_rs::ops::broadcast_to(crate::engine::ops::scalar(0.0, Dtype::Int32)?, &shape)?;
+    RECENT.with(|r| {
+        let mut r = r.borrow_mut();
+        if r.len() == KEPT {
+            r.remove(0);
+        }
+        r.push((values.to_vec(), array.clone()));
+    });
+    Ok(array)
 }
 
 /// Integers one [`shape_args`] array carries (MLX's CUDA kernels take shapes of up to 10 axes).

@@ -50,9 +50,10 @@ pub struct QkHeads<'a> {
 }
 
 /// The row `rows` `[B, 1, W]` (a view is fine) of B sequences' decoding tokens with the q and k
-/// heads normed (if the layer has norms) and rotated, sequence b at `positions[b]`; the columns
-/// after them (the values) as they were. A new contiguous `[B, 1, W]`.
-pub fn rope_qk(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[usize]) -> Result<Array> {
+/// heads normed (if the layer has norms) and rotated, sequence b at `positions[b]`: the queries
+/// as attention reads them, `[B, Hq, 1, d]`, and the rest of the row `[B, 1, W − Hq·d]` (the
+/// rotated keys, then the values as they were), both new and contiguous.
+pub fn rope_qk(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[usize]) -> Result<(Array, Array)> {
     let d = heads.head_dim;
     let fits = backend() == Backend::Cuda
         && rows.ndim() == 3
@@ -78,20 +79,21 @@ pub fn rope_qk(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[u
 }
 
 /// The MLX-ops version of [`rope_qk`].
-pub fn rope_qk_mlx(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[usize]) -> Result<Array> {
+pub fn rope_qk_mlx(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[usize]) -> Result<(Array, Array)> {
     let (b, d) = (rows.shape()[0], heads.head_dim);
+    // Heads `[B, n, 1, d]` from column `start · d`, normed and rotated.
     let part = |start: i32, n: i32, norm: Option<&Array>| -> Result<Array> {
         let x = rows.try_index((.., .., start * d..(start + n) * d))?.reshape(&[b, 1, n, d])?;
         let x = match (norm, heads.norms) {
             (Some(w), Some((_, _, eps))) => fast::rms_norm(&x, Some(w), eps)?,
             _ => x,
         };
-        angles.apply(&x.swap_axes(1, 2)?, positions)?.swap_axes(1, 2)?.reshape(&[b, 1, n * d])
+        angles.apply(&x.swap_axes(1, 2)?, positions)
     };
     let q = part(0, heads.heads, heads.norms.map(|n| n.0))?;
-    let k = part(heads.heads, heads.kv_heads, heads.norms.map(|n| n.1))?;
+    let k = part(heads.heads, heads.kv_heads, heads.norms.map(|n| n.1))?.reshape(&[b, 1, heads.kv_heads * d])?;
     let rest = rows.try_index((.., .., (heads.heads + heads.kv_heads) * d..))?;
-    ops::concatenate(&[q, k, rest], 2)
+    Ok((q, ops::concatenate(&[k, rest], 2)?))
 }
 
 /// The kernel against [`rope_qk_mlx`] in bfloat16: two sequences at their own positions, the row a
@@ -114,11 +116,13 @@ fn check_rope_qk() -> Verdict {
             },
             |(rows, qn, kn)| {
                 let heads = QkHeads { heads: hq, kv_heads: hkv, head_dim: d, norms: normed.then_some((qn, kn, 1e-6)) };
-                Ok(vec![rope_qk_cuda(rows, heads, angles, &positions)?])
+                let (q, rest) = rope_qk_cuda(rows, heads, angles, &positions)?;
+                Ok(vec![q, rest])
             },
             |(rows, qn, kn)| {
                 let heads = QkHeads { heads: hq, kv_heads: hkv, head_dim: d, norms: normed.then_some((qn, kn, 1e-6)) };
-                Ok(vec![rope_qk_mlx(rows, heads, angles, &positions)?])
+                let (q, rest) = rope_qk_mlx(rows, heads, angles, &positions)?;
+                Ok(vec![q, rest])
             },
         )
         .map_err(|e| if normed { format!("with QK-norm: {e}") } else { format!("with a period table: {e}") })?;
@@ -126,7 +130,7 @@ fn check_rope_qk() -> Verdict {
     Ok(())
 }
 
-fn rope_qk_cuda(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[usize]) -> Result<Array> {
+fn rope_qk_cuda(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[usize]) -> Result<(Array, Array)> {
     let (b, width) = (rows.shape()[0], rows.shape()[2]);
     let d = heads.head_dim;
     // Up to MAX_SHAPE_ARGS positions travel as a shape (nothing for the GPU to fetch); more as an
@@ -142,7 +146,7 @@ fn rope_qk_cuda(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[
         Launch {
             grid: (32 * 4 * ((width / d + 3) / 4), b, 1),
             threads: (32 * 4, 1, 1),
-            outputs: vec![(vec![b, 1, width], rows.dtype())],
+            outputs: vec![(vec![b, heads.heads, 1, d], rows.dtype()), (vec![b, 1, width - heads.heads * d], rows.dtype())],
             template: vec![
                 ("T", TemplateArg::Type(rows.dtype())),
                 ("D", TemplateArg::Int(d)),
@@ -161,16 +165,17 @@ fn rope_qk_cuda(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[
             init: None,
         },
     )?;
-    Ok(out.into_iter().next().expect("one output"))
+    let mut out = out.into_iter();
+    Ok((out.next().expect("two outputs"), out.next().expect("two outputs")))
 }
 
 static ROPE_QK: KernelSource = KernelSource {
     name: "sala_rope_qk",
     inputs: &["rows", "q_norm", "k_norm", "periods", "positions"],
-    outputs: &["out"],
+    outputs: &["q_out", "rest_out"],
     cuda_header: concat!(include_str!("../../cuda/round.cu"), include_str!("../../cuda/rope.cu")),
     cuda_body: "sala_rope_heads<T, D, DIMS, HQ, HKV, NORM, TABLE, EPS_BITS, MSCALE_BITS, POS_SCALE_BITS, LOG2_BASE_BITS, \
-                POS_IN_SHAPE>(rows, rows_strides, q_norm, k_norm, periods, positions, positions_shape, out, rows_shape[2]);",
+                POS_IN_SHAPE>(rows, rows_strides, q_norm, k_norm, periods, positions, positions_shape, q_out, rest_out, rows_shape[2]);",
     // CUDA only, as the decode attention and KV append it feeds: Metal runs the MLX operations.
     metal_header: "",
     metal_body: "",

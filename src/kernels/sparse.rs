@@ -530,18 +530,9 @@ fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&A
     let longest = kvs.iter().map(|kv| kv.len).max().unwrap_or(1) as i32;
     let room = (2 * fill_blocks() / (b * hq / gb)).max(1);
     let nsplit = pow2_floor(DECODE_SPLITS_OVERRIDE.with(|o| o.get()).unwrap_or(room).min((longest + block - 1) / block));
-    let mut lens = [0usize; DECODE_SLOTS];
-    let mut settled = [0usize; DECODE_SLOTS];
-    let mut buffers = Vec::with_capacity(4 * DECODE_SLOTS);
-    for (i, kv) in kvs.iter().enumerate() {
-        (lens[i], settled[i]) = (kv.len, kv.settled);
-        buffers.extend(kv_buffers(kv));
-    }
-    // Unused slots repeat the first sequence's buffers (never read: no thread block row for them).
-    let first: Vec<Array> = buffers[..4].to_vec();
-    while buffers.len() < 4 * DECODE_SLOTS {
-        buffers.extend(first.iter().cloned());
-    }
+    let lens: Vec<usize> = kvs.iter().map(|kv| kv.len).collect();
+    let settled: Vec<usize> = kvs.iter().map(|kv| kv.settled).collect();
+    let buffers: Vec<Array> = kvs.iter().flat_map(kv_buffers).collect();
     let (lens, settled) = (shape_args(&lens)?, shape_args(&settled)?);
     let mut inputs: Vec<&Array> = vec![q];
     inputs.extend(buffers.iter());
@@ -561,7 +552,7 @@ fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&A
         ],
         init: None,
     };
-    let out = apply(decode_attention_source(), &inputs, launch)?;
+    let out = apply(decode_attention_source(kvs.len()), &inputs, launch)?;
     merge_splits(&out[0], &out[1], vec![b, 1, hq * d], q.dtype(), gate)
 }
 
@@ -583,43 +574,50 @@ pub fn with_decode_splits<R>(splits: i32, f: impl FnOnce() -> R) -> R {
 /// Tokens per split unit of the decode attention (a split takes at least this many).
 const DECODE_BLOCK: usize = 64;
 
-/// [`decode_attention`]'s kernel: inputs q, then k, v, k_recent, v_recent of each slot, then the
-/// slots' lengths and settled lengths; the body picks thread block row y's buffers.
-fn decode_attention_source() -> &'static KernelSource {
-    static SOURCE: std::sync::OnceLock<KernelSource> = std::sync::OnceLock::new();
-    SOURCE.get_or_init(|| {
+/// [`decode_attention`]'s kernel for `n` sequences (1 ..= [`DECODE_SLOTS`]): inputs q, then k, v,
+/// k_recent, v_recent of each, then their lengths and settled lengths; the body picks thread block
+/// row y's buffers. One source per count, so a launch passes only its own buffers (each input is
+/// arguments the host sets up at every launch).
+fn decode_attention_source(n: usize) -> &'static KernelSource {
+    static SOURCES: std::sync::OnceLock<Vec<KernelSource>> = std::sync::OnceLock::new();
+    let sources = SOURCES.get_or_init(|| {
         let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
-        let mut inputs = vec!["q"];
-        let mut cases = String::new();
-        for i in 0..DECODE_SLOTS {
-            inputs.extend([leak(format!("k{i}")), leak(format!("v{i}")), leak(format!("kr{i}")), leak(format!("vr{i}"))]);
-            cases += &format!(
-                "case {i}: k = k{i}; v = v{i}; kr = kr{i}; vr = vr{i}; cap = k{i}_shape[2]; rcap = kr{i}_shape[2]; break; "
-            );
-        }
-        inputs.extend(["lens", "settled"]);
-        let body = format!(
-            "const T *k = k0, *v = v0, *kr = kr0, *vr = vr0; int cap = 0, rcap = 0; \
-             switch (blockIdx.y) {{ {cases}}} \
-             const int hq = gridDim.z * GB; \
-             sala_decode_attention_split<T, D, G, GB, NSPLIT, SCALE_BITS>(q + blockIdx.y * q_strides[0], q_strides[1], \
-             q_strides[3], k, v, kr, vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, cap, rcap, \
-             out + (size_t)blockIdx.y * hq * NSPLIT * D, lse + (size_t)blockIdx.y * hq * NSPLIT);"
-        );
-        KernelSource {
-            name: "sala_decode_attention",
-            inputs: Box::leak(inputs.into_boxed_slice()),
-            outputs: &["out", "lse"],
-            cuda_header: concat!(include_str!("../../cuda/unpack.cu"), include_str!("../../cuda/decode_attention.cu")),
-            cuda_body: leak(body),
-            // CUDA only: Metal takes at most 31 buffers per kernel; it runs MLX's attention.
-            metal_header: "",
-            metal_body: "",
-            // `lens` and `settled` are shape_args broadcasts, q is read through its strides; the
-            // buffers are contiguous.
-            contiguous_inputs: false,
-        }
-    })
+        (1..=DECODE_SLOTS)
+            .map(|n| {
+                let mut inputs = vec!["q"];
+                let mut cases = String::new();
+                for i in 0..n {
+                    inputs.extend([leak(format!("k{i}")), leak(format!("v{i}")), leak(format!("kr{i}")), leak(format!("vr{i}"))]);
+                    cases += &format!(
+                        "case {i}: k = k{i}; v = v{i}; kr = kr{i}; vr = vr{i}; cap = k{i}_shape[2]; rcap = kr{i}_shape[2]; break; "
+                    );
+                }
+                inputs.extend(["lens", "settled"]);
+                let body = format!(
+                    "const T *k = k0, *v = v0, *kr = kr0, *vr = vr0; int cap = k0_shape[2], rcap = kr0_shape[2]; \
+                     switch (blockIdx.y) {{ {cases}}} \
+                     const int hq = gridDim.z * GB; \
+                     sala_decode_attention_split<T, D, G, GB, NSPLIT, SCALE_BITS>(q + blockIdx.y * q_strides[0], q_strides[1], \
+                     q_strides[3], k, v, kr, vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, cap, rcap, \
+                     out + (size_t)blockIdx.y * hq * NSPLIT * D, lse + (size_t)blockIdx.y * hq * NSPLIT);"
+                );
+                KernelSource {
+                    name: leak(format!("sala_decode_attention{n}")),
+                    inputs: Box::leak(inputs.into_boxed_slice()),
+                    outputs: &["out", "lse"],
+                    cuda_header: concat!(include_str!("../../cuda/unpack.cu"), include_str!("../../cuda/decode_attention.cu")),
+                    cuda_body: leak(body),
+                    // CUDA only: Metal takes at most 31 buffers per kernel; it runs MLX's attention.
+                    metal_header: "",
+                    metal_body: "",
+                    // `lens` and `settled` are shape_args broadcasts, q is read through its strides; the
+                    // buffers are contiguous.
+                    contiguous_inputs: false,
+                }
+            })
+            .collect()
+    });
+    &sources[n - 1]
 }
 
 static MERGE_SPLITS: KernelSource = KernelSource {

@@ -19,7 +19,7 @@ use crate::kernels::sparse::decode_attention;
 use crate::models::layers::{per_sequence, scale, Embedding, Input, Linear, LmHead, Mlp, Projections, RmsNorm};
 use crate::models::rope::Rope;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::{ops, ops::indexing::TryIndexOp, Array, Dtype};
+use mlx_rs::{ops, Array, Dtype};
 
 #[derive(Clone)]
 pub struct DecoderConfig {
@@ -258,16 +258,22 @@ impl Attention {
         };
         let rows = self.qkv_proj.forward_joined(x)?;
         let angles: Vec<&RopeAngles> = positions.iter().map(|&p| rope.angles(p + 1)).collect();
-        let rows = if angles.iter().all(|a| std::ptr::eq(*a, angles[0])) {
+        let (q, kv) = if angles.iter().all(|a| std::ptr::eq(*a, angles[0])) {
             rope_qk(&rows, heads, angles[0], &positions)?
         } else {
             // longrope with sequences on both sides of the original context: one call each.
             let each = ops::split_equal(&rows, b, 0)?;
-            let rotated = each.iter().zip(&angles).zip(&positions).map(|((row, a), &p)| rope_qk(row, heads, a, &[p])).collect::<std::result::Result<Vec<_>, _>>()?;
-            ops::concatenate(&rotated, 0)?
+            let (q, kv): (Vec<Array>, Vec<Array>) = each
+                .iter()
+                .zip(&angles)
+                .zip(&positions)
+                .map(|((row, a), &p)| rope_qk(row, heads, a, &[p]))
+                .collect::<std::result::Result<Vec<_>, _>>()?
+                .into_iter()
+                .unzip();
+            (ops::concatenate(&q, 0)?, ops::concatenate(&kv, 0)?)
         };
-        let q = rows.try_index((.., .., ..hq * d))?.reshape(&[b, 1, hq, d])?.swap_axes(1, 2)?;
-        let columns = KvColumns { keys: hq * d, values: (hq + hkv) * d, kv_heads: hkv, head_dim: d };
+        let columns = KvColumns { keys: 0, values: hkv * d, kv_heads: hkv, head_dim: d };
         let slots = caches
             .iter_mut()
             .map(|c| {
@@ -275,7 +281,7 @@ impl Attention {
                 Ok(RecentSlot { keys, values, at })
             })
             .collect::<Result<Vec<_>>>()?;
-        for (cache, (keys, values)) in caches.iter_mut().zip(append_token(&rows, columns, &slots)?) {
+        for (cache, (keys, values)) in caches.iter_mut().zip(append_token(&kv, columns, &slots)?) {
             cache.commit_recent(keys, values);
         }
         let parts = caches.iter_mut().map(|c| Ok(c.parts()?.expect("keys were just appended"))).collect::<Result<Vec<_>>>()?;
