@@ -5,6 +5,8 @@
 //                   RoPE (rotate-half) of the first DIMS dims at the sequence's position:
 //                     angle_i = pos · POS_SCALE · inv_freq_i,  pair (i, i + DIMS/2)
 //   other heads (the values): copied.
+// Written as two arrays: the q heads [B, HQ, 1, D] as attention reads them, and the rest of the
+// row [B, 1, W − HQ·D] (the keys, then the values) as the KV append reads it.
 // inv_freq_i = 1 / periods[i] with a period table (TABLE), else 2^(−(i/(DIMS/2))·log₂base), as
 // MLX's rope computes it. Each step's result is rounded to T, as MLX's rms_norm, multiply and
 // rope each return T.
@@ -24,7 +26,8 @@ __device__ void sala_rope_heads(
     const float* periods,       // [DIMS / 2] (TABLE)
     const int* positions,       // [B], unless POS_IN_SHAPE
     const Dims& position_dims,  // the positions + 1 when POS_IN_SHAPE
-    T* out,                     // [B, 1, W], contiguous
+    T* q_out,                   // [B, HQ, 1, D]
+    T* rest_out,                // [B, 1, W − HQ·D]
     int width) {
   static_assert(D % 32 == 0 && D <= 1024, "whole warps of values per head");
   constexpr int PER_LANE = D / 32;
@@ -35,7 +38,7 @@ __device__ void sala_rope_heads(
   if (head * D >= width) return;
   const int64_t col = row_strides[2];
   const T* row = rows + b * row_strides[0] + (int64_t)head * D * col;
-  T* o = out + (size_t)b * width + (size_t)head * D;
+  T* o = head < HQ ? q_out + ((size_t)b * HQ + head) * D : rest_out + (size_t)b * (width - HQ * D) + (size_t)(head - HQ) * D;
 
   float x[PER_LANE];
 #pragma unroll

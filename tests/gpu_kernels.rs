@@ -691,6 +691,9 @@ fn kv_append_matches_slice_updates() {
     }
 }
 
+/// (Hq, Hkv, d, rotated dims, dtype, positions, QK-norm, period table).
+type RopeCase = (i32, i32, i32, i32, Dtype, &'static [usize], bool, bool);
+
 #[test]
 #[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
 fn rope_qk_matches_mlx_operations() {
@@ -698,7 +701,7 @@ fn rope_qk_matches_mlx_operations() {
     // (Hq, Hkv, d, rotated dims, dtype, positions, QK-norm, period table with position and
     // attention scaling): Qwen3-8B's shape; Llama's with a table; partial rotation; more
     // sequences than positions travel in a shape; float32 and float16.
-    let cases: [(i32, i32, i32, i32, Dtype, &[usize], bool, bool); 5] = [
+    let cases: [RopeCase; 5] = [
         (32, 8, 128, 128, Dtype::Bfloat16, &[4096], true, false),
         (32, 8, 128, 128, Dtype::Bfloat16, &[0, 1, 131072, 77, 32767], false, true),
         (8, 2, 64, 32, Dtype::Float16, &[5, 9000], true, true),
