@@ -156,3 +156,36 @@ fn pooled_keys_are_the_windows_means_in_the_keys_dtype() {
         assert_eq!(got, want, "pooled keys {kernel}/{stride}");
     }
 }
+
+/// A cache told how long it will get allocates its history at exactly that length, where one that
+/// is not rounds its growth up (by up to an eighth of its length); both hold the same positions.
+/// Filled as a benchmark fills it: 2048-token chunks to 20480, then decode tokens through the
+/// recent buffer past two flushes into the history.
+#[test]
+fn a_reserved_cache_is_allocated_at_the_length_it_was_told() {
+    let (prompt, decoded) = (20480, 2 * SeqBuffer::RECENT + 20);
+    let total = prompt + decoded;
+    let fill = |cache: &mut KvCache| {
+        for start in (0..prompt).step_by(2048) {
+            cache.append(&positions(start, 2048), &positions(start, 2048)).unwrap();
+        }
+        for p in prompt..total {
+            append_decoded(cache, p);
+        }
+        assert_holds_positions(cache, total);
+    };
+    let mut reserved = KvCache::default();
+    reserved.reserve(total);
+    fill(&mut reserved);
+    let mut grown = KvCache::default();
+    fill(&mut grown);
+    // Keys and values, one float each per position: the history, plus the recent-token buffers.
+    let bytes = |history: usize| 2 * 4 * (history + SeqBuffer::RECENT);
+    assert_eq!(reserved.nbytes(), bytes(total));
+    assert!(grown.nbytes() > bytes(total), "an unreserved cache rounds its growth up ({} bytes)", grown.nbytes());
+    // A reservation shorter than what arrives is outgrown the usual way.
+    let mut short = KvCache::default();
+    short.reserve(1000);
+    fill(&mut short);
+    assert_eq!(short.nbytes(), grown.nbytes());
+}

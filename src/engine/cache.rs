@@ -28,6 +28,8 @@ pub struct SeqBuffer {
     recent: Option<Array>,
     /// Tokens in `recent`, which follow the `len` tokens of `data`.
     recent_len: usize,
+    /// The length the history is expected to reach ([`SeqBuffer::reserve`]).
+    reserved: usize,
 }
 
 impl SeqBuffer {
@@ -41,6 +43,12 @@ impl SeqBuffer {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Expects `tokens` in all: the history's next growth that this covers makes it exactly that
+    /// long, rather than rounding up by as much as an eighth.
+    pub fn reserve(&mut self, tokens: usize) {
+        self.reserved = tokens;
     }
 
     /// Appends `[B, H, T, D]` to the history (one contiguous buffer).
@@ -111,7 +119,10 @@ impl SeqBuffer {
         if self.len + t > capacity {
             // Grow by at least 1/8 of the length: amortised O(1) copies, ≤ 12.5% slack.
             let step = Self::MIN_STEP.max(self.len / 8);
-            let new_capacity = (self.len + t).div_ceil(step) * step;
+            let new_capacity = match self.reserved {
+                r if r >= self.len + t => r,
+                _ => (self.len + t).div_ceil(step) * step,
+            };
             let s = x.shape();
             let fresh = ops::zeros_dtype(&[s[0], s[1], (new_capacity - self.len) as i32, s[3]], x.dtype())?;
             self.data = Some(match &self.data {
@@ -357,6 +368,15 @@ impl KvCache {
         self.keys.is_empty()
     }
 
+    /// Expects `tokens` in all (prompt and generation), so that the history is allocated at that
+    /// length rather than grown past it (a windowed cache keeps its own bound).
+    pub fn reserve(&mut self, tokens: usize) {
+        if self.window.is_none() {
+            self.keys.reserve(tokens);
+            self.values.reserve(tokens);
+        }
+    }
+
     /// Appends `[B, Hkv, T, d]` keys and values; returns all keys and values so far.
     pub fn append(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
         self.keys.append(k)?;
@@ -581,6 +601,15 @@ impl Checkpoint {
 }
 
 impl ModelCache {
+    /// Expects `tokens` in all in every attention layer ([`KvCache::reserve`]).
+    pub fn reserve(&mut self, tokens: usize) {
+        for layer in &mut self.layers {
+            if let LayerCache::Attention(kv) = layer {
+                kv.reserve(tokens);
+            }
+        }
+    }
+
     pub fn checkpoint(&self) -> Checkpoint {
         Checkpoint {
             lens: self.layers.iter().map(LayerCache::len).collect(),

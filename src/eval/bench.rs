@@ -330,6 +330,8 @@ pub fn run_test(
         let mut caches = Vec::with_capacity(test.seqs());
         for _ in 0..test.seqs() {
             let mut cache = model.new_cache();
+            // Allocated for the whole test, as llama-bench allocates its context.
+            cache.reserve(needed);
             extend(model, &mut cache, &random(depth), plan.prefill_step)?;
             caches.push(cache);
         }
