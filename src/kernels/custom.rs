@@ -96,6 +96,52 @@ pub fn shape_args(values: &[usize]) -> mlx_rs::error::Result<Array> {
     Ok(array)
 }
 
+/// A CUDA-only kernel that takes a set of buffers per slot (a sequence of a decode batch): the
+/// source for one slot count, as [`slot_source`] builds it. Its inputs are read through their
+/// strides or are whole arrays, and its integers may come as [`shape_args`] broadcasts, so MLX
+/// copies none of them (`contiguous_inputs: false`).
+pub struct SlotKernel {
+    pub name: String,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    pub cuda_header: &'static str,
+    pub cuda_body: String,
+}
+
+/// The source of a [`SlotKernel`] for `n` slots (1 ..= [`MAX_SHAPE_ARGS`]), all counts built by
+/// `make` on first use and kept in `sources`: one source per count, so a launch passes only its
+/// own buffers (every input is arguments the host sets up at each launch).
+pub fn slot_source(
+    sources: &'static std::sync::OnceLock<Vec<KernelSource>>,
+    n: usize,
+    make: impl Fn(usize) -> SlotKernel,
+) -> &'static KernelSource {
+    fn leak(s: String) -> &'static str {
+        Box::leak(s.into_boxed_str())
+    }
+    fn leak_all(names: Vec<String>) -> &'static [&'static str] {
+        Box::leak(names.into_iter().map(leak).collect::<Vec<_>>().into_boxed_slice())
+    }
+    let sources = sources.get_or_init(|| {
+        (1..=MAX_SHAPE_ARGS)
+            .map(|n| {
+                let kernel = make(n);
+                KernelSource {
+                    name: leak(kernel.name),
+                    inputs: leak_all(kernel.inputs),
+                    outputs: leak_all(kernel.outputs),
+                    cuda_header: kernel.cuda_header,
+                    cuda_body: leak(kernel.cuda_body),
+                    metal_header: "",
+                    metal_body: "",
+                    contiguous_inputs: false,
+                }
+            })
+            .collect()
+    });
+    &sources[n - 1]
+}
+
 /// Integers one [`shape_args`] array carries (MLX's CUDA kernels take shapes of up to 10 axes).
 pub const MAX_SHAPE_ARGS: usize = 8;
 

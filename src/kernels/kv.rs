@@ -6,8 +6,9 @@
 //! the values of every sequence; a decode step is bound by the host's work per operation, and
 //! a batch of 8 made 112 of them per sparse layer.
 
-use super::custom::{apply, backend, shape_args, Backend, KernelSource, Launch, TemplateArg, MAX_SHAPE_ARGS};
+use super::custom::{apply, backend, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
+use crate::engine::cache::KvCache;
 use mlx_rs::{error::Result, ops::indexing::TryIndexMutOp, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// Where a token's keys and values are in the stacked projection's rows, and how many there are.
@@ -62,6 +63,22 @@ pub fn append_token(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> R
         written.extend(append_token_cuda(&rows.try_index(start..start + chunk.len() as i32)?, columns, chunk)?);
     }
     Ok(written)
+}
+
+/// Appends each sequence's decode token (row b of `rows`, at `columns`) to `caches[b]` behind its
+/// recent tokens, through [`append_token`]. The caches must not be empty.
+pub fn append_to_caches(rows: &Array, columns: KvColumns, caches: &mut [&mut KvCache]) -> Result<()> {
+    let slots = caches
+        .iter_mut()
+        .map(|c| {
+            let (keys, values, at) = c.recent_slot()?.expect("the caller checks that every cache holds tokens");
+            Ok(RecentSlot { keys, values, at })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for (cache, (keys, values)) in caches.iter_mut().zip(append_token(rows, columns, &slots)?) {
+        cache.commit_recent(keys, values);
+    }
+    Ok(())
 }
 
 /// The MLX-ops version of [`append_token`]: a slice update of each buffer.
@@ -156,43 +173,30 @@ fn append_token_cuda(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> 
 }
 
 /// The kernel for `n` slots (1 ..= [`MAX_SHAPE_ARGS`]): inputs rows, k0 … k(n−1), v0 … v(n−1),
-/// at; outputs ko0 …, vo0 …. One source per count, so a launch passes only its own buffers.
+/// at; outputs ko0 …, vo0 …. CUDA only, as the batched decode attention it feeds (Metal takes at
+/// most 31 buffers a kernel): Metal runs the slice updates. `at` is a shape_args broadcast and the
+/// rows are read through their strides; the buffers are whole arrays.
 fn append_source(n: usize) -> &'static KernelSource {
     static SOURCES: std::sync::OnceLock<Vec<KernelSource>> = std::sync::OnceLock::new();
-    let sources = SOURCES.get_or_init(|| {
-        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
-        (1..=MAX_SHAPE_ARGS)
-            .map(|n| {
-                let mut inputs = vec!["rows"];
-                inputs.extend((0..n).map(|i| leak(format!("k{i}"))));
-                inputs.extend((0..n).map(|i| leak(format!("v{i}"))));
-                inputs.push("at");
-                let mut outputs: Vec<&'static str> = (0..n).map(|i| leak(format!("ko{i}"))).collect();
-                outputs.extend((0..n).map(|i| leak(format!("vo{i}"))));
-                let cases: String = (0..n)
-                    .map(|i| format!("case {i}: recent = blockIdx.z ? v{i} : k{i}; out = blockIdx.z ? vo{i} : ko{i}; break; "))
-                    .collect();
-                let body = format!(
-                    "const T* recent = k0; T* out = ko0; switch (blockIdx.y) {{ {cases}}} \
-                     sala_kv_append_seq<T, HKV, D>(rows + blockIdx.y * rows_strides[0], rows_strides[2], \
-                     blockIdx.z ? V_OFF : K_OFF, recent, out, k0_shape[2], at_shape[blockIdx.y] - 1);"
-                );
-                KernelSource {
-                    name: leak(format!("sala_kv_append{n}")),
-                    inputs: Box::leak(inputs.into_boxed_slice()),
-                    outputs: Box::leak(outputs.into_boxed_slice()),
-                    cuda_header: include_str!("../../cuda/kv_append.cu"),
-                    cuda_body: leak(body),
-                    // CUDA only, as the batched decode attention it feeds (Metal takes at most 31
-                    // buffers a kernel): Metal runs the slice updates.
-                    metal_header: "",
-                    metal_body: "",
-                    // `at` is a shape_args broadcast and the rows are read through their strides;
-                    // the buffers are whole arrays.
-                    contiguous_inputs: false,
-                }
-            })
-            .collect()
-    });
-    &sources[n - 1]
+    slot_source(&SOURCES, n, |n| {
+        let mut inputs = vec!["rows".to_string()];
+        inputs.extend((0..n).map(|i| format!("k{i}")));
+        inputs.extend((0..n).map(|i| format!("v{i}")));
+        inputs.push("at".into());
+        let mut outputs: Vec<String> = (0..n).map(|i| format!("ko{i}")).collect();
+        outputs.extend((0..n).map(|i| format!("vo{i}")));
+        let cases: String =
+            (0..n).map(|i| format!("case {i}: recent = blockIdx.z ? v{i} : k{i}; out = blockIdx.z ? vo{i} : ko{i}; break; ")).collect();
+        SlotKernel {
+            name: format!("sala_kv_append{n}"),
+            inputs,
+            outputs,
+            cuda_header: include_str!("../../cuda/kv_append.cu"),
+            cuda_body: format!(
+                "const T* recent = k0; T* out = ko0; switch (blockIdx.y) {{ {cases}}} \
+                 sala_kv_append_seq<T, HKV, D>(rows + blockIdx.y * rows_strides[0], rows_strides[2], \
+                 blockIdx.z ? V_OFF : K_OFF, recent, out, k0_shape[2], at_shape[blockIdx.y] - 1);"
+            ),
+        }
+    })
 }

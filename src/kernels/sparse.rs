@@ -8,7 +8,7 @@
 //! `[B, Hkv, L, d]`, level-1/level-2 compressed keys `[B, Hkv, n, d]`. The `Hq / Hkv` query heads of
 //! a KV group share one block selection.
 
-use super::custom::{apply, backend, pow2_floor, shape_args, Backend, KernelSource, Launch, TemplateArg, MAX_SHAPE_ARGS};
+use super::custom::{apply, backend, pow2_floor, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
 use crate::engine::cache::KvParts;
 use crate::engine::device;
@@ -576,48 +576,34 @@ const DECODE_BLOCK: usize = 64;
 
 /// [`decode_attention`]'s kernel for `n` sequences (1 ..= [`DECODE_SLOTS`]): inputs q, then k, v,
 /// k_recent, v_recent of each, then their lengths and settled lengths; the body picks thread block
-/// row y's buffers. One source per count, so a launch passes only its own buffers (each input is
-/// arguments the host sets up at every launch).
+/// row y's buffers. CUDA only: Metal takes at most 31 buffers per kernel; it runs MLX's attention.
+/// `lens` and `settled` are shape_args broadcasts, q is read through its strides; the buffers are
+/// contiguous.
 fn decode_attention_source(n: usize) -> &'static KernelSource {
     static SOURCES: std::sync::OnceLock<Vec<KernelSource>> = std::sync::OnceLock::new();
-    let sources = SOURCES.get_or_init(|| {
-        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
-        (1..=DECODE_SLOTS)
-            .map(|n| {
-                let mut inputs = vec!["q"];
-                let mut cases = String::new();
-                for i in 0..n {
-                    inputs.extend([leak(format!("k{i}")), leak(format!("v{i}")), leak(format!("kr{i}")), leak(format!("vr{i}"))]);
-                    cases += &format!(
-                        "case {i}: k = k{i}; v = v{i}; kr = kr{i}; vr = vr{i}; cap = k{i}_shape[2]; rcap = kr{i}_shape[2]; break; "
-                    );
-                }
-                inputs.extend(["lens", "settled"]);
-                let body = format!(
-                    "const T *k = k0, *v = v0, *kr = kr0, *vr = vr0; int cap = k0_shape[2], rcap = kr0_shape[2]; \
-                     switch (blockIdx.y) {{ {cases}}} \
-                     const int hq = gridDim.z * GB; \
-                     sala_decode_attention_split<T, D, G, GB, NSPLIT, SCALE_BITS>(q + blockIdx.y * q_strides[0], q_strides[1], \
-                     q_strides[3], k, v, kr, vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, cap, rcap, \
-                     out + (size_t)blockIdx.y * hq * NSPLIT * D, lse + (size_t)blockIdx.y * hq * NSPLIT);"
-                );
-                KernelSource {
-                    name: leak(format!("sala_decode_attention{n}")),
-                    inputs: Box::leak(inputs.into_boxed_slice()),
-                    outputs: &["out", "lse"],
-                    cuda_header: concat!(include_str!("../../cuda/unpack.cu"), include_str!("../../cuda/decode_attention.cu")),
-                    cuda_body: leak(body),
-                    // CUDA only: Metal takes at most 31 buffers per kernel; it runs MLX's attention.
-                    metal_header: "",
-                    metal_body: "",
-                    // `lens` and `settled` are shape_args broadcasts, q is read through its strides; the
-                    // buffers are contiguous.
-                    contiguous_inputs: false,
-                }
-            })
-            .collect()
-    });
-    &sources[n - 1]
+    slot_source(&SOURCES, n, |n| {
+        let mut inputs = vec!["q".to_string()];
+        let mut cases = String::new();
+        for i in 0..n {
+            inputs.extend([format!("k{i}"), format!("v{i}"), format!("kr{i}"), format!("vr{i}")]);
+            cases += &format!("case {i}: k = k{i}; v = v{i}; kr = kr{i}; vr = vr{i}; cap = k{i}_shape[2]; rcap = kr{i}_shape[2]; break; ");
+        }
+        inputs.extend(["lens".into(), "settled".into()]);
+        SlotKernel {
+            name: format!("sala_decode_attention{n}"),
+            inputs,
+            outputs: vec!["out".into(), "lse".into()],
+            cuda_header: concat!(include_str!("../../cuda/unpack.cu"), include_str!("../../cuda/decode_attention.cu")),
+            cuda_body: format!(
+                "const T *k = k0, *v = v0, *kr = kr0, *vr = vr0; int cap = k0_shape[2], rcap = kr0_shape[2]; \
+                 switch (blockIdx.y) {{ {cases}}} \
+                 const int hq = gridDim.z * GB; \
+                 sala_decode_attention_split<T, D, G, GB, NSPLIT, SCALE_BITS>(q + blockIdx.y * q_strides[0], q_strides[1], \
+                 q_strides[3], k, v, kr, vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, cap, rcap, \
+                 out + (size_t)blockIdx.y * hq * NSPLIT * D, lse + (size_t)blockIdx.y * hq * NSPLIT);"
+            ),
+        }
+    })
 }
 
 static MERGE_SPLITS: KernelSource = KernelSource {

@@ -13,7 +13,7 @@ use crate::engine::error::{Error, Result};
 use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::kernels::kv::{append_token, KvColumns, RecentSlot};
+use crate::kernels::kv::{append_to_caches, KvColumns};
 use crate::kernels::rope::{rope_qk, QkHeads, RopeAngles};
 use crate::kernels::sparse::decode_attention;
 use crate::models::layers::{per_sequence, scale, Embedding, Input, Linear, LmHead, Mlp, Projections, RmsNorm};
@@ -274,16 +274,7 @@ impl Attention {
             (ops::concatenate(&q, 0)?, ops::concatenate(&kv, 0)?)
         };
         let columns = KvColumns { keys: 0, values: hkv * d, kv_heads: hkv, head_dim: d };
-        let slots = caches
-            .iter_mut()
-            .map(|c| {
-                let (keys, values, at) = c.recent_slot()?.expect("caches checked non-empty");
-                Ok(RecentSlot { keys, values, at })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        for (cache, (keys, values)) in caches.iter_mut().zip(append_token(&kv, columns, &slots)?) {
-            cache.commit_recent(keys, values);
-        }
+        append_to_caches(&kv, columns, caches)?;
         let parts = caches.iter_mut().map(|c| Ok(c.parts()?.expect("keys were just appended"))).collect::<Result<Vec<_>>>()?;
         let o = decode_attention(&q, &parts, self.scale(), None)?;
         for cache in caches.iter_mut() {

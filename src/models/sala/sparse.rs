@@ -19,7 +19,7 @@ use crate::engine::distributed::TensorParallel;
 use crate::engine::error::Result;
 use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::kernels::kv::{append_token, KvColumns, RecentSlot};
+use crate::kernels::kv::{append_to_caches, KvColumns};
 use crate::kernels::sparse::{decode_attention, heads_to_rows, BlockSelection};
 use super::infllm::{block_sparse_attention, compressed_keys, select_blocks, select_blocks_scored};
 use crate::models::layers::{per_sequence, Input, Linear, QkvGate};
@@ -165,16 +165,7 @@ impl SparseAttention {
         let q = qkvg.try_index((.., .., ..hq * d))?.reshape(&[b, 1, hq, d])?.swap_axes(1, 2)?;
         let gate = self.cfg.use_output_gate.then(|| qkvg.try_index((.., .., (hq + 2 * hkv) * d..))).transpose()?;
         let columns = KvColumns { keys: hq * d, values: (hq + hkv) * d, kv_heads: hkv, head_dim: d };
-        let slots = caches
-            .iter_mut()
-            .map(|c| {
-                let (keys, values, at) = c.recent_slot()?.expect("caches checked non-empty");
-                Ok(RecentSlot { keys, values, at })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        for (cache, (keys, values)) in caches.iter_mut().zip(append_token(&qkvg, columns, &slots)?) {
-            cache.commit_recent(keys, values);
-        }
+        append_to_caches(&qkvg, columns, caches)?;
         let scale = (d as f32).powf(-0.5);
         if caches.iter().all(|c| c.len() < self.cfg.dense_len) {
             let parts = caches.iter_mut().map(|c| Ok(c.parts()?.expect("keys were just appended"))).collect::<Result<Vec<_>>>()?;
