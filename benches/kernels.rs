@@ -14,7 +14,7 @@ use sala::kernels::qmv::{
     quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
     MmaTiling, QmvTiling, RmsNormIn,
 };
-use sala::kernels::sparse::{decode_attention, decode_attention_mlx, with_decode_splits, BlockSelection};
+use sala::kernels::sparse::{decode_attention, decode_attention_mlx, with_decode_splits, BlockSelection, DecodeQuery};
 use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_mlx, compressed_keys, select_blocks, select_blocks_mlx};
 use std::time::Instant;
 
@@ -78,6 +78,11 @@ fn main() {
     // `kernels decode-graph`: the operations one decode step builds, counted by kind.
     if std::env::args().skip(1).any(|a| a == "decode-graph") {
         decode_step_graph();
+        return;
+    }
+    // `kernels host-profile`: where the host's time goes in pipelined decoding, by function.
+    if std::env::args().skip(1).any(|a| a == "host-profile") {
+        host_profile_of_decoding();
         return;
     }
     // `kernels host-cost`: the host's time per operation, by kind of operation.
@@ -191,16 +196,18 @@ fn decode_attention_by_depth() {
                 (randn(&[1, hkv, len as i32, d], seed, Dtype::Bfloat16), randn(&[1, hkv, len as i32, d], seed + 1, Dtype::Bfloat16))
             })
             .collect();
-        let q = randn(&[batch as i32, hq, 1, d], 9, Dtype::Bfloat16);
-        eval(caches.iter().flat_map(|(k, v)| [k, v]).chain([&q])).unwrap();
+        let rows = randn(&[batch as i32, 1, hq * d], 9, Dtype::Bfloat16);
+        let query = DecodeQuery { rows: &rows, heads: hq, head_dim: d, q_col: 0, gate_col: None };
+        let q = query.heads().unwrap();
+        eval(caches.iter().flat_map(|(k, v)| [k, v]).chain([&q, &rows])).unwrap();
         let parts: Vec<KvParts> = caches.iter().map(|(k, v)| KvParts::history(k, v, len)).collect();
         let bytes = (batch * 2 * len * hkv as usize * d as usize * 2) as f64;
         let mlx = time(|| vec![decode_attention_mlx(&q, &parts, scale).unwrap()]);
-        let kernel = time(|| vec![decode_attention(&q, &parts, scale, None).unwrap()]);
+        let kernel = time(|| vec![decode_attention(&query, &parts, scale).unwrap()]);
         let name = format!("decode attention B={batch} L={len}");
         row(&name, kernel, mlx, &format!("default splits: {:.0} GB/s (MLX {:.0} GB/s)", bytes / kernel / 1e9, bytes / mlx / 1e9));
         for splits in [16, 32, 64, 128, 256] {
-            let t = with_decode_splits(splits, || time(|| vec![decode_attention(&q, &parts, scale, None).unwrap()]));
+            let t = with_decode_splits(splits, || time(|| vec![decode_attention(&query, &parts, scale).unwrap()]));
             row(&format!("{name}, ≤{splits} splits"), t, mlx, &format!("{:.0} GB/s", bytes / t / 1e9));
         }
     }
@@ -626,10 +633,8 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
     }
 }
 
-/// The synthetic 8-bit 9B.
-/// The synthetic 9B, 8-bit, or 4-bit with `SALA_KERNELS_BITS=4` (for `decode-step` and
-/// `decode-profile`).
-/// The synthetic 9B, or the preset SALA_KERNELS_MODEL names (e.g. qwen3-8b).
+/// The synthetic 9B, or the preset `SALA_KERNELS_MODEL` names (e.g. qwen3-8b), quantized to 8
+/// bits, or 4 with `SALA_KERNELS_BITS=4`.
 fn synthetic_9b() -> Box<dyn sala::engine::model::LanguageModel> {
     let bits = match std::env::var("SALA_KERNELS_BITS").as_deref() {
         Ok("4") => 4,
@@ -654,17 +659,22 @@ fn prefill_random(model: &dyn sala::engine::model::LanguageModel, cache: &mut sa
     }
 }
 
+/// The numbers after the mode `mode` on the command line (`usage` names them in the panic on a
+/// word that is not one). cargo bench appends `--bench`: flags are not numbers.
+fn numbers_after(mode: &str, usage: &str) -> Vec<i32> {
+    std::env::args()
+        .skip_while(|a| a != mode)
+        .skip(1)
+        .take_while(|a| !a.starts_with('-'))
+        .map(|n| n.parse().unwrap_or_else(|_| panic!("kernels {mode} {usage}: `{n}` is not a number")))
+        .collect()
+}
+
 /// The prompt is 512 tokens, or as many as the number after `decode-profile` (in 2048-token
 /// chunks); a second number decodes that many sequences together (each with such a prompt).
 fn decode_steps_for_a_profiler() {
     use sala::engine::model::Logits;
-    // (cargo bench appends `--bench`: flags are not numbers.)
-    let numbers: Vec<i32> = std::env::args()
-        .skip_while(|a| a != "decode-profile")
-        .skip(1)
-        .take_while(|a| !a.starts_with('-'))
-        .map(|n| n.parse().unwrap_or_else(|_| panic!("kernels decode-profile CONTEXT [SEQUENCES]: `{n}` is not a number")))
-        .collect();
+    let numbers = numbers_after("decode-profile", "CONTEXT [SEQUENCES]");
     let context = numbers.first().copied().unwrap_or(512);
     let seqs = numbers.get(1).copied().unwrap_or(1);
     let model = synthetic_9b();
@@ -720,11 +730,7 @@ fn decode_step_split() {
     use mlx_rs::transforms::async_eval;
     use sala::engine::cache::ModelCache;
     use sala::engine::model::Logits;
-    let context = std::env::args()
-        .skip_while(|a| a != "decode-step")
-        .nth(1)
-        .filter(|a| !a.starts_with('-'))
-        .map_or(4096, |n| n.parse().unwrap_or_else(|_| panic!("kernels decode-step [CONTEXT]: `{n}` is not a number")));
+    let context = numbers_after("decode-step", "[CONTEXT]").first().copied().unwrap_or(4096);
     let model = synthetic_9b();
     println!("context {context}");
     println!("| batch | build µs | encode µs | wait µs | sequential µs | pipelined µs |");
@@ -775,6 +781,80 @@ fn decode_step_split() {
             us(pipelined)
         );
     }
+}
+
+/// Pipelined decode steps of the synthetic model (as `decode-step`; context from the number after
+/// `host-profile`, default 4096) for about 6 s under a sampling profiler of the host's threads:
+/// the functions with the most samples, on the stack (inclusive) and at its top (self), so the
+/// host's part of a decode step can be taken apart without perf (the lent machines have none).
+fn host_profile_of_decoding() {
+    use mlx_rs::transforms::async_eval;
+    use sala::engine::cache::ModelCache;
+    use sala::engine::model::Logits;
+    use std::collections::{HashMap, HashSet};
+    let context = numbers_after("host-profile", "[CONTEXT]").first().copied().unwrap_or(4096);
+    let model = synthetic_9b();
+    let mut cache: ModelCache = model.new_cache();
+    prefill_random(model.as_ref(), &mut cache, context, 3);
+    let tokens = Array::from_slice(&[7i32], &[1, 1]);
+    let step = |cache: &mut ModelCache| {
+        let logits = model.forward_batch(&tokens, &mut [cache], Logits::Last, None).unwrap();
+        let outputs: Vec<Array> = std::iter::once(logits).chain(cache.arrays()).collect();
+        async_eval(outputs.iter()).unwrap();
+        outputs
+    };
+    for _ in 0..16 {
+        eval(step(&mut cache).iter()).unwrap();
+    }
+    let guard = pprof::ProfilerGuardBuilder::default().frequency(2000).build().expect("the profiler starts");
+    let start = Instant::now();
+    let mut steps = 0;
+    let mut last = Vec::new();
+    while start.elapsed().as_secs_f64() < 6.0 {
+        last = step(&mut cache);
+        steps += 1;
+    }
+    eval(last.iter()).unwrap();
+    let seconds = start.elapsed().as_secs_f64();
+    let report = guard.report().build().expect("the profile is read");
+    // Per thread: samples, and per function the samples it is on the stack of (once each) and on top of.
+    let mut threads: HashMap<String, usize> = HashMap::new();
+    let (mut inclusive, mut own): (HashMap<String, usize>, HashMap<String, usize>) = Default::default();
+    let mut total = 0;
+    for (frames, &count) in &report.data {
+        let count = count.max(0) as usize;
+        *threads.entry(frames.thread_name.clone()).or_default() += count;
+        total += count;
+        let names: Vec<String> = frames.frames.iter().filter_map(|f| f.first()).map(|s| short_symbol(&s.name())).collect();
+        if let Some(top) = names.first() {
+            *own.entry(top.clone()).or_default() += count;
+        }
+        for name in names.into_iter().collect::<HashSet<_>>() {
+            *inclusive.entry(name).or_default() += count;
+        }
+    }
+    println!("context {context}: {steps} steps in {seconds:.2} s, {:.0} µs a step; {total} samples", seconds / steps as f64 * 1e6);
+    let per_step = |n: usize| n as f64 / total as f64 * seconds / steps as f64 * 1e6;
+    let print = |title: &str, map: &HashMap<String, usize>, n: usize| {
+        let mut rows: Vec<_> = map.iter().collect();
+        rows.sort_by(|a, b| b.1.cmp(a.1));
+        println!("\n| {title} | samples | µs a step |\n|---|---:|---:|");
+        for (name, &count) in rows.into_iter().take(n) {
+            println!("| `{name}` | {count} | {:.1} |", per_step(count));
+        }
+    };
+    print("thread", &threads, 8);
+    print("function (inclusive)", &inclusive, 70);
+    print("function (self)", &own, 50);
+}
+
+/// A demangled symbol without its argument list, and cut to 110 characters.
+fn short_symbol(name: &str) -> String {
+    let name = match name.find('(') {
+        Some(i) if i > 0 => &name[..i],
+        _ => name,
+    };
+    name.chars().take(110).collect::<String>().replace('|', "¦")
 }
 
 /// The lazy graph of one decode step of the synthetic 9B at 4K context, batch 1 and 8, as MLX

@@ -6,7 +6,8 @@
 // for the keys and for the values, and scores each row for its GB heads at once (a dot product
 // over the row's lanes, reduced by shuffles). Online softmax per lane in float32; at the end the
 // warp's token slots, then the warps, merge their (max, sum, output), and the block writes its
-// normalised partial output and log-sum-exp for `sala_merge_splits`.
+// normalised partial output and log-sum-exp for `sala_merge_splits` (a separate launch: merged by
+// the last block of each head group, the attention itself ran slower; eval/results/kernel-notes.md).
 //
 // A row of keys is read once for the GB heads, and nothing is staged in shared memory between
 // the loads and the arithmetic: the kernel this replaced read 32-token tiles into shared memory
@@ -16,8 +17,8 @@
 
 template <typename T, int D, int G, int GB, int NSPLIT, int SCALE_BITS>
 __device__ void sala_decode_attention_split(
-    const T* q,                      // this sequence's [Hq, D], read through its strides
-    int64_t q_head_stride, int64_t q_dim_stride,
+    const T* q,                      // this sequence's query row: head h, value e at (h·D + e)·col
+    int64_t col,                     // the row's column stride
     const T* k, const T* v,          // [Hkv, cap, D]  the history: positions < settled
     const T* kr, const T* vr,        // [Hkv, rcap, D] the recent tokens: settled .. kv_len
     int kv_len, int settled, int cap, int rcap,
@@ -43,7 +44,7 @@ __device__ void sala_decode_attention_split(
   for (int g = 0; g < GB; ++g)
 #pragma unroll
     for (int e = 0; e < EPL; ++e)
-      qr[g][e] = static_cast<float>(q[(head0 + g) * q_head_stride + (part * EPL + e) * q_dim_stride]) * scale;
+      qr[g][e] = static_cast<float>(q[((head0 + g) * D + part * EPL + e) * col]) * scale;
 
   float m[GB], l[GB], acc[GB][EPL];
 #pragma unroll

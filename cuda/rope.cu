@@ -1,48 +1,75 @@
-// A decoding token's query and key heads made ready for attention, in the stacked q/k/v
-// projection's row, for a batch of sequences in one launch (the dense families' attention):
+// A decoding token's query, key and value heads from the stacked q/k/v projection's row, made
+// ready for attention and written where attention reads them, for a batch of sequences in one
+// launch (the dense families' attention):
 //   q and k heads:  x ← RMSNorm_D(x) · w   (Qwen3's q_norm / k_norm, when NORM)
 //                   x ← x · mscale         (yarn's and longrope's attention factor, when not 1)
 //                   RoPE (rotate-half) of the first DIMS dims at the sequence's position:
 //                     angle_i = pos · POS_SCALE · inv_freq_i,  pair (i, i + DIMS/2)
-//   other heads (the values): copied.
-// Written as two arrays: the q heads [B, HQ, 1, D] as attention reads them, and the rest of the
-// row [B, 1, W − HQ·D] (the keys, then the values) as the KV append reads it.
+//   v heads:        as they are.
+// The q heads go to q_out [B, 1, HQ·D]; the k and v heads go behind the sequence's recent tokens
+// (engine::cache::SeqBuffer): position `at` of new copies of its recent-key and recent-value
+// buffers [HKV, rcap, D], whose positions before `at` the same launch copies over. Positions
+// after `at` are not written: nothing reads a buffer past its fill. One launch instead of a RoPE
+// launch and a KV-append launch: a decode step is bound by the host's work per launch.
 // inv_freq_i = 1 / periods[i] with a period table (TABLE), else 2^(−(i/(DIMS/2))·log₂base), as
 // MLX's rope computes it. Each step's result is rounded to T, as MLX's rms_norm, multiply and
 // rope each return T.
 //
-// One warp per head of D values, lane j holding values j, j + 32, …; 4 warps a thread block,
-// grid (⌈heads/4⌉, B). The row is read through its strides (a view of the projection's output);
-// positions come as the shape of a broadcast when POS_IN_SHAPE (kernels/custom.rs shape_args),
-// else from an int array. Float constants come as their bit patterns (template ints).
+// Thread blocks of 4 warps, grid (ROPE_HEAD_BLOCKS + copy blocks, B): in the first
+// ⌈(HQ + 2·HKV)/4⌉ blocks one warp per head of D values, lane j holding values j, j + 32, …; the
+// rest copy the earlier recent tokens, 16 bytes a thread. The row is read through its column
+// stride (a view of the projection's output). Float constants come as their bit patterns
+// (template ints).
+
+template <int HQ, int HKV>
+constexpr int sala_rope_head_blocks() { return (HQ + 2 * HKV + 3) / 4; }
 
 template <typename T, int D, int DIMS, int HQ, int HKV, bool NORM, bool TABLE, int EPS_BITS, int MSCALE_BITS,
-          int POS_SCALE_BITS, int LOG2_BASE_BITS, bool POS_IN_SHAPE, typename Dims, typename Strides>
-__device__ void sala_rope_heads(
-    const T* rows,              // [B, 1, W]
-    const Strides& row_strides,
+          int POS_SCALE_BITS, int LOG2_BASE_BITS>
+__device__ void sala_rope_append(
+    const T* row,               // this sequence's row of the projection
+    int64_t col,                // its column stride
     const T* q_norm,            // [D] (NORM)
     const T* k_norm,            // [D] (NORM)
     const float* periods,       // [DIMS / 2] (TABLE)
-    const int* positions,       // [B], unless POS_IN_SHAPE
-    const Dims& position_dims,  // the positions + 1 when POS_IN_SHAPE
-    T* q_out,                   // [B, HQ, 1, D]
-    T* rest_out,                // [B, 1, W − HQ·D]
-    int width) {
+    int position,               // the token's position
+    const T* k_recent,          // [HKV, rcap, D] the recent keys before this token
+    const T* v_recent,          // [HKV, rcap, D] the recent values
+    int rcap, int at,           // the buffers' capacity; the token's place in them
+    T* q_out,                   // this sequence's [HQ · D]
+    T* k_out, T* v_out) {       // [HKV, rcap, D] the recent buffers with the token
   static_assert(D % 32 == 0 && D <= 1024, "whole warps of values per head");
   constexpr int PER_LANE = D / 32;
   constexpr int HALF = DIMS / 2;
+  constexpr int HEAD_BLOCKS = sala_rope_head_blocks<HQ, HKV>();
+  if ((int)blockIdx.x >= HEAD_BLOCKS) {
+    constexpr int VEC = 16 / sizeof(T);
+    static_assert(D % VEC == 0, "whole 16-byte pieces per head");
+    constexpr int PER_POS = D / VEC;
+    const int n = 2 * HKV * at * PER_POS;
+    const int stride = (gridDim.x - HEAD_BLOCKS) * blockDim.x;
+    for (int i = (blockIdx.x - HEAD_BLOCKS) * blockDim.x + threadIdx.x; i < n; i += stride) {
+      const int c = i % PER_POS, p = (i / PER_POS) % at, hv = i / PER_POS / at;
+      const int h = hv % HKV;
+      const size_t off = ((size_t)h * rcap + p) * D + (size_t)c * VEC;
+      const T* from = hv < HKV ? k_recent : v_recent;
+      T* to = hv < HKV ? k_out : v_out;
+      *reinterpret_cast<uint4*>(to + off) = *reinterpret_cast<const uint4*>(from + off);
+    }
+    return;
+  }
   __shared__ float xs[4][D];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int head = blockIdx.x * 4 + warp, b = blockIdx.y;
-  if (head * D >= width) return;
-  const int64_t col = row_strides[2];
-  const T* row = rows + b * row_strides[0] + (int64_t)head * D * col;
-  T* o = head < HQ ? q_out + ((size_t)b * HQ + head) * D : rest_out + (size_t)b * (width - HQ * D) + (size_t)(head - HQ) * D;
+  const int head = blockIdx.x * 4 + warp;
+  if (head >= HQ + 2 * HKV) return;
+  T* o = head < HQ            ? q_out + (size_t)head * D
+         : head < HQ + HKV    ? k_out + ((size_t)(head - HQ) * rcap + at) * D
+                              : v_out + ((size_t)(head - HQ - HKV) * rcap + at) * D;
+  const T* x_in = row + (int64_t)head * D * col;
 
   float x[PER_LANE];
 #pragma unroll
-  for (int e = 0; e < PER_LANE; ++e) x[e] = static_cast<float>(row[(lane + 32 * e) * col]);
+  for (int e = 0; e < PER_LANE; ++e) x[e] = static_cast<float>(x_in[(lane + 32 * e) * col]);
   if (head >= HQ + HKV) {
 #pragma unroll
     for (int e = 0; e < PER_LANE; ++e) o[lane + 32 * e] = static_cast<T>(x[e]);
@@ -68,7 +95,7 @@ __device__ void sala_rope_heads(
 #pragma unroll
   for (int e = 0; e < PER_LANE; ++e) xs[warp][lane + 32 * e] = x[e];
   __syncwarp();
-  const float pos = static_cast<float>(POS_IN_SHAPE ? position_dims[b] - 1 : positions[b]) * __int_as_float(POS_SCALE_BITS);
+  const float pos = static_cast<float>(position) * __int_as_float(POS_SCALE_BITS);
 #pragma unroll
   for (int e = 0; e < PER_LANE; ++e) {
     const int j = lane + 32 * e;

@@ -12,12 +12,7 @@
 #   earlier sala (as sala-before) to .device/bin; strip; tar cJf .device/bin.tar.xz -C .device bin
 # On the device: carry [".device/bin.tar.xz", ".device/mlx-cuda", ".device/golden"]; bash eval/device-dense-decode.sh
 set -u
-tar xJf .device/bin.tar.xz -C .device
-BIN=.device/bin
-source .device/mlx-cuda/activate.sh
-OUT=${OUT:-/tmp}
-export XDG_CACHE_HOME=$OUT/cache
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+source eval/device-setup.sh
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   MLX_ENABLE_TF32=0 $BIN/gpu_kernels --include-ignored --test-threads=1 2>&1 | tee "$OUT/gpu_kernels.log" | grep -E "^test |test result|panicked"
   MLX_ENABLE_TF32=0 SALA_TEST_DEVICE=gpu $BIN/dense_families --test-threads=1 --nocapture 2>&1 | tee "$OUT/dense_families.log" | grep -E "^test |test result|panicked|Δlogit"

@@ -19,8 +19,8 @@ use sala::kernels::qmv::{
     epilogue_mlx, quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
     GateIn, MmaTiling, QmvTiling, RmsNormIn,
 };
-use sala::kernels::rope::{rope_qk, rope_qk_mlx, QkHeads, RopeAngles};
-use sala::kernels::sparse::{decode_attention, decode_attention_mlx, heads_to_rows, BlockSelection};
+use sala::kernels::rope::{rope_append, rope_append_mlx, QkHeads, RopeAngles};
+use sala::kernels::sparse::{decode_attention, decode_attention_mlx, heads_to_rows, BlockSelection, DecodeQuery};
 use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_mlx, select_blocks_chunked, select_blocks_mlx, select_blocks_scored};
 
 const NEEDS_GPU: &str = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored";
@@ -601,10 +601,11 @@ fn decode_attention_of_a_batch_matches_mlx() {
     for (i, &(hq, hkv, d, dtype, lens)) in cases.iter().enumerate() {
         let seed = 2000 + 10 * i as u64;
         let b = lens.len() as i32;
-        // q and the output gate as the model hands them over: views of the projection's rows.
-        let projected = randn(&[b, 1, 3 * hq * d], seed, dtype);
-        let q = projected.try_index((.., .., ..hq * d)).unwrap().reshape(&[b, 1, hq, d]).unwrap().swap_axes(1, 2).unwrap();
-        let gate = (i % 2 == 1).then(|| projected.try_index((.., .., 2 * hq * d..)).unwrap());
+        // q and the output gate as the model hands them over: in the projection's rows, a view of
+        // wider ones.
+        let projected = randn(&[b, 1, 3 * hq * d + 8], seed, dtype).try_index((.., .., 8..)).unwrap();
+        let query = DecodeQuery { rows: &projected, heads: hq, head_dim: d, q_col: 0, gate_col: (i % 2 == 1).then_some(2 * hq * d) };
+        let (q, gate) = (query.heads().unwrap(), query.gate().unwrap());
         // Each cache as a poisoned history buffer, and, for odd rows, as a history plus its last
         // few positions in a poisoned recent-token buffer.
         let caches: Vec<_> = lens
@@ -630,7 +631,7 @@ fn decode_attention_of_a_batch_matches_mlx() {
             })
             .collect();
         let scale = (d as f32).powf(-0.5);
-        let got = decode_attention(&q, &parts, scale, gate.as_ref()).unwrap();
+        let got = decode_attention(&query, &parts, scale).unwrap();
         // The oracle in float32.
         let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
         let filled: Vec<_> = parts.iter().map(|p| p.filled().unwrap()).collect();
@@ -696,11 +697,11 @@ type RopeCase = (i32, i32, i32, i32, Dtype, &'static [usize], bool, bool);
 
 #[test]
 #[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
-fn rope_qk_matches_mlx_operations() {
+fn rope_append_matches_mlx_operations() {
     use_gpu();
     // (Hq, Hkv, d, rotated dims, dtype, positions, QK-norm, period table with position and
     // attention scaling): Qwen3-8B's shape; Llama's with a table; partial rotation; more
-    // sequences than positions travel in a shape; float32 and float16.
+    // sequences than one launch takes; float32 and float16.
     let cases: [RopeCase; 5] = [
         (32, 8, 128, 128, Dtype::Bfloat16, &[4096], true, false),
         (32, 8, 128, 128, Dtype::Bfloat16, &[0, 1, 131072, 77, 32767], false, true),
@@ -708,6 +709,7 @@ fn rope_qk_matches_mlx_operations() {
         (4, 4, 32, 32, Dtype::Bfloat16, &[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], true, false),
         (12, 4, 64, 64, Dtype::Float32, &[100, 200, 300], false, false),
     ];
+    const CAPACITY: usize = 64;
     for (i, &(hq, hkv, d, dims, dtype, positions, normed, table)) in cases.iter().enumerate() {
         let seed = 7000 + 10 * i as u64;
         let b = positions.len() as i32;
@@ -722,20 +724,38 @@ fn rope_qk_matches_mlx_operations() {
         } else {
             RopeAngles { dims, base: 1_000_000.0, periods: None, position_scale: 1.0, mscale: 1.0 }
         };
+        // Recent buffers at different fills: empty, the last place, and between.
+        let fills: Vec<usize> = (0..positions.len()).map(|j| [0, CAPACITY - 1, 17, 1][j % 4]).collect();
+        let slots: Vec<RecentSlot> = fills
+            .iter()
+            .enumerate()
+            .map(|(j, &at)| {
+                let buffer = |s| randn(&[1, hkv, CAPACITY as i32, d], s, dtype);
+                RecentSlot { keys: buffer(seed + 3 + 2 * j as u64), values: buffer(seed + 4 + 2 * j as u64), at }
+            })
+            .collect();
         let heads = QkHeads { heads: hq, kv_heads: hkv, head_dim: d, norms: normed.then_some((&qn, &kn, 1e-6)) };
-        let (got_q, got_rest) = rope_qk(&rows, heads, &angles, positions).unwrap();
-        let (want_q, want_rest) = rope_qk_mlx(&rows, heads, &angles, positions).unwrap();
-        assert_eq!(got_q.shape(), &[b, hq, 1, d]);
-        assert_eq!(got_rest.shape(), &[b, 1, width - hq * d]);
+        let (got_q, got_kv) = rope_append(&rows, heads, &angles, positions, &slots).unwrap();
+        let (want_q, want_kv) = rope_append_mlx(&rows, heads, &angles, positions, &slots).unwrap();
+        assert_eq!(got_q.shape(), &[b, 1, hq * d]);
         assert_eq!(got_q.dtype(), dtype);
-        // The values pass through untouched.
-        let f = |a: Array| to_vec_f32(&a.as_dtype(Dtype::Float32).unwrap()).unwrap();
-        let values = |a: &Array, from: i32| f(a.try_index((.., .., from..)).unwrap());
-        assert!(values(&got_rest, hkv * d) == values(&rows, (hq + hkv) * d), "case {i}: the values changed");
+        assert_eq!(got_kv.len(), slots.len());
         let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
-        for (what, got, want) in [("q", &got_q, &want_q), ("k, v", &got_rest, &want_rest)] {
-            let err = rel_err(got, want);
-            assert!(err < tol, "case {i}, {what}: relative error {err}");
+        let err = rel_err(&got_q, &want_q);
+        assert!(err < tol, "case {i}, q: relative error {err}");
+        let f = |a: Array| to_vec_f32(&a.as_dtype(Dtype::Float32).unwrap()).unwrap();
+        for (j, (((gk, gv), (wk, wv)), &at)) in got_kv.iter().zip(&want_kv).zip(&fills).enumerate() {
+            // Positions up to the token's are specified; after it they are not.
+            let filled = |a: &Array| a.try_index((.., .., ..=at as i32, ..)).unwrap();
+            // The earlier tokens and the values are copied exactly.
+            if at > 0 {
+                let earlier = |a: &Array| f(a.try_index((.., .., ..at as i32, ..)).unwrap());
+                assert!(earlier(gk) == earlier(&slots[j].keys), "case {i}, sequence {j}: earlier keys changed");
+                assert!(earlier(gv) == earlier(&slots[j].values), "case {i}, sequence {j}: earlier values changed");
+            }
+            assert!(f(filled(gv)) == f(filled(wv)), "case {i}, sequence {j}: the values differ");
+            let err = rel_err(&filled(gk), &filled(wk));
+            assert!(err < tol, "case {i}, sequence {j}, keys: relative error {err}");
         }
     }
 }

@@ -533,7 +533,7 @@ mod self_check {
                 "qmv_mma",
                 "qmv_normed",
                 "decode_attention",
-                "rope_qk",
+                "rope_append",
                 "select_blocks",
                 "select_blocks_mma",
                 "block_sparse_attention",

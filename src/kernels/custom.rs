@@ -350,7 +350,16 @@ unsafe fn run(
         };
     }
     for (name, arg) in &launch.template {
-        let name = cstring(name);
+        // On the stack: a launch sets up to a dozen of these, and a decode step makes ~300 launches.
+        let mut buffer = [0u8; 64];
+        let owned;
+        let name: &std::ffi::CStr = if name.len() < buffer.len() && !name.contains('\0') {
+            buffer[..name.len()].copy_from_slice(name.as_bytes());
+            std::ffi::CStr::from_bytes_until_nul(&buffer).expect("NUL-terminated")
+        } else {
+            owned = cstring(name);
+            &owned
+        };
         status |= match (*arg, cuda) {
             (TemplateArg::Int(v), true) => mlx_fast_cuda_kernel_config_add_template_arg_int(cuda_cfg, name.as_ptr(), v),
             (TemplateArg::Int(v), false) => mlx_fast_metal_kernel_config_add_template_arg_int(metal_cfg, name.as_ptr(), v),

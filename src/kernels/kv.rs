@@ -68,6 +68,13 @@ pub fn append_token(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> R
 /// Appends each sequence's decode token (row b of `rows`, at `columns`) to `caches[b]` behind its
 /// recent tokens, through [`append_token`]. The caches must not be empty.
 pub fn append_to_caches(rows: &Array, columns: KvColumns, caches: &mut [&mut KvCache]) -> Result<()> {
+    append_with(caches, |slots| Ok(((), append_token(rows, columns, slots)?)))
+}
+
+/// Hands `write` each cache's [`RecentSlot`] and takes the buffers it returns, one (keys, values)
+/// pair per cache with the token written, as the caches' recent tokens. The caches must not be
+/// empty.
+pub fn append_with<T>(caches: &mut [&mut KvCache], write: impl FnOnce(&[RecentSlot]) -> Result<(T, Vec<(Array, Array)>)>) -> Result<T> {
     let slots = caches
         .iter_mut()
         .map(|c| {
@@ -75,10 +82,11 @@ pub fn append_to_caches(rows: &Array, columns: KvColumns, caches: &mut [&mut KvC
             Ok(RecentSlot { keys, values, at })
         })
         .collect::<Result<Vec<_>>>()?;
-    for (cache, (keys, values)) in caches.iter_mut().zip(append_token(rows, columns, &slots)?) {
+    let (result, written) = write(&slots)?;
+    for (cache, (keys, values)) in caches.iter_mut().zip(written) {
         cache.commit_recent(keys, values);
     }
-    Ok(())
+    Ok(result)
 }
 
 /// The MLX-ops version of [`append_token`]: a slice update of each buffer.

@@ -25,5 +25,5 @@ pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 9] = [
     &qmv::QMM_CHECK,
     &qmv::QMV_NORMED_CHECK,
     &sparse::DECODE_ATTENTION_CHECK,
-    &rope::ROPE_QK_CHECK,
+    &rope::ROPE_APPEND_CHECK,
 ];

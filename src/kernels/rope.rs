@@ -1,11 +1,13 @@
 //! Rotary position embeddings, and a dense attention layer's decode step before attention: the
 //! query and key heads of the stacked q/k/v projection's row through the per-head norm (Qwen3)
-//! and RoPE at each sequence's position, in one launch for the batch (`cuda/rope.cu`). In MLX
-//! operations that is a slice, reshape, norm, transpose and rope for q and for k of every
-//! sequence, and a decode step is bound by the host's work per operation. Elsewhere (the CPU,
-//! Metal) and as the test oracle the same runs in MLX operations.
+//! and RoPE at each sequence's position, and the keys and values written behind each sequence's
+//! recent tokens, in one launch for the batch (`cuda/rope.cu`). In MLX operations that is a
+//! slice, reshape, norm, transpose and rope for q and for k, and slice updates for the keys and
+//! values, of every sequence, and a decode step is bound by the host's work per operation.
+//! Elsewhere (the CPU, Metal) and as the test oracle the same runs in MLX operations.
 
-use super::custom::{apply, backend, shape_args, Backend, KernelSource, Launch, TemplateArg, MAX_SHAPE_ARGS};
+use super::custom::{apply, backend, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
+use super::kv::{append_token_mlx, KvColumns, RecentSlot};
 use super::lightning::positions_array;
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
 use crate::engine::ops::scalar;
@@ -49,37 +51,56 @@ pub struct QkHeads<'a> {
     pub norms: Option<(&'a Array, &'a Array, f32)>,
 }
 
-/// The row `rows` `[B, 1, W]` (a view is fine) of B sequences' decoding tokens with the q and k
-/// heads normed (if the layer has norms) and rotated, sequence b at `positions[b]`: the queries
-/// as attention reads them, `[B, Hq, 1, d]`, and the rest of the row `[B, 1, W − Hq·d]` (the
-/// rotated keys, then the values as they were), both new and contiguous.
-pub fn rope_qk(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[usize]) -> Result<(Array, Array)> {
+/// The row `rows` `[B, 1, W]` (a view is fine) of B sequences' decoding tokens, `[q | k | v]`, with
+/// the q and k heads normed (if the layer has norms) and rotated, sequence b at `positions[b]`:
+/// the queries `[B, 1, Hq·d]`, and for each slot its recent buffers with the token's keys and
+/// values at `at` (new arrays; positions before `at` as they were, after it unspecified).
+pub fn rope_append(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[usize], slots: &[RecentSlot]) -> Result<(Array, Vec<(Array, Array)>)> {
     let d = heads.head_dim;
     let fits = backend() == Backend::Cuda
         && rows.ndim() == 3
         && rows.shape()[1] == 1
         && rows.shape()[0] as usize == positions.len()
+        && slots.len() == positions.len()
         && d % 32 == 0
         && d <= 1024
+        && (d * rows.item_size() as i32) % 16 == 0
         && angles.dims % 2 == 0
         // Float constants travel as the bit patterns of template ints, which must not be negative.
         && angles.mscale > 0.0
         && angles.position_scale > 0.0
         && (angles.periods.is_some() || angles.base > 1.0)
         && angles.dims <= d
-        && rows.shape()[2] % d == 0
         && rows.shape()[2] >= (heads.heads + 2 * heads.kv_heads) * d
         && angles.periods.as_ref().is_none_or(|p| p.dtype() == Dtype::Float32 && p.size() as i32 == angles.dims / 2)
         && heads.norms.is_none_or(|(q, k, _)| q.dtype() == rows.dtype() && k.dtype() == rows.dtype())
-        && selfcheck::enabled(&ROPE_QK_CHECK);
+        && slots.iter().all(|s| {
+            s.keys.dtype() == rows.dtype()
+                && s.values.dtype() == rows.dtype()
+                && s.keys.shape() == s.values.shape()
+                && s.keys.shape() == [1, heads.kv_heads, s.keys.shape()[2], d]
+                && s.at < s.keys.shape()[2] as usize
+        })
+        && selfcheck::enabled(&ROPE_APPEND_CHECK);
     if !fits {
-        return rope_qk_mlx(rows, heads, angles, positions);
+        return rope_append_mlx(rows, heads, angles, positions, slots);
     }
-    rope_qk_cuda(rows, heads, angles, positions)
+    if slots.len() <= MAX_SHAPE_ARGS {
+        return rope_append_cuda(rows, heads, angles, positions, slots);
+    }
+    let (mut q, mut written) = (Vec::new(), Vec::with_capacity(slots.len()));
+    for (i, chunk) in slots.chunks(MAX_SHAPE_ARGS).enumerate() {
+        let range = i * MAX_SHAPE_ARGS..i * MAX_SHAPE_ARGS + chunk.len();
+        let part = rows.try_index(range.start as i32..range.end as i32)?;
+        let (qi, wi) = rope_append_cuda(&part, heads, angles, &positions[range], chunk)?;
+        q.push(qi);
+        written.extend(wi);
+    }
+    Ok((ops::concatenate(&q, 0)?, written))
 }
 
-/// The MLX-ops version of [`rope_qk`].
-pub fn rope_qk_mlx(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[usize]) -> Result<(Array, Array)> {
+/// The MLX-ops version of [`rope_append`].
+pub fn rope_append_mlx(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[usize], slots: &[RecentSlot]) -> Result<(Array, Vec<(Array, Array)>)> {
     let (b, d) = (rows.shape()[0], heads.head_dim);
     // Heads `[B, n, 1, d]` from column `start · d`, normed and rotated.
     let part = |start: i32, n: i32, norm: Option<&Array>| -> Result<Array> {
@@ -90,39 +111,55 @@ pub fn rope_qk_mlx(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions:
         };
         angles.apply(&x.swap_axes(1, 2)?, positions)
     };
-    let q = part(0, heads.heads, heads.norms.map(|n| n.0))?;
+    let q = part(0, heads.heads, heads.norms.map(|n| n.0))?.swap_axes(1, 2)?.reshape(&[b, 1, heads.heads * d])?;
     let k = part(heads.heads, heads.kv_heads, heads.norms.map(|n| n.1))?.reshape(&[b, 1, heads.kv_heads * d])?;
-    let rest = rows.try_index((.., .., (heads.heads + heads.kv_heads) * d..))?;
-    Ok((q, ops::concatenate(&[k, rest], 2)?))
+    let v = rows.try_index((.., .., (heads.heads + heads.kv_heads) * d..(heads.heads + 2 * heads.kv_heads) * d))?;
+    let kv = ops::concatenate(&[k, v], 2)?;
+    let columns = KvColumns { keys: 0, values: heads.kv_heads * d, kv_heads: heads.kv_heads, head_dim: d };
+    Ok((q, append_token_mlx(&kv, columns, slots)?))
 }
 
-/// The kernel against [`rope_qk_mlx`] in bfloat16: two sequences at their own positions, the row a
-/// view of wider ones; with QK-norm, a period table and an attention factor, and without.
-pub static ROPE_QK_CHECK: KernelCheck = KernelCheck { name: "rope_qk", backends: CUDA_ONLY, run: check_rope_qk };
+/// The kernel against [`rope_append_mlx`] in bfloat16: two sequences at their own positions and
+/// recent-buffer fills (one empty), the row a view of wider ones; with QK-norm, a period table and
+/// an attention factor, and without. Positions after each token's are not compared (unspecified).
+pub static ROPE_APPEND_CHECK: KernelCheck = KernelCheck { name: "rope_append", backends: CUDA_ONLY, run: check_rope_append };
 
-fn check_rope_qk() -> Verdict {
-    let (hq, hkv, d) = (4, 2, 64);
+fn check_rope_append() -> Verdict {
+    let (hq, hkv, d, capacity) = (4, 2, 64, 16);
     let positions = [3, 1000];
+    let at = [0, 9];
     let bf16 = Dtype::Bfloat16;
     let periods: Vec<f32> = (0..d / 2).map(|i| 10000f32.powf(2.0 * i as f32 / d as f32) * (1.0 + i as f32 / 8.0)).collect();
     let plain = RopeAngles { dims: d, base: 500000.0, periods: None, position_scale: 1.0, mscale: 1.0 };
     let scaled = RopeAngles { dims: d, base: 0.0, periods: Some(Array::from_slice(&periods, &[d / 2])), position_scale: 0.5, mscale: 1.2 };
+    let outputs = |(q, written): (Array, Vec<(Array, Array)>)| -> Result<Vec<Array>> {
+        let mut out = vec![q];
+        for ((k, v), at) in written.into_iter().zip(at) {
+            out.push(k.try_index((.., .., ..=at as i32, ..))?);
+            out.push(v.try_index((.., .., ..=at as i32, ..))?);
+        }
+        Ok(out)
+    };
     for (angles, normed) in [(&plain, true), (&scaled, false)] {
         verify(
             || {
                 let rows = sample(&[2, 1, (hq + 2 * hkv) * d + 8], 71, bf16)?.try_index((.., .., 8..))?;
                 let norm = |seed| sample(&[d], seed, bf16)?.multiply(Array::from_f32(0.5))?.add(Array::from_f32(1.0))?.as_dtype(bf16);
-                Ok((rows, norm(72)?, norm(73)?))
+                let slots = (0..2)
+                    .map(|i| {
+                        let buffer = |seed| sample(&[1, hkv, capacity, d], seed, bf16);
+                        Ok(RecentSlot { keys: buffer(74 + 2 * i as u64)?, values: buffer(75 + 2 * i as u64)?, at: at[i] })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((rows, norm(72)?, norm(73)?, slots))
             },
-            |(rows, qn, kn)| {
+            |(rows, qn, kn, slots)| {
                 let heads = QkHeads { heads: hq, kv_heads: hkv, head_dim: d, norms: normed.then_some((qn, kn, 1e-6)) };
-                let (q, rest) = rope_qk_cuda(rows, heads, angles, &positions)?;
-                Ok(vec![q, rest])
+                outputs(rope_append_cuda(rows, heads, angles, &positions, slots)?)
             },
-            |(rows, qn, kn)| {
+            |(rows, qn, kn, slots)| {
                 let heads = QkHeads { heads: hq, kv_heads: hkv, head_dim: d, norms: normed.then_some((qn, kn, 1e-6)) };
-                let (q, rest) = rope_qk_mlx(rows, heads, angles, &positions)?;
-                Ok(vec![q, rest])
+                outputs(rope_append_mlx(rows, heads, angles, &positions, slots)?)
             },
         )
         .map_err(|e| if normed { format!("with QK-norm: {e}") } else { format!("with a period table: {e}") })?;
@@ -130,29 +167,38 @@ fn check_rope_qk() -> Verdict {
     Ok(())
 }
 
-fn rope_qk_cuda(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[usize]) -> Result<(Array, Array)> {
-    let (b, width) = (rows.shape()[0], rows.shape()[2]);
-    let d = heads.head_dim;
-    // Up to MAX_SHAPE_ARGS positions travel as a shape (nothing for the GPU to fetch); more as an
-    // array the host writes.
-    let in_shape = positions.len() <= MAX_SHAPE_ARGS;
-    let positions = if in_shape { shape_args(positions)? } else { positions_array(positions) };
+/// At most [`MAX_SHAPE_ARGS`] sequences.
+fn rope_append_cuda(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[usize], slots: &[RecentSlot]) -> Result<(Array, Vec<(Array, Array)>)> {
+    const THREADS: i32 = 128;
+    let (n, b, d) = (slots.len(), rows.shape()[0], heads.head_dim);
+    let (hq, hkv) = (heads.heads, heads.kv_heads);
+    let buffer = slots[0].keys.shape().to_vec();
+    let longest = slots.iter().map(|s| s.at).max().unwrap_or(0) as i32;
+    let pieces = 2 * hkv * longest * d / (16 / rows.item_size() as i32);
+    let copy_blocks = ((pieces + THREADS - 1) / THREADS).clamp(1, 32);
+    let head_blocks = (hq + 2 * hkv + 3) / 4;
+    let (positions, at) = (shape_args(positions)?, shape_args(&slots.iter().map(|s| s.at).collect::<Vec<_>>())?);
     let unused = scalar(0.0, Dtype::Float32)?;
     let (q_norm, k_norm, eps) = heads.norms.unwrap_or((rows, rows, 0.0));
+    let mut inputs = vec![rows, q_norm, k_norm, angles.periods.as_ref().unwrap_or(&unused), &positions, &at];
+    inputs.extend(slots.iter().map(|s| &s.keys));
+    inputs.extend(slots.iter().map(|s| &s.values));
     let bits = |x: f32| TemplateArg::Int(x.to_bits() as i32);
+    let mut outputs = vec![(vec![b, 1, hq * d], rows.dtype())];
+    outputs.extend(std::iter::repeat_n((buffer, rows.dtype()), 2 * n));
     let out = apply(
-        &ROPE_QK,
-        &[rows, q_norm, k_norm, angles.periods.as_ref().unwrap_or(&unused), &positions],
+        rope_append_source(n),
+        &inputs,
         Launch {
-            grid: (32 * 4 * ((width / d + 3) / 4), b, 1),
-            threads: (32 * 4, 1, 1),
-            outputs: vec![(vec![b, heads.heads, 1, d], rows.dtype()), (vec![b, 1, width - heads.heads * d], rows.dtype())],
+            grid: (THREADS * (head_blocks + copy_blocks), b, 1),
+            threads: (THREADS, 1, 1),
+            outputs,
             template: vec![
                 ("T", TemplateArg::Type(rows.dtype())),
                 ("D", TemplateArg::Int(d)),
                 ("DIMS", TemplateArg::Int(angles.dims)),
-                ("HQ", TemplateArg::Int(heads.heads)),
-                ("HKV", TemplateArg::Int(heads.kv_heads)),
+                ("HQ", TemplateArg::Int(hq)),
+                ("HKV", TemplateArg::Int(hkv)),
                 ("NORM", TemplateArg::Bool(heads.norms.is_some())),
                 ("TABLE", TemplateArg::Bool(angles.periods.is_some())),
                 ("EPS_BITS", bits(eps)),
@@ -160,26 +206,42 @@ fn rope_qk_cuda(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[
                 ("POS_SCALE_BITS", bits(angles.position_scale)),
                 // As MLX's RoPE: inv_freq = 2^(−(i/(dims/2))·log₂base), log₂base computed on the host.
                 ("LOG2_BASE_BITS", bits(if angles.periods.is_some() { 0.0 } else { (angles.base as f64).log2() as f32 })),
-                ("POS_IN_SHAPE", TemplateArg::Bool(in_shape)),
             ],
             init: None,
         },
     )?;
     let mut out = out.into_iter();
-    Ok((out.next().expect("two outputs"), out.next().expect("two outputs")))
+    let q = out.next().expect("the queries");
+    let keys: Vec<Array> = out.by_ref().take(n).collect();
+    Ok((q, keys.into_iter().zip(out).collect()))
 }
 
-static ROPE_QK: KernelSource = KernelSource {
-    name: "sala_rope_qk",
-    inputs: &["rows", "q_norm", "k_norm", "periods", "positions"],
-    outputs: &["q_out", "rest_out"],
-    cuda_header: concat!(include_str!("../../cuda/round.cu"), include_str!("../../cuda/rope.cu")),
-    cuda_body: "sala_rope_heads<T, D, DIMS, HQ, HKV, NORM, TABLE, EPS_BITS, MSCALE_BITS, POS_SCALE_BITS, LOG2_BASE_BITS, \
-                POS_IN_SHAPE>(rows, rows_strides, q_norm, k_norm, periods, positions, positions_shape, q_out, rest_out, rows_shape[2]);",
-    // CUDA only, as the decode attention and KV append it feeds: Metal runs the MLX operations.
-    metal_header: "",
-    metal_body: "",
-    // `positions` may be a shape_args broadcast and the row is read through its strides; the
-    // norms and the period table are whole arrays.
-    contiguous_inputs: false,
-};
+/// The kernel for `n` sequences (1 ..= [`MAX_SHAPE_ARGS`]): inputs rows, the norms, the period
+/// table, positions and fills (shape_args broadcasts), k0 … k(n−1), v0 … v(n−1); outputs q,
+/// ko0 …, vo0 …. CUDA only, as the decode attention it feeds: Metal runs the MLX operations. The
+/// rows are read through their strides; the norms, the table and the buffers are whole arrays.
+fn rope_append_source(n: usize) -> &'static KernelSource {
+    static SOURCES: std::sync::OnceLock<Vec<KernelSource>> = std::sync::OnceLock::new();
+    slot_source(&SOURCES, n, |n| {
+        let mut inputs: Vec<String> = ["rows", "q_norm", "k_norm", "periods", "positions", "at"].map(String::from).into();
+        inputs.extend((0..n).map(|i| format!("k{i}")));
+        inputs.extend((0..n).map(|i| format!("v{i}")));
+        let mut outputs = vec!["q".to_string()];
+        outputs.extend((0..n).map(|i| format!("ko{i}")));
+        outputs.extend((0..n).map(|i| format!("vo{i}")));
+        let cases: String = (0..n).map(|i| format!("case {i}: kr = k{i}; vr = v{i}; ko = ko{i}; vo = vo{i}; break; ")).collect();
+        SlotKernel {
+            name: format!("sala_rope_append{n}"),
+            inputs,
+            outputs,
+            cuda_header: concat!(include_str!("../../cuda/round.cu"), include_str!("../../cuda/rope.cu")),
+            cuda_body: format!(
+                "const T *kr = k0, *vr = v0; T *ko = ko0, *vo = vo0; switch (blockIdx.y) {{ {cases}}} \
+                 sala_rope_append<T, D, DIMS, HQ, HKV, NORM, TABLE, EPS_BITS, MSCALE_BITS, POS_SCALE_BITS, LOG2_BASE_BITS>(\
+                 rows + blockIdx.y * rows_strides[0], rows_strides[2], q_norm, k_norm, periods, \
+                 positions_shape[blockIdx.y] - 1, kr, vr, k0_shape[2], at_shape[blockIdx.y] - 1, \
+                 q + (size_t)blockIdx.y * HQ * D, ko, vo);"
+            ),
+        }
+    })
+}

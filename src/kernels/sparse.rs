@@ -349,39 +349,68 @@ fn merge_splits(partial: &Array, lse: &Array, shape: Vec<i32>, dtype: Dtype, gat
     Ok(merged.into_iter().next().expect("one output"))
 }
 
-/// Dense attention of one decoding query per sequence over that sequence's whole cache: `q`
-/// `[B, Hq, 1, d]`, `kvs[b]` the cache of row b (lengths may differ; the query is each cache's
-/// last position). Returns `[B, 1, Hq·d]`, times σ(`gate`) `[B, 1, Hq·d]` when given (as
-/// [`heads_to_rows`]). On CUDA one launch serves up to [`DECODE_SLOTS`] sequences (a call per
-/// sequence and layer costs the host more than the GPU spends on the step) and
-/// reads q through its strides (a slice of the projection's output needs no copy); elsewhere
-/// MLX's attention runs per sequence.
-pub fn decode_attention(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&Array>) -> Result<Array> {
-    let (b, t) = (q.shape()[0], q.shape()[2]);
+/// Decoding queries where the projection left them: row b of `rows` `[B, 1, W]` (a view is fine)
+/// holds sequence b's query heads from column `q_col` on, `head_dim` values each, and, when the
+/// layer gates its output, as many gate values from column `gate_col` on.
+#[derive(Clone, Copy)]
+pub struct DecodeQuery<'a> {
+    pub rows: &'a Array,
+    pub heads: i32,
+    pub head_dim: i32,
+    pub q_col: i32,
+    pub gate_col: Option<i32>,
+}
+
+impl DecodeQuery<'_> {
+    /// The query heads `[B, Hq, 1, d]` (a view).
+    pub fn heads(&self) -> Result<Array> {
+        let (b, n) = (self.rows.shape()[0], self.heads * self.head_dim);
+        self.rows.try_index((.., .., self.q_col..self.q_col + n))?.reshape(&[b, 1, self.heads, self.head_dim])?.swap_axes(1, 2)
+    }
+
+    /// The gate `[B, 1, Hq·d]` (a view), when there is one.
+    pub fn gate(&self) -> Result<Option<Array>> {
+        let n = self.heads * self.head_dim;
+        self.gate_col.map(|c| self.rows.try_index((.., .., c..c + n))).transpose()
+    }
+
+    /// Rows `range` of the batch.
+    fn rows(&self, range: std::ops::Range<i32>) -> Result<(Array, Self)> {
+        Ok((self.rows.try_index(range)?, *self))
+    }
+}
+
+/// Dense attention of one decoding query per sequence over that sequence's whole cache: `kvs[b]`
+/// the cache of row b (lengths may differ; the query is each cache's last position). Returns
+/// `[B, 1, Hq·d]`, times σ(gate) when the query has one (as [`heads_to_rows`]). On CUDA one launch
+/// serves up to [`DECODE_SLOTS`] sequences (a call per sequence and layer costs the host more than
+/// the GPU spends on the step) and reads the query where the projection wrote it; the gate is
+/// applied as the splits are merged. Elsewhere MLX's attention runs per sequence.
+pub fn decode_attention(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Result<Array> {
+    let (rows, hq, d) = (query.rows, query.heads, query.head_dim);
     let hkv = kvs.first().map_or(1, |kv| kv.keys.shape()[1]);
     let fits = backend() == Backend::Cuda
-        && t == 1
-        && b as usize == kvs.len()
-        && decode_kernel_fits(q, hkv)
-        && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && kv.keys.dtype() == q.dtype())
+        && rows.ndim() == 3
+        && rows.shape()[1] == 1
+        && rows.shape()[0] as usize == kvs.len()
+        && rows.shape()[2] >= query.q_col + hq * d
+        && query.gate_col.is_none_or(|c| rows.shape()[2] >= c + hq * d)
+        && decode_kernel_fits(hq, d, rows.item_size() as i32, hkv)
+        && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && kv.keys.dtype() == rows.dtype())
         && selfcheck::enabled(&DECODE_ATTENTION_CHECK);
     if !fits {
-        return heads_to_rows(&decode_attention_mlx(q, kvs, scale)?, gate);
+        return heads_to_rows(&decode_attention_mlx(&query.heads()?, kvs, scale)?, query.gate()?.as_ref());
     }
     if kvs.len() <= DECODE_SLOTS {
-        return decode_attention_cuda(q, kvs, scale, gate);
+        return decode_attention_cuda(query, kvs, scale);
     }
     let mut outputs = Vec::new();
     for (i, chunk) in kvs.chunks(DECODE_SLOTS).enumerate() {
         let start = (i * DECODE_SLOTS) as i32;
-        let rows = start..start + chunk.len() as i32;
-        let gate_rows = gate.map(|g| g.try_index(rows.clone())).transpose()?;
-        outputs.push(decode_attention_cuda(&q.try_index(rows)?, chunk, scale, gate_rows.as_ref())?);
+        let (rows, part) = query.rows(start..start + chunk.len() as i32)?;
+        outputs.push(decode_attention_cuda(&DecodeQuery { rows: &rows, ..part }, chunk, scale)?);
     }
-    match outputs.len() {
-        1 => Ok(outputs.pop().expect("one chunk")),
-        _ => ops::concatenate(&outputs, 0),
-    }
+    ops::concatenate(&outputs, 0)
 }
 
 /// The MLX-ops version of [`decode_attention`]: MLX's attention per sequence.
@@ -402,7 +431,8 @@ pub fn decode_attention_mlx(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Ar
 }
 
 /// The decode attention kernel against [`decode_attention_mlx`] in float32, for two bfloat16
-/// sequences of different lengths (one with recent tokens), q and the gate views of wider rows.
+/// sequences of different lengths (one with recent tokens), q and the gate in the projection's
+/// rows.
 pub static DECODE_ATTENTION_CHECK: KernelCheck = KernelCheck { name: "decode_attention", backends: CUDA_ONLY, run: check_decode_attention };
 
 fn check_decode_attention() -> Verdict {
@@ -424,12 +454,12 @@ fn check_decode_attention() -> Verdict {
             Ok((projected, buffers))
         },
         |(projected, buffers)| {
-            let (q, gate) = check_query(projected, hq, d)?;
             let parts = check_parts(buffers, &caches);
-            Ok(vec![decode_attention_cuda(&q, &parts, scale, Some(&gate))?])
+            Ok(vec![decode_attention_cuda(&check_query(projected, hq, d), &parts, scale)?])
         },
         |(projected, buffers)| {
-            let (q, gate) = check_query(projected, hq, d)?;
+            let query = check_query(projected, hq, d);
+            let (q, gate) = (query.heads()?, query.gate()?.expect("gated"));
             let f = |a: &Array| a.as_dtype(Dtype::Float32);
             let filled = check_parts(buffers, &caches).iter().map(|p| p.filled()).collect::<Result<Vec<_>>>()?;
             let filled = filled.iter().map(|(k, v)| Ok((f(k)?, f(v)?))).collect::<Result<Vec<_>>>()?;
@@ -439,11 +469,9 @@ fn check_decode_attention() -> Verdict {
     )
 }
 
-/// q `[B, Hq, 1, d]` and the gate `[B, 1, Hq·d]` as views of the projection's rows.
-fn check_query(projected: &Array, hq: i32, d: i32) -> Result<(Array, Array)> {
-    let b = projected.shape()[0];
-    let q = projected.try_index((.., .., ..hq * d))?.reshape(&[b, 1, hq, d])?.swap_axes(1, 2)?;
-    Ok((q, projected.try_index((.., .., 2 * hq * d..))?))
+/// q and the gate in the projection's rows `[q | k | gate]`.
+fn check_query(projected: &Array, hq: i32, d: i32) -> DecodeQuery<'_> {
+    DecodeQuery { rows: projected, heads: hq, head_dim: d, q_col: 0, gate_col: Some(2 * hq * d) }
 }
 
 fn check_parts<'a>(buffers: &'a [[Array; 4]], caches: &[(i32, usize, usize)]) -> Vec<KvParts<'a>> {
@@ -504,10 +532,11 @@ fn split_attention_launch(dtype: Dtype, rows: i32, hq: i32, hkv: i32, d: i32, bl
     }
 }
 
-/// Whether `cuda/decode_attention.cu` takes queries `q` `[B, Hq, 1, d]` over `hkv` KV heads: a
-/// row of d values must be a power-of-two number of 16-byte pieces, at most one per lane of a warp.
-fn decode_kernel_fits(q: &Array, hkv: i32) -> bool {
-    let (hq, row) = (q.shape()[1], q.shape()[3] * q.item_size() as i32);
+/// Whether `cuda/decode_attention.cu` takes `hq` query heads of `d` values of `item` bytes over
+/// `hkv` KV heads: a row of d values must be a power-of-two number of 16-byte pieces, at most one
+/// per lane of a warp.
+fn decode_kernel_fits(hq: i32, d: i32, item: i32, hkv: i32) -> bool {
+    let row = d * item;
     hkv > 0 && hq % hkv == 0 && row % 16 == 0 && (row as u32 / 16).is_power_of_two() && row / 16 <= 32
 }
 
@@ -519,8 +548,9 @@ fn heads_per_block(group: i32) -> i32 {
 
 /// The decode attention kernel for at most [`DECODE_SLOTS`] sequences (`cuda/decode_attention.cu`),
 /// then the usual merge of the splits.
-fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&Array>) -> Result<Array> {
-    let (b, hq, d) = (q.shape()[0], q.shape()[1], q.shape()[3]);
+fn decode_attention_cuda(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Result<Array> {
+    let (rows, hq, d) = (query.rows, query.heads, query.head_dim);
+    let b = rows.shape()[0];
     let hkv = kvs[0].keys.shape()[1];
     let (group, gb) = (hq / hkv, heads_per_block(hq / hkv));
     let block = DECODE_BLOCK as i32;
@@ -534,7 +564,7 @@ fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&A
     let settled: Vec<usize> = kvs.iter().map(|kv| kv.settled).collect();
     let buffers: Vec<Array> = kvs.iter().flat_map(kv_buffers).collect();
     let (lens, settled) = (shape_args(&lens)?, shape_args(&settled)?);
-    let mut inputs: Vec<&Array> = vec![q];
+    let mut inputs: Vec<&Array> = vec![rows];
     inputs.extend(buffers.iter());
     inputs.extend([&lens, &settled]);
     const THREADS: i32 = 128;
@@ -543,17 +573,18 @@ fn decode_attention_cuda(q: &Array, kvs: &[KvParts], scale: f32, gate: Option<&A
         threads: (THREADS, 1, 1),
         outputs: vec![(vec![b, hq, nsplit, d], Dtype::Float32), (vec![b, hq, nsplit], Dtype::Float32)],
         template: vec![
-            ("T", TemplateArg::Type(q.dtype())),
+            ("T", TemplateArg::Type(rows.dtype())),
             ("D", TemplateArg::Int(d)),
             ("G", TemplateArg::Int(group)),
             ("GB", TemplateArg::Int(gb)),
             ("NSPLIT", TemplateArg::Int(nsplit)),
             ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
+            ("Q_COL", TemplateArg::Int(query.q_col)),
         ],
         init: None,
     };
     let out = apply(decode_attention_source(kvs.len()), &inputs, launch)?;
-    merge_splits(&out[0], &out[1], vec![b, 1, hq * d], q.dtype(), gate)
+    merge_splits(&out[0], &out[1], vec![b, 1, hq * d], rows.dtype(), query.gate()?.as_ref())
 }
 
 thread_local! {
@@ -574,15 +605,16 @@ pub fn with_decode_splits<R>(splits: i32, f: impl FnOnce() -> R) -> R {
 /// Tokens per split unit of the decode attention (a split takes at least this many).
 const DECODE_BLOCK: usize = 64;
 
-/// [`decode_attention`]'s kernel for `n` sequences (1 ..= [`DECODE_SLOTS`]): inputs q, then k, v,
-/// k_recent, v_recent of each, then their lengths and settled lengths; the body picks thread block
-/// row y's buffers. CUDA only: Metal takes at most 31 buffers per kernel; it runs MLX's attention.
-/// `lens` and `settled` are shape_args broadcasts, q is read through its strides; the buffers are
-/// contiguous.
+/// [`decode_attention`]'s kernel for `n` sequences (1 ..= [`DECODE_SLOTS`]): inputs the rows with
+/// the queries (and gates), then k, v, k_recent, v_recent of each, then their lengths and settled
+/// lengths; the body picks
+/// thread block row y's buffers. CUDA only: Metal takes at most 31 buffers per kernel; it runs
+/// MLX's attention. `lens` and `settled` are shape_args broadcasts, the rows are read through
+/// their strides; the buffers are contiguous.
 fn decode_attention_source(n: usize) -> &'static KernelSource {
     static SOURCES: std::sync::OnceLock<Vec<KernelSource>> = std::sync::OnceLock::new();
     slot_source(&SOURCES, n, |n| {
-        let mut inputs = vec!["q".to_string()];
+        let mut inputs = vec!["rows".to_string()];
         let mut cases = String::new();
         for i in 0..n {
             inputs.extend([format!("k{i}"), format!("v{i}"), format!("kr{i}"), format!("vr{i}")]);
@@ -598,8 +630,9 @@ fn decode_attention_source(n: usize) -> &'static KernelSource {
                 "const T *k = k0, *v = v0, *kr = kr0, *vr = vr0; int cap = k0_shape[2], rcap = kr0_shape[2]; \
                  switch (blockIdx.y) {{ {cases}}} \
                  const int hq = gridDim.z * GB; \
-                 sala_decode_attention_split<T, D, G, GB, NSPLIT, SCALE_BITS>(q + blockIdx.y * q_strides[0], q_strides[1], \
-                 q_strides[3], k, v, kr, vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, cap, rcap, \
+                 const T* row = rows + blockIdx.y * rows_strides[0]; \
+                 sala_decode_attention_split<T, D, G, GB, NSPLIT, SCALE_BITS>(row + Q_COL * rows_strides[2], \
+                 rows_strides[2], k, v, kr, vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, cap, rcap, \
                  out + (size_t)blockIdx.y * hq * NSPLIT * D, lse + (size_t)blockIdx.y * hq * NSPLIT);"
             ),
         }

@@ -13,13 +13,13 @@ use crate::engine::error::{Error, Result};
 use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
-use crate::kernels::kv::{append_to_caches, KvColumns};
-use crate::kernels::rope::{rope_qk, QkHeads, RopeAngles};
-use crate::kernels::sparse::decode_attention;
+use crate::kernels::kv::append_with;
+use crate::kernels::rope::{rope_append, QkHeads, RopeAngles};
+use crate::kernels::sparse::{decode_attention, DecodeQuery};
 use crate::models::layers::{per_sequence, scale, Embedding, Input, Linear, LmHead, Mlp, Projections, RmsNorm};
 use crate::models::rope::Rope;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::{ops, Array, Dtype};
+use mlx_rs::{ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 #[derive(Clone)]
 pub struct DecoderConfig {
@@ -242,9 +242,9 @@ impl Attention {
     }
 
     /// One new token for each of the (non-empty) caches, as the kernels take it: q, k and v side
-    /// by side from the stacked projection, q and k normed and rotated in one launch, the keys
-    /// and values written behind each cache's recent tokens (no copy of a history the device
-    /// still reads), then one attention call over every cache's whole history (split over its
+    /// by side from the stacked projection; q and k normed and rotated, and the keys and values
+    /// written behind each cache's recent tokens (no copy of a history the device still reads),
+    /// in one launch; then one attention call over every cache's whole history (split over its
     /// length, the query heads of a KV group together).
     fn attend_decode(&self, x: Input, caches: &mut [&mut KvCache], rope: &Rope) -> Result<Array> {
         let b = x.shape()[0];
@@ -258,25 +258,24 @@ impl Attention {
         };
         let rows = self.qkv_proj.forward_joined(x)?;
         let angles: Vec<&RopeAngles> = positions.iter().map(|&p| rope.angles(p + 1)).collect();
-        let (q, kv) = if angles.iter().all(|a| std::ptr::eq(*a, angles[0])) {
-            rope_qk(&rows, heads, angles[0], &positions)?
-        } else {
+        let q = append_with(caches, |slots| {
+            if angles.iter().all(|a| std::ptr::eq(*a, angles[0])) {
+                return rope_append(&rows, heads, angles[0], &positions, slots);
+            }
             // longrope with sequences on both sides of the original context: one call each.
-            let each = ops::split_equal(&rows, b, 0)?;
-            let (q, kv): (Vec<Array>, Vec<Array>) = each
-                .iter()
-                .zip(&angles)
-                .zip(&positions)
-                .map(|((row, a), &p)| rope_qk(row, heads, a, &[p]))
-                .collect::<std::result::Result<Vec<_>, _>>()?
-                .into_iter()
-                .unzip();
-            (ops::concatenate(&q, 0)?, ops::concatenate(&kv, 0)?)
-        };
-        let columns = KvColumns { keys: 0, values: hkv * d, kv_heads: hkv, head_dim: d };
-        append_to_caches(&kv, columns, caches)?;
+            let (mut q, mut written) = (Vec::with_capacity(slots.len()), Vec::with_capacity(slots.len()));
+            for (i, slot) in slots.iter().enumerate() {
+                let row = rows.try_index(i as i32..i as i32 + 1)?;
+                let (qi, wi) = rope_append(&row, heads, angles[i], &positions[i..=i], std::slice::from_ref(slot))?;
+                q.push(qi);
+                written.extend(wi);
+            }
+            Ok((ops::concatenate(&q, 0)?, written))
+        })?;
+        debug_assert_eq!(q.shape(), &[b, 1, hq * d]);
         let parts = caches.iter_mut().map(|c| Ok(c.parts()?.expect("keys were just appended"))).collect::<Result<Vec<_>>>()?;
-        let o = decode_attention(&q, &parts, self.scale(), None)?;
+        let query = DecodeQuery { rows: &q, heads: hq, head_dim: d, q_col: 0, gate_col: None };
+        let o = decode_attention(&query, &parts, self.scale())?;
         for cache in caches.iter_mut() {
             cache.evict()?;
         }

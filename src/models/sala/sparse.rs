@@ -20,10 +20,10 @@ use crate::engine::error::Result;
 use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::kv::{append_to_caches, KvColumns};
-use crate::kernels::sparse::{decode_attention, heads_to_rows, BlockSelection};
+use crate::kernels::sparse::{decode_attention, heads_to_rows, BlockSelection, DecodeQuery};
 use super::infllm::{block_sparse_attention, compressed_keys, select_blocks, select_blocks_scored};
 use crate::models::layers::{per_sequence, Input, Linear, QkvGate};
-use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, ops::indexing::TryIndexOp, Array, Dtype};
+use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, Array, Dtype};
 
 /// The level-2 compressed keys use 4× the level-1 window and stride (hard-coded in the reference).
 const LEVEL2_FACTOR: usize = 4;
@@ -158,28 +158,26 @@ impl SparseAttention {
     /// cost the host 14 operations per sequence and layer. Then one attention call for the
     /// batch while every cache is dense, else InfLLM-V2 per sequence.
     fn attend_decode(&self, x: Input, caches: &mut [&mut KvCache], layer: usize, mut trace: Option<&mut Trace>) -> Result<Array> {
-        let b = x.shape()[0];
         let (hq, hkv, d) = (self.cfg.heads as i32, self.cfg.kv_heads as i32, self.cfg.head_dim as i32);
         // q, k, v and the gate side by side: the kernels read them from the one projection.
         let qkvg = self.qkv_gate_proj.forward_joined(x)?;
-        let q = qkvg.try_index((.., .., ..hq * d))?.reshape(&[b, 1, hq, d])?.swap_axes(1, 2)?;
-        let gate = self.cfg.use_output_gate.then(|| qkvg.try_index((.., .., (hq + 2 * hkv) * d..))).transpose()?;
+        let gate_col = self.cfg.use_output_gate.then_some((hq + 2 * hkv) * d);
         let columns = KvColumns { keys: hq * d, values: (hq + hkv) * d, kv_heads: hkv, head_dim: d };
         append_to_caches(&qkvg, columns, caches)?;
         let scale = (d as f32).powf(-0.5);
         if caches.iter().all(|c| c.len() < self.cfg.dense_len) {
             let parts = caches.iter_mut().map(|c| Ok(c.parts()?.expect("keys were just appended"))).collect::<Result<Vec<_>>>()?;
-            return Ok(decode_attention(&q, &parts, scale, gate.as_ref())?);
+            let query = DecodeQuery { rows: &qkvg, heads: hq, head_dim: d, q_col: 0, gate_col };
+            return Ok(decode_attention(&query, &parts, scale)?);
         }
-        let mut inputs = vec![&q];
-        inputs.extend(gate.as_ref());
-        per_sequence(&inputs, caches, |qg, cache| {
+        per_sequence(&[&qkvg], caches, |row, cache| {
+            let query = DecodeQuery { rows: &row[0], heads: hq, head_dim: d, q_col: 0, gate_col };
             let past = cache.len() - 1;
             if cache.len() < self.cfg.dense_len {
                 let kv = cache.parts()?.expect("keys were just appended");
-                Ok(decode_attention(&qg[0], &[kv], scale, qg.get(1))?)
+                Ok(decode_attention(&query, &[kv], scale)?)
             } else {
-                self.sparse_attention(&qg[0], qg.get(1), cache, past, layer, trace.as_deref_mut())
+                self.sparse_attention(&query.heads()?, query.gate()?.as_ref(), cache, past, layer, trace.as_deref_mut())
             }
         })
     }
