@@ -93,10 +93,12 @@ impl Pacer {
         Self { queued: Vec::new(), on: rows >= Self::FROM_ROWS }
     }
 
-    /// Queues `arrays` (a branch's output and its layer's cache) for the device and waits for
-    /// the previous step's.
-    pub fn step(&mut self, arrays: Vec<Array>) -> Result<()> {
+    /// Queues the arrays `outputs` lists (a branch's output and its layer's cache) for the device
+    /// and waits for the previous step's. Listed only when pacing: a decode step would pay for
+    /// the copies of every handle twice a layer.
+    pub fn step(&mut self, outputs: impl FnOnce() -> Vec<Array>) -> Result<()> {
         if self.on {
+            let arrays = outputs();
             mlx_rs::transforms::async_eval(&arrays)?;
             mlx_rs::transforms::eval(&self.queued)?;
             self.queued = arrays;

@@ -392,12 +392,12 @@ impl DecoderModel {
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("hidden.mixer_out.{i}"), &layer.attn.o_proj.forward(&o)?);
             }
-            pacer.step(layer_outputs(&h, caches, i))?;
+            pacer.step(|| layer_outputs(&h, caches, i))?;
             h = layer.mlp.forward_residual(Input::Normed(&h, &layer.post_norm), &h, c.residual_scale)?;
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("hidden.layer_out.{i}"), &h);
             }
-            pacer.step(layer_outputs(&h, caches, i))?;
+            pacer.step(|| layer_outputs(&h, caches, i))?;
         }
         self.head.forward(&h, &self.embed_tokens, logits, trace)
     }

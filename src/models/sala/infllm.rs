@@ -124,7 +124,7 @@ pub fn select_blocks_chunked(
     for start in (0..t).step_by(chunk) {
         let end = (start + chunk).min(t);
         let part = one(&q.try_index((.., .., start as i32..end as i32, ..))?, first_pos + start)?;
-        pacer.step(vec![part.blocks.clone(), part.scores.clone()])?;
+        pacer.step(|| vec![part.blocks.clone(), part.scores.clone()])?;
         blocks.push(part.blocks);
         if keep_scores {
             scores.push(part.scores);

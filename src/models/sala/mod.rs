@@ -312,13 +312,13 @@ impl SalaModel {
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("hidden.mixer_out.{i}"), &o_proj.forward(&o.input().array()?)?);
             }
-            pacer.step(layer_outputs(&h, caches, i))?;
+            pacer.step(|| layer_outputs(&h, caches, i))?;
             // h = h + α · MLP(RMSNorm(h))
             h = layer.mlp.forward_residual(Input::Normed(&h, &layer.post_norm), &h, alpha)?;
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("hidden.layer_out.{i}"), &h);
             }
-            pacer.step(layer_outputs(&h, caches, i))?;
+            pacer.step(|| layer_outputs(&h, caches, i))?;
         }
         self.head.forward(&h, &self.embed_tokens, logits, trace)
     }
