@@ -6,7 +6,9 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    if let Err(error) = sala::cli::main() {
+    let result = sala::cli::main();
+    sala::engine::device::settle();
+    if let Err(error) = result {
         eprintln!("error: {error:#}");
         std::process::exit(1);
     }

@@ -65,8 +65,12 @@ pub fn select(kind: Option<DeviceKind>) -> Result<DeviceKind> {
         DeviceKind::Gpu => Device::set_default(&Device::gpu()),
         DeviceKind::Cpu => Device::set_default(&Device::cpu()),
     }
+    SELECTED.store(true, std::sync::atomic::Ordering::Relaxed);
     Ok(kind)
 }
+
+/// Whether [`select`] ran: the process may have queued work on the device.
+static SELECTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The version of the MLX library loaded (e.g. "0.32.2").
 pub fn mlx_version() -> String {
@@ -186,4 +190,16 @@ pub fn on_cpu() -> bool {
         .and_then(|d| d.get_type())
         .map(|t| matches!(t, mlx_rs::DeviceType::Cpu))
         .unwrap_or(true)
+}
+
+/// Waits until the default stream's queued work is done, if a device was selected (a command
+/// that never ran a model does not start one here). Called before the process exits: a step
+/// still running on MLX's worker thread (decoding queues one ahead of the token it hands out)
+/// while the process tears MLX down can corrupt the heap.
+pub fn settle() {
+    if SELECTED.load(std::sync::atomic::Ordering::Relaxed) {
+        unsafe {
+            mlx_sys::mlx_synchronize_default();
+        }
+    }
 }
