@@ -15,8 +15,8 @@
 // MLX's rope computes it. Each step's result is rounded to T, as MLX's rms_norm, multiply and
 // rope each return T.
 //
-// Thread blocks of 4 warps, grid (ROPE_HEAD_BLOCKS + copy blocks, B): in the first
-// ⌈(HQ + 2·HKV)/4⌉ blocks one warp per head of D values, lane j holding values j, j + 32, …; the
+// Thread blocks of 4 warps, grid (head blocks + copy blocks, B): in the first
+// ⌈(HQ + 2·HKV)/4⌉ blocks (kernels/rope.rs launches as many) one warp per head of D values, lane j holding values j, j + 32, …; the
 // rest copy the earlier recent tokens, 16 bytes a thread. The row is read through its column
 // stride (a view of the projection's output). Float constants come as their bit patterns
 // (template ints).

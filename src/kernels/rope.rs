@@ -176,6 +176,7 @@ fn rope_append_cuda(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions
     let longest = slots.iter().map(|s| s.at).max().unwrap_or(0) as i32;
     let pieces = 2 * hkv * longest * d / (16 / rows.item_size() as i32);
     let copy_blocks = ((pieces + THREADS - 1) / THREADS).clamp(1, 32);
+    // As `sala_rope_head_blocks` in cuda/rope.cu: a warp per q, k and v head, 4 warps a block.
     let head_blocks = (hq + 2 * hkv + 3) / 4;
     let (positions, at) = (shape_args(positions)?, shape_args(&slots.iter().map(|s| s.at).collect::<Vec<_>>())?);
     let unused = scalar(0.0, Dtype::Float32)?;

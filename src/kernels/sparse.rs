@@ -373,11 +373,6 @@ impl DecodeQuery<'_> {
         let n = self.heads * self.head_dim;
         self.gate_col.map(|c| self.rows.try_index((.., .., c..c + n))).transpose()
     }
-
-    /// Rows `range` of the batch.
-    fn rows(&self, range: std::ops::Range<i32>) -> Result<(Array, Self)> {
-        Ok((self.rows.try_index(range)?, *self))
-    }
 }
 
 /// Dense attention of one decoding query per sequence over that sequence's whole cache: `kvs[b]`
@@ -407,8 +402,8 @@ pub fn decode_attention(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Res
     let mut outputs = Vec::new();
     for (i, chunk) in kvs.chunks(DECODE_SLOTS).enumerate() {
         let start = (i * DECODE_SLOTS) as i32;
-        let (rows, part) = query.rows(start..start + chunk.len() as i32)?;
-        outputs.push(decode_attention_cuda(&DecodeQuery { rows: &rows, ..part }, chunk, scale)?);
+        let rows = query.rows.try_index(start..start + chunk.len() as i32)?;
+        outputs.push(decode_attention_cuda(&DecodeQuery { rows: &rows, ..*query }, chunk, scale)?);
     }
     ops::concatenate(&outputs, 0)
 }
