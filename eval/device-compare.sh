@@ -10,6 +10,8 @@
 #          machine find them in the memo (DOCTOR=0 skips; it is stopped when llama-bench is linked).
 #   sala   sala bench --synthetic qwen3-8b and minicpm-sala-9b, --bits 8, the tests above with -r 3, and
 #          minicpm-sala-9b --bits 4 tg64 @ d4096 -> $OUT/sala.csv (peak_mem: MLX's own peak, bytes).
+#          The decode tests also run as real greedy generation (`tg64 greedy`, every token read back as
+#          `sala run` does; --draft-layers 0), which the table leaves out.
 #          Qwen3-8B runs from a copy of its preset with max_position_embeddings 131072 + 64, so that
 #          tg64 @ d131072 fits (llama.cpp only warns past the GGUF's context length; YaRN does not
 #          read it). One process per model and test kind, so a failure loses only its own rows.
@@ -137,9 +139,9 @@ mode_sala() {
   cp "$KEEP/qwen3-8b.json" "$OUT/qwen3-8b-config.json"
   local qwen=$KEEP/qwen3-8b.json
   sala_bench qwen3-prefill --synthetic "$qwen" --bits 8 -p 4096,32768 -n 0 -r 3
-  sala_bench qwen3-decode --synthetic "$qwen" --bits 8 -p 0 -n 64 -d 4096,32768,131072 -r 3
+  sala_bench qwen3-decode --synthetic "$qwen" --bits 8 -p 0 -n 64 -d 4096,32768,131072 -r 3 --draft-layers 0
   sala_bench sala-prefill --synthetic minicpm-sala-9b --bits 8 -p 4096,32768 -n 0 -r 3
-  sala_bench sala-decode --synthetic minicpm-sala-9b --bits 8 -p 0 -n 64 -d 4096,32768,131072 -r 3
+  sala_bench sala-decode --synthetic minicpm-sala-9b --bits 8 -p 0 -n 64 -d 4096,32768,131072 -r 3 --draft-layers 0
   sala_bench sala-q4-decode --synthetic minicpm-sala-9b --bits 4 -p 0 -n 64 -d 4096 -r 3
 }
 

@@ -198,6 +198,7 @@ pub fn on_cpu() -> bool {
 /// while the process tears MLX down can corrupt the heap.
 pub fn settle() {
     if SELECTED.load(std::sync::atomic::Ordering::Relaxed) {
+        super::encoder::drain();
         unsafe {
             mlx_sys::mlx_synchronize_default();
         }

@@ -1,7 +1,8 @@
 //! The generate loop: chunked prefill, then sample → forward one token → repeat, with stop
 //! conditions, timing and (optionally) every distribution the tokens were drawn from.
 
-use super::cache::ModelCache;
+use super::cache::{Checkpoint, ModelCache};
+use super::encoder::Encoder;
 use super::prefix_cache::Trail;
 use super::error::{Error, Result};
 use super::logprobs::TokenLogprobs;
@@ -152,9 +153,13 @@ pub struct Decoding {
     prefilled: usize,
     /// Tokens drawn but not handed out yet (a speculative round draws several at once).
     ready: VecDeque<Drawn>,
-    /// Greedy decoding on the device: the next token, chosen (argmax) and being computed on the
-    /// device from the cache as it stands, not read yet.
-    in_flight: Option<Array>,
+    /// Greedy decoding on the device: the next tokens, chosen (argmax) on the device and not read
+    /// yet, oldest first; those already run through the model carry the cache's checkpoint from
+    /// before they went in.
+    in_flight: VecDeque<InFlight>,
+    /// The cache before the token handed out last went in, when it ran ahead (greedy on the
+    /// device): a stop on that token goes back to it.
+    rewind: Option<Checkpoint>,
     /// Whether the token handed out last is already in the cache (run ahead or an accepted guess).
     last_in_cache: bool,
     /// Log-probabilities to keep (see [`Decoding::with_logprobs`]).
@@ -176,6 +181,19 @@ pub struct LogprobOptions {
 /// Prompt tokens per forward call when the prompt is scored: every position's logits are
 /// computed, `[chunk, vocab]` float32 at once.
 const SCORING_CHUNK: usize = 512;
+
+/// Forward steps plain greedy decoding on the device has queued when it reads a token: token n
+/// is read with n and n+1 already gone in, so the next step is built while the evaluator thread
+/// (engine::encoder) still encodes the one before (eval/results/kernel-notes.md).
+const RUN_AHEAD: usize = 2;
+
+/// A greedy token chosen on the device, not read yet.
+struct InFlight {
+    /// `[1, 1]` int32.
+    token: Array,
+    /// Set once the token was run through the model: the cache before it went in.
+    fed: Option<Checkpoint>,
+}
 
 /// A token drawn from the model, waiting to be handed out.
 struct Drawn {
@@ -230,7 +248,8 @@ impl Decoding {
             pending: None,
             prefilled: 0,
             ready: VecDeque::new(),
-            in_flight: None,
+            in_flight: VecDeque::new(),
+            rewind: None,
             last_in_cache: false,
             logprobs: LogprobOptions::default(),
             token_logprobs: Vec::new(),
@@ -324,7 +343,13 @@ impl Decoding {
         if !self.is_prefilled() {
             return Err(Error::Usage("Decoding::next before the prompt was prefilled".into()));
         }
-        let on_device = pipeline && sampler.is_plain_greedy() && !self.opts.keep_logits && self.logprobs.generated.is_none() && self.opts.draft.is_none();
+        // A windowed cache may have dropped tokens since a checkpoint, so it is never rolled back.
+        let on_device = pipeline
+            && sampler.is_plain_greedy()
+            && !self.opts.keep_logits
+            && self.logprobs.generated.is_none()
+            && self.opts.draft.is_none()
+            && !cache.is_windowed();
         if self.ready.is_empty() {
             match (self.pending.take(), self.opts.draft) {
                 (Some(previous), Some(draft)) => self.speculate(model, cache, sampler, previous, draft)?,
@@ -350,6 +375,9 @@ impl Decoding {
         self.generation.tokens.push(token);
         self.history.push(token);
         self.last_in_cache = in_cache;
+        if !in_cache {
+            self.rewind = None;
+        }
         let info = model.info();
         if !self.opts.ignore_eos && info.eos_token_ids.contains(&token) {
             self.stop(model, cache, StopReason::EndOfSequence)?;
@@ -366,18 +394,26 @@ impl Decoding {
     /// Tokens in the cache that plain decoding would not have fed yet: the last one handed out
     /// (plain decoding feeds it at the next call) and those drawn but not handed out.
     fn ahead(&self) -> usize {
-        self.last_in_cache as usize + self.ready.iter().filter(|d| d.in_cache).count()
+        self.last_in_cache as usize
+            + self.ready.iter().filter(|d| d.in_cache).count()
+            + self.in_flight.iter().filter(|f| f.fed.is_some()).count()
     }
 
     /// Stops; the cache is rolled back to what plain decoding would hold (the prompt and every
     /// token handed out but the last).
     fn stop(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, reason: StopReason) -> Result<()> {
         let ahead = self.ahead();
-        if ahead > 0 {
+        if !self.in_flight.is_empty() {
+            // Nothing may evaluate on this thread while the evaluator still encodes a step.
+            Encoder::for_this_thread().wait()?;
+            self.in_flight.clear();
+        }
+        if let Some(checkpoint) = self.rewind.take() {
+            cache.restore(checkpoint);
+        } else if ahead > 0 {
             model.truncate_cache(cache, cache.len() - ahead)?;
         }
         self.ready.clear();
-        self.in_flight = None;
         self.generation.stop = reason;
         self.done = true;
         Ok(())
@@ -391,30 +427,47 @@ impl Decoding {
         self.stop(model, cache, StopReason::Cancelled)
     }
 
-    /// Plain greedy decoding that keeps the device busy: the token to hand out (in flight, or the
-    /// argmax of the prompt's logits) is run through the model and the argmax after it queued
-    /// (`async_eval`) before the token is read, so the host builds step n+1 while the device runs
-    /// step n and no logits come to the host. The token handed out is thus already in the cache;
-    /// if generation stops on it, it is rolled back (the step records a replay for that).
+    /// Plain greedy decoding that keeps the device busy: the token to hand out and the one after
+    /// it ([`RUN_AHEAD`]) are run through the model, and the argmax after each queued, before the
+    /// token is read; no logits come to the host. The token handed out is thus already in the
+    /// cache, with one more behind it; if generation stops on it, the cache goes back to the
+    /// checkpoint taken before it went in.
     fn greedy_ahead(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, previous: Option<u32>) -> Result<()> {
-        let token = match self.in_flight.take() {
-            Some(token) => token,
-            None => {
-                if let Some(previous) = previous {
-                    self.logits = to_vec_f32(&forward_eval(model, cache, &[previous], Logits::Last)?)?;
-                }
-                Array::from_slice(&[super::sampler::argmax(&std::mem::take(&mut self.logits)) as i32], &[1, 1])
+        let encoder = Encoder::for_this_thread();
+        if self.in_flight.is_empty() {
+            encoder.wait()?;
+            if let Some(previous) = previous {
+                self.logits = to_vec_f32(&forward_eval(model, cache, &[previous], Logits::Last)?)?;
             }
-        };
-        // Nothing to run ahead for when this token is the last one allowed.
-        let last = self.generation.tokens.len() + 1 >= self.opts.max_tokens || cache.len() + 1 >= model.info().max_context;
-        if !last {
-            let (logits, state) = with_replay(cache, |cache| forward_batch_lazy(model, &token, &mut [cache], Logits::Last))?;
-            self.in_flight = Some(queue_argmax(&logits, &state)?);
+            let first = super::sampler::argmax(&std::mem::take(&mut self.logits)) as i32;
+            self.in_flight.push_back(InFlight { token: Array::from_slice(&[first], &[1, 1]), fed: None });
+            encoder.settle_inputs(&cache.arrays())?;
         }
-        eval([&token])?;
-        let id = token.as_slice::<i32>()[0] as u32;
-        self.ready.push_back(Drawn { token: id, in_cache: !last, logits: Vec::new() });
+        let max_context = model.info().max_context;
+        loop {
+            let fed = self.in_flight.iter().filter(|f| f.fed.is_some()).count();
+            // The number the last token in flight will have once handed out: nothing is run ahead
+            // for the last one allowed.
+            let number = self.generation.tokens.len() + self.in_flight.len();
+            let back = self.in_flight.back().expect("one token at least is in flight");
+            if fed >= RUN_AHEAD || back.fed.is_some() || number >= self.opts.max_tokens || cache.len() + 1 >= max_context {
+                break;
+            }
+            let checkpoint = cache.checkpoint();
+            let input = back.token.clone();
+            let (next, state) = encoder.build(|| -> Result<(Array, Vec<Array>)> {
+                let (logits, state) = forward_batch_lazy(model, &input, &mut [&mut *cache], Logits::Last)?;
+                Ok((argmax_token(&logits)?, state))
+            })?;
+            encoder.queue(std::iter::once(next.clone()).chain(state).collect())?;
+            self.in_flight.back_mut().expect("checked above").fed = Some(checkpoint);
+            self.in_flight.push_back(InFlight { token: next, fed: None });
+        }
+        let front = self.in_flight.pop_front().expect("one token at least is in flight");
+        let id = encoder.read_i32(&front.token)?[0] as u32;
+        let in_cache = front.fed.is_some();
+        self.rewind = front.fed;
+        self.ready.push_back(Drawn { token: id, in_cache, logits: Vec::new() });
         Ok(())
     }
 
@@ -479,11 +532,25 @@ impl Decoding {
 
     /// The finished generation with its timings.
     pub fn finish(mut self) -> Generation {
-        let stats = &mut self.generation.stats;
-        stats.generated_tokens = self.generation.tokens.len();
+        let mut generation = std::mem::replace(
+            &mut self.generation,
+            Generation { tokens: Vec::new(), logits: Vec::new(), stop: StopReason::Cancelled, stats: Stats::default() },
+        );
+        let stats = &mut generation.stats;
+        stats.generated_tokens = generation.tokens.len();
         stats.decode_seconds = self.started.elapsed().as_secs_f64();
         stats.peak_memory_bytes = mlx_rs::memory::peak_memory().unwrap_or(0);
-        self.generation
+        generation
+    }
+}
+
+impl Drop for Decoding {
+    /// A decoding dropped with steps in flight (its caller gave up on an error) waits for the
+    /// evaluator: this thread may evaluate again only once it is idle (engine::encoder).
+    fn drop(&mut self) {
+        if !self.in_flight.is_empty() {
+            let _ = Encoder::for_this_thread().wait();
+        }
     }
 }
 
@@ -536,10 +603,15 @@ fn draft_guesses(model: &dyn LanguageModel, cache: &mut ModelCache, first: u32, 
     Ok(ids)
 }
 
-/// The argmax of `logits` `[1, vocab]` as a `[1, 1]` token id, queued for evaluation together
-/// with `state` (the caches it depends on), so the device computes it while the host goes on.
+/// The argmax of `logits` `[1, vocab]` as a `[1, 1]` int32 token id, not evaluated.
+fn argmax_token(logits: &Array) -> Result<Array> {
+    Ok(mlx_rs::ops::indexing::argmax_axis(logits, -1, false)?.as_dtype(mlx_rs::Dtype::Int32)?.reshape(&[1, 1])?)
+}
+
+/// [`argmax_token`], queued for evaluation together with `state` (the caches it depends on), so
+/// the device computes it while the host goes on.
 fn queue_argmax(logits: &Array, state: &[Array]) -> Result<Array> {
-    let token = mlx_rs::ops::indexing::argmax_axis(logits, -1, false)?.as_dtype(mlx_rs::Dtype::Int32)?.reshape(&[1, 1])?;
+    let token = argmax_token(logits)?;
     mlx_rs::transforms::async_eval(std::iter::once(&token).chain(state))?;
     Ok(token)
 }
@@ -593,13 +665,17 @@ pub fn extend_along(
 /// step n (`async_eval`, as mlx-lm's generate loop does), so graph construction on the host
 /// overlaps the device's work. For measuring decode speed (`sala bench`).
 pub fn decode_pipelined(model: &dyn LanguageModel, caches: &mut [&mut ModelCache], steps: &[&[u32]]) -> Result<()> {
+    let encoder = Encoder::for_this_thread();
+    encoder.settle_inputs(&caches.iter().flat_map(|c| c.arrays()).collect::<Vec<_>>())?;
     let mut last = None;
     for step in steps {
         let ids: Vec<i32> = step.iter().map(|&t| t as i32).collect();
-        let (logits, state) = forward_batch_lazy(model, &Array::from_slice(&ids, &[ids.len() as i32, 1]), caches, Logits::Last)?;
-        mlx_rs::transforms::async_eval(std::iter::once(&logits).chain(state.iter()))?;
+        let input = Array::from_slice(&ids, &[ids.len() as i32, 1]);
+        let (logits, state) = encoder.build(|| forward_batch_lazy(model, &input, caches, Logits::Last))?;
+        encoder.queue(std::iter::once(logits.clone()).chain(state.iter().cloned()).collect())?;
         last = Some((logits, state));
     }
+    encoder.wait()?;
     if let Some((logits, state)) = last {
         eval(std::iter::once(&logits).chain(state.iter()))?;
     }

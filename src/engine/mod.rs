@@ -8,6 +8,7 @@ pub mod config;
 pub mod contain;
 pub mod device;
 pub mod distributed;
+pub mod encoder;
 pub mod error;
 pub mod generate;
 pub mod gguf;

@@ -33,8 +33,13 @@ fn made_once(shape: &[i32], value: f32, dtype: Dtype, make: impl FnOnce() -> Res
         if made.len() >= 1024 {
             made.clear(); // Callers use a handful of constants and shapes; never grow without bound.
         }
-        let a = make()?;
-        a.eval()?;
+        // Made and evaluated on this thread's own stream even while a decode step is being
+        // built for the evaluator thread (engine::encoder).
+        let a = super::encoder::own_stream(|| -> Result<Array> {
+            let a = make()?;
+            a.eval()?;
+            Ok(a)
+        })?;
         made.insert(key, a.clone());
         Ok(a)
     })

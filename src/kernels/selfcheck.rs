@@ -199,7 +199,9 @@ impl Registry {
             return true;
         }
         // Not under the lock: a check may launch other kernels, whose first use checks them.
-        let status = match std::panic::catch_unwind(check.run) {
+        // On this thread's own stream: the first use may come while a decode step is being
+        // built for the evaluator thread (engine::encoder).
+        let status = match crate::engine::encoder::own_stream(|| std::panic::catch_unwind(check.run)) {
             Ok(Ok(())) => Status::Verified,
             Ok(Err(reason)) => Status::Disabled(reason),
             Err(panic) => Status::Disabled(format!("its check panicked: {}", panic_text(panic.as_ref()))),
