@@ -135,6 +135,9 @@ impl TensorParallel {
             }
             Group { raw }
         };
+        if backend == Backend::Ring {
+            super::encoder::keep_on_calling_thread();
+        }
         // SAFETY: a live group.
         let (rank, found) = unsafe {
             (mlx_sys::mlx_distributed_group_rank(group.raw) as usize, mlx_sys::mlx_distributed_group_size(group.raw) as usize)

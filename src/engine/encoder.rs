@@ -78,11 +78,22 @@ thread_local! {
     static BUILDING: Cell<Option<mlx_sys::mlx_stream>> = const { Cell::new(None) };
 }
 
+/// Set by [`keep_on_calling_thread`].
+static CALLING_THREAD_ONLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Keeps every later step of this process on the thread that builds it. For MLX's ring
+/// collectives, which run on the building thread's CPU stream: with the model on a GPU that is not
+/// the stream a build swaps for the shared one, and the evaluator could not encode it.
+pub fn keep_on_calling_thread() {
+    CALLING_THREAD_ONLY.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Whether steps are encoded on the evaluator thread: on the CPU and CUDA, unless
-/// `SALA_ENCODER=off` (for A/B measurements).
+/// `SALA_ENCODER=off` (for A/B measurements) or [`keep_on_calling_thread`].
 fn enabled() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("SALA_ENCODER").is_ok_and(|v| v == "off" || v == "0"));
+    let off = *OFF.get_or_init(|| std::env::var("SALA_ENCODER").is_ok_and(|v| v == "off" || v == "0"))
+        || CALLING_THREAD_ONLY.load(std::sync::atomic::Ordering::Relaxed);
     !off && (super::device::on_cpu() || super::device::gpu_backend() == Some("cuda"))
 }
 
