@@ -392,7 +392,8 @@ impl Decoding {
     }
 
     /// Tokens in the cache that plain decoding would not have fed yet: the last one handed out
-    /// (plain decoding feeds it at the next call) and those drawn but not handed out.
+    /// (plain decoding feeds it at the next call), those drawn but not handed out, and greedy
+    /// tokens run ahead and not read yet.
     fn ahead(&self) -> usize {
         self.last_in_cache as usize
             + self.ready.iter().filter(|d| d.in_cache).count()
@@ -661,9 +662,9 @@ pub fn extend_along(
 }
 
 /// Decodes known tokens, `steps[i]` holding step i's token for each sequence (row b on
-/// `caches[b]`), one batched forward call a step, building step n+1 while the device still runs
-/// step n (`async_eval`, as mlx-lm's generate loop does), so graph construction on the host
-/// overlaps the device's work. For measuring decode speed (`sala bench`).
+/// `caches[b]`), one batched forward call a step, building step n+1 while the evaluator thread
+/// encodes step n and the device runs the steps before (engine::encoder), so the host's work
+/// overlaps the device's. For measuring decode speed (`sala bench`).
 pub fn decode_pipelined(model: &dyn LanguageModel, caches: &mut [&mut ModelCache], steps: &[&[u32]]) -> Result<()> {
     let encoder = Encoder::for_this_thread();
     encoder.settle_inputs(&caches.iter().flat_map(|c| c.arrays()).collect::<Vec<_>>())?;
