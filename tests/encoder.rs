@@ -46,6 +46,9 @@ fn sala_steps_on_the_evaluator_thread_match_steps_on_this_thread() {
     let case = "C_sparse_prefill";
     let model = sala::models::load(&golden(case), Some(Dtype::Float32)).unwrap();
     let prompt = ids(&tokens(case), "prompt_ids");
+    // First, from an empty cache on the model as loading left it: the first step reads weights
+    // that are still lazy on this thread's own stream.
+    assert_pipelined_matches(model.as_ref(), &[], &prompt[..8], "the model's first step");
     // Dense, crossing dense_len = 256 while decoding, and sparse (1500 tokens in).
     assert_pipelined_matches(model.as_ref(), &prompt[..40], &prompt[40..52], "dense");
     assert_pipelined_matches(model.as_ref(), &prompt[..250], &prompt[250..262], "across dense_len");
@@ -56,6 +59,7 @@ fn sala_steps_on_the_evaluator_thread_match_steps_on_this_thread() {
 fn dense_steps_on_the_evaluator_thread_match_steps_on_this_thread() {
     let model = sala::models::load(&smollm2_gguf(), Some(Dtype::Float32)).unwrap();
     let prompt: Vec<u32> = (300..340).collect();
+    assert_pipelined_matches(model.as_ref(), &[], &[17, 900, 4, 4], "smollm2, its first step");
     assert_pipelined_matches(model.as_ref(), &prompt, &[17, 900, 4, 4, 31, 2000, 5, 8], "smollm2");
 }
 

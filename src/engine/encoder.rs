@@ -12,9 +12,9 @@
 //!   values it needs come through the evaluator ([`Encoder::read_i32`]), and the evaluations a
 //!   build may make on first use (constants, kernel self-checks) go through [`own_stream`], which
 //!   waits for the evaluator and runs them on the thread's own stream;
-//! - arrays a pipelined step reads that were made on the thread's own stream must be evaluated
-//!   before the first step is queued ([`Encoder::settle_inputs`]): the evaluator cannot encode
-//!   another thread's stream.
+//! - the first step of a run is built and queued on this thread, on its own stream
+//!   ([`Encoder::starting`]): it evaluates what the steps read that earlier work left lazy there
+//!   (weights cast at load, a cache just rolled back), which the evaluator could not encode.
 //!
 //! On Metal (not tested there) and with `SALA_ENCODER=off` the same interface encodes on the
 //! calling thread, as before.
@@ -221,30 +221,27 @@ impl Evaluator {
 /// thread itself (Metal, `SALA_ENCODER=off`), behind one interface.
 pub struct Encoder {
     evaluator: Option<Rc<Evaluator>>,
+    /// The next step is built and queued on this thread ([`Encoder::starting`]).
+    here: Cell<bool>,
 }
 
 impl Encoder {
     /// The encoder for this thread and the default device.
     pub fn for_this_thread() -> Encoder {
-        Encoder { evaluator: Evaluator::for_this_thread() }
+        Encoder { evaluator: Evaluator::for_this_thread(), here: Cell::new(false) }
+    }
+
+    /// For a run's first step: once the evaluator is idle, that step is built and queued on this
+    /// thread, on its own stream; the steps after it go to the evaluator.
+    pub fn starting(self) -> Result<Encoder> {
+        self.wait()?;
+        self.here.set(true);
+        Ok(self)
     }
 
     /// Whether steps go to the evaluator thread.
     pub fn is_threaded(&self) -> bool {
         self.evaluator.is_some()
-    }
-
-    /// Evaluates `arrays`, on this thread's own stream once the evaluator is idle: what the
-    /// first pipelined step reads that earlier work may have left lazy (the evaluator cannot
-    /// encode this thread's stream).
-    pub fn settle_inputs(&self, arrays: &[Array]) -> Result<()> {
-        match &self.evaluator {
-            Some(evaluator) => {
-                evaluator.wait()?;
-                mlx_rs::transforms::eval(arrays)
-            }
-            None => Ok(()),
-        }
     }
 
     /// Runs `build` with the shared stream as this thread's default, so the graph it makes can be
@@ -262,7 +259,7 @@ impl Encoder {
                 }
             }
         }
-        let Some(evaluator) = &self.evaluator else {
+        let Some(evaluator) = self.evaluator.as_ref().filter(|_| !self.here.get()) else {
             return build();
         };
         let restore = if BUILDING.with(|b| b.get()).is_some() {
@@ -281,7 +278,7 @@ impl Encoder {
     /// Queues the computation of `arrays` (a step's outputs and the caches it leaves) on the
     /// device, through the evaluator, which may be [`QUEUE_DEPTH`] steps behind before this waits.
     pub fn queue(&self, arrays: Vec<Array>) -> Result<()> {
-        match &self.evaluator {
+        match self.evaluator.as_ref().filter(|_| !self.here.replace(false)) {
             Some(evaluator) => evaluator.send(Work::Eval(arrays)),
             None => mlx_rs::transforms::async_eval(&arrays),
         }

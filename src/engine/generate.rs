@@ -434,15 +434,14 @@ impl Decoding {
     /// cache, with one more behind it; if generation stops on it, the cache goes back to the
     /// checkpoint taken before it went in.
     fn greedy_ahead(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, previous: Option<u32>) -> Result<()> {
-        let encoder = Encoder::for_this_thread();
+        let mut encoder = Encoder::for_this_thread();
         if self.in_flight.is_empty() {
-            encoder.wait()?;
+            encoder = encoder.starting()?;
             if let Some(previous) = previous {
                 self.logits = to_vec_f32(&forward_eval(model, cache, &[previous], Logits::Last)?)?;
             }
             let first = super::sampler::argmax(&std::mem::take(&mut self.logits)) as i32;
             self.in_flight.push_back(InFlight { token: Array::from_slice(&[first], &[1, 1]), fed: None });
-            encoder.settle_inputs(&cache.arrays())?;
         }
         let max_context = model.info().max_context;
         loop {
@@ -666,8 +665,7 @@ pub fn extend_along(
 /// encodes step n and the device runs the steps before (engine::encoder), so the host's work
 /// overlaps the device's. For measuring decode speed (`sala bench`).
 pub fn decode_pipelined(model: &dyn LanguageModel, caches: &mut [&mut ModelCache], steps: &[&[u32]]) -> Result<()> {
-    let encoder = Encoder::for_this_thread();
-    encoder.settle_inputs(&caches.iter().flat_map(|c| c.arrays()).collect::<Vec<_>>())?;
+    let encoder = Encoder::for_this_thread().starting()?;
     let mut last = None;
     for step in steps {
         let ids: Vec<i32> = step.iter().map(|&t| t as i32).collect();
