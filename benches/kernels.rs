@@ -724,8 +724,10 @@ fn cuda_profiler(start: bool) {
 /// One decode step of the synthetic 9B at 4K context (or the number after `decode-step`), batch
 /// 1 and 8 (batch 1 only above 16K), split into where the time goes: building the lazy graph, encoding it for the device (`async_eval` returns once
 /// every operation is encoded), and waiting for the device after that; then the same steps
-/// pipelined as `sala bench` runs them (the host encodes step n+1 while the device runs step n).
-/// Pipelined ≈ build + encode means the host bounds decode; ≈ build + encode + wait, the device.
+/// pipelined on one thread (the host encodes step n+1 while the device runs step n), and as `sala
+/// bench` runs them, the evaluator thread encoding step n while this one builds step n+1
+/// (engine::encoder). Pipelined ≈ build + encode means the host bounds decode; ≈ build + encode
+/// + wait, the device; threaded ≈ max(build, encode), the host still.
 fn decode_step_split() {
     use mlx_rs::transforms::async_eval;
     use sala::engine::cache::ModelCache;
@@ -733,8 +735,8 @@ fn decode_step_split() {
     let context = numbers_after("decode-step", "[CONTEXT]").first().copied().unwrap_or(4096);
     let model = synthetic_9b();
     println!("context {context}");
-    println!("| batch | build µs | encode µs | wait µs | sequential µs | pipelined µs |");
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("| batch | build µs | encode µs | wait µs | sequential µs | pipelined µs | threaded µs |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     let batches: &[usize] = if context > 16384 { &[1] } else { &[1, 8] };
     for &batch in batches {
         let mut caches: Vec<ModelCache> = (0..batch).map(|_| model.new_cache()).collect();
@@ -771,14 +773,20 @@ fn decode_step_split() {
         }
         eval(last.iter()).unwrap();
         let pipelined = start.elapsed().as_secs_f64();
+        let known: Vec<Vec<u32>> = vec![vec![7; batch]; STEPS];
+        let known: Vec<&[u32]> = known.iter().map(Vec::as_slice).collect();
+        let start = Instant::now();
+        sala::engine::generate::decode_pipelined(model.as_ref(), &mut caches.iter_mut().collect::<Vec<_>>(), &known).unwrap();
+        let threaded = start.elapsed().as_secs_f64();
         let us = |x: f64| x / STEPS as f64 * 1e6;
         println!(
-            "| {batch} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {batch} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
             us(build),
             us(encode),
             us(wait),
             us(build + encode + wait),
-            us(pipelined)
+            us(pipelined),
+            us(threaded)
         );
     }
 }

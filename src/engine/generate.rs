@@ -667,14 +667,18 @@ pub fn extend_along(
 pub fn decode_pipelined(model: &dyn LanguageModel, caches: &mut [&mut ModelCache], steps: &[&[u32]]) -> Result<()> {
     let encoder = Encoder::for_this_thread().starting()?;
     let mut last = None;
-    for step in steps {
+    let queued = steps.iter().try_for_each(|step| -> Result<()> {
         let ids: Vec<i32> = step.iter().map(|&t| t as i32).collect();
         let input = Array::from_slice(&ids, &[ids.len() as i32, 1]);
         let (logits, state) = encoder.build(|| forward_batch_lazy(model, &input, caches, Logits::Last))?;
         encoder.queue(std::iter::once(logits.clone()).chain(state.iter().cloned()).collect())?;
         last = Some((logits, state));
-    }
-    encoder.wait()?;
+        Ok(())
+    });
+    // Also after a failure: the caller may evaluate on this thread once the evaluator is idle.
+    let waited = encoder.wait();
+    queued?;
+    waited?;
     if let Some((logits, state)) = last {
         eval(std::iter::once(&logits).chain(state.iter()))?;
     }
