@@ -30,20 +30,24 @@ pub fn gpu_available() -> bool {
     }
 }
 
-/// Which GPU backend this libmlx was built with, if any.
+/// Which GPU backend this libmlx was built with, if any (fixed for the process, so asked of MLX
+/// once: decoding asks at every token).
 pub fn gpu_backend() -> Option<&'static str> {
-    let (mut metal, mut cuda) = (false, false);
-    unsafe {
-        mlx_sys::mlx_metal_is_available(&mut metal);
-        mlx_sys::mlx_cuda_is_available(&mut cuda);
-    }
-    if cuda {
-        Some("cuda")
-    } else if metal {
-        Some("metal")
-    } else {
-        None
-    }
+    static BACKEND: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
+    *BACKEND.get_or_init(|| {
+        let (mut metal, mut cuda) = (false, false);
+        unsafe {
+            mlx_sys::mlx_metal_is_available(&mut metal);
+            mlx_sys::mlx_cuda_is_available(&mut cuda);
+        }
+        if cuda {
+            Some("cuda")
+        } else if metal {
+            Some("metal")
+        } else {
+            None
+        }
+    })
 }
 
 /// The device `kind` names, by default the GPU when there is one.
@@ -194,7 +198,7 @@ pub fn on_cpu() -> bool {
 
 /// Waits until the default stream's queued work is done, if a device was selected (a command
 /// that never ran a model does not start one here). Called before the process exits: a step
-/// still running on MLX's worker thread (decoding queues one ahead of the token it hands out)
+/// still running on MLX's worker thread (decoding queues steps ahead of the token it hands out)
 /// while the process tears MLX down can corrupt the heap.
 pub fn settle() {
     if SELECTED.load(std::sync::atomic::Ordering::Relaxed) {

@@ -102,13 +102,7 @@ fn error(message: impl Into<String>) -> Exception {
 }
 
 fn default_device_type() -> Option<mlx_sys::mlx_device_type> {
-    unsafe {
-        let mut device = mlx_sys::mlx_device_new();
-        let mut kind = mlx_sys::mlx_device_type__MLX_CPU;
-        let ok = mlx_sys::mlx_get_default_device(&mut device) == 0 && mlx_sys::mlx_device_get_type(&mut kind, device) == 0;
-        mlx_sys::mlx_device_free(device);
-        ok.then_some(kind)
-    }
+    mlx_rs::Device::try_default().and_then(|d| d.get_type()).ok().map(Into::into)
 }
 
 /// The calling thread's default stream on the default device.
@@ -385,10 +379,10 @@ pub fn own_stream<T>(f: impl FnOnce() -> T) -> T {
 
 /// Waits for this thread's evaluator, if it has one (before the process exits).
 pub fn drain() {
-    if let Some(encoder) = EVALUATOR.with(|slot| slot.borrow().clone()) {
-        let _ = encoder.wait();
+    if let Some(evaluator) = EVALUATOR.with(|slot| slot.borrow().clone()) {
+        let _ = evaluator.wait();
         unsafe {
-            mlx_sys::mlx_synchronize(encoder.shared.stream);
+            mlx_sys::mlx_synchronize(evaluator.shared.stream);
         }
     }
 }
