@@ -12,7 +12,7 @@ use sala::kernels::custom::{backend, Backend};
 use sala::kernels::gla::{alibi_slopes, simple_gla, simple_gla_recurrent, simple_gla_step};
 use sala::kernels::qmv::{
     quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
-    MmaTiling, QmvTiling, RmsNormIn,
+    MmaTiling, QmvTiling, RmsNormIn, MMA_ROWS_PER_WARP,
 };
 use sala::kernels::sparse::{decode_attention, decode_attention_mlx, with_decode_splits, BlockSelection, DecodeQuery};
 use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_mlx, compressed_keys, select_blocks, select_blocks_mlx};
@@ -42,7 +42,14 @@ fn time(mut f: impl FnMut() -> Vec<Array>) -> f64 {
     times[times.len() / 2]
 }
 
+/// The kernel-against-MLX table's header, once (modes that print other tables print none).
+fn kernel_table_header() {
+    static HEADER: std::sync::Once = std::sync::Once::new();
+    HEADER.call_once(|| println!("| kernel | kernel µs | MLX µs | speed-up | note |\n|---|---:|---:|---:|---|"));
+}
+
 fn row(name: &str, kernel: f64, mlx: f64, extra: &str) {
+    kernel_table_header();
     println!("| {name} | {:.1} | {:.1} | {:.2}× | {extra} |", kernel * 1e6, mlx * 1e6, mlx / kernel);
 }
 
@@ -51,8 +58,6 @@ fn main() {
         println!("no GPU backend in this MLX build: nothing to time");
         return;
     }
-    println!("| kernel | kernel µs | MLX µs | speed-up | note |");
-    println!("|---|---:|---:|---:|---|");
     let sel = BlockSelection { block: 64, kernel: 32, stride: 16, kernel2: 128, stride2: 64, init_blocks: 1, local_blocks: 32, topk: 96 };
     // `kernels sparse-step` times only the sparse layer's step on a cache.
     if std::env::args().skip(1).any(|a| a == "sparse-step") {
@@ -214,6 +219,7 @@ fn decode_attention_by_depth() {
 }
 
 fn sparse_step_on_a_cache(sel: &BlockSelection) {
+    kernel_table_header();
     let (hq, hkv, d) = (32, 2, 128);
     let scale = (d as f32).powf(-0.5);
     for kv_len in [32768usize, 131072] {
@@ -463,7 +469,8 @@ fn qmv_tiling_sweep() {
     let mma = |t, u, g| MmaTiling { out_tiles: t, in_flight: u, grid_warps: g };
     // `qmv-tiling 8` or `qmv-tiling 4`: one width only; `qmv-tiling 8 o_proj`: one product too
     // (`all`: every product); `qmv-tiling 8 all 8`: one count of input rows (1 or 8) too;
-    // `qmv-tiling 8 all 1 async`: the default and the cp.async tilings only.
+    // `qmv-tiling 8 all 1 async`: the default and the cp.async tilings only (at 4 bits, register
+    // loads of up to 8 steps are swept for the tensor-core form only).
     let args: Vec<String> = std::env::args().skip_while(|a| a != "qmv-tiling").skip(1).take_while(|a| !a.starts_with('-')).collect();
     let only: Option<i32> = args.first().map(|b| match b.parse() {
         Ok(bits @ (4 | 8)) => bits,
@@ -475,6 +482,8 @@ fn qmv_tiling_sweep() {
         _ => panic!("kernels qmv-tiling [BITS [PRODUCT [ROWS]]]: ROWS is 1 or 8, not `{r}`"),
     });
     let async_only = args.get(3).is_some_and(|a| a == "async");
+    // `qmv-tiling 4 all 1 tc`: the default and the tensor-core tilings only.
+    let tensor_cores_only = args.get(3).is_some_and(|a| a == "tc");
     let start = Instant::now();
     for bits in [8, 4].into_iter().filter(|b| only.is_none_or(|o| o == *b)) {
         for &(name, n, k, product) in cases.iter().filter(|c| product_filter.as_ref().is_none_or(|p| c.0.contains(p.as_str()))) {
@@ -522,22 +531,30 @@ fn qmv_tiling_sweep() {
                 if rows == 1 {
                     let chunks = k * bits / 128;
                     let mut tilings = vec![None];
-                    let outputs: &[i32] = if bits == 4 { &[1, 2, 4] } else { &[1, 2] };
+                    // At 4 bits, 16 weight rows a warp is the tensor-core form.
+                    let outputs: &[i32] = if bits == 4 { &[1, 2, 4, 8, 16] } else { &[1, 2] };
                     for &o in outputs {
                         for split in [1, 2, 4, 8] {
                             // Register loads with 1, 2 or 4 chunks in flight; cp.async rings of 2, 3,
                             // 4 and 6 slots (those that fit beside the staged x of a normed product).
-                            let register = [1, 2, 4].map(|u| (u, false));
+                            let register = [1, 2, 4, 8].map(|u| (u, false));
                             let ring = [2, 3, 4, 6].map(|u| (u, true));
                             for (u, a) in register.into_iter().filter(|_| !async_only).chain(ring) {
                                 let t = general(8, o, split, u, a);
-                                // SwiGLU warps do not split K; every lane of a warp gets U chunks.
-                                let fits = (!swiglu || split == 1) && chunks / split >= 32 * u;
+                                let tensor_cores = bits == 4 && (if swiglu { 2 * o } else { o }) % MMA_ROWS_PER_WARP == 0;
+                                // Every lane of a warp gets U chunks (the tensor-core form: the 4
+                                // lanes of a row take 4 a step).
+                                let per_round = if tensor_cores { 4 * u } else { 32 * u };
+                                // (More than 4 rows a warp on the CUDA cores do not fit in registers.)
+                                let fits = chunks / split >= per_round
+                                    && !(tensor_cores && a)
+                                    && (tensor_cores || (o <= 4 && u <= 4 && !tensor_cores_only));
                                 let staged = if matches!(product, Product::Normed | Product::NormedSwiGlu) { k as usize * 2 } else { 0 };
                                 let ring_fits = !a || t.ring_fits(swiglu, staged);
                                 // Enough warps to fill the GPU.
                                 let warps_total = n / if swiglu { 2 } else { 1 } / o * split;
-                                if fits && ring_fits && (4096..=80000).contains(&warps_total) {
+                                let least = if tensor_cores { 1024 } else { 4096 };
+                                if fits && ring_fits && (least..=80000).contains(&warps_total) {
                                     tilings.push(Some(t));
                                 }
                             }
@@ -791,39 +808,33 @@ fn decode_step_split() {
     }
 }
 
-/// Pipelined decode steps of the synthetic model (as `decode-step`; context from the number after
-/// `host-profile`, default 4096) for about 6 s under a sampling profiler of the host's threads:
-/// the functions with the most samples, on the stack (inclusive) and at its top (self), so the
-/// host's part of a decode step can be taken apart without perf (the lent machines have none).
+/// Decode steps of the synthetic model as `sala bench` runs them (engine::generate::decode_pipelined:
+/// this thread builds, the evaluator thread encodes; context from the number after `host-profile`,
+/// default 4096) for about 6 s under a sampling profiler of the host's threads: each thread's busy
+/// time and the functions with the most samples, on the stack (inclusive) and at its top (self),
+/// so the host's part of a decode step can be taken apart without perf (the lent machines have
+/// none). A thread busy for the whole step bounds decode.
 fn host_profile_of_decoding() {
-    use mlx_rs::transforms::async_eval;
     use sala::engine::cache::ModelCache;
-    use sala::engine::model::Logits;
     use std::collections::{HashMap, HashSet};
     let context = numbers_after("host-profile", "[CONTEXT]").first().copied().unwrap_or(4096);
     let model = synthetic_9b();
     let mut cache: ModelCache = model.new_cache();
     prefill_random(model.as_ref(), &mut cache, context, 3);
-    let tokens = Array::from_slice(&[7i32], &[1, 1]);
-    let step = |cache: &mut ModelCache| {
-        let logits = model.forward_batch(&tokens, &mut [cache], Logits::Last, None).unwrap();
-        let outputs: Vec<Array> = std::iter::once(logits).chain(cache.arrays()).collect();
-        async_eval(outputs.iter()).unwrap();
-        outputs
-    };
-    for _ in 0..16 {
-        eval(step(&mut cache).iter()).unwrap();
-    }
+    const RUN: usize = 32;
+    let known: Vec<&[u32]> = vec![&[7u32][..]; RUN];
+    let decode = |cache: &mut ModelCache| sala::engine::generate::decode_pipelined(model.as_ref(), &mut [cache], &known).unwrap();
+    decode(&mut cache);
     let guard = pprof::ProfilerGuardBuilder::default().frequency(2000).build().expect("the profiler starts");
+    let cpu_before = process_cpu_seconds();
     let start = Instant::now();
     let mut steps = 0;
-    let mut last = Vec::new();
     while start.elapsed().as_secs_f64() < 6.0 {
-        last = step(&mut cache);
-        steps += 1;
+        decode(&mut cache);
+        steps += RUN;
     }
-    eval(last.iter()).unwrap();
     let seconds = start.elapsed().as_secs_f64();
+    let cpu = process_cpu_seconds() - cpu_before;
     let report = guard.report().build().expect("the profile is read");
     // Per thread: samples, and per function the samples it is on the stack of (once each) and on top of.
     let mut threads: HashMap<String, usize> = HashMap::new();
@@ -841,8 +852,13 @@ fn host_profile_of_decoding() {
             *inclusive.entry(name).or_default() += count;
         }
     }
-    println!("context {context}: {steps} steps in {seconds:.2} s, {:.0} µs a step; {total} samples", seconds / steps as f64 * 1e6);
-    let per_step = |n: usize| n as f64 / total as f64 * seconds / steps as f64 * 1e6;
+    println!(
+        "context {context}: {steps} steps in {seconds:.2} s, {:.0} µs a step; {:.0} µs of the process's CPU time a step; {total} samples",
+        seconds / steps as f64 * 1e6,
+        cpu / steps as f64 * 1e6
+    );
+    // The profiler samples CPU time: a sample's share of the process's CPU time.
+    let per_step = |n: usize| n as f64 / total as f64 * cpu / steps as f64 * 1e6;
     let print = |title: &str, map: &HashMap<String, usize>, n: usize| {
         let mut rows: Vec<_> = map.iter().collect();
         rows.sort_by(|a, b| b.1.cmp(a.1));
@@ -854,6 +870,15 @@ fn host_profile_of_decoding() {
     print("thread", &threads, 8);
     print("function (inclusive)", &inclusive, 70);
     print("function (self)", &own, 50);
+}
+
+/// User and system CPU time of this process, all threads, in seconds (/proc/self/stat).
+fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat is readable");
+    // Fields after the command name in parentheses; utime and stime are the 14th and 15th.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
 
 /// A demangled symbol without its argument list, and cut to 110 characters.

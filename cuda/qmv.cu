@@ -7,8 +7,9 @@
 // 8 bits, 32 at 4), U chunks of each row in flight, and the warp reduces at the end. Weight bytes are read once;
 // x is small and stays in L1/L2 and is read 16 bytes at a time. Quantized values become floats
 // through the exponent trick (0x4B000000 | q is the float 2^23 + q), which is cheaper than an
-// integer conversion. Accumulation is float32. Needs unpack.cu (sala_load8) and, for ASYNC,
-// mma.cu (sala_shared_address).
+// integer conversion. Accumulation is float32. 4-bit warps of 16 rows in 16-bit types take the
+// tensor-core core of qmv_rows_mma.cu instead (sala_qmv_rows below chooses). Needs unpack.cu
+// (sala_load8), mma.cu (sala_shared_address, sala_mma) and qmv_rows_mma.cu.
 //
 // The chunks reach the lane in one of two ways. In registers (ASYNC false): the lane asks for U
 // chunks, uses them, then asks for the next U, so its loads come in bursts and each one in flight
@@ -26,12 +27,12 @@ __device__ __forceinline__ void sala_qmv_copy16(void* dst, const void* src) {
 }
 
 // The warp's sums over the 16-byte chunks [c_begin, c_end) of the NR output rows n[0..NR) of
-// every input row, reduced into every lane's acc. Each x chunk is loaded once for all NR rows (x
+// every input row, reduced into every lane's acc, on the CUDA cores. Each x chunk is loaded once for all NR rows (x
 // traffic from L1/L2 had capped the one-row form below the memory bandwidth: q4 ran no faster
 // than q8). prepare() runs once before x is read (the normed products write x there; every thread
 // of the block calls it), after the first copies are on their way when ASYNC.
 template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U, bool ASYNC, typename Prepare>
-__device__ __forceinline__ void sala_qmv_rows(
+__device__ __forceinline__ void sala_qmv_rows_fma(
     const T* x, const uint32_t* w, const T* scales, const T* biases, const int (&n)[NR], int K,
     int c_begin, int c_end, Prepare prepare, float (&acc)[NR][ROWS]) {
   constexpr int PER_CHUNK = 128 / BITS;       // weights per 16-byte chunk
@@ -164,6 +165,19 @@ __device__ __forceinline__ void sala_qmv_rows(
   }
 }
 
+// The core every form below calls: 4-bit warps of 16 weight rows in 16-bit types take the
+// tensor cores (qmv_rows_mma.cu), the rest the CUDA cores' multiply-adds above.
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U, bool ASYNC, typename Prepare>
+__device__ __forceinline__ void sala_qmv_rows(
+    const T* x, const uint32_t* w, const T* scales, const T* biases, const int (&n)[NR], int K,
+    int c_begin, int c_end, Prepare prepare, float (&acc)[NR][ROWS]) {
+  if constexpr (BITS == 4 && NR % 16 == 0 && sizeof(T) == 2) {
+    sala_qmv_rows_mma<T, GROUP, ROWS, NR, U>(x, w, scales, biases, n, K, c_begin, c_end, prepare, acc);
+  } else {
+    sala_qmv_rows_fma<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC>(x, w, scales, biases, n, K, c_begin, c_end, prepare, acc);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ float sala_round(float v) { return static_cast<float>(static_cast<T>(v)); }
 
@@ -186,28 +200,17 @@ struct sala_qmv_ready {
   __device__ void operator()() const {}
 };
 
-// The first of the NR consecutive output rows this warp computes.
-template <int WARPS, int NR>
-__device__ __forceinline__ int sala_qmv_first_row() { return (blockIdx.x * WARPS + (threadIdx.x >> 5)) * NR; }
-
-// y = residual + alpha · (x · Wᵀ), rounded as the separate operations round it; x · Wᵀ when
-// residual is null. alpha comes as the bit pattern of its value in T (a model constant: read
-// from an array the host wrote, it cost the GPU a managed-memory fault per launch). SPLIT warps share each group of NR output rows, each taking a 1/SPLIT of K
-// (their sums meet in shared memory): a matrix of few rows (4096) then still has enough warps,
-// each with few loads one after another, to keep the memory busy.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, int ALPHA_BITS,
-          typename Prepare = sala_qmv_ready>
-__device__ __forceinline__ void sala_qmv_residual(
-    const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, T* y, int N, int K,
-    Prepare prepare = {}) {
+// sala_qmv_rows with SPLIT warps sharing each group of NR output rows, each over a 1/SPLIT of K
+// (their sums meet in shared memory): a matrix of few rows then still has enough warps, each
+// with few loads one after another, to keep the memory busy. The warp's output rows are n[];
+// returns whether this warp holds the whole sums (the first of its SPLIT).
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, typename Prepare>
+__device__ __forceinline__ bool sala_qmv_rows_split(
+    const T* x, const uint32_t* w, const T* scales, const T* biases, const int (&n)[NR], int K, Prepare prepare,
+    float (&acc)[NR][ROWS]) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int part = warp % SPLIT;
-  const int n0 = (blockIdx.x * (WARPS / SPLIT) + warp / SPLIT) * NR;
-  int n[NR];
-#pragma unroll
-  for (int m = 0; m < NR; ++m) n[m] = min(n0 + m, N - 1);
   const int chunks = K / (128 / BITS), per = (chunks + SPLIT - 1) / SPLIT;
-  float acc[NR][ROWS];
   sala_qmv_rows<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC>(
       x, w, scales, biases, n, K, part * per, min(chunks, (part + 1) * per), prepare, acc);
   if (SPLIT > 1) {
@@ -219,7 +222,7 @@ __device__ __forceinline__ void sala_qmv_residual(
         for (int r = 0; r < ROWS; ++r) partial[warp][m][r] = acc[m][r];
     }
     __syncthreads();
-    if (part != 0) return;
+    if (part != 0) return false;
 #pragma unroll
     for (int p = 1; p < SPLIT; ++p)
 #pragma unroll
@@ -227,7 +230,25 @@ __device__ __forceinline__ void sala_qmv_residual(
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) acc[m][r] += partial[warp + p][m][r];
   }
-  if (n0 >= N || lane != 0) return;
+  return true;
+}
+
+// y = residual + alpha · (x · Wᵀ), rounded as the separate operations round it; x · Wᵀ when
+// residual is null. alpha comes as the bit pattern of its value in T (a model constant: read
+// from an array the host wrote, it cost the GPU a managed-memory fault per launch). SPLIT warps
+// share each group of NR output rows (sala_qmv_rows_split).
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, int ALPHA_BITS,
+          typename Prepare = sala_qmv_ready>
+__device__ __forceinline__ void sala_qmv_residual(
+    const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, T* y, int N, int K,
+    Prepare prepare = {}) {
+  const int n0 = (blockIdx.x * (WARPS / SPLIT) + (threadIdx.x >> 5) / SPLIT) * NR;
+  int n[NR];
+#pragma unroll
+  for (int m = 0; m < NR; ++m) n[m] = min(n0 + m, N - 1);
+  float acc[NR][ROWS];
+  const bool whole = sala_qmv_rows_split<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC>(x, w, scales, biases, n, K, prepare, acc);
+  if (!whole || n0 >= N || (threadIdx.x & 31) != 0) return;
   const float a = __int_as_float(ALPHA_BITS);
 #pragma unroll
   for (int m = 0; m < NR; ++m) {
@@ -251,14 +272,15 @@ __device__ __forceinline__ void sala_qmv(
 
 // SwiGLU of a stacked [gate; up] matrix W [2F, K]: y[r, n] = silu(g) · u for g, u the products with
 // rows n and F + n, each intermediate rounded to T as the separate operations round it. A warp
-// takes NR / 2 gate rows and their up rows.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U, bool ASYNC, typename Prepare = sala_qmv_ready>
+// takes NR / 2 gate rows and their up rows; SPLIT warps share them (sala_qmv_rows_split).
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC,
+          typename Prepare = sala_qmv_ready>
 __device__ __forceinline__ void sala_qmv_swiglu(
     const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int F, int K, Prepare prepare = {}) {
   constexpr int HALF = NR / 2;
   // Warps past the last row compute the last row again and store nothing (prepare() may hold
   // barriers that every thread must reach).
-  const int n0 = sala_qmv_first_row<WARPS, HALF>();
+  const int n0 = (blockIdx.x * (WARPS / SPLIT) + (threadIdx.x >> 5) / SPLIT) * HALF;
   int n[NR];
 #pragma unroll
   for (int m = 0; m < HALF; ++m) {
@@ -266,8 +288,8 @@ __device__ __forceinline__ void sala_qmv_swiglu(
     n[HALF + m] = F + n[m];
   }
   float acc[NR][ROWS];
-  sala_qmv_rows<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC>(x, w, scales, biases, n, K, 0, K / (128 / BITS), prepare, acc);
-  if ((threadIdx.x & 31) != 0) return;
+  const bool whole = sala_qmv_rows_split<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC>(x, w, scales, biases, n, K, prepare, acc);
+  if (!whole || (threadIdx.x & 31) != 0) return;
 #pragma unroll
   for (int m = 0; m < HALF; ++m) {
     if (n0 + m >= F) break;
@@ -335,12 +357,12 @@ __device__ void sala_qmv_normed(
 }
 
 // y = SwiGLU of RMSNorm(x) · [W_gate; W_up]ᵀ.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U, bool ASYNC, int K, int EPS_BITS>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, int K, int EPS_BITS>
 __device__ void sala_qmv_swiglu_normed(
     const T* x, const T* norm, const uint32_t* w, const T* scales, const T* biases, T* y, int F) {
   __shared__ __align__(16) T xs[ROWS * K];
   auto prepare = [&] { sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs); };
-  sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC>(xs, w, scales, biases, y, F, K, prepare);
+  sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC>(xs, w, scales, biases, y, F, K, prepare);
 }
 
 // y = residual + alpha · (RMSNorm(x) ⊙ σ(z)) · Wᵀ: a lightning layer's output norm and gate folded

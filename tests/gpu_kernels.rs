@@ -65,22 +65,25 @@ fn qmv_matches_mlx_quantized_matmul() {
     let mut seed = 10;
     for bits in [8, 4] {
         for (n, k) in [(4100, 4096), (256, 16384), (1000, 384), (1001, 384)] {
-            for rows in [1, 3, 8, 13, 16] {
-                for dtype in [Dtype::Bfloat16, Dtype::Float32] {
-                    seed += 3;
-                    let w = randn(&[n, k], seed, Dtype::Float32);
-                    let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
-                    let (scales, biases) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
-                    let x = randn(&[rows, k], seed + 1, dtype);
-                    let got = quantized_matmul_t(&x, &packed, &scales, &biases, 64, bits).unwrap();
-                    // The oracle in float32 throughout.
-                    let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
-                    let want = quantized_matmul_t_mlx(&f(&x), &packed, &f(&scales), &f(&biases), 64, bits).unwrap();
-                    assert_eq!(got.shape(), &[rows, n]);
-                    let err = rel_err(&got, &want);
-                    let tol = if dtype == Dtype::Float32 { 1e-5 } else { 8e-3 };
-                    assert!(err < tol, "q{bits} {n}x{k} rows {rows} {dtype:?}: relative error {err}");
-                }
+            // One input row in f16 and groups of 32 and 128 too (4 bits: the tensor-core form).
+            let cases = [1, 3, 8, 13, 16]
+                .into_iter()
+                .flat_map(|rows| [(rows, Dtype::Bfloat16, 64), (rows, Dtype::Float32, 64)])
+                .chain([(1, Dtype::Float16, 64), (1, Dtype::Bfloat16, 32), (1, Dtype::Bfloat16, 128)]);
+            for (rows, dtype, group) in cases {
+                seed += 3;
+                let w = randn(&[n, k], seed, Dtype::Float32);
+                let (packed, scales, biases) = ops::quantize(&w, group, bits).unwrap();
+                let (scales, biases) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
+                let x = randn(&[rows, k], seed + 1, dtype);
+                let got = quantized_matmul_t(&x, &packed, &scales, &biases, group, bits).unwrap();
+                // The oracle in float32 throughout.
+                let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+                let want = quantized_matmul_t_mlx(&f(&x), &packed, &f(&scales), &f(&biases), group, bits).unwrap();
+                assert_eq!(got.shape(), &[rows, n]);
+                let err = rel_err(&got, &want);
+                let tol = if dtype == Dtype::Float32 { 1e-5 } else { 8e-3 };
+                assert!(err < tol, "q{bits} {n}x{k} rows {rows} {dtype:?} group {group}: relative error {err}");
             }
         }
     }
@@ -154,8 +157,13 @@ fn qmv_tilings_match_mlx_quantized_matmul() {
                 let residual = ops::broadcast_to(&residual, &[rows, n]).unwrap();
                 let product = quantized_matmul_t_mlx(&f(&x), &packed, &f(&s), &f(&b), 64, bits).unwrap();
                 // (outputs per warp, split, in flight): each value of each, a kernel compile per tiling.
+                // At 4 bits, 16 outputs a warp (SwiGLU 8 gate rows, or 16 in two tiles) is the
+                // tensor-core form (on the CUDA cores so many rows would not fit in registers).
+                let tensor_cores: &[(i32, i32, i32)] = if bits == 4 { &[(16, 1, 4), (16, 8, 4), (16, 4, 1), (8, 1, 2), (16, 2, 8)] } else { &[] };
                 let general =
-                    [(1, 1, 1), (1, 4, 4), (1, 8, 2), (2, 2, 4), (2, 8, 1), (4, 4, 2), (4, 1, 1), (2, 1, 2), (2, 1, 4), (4, 1, 2)].into_iter();
+                    [(1, 1, 1), (1, 4, 4), (1, 8, 2), (2, 2, 4), (2, 8, 1), (4, 4, 2), (4, 1, 1), (2, 1, 2), (2, 1, 4), (4, 1, 2)]
+                        .into_iter()
+                        .chain(tensor_cores.iter().copied());
                 let tilings: Vec<(Option<QmvTiling>, Option<MmaTiling>)> = if rows == 1 {
                     general.map(|(o, split, u)| (Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: false }), None)).collect()
                 } else {
@@ -173,12 +181,10 @@ fn qmv_tilings_match_mlx_quantized_matmul() {
                     });
                     let want = epilogue_mlx(&product, Epilogue::Residual { residual: &f(&residual), alpha }).unwrap();
                     assert!(rel_err(&got, &want) < 1e-2, "residual {what}");
-                    // SwiGLU warps take whole rows of K.
-                    if general.is_none_or(|g| g.split == 1) {
-                        let got = with_tiling(general, mma, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap());
-                        let want = epilogue_mlx(&product, Epilogue::SwiGlu).unwrap();
-                        assert!(rel_err(&got, &want) < 1e-2, "swiglu {what}");
-                    }
+                    // SwiGLU too, its warps sharing rows where K is split.
+                    let got = with_tiling(general, mma, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap());
+                    let want = epilogue_mlx(&product, Epilogue::SwiGlu).unwrap();
+                    assert!(rel_err(&got, &want) < 1e-2, "swiglu {what}");
                 }
             }
         }
@@ -227,12 +233,10 @@ fn qmv_async_copies_match_mlx_operations() {
                     let want = epilogue_mlx(&product, Epilogue::Residual { residual: &f(&residual), alpha }).unwrap();
                     let err = rel_err(&got, &want);
                     assert!(err < tol, "residual {what}: relative error {err}");
-                    // SwiGLU warps take whole rows of K; the norm is folded into one-row products.
-                    if split == 1 {
-                        let got = with_tiling(t, None, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap());
-                        let err = rel_err(&got, &epilogue_mlx(&product, Epilogue::SwiGlu).unwrap());
-                        assert!(err < tol, "swiglu {what}: relative error {err}");
-                    }
+                    let got = with_tiling(t, None, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap());
+                    let err = rel_err(&got, &epilogue_mlx(&product, Epilogue::SwiGlu).unwrap());
+                    assert!(err < tol, "swiglu {what}: relative error {err}");
+                    // The norm is folded into one-row products.
                     let rms = RmsNormIn { weight: &weight, eps: 1e-6, gate: None };
                     let got = with_tiling(t, None, || quantized_matmul_t_normed(&x, rms, &packed, &s, &b, 64, bits, Epilogue::Plain).unwrap());
                     let err = rel_err(&got, &normed_product);

@@ -3,7 +3,8 @@
 //! it. On CUDA, bf16/f16 inputs of 2 to [`MAX_MMA_ROWS`] rows go through the tensor cores
 //! (`cuda/qmv_mma.cu`), whose time hardly grows with the rows (a decode batch); other GPU cases of
 //! up to [`MAX_ROWS`] rows take the general kernel (`cuda/qmv.cu`, `metal/qmv.metal`), which
-//! streams each packed row once at full memory width; elsewhere MLX's quantized matmul and MLX
+//! streams each packed row once at full memory width (on CUDA it has a tensor-core form for 4-bit
+//! products in 16-bit types, [`MMA_ROWS_PER_WARP`]); elsewhere MLX's quantized matmul and MLX
 //! operations run.
 
 use super::custom::{apply, backend, pow2_floor, Backend, KernelSource, Launch, TemplateArg};
@@ -42,7 +43,12 @@ pub enum Epilogue<'a> {
 
 /// The general kernel's CUDA source with the 16-byte unpacking it reads x with and the cp.async
 /// helpers of mma.cu.
-const QMV_HEADER: &str = concat!(include_str!("../../cuda/mma.cu"), include_str!("../../cuda/unpack.cu"), include_str!("../../cuda/qmv.cu"));
+const QMV_HEADER: &str = concat!(
+    include_str!("../../cuda/mma.cu"),
+    include_str!("../../cuda/unpack.cu"),
+    include_str!("../../cuda/qmv_rows_mma.cu"),
+    include_str!("../../cuda/qmv.cu")
+);
 
 const fn qmv_source(
     name: &'static str,
@@ -73,7 +79,7 @@ static QMV: KernelSource = qmv_source(
 static QMV_SWIGLU: KernelSource = qmv_source(
     "sala_qmv_swiglu",
     &["x", "w", "scales", "biases"],
-    "sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC>(x, w, scales, biases, y, w_shape[0] / 2, w_shape[1] * 32 / BITS);",
+    "sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC>(x, w, scales, biases, y, w_shape[0] / 2, w_shape[1] * 32 / BITS);",
     "sala_qmv_swiglu<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, y, int(w_shape[0]) / 2, int(w_shape[1]) * 32 / BITS, \
      thread_index_in_simdgroup, threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
 );
@@ -109,7 +115,7 @@ static QMV_NORMED: KernelSource = qmv_normed_source(
 
 static QMV_SWIGLU_NORMED: KernelSource = qmv_normed_source(
     "sala_qmv_swiglu_normed",
-    "sala_qmv_swiglu_normed<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0] / 2);",
+    "sala_qmv_swiglu_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0] / 2);",
 );
 
 static QMV_RESIDUAL_NORM_GATED: KernelSource = KernelSource {
@@ -220,6 +226,7 @@ const MIN_MMA_ROWS: i32 = 2;
 const QMM_HEADER: &str = concat!(
     include_str!("../../cuda/mma.cu"),
     include_str!("../../cuda/unpack.cu"),
+    include_str!("../../cuda/qmv_rows_mma.cu"),
     include_str!("../../cuda/qmv.cu"),
     include_str!("../../cuda/qmv_mma.cu")
 );
@@ -400,11 +407,16 @@ impl QmvTiling {
     }
 }
 
+/// Weight rows a warp of the general kernel's tensor-core form takes (`cuda/qmv_rows_mma.cu`: 4
+/// bits, 16-bit inputs on CUDA): one m16n8k16 tile. A tiling of this many outputs a warp (SwiGLU:
+/// half as many gate rows) selects it; the defaults below do not yet, as it has not beaten them on
+/// one machine (eval/results/2026-11-27-h100-sala-decode).
+pub const MMA_ROWS_PER_WARP: i32 = 16;
+
 /// The general kernel's tiling for `n` weight rows of `chunks` 16-byte chunks.
 fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
-    // 4 bits on CUDA: 32 weights a 16-byte load make these products bound by the unpacking, which
-    // more rows a warp (x loaded once for all) and more loads in flight hide
-    // (eval/results/kernel-notes.md).
+    // 4 bits on CUDA: more rows a warp (x loaded once for all) and more loads in flight were the
+    // fastest (eval/results/kernel-notes.md).
     if bits == 4 && backend() == Backend::Cuda {
         if swiglu || n > 16384 {
             return QmvTiling { warps: WARPS, outputs_per_warp: 4, split: 1, in_flight: 2, async_copy: false };
