@@ -5,24 +5,13 @@
 #   python3 eval/kernel_shares.py ncu.csv.xz 4 4096 3350
 # Kernels are told apart by name, grid and how many times a step launches them (24 lightning
 # layers, 8 sparse, 32 MLPs, one head).
-import collections, csv, io, lzma, sys
+import collections, os, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ncu_step import launches, one_step
 
 path, bits, context, peak = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-text = lzma.open(path, 'rt').read() if path.endswith('.xz') else open(path).read()
-rows = list(csv.reader(io.StringIO(text)))
-hdr_i = next(i for i, r in enumerate(rows) if 'Kernel Name' in r)
-hdr = rows[hdr_i]
-ki, vi, gi = hdr.index('Kernel Name'), hdr.index('Metric Value'), hdr.index('Grid Size')
-k = [(r[ki].split('(')[0].replace('void ', '').replace('mlx::', ''), float(r[vi].replace(',', '')), r[gi])
-     for r in rows[hdr_i + 1:] if len(r) > vi and r[vi]]
-# One step: from after one output-head launch (the longest quantized product by median) to the next.
-groups = collections.defaultdict(list)
-for name, ns, grid in k:
-    if 'qm' in name:
-        groups[(name, grid)].append(ns)
-head = max(groups, key=lambda g: sorted(groups[g])[len(groups[g]) // 2])
-marks = [i for i, (name, _, grid) in enumerate(k) if (name, grid) == head]
-step = k[marks[-2] + 1:marks[-1] + 1]
+step = one_step(launches(path))
 
 hidden, inter, vocab, heads, kv_heads, dim = 4096, 16384, 73448, 32, 2, 128
 per_weight = bits / 8 + 4 / 64  # packed bits, and a bf16 scale and bias per group of 64
