@@ -4,7 +4,7 @@
 //! signature from the input and output names, and the short body given here calls that function.
 
 use crate::engine::device;
-use mlx_rs::{Array, Dtype, StreamOrDevice};
+use mlx_rs::{ops::indexing::TryIndexOp, Array, Dtype, StreamOrDevice};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -144,6 +144,28 @@ pub fn slot_source(
 
 /// Integers one [`shape_args`] array carries (MLX's CUDA kernels take shapes of up to 10 axes).
 pub const MAX_SHAPE_ARGS: usize = 8;
+
+/// `launch` on consecutive pieces of at most `per` of `items` (a slot kernel's sequences), each
+/// with the matching rows of `rows` (axis 0, one row per item) and its first item's index: one
+/// launch, with `rows` as it is, where all fit.
+pub fn in_pieces<S, R>(
+    rows: &Array,
+    items: &[S],
+    per: usize,
+    mut launch: impl FnMut(&Array, usize, &[S]) -> mlx_rs::error::Result<R>,
+) -> mlx_rs::error::Result<Vec<R>> {
+    if items.len() <= per {
+        return Ok(vec![launch(rows, 0, items)?]);
+    }
+    items
+        .chunks(per)
+        .enumerate()
+        .map(|(i, piece)| {
+            let start = i * per;
+            launch(&rows.try_index(start as i32..(start + piece.len()) as i32)?, start, piece)
+        })
+        .collect()
+}
 
 /// The largest power of two at most `v` (at least 1): launch shapes taken from a few compiled
 /// variants (each distinct template argument compiles a kernel).
@@ -423,6 +445,28 @@ unsafe fn run(
 
 #[cfg(test)]
 mod tests {
+    use mlx_rs::Array;
+
+    #[test]
+    fn pieces_pair_items_with_their_rows() {
+        let rows = Array::from_slice(&(0..19).collect::<Vec<i32>>(), &[19, 1]);
+        let items: Vec<usize> = (0..19).collect();
+        let pieces = super::in_pieces(&rows, &items, 8, |part, start, piece| {
+            let values: Vec<i32> = part.as_slice().to_vec();
+            Ok((start, piece.to_vec(), values))
+        })
+        .unwrap();
+        assert_eq!(pieces.iter().map(|p| p.0).collect::<Vec<_>>(), [0, 8, 16]);
+        for (start, piece, values) in &pieces {
+            assert_eq!(piece.len(), values.len());
+            assert!(piece.iter().zip(values).all(|(&i, &v)| i as i32 == v && i >= *start));
+        }
+        assert_eq!(pieces.iter().flat_map(|p| p.1.clone()).collect::<Vec<_>>(), items);
+        // All in one launch: the rows as they are, not a slice of them.
+        let whole = super::in_pieces(&rows, &items[..8], 8, |part, start, piece| Ok((part.shape().to_vec(), start, piece.len()))).unwrap();
+        assert_eq!(whole, [(vec![19, 1], 0, 8)]);
+    }
+
     #[test]
     fn minified_source_keeps_code_and_strings() {
         let source = "// a comment\n  int x = 1; // trailing\n\n  #define S \"a // b\"\n  y = x / 2;\n";

@@ -6,7 +6,7 @@
 //! the values of every sequence; a decode step is bound by the host's work per operation, and
 //! a batch of 8 made 112 of them per sparse layer.
 
-use super::custom::{apply, backend, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
+use super::custom::{apply, backend, in_pieces, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
 use crate::engine::cache::KvCache;
 use mlx_rs::{error::Result, ops::indexing::TryIndexMutOp, ops::indexing::TryIndexOp, Array, Dtype};
@@ -54,15 +54,8 @@ pub fn append_token(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> R
     if !fits {
         return append_token_mlx(rows, columns, slots);
     }
-    if slots.len() <= MAX_SHAPE_ARGS {
-        return append_token_cuda(rows, columns, slots);
-    }
-    let mut written = Vec::with_capacity(slots.len());
-    for (i, chunk) in slots.chunks(MAX_SHAPE_ARGS).enumerate() {
-        let start = (i * MAX_SHAPE_ARGS) as i32;
-        written.extend(append_token_cuda(&rows.try_index(start..start + chunk.len() as i32)?, columns, chunk)?);
-    }
-    Ok(written)
+    let pieces = in_pieces(rows, slots, MAX_SHAPE_ARGS, |rows, _, slots| append_token_cuda(rows, columns, slots))?;
+    Ok(pieces.into_iter().flatten().collect())
 }
 
 /// Appends each sequence's decode token (row b of `rows`, at `columns`) to `caches[b]` behind its

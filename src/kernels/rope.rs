@@ -6,7 +6,7 @@
 //! values, of every sequence, and a decode step is bound by the host's work per operation.
 //! Elsewhere (the CPU, Metal) and as the test oracle the same runs in MLX operations.
 
-use super::custom::{apply, backend, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
+use super::custom::{apply, backend, in_pieces, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
 use super::kv::{append_token_mlx, KvColumns, RecentSlot};
 use super::lightning::positions_array;
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
@@ -85,18 +85,14 @@ pub fn rope_append(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions:
     if !fits {
         return rope_append_mlx(rows, heads, angles, positions, slots);
     }
-    if slots.len() <= MAX_SHAPE_ARGS {
-        return rope_append_cuda(rows, heads, angles, positions, slots);
+    let mut pieces = in_pieces(rows, slots, MAX_SHAPE_ARGS, |rows, start, slots| {
+        rope_append_cuda(rows, heads, angles, &positions[start..start + slots.len()], slots)
+    })?;
+    if pieces.len() == 1 {
+        return Ok(pieces.remove(0));
     }
-    let (mut q, mut written) = (Vec::new(), Vec::with_capacity(slots.len()));
-    for (i, chunk) in slots.chunks(MAX_SHAPE_ARGS).enumerate() {
-        let range = i * MAX_SHAPE_ARGS..i * MAX_SHAPE_ARGS + chunk.len();
-        let part = rows.try_index(range.start as i32..range.end as i32)?;
-        let (qi, wi) = rope_append_cuda(&part, heads, angles, &positions[range], chunk)?;
-        q.push(qi);
-        written.extend(wi);
-    }
-    Ok((ops::concatenate(&q, 0)?, written))
+    let q = ops::concatenate(&pieces.iter().map(|p| p.0.clone()).collect::<Vec<_>>(), 0)?;
+    Ok((q, pieces.into_iter().flat_map(|p| p.1).collect()))
 }
 
 /// The MLX-ops version of [`rope_append`].

@@ -8,7 +8,7 @@
 //! `[B, Hkv, L, d]`, level-1/level-2 compressed keys `[B, Hkv, n, d]`. The `Hq / Hkv` query heads of
 //! a KV group share one block selection.
 
-use super::custom::{apply, backend, pow2_floor, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
+use super::custom::{apply, backend, in_pieces, pow2_floor, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
 use crate::engine::cache::KvParts;
 use crate::engine::device;
@@ -396,14 +396,9 @@ pub fn decode_attention(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Res
     if !fits {
         return heads_to_rows(&decode_attention_mlx(&query.heads()?, kvs, scale)?, query.gate()?.as_ref());
     }
-    if kvs.len() <= DECODE_SLOTS {
-        return decode_attention_cuda(query, kvs, scale);
-    }
-    let mut outputs = Vec::new();
-    for (i, chunk) in kvs.chunks(DECODE_SLOTS).enumerate() {
-        let start = (i * DECODE_SLOTS) as i32;
-        let rows = query.rows.try_index(start..start + chunk.len() as i32)?;
-        outputs.push(decode_attention_cuda(&DecodeQuery { rows: &rows, ..*query }, chunk, scale)?);
+    let mut outputs = in_pieces(query.rows, kvs, DECODE_SLOTS, |rows, _, kvs| decode_attention_cuda(&DecodeQuery { rows, ..*query }, kvs, scale))?;
+    if outputs.len() == 1 {
+        return Ok(outputs.remove(0));
     }
     ops::concatenate(&outputs, 0)
 }
