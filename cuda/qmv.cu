@@ -27,9 +27,9 @@ __device__ __forceinline__ void sala_qmv_copy16(void* dst, const void* src) {
 }
 
 // The warp's sums over the 16-byte chunks [c_begin, c_end) of the NR output rows n[0..NR) of
-// every input row, reduced into every lane's acc, on the CUDA cores. Each x chunk is loaded once for all NR rows (x
-// traffic from L1/L2 had capped the one-row form below the memory bandwidth: q4 ran no faster
-// than q8). prepare() runs once before x is read (the normed products write x there; every thread
+// every input row, reduced into every lane's acc, on the CUDA cores. Each x chunk is loaded once
+// for all NR rows (x traffic from L1/L2 had capped the one-row form below the memory bandwidth:
+// q4 ran no faster than q8). prepare() runs once before x is read (the normed products write x there; every thread
 // of the block calls it), after the first copies are on their way when ASYNC.
 template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U, bool ASYNC, typename Prepare>
 __device__ __forceinline__ void sala_qmv_rows_fma(
@@ -200,6 +200,10 @@ struct sala_qmv_ready {
   __device__ void operator()() const {}
 };
 
+// The first of the NR consecutive output rows this warp computes, SPLIT warps sharing them.
+template <int WARPS, int SPLIT, int NR>
+__device__ __forceinline__ int sala_qmv_first_row() { return (blockIdx.x * (WARPS / SPLIT) + (threadIdx.x >> 5) / SPLIT) * NR; }
+
 // sala_qmv_rows with SPLIT warps sharing each group of NR output rows, each over a 1/SPLIT of K
 // (their sums meet in shared memory): a matrix of few rows then still has enough warps, each
 // with few loads one after another, to keep the memory busy. The warp's output rows are n[];
@@ -242,7 +246,7 @@ template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLI
 __device__ __forceinline__ void sala_qmv_residual(
     const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, T* y, int N, int K,
     Prepare prepare = {}) {
-  const int n0 = (blockIdx.x * (WARPS / SPLIT) + (threadIdx.x >> 5) / SPLIT) * NR;
+  const int n0 = sala_qmv_first_row<WARPS, SPLIT, NR>();
   int n[NR];
 #pragma unroll
   for (int m = 0; m < NR; ++m) n[m] = min(n0 + m, N - 1);
@@ -280,7 +284,7 @@ __device__ __forceinline__ void sala_qmv_swiglu(
   constexpr int HALF = NR / 2;
   // Warps past the last row compute the last row again and store nothing (prepare() may hold
   // barriers that every thread must reach).
-  const int n0 = (blockIdx.x * (WARPS / SPLIT) + (threadIdx.x >> 5) / SPLIT) * HALF;
+  const int n0 = sala_qmv_first_row<WARPS, SPLIT, HALF>();
   int n[NR];
 #pragma unroll
   for (int m = 0; m < HALF; ++m) {

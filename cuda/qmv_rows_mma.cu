@@ -44,7 +44,12 @@ __device__ __forceinline__ uint32_t sala_q4_pair(uint32_t w, uint32_t s16, uint3
   constexpr int POS = sala_q4_layout<T>::POS;
   constexpr uint32_t ONES = sala_q4_layout<T>::ONES;
   constexpr int SHIFT = 4 * I - POS;
-  const uint32_t moved = SHIFT >= 0 ? w >> (SHIFT >= 0 ? SHIFT : 0) : w << (SHIFT < 0 ? -SHIFT : 0);
+  uint32_t moved;
+  if constexpr (SHIFT >= 0) {
+    moved = w >> SHIFT;
+  } else {
+    moved = w << -SHIFT;
+  }
   return sala_q4_affine((moved & (0x000F000Fu << POS)) | ONES, ONES, s16, b, T());
 }
 
