@@ -14,7 +14,7 @@ use sala::kernels::qmv::{
     quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
     MmaTiling, QmvTiling, RmsNormIn, MMA_ROWS_PER_WARP,
 };
-use sala::kernels::sparse::{decode_attention, decode_attention_mlx, with_decode_splits, BlockSelection, DecodeQuery};
+use sala::kernels::sparse::{decode_attention, decode_attention_mlx, with_decode_splits, with_window_tiles, BlockSelection, DecodeQuery};
 use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_mlx, compressed_keys, select_blocks, select_blocks_mlx};
 use std::time::Instant;
 
@@ -59,8 +59,9 @@ fn main() {
         return;
     }
     let sel = BlockSelection { block: 64, kernel: 32, stride: 16, kernel2: 128, stride2: 64, init_blocks: 1, local_blocks: 32, topk: 96 };
-    // `kernels sparse-step` times only the sparse layer's step on a cache.
-    if std::env::args().skip(1).any(|a| a == "sparse-step") {
+    // `kernels sparse-step` times only the sparse layer's step on a cache; `kernels
+    // sparse-profile` runs such steps for a kernel profiler.
+    if std::env::args().skip(1).any(|a| a == "sparse-step" || a == "sparse-profile") {
         sparse_step_on_a_cache(&sel);
         return;
     }
@@ -218,11 +219,17 @@ fn decode_attention_by_depth() {
     }
 }
 
+/// On caches of random keys and values, 32K and 128K tokens long or as many as the numbers after
+/// the mode (multiples of 4096).
 fn sparse_step_on_a_cache(sel: &BlockSelection) {
     kernel_table_header();
     let (hq, hkv, d) = (32, 2, 128);
     let scale = (d as f32).powf(-0.5);
-    for kv_len in [32768usize, 131072] {
+    let profile = std::env::args().any(|a| a == "sparse-profile");
+    let mode = if profile { "sparse-profile" } else { "sparse-step" };
+    let lengths = numbers_after(mode, "[TOKENS …]");
+    let lengths = if lengths.is_empty() { vec![32768, 131072] } else { lengths };
+    for kv_len in lengths.into_iter().map(|n| n as usize) {
         let mut cache = KvCache::default();
         for chunk in 0..kv_len / 4096 {
             let seed = 1000 + 2 * chunk as u64;
@@ -260,6 +267,19 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
             out.extend(kv.recent.iter().flat_map(|(k, v)| [(*k).clone(), (*v).clone()]));
             out
         };
+        if profile {
+            // One step a profiler started here sees (`ncu --profile-from-start off`) for each
+            // number of level-1 tiles a thread block of the window scores takes, each warmed up.
+            for tiles in [4, 1, 2, 8] {
+                with_window_tiles(tiles, || {
+                    eval(&step(&mut cache, 3, true)).unwrap();
+                    cuda_profiler(true);
+                    eval(&step(&mut cache, 3, true)).unwrap();
+                    cuda_profiler(false);
+                });
+            }
+            continue;
+        }
         let names = ["append k, v", "+ pooled keys", "+ block selection", "+ block-sparse attention"];
         for (upto, name) in names.iter().enumerate() {
             let secs = time(|| step(&mut cache, upto, true));

@@ -9,8 +9,10 @@
 //               order without blocks after the query's own, padded with −1.
 //
 // Decode (one query) at long context splits this into sala_select_windows (the window scores,
-// many thread blocks per KV head) and sala_select_topk (pooling and top-k, one block per KV head):
-// every window score is computed by the same code in the same order, so the blocks are the same.
+// many thread blocks per KV head) and sala_select_topk (pooling and top-k, one block per KV head),
+// or past many blocks sala_select_topk_chunk and sala_select_topk_merge (pooling and top-k over
+// many thread blocks): every window score is computed by the same code in the same order, and
+// every form picks by the same unique keys, so the blocks are the same.
 
 __device__ __forceinline__ int sala_visible(int pos, int kernel, int stride, int n) {
   return pos >= kernel - 1 ? min(n, (pos - kernel + 1) / stride + 1) : 0;
@@ -52,82 +54,80 @@ __device__ void sala_select_window_scores(
 }
 
 // The selection key of block b with pooled score v: order-preserving score bits above, the
-// reversed index below (ties to the lower index).
+// reversed index below (ties to the lower index). Keys are unique; 0 is below every block's key.
 __device__ __forceinline__ unsigned long long sala_topk_key(float v, int b) {
   const unsigned long long ordered = v == -INFINITY ? 0ull : (unsigned long long)__float_as_uint(v) + 1ull;
   return (ordered << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned int)b);
 }
 
-// f(b, key) for this thread's blocks b = tid, tid + blockDim.x, … of nb, keys from `held` for the
-// first HELD of them, from the pooled scores sc after that; trip counts are the same for the
-// whole block (f may synchronise; b ≥ nb marks a thread without a block that round).
-template <int HELD, typename F>
-__device__ __forceinline__ void sala_for_each_key(const unsigned long long (&held)[HELD], const float* sc, int nb, F&& f) {
+// The block a key was made for.
+__device__ __forceinline__ int sala_key_block(unsigned long long key) {
+  return (int)(0xFFFFFFFFu - (unsigned int)key);
+}
+
+// f(i, key) for this thread's items i = tid, tid + blockDim.x, … of n, keys from `held` for the
+// first HELD of them, from key_at(i) after that; trip counts are the same for the whole block (f
+// may synchronise; i ≥ n marks a thread without an item that round).
+template <int HELD, typename KeyAt, typename F>
+__device__ __forceinline__ void sala_for_each_key(const unsigned long long (&held)[HELD], int n, KeyAt&& key_at, F&& f) {
 #pragma unroll
-  for (int i = 0; i < HELD; ++i) {
-    if (i * (int)blockDim.x < nb) f(i * (int)blockDim.x + (int)threadIdx.x, held[i]);
+  for (int j = 0; j < HELD; ++j) {
+    if (j * (int)blockDim.x < n) f(j * (int)blockDim.x + (int)threadIdx.x, held[j]);
   }
-  for (int start = HELD * blockDim.x; start < nb; start += blockDim.x) {
-    const int b = start + threadIdx.x;
-    f(b, b < nb ? sala_topk_key(sc[b], b) : 0ull);
+  for (int start = HELD * blockDim.x; start < n; start += blockDim.x) {
+    const int i = start + threadIdx.x;
+    f(i, i < n ? key_at(i) : 0ull);
   }
 }
 
-// Pooled block scores and the chosen blocks of (h, t) from its window scores. A thread keeps the
-// keys of its first KEYS_HELD blocks in registers (every block up to 4 × blockDim.x: 256K tokens
-// at decode's 1024 threads) and reads any others back from `scores` on each pass: at decode the
-// passes had waited on those reads one after another (20 µs per layer at 128K tokens, H100).
-template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK>
-__device__ void sala_select_pool_topk(
-    const float* window_scores, int h, int t, int Tq, int n1, int nb, int pos, int32_t* blocks, float* scores) {
-  constexpr int KEYS_HELD = 4;
+// The k-th largest of the block's n keys (at least k of them nonzero; k ≥ 1): a radix select on
+// 8-bit digits from the top, which stops early once the keys at or above the digit found are
+// exactly the k wanted. Digits that every nonzero key shares take no pass: with bfloat16 scores
+// the low score bits, and the index bits above the largest block (8 passes had become 4).
+template <int HELD, typename KeyAt>
+__device__ unsigned long long sala_topk_threshold(const unsigned long long (&held)[HELD], int n, KeyAt&& key_at, int k) {
   __shared__ unsigned int hist[256];
-  __shared__ unsigned long long prefix_sh;
+  __shared__ unsigned long long prefix_sh, and_sh, or_sh;
   __shared__ int remaining_sh;
-  __shared__ int warp_counts[32];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
-  const int qb = pos / BLOCK;
-  const float* ws = window_scores + ((size_t)h * Tq + t) * n1;
-  constexpr int R_PER_BLOCK = BLOCK / STRIDE;
-  constexpr int LEFT = KERNEL / STRIDE - 1;
-  float* sc = scores + ((size_t)h * Tq + t) * nb;
-  unsigned long long held[KEYS_HELD];
-
-  for (int start = 0; start < nb; start += blockDim.x) {
-    const int b = start + tid;
-    float v = -INFINITY;
-    if (b < nb) {
-      if (b < INIT || (b >= qb - LOCAL && b <= qb)) {
-        v = INFINITY;
-      } else {
-        const int lo = max(0, R_PER_BLOCK * b - LEFT), hi = min(n1 - 1, R_PER_BLOCK * b + R_PER_BLOCK - 1);
-        for (int c = lo; c <= hi; ++c) v = fmaxf(v, ws[c]);
-      }
-      sc[b] = v;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  unsigned long long all_and = ~0ull, any_or = 0ull;
+  sala_for_each_key(held, n, key_at, [&](int i, unsigned long long key) {
+    if (i < n && key != 0ull) {
+      all_and &= key;
+      any_or |= key;
     }
-    const int i = start / blockDim.x;
-#pragma unroll
-    for (int j = 0; j < KEYS_HELD; ++j) {
-      if (j == i) held[j] = b < nb ? sala_topk_key(v, b) : 0ull;
-    }
+  });
+  for (int o = 16; o > 0; o >>= 1) {
+    all_and &= __shfl_xor_sync(0xffffffffu, all_and, o);
+    any_or |= __shfl_xor_sync(0xffffffffu, any_or, o);
   }
-  __syncthreads();
-
-  const int k = min(TOPK, nb);
   if (tid == 0) {
+    and_sh = ~0ull;
+    or_sh = 0ull;
     prefix_sh = 0ull;
     remaining_sh = k;
   }
-  // Digits from the top; stops early once the keys at or above the digit found are exactly the
-  // k wanted (remaining_sh = 0), usually after the score bits, before the index bits.
+  __syncthreads();
+  if (lane == 0) {
+    atomicAnd(&and_sh, all_and);
+    atomicOr(&or_sh, any_or);
+  }
+  __syncthreads();
+  const unsigned long long shared_bits = ~(and_sh ^ or_sh), known = and_sh;
+  unsigned long long prefix = 0ull;
   for (int shift = 56; shift >= 0; shift -= 8) {
+    // remaining_sh was last written before a barrier.
+    if (remaining_sh == 0) break;
+    const unsigned long long digit_bits = 255ull << shift;
+    if ((shared_bits & digit_bits) == digit_bits) {
+      prefix |= known & digit_bits;
+      continue;
+    }
     for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0u;
     __syncthreads();
-    if (remaining_sh == 0) break;
-    const unsigned long long prefix = prefix_sh;
     const unsigned long long mask = shift == 56 ? 0ull : ~0ull << (shift + 8);
-    sala_for_each_key(held, sc, nb, [&](int b, unsigned long long key) {
-      const bool counted = b < nb && (key & mask) == prefix;
+    sala_for_each_key(held, n, key_at, [&](int i, unsigned long long key) {
+      const bool counted = i < n && (key & mask) == prefix;
       // Lanes with the same digit add once (most keys share the top digits: one shared address).
       const unsigned int digit = counted ? (unsigned int)((key >> shift) & 255ull) : 256u + lane;
       const unsigned int peers = __match_any_sync(0xffffffffu, digit);
@@ -163,24 +163,81 @@ __device__ void sala_select_pool_topk(
       }
     }
     __syncthreads();
+    prefix = prefix_sh;
   }
-  const unsigned long long threshold = prefix_sh;
+  return prefix;
+}
 
-  int32_t* out = blocks + ((size_t)h * Tq + t) * TOPK;
+// emit(slot, key) for the keys at or above `threshold` whose block is at most `last`, in the
+// order of the items, slots 0, 1, …; returns how many.
+template <int HELD, typename KeyAt, typename Emit>
+__device__ int sala_emit_chosen(
+    const unsigned long long (&held)[HELD], int n, KeyAt&& key_at, unsigned long long threshold, int last, Emit&& emit) {
+  __shared__ int warp_counts[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   int written = 0;
-  sala_for_each_key(held, sc, nb, [&](int b, unsigned long long key) {
-    const bool take = b < nb && b <= qb && key >= threshold;
+  sala_for_each_key(held, n, key_at, [&](int i, unsigned long long key) {
+    const bool take = i < n && key >= threshold && sala_key_block(key) <= last;
     const unsigned int ballot = __ballot_sync(0xffffffffu, take);
     if (lane == 0) warp_counts[warp] = __popc(ballot);
     __syncthreads();
     int before = written;
     for (int w = 0; w < warp; ++w) before += warp_counts[w];
-    if (take) out[before + __popc(ballot & ((1u << lane) - 1u))] = b;
+    if (take) emit(before + __popc(ballot & ((1u << lane) - 1u)), key);
     int total = 0;
     for (int w = 0; w < warps; ++w) total += warp_counts[w];
     written += total;
     __syncthreads();
   });
+  return written;
+}
+
+// Pooled score of block b from the window scores ws: +inf for the forced blocks (the first INIT,
+// and the LOCAL+1 up to the query's block qb), else the most of the windows overlapping it.
+template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL>
+__device__ __forceinline__ float sala_pooled_score(const float* ws, int b, int n1, int qb) {
+  if (b < INIT || (b >= qb - LOCAL && b <= qb)) return INFINITY;
+  constexpr int R_PER_BLOCK = BLOCK / STRIDE, LEFT = KERNEL / STRIDE - 1;
+  const int lo = max(0, R_PER_BLOCK * b - LEFT), hi = min(n1 - 1, R_PER_BLOCK * b + R_PER_BLOCK - 1);
+  float v = -INFINITY;
+  for (int c = lo; c <= hi; ++c) v = fmaxf(v, ws[c]);
+  return v;
+}
+
+// Pooled block scores and the chosen blocks of (h, t) from its window scores. A thread keeps the
+// keys of its first KEYS_HELD blocks in registers (every block up to 4 × blockDim.x: 256K tokens
+// at decode's 1024 threads) and reads any others back from `scores` on each pass: at decode the
+// passes had waited on those reads one after another (20 µs per layer at 128K tokens, H100).
+template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK>
+__device__ void sala_select_pool_topk(
+    const float* window_scores, int h, int t, int Tq, int n1, int nb, int pos, int32_t* blocks, float* scores) {
+  constexpr int KEYS_HELD = 4;
+  const int tid = threadIdx.x;
+  const int qb = pos / BLOCK;
+  const float* ws = window_scores + ((size_t)h * Tq + t) * n1;
+  float* sc = scores + ((size_t)h * Tq + t) * nb;
+  unsigned long long held[KEYS_HELD];
+
+  for (int start = 0; start < nb; start += blockDim.x) {
+    const int b = start + tid;
+    float v = -INFINITY;
+    if (b < nb) {
+      v = sala_pooled_score<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, b, n1, qb);
+      sc[b] = v;
+    }
+    const int i = start / blockDim.x;
+#pragma unroll
+    for (int j = 0; j < KEYS_HELD; ++j) {
+      if (j == i) held[j] = b < nb ? sala_topk_key(v, b) : 0ull;
+    }
+  }
+  __syncthreads();
+
+  auto key_at = [&](int b) { return sala_topk_key(sc[b], b); };
+  const unsigned long long threshold = sala_topk_threshold(held, nb, key_at, min(TOPK, nb));
+  int32_t* out = blocks + ((size_t)h * Tq + t) * TOPK;
+  const int written =
+      sala_emit_chosen(held, nb, key_at, threshold, qb, [&](int slot, unsigned long long key) { out[slot] = sala_key_block(key); });
   for (int i = written + tid; i < TOPK; i += blockDim.x) out[i] = -1;
 }
 
@@ -226,4 +283,63 @@ template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK>
 __device__ void sala_select_topk(const float* window_scores, int first_pos, int nb, int32_t* blocks, float* scores, int n1) {
   sala_select_pool_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK>(
       window_scores, blockIdx.z, blockIdx.y, gridDim.y, n1, nb, first_pos + blockIdx.y, blocks, scores);
+}
+
+// Decode at long context, one thread block per KV head walking every block's key was the
+// largest cost of a step that grows with the context; pooling and top-k then run as two kernels:
+//   sala_select_topk_chunk  pooled scores of CHUNK blocks (blockIdx.x) and their own top-k keys,
+//                           in block order, padded with 0;
+//   sala_select_topk_merge  the top-k of those candidates, which hold the top-k of all blocks (a
+//                           key among the k largest is among the k largest of its chunk), written
+//                           as sala_select_pool_topk writes them. Keys are unique: same blocks.
+template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK, int CHUNK, int HELD>
+__device__ void sala_select_topk_chunk(
+    const float* window_scores, int first_pos, int nb, unsigned long long* candidates, float* scores, int n1) {
+  const int c = blockIdx.x, t = blockIdx.y, h = blockIdx.z, Tq = gridDim.y, chunks = gridDim.x;
+  const int qb = (first_pos + t) / BLOCK;
+  const int base = c * CHUNK, n = min(CHUNK, nb - base);
+  const float* ws = window_scores + ((size_t)h * Tq + t) * n1;
+  float* sc = scores + ((size_t)h * Tq + t) * nb + base;
+  unsigned long long held[HELD];
+#pragma unroll
+  for (int j = 0; j < HELD; ++j) {
+    const int i = j * blockDim.x + threadIdx.x;
+    float v = -INFINITY;
+    if (i < n) {
+      v = sala_pooled_score<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, base + i, n1, qb);
+      sc[i] = v;
+    }
+    held[j] = i < n ? sala_topk_key(v, base + i) : 0ull;
+  }
+  for (int i = HELD * blockDim.x + threadIdx.x; i < n; i += blockDim.x) {
+    sc[i] = sala_pooled_score<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, base + i, n1, qb);
+  }
+  __syncthreads();
+  auto key_at = [&](int i) { return sala_topk_key(sc[i], base + i); };
+  const unsigned long long threshold = sala_topk_threshold(held, n, key_at, min(TOPK, n));
+  unsigned long long* out = candidates + (((size_t)h * Tq + t) * chunks + c) * TOPK;
+  // Blocks past the query's own are kept here: they count towards the threshold, as in one kernel.
+  const int written =
+      sala_emit_chosen(held, n, key_at, threshold, 0x7fffffff, [&](int slot, unsigned long long key) { out[slot] = key; });
+  for (int i = written + threadIdx.x; i < TOPK; i += blockDim.x) out[i] = 0ull;
+}
+
+// The chosen blocks of query blockIdx.y, KV head blockIdx.z from its n candidates.
+template <int BLOCK, int TOPK, int HELD>
+__device__ void sala_select_topk_merge(const unsigned long long* candidates, int first_pos, int nb, int32_t* blocks, int n) {
+  const int t = blockIdx.y, h = blockIdx.z, Tq = gridDim.y;
+  const int qb = (first_pos + t) / BLOCK;
+  const unsigned long long* cand = candidates + ((size_t)h * Tq + t) * n;
+  unsigned long long held[HELD];
+#pragma unroll
+  for (int j = 0; j < HELD; ++j) {
+    const int i = j * blockDim.x + threadIdx.x;
+    held[j] = i < n ? cand[i] : 0ull;
+  }
+  auto key_at = [&](int i) { return cand[i]; };
+  const unsigned long long threshold = sala_topk_threshold(held, n, key_at, min(TOPK, nb));
+  int32_t* out = blocks + ((size_t)h * Tq + t) * TOPK;
+  const int written =
+      sala_emit_chosen(held, n, key_at, threshold, qb, [&](int slot, unsigned long long key) { out[slot] = sala_key_block(key); });
+  for (int i = written + threadIdx.x; i < TOPK; i += blockDim.x) out[i] = -1;
 }

@@ -469,6 +469,12 @@ fn block_selection_kernel_matches_mlx() {
         (sel_9b(), 32, 2, 128, 131072, 131071, 1),
         // Decode past kernels::sparse::SPLIT_WINDOWS (two kernels), the last chunk partial.
         (sel_9b(), 32, 2, 128, 40000, 39999, 1),
+        // Decode past two chunks of blocks (the top-k over many thread blocks): a partial last
+        // chunk; 1M tokens (32 chunks, 3072 candidates, all held in registers); 1.5M (46 chunks,
+        // 4416 candidates, some read back from memory).
+        (sel_9b(), 32, 2, 128, 300_000, 299_999, 1),
+        (sel_9b(), 32, 2, 128, 1_048_576, 1_048_575, 1),
+        (sel_9b(), 32, 2, 128, 1_500_000, 1_499_999, 1),
         // A speculative check's few queries (one per thread block, windows split into ranges).
         (sel_9b(), 32, 2, 128, 70000, 69997, 3),
         (sel_9b(), 32, 2, 128, 9000, 8900, 100),

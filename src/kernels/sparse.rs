@@ -120,6 +120,32 @@ static SELECT_TOPK: KernelSource = KernelSource {
     contiguous_inputs: false,
 };
 
+static SELECT_TOPK_CHUNK: KernelSource = KernelSource {
+    name: "sala_select_topk_chunk",
+    inputs: &["window_scores", "params"],
+    outputs: &["candidates", "scores"],
+    cuda_header: include_str!("../../cuda/select_blocks.cu"),
+    cuda_body: "sala_select_topk_chunk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK, CHUNK, HELD>(\
+                window_scores, params_shape[0] - 1, params_shape[1] - 1, \
+                reinterpret_cast<unsigned long long*>(candidates), scores, window_scores_shape[2]);",
+    metal_header: "",
+    metal_body: "",
+    contiguous_inputs: false,
+};
+
+static SELECT_TOPK_MERGE: KernelSource = KernelSource {
+    name: "sala_select_topk_merge",
+    inputs: &["candidates", "params"],
+    outputs: &["blocks"],
+    cuda_header: include_str!("../../cuda/select_blocks.cu"),
+    cuda_body: "sala_select_topk_merge<BLOCK, TOPK, HELD>(\
+                reinterpret_cast<const unsigned long long*>(candidates), params_shape[0] - 1, params_shape[1] - 1, \
+                blocks, candidates_shape[2] / 2);",
+    metal_header: "",
+    metal_body: "",
+    contiguous_inputs: false,
+};
+
 /// Threads per thread block of the sparse kernels.
 const THREADS: i32 = 256;
 /// Compute units assumed where the device does not say how many it has.
@@ -232,14 +258,30 @@ fn select_blocks_decode(
     pool_topk(&window_scores, params, nb, sel)
 }
 
+/// Blocks per thread block of [`pool_topk_in_chunks`]'s first kernel.
+const TOPK_CHUNK: i32 = 512;
+/// Blocks past which one query's top-k runs in chunks: up to 2 keys a thread of one 1024-thread
+/// block, both forms took the same time (eval/results/kernel-notes.md).
+const TOPK_CHUNKED_PAST: i32 = 2048;
+/// Keys a thread of [`pool_topk_in_chunks`] keeps in registers: a whole chunk at [`THREADS`]
+/// threads in the first kernel, the candidates of 42 chunks (1.3M tokens) at 1024 in the second.
+const TOPK_CHUNK_HELD: i32 = TOPK_CHUNK / THREADS;
+const TOPK_MERGE_HELD: i32 = 4;
+
 /// Pooling and top-k from the window scores `[Hkv, T, n1]` (`sala_select_topk`, one thread block
-/// per query and KV head): the second kernel of both split forms.
+/// per query and KV head): the second kernel of both split forms. Few queries over many blocks
+/// (decode at long context) take [`pool_topk_in_chunks`] on CUDA.
 fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelection) -> Result<Selected> {
     let (hkv, t) = (window_scores.shape()[0], window_scores.shape()[1]);
     let int = |v: usize| TemplateArg::Int(v as i32);
     // Few queries (decode) leave most of the GPU idle: give each thread block more threads (on
-    // CUDA; Metal's limit per threadgroup depends on the kernel).
-    let threads = if backend() == Backend::Cuda && t * hkv < fill_blocks() / 2 { 1024 } else { THREADS };
+    // CUDA; Metal's limit per threadgroup depends on the kernel), or past 128K tokens split the
+    // blocks over thread blocks.
+    let few = backend() == Backend::Cuda && t * hkv < fill_blocks() / 2;
+    if few && nb > TOPK_CHUNKED_PAST {
+        return pool_topk_in_chunks(window_scores, params, nb, sel);
+    }
+    let threads = if few { 1024 } else { THREADS };
     let out = apply(
         &SELECT_TOPK,
         &[window_scores, params],
@@ -260,6 +302,58 @@ fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelectio
     )?;
     let mut out = out.into_iter();
     Ok(Selected { blocks: out.next().expect("2 outputs"), scores: out.next().expect("2 outputs") })
+}
+
+/// [`pool_topk`] over [`TOPK_CHUNK`]-block chunks, one thread block each (`sala_select_topk_chunk`:
+/// pooled scores and the chunk's own top-k), then the top-k of those candidates per query and KV
+/// head (`sala_select_topk_merge`): the same blocks and scores. One thread block per KV head took
+/// 33 µs a layer at 128K tokens on an H100 and grows with the context (eval/results/kernel-notes.md).
+fn pool_topk_in_chunks(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelection) -> Result<Selected> {
+    let (hkv, t) = (window_scores.shape()[0], window_scores.shape()[1]);
+    let int = |v: usize| TemplateArg::Int(v as i32);
+    let chunks = (nb + TOPK_CHUNK - 1) / TOPK_CHUNK;
+    let selection = || {
+        vec![
+            ("KERNEL", int(sel.kernel)),
+            ("STRIDE", int(sel.stride)),
+            ("BLOCK", int(sel.block)),
+            ("INIT", int(sel.init_blocks)),
+            ("LOCAL", int(sel.local_blocks)),
+            ("TOPK", int(sel.topk)),
+        ]
+    };
+    let mut chunk_template = selection();
+    chunk_template.extend([("CHUNK", TemplateArg::Int(TOPK_CHUNK)), ("HELD", TemplateArg::Int(TOPK_CHUNK_HELD))]);
+    // Candidates are 64-bit keys, carried as pairs of 32-bit words.
+    let mut chunked = apply(
+        &SELECT_TOPK_CHUNK,
+        &[window_scores, params],
+        Launch {
+            grid: (THREADS * chunks, t, hkv),
+            threads: (THREADS, 1, 1),
+            outputs: vec![(vec![hkv, t, chunks * sel.topk as i32 * 2], Dtype::Uint32), (vec![1, hkv, t, nb], Dtype::Float32)],
+            template: chunk_template,
+            init: None,
+        },
+    )?
+    .into_iter();
+    let (candidates, scores) = (chunked.next().expect("2 outputs"), chunked.next().expect("2 outputs"));
+    let merge_threads = 1024;
+    let blocks = apply(
+        &SELECT_TOPK_MERGE,
+        &[&candidates, params],
+        Launch {
+            grid: (merge_threads, t, hkv),
+            threads: (merge_threads, 1, 1),
+            outputs: vec![(vec![1, hkv, t, sel.topk as i32], Dtype::Int32)],
+            template: vec![("BLOCK", int(sel.block)), ("TOPK", int(sel.topk)), ("HELD", TemplateArg::Int(TOPK_MERGE_HELD))],
+            init: None,
+        },
+    )?
+    .into_iter()
+    .next()
+    .expect("one output");
+    Ok(Selected { blocks, scores })
 }
 
 /// The decode attention's CUDA source with the 16-byte unpacking it reads keys and values with.
@@ -748,6 +842,24 @@ const SELECT_MMA_HEADER: &str = concat!(
     include_str!("../../cuda/select_mma.cu")
 );
 
+/// Level-1 window tiles per thread block of the tensor-core window scores, at most, for queries
+/// taken one per thread block.
+const WINDOW_TILES_PER_RANGE: i32 = 4;
+
+thread_local! {
+    static WINDOW_TILES_OVERRIDE: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with [`WINDOW_TILES_PER_RANGE`] set to `tiles`, for the kernel benchmark's sweep
+/// (`kernels sparse-profile`); the model always uses the default.
+#[doc(hidden)]
+pub fn with_window_tiles<R>(tiles: i32, f: impl FnOnce() -> R) -> R {
+    WINDOW_TILES_OVERRIDE.with(|o| o.set(Some(tiles)));
+    let r = f();
+    WINDOW_TILES_OVERRIDE.with(|o| o.set(None));
+    r
+}
+
 /// Queries (warps) per thread block of the tensor-core stage 1 when there are many queries (the
 /// faster in a sweep: eval/results/kernel-notes.md); one query per thread block below
 /// [`MMA_QUERIES`].
@@ -774,8 +886,13 @@ pub fn select_blocks_fused(
     let int = |v: usize| TemplateArg::Int(v as i32);
     let qpb = if t >= MMA_QUERIES { SELECT_QUERIES_PER_BLOCK } else { 1 };
     let query_blocks = (t + qpb - 1) / qpb;
-    // Ranges of 64-window tiles: enough thread blocks to fill the GPU.
-    let ranges = |n: i32| (fill_blocks() / (query_blocks * hkv)).clamp(1, ((n + 63) / 64).max(1));
+    // Ranges of 64-window tiles: enough thread blocks to fill the GPU, and for one query a thread
+    // block at most every WINDOW_TILES_PER_RANGE level-1 tiles (the kernel's single warp scores
+    // one tile while it loads the next: at 1M tokens, 8 tiles a thread block moved 0.7 TB/s).
+    let tiles = |n: i32| ((n + 63) / 64).max(1);
+    let ranges = |n: i32| (fill_blocks() / (query_blocks * hkv)).clamp(1, tiles(n));
+    let per_range = WINDOW_TILES_OVERRIDE.with(|o| o.get()).unwrap_or(WINDOW_TILES_PER_RANGE);
+    let window_ranges = if qpb == 1 { ranges(n1).max(tiles(n1) / per_range) } else { ranges(n1) };
     let key_type = if c1.dtype() == Dtype::Bfloat16 { Dtype::Bfloat16 } else { Dtype::Float32 };
     // Window-major `[n, Hkv, d]`: the cache's pooled keys as stored (no copy; see PooledKeys).
     let keys = |c: &Array| -> Result<Array> { c.as_dtype(key_type)?.swap_axes(1, 2)?.reshape(&[-1, hkv, d])?.contiguous() };
@@ -805,7 +922,7 @@ pub fn select_blocks_fused(
         &SELECT_WINDOWS_MMA,
         &[&q3, &keys(c1)?, &partial[0], &params],
         launch(
-            ranges(n1),
+            window_ranges,
             vec![hkv, t, n1],
             vec![("R", TemplateArg::Type(score_dtype)), ("KERNEL", int(sel.kernel)), ("STRIDE", int(sel.stride))],
         ),

@@ -165,7 +165,8 @@ fn selection_kernel(q: &Array, hkv: i32) -> Option<SelectionKernel> {
 pub static KERNEL_CHECKS: [&KernelCheck; 4] = [&SELECT_CHECK, &SELECT_MMA_CHECK, &ATTENTION_CHECK, &PREFILL_CHECK];
 
 /// The selection's general kernels against [`select_blocks_mlx`]: five queries over a short context
-/// (one kernel), and one decoding query past `SPLIT_WINDOWS` level-1 windows (the two-kernel form).
+/// (one kernel), and one decoding query past `SPLIT_WINDOWS` level-1 windows and two chunks of
+/// blocks (the split forms of the window scores and of the top-k).
 pub static SELECT_CHECK: KernelCheck = KernelCheck { name: "select_blocks", backends: CUDA_AND_METAL, run: check_select };
 
 /// The tensor-core stage 1 and the pooling kernel against [`select_blocks_mlx`] (bfloat16 queries
@@ -190,8 +191,9 @@ fn check_selection(dtype: Dtype, kernel: SelectionFn) -> Verdict {
     let sel = BlockSelection { block: 64, kernel: 32, stride: 16, kernel2: 128, stride2: 64, init_blocks: 1, local_blocks: 2, topk: 6 };
     let (hkv, d) = (2, 32);
     let windows = |len: usize, kernel: usize, stride: usize| ((len - kernel) / stride + 1) as i32;
-    // (queries, context length): a chunk of queries, and a decoding query with 2049 windows.
-    for (t, kv_len) in [(if dtype == Dtype::Float32 { 5 } else { 16 }, 1300usize), (1, 32_800)] {
+    // (queries, context length): a chunk of queries, and a decoding query with 8436 windows and
+    // 2110 blocks (the split forms of the window scores and of the top-k).
+    for (t, kv_len) in [(if dtype == Dtype::Float32 { 5 } else { 16 }, 1300usize), (1, 135_000)] {
         let first = kv_len - t as usize;
         verify(
             || {
