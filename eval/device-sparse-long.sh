@@ -7,8 +7,9 @@
 # random caches of PROFILE_LENGTHS tokens under Nsight Compute (`kernels sparse-profile`: one
 # step per tiling of the window scores, listed by eval/ncu_sparse.py), for the benches in
 # PROFILE_BINS. BENCH=1: `sala bench` decode of the synthetic SALA-9B q8 at DEPTHS (default 4K
-# and 1M; a copy of its config allowing 1M + 8K positions), then NSEQ=1 the batched decode of 1
-# and 16 sequences at 4K.
+# and 1M; a copy of its config allowing 1M + 8K positions) with each of BENCH_BINS (default sala;
+# sala-base: the build before the change), then NSEQ=1 the batched decode of 1 and 16 sequences
+# at 4K.
 # Prepare here (repo root): SALA_OPENBLAS=off cargo bench --bench kernels --no-run (before and
 #   after the change) and cargo test --release --no-run --test gpu_kernels; copy them to
 #   .device/bin as kernels-base, kernels and gpu_kernels, `strip --strip-debug`;
@@ -36,8 +37,11 @@ if [ "${PROFILE:-0}" = 1 ]; then
 fi
 if [ "${BENCH:-0}" = 1 ]; then
   python3 -c "import json; c = json.load(open('eval/synthetic/minicpm-sala-9b.json')); c['max_position_embeddings'] = 1048576 + 8192; json.dump(c, open('$OUT/minicpm-sala-9b-1m.json', 'w'))"
-  $BIN/sala bench --synthetic "$OUT/minicpm-sala-9b-1m.json" --bits 8 -p 0 -n 64 -d ${DEPTHS:-4096,1048576} -r 1 \
-    -o csv --output-file "$OUT/sala-long.csv" 2>&1 | grep -v "^appended"
+  for bin in ${BENCH_BINS:-sala}; do
+    echo "== $bin"
+    $BIN/$bin bench --synthetic "$OUT/minicpm-sala-9b-1m.json" --bits 8 -p 0 -n 64 -d ${DEPTHS:-4096,1048576} -r 1 \
+      -o csv --output-file "$OUT/$bin-long.csv" 2>&1 | grep -v "^appended"
+  done
 fi
 if [ "${NSEQ:-0}" = 1 ]; then
   $BIN/sala bench --synthetic minicpm-sala-9b --bits 8 -p 0 -n 64 -d 4096 --n-seq 1,16 -r 3 \

@@ -260,8 +260,8 @@ fn select_blocks_decode(
 
 /// Blocks per thread block of [`pool_topk_in_chunks`]'s first kernel.
 const TOPK_CHUNK: i32 = 512;
-/// Blocks past which one query's top-k runs in chunks: up to 2 keys a thread of one 1024-thread
-/// block, both forms took the same time (eval/results/kernel-notes.md).
+/// Blocks past which one query's top-k runs in chunks (128K tokens): not swept below it
+/// (eval/results/kernel-notes.md).
 const TOPK_CHUNKED_PAST: i32 = 2048;
 /// Keys a thread of [`pool_topk_in_chunks`] keeps in registers: a whole chunk at [`THREADS`]
 /// threads in the first kernel, the candidates of 42 chunks (1.3M tokens) at 1024 in the second.
@@ -306,8 +306,8 @@ fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelectio
 
 /// [`pool_topk`] over [`TOPK_CHUNK`]-block chunks, one thread block each (`sala_select_topk_chunk`:
 /// pooled scores and the chunk's own top-k), then the top-k of those candidates per query and KV
-/// head (`sala_select_topk_merge`): the same blocks and scores. One thread block per KV head took
-/// 33 µs a layer at 128K tokens on an H100 and grows with the context (eval/results/kernel-notes.md).
+/// head (`sala_select_topk_merge`): the same blocks and scores. One thread block per KV head grows
+/// with the context: 33 µs a layer at 128K tokens on an H100 (eval/results/kernel-notes.md).
 fn pool_topk_in_chunks(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelection) -> Result<Selected> {
     let (hkv, t) = (window_scores.shape()[0], window_scores.shape()[1]);
     let int = |v: usize| TemplateArg::Int(v as i32);
@@ -843,7 +843,7 @@ const SELECT_MMA_HEADER: &str = concat!(
 );
 
 /// Level-1 window tiles per thread block of the tensor-core window scores, at most, for queries
-/// taken one per thread block.
+/// taken one per thread block (eval/results/kernel-notes.md).
 const WINDOW_TILES_PER_RANGE: i32 = 4;
 
 thread_local! {
@@ -887,8 +887,7 @@ pub fn select_blocks_fused(
     let qpb = if t >= MMA_QUERIES { SELECT_QUERIES_PER_BLOCK } else { 1 };
     let query_blocks = (t + qpb - 1) / qpb;
     // Ranges of 64-window tiles: enough thread blocks to fill the GPU, and for one query a thread
-    // block at most every WINDOW_TILES_PER_RANGE level-1 tiles (the kernel's single warp scores
-    // one tile while it loads the next: at 1M tokens, 8 tiles a thread block moved 0.7 TB/s).
+    // block at least every WINDOW_TILES_PER_RANGE level-1 tiles (its single warp streams them).
     let tiles = |n: i32| ((n + 63) / 64).max(1);
     let ranges = |n: i32| (fill_blocks() / (query_blocks * hkv)).clamp(1, tiles(n));
     let per_range = WINDOW_TILES_OVERRIDE.with(|o| o.get()).unwrap_or(WINDOW_TILES_PER_RANGE);
