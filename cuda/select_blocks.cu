@@ -204,6 +204,26 @@ __device__ __forceinline__ float sala_pooled_score(const float* ws, int b, int n
   return v;
 }
 
+// Pooled scores of blocks base .. base + n into sc[0 .. n], a thread taking every blockDim.x-th,
+// and its keys of the first HELD rounds into `held` (0 past n).
+template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int HELD>
+__device__ __forceinline__ void sala_pool_blocks(
+    const float* ws, int base, int n, int n1, int qb, float* sc, unsigned long long (&held)[HELD]) {
+  for (int start = 0; start < n; start += blockDim.x) {
+    const int i = start + threadIdx.x;
+    float v = -INFINITY;
+    if (i < n) {
+      v = sala_pooled_score<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, base + i, n1, qb);
+      sc[i] = v;
+    }
+    const int round = start / blockDim.x;
+#pragma unroll
+    for (int j = 0; j < HELD; ++j) {
+      if (j == round) held[j] = i < n ? sala_topk_key(v, base + i) : 0ull;
+    }
+  }
+}
+
 // Pooled block scores and the chosen blocks of (h, t) from its window scores. A thread keeps the
 // keys of its first KEYS_HELD blocks in registers (every block up to 4 × blockDim.x: 256K tokens
 // at decode's 1024 threads) and reads any others back from `scores` on each pass: at decode the
@@ -217,20 +237,7 @@ __device__ void sala_select_pool_topk(
   const float* ws = window_scores + ((size_t)h * Tq + t) * n1;
   float* sc = scores + ((size_t)h * Tq + t) * nb;
   unsigned long long held[KEYS_HELD];
-
-  for (int start = 0; start < nb; start += blockDim.x) {
-    const int b = start + tid;
-    float v = -INFINITY;
-    if (b < nb) {
-      v = sala_pooled_score<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, b, n1, qb);
-      sc[b] = v;
-    }
-    const int i = start / blockDim.x;
-#pragma unroll
-    for (int j = 0; j < KEYS_HELD; ++j) {
-      if (j == i) held[j] = b < nb ? sala_topk_key(v, b) : 0ull;
-    }
-  }
+  sala_pool_blocks<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, 0, nb, n1, qb, sc, held);
   __syncthreads();
 
   auto key_at = [&](int b) { return sala_topk_key(sc[b], b); };
@@ -301,19 +308,7 @@ __device__ void sala_select_topk_chunk(
   const float* ws = window_scores + ((size_t)h * Tq + t) * n1;
   float* sc = scores + ((size_t)h * Tq + t) * nb + base;
   unsigned long long held[HELD];
-#pragma unroll
-  for (int j = 0; j < HELD; ++j) {
-    const int i = j * blockDim.x + threadIdx.x;
-    float v = -INFINITY;
-    if (i < n) {
-      v = sala_pooled_score<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, base + i, n1, qb);
-      sc[i] = v;
-    }
-    held[j] = i < n ? sala_topk_key(v, base + i) : 0ull;
-  }
-  for (int i = HELD * blockDim.x + threadIdx.x; i < n; i += blockDim.x) {
-    sc[i] = sala_pooled_score<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, base + i, n1, qb);
-  }
+  sala_pool_blocks<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, base, n, n1, qb, sc, held);
   __syncthreads();
   auto key_at = [&](int i) { return sala_topk_key(sc[i], base + i); };
   const unsigned long long threshold = sala_topk_threshold(held, n, key_at, min(TOPK, n));

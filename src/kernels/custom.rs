@@ -167,6 +167,20 @@ pub fn in_pieces<S, R>(
         .collect()
 }
 
+/// Runs `f` with the thread-local `setting` holding `value`, then puts back what it held: how the
+/// kernel benchmark's sweeps force a launch shape (a tiling, a split count); the model never sets
+/// one, so the kernels take their defaults.
+pub fn with_setting<T: Copy + 'static, R>(
+    setting: &'static std::thread::LocalKey<std::cell::Cell<Option<T>>>,
+    value: Option<T>,
+    f: impl FnOnce() -> R,
+) -> R {
+    let before = setting.with(|s| s.replace(value));
+    let r = f();
+    setting.with(|s| s.set(before));
+    r
+}
+
 /// The largest power of two at most `v` (at least 1): launch shapes taken from a few compiled
 /// variants (each distinct template argument compiles a kernel).
 pub fn pow2_floor(v: i32) -> i32 {

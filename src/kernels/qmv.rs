@@ -7,7 +7,7 @@
 //! products in 16-bit types, [`MMA_ROWS_PER_WARP`]); elsewhere MLX's quantized matmul and MLX
 //! operations run.
 
-use super::custom::{apply, backend, pow2_floor, Backend, KernelSource, Launch, TemplateArg};
+use super::custom::{apply, backend, pow2_floor, with_setting, Backend, KernelSource, Launch, TemplateArg};
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_AND_METAL, CUDA_ONLY};
 use crate::engine::ops::scalar;
 use mlx_rs::{error::Result, ops, Array, Dtype};
@@ -470,12 +470,7 @@ thread_local! {
 /// kernel benchmark's tiling sweep (`kernels qmv-tiling`); the model always uses the defaults.
 #[doc(hidden)]
 pub fn with_tiling<R>(general: Option<QmvTiling>, mma: Option<MmaTiling>, f: impl FnOnce() -> R) -> R {
-    TILING_OVERRIDE.with(|o| o.set(general));
-    MMA_TILING_OVERRIDE.with(|o| o.set(mma));
-    let r = f();
-    TILING_OVERRIDE.with(|o| o.set(None));
-    MMA_TILING_OVERRIDE.with(|o| o.set(None));
-    r
+    with_setting(&TILING_OVERRIDE, general, || with_setting(&MMA_TILING_OVERRIDE, mma, f))
 }
 
 /// The general kernel (`cuda/qmv.cu`, `metal/qmv.metal`), with x normalised first when `norm`

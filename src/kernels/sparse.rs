@@ -8,7 +8,10 @@
 //! `[B, Hkv, L, d]`, level-1/level-2 compressed keys `[B, Hkv, n, d]`. The `Hq / Hkv` query heads of
 //! a KV group share one block selection.
 
-use super::custom::{apply, backend, in_pieces, pow2_floor, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
+use super::custom::{
+    apply, backend, in_pieces, pow2_floor, shape_args, slot_source, with_setting, Backend, KernelSource, Launch, SlotKernel, TemplateArg,
+    MAX_SHAPE_ARGS,
+};
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
 use crate::engine::cache::KvParts;
 use crate::engine::device;
@@ -273,7 +276,6 @@ const TOPK_MERGE_HELD: i32 = 4;
 /// (decode at long context) take [`pool_topk_in_chunks`] on CUDA.
 fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelection) -> Result<Selected> {
     let (hkv, t) = (window_scores.shape()[0], window_scores.shape()[1]);
-    let int = |v: usize| TemplateArg::Int(v as i32);
     // Few queries (decode) leave most of the GPU idle: give each thread block more threads (on
     // CUDA; Metal's limit per threadgroup depends on the kernel), or past 128K tokens split the
     // blocks over thread blocks.
@@ -289,19 +291,25 @@ fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelectio
             grid: (threads, t, hkv),
             threads: (threads, 1, 1),
             outputs: vec![(vec![1, hkv, t, sel.topk as i32], Dtype::Int32), (vec![1, hkv, t, nb], Dtype::Float32)],
-            template: vec![
-                ("KERNEL", int(sel.kernel)),
-                ("STRIDE", int(sel.stride)),
-                ("BLOCK", int(sel.block)),
-                ("INIT", int(sel.init_blocks)),
-                ("LOCAL", int(sel.local_blocks)),
-                ("TOPK", int(sel.topk)),
-            ],
+            template: pooling_template(sel),
             init: None,
         },
     )?;
     let mut out = out.into_iter();
     Ok(Selected { blocks: out.next().expect("2 outputs"), scores: out.next().expect("2 outputs") })
+}
+
+/// The template arguments of the pooling and top-k kernels: the selection's geometry.
+fn pooling_template(sel: &BlockSelection) -> Vec<(&'static str, TemplateArg)> {
+    let int = |v: usize| TemplateArg::Int(v as i32);
+    vec![
+        ("KERNEL", int(sel.kernel)),
+        ("STRIDE", int(sel.stride)),
+        ("BLOCK", int(sel.block)),
+        ("INIT", int(sel.init_blocks)),
+        ("LOCAL", int(sel.local_blocks)),
+        ("TOPK", int(sel.topk)),
+    ]
 }
 
 /// [`pool_topk`] over [`TOPK_CHUNK`]-block chunks, one thread block each (`sala_select_topk_chunk`:
@@ -312,17 +320,7 @@ fn pool_topk_in_chunks(window_scores: &Array, params: &Array, nb: i32, sel: &Blo
     let (hkv, t) = (window_scores.shape()[0], window_scores.shape()[1]);
     let int = |v: usize| TemplateArg::Int(v as i32);
     let chunks = (nb + TOPK_CHUNK - 1) / TOPK_CHUNK;
-    let selection = || {
-        vec![
-            ("KERNEL", int(sel.kernel)),
-            ("STRIDE", int(sel.stride)),
-            ("BLOCK", int(sel.block)),
-            ("INIT", int(sel.init_blocks)),
-            ("LOCAL", int(sel.local_blocks)),
-            ("TOPK", int(sel.topk)),
-        ]
-    };
-    let mut chunk_template = selection();
+    let mut chunk_template = pooling_template(sel);
     chunk_template.extend([("CHUNK", TemplateArg::Int(TOPK_CHUNK)), ("HELD", TemplateArg::Int(TOPK_CHUNK_HELD))]);
     // Candidates are 64-bit keys, carried as pairs of 32-bit words.
     let mut chunked = apply(
@@ -680,10 +678,7 @@ thread_local! {
 /// model always uses the default.
 #[doc(hidden)]
 pub fn with_decode_splits<R>(splits: i32, f: impl FnOnce() -> R) -> R {
-    DECODE_SPLITS_OVERRIDE.with(|o| o.set(Some(splits)));
-    let r = f();
-    DECODE_SPLITS_OVERRIDE.with(|o| o.set(None));
-    r
+    with_setting(&DECODE_SPLITS_OVERRIDE, Some(splits), f)
 }
 
 /// Tokens per split unit of the decode attention (a split takes at least this many).
@@ -854,10 +849,7 @@ thread_local! {
 /// (`kernels sparse-profile`); the model always uses the default.
 #[doc(hidden)]
 pub fn with_window_tiles<R>(tiles: i32, f: impl FnOnce() -> R) -> R {
-    WINDOW_TILES_OVERRIDE.with(|o| o.set(Some(tiles)));
-    let r = f();
-    WINDOW_TILES_OVERRIDE.with(|o| o.set(None));
-    r
+    with_setting(&WINDOW_TILES_OVERRIDE, Some(tiles), f)
 }
 
 /// Queries (warps) per thread block of the tensor-core stage 1 when there are many queries (the
