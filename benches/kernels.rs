@@ -14,7 +14,9 @@ use sala::kernels::qmv::{
     quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
     MmaTiling, QmvTiling, RmsNormIn, MMA_ROWS_PER_WARP,
 };
-use sala::kernels::sparse::{decode_attention, decode_attention_mlx, with_decode_splits, with_window_tiles, BlockSelection, DecodeQuery};
+use sala::kernels::sparse::{
+    decode_attention, decode_attention_mlx, with_decode_kernel, with_decode_splits, with_window_tiles, BlockSelection, DecodeKernel, DecodeQuery,
+};
 use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_mlx, compressed_keys, select_blocks, select_blocks_mlx};
 use std::time::Instant;
 
@@ -188,33 +190,41 @@ type Stage1Piece<'a> = dyn Fn(&Array, &Array, usize) -> Vec<Array> + 'a;
 /// step's write queued while the previous step's kernels may still read the cache), with the
 /// keys written into the history (a copy of it whenever the device still holds it) and into
 /// the recent-token buffer.
-/// One decoding query's attention over a whole cache (Qwen3-8B: 32 query heads, 8 KV heads of
-/// 128, bfloat16) at the depths of the speed table, one sequence and 16: the kernel at its
-/// default splits and a sweep of split counts, against MLX's attention, with the bandwidth of
-/// the keys and values read.
+/// One decoding query's attention over a whole cache, bfloat16, with Qwen3-8B's heads (32 query
+/// heads, 8 KV heads of 128) and SALA-9B's (32 over 2), at the depths of the speed table, one
+/// sequence and 16: the tensor-core kernel at its default splits and a sweep of split counts,
+/// the CUDA-core kernel at its default, and MLX's attention, with the bandwidth of the keys and
+/// values read.
 fn decode_attention_by_depth() {
-    let (hq, hkv, d) = (32, 8, 128);
+    let d = 128;
     let scale = (d as f32).powf(-0.5);
-    for (batch, len) in [(1usize, 4096usize), (1, 32768), (1, 131072), (16, 4096)] {
-        let caches: Vec<(Array, Array)> = (0..batch)
-            .map(|i| {
-                let seed = 300 + 2 * i as u64;
-                (randn(&[1, hkv, len as i32, d], seed, Dtype::Bfloat16), randn(&[1, hkv, len as i32, d], seed + 1, Dtype::Bfloat16))
-            })
-            .collect();
-        let rows = randn(&[batch as i32, 1, hq * d], 9, Dtype::Bfloat16);
-        let query = DecodeQuery { rows: &rows, heads: hq, head_dim: d, q_col: 0, gate_col: None };
-        let q = query.heads().unwrap();
-        eval(caches.iter().flat_map(|(k, v)| [k, v]).chain([&q, &rows])).unwrap();
-        let parts: Vec<KvParts> = caches.iter().map(|(k, v)| KvParts::history(k, v, len)).collect();
-        let bytes = (batch * 2 * len * hkv as usize * d as usize * 2) as f64;
-        let mlx = time(|| vec![decode_attention_mlx(&q, &parts, scale).unwrap()]);
-        let kernel = time(|| vec![decode_attention(&query, &parts, scale).unwrap()]);
-        let name = format!("decode attention B={batch} L={len}");
-        row(&name, kernel, mlx, &format!("default splits: {:.0} GB/s (MLX {:.0} GB/s)", bytes / kernel / 1e9, bytes / mlx / 1e9));
-        for splits in [16, 32, 64, 128, 256] {
-            let t = with_decode_splits(splits, || time(|| vec![decode_attention(&query, &parts, scale).unwrap()]));
-            row(&format!("{name}, ≤{splits} splits"), t, mlx, &format!("{:.0} GB/s", bytes / t / 1e9));
+    let shapes = [("Qwen3-8B", 32, 8), ("SALA-9B", 32, 2)];
+    for (model, hq, hkv) in shapes {
+        for (batch, len) in [(1usize, 4096usize), (1, 32768), (1, 131072), (16, 4096)] {
+            let caches: Vec<(Array, Array)> = (0..batch)
+                .map(|i| {
+                    let seed = 300 + 2 * i as u64;
+                    (randn(&[1, hkv, len as i32, d], seed, Dtype::Bfloat16), randn(&[1, hkv, len as i32, d], seed + 1, Dtype::Bfloat16))
+                })
+                .collect();
+            let rows = randn(&[batch as i32, 1, hq * d], 9, Dtype::Bfloat16);
+            let query = DecodeQuery { rows: &rows, heads: hq, head_dim: d, q_col: 0, gate_col: None };
+            let q = query.heads().unwrap();
+            eval(caches.iter().flat_map(|(k, v)| [k, v]).chain([&q, &rows])).unwrap();
+            let parts: Vec<KvParts> = caches.iter().map(|(k, v)| KvParts::history(k, v, len)).collect();
+            let bytes = (batch * 2 * len * hkv as usize * d as usize * 2) as f64;
+            let mlx = time(|| vec![decode_attention_mlx(&q, &parts, scale).unwrap()]);
+            let name = format!("decode attention {model} B={batch} L={len}");
+            for (kernel, label) in [(DecodeKernel::TensorCores, "tensor cores"), (DecodeKernel::CudaCores, "CUDA cores")] {
+                with_decode_kernel(kernel, || {
+                    let t = time(|| vec![decode_attention(&query, &parts, scale).unwrap()]);
+                    row(&format!("{name}, {label}"), t, mlx, &format!("default splits: {:.0} GB/s (MLX {:.0} GB/s)", bytes / t / 1e9, bytes / mlx / 1e9));
+                    for splits in [8, 16, 32, 64, 128, 256] {
+                        let t = with_decode_splits(splits, || time(|| vec![decode_attention(&query, &parts, scale).unwrap()]));
+                        row(&format!("{name}, {label}, ≤{splits} splits"), t, mlx, &format!("{:.0} GB/s", bytes / t / 1e9));
+                    }
+                });
+            }
         }
     }
 }
@@ -270,14 +280,17 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
         if profile {
             // One step a profiler started here sees (`ncu --profile-from-start off`) for each
             // number of level-1 tiles a thread block of the window scores takes, each warmed up.
+            let profiled = |cache: &mut KvCache| {
+                eval(&step(cache, 3, true)).unwrap();
+                cuda_profiler(true);
+                eval(&step(cache, 3, true)).unwrap();
+                cuda_profiler(false);
+            };
             for tiles in [4, 1, 2, 8] {
-                with_window_tiles(tiles, || {
-                    eval(&step(&mut cache, 3, true)).unwrap();
-                    cuda_profiler(true);
-                    eval(&step(&mut cache, 3, true)).unwrap();
-                    cuda_profiler(false);
-                });
+                with_window_tiles(tiles, || profiled(&mut cache));
             }
+            // Then the block-sparse attention on the tensor-core decode kernel, at the default tiles.
+            with_decode_kernel(DecodeKernel::TensorCores, || profiled(&mut cache));
             continue;
         }
         let names = ["append k, v", "+ pooled keys", "+ block selection", "+ block-sparse attention"];
@@ -285,15 +298,28 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
             let secs = time(|| step(&mut cache, upto, true));
             println!("| sparse layer step L={kv_len}: {name} | {:.1} | | | cumulative, one layer |", secs * 1e6);
         }
-        for (recent, name) in [(false, "keys written into the history"), (true, "keys written into the recent buffer")] {
-            let start = Instant::now();
-            let mut last = Vec::new();
-            for _ in 0..64 {
-                last = step(&mut cache, 3, recent);
-                mlx_rs::transforms::async_eval(&last).unwrap();
-            }
-            eval(&last).unwrap();
-            let per_step = start.elapsed().as_secs_f64() / 64.0;
+        let secs = with_decode_kernel(DecodeKernel::TensorCores, || time(|| step(&mut cache, 3, true)));
+        println!("| sparse layer step L={kv_len}: + block-sparse attention on tensor cores | {:.1} | | | cumulative, one layer |", secs * 1e6);
+        // The recent-buffer steps twice, alternating with the attention's tensor-core kernel.
+        let queued = [
+            (false, false, "keys written into the history"),
+            (true, false, "keys written into the recent buffer"),
+            (true, true, "keys written into the recent buffer, attention on tensor cores"),
+            (true, false, "keys written into the recent buffer"),
+            (true, true, "keys written into the recent buffer, attention on tensor cores"),
+        ];
+        for (recent, tensor_cores, name) in queued {
+            let steps = |cache: &mut KvCache| {
+                let start = Instant::now();
+                let mut last = Vec::new();
+                for _ in 0..64 {
+                    last = step(cache, 3, recent);
+                    mlx_rs::transforms::async_eval(&last).unwrap();
+                }
+                eval(&last).unwrap();
+                start.elapsed().as_secs_f64() / 64.0
+            };
+            let per_step = if tensor_cores { with_decode_kernel(DecodeKernel::TensorCores, || steps(&mut cache)) } else { steps(&mut cache) };
             println!("| sparse layer step L={kv_len}, 64 steps queued, {name} | {:.1} | | | one layer, per step |", per_step * 1e6);
         }
         // Stage 1's pieces, 64 steps queued on a growing cache (fresh pooled-key views each step):
@@ -488,7 +514,7 @@ fn qmv_tiling_sweep() {
     let general = |w, o, s, u, a| QmvTiling { warps: w, outputs_per_warp: o, split: s, in_flight: u, async_copy: a };
     let mma = |t, u, g| MmaTiling { out_tiles: t, in_flight: u, grid_warps: g };
     // `qmv-tiling 8` or `qmv-tiling 4`: one width only; `qmv-tiling 8 o_proj`: one product too
-    // (`all`: every product); `qmv-tiling 8 all 8`: one count of input rows (1 or 8) too;
+    // (`all`: every product); `qmv-tiling 8 all 8`: one count of input rows (1, 8 or 16) too;
     // `qmv-tiling 8 all 1 async`: the default and the cp.async tilings only (at 4 bits, register
     // loads of up to 8 steps are swept for the tensor-core form only).
     let args: Vec<String> = std::env::args().skip_while(|a| a != "qmv-tiling").skip(1).take_while(|a| !a.starts_with('-')).collect();
@@ -498,8 +524,8 @@ fn qmv_tiling_sweep() {
     });
     let product_filter = args.get(1).filter(|p| p.as_str() != "all").cloned();
     let rows_filter: Option<i32> = args.get(2).map(|r| match r.parse() {
-        Ok(rows @ (1 | 8)) => rows,
-        _ => panic!("kernels qmv-tiling [BITS [PRODUCT [ROWS]]]: ROWS is 1 or 8, not `{r}`"),
+        Ok(rows @ (1 | 8 | 16)) => rows,
+        _ => panic!("kernels qmv-tiling [BITS [PRODUCT [ROWS]]]: ROWS is 1, 8 or 16, not `{r}`"),
     });
     let async_only = args.get(3).is_some_and(|a| a == "async");
     // `qmv-tiling 4 all 1 tc`: the default and the tensor-core tilings only.
@@ -510,7 +536,8 @@ fn qmv_tiling_sweep() {
             eprintln!("{name} q{bits} at {:.0} s", start.elapsed().as_secs_f64());
             let sets = quantized_weight_sets(SETS, n, k, bits);
             let norm = randn(&[k], 5, Dtype::Bfloat16);
-            for rows in [1, 8].into_iter().filter(|r| rows_filter.is_none_or(|o| o == *r)) {
+            // 16 rows (a full decode batch) only when asked for.
+            for rows in [1, 8, 16].into_iter().filter(|r| rows_filter.map_or(*r < 16, |o| o == *r)) {
                 let x = randn(&[rows, 1, k], 7, Dtype::Bfloat16);
                 let residual = randn(&[rows, 1, n], 8, Dtype::Bfloat16);
                 // Several rows: the model normalises them first (the tensor-core kernel has no norm folded in).
@@ -585,7 +612,20 @@ fn qmv_tiling_sweep() {
                         profile(format!("{base} | {label}"), &|| with_tiling(t, None, || run(false)));
                     }
                 } else {
-                    let tilings = [(1, 1, 8192), (1, 2, 16384), (2, 2, 8192), (1, 1, 16384), (2, 1, 8192), (4, 1, 8192), (4, 2, 8192), (4, 1, 16384)];
+                    let tilings = [
+                        (1, 1, 8192),
+                        (1, 2, 16384),
+                        (2, 2, 8192),
+                        (1, 1, 16384),
+                        (2, 1, 8192),
+                        (4, 1, 8192),
+                        (4, 2, 8192),
+                        (4, 1, 16384),
+                        (1, 4, 8192),
+                        (1, 2, 4096),
+                        (2, 1, 16384),
+                        (2, 2, 16384),
+                    ];
                     for t in std::iter::once(None).chain(tilings.map(|(o, u, g)| Some(mma(o, u, g)))) {
                         let label = t.map_or("default".to_string(), |t| format!("tiles {} u{} grid {}", t.out_tiles, t.in_flight, t.grid_warps));
                         profile(format!("{base} | {label}"), &|| with_tiling(None, t, || run(false)));

@@ -3,13 +3,14 @@
 # named in TEST_FILTER (default: the block selection against its MLX oracle, every self-check);
 # then `kernels sparse-step` (one sparse layer's decode step on random caches of LENGTHS tokens:
 # append, pooled keys, selection, attention) with the bench built before the change
-# (kernels-base) and after (kernels), alternating. PROFILE=1: the kernels of one sparse layer's decode step on
-# random caches of PROFILE_LENGTHS tokens under Nsight Compute (`kernels sparse-profile`: one
+# (kernels-base) and after (kernels), alternating (STEP_BINS names others). DECODE_ATTENTION=1:
+# `kernels decode-attention` first (dense decode attention, tensor cores against CUDA cores).
+# PROFILE=1: the kernels of one sparse layer's decode step on random caches of PROFILE_LENGTHS tokens under Nsight Compute (`kernels sparse-profile`: one
 # step per tiling of the window scores, listed by eval/ncu_sparse.py), for the benches in
 # PROFILE_BINS. BENCH=1: `sala bench` decode of the synthetic SALA-9B q8 at DEPTHS (default 4K
 # and 1M; a copy of its config allowing 1M + 8K positions) with each of BENCH_BINS (default sala;
 # sala-base: the build before the change), then NSEQ=1 the batched decode of 1 and 16 sequences
-# at 4K.
+# at 4K, with each of BENCH_BINS.
 # Prepare here (repo root): SALA_OPENBLAS=off cargo bench --bench kernels --no-run (before and
 #   after the change) and cargo test --release --no-run --test gpu_kernels; copy them to
 #   .device/bin as kernels-base, kernels and gpu_kernels, `strip --strip-debug`;
@@ -21,8 +22,11 @@ if [ "${TESTS:-1}" = 1 ]; then
   MLX_ENABLE_TF32=0 $BIN/gpu_kernels --include-ignored --test-threads=1 ${TEST_FILTER:-block_selection every_kernel} 2>&1 \
     | tee "$OUT/gpu_kernels.log" | grep -E "^test |test result|panicked|relative error"
 fi
+if [ "${DECODE_ATTENTION:-0}" = 1 ]; then
+  $BIN/kernels decode-attention 2>&1 | grep "^|" | tee "$OUT/decode-attention.md"
+fi
 for round in $(seq "${ROUNDS:-1}"); do
-  for bin in kernels-base kernels; do
+  for bin in ${STEP_BINS:-kernels-base kernels}; do
     echo "== $bin round $round"
     $BIN/$bin sparse-step ${LENGTHS:-131072 1048576} 2>&1 | grep "^|" | tee -a "$OUT/sparse-step-$bin.md"
   done
@@ -44,6 +48,9 @@ if [ "${BENCH:-0}" = 1 ]; then
   done
 fi
 if [ "${NSEQ:-0}" = 1 ]; then
-  $BIN/sala bench --synthetic minicpm-sala-9b --bits 8 -p 0 -n 64 -d 4096 --n-seq 1,16 -r 3 \
-    -o csv --output-file "$OUT/sala-batch.csv" 2>&1 | grep -v "^appended"
+  for bin in ${BENCH_BINS:-sala}; do
+    echo "== $bin"
+    $BIN/$bin bench --synthetic minicpm-sala-9b --bits 8 -p 0 -n 64 -d 4096 --n-seq 1,16 -r 3 \
+      -o csv --output-file "$OUT/$bin-batch.csv" 2>&1 | grep -v "^appended"
+  done
 fi

@@ -20,7 +20,9 @@ use sala::kernels::qmv::{
     GateIn, MmaTiling, QmvTiling, RmsNormIn,
 };
 use sala::kernels::rope::{rope_append, rope_append_mlx, QkHeads, RopeAngles};
-use sala::kernels::sparse::{decode_attention, decode_attention_mlx, heads_to_rows, BlockSelection, DecodeQuery};
+use sala::kernels::sparse::{
+    decode_attention, decode_attention_mlx, heads_to_rows, with_decode_kernel, BlockSelection, DecodeKernel, DecodeQuery,
+};
 use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_mlx, select_blocks_chunked, select_blocks_mlx, select_blocks_scored};
 
 const NEEDS_GPU: &str = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored";
@@ -546,6 +548,9 @@ fn block_sparse_attention_kernel_matches_mlx() {
         (32, 2, 128, 9000, 8990, 10, Dtype::Float32),
         (32, 2, 8, 1300, 1000, 300, Dtype::Float32),
         (4, 2, 32, 700, 699, 1, Dtype::Float32),
+        // Half-precision decode on the tensor-core decode kernel too (the other cases run their
+        // default kernel twice).
+        (16, 2, 64, 5000, 4999, 1, Dtype::Float16),
         // Half-precision prefill takes the tensor-core kernel on CUDA: 16 heads per group, fewer
         // (padded rows), half, queries from position 0, and a recent part inside the queries.
         (32, 2, 128, 4000, 3500, 500, Dtype::Bfloat16),
@@ -586,11 +591,15 @@ fn block_sparse_attention_kernel_matches_mlx() {
         ];
         for (layout, kv) in ["history", "history + recent"].iter().zip(&views) {
             let got = block_sparse_attention(&q, kv, &blocks, first, sel.block, scale, gate.as_ref()).unwrap();
-            assert_eq!(got.shape(), want.shape());
-            assert_eq!(got.dtype(), dtype);
-            let err = rel_err(&got, &want);
-            let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
-            assert!(err < tol, "case {i} ({layout}): relative error {err}");
+            let tensor_cores =
+                with_decode_kernel(DecodeKernel::TensorCores, || block_sparse_attention(&q, kv, &blocks, first, sel.block, scale, gate.as_ref()).unwrap());
+            for (kernel, got) in [("default", &got), ("tensor cores where they fit", &tensor_cores)] {
+                assert_eq!(got.shape(), want.shape());
+                assert_eq!(got.dtype(), dtype);
+                let err = rel_err(got, &want);
+                let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
+                assert!(err < tol, "case {i} ({layout}, {kernel}): relative error {err}");
+            }
         }
     }
 }
@@ -601,10 +610,14 @@ fn decode_attention_of_a_batch_matches_mlx() {
     use_gpu();
     // (Hq, Hkv, d, dtype, cache lengths): one sequence, a batch of different lengths, more
     // sequences than one launch takes, and lengths that are no whole number of blocks.
-    let cases: [(i32, i32, i32, Dtype, &[usize]); 5] = [
+    // Every case on both kernels (the tensor-core one takes half precision: 16 heads a group,
+    // Qwen3's 4, 1).
+    let cases: [(i32, i32, i32, Dtype, &[usize]); 7] = [
         (32, 2, 128, Dtype::Bfloat16, &[4096]),
         (32, 2, 128, Dtype::Bfloat16, &[4096, 1, 3000, 6143, 65, 64, 700, 2048]),
         (32, 2, 128, Dtype::Float16, &[100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1100]),
+        (32, 8, 128, Dtype::Bfloat16, &[131072, 33]),
+        (8, 8, 64, Dtype::Bfloat16, &[1, 5000, 129]),
         (8, 8, 64, Dtype::Float32, &[33, 5000, 129]),
         (4, 2, 32, Dtype::Float32, &[1, 2, 3]),
     ];
@@ -641,7 +654,8 @@ fn decode_attention_of_a_batch_matches_mlx() {
             })
             .collect();
         let scale = (d as f32).powf(-0.5);
-        let got = decode_attention(&query, &parts, scale).unwrap();
+        let on_tensor_cores = with_decode_kernel(DecodeKernel::TensorCores, || decode_attention(&query, &parts, scale).unwrap());
+        let on_cuda_cores = with_decode_kernel(DecodeKernel::CudaCores, || decode_attention(&query, &parts, scale).unwrap());
         // The oracle in float32.
         let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
         let filled: Vec<_> = parts.iter().map(|p| p.filled().unwrap()).collect();
@@ -649,11 +663,13 @@ fn decode_attention_of_a_batch_matches_mlx() {
         let oracle_parts: Vec<_> = f32_parts.iter().zip(lens).map(|((k, v), &len)| KvParts::history(k, v, len)).collect();
         let want = decode_attention_mlx(&f(&q), &oracle_parts, scale).unwrap();
         let want = heads_to_rows(&want, gate.map(|g| f(&g)).as_ref()).unwrap();
-        assert_eq!(got.shape(), &[b, 1, hq * d]);
-        assert_eq!(got.dtype(), dtype);
-        let err = rel_err(&got, &want);
-        let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
-        assert!(err < tol, "case {i}: relative error {err}");
+        for (kernel, got) in [("tensor cores where they fit", &on_tensor_cores), ("CUDA cores", &on_cuda_cores)] {
+            assert_eq!(got.shape(), &[b, 1, hq * d]);
+            assert_eq!(got.dtype(), dtype);
+            let err = rel_err(got, &want);
+            let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
+            assert!(err < tol, "case {i} ({kernel}): relative error {err}");
+        }
     }
 }
 

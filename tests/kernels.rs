@@ -533,11 +533,13 @@ mod self_check {
                 "qmv_mma",
                 "qmv_normed",
                 "decode_attention",
+                "decode_attention_mma",
                 "rope_append",
                 "select_blocks",
                 "select_blocks_mma",
                 "block_sparse_attention",
-                "block_sparse_prefill"
+                "block_sparse_prefill",
+                "block_sparse_decode"
             ]
         );
         for check in &checks {

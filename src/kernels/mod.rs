@@ -16,7 +16,7 @@ pub mod sparse;
 
 /// The self-checks of the kernels whose MLX-ops versions are here (InfLLM-V2's are in
 /// `models::sala::infllm`; `models::kernel_checks` lists all).
-pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 9] = [
+pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 10] = [
     &gla::GLA_DECODE_CHECK,
     &lightning::DECODE_STEP_CHECK,
     &lightning::NORM_GATE_CHECK,
@@ -25,5 +25,6 @@ pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 9] = [
     &qmv::QMM_CHECK,
     &qmv::QMV_NORMED_CHECK,
     &sparse::DECODE_ATTENTION_CHECK,
+    &sparse::DECODE_ATTENTION_MMA_CHECK,
     &rope::ROPE_APPEND_CHECK,
 ];

@@ -409,6 +409,65 @@ pub fn block_sparse_attention_gpu(
     merge_splits(&out[0], &out[1], vec![1, t, hq * d], q.dtype(), gate)
 }
 
+static BLOCK_SPARSE_DECODE_MMA: KernelSource = KernelSource {
+    name: "sala_block_sparse_decode_mma",
+    inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
+    outputs: &["out", "lse"],
+    cuda_header: DECODE_ATTENTION_MMA_HEADER,
+    cuda_body: "sala_decode_attention_mma<T, D, G, NSPLIT, SCALE_BITS>(q, 1, k, v, k_recent, v_recent, \
+                params_shape[0] - 1, params_shape[1] - 1, k_shape[2], k_recent_shape[2], blocks, blocks_shape[3], out, lse);",
+    // CUDA only (mma.sync, cp.async); Metal takes BLOCK_SPARSE_ATTENTION.
+    metal_header: "",
+    metal_body: "",
+    // `params` is a shape_args broadcast; the other inputs are made contiguous by the caller.
+    contiguous_inputs: false,
+};
+
+/// Whether [`block_sparse_decode_cuda`] takes this attention: one half-precision query at the
+/// cache's last position, a group's heads in one tile ([`decode_mma_fits`]), 64-token blocks, and
+/// chosen with [`with_decode_kernel`]. Not yet by default: at 1M tokens on an H200 a queued sparse
+/// layer step was not faster with it than with the general kernel (within the run's drift;
+/// eval/results/kernel-notes.md).
+pub fn block_sparse_decode_fits(q: &Array, kv: &KvParts, first_pos: usize, block: usize) -> bool {
+    let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
+    let chosen = DECODE_KERNEL.with(|o| o.get()) == Some(DecodeKernel::TensorCores);
+    chosen && q.shape()[0] == 1 && t == 1 && first_pos + 1 == kv.len && block == MMA_TILE as usize && decode_mma_fits(hq, kv.keys.shape()[1], d, q.dtype())
+}
+
+/// InfLLM-V2's attention of one decoding query over its selected blocks on tensor cores
+/// (`cuda/decode_attention_mma.cu` with a block list): the blocks split among thread blocks,
+/// then the usual merge, times σ(`gate`) when given (`[1, 1, Hq·d]`).
+pub fn block_sparse_decode_cuda(q: &Array, kv: &KvParts, blocks: &Array, scale: f32, gate: Option<&Array>) -> Result<Array> {
+    let (hq, d) = (q.shape()[1], q.shape()[3]);
+    let hkv = kv.keys.shape()[1];
+    let nsel = blocks.shape()[3];
+    // One split per selected block while the GPU has room for four thread blocks a compute unit,
+    // else a power of two (few compiled variants).
+    let room = DECODE_SPLITS_OVERRIDE.with(|o| o.get()).unwrap_or(2 * fill_blocks() / hkv).max(1);
+    let nsplit = if room >= nsel { nsel.max(1) } else { pow2_floor(room) };
+    let params = shape_args(&[kv.len, kv.settled])?;
+    let q3 = q.reshape(&[hq, 1, d])?.contiguous()?;
+    let [k, v, recent_k, recent_v] = kv_buffers(kv);
+    let out = apply(
+        &BLOCK_SPARSE_DECODE_MMA,
+        &[&q3, &k, &v, &recent_k, &recent_v, &blocks.contiguous()?, &params],
+        Launch {
+            grid: (128 * nsplit, 1, hkv),
+            threads: (128, 1, 1),
+            outputs: vec![(vec![1, hq, nsplit, d], Dtype::Float32), (vec![1, hq, nsplit], Dtype::Float32)],
+            template: vec![
+                ("T", TemplateArg::Type(q.dtype())),
+                ("D", TemplateArg::Int(d)),
+                ("G", TemplateArg::Int(hq / hkv)),
+                ("NSPLIT", TemplateArg::Int(nsplit)),
+                ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
+            ],
+            init: None,
+        },
+    )?;
+    merge_splits(&out[0], &out[1], vec![1, 1, hq * d], q.dtype(), gate)
+}
+
 /// The splits' partial outputs `[R, H, NSPLIT, d]` and log-sum-exps `[R, H, NSPLIT]` (R rows: the
 /// queries of one sequence, or one query per sequence) merged into `shape` (`[B, T, H·d]` with
 /// B·T = R) in `dtype`, times σ(`gate`) (of that shape, read through its strides) when given: the
@@ -472,7 +531,10 @@ impl DecodeQuery<'_> {
 /// `[B, 1, Hq·d]`, times σ(gate) when the query has one (as [`heads_to_rows`]). On CUDA one launch
 /// serves up to [`DECODE_SLOTS`] sequences (a call per sequence and layer costs the host more than
 /// the GPU spends on the step) and reads the query where the projection wrote it; the gate is
-/// applied as the splits are merged. Elsewhere MLX's attention runs per sequence.
+/// applied as the splits are merged. Groups of more heads than a CUDA-core thread block takes
+/// ([`MAX_HEADS_PER_BLOCK`]; up to 16, half precision) run on tensor cores
+/// (`cuda/decode_attention_mma.cu`), the rest on CUDA cores (`cuda/decode_attention.cu`), each
+/// the other's fallback. Elsewhere MLX's attention runs per sequence.
 pub fn decode_attention(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Result<Array> {
     let (rows, hq, d) = (query.rows, query.heads, query.head_dim);
     let hkv = kvs.first().map_or(1, |kv| kv.keys.shape()[1]);
@@ -482,13 +544,22 @@ pub fn decode_attention(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Res
         && rows.shape()[0] as usize == kvs.len()
         && rows.shape()[2] >= query.q_col + hq * d
         && query.gate_col.is_none_or(|c| rows.shape()[2] >= c + hq * d)
-        && decode_kernel_fits(hq, d, rows.item_size() as i32, hkv)
-        && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && kv.keys.dtype() == rows.dtype())
-        && selfcheck::enabled(&DECODE_ATTENTION_CHECK);
-    if !fits {
+        && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && kv.keys.dtype() == rows.dtype());
+    // The preferred kernel where it fits and passed its self-check, else the other one.
+    let usable = |kernel: DecodeKernel| match kernel {
+        DecodeKernel::TensorCores => decode_mma_fits(hq, hkv, d, rows.dtype()) && selfcheck::enabled(&DECODE_ATTENTION_MMA_CHECK),
+        DecodeKernel::CudaCores => decode_kernel_fits(hq, d, rows.item_size() as i32, hkv) && selfcheck::enabled(&DECODE_ATTENTION_CHECK),
+    };
+    let preferred = DECODE_KERNEL.with(|o| o.get()).unwrap_or(if hq / hkv > MAX_HEADS_PER_BLOCK { DecodeKernel::TensorCores } else { DecodeKernel::CudaCores });
+    let other = match preferred {
+        DecodeKernel::TensorCores => DecodeKernel::CudaCores,
+        DecodeKernel::CudaCores => DecodeKernel::TensorCores,
+    };
+    let Some(kernel) = [preferred, other].into_iter().find(|&k| fits && usable(k)) else {
         return heads_to_rows(&decode_attention_mlx(&query.heads()?, kvs, scale)?, query.gate()?.as_ref());
-    }
-    let mut outputs = in_pieces(query.rows, kvs, DECODE_SLOTS, |rows, _, kvs| decode_attention_cuda(&DecodeQuery { rows, ..*query }, kvs, scale))?;
+    };
+    let mma = kernel == DecodeKernel::TensorCores;
+    let mut outputs = in_pieces(query.rows, kvs, DECODE_SLOTS, |rows, _, kvs| decode_attention_cuda(&DecodeQuery { rows, ..*query }, kvs, scale, mma))?;
     if outputs.len() == 1 {
         return Ok(outputs.remove(0));
     }
@@ -515,9 +586,13 @@ pub fn decode_attention_mlx(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Ar
 /// The decode attention kernel against [`decode_attention_mlx`] in float32, for two bfloat16
 /// sequences of different lengths (one with recent tokens), q and the gate in the projection's
 /// rows.
-pub static DECODE_ATTENTION_CHECK: KernelCheck = KernelCheck { name: "decode_attention", backends: CUDA_ONLY, run: check_decode_attention };
+pub static DECODE_ATTENTION_CHECK: KernelCheck = KernelCheck { name: "decode_attention", backends: CUDA_ONLY, run: || check_decode_attention(false) };
 
-fn check_decode_attention() -> Verdict {
+/// The tensor-core decode attention kernel likewise.
+pub static DECODE_ATTENTION_MMA_CHECK: KernelCheck =
+    KernelCheck { name: "decode_attention_mma", backends: CUDA_ONLY, run: || check_decode_attention(true) };
+
+fn check_decode_attention(mma: bool) -> Verdict {
     let (hq, hkv, d) = (4, 2, 32);
     let bf16 = Dtype::Bfloat16;
     let scale = (d as f32).powf(-0.5);
@@ -537,7 +612,7 @@ fn check_decode_attention() -> Verdict {
         },
         |(projected, buffers)| {
             let parts = check_parts(buffers, &caches);
-            Ok(vec![decode_attention_cuda(&check_query(projected, hq, d), &parts, scale)?])
+            Ok(vec![decode_attention_cuda(&check_query(projected, hq, d), &parts, scale, mma)?])
         },
         |(projected, buffers)| {
             let query = check_query(projected, hq, d);
@@ -622,23 +697,49 @@ fn decode_kernel_fits(hq: i32, d: i32, item: i32, hkv: i32) -> bool {
     hkv > 0 && hq % hkv == 0 && row % 16 == 0 && (row as u32 / 16).is_power_of_two() && row / 16 <= 32
 }
 
-/// Query heads of a KV group per thread block of the decode attention: the largest divisor of
-/// the group size up to 8 (each head holds its query and output slice in registers).
+/// Query heads of a KV group per thread block of the CUDA-core decode attention: the largest
+/// divisor of the group size up to [`MAX_HEADS_PER_BLOCK`] (each head holds its query and output
+/// slice in registers).
 fn heads_per_block(group: i32) -> i32 {
-    (1..=group.min(8)).rev().find(|n| group % n == 0).unwrap_or(1)
+    (1..=group.min(MAX_HEADS_PER_BLOCK)).rev().find(|n| group % n == 0).unwrap_or(1)
 }
 
-/// The decode attention kernel for at most [`DECODE_SLOTS`] sequences (`cuda/decode_attention.cu`),
-/// then the usual merge of the splits.
-fn decode_attention_cuda(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Result<Array> {
+/// Query heads a thread block of the CUDA-core decode attention takes at most. A larger group is
+/// split over thread blocks that each read its keys, so it goes to the tensor-core kernel, which
+/// reads them once: SALA-9B's 16 heads a group (eval/results/kernel-notes.md). Smaller groups
+/// (Qwen3-8B's 4) keep the CUDA-core kernel their decode goals were measured with.
+const MAX_HEADS_PER_BLOCK: i32 = 8;
+
+/// The two kernels of the dense decode attention (and of InfLLM-V2's decode over selected blocks:
+/// tensor cores only when chosen, [`block_sparse_decode_fits`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DecodeKernel {
+    /// `cuda/decode_attention_mma.cu`.
+    TensorCores,
+    /// `cuda/decode_attention.cu` (and `cuda/block_sparse_attention.cu` over selected blocks).
+    CudaCores,
+}
+
+/// Whether the tensor-core decode attention (`cuda/decode_attention_mma.cu`) takes `hq` query
+/// heads of `d` values over `hkv` KV heads in `dtype`: CUDA, half precision, a group's heads
+/// in one 16-row tile, whole 32-column steps, and at most 128 columns (its query and output
+/// fragments live in registers).
+pub fn decode_mma_fits(hq: i32, hkv: i32, d: i32, dtype: Dtype) -> bool {
+    let half = matches!(dtype, Dtype::Bfloat16 | Dtype::Float16);
+    backend() == Backend::Cuda && half && hkv > 0 && hq % hkv == 0 && hq / hkv <= 16 && d % 32 == 0 && d <= 128
+}
+
+/// The decode attention kernel for at most [`DECODE_SLOTS`] sequences (`cuda/decode_attention_mma.cu`
+/// on tensor cores when `mma`, else `cuda/decode_attention.cu`), then the usual merge of the splits.
+fn decode_attention_cuda(query: &DecodeQuery, kvs: &[KvParts], scale: f32, mma: bool) -> Result<Array> {
     let (rows, hq, d) = (query.rows, query.heads, query.head_dim);
     let b = rows.shape()[0];
     let hkv = kvs[0].keys.shape()[1];
-    let (group, gb) = (hq / hkv, heads_per_block(hq / hkv));
-    let block = DECODE_BLOCK as i32;
+    let (group, gb) = (hq / hkv, if mma { hq / hkv } else { heads_per_block(hq / hkv) });
+    let block = if mma { MMA_TILE } else { DECODE_BLOCK as i32 };
     // Splits: enough thread blocks for four per compute unit (each holds few registers' worth of
-    // loads in flight), at least DECODE_BLOCK tokens each; a power of two (few compiled variants,
-    // as the lengths change every step).
+    // loads in flight), at least one unit of `block` tokens each; a power of two (few compiled
+    // variants, as the lengths change every step).
     let longest = kvs.iter().map(|kv| kv.len).max().unwrap_or(1) as i32;
     let room = (2 * fill_blocks() / (b * hq / gb)).max(1);
     let nsplit = pow2_floor(DECODE_SPLITS_OVERRIDE.with(|o| o.get()).unwrap_or(room).min((longest + block - 1) / block));
@@ -650,27 +751,40 @@ fn decode_attention_cuda(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Re
     inputs.extend(buffers.iter());
     inputs.extend([&lens, &settled]);
     const THREADS: i32 = 128;
+    let mut template = vec![
+        ("T", TemplateArg::Type(rows.dtype())),
+        ("D", TemplateArg::Int(d)),
+        ("G", TemplateArg::Int(group)),
+        ("NSPLIT", TemplateArg::Int(nsplit)),
+        ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
+        ("Q_COL", TemplateArg::Int(query.q_col)),
+    ];
+    if !mma {
+        template.push(("GB", TemplateArg::Int(gb)));
+    }
     let launch = Launch {
         grid: (THREADS * nsplit, b, hq / gb),
         threads: (THREADS, 1, 1),
         outputs: vec![(vec![b, hq, nsplit, d], Dtype::Float32), (vec![b, hq, nsplit], Dtype::Float32)],
-        template: vec![
-            ("T", TemplateArg::Type(rows.dtype())),
-            ("D", TemplateArg::Int(d)),
-            ("G", TemplateArg::Int(group)),
-            ("GB", TemplateArg::Int(gb)),
-            ("NSPLIT", TemplateArg::Int(nsplit)),
-            ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
-            ("Q_COL", TemplateArg::Int(query.q_col)),
-        ],
+        template,
         init: None,
     };
-    let out = apply(decode_attention_source(kvs.len()), &inputs, launch)?;
+    let source = if mma { decode_attention_mma_source(kvs.len()) } else { decode_attention_source(kvs.len()) };
+    let out = apply(source, &inputs, launch)?;
     merge_splits(&out[0], &out[1], vec![b, 1, hq * d], rows.dtype(), query.gate()?.as_ref())
 }
 
 thread_local! {
     static DECODE_SPLITS_OVERRIDE: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+    static DECODE_KERNEL: std::cell::Cell<Option<DecodeKernel>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the decode attentions on `kernel` where it fits (dense decode, and InfLLM-V2's
+/// decode over selected blocks), rather than their defaults: the kernel benchmark's comparisons
+/// and the tests of both kernels.
+#[doc(hidden)]
+pub fn with_decode_kernel<R>(kernel: DecodeKernel, f: impl FnOnce() -> R) -> R {
+    with_setting(&DECODE_KERNEL, Some(kernel), f)
 }
 
 /// Runs `f` with the decode attention's splits per (sequence, KV head) capped at `splits` rather
@@ -693,30 +807,66 @@ const DECODE_BLOCK: usize = 64;
 fn decode_attention_source(n: usize) -> &'static KernelSource {
     static SOURCES: std::sync::OnceLock<Vec<KernelSource>> = std::sync::OnceLock::new();
     slot_source(&SOURCES, n, |n| {
-        let mut inputs = vec!["rows".to_string()];
-        let mut cases = String::new();
-        for i in 0..n {
-            inputs.extend([format!("k{i}"), format!("v{i}"), format!("kr{i}"), format!("vr{i}")]);
-            cases += &format!("case {i}: k = k{i}; v = v{i}; kr = kr{i}; vr = vr{i}; cap = k{i}_shape[2]; rcap = kr{i}_shape[2]; break; ");
-        }
-        inputs.extend(["lens".into(), "settled".into()]);
-        SlotKernel {
-            name: format!("sala_decode_attention{n}"),
-            inputs,
-            outputs: vec!["out".into(), "lse".into()],
-            cuda_header: concat!(include_str!("../../cuda/unpack.cu"), include_str!("../../cuda/decode_attention.cu")),
-            cuda_body: format!(
-                "const T *k = k0, *v = v0, *kr = kr0, *vr = vr0; int cap = k0_shape[2], rcap = kr0_shape[2]; \
-                 switch (blockIdx.y) {{ {cases}}} \
-                 const int hq = gridDim.z * GB; \
-                 const T* row = rows + blockIdx.y * rows_strides[0]; \
-                 sala_decode_attention_split<T, D, G, GB, NSPLIT, SCALE_BITS>(row + Q_COL * rows_strides[2], \
-                 rows_strides[2], k, v, kr, vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, cap, rcap, \
-                 out + (size_t)blockIdx.y * hq * NSPLIT * D, lse + (size_t)blockIdx.y * hq * NSPLIT);"
-            ),
-        }
+        let mut kernel = decode_slot_kernel(n);
+        kernel.cuda_body = format!(
+            "{} const int hq = gridDim.z * GB; \
+             sala_decode_attention_split<T, D, G, GB, NSPLIT, SCALE_BITS>(row + Q_COL * rows_strides[2], \
+             rows_strides[2], k, v, kr, vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, cap, rcap, \
+             out + (size_t)blockIdx.y * hq * NSPLIT * D, lse + (size_t)blockIdx.y * hq * NSPLIT);",
+            kernel.cuda_body
+        );
+        kernel
     })
 }
+
+/// The slot kernel both decode attention kernels share for `n` sequences: its inputs and
+/// outputs, and a body that picks thread block row y's buffers (k, v, kr, vr, cap, rcap) and
+/// query row (`row`); the caller appends the kernel's call.
+fn decode_slot_kernel(n: usize) -> SlotKernel {
+    let mut inputs = vec!["rows".to_string()];
+    let mut cases = String::new();
+    for i in 0..n {
+        inputs.extend([format!("k{i}"), format!("v{i}"), format!("kr{i}"), format!("vr{i}")]);
+        cases += &format!("case {i}: k = k{i}; v = v{i}; kr = kr{i}; vr = vr{i}; cap = k{i}_shape[2]; rcap = kr{i}_shape[2]; break; ");
+    }
+    inputs.extend(["lens".into(), "settled".into()]);
+    SlotKernel {
+        name: format!("sala_decode_attention{n}"),
+        inputs,
+        outputs: vec!["out".into(), "lse".into()],
+        cuda_header: concat!(include_str!("../../cuda/unpack.cu"), include_str!("../../cuda/decode_attention.cu")),
+        cuda_body: format!(
+            "const T *k = k0, *v = v0, *kr = kr0, *vr = vr0; int cap = k0_shape[2], rcap = kr0_shape[2]; \
+             switch (blockIdx.y) {{ {cases}}} \
+             const T* row = rows + blockIdx.y * rows_strides[0];"
+        ),
+    }
+}
+
+/// [`decode_attention_source`]'s tensor-core twin (`cuda/decode_attention_mma.cu`, the whole
+/// cache: no block list), with the same inputs.
+fn decode_attention_mma_source(n: usize) -> &'static KernelSource {
+    static SOURCES: std::sync::OnceLock<Vec<KernelSource>> = std::sync::OnceLock::new();
+    slot_source(&SOURCES, n, |n| {
+        let mut kernel = decode_slot_kernel(n);
+        kernel.name = format!("sala_decode_attention_mma{n}");
+        kernel.cuda_header = DECODE_ATTENTION_MMA_HEADER;
+        kernel.cuda_body = format!(
+            "{} const int hq = gridDim.z * G; \
+             sala_decode_attention_mma<T, D, G, NSPLIT, SCALE_BITS>(row + Q_COL * rows_strides[2], rows_strides[2], \
+             k, v, kr, vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, cap, rcap, (const int32_t*)nullptr, 0, \
+             out + (size_t)blockIdx.y * hq * NSPLIT * D, lse + (size_t)blockIdx.y * hq * NSPLIT);",
+            kernel.cuda_body
+        );
+        kernel
+    })
+}
+
+/// The tensor-core decode attention's CUDA source with the mma helpers it uses.
+const DECODE_ATTENTION_MMA_HEADER: &str = concat!(include_str!("../../cuda/mma.cu"), include_str!("../../cuda/decode_attention_mma.cu"));
+
+/// Tokens per tile of the tensor-core decode attention (`SALA_DECODE_TILE`).
+const MMA_TILE: i32 = 64;
 
 static MERGE_SPLITS: KernelSource = KernelSource {
     name: "sala_merge_splits",

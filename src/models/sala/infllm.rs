@@ -162,7 +162,7 @@ fn selection_kernel(q: &Array, hkv: i32) -> Option<SelectionKernel> {
 
 /// The kernels' self-checks whose oracles are here (the InfLLM-V2 math): `models::kernel_checks`
 /// lists them with the kernels' own.
-pub static KERNEL_CHECKS: [&KernelCheck; 4] = [&SELECT_CHECK, &SELECT_MMA_CHECK, &ATTENTION_CHECK, &PREFILL_CHECK];
+pub static KERNEL_CHECKS: [&KernelCheck; 5] = [&SELECT_CHECK, &SELECT_MMA_CHECK, &ATTENTION_CHECK, &PREFILL_CHECK, &DECODE_CHECK];
 
 /// The selection's general kernels against [`select_blocks_mlx`]: five queries over a short context
 /// (one kernel), and one decoding query past `SPLIT_WINDOWS` level-1 windows and two chunks of
@@ -333,6 +333,9 @@ pub fn block_sparse_attention(
     if kernel_fits && sparse::prefill_fits(q, hkv, block) && selfcheck::enabled(&PREFILL_CHECK) {
         return heads_to_rows(&sparse::block_sparse_prefill_cuda(q, kv, blocks, first_pos, block, scale)?, gate);
     }
+    if kernel_fits && sparse::block_sparse_decode_fits(q, kv, first_pos, block) && selfcheck::enabled(&DECODE_CHECK) {
+        return sparse::block_sparse_decode_cuda(q, kv, blocks, scale, gate);
+    }
     if kernel_fits && selfcheck::enabled(&ATTENTION_CHECK) {
         return sparse::block_sparse_attention_gpu(q, kv, blocks, first_pos, block, scale, gate);
     }
@@ -347,6 +350,13 @@ pub static ATTENTION_CHECK: KernelCheck = KernelCheck { name: "block_sparse_atte
 
 /// The tensor-core prefill kernel likewise, for sixteen queries.
 pub static PREFILL_CHECK: KernelCheck = KernelCheck { name: "block_sparse_prefill", backends: CUDA_ONLY, run: check_prefill };
+
+/// The tensor-core decode kernel over a block list likewise, for one gated decoding query.
+pub static DECODE_CHECK: KernelCheck = KernelCheck { name: "block_sparse_decode", backends: CUDA_ONLY, run: check_decode };
+
+fn check_decode() -> Verdict {
+    check_sparse_attention(1, true, 280, |q, kv, blocks, _first, scale, gate| sparse::block_sparse_decode_cuda(q, kv, blocks, scale, gate))
+}
 
 fn check_attention() -> Verdict {
     check_sparse_attention(1, true, 280, |q, kv, blocks, first, scale, gate| sparse::block_sparse_attention_gpu(q, kv, blocks, first, 64, scale, gate))?;
