@@ -10,7 +10,9 @@
 # PROFILE_BINS. BENCH=1: `sala bench` decode of the synthetic SALA-9B q8 at DEPTHS (default 4K
 # and 1M; a copy of its config allowing 1M + 8K positions) with each of BENCH_BINS (default sala;
 # sala-base: the build before the change), then NSEQ=1 the batched decode of 1 and 16 sequences
-# at 4K, with each of BENCH_BINS.
+# at 4K, with each of BENCH_BINS. QMM_SWEEP=1: the tensor-core products' tilings at 16 input rows
+# (a batch of 16) under Nsight Compute, one run per product of QMM_PRODUCTS (`kernels qmv-tiling 8
+# PRODUCT 16`, eval/qmv_tiling.py), each at most QMM_SECONDS.
 # Prepare here (repo root): SALA_OPENBLAS=off cargo bench --bench kernels --no-run (before and
 #   after the change) and cargo test --release --no-run --test gpu_kernels; copy them to
 #   .device/bin as kernels-base, kernels and gpu_kernels, `strip --strip-debug`;
@@ -45,6 +47,16 @@ if [ "${BENCH:-0}" = 1 ]; then
     echo "== $bin"
     $BIN/$bin bench --synthetic "$OUT/minicpm-sala-9b-1m.json" --bits 8 -p 0 -n 64 -d ${DEPTHS:-4096,1048576} -r 1 \
       -o csv --output-file "$OUT/$bin-long.csv" 2>&1 | grep -v "^appended"
+  done
+fi
+if [ "${QMM_SWEEP:-0}" = 1 ]; then
+  # One Nsight run per product (all of them in one run, the output head included, outlasts a call).
+  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+  for product in ${QMM_PRODUCTS:-gate down qkvz o_proj}; do
+    timeout "${QMM_SECONDS:-150}" "$NCU" --metrics gpu__time_duration.sum --clock-control none --csv --profile-from-start off \
+      --log-file "$OUT/ncu-tiling-$product.csv" $BIN/kernels qmv-tiling 8 "$product" 16 > "$OUT/tiling-$product.txt" 2>/dev/null
+    python3 eval/qmv_tiling.py "$OUT/tiling-$product.txt" "$OUT/ncu-tiling-$product.csv" | tee "$OUT/qmv-tiling-q8-rows16-$product.txt"
+    xz -f "$OUT/ncu-tiling-$product.csv"
   done
 fi
 if [ "${NSEQ:-0}" = 1 ]; then
