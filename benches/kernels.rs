@@ -184,17 +184,10 @@ fn main() {
 /// A piece of stage 1 given the pooled keys (both levels) and the query's position.
 type Stage1Piece<'a> = dyn Fn(&Array, &Array, usize) -> Vec<Array> + 'a;
 
-/// One sparse layer's decode step on a real `KvCache` (keys in a buffer with spare capacity,
-/// pooled keys kept up to date) at 32K and 128K, built up piece by piece, each step evaluated
-/// before the next; then 64 whole steps queued back to back as pipelined decoding does (each
-/// step's write queued while the previous step's kernels may still read the cache), with the
-/// keys written into the history (a copy of it whenever the device still holds it) and into
-/// the recent-token buffer.
 /// One decoding query's attention over a whole cache, bfloat16, with Qwen3-8B's heads (32 query
 /// heads, 8 KV heads of 128) and SALA-9B's (32 over 2), at the depths of the speed table, one
-/// sequence and 16: the tensor-core kernel at its default splits and a sweep of split counts,
-/// the CUDA-core kernel at its default, and MLX's attention, with the bandwidth of the keys and
-/// values read.
+/// sequence and 16: each kernel (tensor cores, CUDA cores) at its default splits and a sweep of
+/// split counts, against MLX's attention, with the bandwidth of the keys and values read.
 fn decode_attention_by_depth() {
     let d = 128;
     let scale = (d as f32).powf(-0.5);
@@ -229,8 +222,14 @@ fn decode_attention_by_depth() {
     }
 }
 
-/// On caches of random keys and values, 32K and 128K tokens long or as many as the numbers after
-/// the mode (multiples of 4096).
+/// One sparse layer's decode step on a real `KvCache` (keys in a buffer with spare capacity,
+/// pooled keys kept up to date), built up piece by piece, each step evaluated before the next
+/// (the attention also on the tensor-core decode kernel); then 64 whole steps queued back to back
+/// as pipelined decoding does (each step's write queued while the previous step's kernels may
+/// still read the cache), with the keys written into the history (a copy of it whenever the
+/// device still holds it) and into the recent-token buffer, the latter alternating the
+/// attention's two kernels. On caches of random keys and values, 32K and 128K tokens long or as
+/// many as the numbers after the mode (multiples of 4096).
 fn sparse_step_on_a_cache(sel: &BlockSelection) {
     kernel_table_header();
     let (hq, hkv, d) = (32, 2, 128);

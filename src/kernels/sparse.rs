@@ -393,11 +393,9 @@ pub fn block_sparse_attention_gpu(
     let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
     let hkv = kv.keys.shape()[1];
     let nsel = blocks.shape()[3];
-    // Few queries (decode) split the selected blocks among thread blocks to fill the GPU: one
-    // split per selected block when the GPU has room for them (eval/results/kernel-notes.md),
-    // else a power of two (few compiled variants).
-    let room = (fill_blocks() / (t * hkv)).max(1);
-    let nsplit = if room >= nsel { nsel.max(1) } else { pow2_floor(room) };
+    // Few queries (decode) split the selected blocks among thread blocks to fill the GPU
+    // (eval/results/kernel-notes.md).
+    let nsplit = splits_of_selected_blocks((fill_blocks() / (t * hkv)).max(1), nsel);
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
     let [k, v, recent_k, recent_v] = kv_buffers(kv);
@@ -441,10 +439,9 @@ pub fn block_sparse_decode_cuda(q: &Array, kv: &KvParts, blocks: &Array, scale: 
     let (hq, d) = (q.shape()[1], q.shape()[3]);
     let hkv = kv.keys.shape()[1];
     let nsel = blocks.shape()[3];
-    // One split per selected block while the GPU has room for four thread blocks a compute unit,
-    // else a power of two (few compiled variants).
+    // Room for four thread blocks a compute unit.
     let room = DECODE_SPLITS_OVERRIDE.with(|o| o.get()).unwrap_or(2 * fill_blocks() / hkv).max(1);
-    let nsplit = if room >= nsel { nsel.max(1) } else { pow2_floor(room) };
+    let nsplit = splits_of_selected_blocks(room, nsel);
     let params = shape_args(&[kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, 1, d])?.contiguous()?;
     let [k, v, recent_k, recent_v] = kv_buffers(kv);
@@ -466,6 +463,17 @@ pub fn block_sparse_decode_cuda(q: &Array, kv: &KvParts, blocks: &Array, scale: 
         },
     )?;
     merge_splits(&out[0], &out[1], vec![1, 1, hq * d], q.dtype(), gate)
+}
+
+/// Splits of `nsel` selected blocks among thread blocks when the GPU has `room` for that many a
+/// query and KV head: one split per block where they fit, else a power of two (few compiled
+/// variants).
+fn splits_of_selected_blocks(room: i32, nsel: i32) -> i32 {
+    if room >= nsel {
+        nsel.max(1)
+    } else {
+        pow2_floor(room)
+    }
 }
 
 /// The splits' partial outputs `[R, H, NSPLIT, d]` and log-sum-exps `[R, H, NSPLIT]` (R rows: the
