@@ -7,14 +7,12 @@
 // copied to shared memory once, asynchronously (rows padded by 8 elements so that ldmatrix reads
 // without bank conflicts; the next block's keys load while this one's values are used), and every
 // warp whose query selected it scores it (Q·Kᵀ, float32 accumulation), keeps its online softmax
-// and adds P·V (P rounded to T, as flash attention does). Output in T, [Hq, Tq, D]. Uses the
-// tensor-core helpers of mma.cu.
+// and adds P·V (P rounded to T, as flash attention does). Output in T, [Hq, Tq, D]. Uses mma.cu
+// and the shared steps of attention_mma.cu.
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "sala_block_sparse_attention_mma needs mma.sync for bf16/f16 and cp.async (compute capability 8.0 or later)"
 #endif
-
-#define SALA_MMA_TILE 64
 
 // Query t's G ≤ 16 heads of KV head h from q [Hq, Tq, D] as mma A fragments, one per 16
 // columns: rows r and r + 8 of the tile are heads h·G + r (+ 8), zero past G or when inactive.
@@ -75,8 +73,6 @@ __device__ void sala_block_sparse_attention_mma(
   const T* vh = v + (size_t)h * cap * D;
   const T* krh = kr + (size_t)h * rcap * D;
   const T* vrh = vr + (size_t)h * rcap * D;
-  // ldmatrix row addresses: lane 8i + j gives row j of matrix i.
-  const int mi = lane >> 3, mj = lane & 7;
 
   // This warp's next visible block from its cursor (INT_MAX: none).
   auto next_block = [&]() {
@@ -99,17 +95,7 @@ __device__ void sala_block_sparse_attention_mma(
   };
   // Block b's 64 keys or values into `dst` asynchronously (zeros past kv_len), one commit group.
   auto stage = [&](T* dst, const T* history, const T* recent, int b) {
-    constexpr int CHUNKS = SALA_MMA_TILE * D / 8;  // 16-byte pieces
-    static_assert(CHUNKS % (32 * QPB) == 0, "whole pieces per thread");
-#pragma unroll 1  // the copies do not wait: unrolling would only hold more addresses in registers
-    for (int i = 0; i < CHUNKS / (32 * QPB); ++i) {
-      const int e = i * 32 * QPB + tid, j = e / (D / 8), col = (e % (D / 8)) * 8;
-      const int tok = b * SALA_MMA_TILE + j;
-      const bool ok = tok < kv_len;
-      const T* src = !ok ? history : tok < settled ? history + (size_t)tok * D + col : recent + (size_t)(tok - settled) * D + col;
-      sala_cp_async16(dst + j * KS + col, src, ok);
-    }
-    asm volatile("cp.async.commit_group;");
+    sala_stage_tile<T, D, 32 * QPB>(dst, history, recent, b, kv_len, settled, tid);
   };
 
   // The union of the warps' ascending block lists, one block at a time: the keys of the next
@@ -133,49 +119,19 @@ __device__ void sala_block_sparse_attention_mma(
     __syncthreads();
     const int base = blk * SALA_MMA_TILE;
 
-    // Scores of the block's 64 tokens: eight 8-column tiles. Matrices of one ldmatrix: tokens
-    // 8nt .. 8nt + 7 at columns 16kk, 16kk + 8, 16kk + 16, 16kk + 24 (b0, b1 of two k steps).
+    // Scores of the block's 64 tokens: eight 8-column tiles, masked past the query and the cache.
     float s[SALA_MMA_TILE / 8][4];
     if (take) {
-#pragma unroll
-      for (int nt = 0; nt < SALA_MMA_TILE / 8; ++nt) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk += 2) {
-          uint32_t b[4];
-          sala_ldmatrix_x4(b, ks + (8 * nt + mj) * KS + 16 * kk + 8 * mi);
-          sala_mma(s[nt], qa[kk], b[0], b[1], T());
-          sala_mma(s[nt], qa[kk + 1], b[2], b[3], T());
-        }
-      }
-      float mx[2] = {-INFINITY, -INFINITY};
+      sala_score_tiles<T, D>(s, qa, ks, 0, lane);
 #pragma unroll
       for (int nt = 0; nt < SALA_MMA_TILE / 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int tok = base + 8 * nt + 2 * c + (e & 1);
-          const float x = (tok <= pos && tok < kv_len) ? s[nt][e] * scale : -INFINITY;
-          s[nt][e] = x;
-          mx[e >> 1] = fmaxf(mx[e >> 1], x);
+          s[nt][e] = (tok <= pos && tok < kv_len) ? s[nt][e] * scale : -INFINITY;
         }
       }
-      float alpha[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-        const float new_m = fmaxf(m[i], mx[i]);
-        alpha[i] = new_m == -INFINITY ? 1.f : exp2f(m[i] - new_m);
-        m[i] = new_m;
-        l[i] *= alpha[i];
-      }
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        acc[n][0] *= alpha[0];
-        acc[n][1] *= alpha[0];
-        acc[n][2] *= alpha[1];
-        acc[n][3] *= alpha[1];
-      }
+      sala_softmax_rescale(s, m, l, acc);
     }
     __syncthreads();  // ks is free
     if (next != INT_MAX) {
@@ -187,31 +143,9 @@ __device__ void sala_block_sparse_attention_mma(
     __syncthreads();
 
     if (take) {
-      // P for 16 tokens at a time: two score tiles are one A fragment.
+      // P·V 16 tokens at a time.
 #pragma unroll
-      for (int kk = 0; kk < SALA_MMA_TILE / 16; ++kk) {
-        float p[2][4];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float mm = m[e >> 1];
-            p[half][e] = mm == -INFINITY ? 0.f : exp2f(s[2 * kk + half][e] - mm);
-          }
-        }
-        l[0] += p[0][0] + p[0][1] + p[1][0] + p[1][1];
-        l[1] += p[0][2] + p[0][3] + p[1][2] + p[1][3];
-        const uint32_t pa[4] = {sala_pack(p[0][0], p[0][1], T()), sala_pack(p[0][2], p[0][3], T()),
-                                sala_pack(p[1][0], p[1][1], T()), sala_pack(p[1][2], p[1][3], T())};
-        // Values transposed on the way: tokens 16kk .. 16kk + 15 (b0, b1) of columns 8n and 8n + 8.
-#pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
-          uint32_t b[4];
-          sala_ldmatrix_x4_trans(b, vs + (16 * kk + 8 * (mi & 1) + mj) * KS + 8 * n + 8 * (mi >> 1));
-          sala_mma(acc[n], pa, b[0], b[1], T());
-          sala_mma(acc[n + 1], pa, b[2], b[3], T());
-        }
-      }
+      for (int kk = 0; kk < SALA_MMA_TILE / 16; ++kk) sala_accumulate_pv<T, D>(s[2 * kk], s[2 * kk + 1], m, l, vs, 16 * kk, acc, lane);
     }
     __syncthreads();  // vs is free
     if (next != INT_MAX) stage(vs, vh, vrh, next);

@@ -8,18 +8,16 @@
 //
 // The cache is walked in 64-token tiles: every tile of the cache, or the selected 64-token blocks
 // (ascending, −1 = none), split evenly among the thread blocks. A tile's keys and values are
-// copied to shared memory asynchronously (rows padded by 8 elements for conflict-free ldmatrix;
-// the next tile's keys load while this one's values are used, as in block_sparse_prefill.cu);
-// warp w scores tokens 16w .. 16w + 15 of it (Q·Kᵀ, float32 accumulation), keeps its own online
-// softmax in log2 units and adds P·V (P rounded to T, as flash attention does). At the end the
-// four warps' states merge through shared memory, and the block writes its normalised partial
-// output and natural log-sum-exp for `sala_merge_splits`. Needs mma.cu.
+// copied to shared memory asynchronously (the next tile's keys load while this one's values are
+// used, as in block_sparse_prefill.cu); warp w scores tokens 16w .. 16w + 15 of it (Q·Kᵀ, float32
+// accumulation), keeps its own online softmax in log2 units and adds P·V (P rounded to T, as flash
+// attention does). At the end the four warps' states merge through shared memory, and the block
+// writes its normalised partial output and natural log-sum-exp for `sala_merge_splits`. Needs
+// mma.cu and attention_mma.cu.
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "sala_decode_attention_mma needs mma.sync for bf16/f16 and cp.async (compute capability 8.0 or later)"
 #endif
-
-#define SALA_DECODE_TILE 64
 
 template <typename T, int D, int G, int NSPLIT, int SCALE_BITS>
 __device__ void sala_decode_attention_mma(
@@ -32,7 +30,7 @@ __device__ void sala_decode_attention_mma(
     int nsel,
     float* out,                      // this sequence's [Hq, NSPLIT, D]
     float* lse) {                    // this sequence's [Hq, NSPLIT]
-  constexpr int WARPS = 4, TILE = SALA_DECODE_TILE, KS = D + 8;
+  constexpr int WARPS = 4, TILE = SALA_MMA_TILE, KS = D + 8;
   static_assert(G <= 16 && D % 32 == 0 && sizeof(T) == 2, "one 16-row tile of 16-bit heads");
   static_assert(TILE == 16 * WARPS, "16 tokens a warp");
   // The tile's keys and values; at the end, the warps' states (which fit: 16·D floats a warp).
@@ -43,8 +41,7 @@ __device__ void sala_decode_attention_mma(
 
   const int s = blockIdx.x, h = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int r = lane >> 2, c = lane & 3;     // fragment row / column pair
-  const int mi = lane >> 3, mj = lane & 7;   // ldmatrix: lane 8i + j gives row j of matrix i
+  const int r = lane >> 2, c = lane & 3;  // fragment row / column pair
   // exp2 instead of exp: scores in log2 units.
   const float scale = __int_as_float(SCALE_BITS) * 1.4426950408889634f;
 
@@ -91,17 +88,7 @@ __device__ void sala_decode_attention_mma(
   const T* vrh = vr + (size_t)h * rcap * D;
   // Tile b's keys or values into `dst` asynchronously (zeros past kv_len), one commit group.
   auto stage = [&](T* dst, const T* history, const T* recent, int b) {
-    constexpr int PIECES = TILE * D / 8;  // 16-byte pieces
-    static_assert(PIECES % (32 * WARPS) == 0, "whole pieces per thread");
-#pragma unroll 1  // the copies do not wait: unrolling would only hold more addresses in registers
-    for (int i = 0; i < PIECES / (32 * WARPS); ++i) {
-      const int e = i * 32 * WARPS + tid, j = e / (D / 8), col8 = (e % (D / 8)) * 8;
-      const int tok = b * TILE + j;
-      const bool ok = tok < kv_len;
-      const T* src = !ok ? history : tok < settled ? history + (size_t)tok * D + col8 : recent + (size_t)(tok - settled) * D + col8;
-      sala_cp_async16(dst + j * KS + col8, src, ok);
-    }
-    asm volatile("cp.async.commit_group;");
+    sala_stage_tile<T, D, 32 * WARPS>(dst, history, recent, b, kv_len, settled, tid);
   };
 
   // Commit groups in the order K(i), V(i), K(next), V(next), ...
@@ -116,57 +103,14 @@ __device__ void sala_decode_attention_mma(
     asm volatile("cp.async.wait_group 1;");  // K(i)
     __syncthreads();
 
-    // Scores of the warp's 16 tokens: two 8-column tiles. Matrices of one ldmatrix: tokens
-    // 8nt .. 8nt + 7 at columns 16kk, 16kk + 8, 16kk + 16, 16kk + 24 (b0, b1 of two k steps).
+    // Scores of the warp's 16 tokens: two 8-column tiles, masked past the cache.
     float sc[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; kk += 2) {
-        uint32_t b[4];
-        sala_ldmatrix_x4(b, ks + (16 * warp + 8 * nt + mj) * KS + 16 * kk + 8 * mi);
-        sala_mma(sc[nt], qa[kk], b[0], b[1], T());
-        sala_mma(sc[nt], qa[kk + 1], b[2], b[3], T());
-      }
-    }
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float x = base + 8 * nt + 2 * c + (e & 1) < kv_len ? sc[nt][e] * scale : -INFINITY;
-        sc[nt][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-      }
-    }
-    float alpha[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
-      mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 2));
-      const float new_m = fmaxf(m[j], mx[j]);
-      alpha[j] = new_m == -INFINITY ? 1.f : exp2f(m[j] - new_m);
-      m[j] = new_m;
-      l[j] *= alpha[j];
-    }
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      acc[n][0] *= alpha[0];
-      acc[n][1] *= alpha[0];
-      acc[n][2] *= alpha[1];
-      acc[n][3] *= alpha[1];
-    }
-    // P of the 16 tokens: the two score tiles are one A fragment.
-    float p[2][4];
+    sala_score_tiles<T, D>(sc, qa, ks, 16 * warp, lane);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) p[nt][e] = m[e >> 1] == -INFINITY ? 0.f : exp2f(sc[nt][e] - m[e >> 1]);
-    l[0] += p[0][0] + p[0][1] + p[1][0] + p[1][1];
-    l[1] += p[0][2] + p[0][3] + p[1][2] + p[1][3];
-    const uint32_t pa[4] = {sala_pack(p[0][0], p[0][1], T()), sala_pack(p[0][2], p[0][3], T()),
-                            sala_pack(p[1][0], p[1][1], T()), sala_pack(p[1][2], p[1][3], T())};
+      for (int e = 0; e < 4; ++e) sc[nt][e] = base + 8 * nt + 2 * c + (e & 1) < kv_len ? sc[nt][e] * scale : -INFINITY;
+    sala_softmax_rescale(sc, m, l, acc);
 
     __syncthreads();  // ks is free
     if (next < i1) {
@@ -177,14 +121,7 @@ __device__ void sala_decode_attention_mma(
     }
     __syncthreads();
 
-    // Values transposed on the way: the warp's 16 tokens (b0, b1) of columns 8n and 8n + 8.
-#pragma unroll
-    for (int n = 0; n < D / 8; n += 2) {
-      uint32_t b[4];
-      sala_ldmatrix_x4_trans(b, vs + (16 * warp + 8 * (mi & 1) + mj) * KS + 8 * n + 8 * (mi >> 1));
-      sala_mma(acc[n], pa, b[0], b[1], T());
-      sala_mma(acc[n + 1], pa, b[2], b[3], T());
-    }
+    sala_accumulate_pv<T, D>(sc[0], sc[1], m, l, vs, 16 * warp, acc, lane);
     __syncthreads();  // vs is free
     if (next < i1) stage(vs, vh, vrh, tile_of(next));
     i = next;

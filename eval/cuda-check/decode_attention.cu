@@ -10,6 +10,7 @@ typedef long long int64_t;
 #define INT_MAX 2147483647
 #define INFINITY __int_as_float(0x7f800000)  // MLX's preamble defines it at run time
 #include "cuda/mma.cu"
+#include "cuda/attention_mma.cu"
 #include "cuda/decode_attention_mma.cu"
 using T = __nv_bfloat16;
 constexpr int SCALE = 0x3db504f3;  // 128^-0.5

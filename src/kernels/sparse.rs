@@ -870,10 +870,11 @@ fn decode_attention_mma_source(n: usize) -> &'static KernelSource {
     })
 }
 
-/// The tensor-core decode attention's CUDA source with the mma helpers it uses.
-const DECODE_ATTENTION_MMA_HEADER: &str = concat!(include_str!("../../cuda/mma.cu"), include_str!("../../cuda/decode_attention_mma.cu"));
+/// The tensor-core decode attention's CUDA source with the mma helpers and attention steps it uses.
+const DECODE_ATTENTION_MMA_HEADER: &str =
+    concat!(include_str!("../../cuda/mma.cu"), include_str!("../../cuda/attention_mma.cu"), include_str!("../../cuda/decode_attention_mma.cu"));
 
-/// Tokens per tile of the tensor-core decode attention (`SALA_DECODE_TILE`).
+/// Tokens per tile of the tensor-core decode attention (`SALA_MMA_TILE`).
 const MMA_TILE: i32 = 64;
 
 static MERGE_SPLITS: KernelSource = KernelSource {
@@ -913,7 +914,7 @@ static BLOCK_SPARSE_PREFILL: KernelSource = KernelSource {
     name: "sala_block_sparse_prefill",
     inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
     outputs: &["out"],
-    cuda_header: concat!(include_str!("../../cuda/mma.cu"), include_str!("../../cuda/block_sparse_prefill.cu")),
+    cuda_header: concat!(include_str!("../../cuda/mma.cu"), include_str!("../../cuda/attention_mma.cu"), include_str!("../../cuda/block_sparse_prefill.cu")),
     cuda_body: "sala_block_sparse_attention_mma<T, D, G, BLOCK, SCALE_BITS, QPB>(\
                 q, k, v, k_recent, v_recent, blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
                 out, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);",
