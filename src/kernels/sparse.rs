@@ -423,9 +423,8 @@ static BLOCK_SPARSE_DECODE_MMA: KernelSource = KernelSource {
 
 /// Whether [`block_sparse_decode_cuda`] takes this attention: one half-precision query at the
 /// cache's last position, a group's heads in one tile ([`decode_mma_fits`]), 64-token blocks, and
-/// chosen with [`with_decode_kernel`]. Not yet by default: at 1M tokens on an H200 a queued sparse
-/// layer step was not faster with it than with the general kernel (within the run's drift;
-/// eval/results/kernel-notes.md).
+/// chosen with [`with_decode_kernel`]: not by default until it is shown faster than the general
+/// kernel (eval/results/kernel-notes.md).
 pub fn block_sparse_decode_fits(q: &Array, kv: &KvParts, first_pos: usize, block: usize) -> bool {
     let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
     let chosen = DECODE_KERNEL.with(|o| o.get()) == Some(DecodeKernel::TensorCores);
