@@ -71,7 +71,9 @@ fn qmv_matches_mlx_quantized_matmul() {
             let cases = [1, 3, 8, 13, 16]
                 .into_iter()
                 .flat_map(|rows| [(rows, Dtype::Bfloat16, 64), (rows, Dtype::Float32, 64)])
-                .chain([(1, Dtype::Float16, 64), (1, Dtype::Bfloat16, 32), (1, Dtype::Bfloat16, 128)]);
+                .chain([(1, Dtype::Float16, 64), (1, Dtype::Bfloat16, 32), (1, Dtype::Bfloat16, 128)])
+                // The tensor-core form with groups that span part of a 64-byte step and several.
+                .chain([5, 16].into_iter().flat_map(|rows| [(rows, Dtype::Bfloat16, 32), (rows, Dtype::Bfloat16, 128)]));
             for (rows, dtype, group) in cases {
                 seed += 3;
                 let w = randn(&[n, k], seed, Dtype::Float32);
@@ -154,7 +156,7 @@ fn qmv_tilings_match_mlx_quantized_matmul() {
             let (s, b) = (scales.as_dtype(Dtype::Bfloat16).unwrap(), biases.as_dtype(Dtype::Bfloat16).unwrap());
             let residual = randn(&[1, n], seed + 2, Dtype::Bfloat16);
             let alpha = 0.5; // exact in bf16
-            for rows in [1, 8] {
+            for rows in [1, 8, 16] {
                 let x = randn(&[rows, k], seed + 1, Dtype::Bfloat16);
                 let residual = ops::broadcast_to(&residual, &[rows, n]).unwrap();
                 let product = quantized_matmul_t_mlx(&f(&x), &packed, &f(&s), &f(&b), 64, bits).unwrap();

@@ -1,6 +1,7 @@
 // The general GEMV (cuda/qmv.cu) in the forms and default tilings a SALA-9B decode step launches
 // at 4 and 8 bits in bf16 (src/kernels/qmv.rs, general_tiling), and its tensor-core core
-// (cuda/qmv_rows_mma.cu), for eval/cuda_compile_check.py.
+// (cuda/qmv_rows_mma.cu); the tensor-core product of decode batches (cuda/qmv_mma.cu) at 16
+// input rows; for eval/cuda_compile_check.py.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 typedef unsigned int uint32_t;
@@ -8,6 +9,7 @@ typedef unsigned int uint32_t;
 #include "cuda/unpack.cu"
 #include "cuda/qmv_rows_mma.cu"
 #include "cuda/qmv.cu"
+#include "cuda/qmv_mma.cu"
 using T = __nv_bfloat16;
 constexpr int EPS = 0x358637bd;  // 1e-6
 constexpr int HALF_ALPHA = 0x3f000000;
@@ -36,4 +38,20 @@ extern "C" __global__ void q4_tensor_cores_gate_up(const T* x, const T* norm, co
 }
 extern "C" __global__ void q4_tensor_cores_down(const T* x, const uint32_t* w, const T* s, const T* b, const T* res, T* y, int N, int K) {
   sala_qmv_residual<T, 4, 64, 1, 8, 16, 8, 2, false, HALF_ALPHA>(x, w, s, b, res, y, N, K);
+}
+// sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, EPI, ALPHA_BITS>
+extern "C" __global__ void q8_rows16_gate_up(const T* x, const uint32_t* w, const T* s, const T* b, T* y, int rows, int N, int K) {
+  sala_qmm<T, 8, 64, true, 4, 2, 1, 2, 0>(x, w, s, b, nullptr, y, rows, N, K);
+}
+extern "C" __global__ void q8_rows16_down(const T* x, const uint32_t* w, const T* s, const T* b, const T* res, T* y, int rows, int N, int K) {
+  sala_qmm<T, 8, 64, true, 8, 2, 2, 1, HALF_ALPHA>(x, w, s, b, res, y, rows, N, K);
+}
+extern "C" __global__ void q8_rows16_head(const T* x, const uint32_t* w, const T* s, const T* b, T* y, int rows, int N, int K) {
+  sala_qmm<T, 8, 64, true, 4, 4, 1, 0, 0>(x, w, s, b, nullptr, y, rows, N, K);
+}
+extern "C" __global__ void q4_rows16_gate_up(const T* x, const uint32_t* w, const T* s, const T* b, T* y, int rows, int N, int K) {
+  sala_qmm<T, 4, 64, true, 4, 2, 2, 2, 0>(x, w, s, b, nullptr, y, rows, N, K);
+}
+extern "C" __global__ void q4_rows16_g32(const T* x, const uint32_t* w, const T* s, const T* b, T* y, int rows, int N, int K) {
+  sala_qmm<T, 4, 32, true, 4, 2, 2, 0, 0>(x, w, s, b, nullptr, y, rows, N, K);
 }
