@@ -6,8 +6,8 @@
 // One warp per NR output rows; each lane streams 16-byte chunks of the packed rows (16 weights at
 // 8 bits, 32 at 4), U chunks of each row in flight, and the warp reduces at the end. Weight bytes are read once;
 // x is small and stays in L1/L2 and is read 16 bytes at a time. Quantized values become floats
-// through the exponent trick (0x4B000000 | q is the float 2^23 + q), which is cheaper than an
-// integer conversion. Accumulation is float32. 4-bit warps of 16 rows in 16-bit types take the
+// through the exponent trick (0x4B000000 | q is the float 2^23 + q, sala_q_plus_2p23), which is
+// cheaper than an integer conversion. Accumulation is float32. 4-bit warps of 16 rows in 16-bit types take the
 // tensor-core core of qmv_rows_mma.cu instead (sala_qmv_rows below chooses). Needs unpack.cu
 // (sala_load8), mma.cu (sala_shared_address, sala_mma) and qmv_rows_mma.cu.
 //
@@ -26,6 +26,19 @@ __device__ __forceinline__ void sala_qmv_copy16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sala_shared_address(dst)), "l"(src) : "memory");
 }
 
+// Value i of the BITS-bit values packed little-endian in words, as the float 2^23 + q (the
+// exponent trick): one byte permute at 8 bits, where shift, mask and or take three instructions.
+template <int BITS>
+__device__ __forceinline__ float sala_q_plus_2p23(const uint32_t* words, int i) {
+  constexpr int PER_WORD = 32 / BITS;
+  if constexpr (BITS == 8) {
+    // Result bytes: byte i % 4 of the word, then 0x00, 0x00 and 0x4B from the constant.
+    return __uint_as_float(__byte_perm(words[i / PER_WORD], 0x4B000000u, 0x7440u + i % PER_WORD));
+  } else {
+    return __uint_as_float(0x4B000000u | ((words[i / PER_WORD] >> ((i % PER_WORD) * BITS)) & ((1u << BITS) - 1u)));
+  }
+}
+
 // The warp's sums over the 16-byte chunks [c_begin, c_end) of the NR output rows n[0..NR) of
 // every input row, reduced into every lane's acc, on the CUDA cores. Each x chunk is loaded once
 // for all NR rows (x traffic from L1/L2 had capped the one-row form below the memory bandwidth:
@@ -36,8 +49,6 @@ __device__ __forceinline__ void sala_qmv_rows_fma(
     const T* x, const uint32_t* w, const T* scales, const T* biases, const int (&n)[NR], int K,
     int c_begin, int c_end, Prepare prepare, float (&acc)[NR][ROWS]) {
   constexpr int PER_CHUNK = 128 / BITS;       // weights per 16-byte chunk
-  constexpr int PER_WORD = 32 / BITS;
-  constexpr uint32_t MASK = (1u << BITS) - 1u;
   const int lane = threadIdx.x & 31;
   const int chunks = K / PER_CHUNK;
   const int groups = K / GROUP;
@@ -59,7 +70,7 @@ __device__ __forceinline__ void sala_qmv_rows_fma(
       const uint32_t words[4] = {packed[m].x, packed[m].y, packed[m].z, packed[m].w};
 #pragma unroll
       for (int i = 0; i < PER_CHUNK; ++i) {
-        q[m][i] = __uint_as_float(0x4B000000u | ((words[i / PER_WORD] >> ((i % PER_WORD) * BITS)) & MASK)) - 8388608.f;
+        q[m][i] = sala_q_plus_2p23<BITS>(words, i) - 8388608.f;
       }
     }
 #pragma unroll

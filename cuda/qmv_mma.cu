@@ -23,18 +23,12 @@
 // 16 bytes of packed weights with scale s and bias b as T pairs: frag[p] = (w[2p], w[2p + 1]).
 template <typename T, int BITS>
 __device__ __forceinline__ void sala_qmm_dequant(const uint4& packed, float s, float b, uint32_t (&frag)[64 / BITS]) {
-  constexpr int PER_WORD = 32 / BITS;
-  constexpr uint32_t MASK = (1u << BITS) - 1u;
   const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
 #pragma unroll
   for (int p = 0; p < 64 / BITS; ++p) {
     float q[2];
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int i = 2 * p + e;
-      // 0x4B000000 | q is the float 2^23 + q.
-      q[e] = __uint_as_float(0x4B000000u | ((words[i / PER_WORD] >> ((i % PER_WORD) * BITS)) & MASK)) - 8388608.f;
-    }
+    for (int e = 0; e < 2; ++e) q[e] = sala_q_plus_2p23<BITS>(words, 2 * p + e) - 8388608.f;
     frag[p] = sala_pack(fmaf(s, q[0], b), fmaf(s, q[1], b), T());
   }
 }

@@ -55,3 +55,6 @@ extern "C" __global__ void q4_rows16_gate_up(const T* x, const uint32_t* w, cons
 extern "C" __global__ void q4_rows16_g32(const T* x, const uint32_t* w, const T* s, const T* b, T* y, int rows, int N, int K) {
   sala_qmm<T, 4, 32, true, 4, 2, 2, 0, 0>(x, w, s, b, nullptr, y, rows, N, K);
 }
+extern "C" __global__ void q8_down(const T* x, const uint32_t* w, const T* s, const T* b, const T* res, T* y, int N, int K) {
+  sala_qmv_residual<T, 8, 64, 1, 8, 2, 2, 2, true, HALF_ALPHA>(x, w, s, b, res, y, N, K);
+}
