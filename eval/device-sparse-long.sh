@@ -12,7 +12,8 @@
 # sala-base: the build before the change), then NSEQ=1 the batched decode of 1 and 16 sequences
 # at 4K, with each of BENCH_BINS. QMM_SWEEP=1: the tensor-core products' tilings at 16 input rows
 # (a batch of 16) under Nsight Compute, one run per product of QMM_PRODUCTS (`kernels qmv-tiling 8
-# PRODUCT 16`, eval/qmv_tiling.py), each at most QMM_SECONDS.
+# PRODUCT 16`, eval/qmv_tiling.py), each at most QMM_SECONDS, with each bench of QMM_BINS (default
+# kernels).
 # Prepare here (repo root): SALA_OPENBLAS=off cargo bench --bench kernels --no-run (before and
 #   after the change) and cargo test --release --no-run --test gpu_kernels; copy them to
 #   .device/bin as kernels-base, kernels and gpu_kernels, `strip --strip-debug`;
@@ -52,11 +53,14 @@ fi
 if [ "${QMM_SWEEP:-0}" = 1 ]; then
   # One Nsight run per product (all of them in one run, the output head included, outlasts a call).
   NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-  for product in ${QMM_PRODUCTS:-gate down qkvz o_proj}; do
-    timeout "${QMM_SECONDS:-150}" "$NCU" --metrics gpu__time_duration.sum --clock-control none --csv --profile-from-start off \
-      --log-file "$OUT/ncu-tiling-$product.csv" $BIN/kernels qmv-tiling 8 "$product" 16 > "$OUT/tiling-$product.txt" 2>/dev/null
-    python3 eval/qmv_tiling.py "$OUT/tiling-$product.txt" "$OUT/ncu-tiling-$product.csv" | tee "$OUT/qmv-tiling-q8-rows16-$product.txt"
-    xz -f "$OUT/ncu-tiling-$product.csv"
+  for bin in ${QMM_BINS:-kernels}; do
+    for product in ${QMM_PRODUCTS:-gate down qkvz o_proj}; do
+      echo "== $bin"
+      timeout "${QMM_SECONDS:-150}" "$NCU" --metrics gpu__time_duration.sum --clock-control none --csv --profile-from-start off \
+        --log-file "$OUT/ncu-tiling-$bin-$product.csv" $BIN/$bin qmv-tiling 8 "$product" 16 > "$OUT/tiling-$bin-$product.txt" 2>/dev/null
+      python3 eval/qmv_tiling.py "$OUT/tiling-$bin-$product.txt" "$OUT/ncu-tiling-$bin-$product.csv" | tee "$OUT/qmv-tiling-q8-rows16-$bin-$product.txt"
+      xz -f "$OUT/ncu-tiling-$bin-$product.csv"
+    done
   done
 fi
 if [ "${NSEQ:-0}" = 1 ]; then
