@@ -31,7 +31,7 @@ extern "C" __global__ void q4_o_proj_gated(const T* x, const T* norm, const T* g
   sala_qmv_residual_norm_gated<T, 4, 64, 1, 8, 2, 2, 2, false, HALF_ALPHA, 4096, EPS, 12288>(x, norm, g, W, w, s, b, res, y, N);
 }
 extern "C" __global__ void q8_gate_up(const T* x, const T* norm, const uint32_t* w, const T* s, const T* b, T* y, int F) {
-  sala_qmv_swiglu_normed<T, 8, 64, 1, 8, 1, 1, 2, true, 4096, EPS>(x, norm, w, s, b, y, F);
+  sala_qmv_swiglu_normed<T, 8, 64, 1, 8, 2, 1, 2, true, 4096, EPS>(x, norm, w, s, b, y, F);
 }
 extern "C" __global__ void q4_tensor_cores_gate_up(const T* x, const T* norm, const uint32_t* w, const T* s, const T* b, T* y, int F) {
   sala_qmv_swiglu_normed<T, 4, 64, 1, 8, 16, 8, 2, false, 4096, EPS>(x, norm, w, s, b, y, F);
