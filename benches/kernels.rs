@@ -511,7 +511,7 @@ fn qmv_tiling_sweep() {
         ("head", 73448, 4096, Product::Plain),
     ];
     let general = |w, o, s, u, a| QmvTiling { warps: w, outputs_per_warp: o, split: s, in_flight: u, async_copy: a };
-    let mma = |t, u, g| MmaTiling { out_tiles: t, in_flight: u, grid_warps: g };
+    let mma = |t, u, g, a| MmaTiling { out_tiles: t, in_flight: u, grid_warps: g, async_copy: a };
     // `qmv-tiling 8` or `qmv-tiling 4`: one width only; `qmv-tiling 8 o_proj`: one product too
     // (`all`: every product); `qmv-tiling 8 all 8`: one count of input rows (1, 8 or 16) too;
     // `qmv-tiling 8 all 1 async`: the default and the cp.async tilings only (at 4 bits, register
@@ -628,10 +628,18 @@ fn qmv_tiling_sweep() {
                         (8, 1, 32768),
                         (4, 1, 32768),
                     ];
+                    // Through the cp.async ring: 2–4 steps a warp.
+                    let ring = [(1, 2, 8192), (1, 3, 8192), (1, 4, 8192), (2, 3, 8192), (2, 4, 8192), (1, 4, 16384), (4, 3, 8192)];
                     // (8 SwiGLU tiles a block are 16 with their up tiles: more than fit in registers.)
-                    let tilings = tilings.into_iter().filter(|&(o, _, _)| !(swiglu && o > 4));
-                    for t in std::iter::once(None).chain(tilings.map(|(o, u, g)| Some(mma(o, u, g)))) {
-                        let label = t.map_or("default".to_string(), |t| format!("tiles {} u{} grid {}", t.out_tiles, t.in_flight, t.grid_warps));
+                    let tilings = tilings
+                        .into_iter()
+                        .map(|(o, u, g)| (o, u, g, false))
+                        .chain(ring.map(|(o, u, g)| (o, u, g, true)))
+                        .filter(|&(o, _, _, _)| !(swiglu && o > 4));
+                    for t in std::iter::once(None).chain(tilings.map(|(o, u, g, a)| Some(mma(o, u, g, a)))) {
+                        let label = t.map_or("default".to_string(), |t| {
+                            format!("tiles {} u{} grid {}{}", t.out_tiles, t.in_flight, t.grid_warps, if t.async_copy { " async" } else { "" })
+                        });
                         profile(format!("{base} | {label}"), &|| with_tiling(None, t, || run(false)));
                     }
                 }

@@ -12,9 +12,11 @@
 // dequantize rounds them) and accumulated in float32.
 //
 // A thread block owns NT tiles of 8 weight rows (SwiGLU: NT / 2 gate tiles and their up tiles)
-// and splits K over its WARPS warps, which take interleaved steps with U steps of loads in
-// flight; the warps' partial sums meet in shared memory. WARPS is chosen so that small matrices
-// still fill the GPU with loads.
+// and splits K over its WARPS warps, which take interleaved steps; the warps' partial sums meet
+// in shared memory. WARPS is chosen so that small matrices still fill the GPU with loads. The
+// weights reach the registers in one of two ways, as in qmv.cu: register loads, U steps asked for
+// at once (ASYNC false), or a cp.async ring of U steps per warp that keeps U - 1 in flight at all
+// times and leaves L1 to the input rows (ASYNC true).
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "sala_qmm needs mma.sync for bf16/f16 (compute capability 8.0 or later)"
@@ -36,7 +38,7 @@ __device__ __forceinline__ void sala_qmm_dequant(const uint4& packed, float s, f
 // EPI: 0 plain (y = x · Wᵀ), 1 residual (y = residual + alpha · x · Wᵀ, alpha the bit pattern of
 // its value in T, as in qmv.cu), 2 SwiGLU of the stacked
 // [gate; up] W of 2F rows (y = silu(x · W_gateᵀ) ⊙ x · W_upᵀ, F wide). HI: more than 8 rows.
-template <typename T, int BITS, int GROUP, bool HI, int WARPS, int NT, int U, int EPI, int ALPHA_BITS>
+template <typename T, int BITS, int GROUP, bool HI, int WARPS, int NT, int U, bool ASYNC, int EPI, int ALPHA_BITS>
 __device__ void sala_qmm(
     const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, T* y, int rows, int N, int K) {
   constexpr int PER_CHUNK = 128 / BITS;     // weights per 16-byte load
@@ -67,43 +69,90 @@ __device__ void sala_qmm(
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
 
-  for (int s0 = warp; s0 < steps; s0 += WARPS * U) {
-    uint4 packed[U][NT];
-    float sc[U][NT], bi[U][NT];
+  // One 64-byte step: the lane's chunk c of every tile, dequantized, against its input rows.
+  auto consume = [&](const uint4 (&packed)[NT], const float (&sc)[NT], const float (&bi)[NT], int c) {
+    uint32_t xl[4 * X_LOADS], xh[4 * X_LOADS];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c = 4 * (s0 + u * WARPS) + t;
-      if (s0 + u * WARPS < steps) {
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-          packed[u][i] = __ldg(wrow[i] + c);
-          const size_t g = (size_t)wr[i] * groups + c * PER_CHUNK / GROUP;
-          sc[u][i] = static_cast<float>(scales[g]);
-          bi[u][i] = static_cast<float>(biases[g]);
-        }
-      }
+    for (int l = 0; l < X_LOADS; ++l) {
+      const uint4 a = has_lo ? __ldg(x_lo + (size_t)c * X_LOADS + l) : make_uint4(0, 0, 0, 0);
+      const uint4 b = has_hi ? __ldg(x_hi + (size_t)c * X_LOADS + l) : make_uint4(0, 0, 0, 0);
+      xl[4 * l] = a.x; xl[4 * l + 1] = a.y; xl[4 * l + 2] = a.z; xl[4 * l + 3] = a.w;
+      xh[4 * l] = b.x; xh[4 * l + 1] = b.y; xh[4 * l + 2] = b.z; xh[4 * l + 3] = b.w;
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c = 4 * (s0 + u * WARPS) + t;
-      if (s0 + u * WARPS >= steps) break;
-      uint32_t xl[4 * X_LOADS], xh[4 * X_LOADS];
+    for (int i = 0; i < NT; ++i) {
+      uint32_t frag[64 / BITS];
+      sala_qmm_dequant<T, BITS>(packed[i], sc[i], bi[i], frag);
 #pragma unroll
-      for (int l = 0; l < X_LOADS; ++l) {
-        const uint4 a = has_lo ? __ldg(x_lo + (size_t)c * X_LOADS + l) : make_uint4(0, 0, 0, 0);
-        const uint4 b = has_hi ? __ldg(x_hi + (size_t)c * X_LOADS + l) : make_uint4(0, 0, 0, 0);
-        xl[4 * l] = a.x; xl[4 * l + 1] = a.y; xl[4 * l + 2] = a.z; xl[4 * l + 3] = a.w;
-        xh[4 * l] = b.x; xh[4 * l + 1] = b.y; xh[4 * l + 2] = b.z; xh[4 * l + 3] = b.w;
+      for (int j = 0; j < KSTEPS; ++j) {
+        const uint32_t a[4] = {xl[2 * j], xh[2 * j], xl[2 * j + 1], xh[2 * j + 1]};
+        sala_mma(acc[i], a, frag[2 * j], frag[2 * j + 1], T());
+      }
+    }
+  };
+  auto group_of = [&](int i, int c) { return (size_t)wr[i] * groups + c * PER_CHUNK / GROUP; };
+
+  if constexpr (ASYNC) {
+    // Slot u of the warp's ring holds its steps j ≡ u (mod U) (step warp + WARPS j); their scales
+    // and biases wait in registers. Each lane reads back only the chunks it copied, so the ring
+    // needs no barrier.
+    __shared__ __align__(16) uint4 ring[WARPS][U][NT][32];
+    T sr[U][NT], br[U][NT];
+    const int count = warp < steps ? (steps - warp + WARPS - 1) / WARPS : 0;
+    // One commit group per step, empty past the warp's last, so that the wait counts the same
+    // way for every step.
+    auto request = [&](int j, int slot) {
+      if (j < count) {
+        const int c = 4 * (warp + WARPS * j) + t;
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          sala_qmv_copy16(&ring[warp][slot][i][lane], wrow[i] + c);
+          sr[slot][i] = scales[group_of(i, c)];
+          br[slot][i] = biases[group_of(i, c)];
+        }
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+#pragma unroll
+    for (int j = 0; j < U - 1; ++j) request(j, j);
+    for (int j0 = 0; j0 < count; j0 += U) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = j0 + u;
+        if (j >= count) break;
+        request(j + U - 1, (u + U - 1) % U);
+        asm volatile("cp.async.wait_group %0;" ::"n"(U - 1) : "memory");
+        uint4 packed[NT];
+        float sc[NT], bi[NT];
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          packed[i] = ring[warp][u][i][lane];
+          sc[i] = static_cast<float>(sr[u][i]);
+          bi[i] = static_cast<float>(br[u][i]);
+        }
+        consume(packed, sc, bi, 4 * (warp + WARPS * j) + t);
+      }
+    }
+  } else {
+    for (int s0 = warp; s0 < steps; s0 += WARPS * U) {
+      uint4 packed[U][NT];
+      float sc[U][NT], bi[U][NT];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = 4 * (s0 + u * WARPS) + t;
+        if (s0 + u * WARPS < steps) {
+#pragma unroll
+          for (int i = 0; i < NT; ++i) {
+            packed[u][i] = __ldg(wrow[i] + c);
+            sc[u][i] = static_cast<float>(scales[group_of(i, c)]);
+            bi[u][i] = static_cast<float>(biases[group_of(i, c)]);
+          }
+        }
       }
 #pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        uint32_t frag[64 / BITS];
-        sala_qmm_dequant<T, BITS>(packed[u][i], sc[u][i], bi[u][i], frag);
-#pragma unroll
-        for (int j = 0; j < KSTEPS; ++j) {
-          const uint32_t a[4] = {xl[2 * j], xh[2 * j], xl[2 * j + 1], xh[2 * j + 1]};
-          sala_mma(acc[i], a, frag[2 * j], frag[2 * j + 1], T());
-        }
+      for (int u = 0; u < U; ++u) {
+        if (s0 + u * WARPS >= steps) break;
+        consume(packed[u], sc[u], bi[u], 4 * (s0 + u * WARPS) + t);
       }
     }
   }

@@ -39,22 +39,31 @@ extern "C" __global__ void q4_tensor_cores_gate_up(const T* x, const T* norm, co
 extern "C" __global__ void q4_tensor_cores_down(const T* x, const uint32_t* w, const T* s, const T* b, const T* res, T* y, int N, int K) {
   sala_qmv_residual<T, 4, 64, 1, 8, 16, 8, 2, false, HALF_ALPHA>(x, w, s, b, res, y, N, K);
 }
-// sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, EPI, ALPHA_BITS>
+// sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, ASYNC, EPI, ALPHA_BITS>
 extern "C" __global__ void q8_rows16_gate_up(const T* x, const uint32_t* w, const T* s, const T* b, T* y, int rows, int N, int K) {
-  sala_qmm<T, 8, 64, true, 4, 2, 1, 2, 0>(x, w, s, b, nullptr, y, rows, N, K);
+  sala_qmm<T, 8, 64, true, 4, 2, 1, false, 2, 0>(x, w, s, b, nullptr, y, rows, N, K);
 }
 extern "C" __global__ void q8_rows16_down(const T* x, const uint32_t* w, const T* s, const T* b, const T* res, T* y, int rows, int N, int K) {
-  sala_qmm<T, 8, 64, true, 8, 2, 2, 1, HALF_ALPHA>(x, w, s, b, res, y, rows, N, K);
+  sala_qmm<T, 8, 64, true, 8, 2, 2, false, 1, HALF_ALPHA>(x, w, s, b, res, y, rows, N, K);
 }
 extern "C" __global__ void q8_rows16_head(const T* x, const uint32_t* w, const T* s, const T* b, T* y, int rows, int N, int K) {
-  sala_qmm<T, 8, 64, true, 4, 4, 1, 0, 0>(x, w, s, b, nullptr, y, rows, N, K);
+  sala_qmm<T, 8, 64, true, 4, 4, 1, false, 0, 0>(x, w, s, b, nullptr, y, rows, N, K);
 }
 extern "C" __global__ void q4_rows16_gate_up(const T* x, const uint32_t* w, const T* s, const T* b, T* y, int rows, int N, int K) {
-  sala_qmm<T, 4, 64, true, 4, 2, 2, 2, 0>(x, w, s, b, nullptr, y, rows, N, K);
+  sala_qmm<T, 4, 64, true, 4, 2, 2, false, 2, 0>(x, w, s, b, nullptr, y, rows, N, K);
 }
 extern "C" __global__ void q4_rows16_g32(const T* x, const uint32_t* w, const T* s, const T* b, T* y, int rows, int N, int K) {
-  sala_qmm<T, 4, 32, true, 4, 2, 2, 0, 0>(x, w, s, b, nullptr, y, rows, N, K);
+  sala_qmm<T, 4, 32, true, 4, 2, 2, false, 0, 0>(x, w, s, b, nullptr, y, rows, N, K);
 }
 extern "C" __global__ void q8_down(const T* x, const uint32_t* w, const T* s, const T* b, const T* res, T* y, int N, int K) {
   sala_qmv_residual<T, 8, 64, 1, 8, 2, 2, 2, true, HALF_ALPHA>(x, w, s, b, res, y, N, K);
+}
+extern "C" __global__ void q8_rows16_gate_up_ring(const T* x, const uint32_t* w, const T* s, const T* b, T* y, int rows, int N, int K) {
+  sala_qmm<T, 8, 64, true, 4, 2, 4, true, 2, 0>(x, w, s, b, nullptr, y, rows, N, K);
+}
+extern "C" __global__ void q8_rows16_down_ring(const T* x, const uint32_t* w, const T* s, const T* b, const T* res, T* y, int rows, int N, int K) {
+  sala_qmm<T, 8, 64, true, 8, 2, 3, true, 1, HALF_ALPHA>(x, w, s, b, res, y, rows, N, K);
+}
+extern "C" __global__ void q4_rows8_ring(const T* x, const uint32_t* w, const T* s, const T* b, T* y, int rows, int N, int K) {
+  sala_qmm<T, 4, 64, false, 4, 2, 4, true, 0, 0>(x, w, s, b, nullptr, y, rows, N, K);
 }

@@ -240,7 +240,7 @@ static QMM: KernelSource = qmm_source(
     "sala_qmm",
     &["x", "w", "scales", "biases"],
     "int rows = 1; for (int i = 0; i + 1 < x_ndim; ++i) rows *= x_shape[i]; \
-     sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 0, 0>(x, w, scales, biases, nullptr, y, rows, w_shape[0], \
+     sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, ASYNC, 0, 0>(x, w, scales, biases, nullptr, y, rows, w_shape[0], \
      w_shape[1] * 32 / BITS);",
 );
 
@@ -248,7 +248,7 @@ static QMM_SWIGLU: KernelSource = qmm_source(
     "sala_qmm_swiglu",
     &["x", "w", "scales", "biases"],
     "int rows = 1; for (int i = 0; i + 1 < x_ndim; ++i) rows *= x_shape[i]; \
-     sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 2, 0>(x, w, scales, biases, nullptr, y, rows, w_shape[0], \
+     sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, ASYNC, 2, 0>(x, w, scales, biases, nullptr, y, rows, w_shape[0], \
      w_shape[1] * 32 / BITS);",
 );
 
@@ -256,7 +256,7 @@ static QMM_RESIDUAL: KernelSource = qmm_source(
     "sala_qmm_residual",
     &["x", "w", "scales", "biases", "residual"],
     "int rows = 1; for (int i = 0; i + 1 < x_ndim; ++i) rows *= x_shape[i]; \
-     sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, 1, ALPHA_BITS>(x, w, scales, biases, residual, y, rows, w_shape[0], \
+     sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, ASYNC, 1, ALPHA_BITS>(x, w, scales, biases, residual, y, rows, w_shape[0], \
      w_shape[1] * 32 / BITS);",
 );
 
@@ -269,11 +269,25 @@ pub struct MmaTiling {
     pub in_flight: i32,
     /// Warps the grid should hold: K is split over a block's warps (at most 8) to reach it.
     pub grid_warps: i32,
+    /// The weights through a cp.async ring of `in_flight` steps per warp (`in_flight - 1` always
+    /// in flight) rather than register loads.
+    pub async_copy: bool,
+}
+
+impl MmaTiling {
+    /// Static shared memory of a block of `warps` warps over `nt` tiles: the warps' partial sums,
+    /// and the ring when `async_copy`.
+    fn shared_bytes(&self, warps: i32, nt: i32) -> usize {
+        let lanes = (warps * nt) as usize * 32;
+        let partial = if warps > 1 { lanes * 4 * 4 } else { 0 };
+        let ring = if self.async_copy { lanes * self.in_flight as usize * 16 } else { 0 };
+        partial + ring
+    }
 }
 
 /// The tensor-core kernel's default tiling (SwiGLU: a gate tile and its up tile per block), each
 /// field the fastest in a sweep at 8 rows on the 9B's shapes (eval/results/kernel-notes.md).
-const MMA_TILING: MmaTiling = MmaTiling { out_tiles: 1, in_flight: 2, grid_warps: 8192 };
+const MMA_TILING: MmaTiling = MmaTiling { out_tiles: 1, in_flight: 2, grid_warps: 8192, async_copy: false };
 
 /// The tensor-core kernel's tiling for a product of `n` weight rows and `rows` input rows: at 8
 /// bits, the fastest per product in sweeps at 8 and at 16 rows (eval/results/kernel-notes.md);
@@ -286,7 +300,7 @@ fn mma_tiling(n: i32, bits: i32, swiglu: bool, rows: i32) -> MmaTiling {
         (8, false) if wide && n <= 4096 => MmaTiling { out_tiles: 2, ..MMA_TILING },
         (8, false) if wide && n <= 16384 => MmaTiling { out_tiles: 4, ..MMA_TILING },
         (8, false) if n <= 16384 => MmaTiling { in_flight: 1, ..MMA_TILING },
-        (8, false) => MmaTiling { out_tiles: 4, in_flight: 1, grid_warps: 16384 },
+        (8, false) => MmaTiling { out_tiles: 4, in_flight: 1, grid_warps: 16384, async_copy: false },
         _ => MMA_TILING,
     }
 }
@@ -569,8 +583,13 @@ fn quantized_matmul_t_mma(
     // `grid_warps` warps (small matrices fill the GPU with loads too), each with a few steps;
     // at most 8 warps a block (16 × 32 threads run out of registers for 4 bits and > 8 rows).
     let steps = k * bits / 8 / 64;
-    let warps = pow2_floor((t.grid_warps / blocks).min(8).min(steps / t.in_flight));
     let nt = if swiglu { 2 * t.out_tiles } else { t.out_tiles };
+    let mut warps = pow2_floor((t.grid_warps / blocks).min(8).min(steps / t.in_flight));
+    // Fewer warps where a ring does not fit the block's static shared memory.
+    while warps > 1 && t.shared_bytes(warps, nt) > STATIC_SHARED_BYTES {
+        warps /= 2;
+    }
+    let async_copy = t.async_copy && t.shared_bytes(warps, nt) <= STATIC_SHARED_BYTES;
     let y = apply(
         source,
         &inputs,
@@ -586,6 +605,7 @@ fn quantized_matmul_t_mma(
                 ("WARPS", TemplateArg::Int(warps)),
                 ("NT", TemplateArg::Int(nt)),
                 ("U", TemplateArg::Int(t.in_flight)),
+                ("ASYNC", TemplateArg::Bool(async_copy)),
             ]
             .into_iter()
             .chain(alpha_template(epilogue, x.dtype()))
