@@ -26,6 +26,60 @@ __device__ __forceinline__ void sala_qmv_copy16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sala_shared_address(dst)), "l"(src) : "memory");
 }
 
+// The schedule of a cp.async ring of U slots (slot u holds the steps j ≡ u (mod U)), shared by
+// the kernels that stream their weights through one: request(j, slot) issues the copies of step j
+// (called only for j < count), each followed by one commit group, empty past the last step, so
+// that the wait counts the same way for every step; prepare() runs once the first U - 1 steps
+// are on their way; use(j, slot) runs once step j has landed, with U - 1 later steps in flight.
+template <int U, typename Request, typename Prepare, typename Use>
+__device__ __forceinline__ void sala_ring_schedule(int count, Request request, Prepare prepare, Use use) {
+  auto issue = [&](int j, int slot) {
+    if (j < count) request(j, slot);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+#pragma unroll
+  for (int j = 0; j < U - 1; ++j) issue(j, j);
+  prepare();
+  for (int j0 = 0; j0 < count; j0 += U) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u;
+      if (j >= count) break;
+      issue(j + U - 1, (u + U - 1) % U);
+      asm volatile("cp.async.wait_group %0;" ::"n"(U - 1) : "memory");
+      use(j, u);
+    }
+  }
+}
+
+// A ring slot's R weight rows (one 16-byte chunk of each, per lane) with their scales and
+// biases, which wait in registers: the request and use halves of a ring's steps. group_of(m, c)
+// is the index of the scale and bias of chunk c of row m.
+template <typename T, int U, int R, typename GroupOf>
+__device__ __forceinline__ void sala_ring_copy(uint4 (&ring)[U][R][32], T (&sr)[U][R], T (&br)[U][R], int slot,
+                                               const uint4* const (&rows)[R], int c, const T* scales,
+                                               const T* biases, GroupOf group_of) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = 0; m < R; ++m) {
+    sala_qmv_copy16(&ring[slot][m][lane], rows[m] + c);
+    sr[slot][m] = scales[group_of(m, c)];
+    br[slot][m] = biases[group_of(m, c)];
+  }
+}
+
+template <typename T, int U, int R>
+__device__ __forceinline__ void sala_ring_read(const uint4 (&ring)[U][R][32], const T (&sr)[U][R], const T (&br)[U][R],
+                                               int slot, uint4 (&packed)[R], float (&s)[R], float (&b)[R]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = 0; m < R; ++m) {
+    packed[m] = ring[slot][m][lane];
+    s[m] = static_cast<float>(sr[slot][m]);
+    b[m] = static_cast<float>(br[slot][m]);
+  }
+}
+
 // Value i of the BITS-bit values packed little-endian in words, as the float 2^23 + q (the
 // exponent trick): one byte permute at 8 bits, where shift, mask and or take three instructions.
 template <int BITS>
@@ -94,49 +148,24 @@ __device__ __forceinline__ void sala_qmv_rows_fma(
   auto group_of = [&](int m, int c) { return (size_t)n[m] * groups + c * PER_CHUNK / GROUP; };
 
   if constexpr (ASYNC) {
-    // Slot u of the lane's ring holds its chunks j ≡ u (mod U) (chunk c_begin + lane + 32 j) of
-    // every row; their scales and biases wait in registers (the loop is unrolled U times, so
-    // slots are known at compile time).
+    // The lane's chunks c_begin + lane + 32 j of every row through the ring (sala_ring_schedule);
+    // their scales and biases wait in registers (the schedule unrolls its slots, so they are
+    // known at compile time).
     __shared__ __align__(16) uint4 ring[WARPS][U][NR][32];
     const int warp = threadIdx.x >> 5;
     const int first = c_begin + lane;
     const int count = first < c_end ? (c_end - first + 31) / 32 : 0;
     T sr[U][NR], br[U][NR];
-    // One commit group per chunk index, empty past the lane's last, so that the wait below
-    // counts the same way for every lane.
     auto request = [&](int j, int slot) {
-      if (j < count) {
-        const int c = first + 32 * j;
-#pragma unroll
-        for (int m = 0; m < NR; ++m) {
-          sala_qmv_copy16(&ring[warp][slot][m][lane], rows[m] + c);
-          sr[slot][m] = scales[group_of(m, c)];
-          br[slot][m] = biases[group_of(m, c)];
-        }
-      }
-      asm volatile("cp.async.commit_group;" ::: "memory");
+      sala_ring_copy(ring[warp], sr, br, slot, rows, first + 32 * j, scales, biases, group_of);
     };
-#pragma unroll
-    for (int j = 0; j < U - 1; ++j) request(j, j);
-    prepare();
-    for (int j0 = 0; j0 < count; j0 += U) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int j = j0 + u;
-        if (j >= count) break;
-        request(j + U - 1, (u + U - 1) % U);
-        asm volatile("cp.async.wait_group %0;" ::"n"(U - 1) : "memory");
-        uint4 packed[NR];
-        float s[NR], b[NR];
-#pragma unroll
-        for (int m = 0; m < NR; ++m) {
-          packed[m] = ring[warp][u][m][lane];
-          s[m] = static_cast<float>(sr[u][m]);
-          b[m] = static_cast<float>(br[u][m]);
-        }
-        consume(packed, s, b, first + 32 * j);
-      }
-    }
+    auto use = [&](int j, int slot) {
+      uint4 packed[NR];
+      float s[NR], b[NR];
+      sala_ring_read(ring[warp], sr, br, slot, packed, s, b);
+      consume(packed, s, b, first + 32 * j);
+    };
+    sala_ring_schedule<U>(count, request, prepare, use);
   } else {
     prepare();
     auto consume_loaded = [&](const uint4 (&packed)[NR], int c) {

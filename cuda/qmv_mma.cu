@@ -93,46 +93,22 @@ __device__ void sala_qmm(
   auto group_of = [&](int i, int c) { return (size_t)wr[i] * groups + c * PER_CHUNK / GROUP; };
 
   if constexpr (ASYNC) {
-    // Slot u of the warp's ring holds its steps j ≡ u (mod U) (step warp + WARPS j); their scales
-    // and biases wait in registers. Each lane reads back only the chunks it copied, so the ring
-    // needs no barrier.
+    // The warp's steps warp + WARPS j through the ring (sala_ring_schedule, sala_ring_copy and
+    // sala_ring_read in qmv.cu). Each lane reads back only the chunks it copied, so the ring needs
+    // no barrier.
     __shared__ __align__(16) uint4 ring[WARPS][U][NT][32];
     T sr[U][NT], br[U][NT];
     const int count = warp < steps ? (steps - warp + WARPS - 1) / WARPS : 0;
-    // One commit group per step, empty past the warp's last, so that the wait counts the same
-    // way for every step.
     auto request = [&](int j, int slot) {
-      if (j < count) {
-        const int c = 4 * (warp + WARPS * j) + t;
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-          sala_qmv_copy16(&ring[warp][slot][i][lane], wrow[i] + c);
-          sr[slot][i] = scales[group_of(i, c)];
-          br[slot][i] = biases[group_of(i, c)];
-        }
-      }
-      asm volatile("cp.async.commit_group;" ::: "memory");
+      sala_ring_copy(ring[warp], sr, br, slot, wrow, 4 * (warp + WARPS * j) + t, scales, biases, group_of);
     };
-#pragma unroll
-    for (int j = 0; j < U - 1; ++j) request(j, j);
-    for (int j0 = 0; j0 < count; j0 += U) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int j = j0 + u;
-        if (j >= count) break;
-        request(j + U - 1, (u + U - 1) % U);
-        asm volatile("cp.async.wait_group %0;" ::"n"(U - 1) : "memory");
-        uint4 packed[NT];
-        float sc[NT], bi[NT];
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-          packed[i] = ring[warp][u][i][lane];
-          sc[i] = static_cast<float>(sr[u][i]);
-          bi[i] = static_cast<float>(br[u][i]);
-        }
-        consume(packed, sc, bi, 4 * (warp + WARPS * j) + t);
-      }
-    }
+    auto use = [&](int j, int slot) {
+      uint4 packed[NT];
+      float sc[NT], bi[NT];
+      sala_ring_read(ring[warp], sr, br, slot, packed, sc, bi);
+      consume(packed, sc, bi, 4 * (warp + WARPS * j) + t);
+    };
+    sala_ring_schedule<U>(count, request, [] {}, use);
   } else {
     for (int s0 = warp; s0 < steps; s0 += WARPS * U) {
       uint4 packed[U][NT];
