@@ -27,22 +27,25 @@
 #          loads ~0.3 min, pp4096+pp32768 ~0.3 min, tg64 @ d4096,d32768 ~0.4 min (each depth is prefilled once
 #          and its state restored per run), tg64 @ d131072 ~1–1.5 min (128K prefill + 18 GiB state copies).
 #          ~2.5 min again on a warm machine (build and GGUF in /tmp/lcpp-run are reused).
-#   sala   ~4 min with the doctor's memo (+~0.5 min without): five processes, each ~12 s to build its
-#          synthetic model; Qwen3 prefill ~0.3 min, Qwen3 decode ~1.5 min (4 prefills of 131072 tokens),
-#          SALA prefill ~0.4 min, SALA decode ~1.5 min, SALA 4-bit decode ~0.3 min.
+#   sala   ~7.5 min on an H100 (448 s on a fresh machine, 2026-11-27): five processes, each ~12 s to
+#          build its synthetic model; the two decode processes (4 prefills of 131072 tokens each) most.
 #   mlxlm  ~1.5 min: model build ~0.3 min, two runs per context (131072: 2 x ~22 s).
-#   So: call 1 `llama`, call 2 `sala mlxlm table` (~6 min). BUDGET_S (570) bounds a call: a step that
-#   would start past it is skipped, a running one is stopped (SIGINT) at it, so the call ends cleanly.
+#   So: call 1 `llama`, call 2 `sala`, call 3 `mlxlm table`. BUDGET_S (570) bounds a call: a step
+#   that would start past it is skipped, a running one is stopped (SIGINT) at it, so the call ends cleanly.
 # Prepare here (repo root; the paths are git-ignored):
 #   SALA_OPENBLAS=off cargo build --release
 #   mkdir -p .device/bin && cp target/release/sala .device/bin/ && strip .device/bin/sala && tar cJf .device/bin.tar.xz -C .device bin
 #   ../shared/tools/mlx-cuda-bundle .device/mlx-cuda-py --with-python    # MLX runtime + mlx, mlx-lm wheels, ~20 MiB
 #   ../shared/tools/llamacpp-bench/prepare .llamacpp-bench                # kit + llama.cpp source, ~9 MiB
 # On the device: carry [".device/bin.tar.xz", ".device/mlx-cuda-py", ".llamacpp-bench"] (~35 MiB);
-#   bash eval/device-compare.sh llama;  bash eval/device-compare.sh sala mlxlm table
-# Here, over the calls' files copied into one folder: python3 eval/compare_table.py DIR
+#   bash eval/device-compare.sh llama;  bash eval/device-compare.sh sala;  bash eval/device-compare.sh mlxlm table
+#   Each call hands back $OUT/device-compare-MODES.tar.xz (the `$OUT/...` files above, inside it).
+#   `table` sees earlier calls' files only on the same warm machine; else, here, over the calls'
+#   archives unpacked into one folder: python3 eval/compare_table.py DIR
 set -u
-OUT=${OUT:-/tmp}
+# The lending tool brings back at most 8 files from $OUT: a call writes its files in a folder of
+# its own and hands them back as one archive, device-compare-MODES.tar.xz (compare.md beside it).
+DEST=${OUT:-/tmp/device-compare-out}
 BUDGET_S=${BUDGET_S:-570}
 BIN=.device/bin
 MLX_BUNDLE=${MLX_BUNDLE:-.device/mlx-cuda-py}
@@ -51,7 +54,8 @@ LCPP_WORK=${LCPP_WORK:-/tmp/lcpp-run}
 # Kept between the calls of one warm machine: the table's inputs, the self-check memo, the config copy.
 KEEP=/tmp/device-compare
 RESULTS=$KEEP/results
-mkdir -p "$OUT" "$RESULTS" "$KEEP/cache"
+mkdir -p "$DEST" "$RESULTS" "$KEEP/cache"
+OUT=$(mktemp -d "$KEEP/call.XXXXXX")
 # One kernel self-check memo for every sala process on this machine.
 export XDG_CACHE_HOME=$KEEP/cache
 # No network there: the doctor's hub check does not try.
@@ -60,7 +64,12 @@ export HF_HUB_OFFLINE=1
 die() { echo "device-compare: $*" >&2; exit 1; }
 # The nvidia-smi sampler of the running mode stops with the script, however it ends.
 SMI=""
-trap '{ [ -z "$SMI" ] || kill "$SMI"; } 2>/dev/null' EXIT
+pack() {
+  { [ -z "$SMI" ] || kill "$SMI"; } 2>/dev/null
+  tar cJf "$DEST/device-compare-$(IFS=-; echo "$*").tar.xz" -C "$OUT" . && echo "files: $DEST/device-compare-$(IFS=-; echo "$*").tar.xz"
+  [ ! -f "$OUT/compare.md" ] || cp "$OUT/compare.md" "$DEST/"
+}
+trap 'pack "$@"' EXIT
 phase() { echo "$(date +%s.%N) $*" >> "$OUT/phases-$MODE.txt"; }
 left() { echo $((BUDGET_S - SECONDS)); }
 
