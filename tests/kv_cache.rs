@@ -1,9 +1,10 @@
 //! The key/value cache's two parts (history + recent tokens, `SeqBuffer`): whatever mix of
 //! appends, flushes and rollbacks, every reader sees the positions in order, and the pooled keys
-//! are those of a cache filled the plain way.
+//! are those of a cache filled the plain way; an 8-bit buffer (`QuantizedSeqBuffer`) reads back
+//! what MLX dequantizes, in lockstep through the same edits.
 
 use mlx_rs::Array;
-use sala::engine::cache::{KvCache, SeqBuffer};
+use sala::engine::cache::{KvCache, QuantizedSeqBuffer, SeqBuffer};
 use sala::engine::ops::to_vec_f32;
 use sala::kernels::kv::{append_token_mlx, KvColumns, RecentSlot};
 use sala::models::sala::infllm::compressed_keys;
@@ -188,4 +189,114 @@ fn a_reserved_cache_is_allocated_at_the_length_it_was_told() {
     short.reserve(1000);
     fill(&mut short);
     assert_eq!(short.nbytes(), grown.nbytes());
+}
+
+/// `[1, 2, t, d]` rows of distinct values in about [-1, 1) for the tokens `from..from+t`.
+fn rows(from: usize, t: usize, d: usize) -> Array {
+    let v: Vec<f32> = (0..2 * t * d)
+        .map(|i| {
+            let (head, token, j) = (i / (t * d), from + i / d % t, i % d);
+            ((token * 7919 + head * 104_729 + j * 613) % 2000) as f32 / 1000.0 - 1.0
+        })
+        .collect();
+    // Head-major: the flat index above is (head, token, j).
+    Array::from_slice(&v, &[1, 2, t as i32, d as i32])
+}
+
+/// What MLX makes of `rows(0, len, d)` quantized and dequantized in one piece.
+fn quantized_rows(len: usize, d: usize) -> Vec<f32> {
+    let (codes, scales, biases) = mlx_rs::ops::quantize(rows(0, len, d), 64, 8).unwrap();
+    to_vec_f32(&mlx_rs::ops::dequantize(&codes, &scales, &biases, 64, 8).unwrap()).unwrap()
+}
+
+/// Tokens `start..end` of `[1, 2, len, d]` values laid out head-major.
+fn tokens(all: &[f32], len: usize, d: usize, start: usize, end: usize) -> Vec<f32> {
+    (0..2).flat_map(|h| all[(h * len + start) * d..(h * len + end) * d].iter().copied()).collect()
+}
+
+#[test]
+fn a_quantized_buffer_reads_back_mlx_dequantized_rows_whichever_way_they_came() {
+    let d = 128;
+    let mut buffer = QuantizedSeqBuffer::new(8, 64);
+    let mut len = 0;
+    // A prefill chunk, single tokens past a flush of the recent buffer, a chunk too large for it.
+    for (t, recent) in std::iter::once((300, false))
+        .chain(std::iter::repeat_n((1, true), SeqBuffer::RECENT + 10))
+        .chain([(7, true), (SeqBuffer::RECENT + 5, true), (3, false)])
+    {
+        let x = rows(len, t, d);
+        if recent {
+            buffer.append_recent(&x).unwrap();
+        } else {
+            buffer.append(&x).unwrap();
+        }
+        len += t;
+    }
+    assert_eq!(buffer.len(), len);
+    let want = quantized_rows(len, d);
+    // Quantized for real: off by no more than a step of its group (range / 255), and not exact.
+    let exact = to_vec_f32(&rows(0, len, d)).unwrap();
+    let off = exact.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(off > 0.0 && off <= 2.0 / 255.0 * 1.01, "quantization error {off}");
+    // Ranges inside the history, across history and recent tokens, inside the recent tokens.
+    for (start, end) in [(0, 300), (290, len), (len - 4, len), (0, len)] {
+        let got = to_vec_f32(&buffer.range(start, end).unwrap()).unwrap();
+        assert_eq!(got, tokens(&want, len, d, start, end), "positions {start}..{end}");
+    }
+    let view = buffer.view().unwrap().unwrap();
+    assert_eq!(view.dtype(), mlx_rs::Dtype::Float32);
+    assert_eq!(to_vec_f32(&view).unwrap(), want);
+}
+
+#[test]
+fn a_quantized_buffer_rolls_back_and_drops_tokens_in_lockstep() {
+    let d = 64;
+    let mut buffer = QuantizedSeqBuffer::new(8, 64);
+    buffer.append(&rows(0, 500, d)).unwrap();
+    for p in 500..520 {
+        buffer.append_recent(&rows(p, 1, d)).unwrap();
+    }
+    let all = quantized_rows(520, d);
+    // Inside the recent tokens, then inside the history.
+    buffer.truncate(510);
+    assert_eq!(to_vec_f32(&buffer.range(0, 510).unwrap()).unwrap(), tokens(&all, 520, d, 0, 510));
+    buffer.truncate(400);
+    assert_eq!(buffer.len(), 400);
+    // Appending after a rollback overwrites what was dropped.
+    buffer.append_recent(&rows(400, 2, d)).unwrap();
+    assert_eq!(to_vec_f32(&buffer.range(0, 402).unwrap()).unwrap(), tokens(&all, 520, d, 0, 402));
+    // Dropping tokens 10..100 (a sliding window) keeps codes, scales and biases of the rest aligned.
+    buffer.remove(10, 100).unwrap();
+    let kept: Vec<f32> = (0..2)
+        .flat_map(|h| {
+            let head = &all[h * 520 * d..(h * 520 + 402) * d];
+            head[..10 * d].iter().chain(&head[100 * d..]).copied().collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(buffer.len(), 312);
+    assert_eq!(to_vec_f32(&buffer.view().unwrap().unwrap()).unwrap(), kept);
+}
+
+#[test]
+fn a_quantized_row_takes_136_bytes_of_a_bf16_rows_256() {
+    let (d, t) = (128, 1024);
+    let x = rows(0, t, d).as_dtype(mlx_rs::Dtype::Bfloat16).unwrap();
+    let mut plain = SeqBuffer::default();
+    let mut quantized = QuantizedSeqBuffer::new(8, 64);
+    plain.reserve(t);
+    quantized.reserve(t);
+    plain.append(&x).unwrap();
+    quantized.append(&x).unwrap();
+    // Two heads of 1024 tokens: codes 128 B, two groups' bf16 scale and bias 8 B, a row.
+    assert_eq!(plain.nbytes(), 2 * t * 256);
+    assert_eq!(quantized.nbytes(), 2 * t * 136);
+    assert_eq!(quantized.view().unwrap().unwrap().dtype(), mlx_rs::Dtype::Bfloat16);
+}
+
+#[test]
+fn a_head_dimension_that_is_not_whole_groups_is_refused_by_name() {
+    let mut buffer = QuantizedSeqBuffer::new(8, 64);
+    let err = buffer.append(&rows(0, 4, 48)).unwrap_err().to_string();
+    assert!(err.contains("head dimension is 48") && err.contains("groups of 64") && err.contains("--kv-bits"), "{err}");
+    assert!(buffer.is_empty());
 }

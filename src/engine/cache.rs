@@ -206,6 +206,108 @@ impl SeqBuffer {
     }
 }
 
+/// A [`SeqBuffer`] of rows quantized when appended, in MLX's affine format (as mlx-lm's quantized
+/// KV cache): each `group` values of a row `[.., D]` become `bits`-bit codes packed in u32 words,
+/// one scale and one bias, so a 128-value bf16 row of 256 bytes takes 136 at 8 bits. Codes,
+/// scales and biases are three buffers that grow, roll back and drop tokens in lockstep; readers
+/// get the rows dequantized, in the dtype they were appended in.
+///
+/// Quantized once, at append, including the recent tokens: a token then reads back the same
+/// whichever path wrote it (a prefill chunk, a decode step, a speculative draft).
+#[derive(Clone)]
+pub struct QuantizedSeqBuffer {
+    codes: SeqBuffer,
+    scales: SeqBuffer,
+    biases: SeqBuffer,
+    bits: i32,
+    group: i32,
+}
+
+impl QuantizedSeqBuffer {
+    pub fn new(bits: i32, group: i32) -> Self {
+        Self { codes: SeqBuffer::default(), scales: SeqBuffer::default(), biases: SeqBuffer::default(), bits, group }
+    }
+
+    pub fn len(&self) -> usize {
+        self.codes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.codes.is_empty()
+    }
+
+    /// See [`SeqBuffer::reserve`].
+    pub fn reserve(&mut self, tokens: usize) {
+        for b in [&mut self.codes, &mut self.scales, &mut self.biases] {
+            b.reserve(tokens);
+        }
+    }
+
+    /// Quantizes `[B, H, T, D]` rows; refuses a D that is not a whole number of groups.
+    fn quantize(&self, x: &Array) -> Result<(Array, Array, Array)> {
+        let d = *x.shape().last().unwrap_or(&0);
+        if d % self.group != 0 {
+            return Err(mlx_rs::error::Exception::custom(format!(
+                "a {}-bit KV cache quantizes groups of {} values of a head's row, and this head dimension is {d}: run without --kv-bits",
+                self.bits, self.group
+            )));
+        }
+        ops::quantize(x, self.group, self.bits)
+    }
+
+    /// Appends `[B, H, T, D]` to the history (see [`SeqBuffer::append`]).
+    pub fn append(&mut self, x: &Array) -> Result<()> {
+        let (codes, scales, biases) = self.quantize(x)?;
+        self.codes.append(&codes)?;
+        self.scales.append(&scales)?;
+        self.biases.append(&biases)
+    }
+
+    /// Appends `[B, H, T, D]` behind the recent tokens (see [`SeqBuffer::append_recent`]).
+    pub fn append_recent(&mut self, x: &Array) -> Result<()> {
+        let (codes, scales, biases) = self.quantize(x)?;
+        self.codes.append_recent(&codes)?;
+        self.scales.append_recent(&scales)?;
+        self.biases.append_recent(&biases)
+    }
+
+    fn dequantize(&self, codes: &Array, scales: &Array, biases: &Array) -> Result<Array> {
+        ops::dequantize(codes, scales, biases, self.group, self.bits)
+    }
+
+    /// The filled rows `[B, H, len, D]`, dequantized (see [`SeqBuffer::view`]).
+    pub fn view(&mut self) -> Result<Option<Array>> {
+        let (Some(codes), Some(scales), Some(biases)) = (self.codes.view()?, self.scales.view()?, self.biases.view()?) else {
+            return Ok(None);
+        };
+        self.dequantize(&codes, &scales, &biases).map(Some)
+    }
+
+    /// Positions `start..end` `[B, H, end − start, D]`, dequantized (see [`SeqBuffer::range`]).
+    pub fn range(&self, start: usize, end: usize) -> Result<Array> {
+        self.dequantize(&self.codes.range(start, end)?, &self.scales.range(start, end)?, &self.biases.range(start, end)?)
+    }
+
+    /// Keeps only the first `len` entries.
+    pub fn truncate(&mut self, len: usize) {
+        for b in [&mut self.codes, &mut self.scales, &mut self.biases] {
+            b.truncate(len);
+        }
+    }
+
+    /// Drops entries `start..end` (see [`SeqBuffer::remove`]).
+    pub fn remove(&mut self, start: usize, end: usize) -> Result<()> {
+        for b in [&mut self.codes, &mut self.scales, &mut self.biases] {
+            b.remove(start, end)?;
+        }
+        Ok(())
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.codes.nbytes() + self.scales.nbytes() + self.biases.nbytes()
+    }
+}
+
 /// How a model sums up key windows: `span` holds the keys `[B, H, L, D]` of `windows` consecutive
 /// windows of `kernel` keys, `stride` apart (L = (windows − 1)·stride + kernel); the result is one
 /// row per window, `[B, H, windows, D]`.
