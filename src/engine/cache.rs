@@ -236,11 +236,14 @@ impl QuantizedSeqBuffer {
         self.codes.is_empty()
     }
 
+    /// Codes, scales and biases: every edit applies to the three alike.
+    fn planes(&mut self) -> [&mut SeqBuffer; 3] {
+        [&mut self.codes, &mut self.scales, &mut self.biases]
+    }
+
     /// See [`SeqBuffer::reserve`].
     pub fn reserve(&mut self, tokens: usize) {
-        for b in [&mut self.codes, &mut self.scales, &mut self.biases] {
-            b.reserve(tokens);
-        }
+        self.planes().into_iter().for_each(|p| p.reserve(tokens));
     }
 
     /// Quantizes `[B, H, T, D]` rows; refuses a D that is not a whole number of groups.
@@ -258,17 +261,13 @@ impl QuantizedSeqBuffer {
     /// Appends `[B, H, T, D]` to the history (see [`SeqBuffer::append`]).
     pub fn append(&mut self, x: &Array) -> Result<()> {
         let (codes, scales, biases) = self.quantize(x)?;
-        self.codes.append(&codes)?;
-        self.scales.append(&scales)?;
-        self.biases.append(&biases)
+        self.planes().into_iter().zip([codes, scales, biases]).try_for_each(|(p, part)| p.append(&part))
     }
 
     /// Appends `[B, H, T, D]` behind the recent tokens (see [`SeqBuffer::append_recent`]).
     pub fn append_recent(&mut self, x: &Array) -> Result<()> {
         let (codes, scales, biases) = self.quantize(x)?;
-        self.codes.append_recent(&codes)?;
-        self.scales.append_recent(&scales)?;
-        self.biases.append_recent(&biases)
+        self.planes().into_iter().zip([codes, scales, biases]).try_for_each(|(p, part)| p.append_recent(&part))
     }
 
     fn dequantize(&self, codes: &Array, scales: &Array, biases: &Array) -> Result<Array> {
@@ -290,17 +289,12 @@ impl QuantizedSeqBuffer {
 
     /// Keeps only the first `len` entries.
     pub fn truncate(&mut self, len: usize) {
-        for b in [&mut self.codes, &mut self.scales, &mut self.biases] {
-            b.truncate(len);
-        }
+        self.planes().into_iter().for_each(|p| p.truncate(len));
     }
 
     /// Drops entries `start..end` (see [`SeqBuffer::remove`]).
     pub fn remove(&mut self, start: usize, end: usize) -> Result<()> {
-        for b in [&mut self.codes, &mut self.scales, &mut self.biases] {
-            b.remove(start, end)?;
-        }
-        Ok(())
+        self.planes().into_iter().try_for_each(|p| p.remove(start, end))
     }
 
     pub fn nbytes(&self) -> usize {
