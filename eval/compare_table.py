@@ -6,10 +6,11 @@ Standard library only; runs on the device (`bash eval/device-compare.sh table`) 
 usage: python3 eval/compare_table.py DIR [--llamacpp FILE] [--sala FILE] [--mlx-lm FILE]
                                          [--gpu-memory FILE] [--partial] [--out FILE]
 
-DIR holds what eval/device-compare.sh writes: llamacpp/results.json (llama-bench rows as JSON, or a
-.jsonl file), sala.csv (`sala bench -o csv` rows), mlx_lm.csv (eval/mlx_lm_baseline.py), and if present
-gpu-memory-llama.csv (nvidia-smi samples during the llama mode) and device-*.txt (the GPU of each
-mode). A missing input is an error naming it, unless --partial (its column then reads —).
+DIR holds what eval/device-compare.sh writes (its calls' archives, unpacked into one folder):
+llamacpp/results.json (llama-bench rows as JSON, or a .jsonl file), sala.csv (`sala bench -o csv`
+rows), mlx_lm.csv (eval/mlx_lm_baseline.py), and if present gpu-memory-llama.csv (nvidia-smi samples
+during the llama mode) and device-*.txt (the GPU of each mode). A missing input is an error naming
+it, unless --partial (its column then reads —).
 """
 import argparse
 import csv

@@ -66,7 +66,9 @@ die() { echo "device-compare: $*" >&2; exit 1; }
 SMI=""
 pack() {
   { [ -z "$SMI" ] || kill "$SMI"; } 2>/dev/null
-  tar cJf "$DEST/device-compare-$(IFS=-; echo "$*").tar.xz" -C "$OUT" . && echo "files: $DEST/device-compare-$(IFS=-; echo "$*").tar.xz"
+  local archive
+  archive="$DEST/device-compare-$(IFS=-; echo "$*").tar.xz"
+  tar cJf "$archive" -C "$OUT" . && echo "files: $archive"
   [ ! -f "$OUT/compare.md" ] || cp "$OUT/compare.md" "$DEST/"
 }
 trap 'pack "$@"' EXIT
