@@ -141,71 +141,74 @@ fn qmv_epilogues_match_mlx_operations() {
 
 /// The tilings other than the defaults (the kernel benchmark's sweep picks among them): each
 /// split of K, number of outputs per warp and of loads in flight gives MLX's product, for K that does and that
-/// does not divide evenly among the warps.
-#[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
-fn qmv_tilings_match_mlx_quantized_matmul_q8() {
-    qmv_tilings_match_mlx_quantized_matmul(8);
+/// does not divide evenly among the warps. One test a width and shape, as each compiles a kernel
+/// per tiling: eval/device-kernels.sh runs the tests as processes side by side, where in one
+/// process the two widths outlast a device call.
+macro_rules! qmv_tiling_tests {
+    ($($name:ident: $bits:expr, $n:expr, $k:expr, seed $seed:expr;)*) => {$(
+        #[test]
+        #[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+        fn $name() {
+            qmv_tilings_match_mlx_quantized_matmul($bits, $n, $k, $seed);
+        }
+    )*};
 }
 
-/// As above at 4 bits (one test a width: each compiles a kernel per tiling, and both in one
-/// process outlast a device call).
-#[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
-fn qmv_tilings_match_mlx_quantized_matmul_q4() {
-    qmv_tilings_match_mlx_quantized_matmul(4);
+// The seeds each case took when one test ran them all.
+qmv_tiling_tests! {
+    qmv_tilings_match_mlx_quantized_matmul_q8_1030x4096: 8, 1030, 4096, seed 907;
+    qmv_tilings_match_mlx_quantized_matmul_q8_512x16384: 8, 512, 16384, seed 914;
+    qmv_tilings_match_mlx_quantized_matmul_q8_260x1408: 8, 260, 1408, seed 921;
+    qmv_tilings_match_mlx_quantized_matmul_q4_1030x4096: 4, 1030, 4096, seed 928;
+    qmv_tilings_match_mlx_quantized_matmul_q4_512x16384: 4, 512, 16384, seed 935;
+    qmv_tilings_match_mlx_quantized_matmul_q4_260x1408: 4, 260, 1408, seed 942;
 }
 
-fn qmv_tilings_match_mlx_quantized_matmul(bits: i32) {
+fn qmv_tilings_match_mlx_quantized_matmul(bits: i32, n: i32, k: i32, seed: u64) {
     use_gpu();
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
-    // The seeds each width took when one test ran both.
-    let mut seed = if bits == 8 { 900 } else { 921 };
-    for (n, k) in [(1030, 4096), (512, 16384), (260, 1408)] {
-        seed += 7;
-        let w = randn(&[n, k], seed, Dtype::Float32);
-        let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
-        let (s, b) = (scales.as_dtype(Dtype::Bfloat16).unwrap(), biases.as_dtype(Dtype::Bfloat16).unwrap());
-        let residual = randn(&[1, n], seed + 2, Dtype::Bfloat16);
-        let alpha = 0.5; // exact in bf16
-        for rows in [1, 8, 16] {
-            let x = randn(&[rows, k], seed + 1, Dtype::Bfloat16);
-            let residual = ops::broadcast_to(&residual, &[rows, n]).unwrap();
-            let product = quantized_matmul_t_mlx(&f(&x), &packed, &f(&s), &f(&b), 64, bits).unwrap();
-            // (outputs per warp, split, in flight): each value of each, a kernel compile per tiling.
-            // At 4 bits, 16 outputs a warp (SwiGLU 8 gate rows, or 16 in two tiles) is the
-            // tensor-core form (on the CUDA cores so many rows would not fit in registers).
-            let tensor_cores: &[(i32, i32, i32)] = if bits == 4 { &[(16, 1, 4), (16, 8, 4), (16, 4, 1), (8, 1, 2), (16, 2, 8)] } else { &[] };
-            let general =
-                [(1, 1, 1), (1, 4, 4), (1, 8, 2), (2, 2, 4), (2, 8, 1), (4, 4, 2), (4, 1, 1), (2, 1, 2), (2, 1, 4), (4, 1, 2)]
-                    .into_iter()
-                    .chain(tensor_cores.iter().copied());
-            let tilings: Vec<(Option<QmvTiling>, Option<MmaTiling>)> = if rows == 1 {
-                general.map(|(o, split, u)| (Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: false }), None)).collect()
-            } else {
-                // (The last four through the cp.async ring, (2, 3) the 16-row sweep's best for down;
-                // the 4 × 4 one takes fewer warps to fit it.)
-                [(1, 1, 8192, false), (1, 2, 16384, false), (2, 2, 8192, false), (2, 4, 4096, false), (4, 1, 16384, false)]
-                    .into_iter()
-                    .chain([(1, 3, 8192, true), (2, 2, 8192, true), (2, 3, 8192, true), (4, 4, 16384, true)])
-                    .map(|(t, u, g, a)| (None, Some(MmaTiling { out_tiles: t, in_flight: u, grid_warps: g, async_copy: a })))
-                    .collect()
-            };
-            for (general, mma) in tilings {
-                let what = format!("q{bits} {n}x{k} rows {rows} {general:?} {mma:?}");
-                let got = with_tiling(general, mma, || quantized_matmul_t(&x, &packed, &s, &b, 64, bits).unwrap());
-                assert!(rel_err(&got, &product) < 8e-3, "plain {what}");
-                let got = with_tiling(general, mma, || {
-                    quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::Residual { residual: &residual, alpha })
-                        .unwrap()
-                });
-                let want = epilogue_mlx(&product, Epilogue::Residual { residual: &f(&residual), alpha }).unwrap();
-                assert!(rel_err(&got, &want) < 1e-2, "residual {what}");
-                // SwiGLU too, its warps sharing rows where K is split.
-                let got = with_tiling(general, mma, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap());
-                let want = epilogue_mlx(&product, Epilogue::SwiGlu).unwrap();
-                assert!(rel_err(&got, &want) < 1e-2, "swiglu {what}");
-            }
+    let w = randn(&[n, k], seed, Dtype::Float32);
+    let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
+    let (s, b) = (scales.as_dtype(Dtype::Bfloat16).unwrap(), biases.as_dtype(Dtype::Bfloat16).unwrap());
+    let residual = randn(&[1, n], seed + 2, Dtype::Bfloat16);
+    let alpha = 0.5; // exact in bf16
+    for rows in [1, 8, 16] {
+        let x = randn(&[rows, k], seed + 1, Dtype::Bfloat16);
+        let residual = ops::broadcast_to(&residual, &[rows, n]).unwrap();
+        let product = quantized_matmul_t_mlx(&f(&x), &packed, &f(&s), &f(&b), 64, bits).unwrap();
+        // (outputs per warp, split, in flight): each value of each, a kernel compile per tiling.
+        // At 4 bits, 16 outputs a warp (SwiGLU 8 gate rows, or 16 in two tiles) is the
+        // tensor-core form (on the CUDA cores so many rows would not fit in registers).
+        let tensor_cores: &[(i32, i32, i32)] = if bits == 4 { &[(16, 1, 4), (16, 8, 4), (16, 4, 1), (8, 1, 2), (16, 2, 8)] } else { &[] };
+        let general =
+            [(1, 1, 1), (1, 4, 4), (1, 8, 2), (2, 2, 4), (2, 8, 1), (4, 4, 2), (4, 1, 1), (2, 1, 2), (2, 1, 4), (4, 1, 2)]
+                .into_iter()
+                .chain(tensor_cores.iter().copied());
+        let tilings: Vec<(Option<QmvTiling>, Option<MmaTiling>)> = if rows == 1 {
+            general.map(|(o, split, u)| (Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: false }), None)).collect()
+        } else {
+            // (The last four through the cp.async ring, (2, 3) the 16-row sweep's best for down;
+            // the 4 × 4 one takes fewer warps to fit it.)
+            [(1, 1, 8192, false), (1, 2, 16384, false), (2, 2, 8192, false), (2, 4, 4096, false), (4, 1, 16384, false)]
+                .into_iter()
+                .chain([(1, 3, 8192, true), (2, 2, 8192, true), (2, 3, 8192, true), (4, 4, 16384, true)])
+                .map(|(t, u, g, a)| (None, Some(MmaTiling { out_tiles: t, in_flight: u, grid_warps: g, async_copy: a })))
+                .collect()
+        };
+        for (general, mma) in tilings {
+            let what = format!("q{bits} {n}x{k} rows {rows} {general:?} {mma:?}");
+            let got = with_tiling(general, mma, || quantized_matmul_t(&x, &packed, &s, &b, 64, bits).unwrap());
+            assert!(rel_err(&got, &product) < 8e-3, "plain {what}");
+            let got = with_tiling(general, mma, || {
+                quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::Residual { residual: &residual, alpha })
+                    .unwrap()
+            });
+            let want = epilogue_mlx(&product, Epilogue::Residual { residual: &f(&residual), alpha }).unwrap();
+            assert!(rel_err(&got, &want) < 1e-2, "residual {what}");
+            // SwiGLU too, its warps sharing rows where K is split.
+            let got = with_tiling(general, mma, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap());
+            let want = epilogue_mlx(&product, Epilogue::SwiGlu).unwrap();
+            assert!(rel_err(&got, &want) < 1e-2, "swiglu {what}");
         }
     }
 }
