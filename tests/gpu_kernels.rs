@@ -166,6 +166,7 @@ qmv_tiling_tests! {
 
 fn qmv_tilings_match_mlx_quantized_matmul(bits: i32, n: i32, k: i32, seed: u64) {
     use_gpu();
+    let start = std::time::Instant::now();
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
     let w = randn(&[n, k], seed, Dtype::Float32);
     let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
@@ -209,6 +210,8 @@ fn qmv_tilings_match_mlx_quantized_matmul(bits: i32, n: i32, k: i32, seed: u64) 
             let got = with_tiling(general, mma, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap());
             let want = epilogue_mlx(&product, Epilogue::SwiGlu).unwrap();
             assert!(rel_err(&got, &want) < 1e-2, "swiglu {what}");
+            // Progress, for a run stopped at a device call's limit.
+            eprintln!("{:.0} s: {what} passes", start.elapsed().as_secs_f64());
         }
     }
 }
