@@ -1,6 +1,6 @@
 #!/bin/bash
-# The GPU kernels on the lent GPU: correctness against their MLX-ops versions (tests/gpu_kernels.rs),
-# kernel timings next to MLX's (benches/kernels.rs; `kernels qmv`: the decode GEMV per 9B shape,
+# The GPU kernels on the lent GPU (their tests, one after another longer than a call, are
+# eval/device-tests.sh's): kernel timings next to MLX's (benches/kernels.rs; `kernels qmv`: the decode GEMV per 9B shape,
 # `kernels prefill`: the pieces of a prefill chunk),
 # then the synthetic 9B with kernels on and off.
 # Binaries built on the CPU machine (SALA_OPENBLAS=off) and carried in $BIN; the MLX-CUDA runtime
@@ -10,7 +10,6 @@ BIN=${BIN:-.device/bin}
 source ${MLX_BUNDLE:-.device/mlx-cuda-py}/activate.sh
 OUT=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-MLX_ENABLE_TF32=0 $BIN/gpu_kernels --include-ignored --test-threads=1 2>&1 | tee $OUT/gpu_kernels.log | grep -E "^test |test result|panicked|error" 
 $BIN/kernels 2>&1 | tee $OUT/kernels.md
 # The decode GEMV alone on every matrix shape of a 9B decode step (achieved bandwidth per shape).
 $BIN/kernels qmv 2>&1 | tee $OUT/kernels-qmv.md

@@ -2,7 +2,7 @@
 //! self-check on the device: every kernel passes it, and deliberately broken variants of a real
 //! kernel (one computing a wrong value, one that does not compile) are switched off, their caller
 //! getting the MLX-ops version's values. These need a GPU build of MLX (CUDA or Metal), so they are
-//! `#[ignore]`d and show as ignored in a plain `cargo test`; `eval/device-kernels.sh` runs them on
+//! `#[ignore]`d and show as ignored in a plain `cargo test`; `eval/device-tests.sh` runs them on
 //! a GPU with `--include-ignored` (one test thread: MLX's default device is process-wide).
 //! Included without a GPU, they fail.
 
@@ -25,7 +25,7 @@ use sala::kernels::sparse::{
 };
 use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_mlx, select_blocks_chunked, select_blocks_mlx, select_blocks_scored};
 
-const NEEDS_GPU: &str = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored";
+const NEEDS_GPU: &str = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored";
 
 /// Makes the GPU the default device; a run without one fails (it would test nothing). Every kernel
 /// must have passed its self-check, else the tests below would compare its MLX-ops version with
@@ -61,7 +61,7 @@ fn rel_err(a: &Array, b: &Array) -> f32 {
 }
 
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn qmv_matches_mlx_quantized_matmul() {
     use_gpu();
     let mut seed = 10;
@@ -94,7 +94,7 @@ fn qmv_matches_mlx_quantized_matmul() {
 }
 
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn qmv_epilogues_match_mlx_operations() {
     use_gpu();
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
@@ -142,12 +142,12 @@ fn qmv_epilogues_match_mlx_operations() {
 /// The tilings other than the defaults (the kernel benchmark's sweep picks among them): each
 /// split of K, number of outputs per warp and of loads in flight gives MLX's product, for K that does and that
 /// does not divide evenly among the warps. One test a width and shape, as each compiles a kernel
-/// per tiling: eval/device-kernels.sh runs the tests as processes side by side, where in one
+/// per tiling: eval/device-tests.sh runs the tests as processes side by side, where in one
 /// process the two widths outlast a device call.
 macro_rules! qmv_tiling_tests {
     ($($name:ident: $bits:expr, $n:expr, $k:expr, seed $seed:expr;)*) => {$(
         #[test]
-        #[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+        #[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
         fn $name() {
             qmv_tilings_match_mlx_quantized_matmul($bits, $n, $k, $seed);
         }
@@ -220,7 +220,7 @@ fn qmv_tilings_match_mlx_quantized_matmul(bits: i32, n: i32, k: i32, seed: u64) 
 /// folded in, in bf16, f16 and f32 (several input rows), for ring depths of 2 to 8 and K that
 /// does and that does not divide evenly among the warps (1408: lanes with no chunk at all).
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn qmv_async_copies_match_mlx_operations() {
     use_gpu();
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
@@ -273,7 +273,7 @@ fn qmv_async_copies_match_mlx_operations() {
 }
 
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn qmv_with_rms_norm_folded_in_matches_mlx_operations() {
     use_gpu();
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
@@ -326,7 +326,7 @@ fn qmv_with_rms_norm_folded_in_matches_mlx_operations() {
 /// norm-gate operations, then MLX's product in float32. The gate columns sit inside a wider
 /// stacked projection, as z does in qkvz.
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn qmv_with_norm_gate_folded_in_matches_mlx_operations() {
     use_gpu();
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
@@ -373,7 +373,7 @@ fn qmv_with_norm_gate_folded_in_matches_mlx_operations() {
 }
 
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn gla_decode_step_matches_the_recurrence() {
     use_gpu();
     // Batch 1 and a batch of sequences (each head's decay found from b·H + h).
@@ -402,7 +402,7 @@ fn gla_decode_step_matches_the_recurrence() {
 }
 
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn lightning_decode_step_matches_mlx_operations() {
     use_gpu();
     // (B, H, d, extra columns after q/k/v (a gate), positions per sequence, seed): positions in
@@ -455,7 +455,7 @@ fn lightning_decode_step_matches_mlx_operations() {
 }
 
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn norm_gate_matches_mlx_operations() {
     use_gpu();
     for (b, t, dim, offset, seed) in [(1, 1, 4096, 3 * 4096, 700u64), (3, 1, 4096, 3 * 4096, 710), (2, 5, 256, 40, 720)] {
@@ -483,7 +483,7 @@ fn windows(len: usize, kernel: usize, stride: usize) -> i32 {
 }
 
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn block_selection_kernel_matches_mlx() {
     use_gpu();
     // The 9B geometry (G = 16) at decode and prefill positions, and golden C's small one. Decode
@@ -561,7 +561,7 @@ fn poison_from(filled: &Array, hkv: i32, d: i32, dtype: Dtype) -> Array {
 }
 
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn block_sparse_attention_kernel_matches_mlx() {
     use_gpu();
     // (Hq, Hkv, d, kv_len, first query, queries, dtype): decode (split) and prefill shapes.
@@ -628,7 +628,7 @@ fn block_sparse_attention_kernel_matches_mlx() {
 }
 
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn decode_attention_of_a_batch_matches_mlx() {
     use_gpu();
     // (Hq, Hkv, d, dtype, cache lengths): one sequence, a batch of different lengths, more
@@ -697,7 +697,7 @@ fn decode_attention_of_a_batch_matches_mlx() {
 }
 
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn kv_append_matches_slice_updates() {
     use_gpu();
     // (Hq, Hkv, d, dtype, positions): one sequence; a batch at different fills, the first and the
@@ -745,7 +745,7 @@ fn kv_append_matches_slice_updates() {
 type RopeCase = (i32, i32, i32, i32, Dtype, &'static [usize], bool, bool);
 
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn rope_append_matches_mlx_operations() {
     use_gpu();
     // (Hq, Hkv, d, rotated dims, dtype, positions, QK-norm, period table with position and
@@ -811,7 +811,7 @@ fn rope_append_matches_mlx_operations() {
 
 /// Every kernel passes its self-check on this device; CUDA-only kernels are not used on Metal.
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn every_kernel_passes_its_self_check() {
     assert!(select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu, "{NEEDS_GPU}");
     for check in sala::models::kernel_checks() {
@@ -925,7 +925,7 @@ fn gated_rows(check: &KernelCheck, source: &'static KernelSource, o: &Array, src
 /// returns exactly the MLX-ops version's values; the same kernel as it is passes and runs; and
 /// after the failed compile the real kernels still run and agree.
 #[test]
-#[ignore = "needs a GPU build of MLX: eval/device-kernels.sh runs it with --include-ignored"]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn broken_kernels_are_switched_off_and_the_mlx_ops_version_runs() {
     use_gpu();
     let (o, src, weight) = norm_gate_inputs().unwrap();
