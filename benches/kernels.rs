@@ -244,7 +244,7 @@ fn sparse_step_on_a_cache(sel: &BlockSelection) {
             let seed = 1000 + 2 * chunk as u64;
             cache.append(&randn(&[1, hkv, 4096, d], seed, Dtype::Bfloat16), &randn(&[1, hkv, 4096, d], seed + 1, Dtype::Bfloat16)).unwrap();
             let parts = cache.parts().unwrap().unwrap();
-            eval([parts.keys, parts.values]).unwrap();
+            eval([&parts.keys, &parts.values]).unwrap();
         }
         let (k1, v1) = (randn(&[1, hkv, 1, d], 7, Dtype::Bfloat16), randn(&[1, hkv, 1, d], 8, Dtype::Bfloat16));
         let q = randn(&[1, hq, 1, d], 9, Dtype::Bfloat16);

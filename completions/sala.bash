@@ -127,7 +127,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__bench)
-            opts="-m -p -n -d -r -o -h -V --model --synthetic --bits --n-prompt --n-gen --n-depth --n-seq --draft-layers --num-draft --repetitions --output --output-file --suite --cache-dir --cache-memory --tokenizer --max-tokens --no-think --limit --samples --device --dtype --prefill-step --tp --tp-backend --help --version"
+            opts="-m -p -n -d -r -o -h -V --model --synthetic --bits --n-prompt --n-gen --n-depth --n-seq --draft-layers --num-draft --repetitions --output --output-file --suite --cache-dir --cache-memory --tokenizer --max-tokens --no-think --limit --samples --device --dtype --prefill-step --kv-bits --tp --tp-backend --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -245,6 +245,10 @@ _sala() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --kv-bits)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --tp)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -261,7 +265,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__bfcl)
-            opts="-m -h -V --model --device --dtype --prefill-step --mode --categories --limit --data --max-tokens --think --csv --samples --constrain --tool-call-parser --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --mode --categories --limit --data --max-tokens --think --csv --samples --constrain --tool-call-parser --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -284,6 +288,10 @@ _sala() {
                     return 0
                     ;;
                 --prefill-step)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-bits)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -327,7 +335,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__chat)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --no-pull --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --no-think --max-tokens --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --context-size --num-sink-tokens --no-pull --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --no-think --max-tokens --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -350,6 +358,10 @@ _sala() {
                     return 0
                     ;;
                 --prefill-step)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-bits)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -687,7 +699,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__needle)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --no-pull --context-len --depth --depths --haystack --variant --needle --question --answer --max-tokens --think --seed --csv --svg --resume --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --context-size --num-sink-tokens --no-pull --context-len --depth --depths --haystack --variant --needle --question --answer --max-tokens --think --seed --csv --svg --resume --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -710,6 +722,10 @@ _sala() {
                     return 0
                     ;;
                 --prefill-step)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-bits)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -897,7 +913,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__run)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --no-pull --max-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --raw --no-think --ignore-eos --input-ids --logits-out --json --json-schema --grammar --tp --tp-backend --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --context-size --num-sink-tokens --no-pull --max-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --raw --no-think --ignore-eos --input-ids --logits-out --json --json-schema --grammar --tp --tp-backend --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -920,6 +936,10 @@ _sala() {
                     return 0
                     ;;
                 --prefill-step)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-bits)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1007,7 +1027,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__serve)
-            opts="-m -h -V --model --device --dtype --prefill-step --context-size --num-sink-tokens --no-pull --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --prompt-cache-dir --tool-call-parser --max-models --keep-alive --tp --tp-backend --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --context-size --num-sink-tokens --no-pull --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --prompt-cache-dir --tool-call-parser --max-models --keep-alive --tp --tp-backend --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1030,6 +1050,10 @@ _sala() {
                     return 0
                     ;;
                 --prefill-step)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-bits)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -29,6 +29,8 @@ pub struct LoadOptions {
     pub dtype: Option<Dtype>,
     /// StreamingLLM: the cache keeps sink tokens and the most recent ones.
     pub window: Option<Window>,
+    /// Keys and values quantized to this many bits as they are cached (`--kv-bits`).
+    pub kv_bits: Option<i32>,
     /// With no model given and the default one not in the store: refuse instead of pulling it.
     pub no_pull: bool,
     /// This process's rank of a tensor-parallel group (a single device by default).
@@ -112,14 +114,14 @@ pub fn preflight(
     cfg: &ConfigFile,
     dtype: Dtype,
     weights_bytes: u64,
-    window: Option<Window>,
+    (window, kv_bits): (Option<Window>, Option<i32>),
     tokens: usize,
     device: DeviceKind,
     ranks: usize,
 ) -> anyhow::Result<()> {
     // A StreamingLLM window caps what the cache holds.
     let held = window.map_or(tokens, |w| tokens.min(w.capacity + w.capacity / 8));
-    let cache = models::cache_bytes(cfg, held, memory::dtype_bytes(dtype))? / ranks as u64;
+    let cache = models::cache_bytes(cfg, held, memory::dtype_bytes(dtype), kv_bits)? / ranks as u64;
     memory::check_fits(what, weights_bytes, cache, tokens, device)?;
     Ok(())
 }
@@ -138,6 +140,7 @@ pub struct LoadedModel {
     cfg: ConfigFile,
     dtype: Dtype,
     window: Option<Window>,
+    kv_bits: Option<i32>,
 }
 
 impl LoadedModel {
@@ -146,9 +149,14 @@ impl LoadedModel {
         self.weights_bytes
     }
 
+    /// The bits of its quantized KV cache (`--kv-bits`), if any.
+    pub fn kv_bits(&self) -> Option<i32> {
+        self.kv_bits
+    }
+
     /// Refuses when weights + a cache of `tokens` tokens will not fit in memory.
     pub fn check_fits(&self, tokens: usize) -> anyhow::Result<()> {
-        preflight(&self.path.display().to_string(), &self.cfg, self.dtype, self.weights_bytes, self.window, tokens, self.device, self.ranks)
+        preflight(&self.path.display().to_string(), &self.cfg, self.dtype, self.weights_bytes, (self.window, self.kv_bits), tokens, self.device, self.ranks)
     }
 }
 
@@ -168,7 +176,7 @@ pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, o
     let dtype = compute_dtype(options.dtype, device, source.weights.storage_dtype());
     let tp = &options.tp;
     let weights_bytes = memory::weights_bytes_per_rank(&source, dtype, tp.size);
-    preflight(&path.display().to_string(), &cfg, dtype, weights_bytes, options.window, tokens, device, tp.size)?;
+    preflight(&path.display().to_string(), &cfg, dtype, weights_bytes, (options.window, options.kv_bits), tokens, device, tp.size)?;
     let fingerprint = Fingerprint::of(&source, dtype)?;
     // Every rank must hold its part of the same model in the same dtype, or their sums are garbage.
     tp.check_agree(&fingerprint.digest_words(), "the model they loaded (its config, tensors or dtype differ)")?;
@@ -176,6 +184,21 @@ pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, o
     if let Some(window) = options.window {
         model.set_window(window)?;
     }
+    if let Some(bits) = options.kv_bits {
+        model.set_kv_bits(bits)?;
+    }
     let tokenizer = source.tokenizer(model.info().bos_token_id)?;
-    Ok(LoadedModel { model, tokenizer, path, device, fingerprint, weights_bytes, ranks: tp.size, cfg, dtype, window: options.window })
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        path,
+        device,
+        fingerprint,
+        weights_bytes,
+        ranks: tp.size,
+        cfg,
+        dtype,
+        window: options.window,
+        kv_bits: options.kv_bits,
+    })
 }

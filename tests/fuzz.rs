@@ -297,8 +297,8 @@ fn fuzz_config_json() {
         let Ok(cfg) = sala::engine::config::ConfigFile::parse(path, text) else { return false };
         let specs = sala::models::tensor_specs(&cfg);
         let _ = sala::engine::quant::QuantConfig::from_config(&cfg);
-        let _ = sala::models::cache_bytes(&cfg, usize::MAX, 4);
-        specs.is_ok() && sala::models::cache_bytes(&cfg, 4096, 2).is_ok()
+        let _ = sala::models::cache_bytes(&cfg, usize::MAX, 4, Some(8));
+        specs.is_ok() && sala::models::cache_bytes(&cfg, 4096, 2, None).is_ok()
     });
 }
 

@@ -610,7 +610,7 @@ fn block_sparse_attention_kernel_matches_mlx() {
         let ((kh, kr), (vh, vr)) = (split(&k), split(&v));
         let views = [
             KvParts::history(&k, &v, kv_len),
-            KvParts { keys: &kh, values: &vh, recent: Some((&kr, &vr)), settled, len: kv_len },
+            KvParts { keys: kh, values: vh, recent: Some((kr, vr)), settled, len: kv_len },
         ];
         for (layout, kv) in ["history", "history + recent"].iter().zip(&views) {
             let got = block_sparse_attention(&q, kv, &blocks, first, sel.block, scale, gate.as_ref()).unwrap();
@@ -669,9 +669,9 @@ fn decode_attention_of_a_batch_matches_mlx() {
         let parts: Vec<KvParts> = caches
             .iter()
             .map(|(k, v, recent, settled, len)| KvParts {
-                keys: k,
-                values: v,
-                recent: recent.as_ref().map(|(kr, vr)| (kr, vr)),
+                keys: k.clone(),
+                values: v.clone(),
+                recent: recent.clone(),
                 settled: *settled,
                 len: *len,
             })

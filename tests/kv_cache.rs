@@ -92,7 +92,7 @@ fn append_decoded(cache: &mut KvCache, position: usize) {
     let columns = KvColumns { keys: 1, values: 2, kv_heads: 1, head_dim: 1 };
     let written = append_token_mlx(&row, columns, &[RecentSlot { keys, values, at }]).unwrap();
     let (keys, values) = written.into_iter().next().unwrap();
-    cache.commit_recent(keys, values);
+    cache.commit_recent(keys, values).unwrap();
 }
 
 #[test]

@@ -164,6 +164,19 @@ fn smollm2_speculative_matches_plain_decoding() {
     }
 }
 
+/// With an 8-bit KV cache (`--kv-bits 8`) too: rows are quantized as they are appended, so a
+/// rolled-back draft leaves the same codes as plain decoding (within 1e-3: a chunk's keys come
+/// from a many-row product, whose last float bit may round a value onto the next code).
+#[test]
+fn speculative_decoding_with_an_8_bit_cache_matches_plain_decoding() {
+    let mut model = sala::models::load(&golden("A_dense_f32"), Some(Dtype::Float32)).unwrap();
+    model.set_kv_bits(8).unwrap();
+    let prompt = ids(&tokens("A_dense_f32"), "prompt_ids");
+    for draft in [Draft { layers: 1, tokens: 3 }, Draft { layers: 3, tokens: 5 }] {
+        assert_matches_plain(model.as_ref(), &prompt, 13, draft, 0.0, 1e-3);
+    }
+}
+
 #[test]
 fn draft_settings_are_checked() {
     let (model, _) = sala_case();

@@ -126,7 +126,7 @@ fn load_choice(choice: ModelChoice, args: &BenchArgs, tokens: usize, tp: &Tensor
             let device = device::select(options.device)?;
             let dtype = compute_dtype(options.dtype, device, Some(Dtype::Bfloat16));
             // Each rank draws the whole model and keeps its part.
-            preflight(&synthetic.name, &synthetic.cfg, dtype, synthetic.weights_bytes(dtype), None, tokens, device, tp.size)
+            preflight(&synthetic.name, &synthetic.cfg, dtype, synthetic.weights_bytes(dtype), (None, options.kv_bits), tokens, device, tp.size)
                 .map_err(|e| anyhow::anyhow!("{e}; for a synthetic model, --bits 8 or 4 quantizes it"))?;
             let build = bytes_progress(&format!("building {}", synthetic.name), synthetic.weights_bytes(dtype));
             let source = synthetic.build(dtype, |bytes| build.inc(bytes))?;

@@ -166,6 +166,17 @@ pub struct RuntimeArgs {
     /// Prompt tokens per forward pass during prefill
     #[arg(long, default_value_t = 2048)]
     pub prefill_step: usize,
+    /// Keep the KV cache's keys and values quantized to 8 bits (as llama.cpp's -ctk/-ctv q8_0):
+    /// about half the memory of a long context; logits stay within the tolerance the README states
+    #[arg(long, value_name = "BITS", value_parser = parse_kv_bits)]
+    pub kv_bits: Option<i32>,
+}
+
+fn parse_kv_bits(text: &str) -> Result<i32, String> {
+    match text.parse::<i32>() {
+        Ok(8) => Ok(8),
+        _ => Err("a quantized KV cache has 8 bits a value: give --kv-bits 8, or leave it out for the model's dtype".into()),
+    }
 }
 
 /// Which model, where it runs, and how its cache behaves (shared by `run`, `chat`, `serve`).
@@ -272,7 +283,7 @@ impl RuntimeArgs {
 
     /// What the loading path needs to load `model` as these flags ask.
     pub fn options(&self, model: Option<PathBuf>) -> LoadOptions {
-        LoadOptions { model, device: self.device(), dtype: self.dtype.map(DtypeArg::dtype), ..LoadOptions::default() }
+        LoadOptions { model, device: self.device(), dtype: self.dtype.map(DtypeArg::dtype), kv_bits: self.kv_bits, ..LoadOptions::default() }
     }
 }
 
@@ -314,6 +325,9 @@ impl PromptCacheArgs {
         use crate::engine::state_file::{self, StateFile};
         let model = loaded.model.as_ref();
         let Some((_, head)) = prompt.split_last() else { bail!("the prompt is empty") };
+        if self.prompt_cache.is_some() && loaded.kv_bits().is_some() {
+            bail!(crate::engine::cache::QUANTIZED_STATES);
+        }
         let mut held: Option<StateFile> = None;
         let Start { tokens: reused, mut cache, mut trail } = match self.prompt_cache.as_deref().filter(|p| p.exists()) {
             Some(path) => {

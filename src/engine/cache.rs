@@ -221,11 +221,13 @@ pub struct QuantizedSeqBuffer {
     biases: SeqBuffer,
     bits: i32,
     group: i32,
+    /// Zeros `[B, H, 1, D]` in the rows' dtype (after the first append): see [`QuantizedSeqBuffer::token_slot`].
+    token: Option<Array>,
 }
 
 impl QuantizedSeqBuffer {
     pub fn new(bits: i32, group: i32) -> Self {
-        Self { codes: SeqBuffer::default(), scales: SeqBuffer::default(), biases: SeqBuffer::default(), bits, group }
+        Self { codes: SeqBuffer::default(), scales: SeqBuffer::default(), biases: SeqBuffer::default(), bits, group, token: None }
     }
 
     pub fn len(&self) -> usize {
@@ -247,13 +249,17 @@ impl QuantizedSeqBuffer {
     }
 
     /// Quantizes `[B, H, T, D]` rows; refuses a D that is not a whole number of groups.
-    fn quantize(&self, x: &Array) -> Result<(Array, Array, Array)> {
-        let d = *x.shape().last().unwrap_or(&0);
+    fn quantize(&mut self, x: &Array) -> Result<(Array, Array, Array)> {
+        let s = x.shape();
+        let d = *s.last().unwrap_or(&0);
         if d % self.group != 0 {
             return Err(mlx_rs::error::Exception::custom(format!(
                 "a {}-bit KV cache quantizes groups of {} values of a head's row, and this head dimension is {d}: run without --kv-bits",
                 self.bits, self.group
             )));
+        }
+        if self.token.is_none() {
+            self.token = Some(ops::zeros_dtype(&[s[0], s[1], 1, d], x.dtype())?); // x is [B, H, T, D]
         }
         ops::quantize(x, self.group, self.bits)
     }
@@ -300,6 +306,148 @@ impl QuantizedSeqBuffer {
     pub fn nbytes(&self) -> usize {
         self.codes.nbytes() + self.scales.nbytes() + self.biases.nbytes()
     }
+
+    fn arrays(&self) -> impl Iterator<Item = Array> + '_ {
+        self.codes.arrays().chain(self.scales.arrays()).chain(self.biases.arrays())
+    }
+
+    /// A buffer `[B, H, 1, D]` in the rows' dtype for a kernel to write one token into, which
+    /// [`QuantizedSeqBuffer::append_recent`] then takes; `None` before the first append.
+    fn token_slot(&self) -> Option<Array> {
+        self.token.clone()
+    }
+}
+
+/// How a KV cache keeps its rows: as computed, or quantized when appended (`--kv-bits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvFormat {
+    #[default]
+    Plain,
+    /// MLX's affine format ([`QuantizedSeqBuffer`]): `bits`-bit codes, one scale and one bias per
+    /// `group` values of a head's row.
+    Quantized { bits: i32, group: i32 },
+}
+
+impl KvFormat {
+    /// 8-bit rows of `head_dim` values, in groups of 64 values, or of 32 where 64 does not
+    /// divide the row; other widths, and other numbers of bits, are refused, naming the fix.
+    pub fn quantized(bits: i32, head_dim: i32) -> std::result::Result<Self, String> {
+        if bits != 8 {
+            return Err(format!("--kv-bits {bits}: a quantized KV cache has 8 bits a value; give --kv-bits 8"));
+        }
+        match [64, 32].into_iter().find(|g| head_dim % g == 0) {
+            Some(group) => Ok(KvFormat::Quantized { bits, group }),
+            None => Err(format!(
+                "--kv-bits {bits}: a quantized KV cache takes rows of whole groups of 32 or 64 values, and this model's heads have {head_dim}; run without --kv-bits"
+            )),
+        }
+    }
+
+    /// Bytes of one stored row of `head_dim` values computed in `dtype_bytes`-byte floats.
+    pub fn row_bytes(self, head_dim: usize, dtype_bytes: usize) -> u64 {
+        let (d, item) = (head_dim as u64, dtype_bytes as u64);
+        match self {
+            KvFormat::Plain => d.saturating_mul(item),
+            // Codes, then a scale and a bias per group, in the rows' dtype.
+            KvFormat::Quantized { bits, group } => {
+                let scales = d.div_ceil(group as u64).saturating_mul(2 * item);
+                d.saturating_mul(bits as u64).div_ceil(8).saturating_add(scales)
+            }
+        }
+    }
+}
+
+/// One of a [`KvCache`]'s key or value buffers, in its [`KvFormat`].
+#[derive(Clone)]
+enum Rows {
+    Plain(SeqBuffer),
+    // Boxed: three buffers, where most caches hold one.
+    Quantized(Box<QuantizedSeqBuffer>),
+}
+
+impl Default for Rows {
+    fn default() -> Self {
+        Rows::Plain(SeqBuffer::default())
+    }
+}
+
+impl Rows {
+    fn new(format: KvFormat) -> Self {
+        match format {
+            KvFormat::Plain => Rows::default(),
+            KvFormat::Quantized { bits, group } => Rows::Quantized(Box::new(QuantizedSeqBuffer::new(bits, group))),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Rows::Plain(b) => b.len(),
+            Rows::Quantized(b) => b.len(),
+        }
+    }
+
+    fn reserve(&mut self, tokens: usize) {
+        match self {
+            Rows::Plain(b) => b.reserve(tokens),
+            Rows::Quantized(b) => b.reserve(tokens),
+        }
+    }
+
+    fn append(&mut self, x: &Array) -> Result<()> {
+        match self {
+            Rows::Plain(b) => b.append(x),
+            Rows::Quantized(b) => b.append(x),
+        }
+    }
+
+    fn append_recent(&mut self, x: &Array) -> Result<()> {
+        match self {
+            Rows::Plain(b) => b.append_recent(x),
+            Rows::Quantized(b) => b.append_recent(x),
+        }
+    }
+
+    fn view(&mut self) -> Result<Option<Array>> {
+        match self {
+            Rows::Plain(b) => b.view(),
+            Rows::Quantized(b) => b.view(),
+        }
+    }
+
+    fn range(&self, start: usize, end: usize) -> Result<Array> {
+        match self {
+            Rows::Plain(b) => b.range(start, end),
+            Rows::Quantized(b) => b.range(start, end),
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        match self {
+            Rows::Plain(b) => b.truncate(len),
+            Rows::Quantized(b) => b.truncate(len),
+        }
+    }
+
+    fn remove(&mut self, start: usize, end: usize) -> Result<()> {
+        match self {
+            Rows::Plain(b) => b.remove(start, end),
+            Rows::Quantized(b) => b.remove(start, end),
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        match self {
+            Rows::Plain(b) => b.nbytes(),
+            Rows::Quantized(b) => b.nbytes(),
+        }
+    }
+
+    fn arrays(&self) -> Box<dyn Iterator<Item = Array> + '_> {
+        match self {
+            Rows::Plain(b) => Box::new(b.arrays()),
+            Rows::Quantized(b) => Box::new(b.arrays()),
+        }
+    }
 }
 
 /// How a model sums up key windows: `span` holds the keys `[B, H, L, D]` of `windows` consecutive
@@ -333,7 +481,7 @@ impl KeyWindows {
         }
     }
 
-    fn update(&mut self, keys: &SeqBuffer, len: usize, summarize: WindowSummary) -> Result<()> {
+    fn update(&mut self, keys: &Rows, len: usize, summarize: WindowSummary) -> Result<()> {
         let done = self.windows.len();
         let wanted = self.count_for(len);
         if wanted <= done {
@@ -391,19 +539,21 @@ impl Window {
 /// A cache's keys and values as stored (see [`SeqBuffer`]): positions `0..settled` in the
 /// history buffers `keys`/`values` `[B, Hkv, capacity, d]`, positions `settled..len` in the
 /// recent-token buffers (`None` when `settled == len`). Kernels read the buffers in place: they
-/// must be whole, row-contiguous arrays (as a cache's are), not views.
-pub struct KvParts<'a> {
-    pub keys: &'a Array,
-    pub values: &'a Array,
-    pub recent: Option<(&'a Array, &'a Array)>,
+/// must be whole, row-contiguous arrays (as a cache's are), not views. (The arrays are handles:
+/// holding them shares the cache's buffers, and a quantized cache hands out rows dequantized for
+/// the step, freed with it.)
+pub struct KvParts {
+    pub keys: Array,
+    pub values: Array,
+    pub recent: Option<(Array, Array)>,
     pub settled: usize,
     pub len: usize,
 }
 
-impl<'a> KvParts<'a> {
+impl KvParts {
     /// Buffers `[B, Hkv, capacity, d]` holding all `len` positions (no recent tokens).
-    pub fn history(keys: &'a Array, values: &'a Array, len: usize) -> Self {
-        Self { keys, values, recent: None, settled: len, len }
+    pub fn history(keys: &Array, values: &Array, len: usize) -> Self {
+        Self { keys: keys.clone(), values: values.clone(), recent: None, settled: len, len }
     }
 
     /// The filled keys and values `[B, Hkv, len, d]` as contiguous arrays (a copy when there
@@ -416,14 +566,15 @@ impl<'a> KvParts<'a> {
                 None => Ok(settled),
             }
         };
-        Ok((join(self.keys, self.recent.map(|r| r.0))?, join(self.values, self.recent.map(|r| r.1))?))
+        let recent = self.recent.as_ref();
+        Ok((join(&self.keys, recent.map(|r| &r.0))?, join(&self.values, recent.map(|r| &r.1))?))
     }
 }
 
 #[derive(Clone, Default)]
 pub struct KvCache {
-    keys: SeqBuffer,
-    values: SeqBuffer,
+    keys: Rows,
+    values: Rows,
     pooled: Vec<KeyWindows>,
     window: Option<Window>,
     /// Tokens dropped by the window so far (positions keep counting past them).
@@ -431,8 +582,18 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// An empty cache keeping its rows in `format`, with a StreamingLLM `window` if given.
+    pub fn new(format: KvFormat, window: Option<Window>) -> Self {
+        Self { keys: Rows::new(format), values: Rows::new(format), window, ..Self::default() }
+    }
+
     pub fn windowed(window: Window) -> Self {
-        Self { window: Some(window), ..Self::default() }
+        Self::new(KvFormat::Plain, Some(window))
+    }
+
+    /// Whether its rows are quantized (`--kv-bits`).
+    pub fn is_quantized(&self) -> bool {
+        matches!(self.keys, Rows::Quantized(_))
     }
 
     /// Tokens stored.
@@ -461,7 +622,7 @@ impl KvCache {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.len() == 0
     }
 
     /// Expects `tokens` in all (prompt and generation), so that the history is allocated at that
@@ -491,28 +652,54 @@ impl KvCache {
     /// of the next token, for a kernel that writes one token into copies of them (see
     /// [`SeqBuffer`]); `None` while the cache is empty. Hand the copies to
     /// [`KvCache::commit_recent`].
+    ///
+    /// A quantized cache hands out a one-token buffer instead, whose token
+    /// [`KvCache::commit_recent`] quantizes and appends.
     pub fn recent_slot(&mut self) -> Result<Option<(Array, Array, usize)>> {
-        let (Some((keys, at)), Some((values, _))) = (self.keys.recent_slot()?, self.values.recent_slot()?) else {
-            return Ok(None);
-        };
-        Ok(Some((keys, values, at)))
+        match (&mut self.keys, &mut self.values) {
+            (Rows::Plain(keys), Rows::Plain(values)) => {
+                let (Some((keys, at)), Some((values, _))) = (keys.recent_slot()?, values.recent_slot()?) else {
+                    return Ok(None);
+                };
+                Ok(Some((keys, values, at)))
+            }
+            (Rows::Quantized(keys), Rows::Quantized(values)) if !keys.is_empty() => {
+                Ok(keys.token_slot().zip(values.token_slot()).map(|(k, v)| (k, v, 0)))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Takes the buffers of [`KvCache::recent_slot`] with the token written: one token more.
-    pub fn commit_recent(&mut self, keys: Array, values: Array) {
-        self.keys.commit_recent(keys);
-        self.values.commit_recent(values);
+    pub fn commit_recent(&mut self, keys: Array, values: Array) -> Result<()> {
+        match (&mut self.keys, &mut self.values) {
+            (Rows::Plain(k), Rows::Plain(v)) => {
+                k.commit_recent(keys);
+                v.commit_recent(values);
+                Ok(())
+            }
+            _ => self.append_recent(&keys, &values),
+        }
     }
 
     /// The keys and values as they are stored, for kernels that read them in place (`None`
-    /// while empty). The buffers are whole arrays, row-contiguous.
-    pub fn parts(&mut self) -> Result<Option<KvParts<'_>>> {
+    /// while empty). The buffers are whole arrays, row-contiguous. A quantized cache gives its
+    /// rows dequantized, as one history (kernels reading the codes in place are not written yet).
+    pub fn parts(&mut self) -> Result<Option<KvParts>> {
         let len = self.len();
-        let (Some((keys, recent_keys, settled)), Some((values, recent_values, _))) = (self.keys.parts()?, self.values.parts()?)
-        else {
+        if len == 0 {
             return Ok(None);
-        };
-        Ok(Some(KvParts { keys, values, recent: recent_keys.zip(recent_values), settled, len }))
+        }
+        match (&mut self.keys, &mut self.values) {
+            (Rows::Plain(keys), Rows::Plain(values)) => {
+                let (Some((keys, recent_keys, settled)), Some((values, recent_values, _))) = (keys.parts()?, values.parts()?) else {
+                    return Ok(None);
+                };
+                let recent = recent_keys.zip(recent_values).map(|(k, v)| (k.clone(), v.clone()));
+                Ok(Some(KvParts { keys: keys.clone(), values: values.clone(), recent, settled, len }))
+            }
+            (keys, values) => Ok(Some(KvParts::history(&keys.range(0, len)?, &values.range(0, len)?, len))),
+        }
     }
 
     /// The rows `[B, Hkv, n, d]` that `summarize` makes of the key windows of `kernel` keys,
@@ -798,6 +985,11 @@ impl ModelCache {
         self.layers.iter().any(|l| matches!(l, LayerCache::Attention(kv) if kv.is_windowed()))
     }
 
+    /// Whether its attention layers keep quantized rows (`--kv-bits`).
+    pub fn is_quantized(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l, LayerCache::Attention(kv) if kv.is_quantized()))
+    }
+
     /// Tokens processed so far.
     pub fn len(&self) -> usize {
         self.layers.first().map_or(0, LayerCache::len)
@@ -868,6 +1060,9 @@ impl LayerCache {
     }
 }
 
+/// Why a quantized cache is neither saved nor restored from a file (yet).
+pub const QUANTIZED_STATES: &str = "model states are saved and read back only with an unquantized KV cache: run without --kv-bits to use --prompt-cache or saved states";
+
 /// One layer's state as plain arrays (for files): an attention layer's filled keys and values
 /// `[1, Hkv, len, d]` and pooled key windows, or a recurrent layer's state.
 pub enum LayerState {
@@ -892,6 +1087,9 @@ impl ModelCache {
             return Err(crate::engine::error::Error::Usage(
                 "a cache with a --context-size window cannot be saved: it has dropped tokens".into(),
             ));
+        }
+        if self.is_quantized() {
+            return Err(crate::engine::error::Error::Usage(QUANTIZED_STATES.into()));
         }
         let mut cache = self.clone();
         let mut layers = Vec::new();
@@ -921,6 +1119,9 @@ impl ModelCache {
     pub fn import(fresh: ModelCache, layers: Vec<LayerState>) -> std::result::Result<ModelCache, String> {
         if fresh.layers.len() != layers.len() {
             return Err(format!("it holds {} layers, the model has {}", layers.len(), fresh.layers.len()));
+        }
+        if fresh.is_quantized() {
+            return Err(QUANTIZED_STATES.into());
         }
         let mut cache = fresh;
         for (i, (layer, state)) in cache.layers.iter_mut().zip(layers).enumerate() {

@@ -61,6 +61,13 @@ pub trait LanguageModel: Send {
         Err(Error::Usage(format!("{}: --context-size/--num-sink-tokens are not supported for this model", self.info().model_type)))
     }
 
+    /// Makes new caches keep their keys and values quantized to `bits` bits (`--kv-bits`).
+    /// Models without a KV cache, or whose heads cannot be quantized in groups, refuse.
+    fn set_kv_bits(&mut self, bits: i32) -> Result<()> {
+        let _ = bits;
+        Err(Error::Usage(format!("{}: --kv-bits is not supported for this model", self.info().model_type)))
+    }
+
     /// Runs `tokens` (`[1, T]` int32) on top of `cache` and returns float32 logits `[T, vocab]`
     /// (or `[1, vocab]` for [`Logits::Last`]).
     fn forward(&self, tokens: &Array, cache: &mut ModelCache, logits: Logits, trace: Option<&mut Trace>) -> Result<Array> {

@@ -77,7 +77,7 @@ pub fn append_with<T>(caches: &mut [&mut KvCache], write: impl FnOnce(&[RecentSl
         .collect::<Result<Vec<_>>>()?;
     let (result, written) = write(&slots)?;
     for (cache, (keys, values)) in caches.iter_mut().zip(written) {
-        cache.commit_recent(keys, values);
+        cache.commit_recent(keys, values)?;
     }
     Ok(result)
 }

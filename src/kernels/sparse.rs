@@ -638,11 +638,17 @@ fn check_query(projected: &Array, hq: i32, d: i32) -> DecodeQuery<'_> {
     DecodeQuery { rows: projected, heads: hq, head_dim: d, q_col: 0, gate_col: Some(2 * hq * d) }
 }
 
-fn check_parts<'a>(buffers: &'a [[Array; 4]], caches: &[(i32, usize, usize)]) -> Vec<KvParts<'a>> {
+fn check_parts(buffers: &[[Array; 4]], caches: &[(i32, usize, usize)]) -> Vec<KvParts> {
     buffers
         .iter()
         .zip(caches)
-        .map(|([k, v, kr, vr], &(_, len, settled))| KvParts { keys: k, values: v, recent: (settled < len).then_some((kr, vr)), settled, len })
+        .map(|([k, v, kr, vr], &(_, len, settled))| KvParts {
+            keys: k.clone(),
+            values: v.clone(),
+            recent: (settled < len).then(|| (kr.clone(), vr.clone())),
+            settled,
+            len,
+        })
         .collect()
 }
 
@@ -671,7 +677,7 @@ pub fn attention_kernel_fits(q: &Array, hkv: i32) -> bool {
 /// whole, contiguous arrays ([`KvParts`]): a `contiguous()` here would share them, but cost the
 /// host an operation each, four per sequence and layer of a decode step.
 fn kv_buffers(kv: &KvParts) -> [Array; 4] {
-    let (recent_k, recent_v) = kv.recent.unwrap_or((kv.keys, kv.values));
+    let (recent_k, recent_v) = kv.recent.as_ref().map_or((&kv.keys, &kv.values), |(k, v)| (k, v));
     [kv.keys.clone(), kv.values.clone(), recent_k.clone(), recent_v.clone()]
 }
 

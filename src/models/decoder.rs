@@ -6,7 +6,7 @@
 //!   per layer:  h += α · Attn(RMSNorm(h));  h += α · MLP(RMSNorm(h))
 //!   logits = RMSNorm(h) · logit_scale · W_lmᵀ
 
-use crate::engine::cache::{layer_caches, layer_outputs, KvCache, LayerCache, ModelCache, Window};
+use crate::engine::cache::{layer_caches, layer_outputs, KvCache, KvFormat, LayerCache, ModelCache, Window};
 use crate::engine::config::{size_product, ConfigFile, MAX_HEAD_DIM};
 use crate::engine::distributed::TensorParallel;
 use crate::engine::error::{Error, Result};
@@ -141,9 +141,10 @@ impl DecoderConfig {
         }
     }
 
-    /// Bytes of the per-sequence cache after `context` tokens: keys and values of every layer.
-    pub fn cache_bytes(&self, context: usize, dtype_bytes: usize) -> u64 {
-        size_product(&[self.num_layers, 2, self.kv_heads, self.head_dim, context, dtype_bytes])
+    /// Bytes of the per-sequence cache after `context` tokens: keys and values of every layer,
+    /// stored in `format`.
+    pub fn cache_bytes(&self, context: usize, dtype_bytes: usize, format: KvFormat) -> u64 {
+        size_product(&[self.num_layers, 2, self.kv_heads, context]).saturating_mul(format.row_bytes(self.head_dim, dtype_bytes))
     }
 
     pub fn tensor_specs(&self) -> Result<Vec<TensorSpec>> {
@@ -301,6 +302,7 @@ pub struct DecoderModel {
     layers: Vec<Layer>,
     head: LmHead,
     window: Option<Window>,
+    kv_format: KvFormat,
 }
 
 impl DecoderModel {
@@ -338,6 +340,7 @@ impl DecoderModel {
             config,
             info,
             window: None,
+            kv_format: KvFormat::Plain,
         })
     }
 }
@@ -348,16 +351,18 @@ impl LanguageModel for DecoderModel {
     }
 
     fn new_cache(&self) -> ModelCache {
-        let kv = || match self.window {
-            Some(w) => KvCache::windowed(w),
-            None => KvCache::default(),
-        };
+        let kv = || KvCache::new(self.kv_format, self.window);
         ModelCache { layers: (0..self.config.num_layers).map(|_| LayerCache::Attention(kv())).collect() }
     }
 
     fn set_window(&mut self, window: Window) -> Result<()> {
         window.validate().map_err(Error::Usage)?;
         self.window = Some(window);
+        Ok(())
+    }
+
+    fn set_kv_bits(&mut self, bits: i32) -> Result<()> {
+        self.kv_format = KvFormat::quantized(bits, self.config.head_dim as i32).map_err(Error::Usage)?;
         Ok(())
     }
 

@@ -10,6 +10,7 @@ pub mod qwen3;
 pub mod rope;
 pub mod sala;
 
+use crate::engine::cache::KvFormat;
 use crate::engine::config::ConfigFile;
 use crate::engine::distributed::TensorParallel;
 use crate::engine::error::{Error, Result};
@@ -95,13 +96,19 @@ pub fn tensor_specs(cfg: &ConfigFile) -> Result<Vec<TensorSpec>> {
     }
 }
 
-/// Bytes of one sequence's cache after `context` tokens, for the architecture `cfg` describes.
-pub fn cache_bytes(cfg: &ConfigFile, context: usize, dtype_bytes: usize) -> Result<u64> {
+/// Bytes of one sequence's cache after `context` tokens, for the architecture `cfg` describes,
+/// its keys and values quantized to `kv_bits` if given (`--kv-bits`).
+pub fn cache_bytes(cfg: &ConfigFile, context: usize, dtype_bytes: usize, kv_bits: Option<i32>) -> Result<u64> {
+    // Heads that cannot be quantized are refused when the model is built; counted plain here.
+    let format = |head_dim: usize| kv_bits.and_then(|bits| KvFormat::quantized(bits, head_dim as i32).ok()).unwrap_or_default();
     if let Some(config) = decoder_config(cfg)? {
-        return Ok(config.cache_bytes(context, dtype_bytes));
+        return Ok(config.cache_bytes(context, dtype_bytes, format(config.head_dim)));
     }
     match cfg.str("model_type")? {
-        sala::MODEL_TYPE => Ok(sala::SalaConfig::from_file(cfg)?.cache_bytes(context, dtype_bytes)),
+        sala::MODEL_TYPE => {
+            let config = sala::SalaConfig::from_file(cfg)?;
+            Ok(config.cache_bytes(context, dtype_bytes, format(config.sparse.head_dim)))
+        }
         other => Err(unsupported(cfg, other)),
     }
 }

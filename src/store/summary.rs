@@ -105,7 +105,7 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
         dtype: format!("{dtype:?}"),
         weights_bytes: memory::weights_bytes(&source, dtype),
         context,
-        cache_bytes: models::cache_bytes(&cfg, context, memory::dtype_bytes(dtype))?,
+        cache_bytes: models::cache_bytes(&cfg, context, memory::dtype_bytes(dtype), None)?,
     };
     let summary = ModelSummary {
         path: path.display().to_string(),

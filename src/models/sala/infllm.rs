@@ -393,12 +393,12 @@ fn check_sparse_attention(t: i32, gated: bool, settled: usize, kernel: Attention
         },
         |(q, gate_rows, k, v, kr, vr, blocks)| {
             let gate = gated.then(|| gate_rows.try_index((.., .., hq * d..))).transpose()?;
-            let kv = KvParts { keys: k, values: v, recent: (settled < len).then_some((kr, vr)), settled, len };
+            let kv = KvParts { keys: k.clone(), values: v.clone(), recent: (settled < len).then(|| (kr.clone(), vr.clone())), settled, len };
             Ok(vec![kernel(q, &kv, blocks, first, scale, gate.as_ref())?])
         },
         |(q, gate_rows, k, v, kr, vr, blocks)| {
             let gate = gated.then(|| gate_rows.try_index((.., .., hq * d..))).transpose()?;
-            let kv = KvParts { keys: k, values: v, recent: (settled < len).then_some((kr, vr)), settled, len };
+            let kv = KvParts { keys: k.clone(), values: v.clone(), recent: (settled < len).then(|| (kr.clone(), vr.clone())), settled, len };
             let (k, v) = kv.filled()?;
             Ok(vec![heads_to_rows(&block_sparse_attention_mlx(q, &k, &v, blocks, first, 64, scale)?, gate.as_ref())?])
         },

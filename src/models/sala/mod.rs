@@ -11,7 +11,7 @@ pub mod infllm;
 pub mod lightning;
 pub mod sparse;
 
-use crate::engine::cache::{layer_caches, layer_outputs, KvCache, LayerCache, ModelCache, RecurrentState};
+use crate::engine::cache::{layer_caches, layer_outputs, KvCache, KvFormat, LayerCache, ModelCache, RecurrentState};
 use crate::engine::config::{size_product, ConfigFile};
 use crate::engine::distributed::TensorParallel;
 use crate::engine::error::{Error, Result};
@@ -115,14 +115,15 @@ impl SalaConfig {
         self.scale_depth / (self.num_layers as f32).sqrt()
     }
 
-    /// Bytes of the per-sequence state after `context` tokens: keys, values and both levels of
-    /// pooled keys (float32) of the sparse layers, plus the fixed float32 state of the lightning layers.
-    pub fn cache_bytes(&self, context: usize, dtype_bytes: usize) -> u64 {
+    /// Bytes of the per-sequence state after `context` tokens: keys and values (stored in
+    /// `format`) and both levels of pooled keys (in the compute dtype) of the sparse layers, plus
+    /// the fixed float32 state of the lightning layers.
+    pub fn cache_bytes(&self, context: usize, dtype_bytes: usize, format: KvFormat) -> u64 {
         let s = &self.sparse;
         let sel = &s.selection;
-        // Keys and values in the compute dtype, pooled keys in float32.
-        let rows = size_product(&[2, context, dtype_bytes]).saturating_add(size_product(&[(context / sel.stride).saturating_add(context / sel.stride2), 4]));
-        let sparse = rows.saturating_mul(size_product(&[s.kv_heads, s.head_dim]));
+        let pooled = size_product(&[(context / sel.stride).saturating_add(context / sel.stride2), s.head_dim, dtype_bytes]);
+        let rows = size_product(&[2, context]).saturating_mul(format.row_bytes(s.head_dim, dtype_bytes)).saturating_add(pooled);
+        let sparse = rows.saturating_mul(s.kv_heads as u64);
         let l = &self.lightning;
         let lightning = size_product(&[l.heads, l.head_dim, l.head_dim, 4]);
         self.mixers
@@ -176,6 +177,7 @@ pub struct SalaModel {
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
     head: LmHead,
+    kv_format: KvFormat,
 }
 
 impl SalaModel {
@@ -220,6 +222,7 @@ impl SalaModel {
             layers,
             config,
             info,
+            kv_format: KvFormat::Plain,
         })
     }
 }
@@ -235,7 +238,7 @@ impl LanguageModel for SalaModel {
             .mixers
             .iter()
             .map(|m| match m {
-                Mixer::Sparse => LayerCache::Attention(KvCache::default()),
+                Mixer::Sparse => LayerCache::Attention(KvCache::new(self.kv_format, None)),
                 Mixer::Lightning => LayerCache::Recurrent(RecurrentState::default()),
             })
             .collect();
@@ -250,6 +253,11 @@ impl LanguageModel for SalaModel {
              (max_position_embeddings); drop these flags."
                 .into(),
         ))
+    }
+
+    fn set_kv_bits(&mut self, bits: i32) -> Result<()> {
+        self.kv_format = KvFormat::quantized(bits, self.config.sparse.head_dim as i32).map_err(Error::Usage)?;
+        Ok(())
     }
 
     fn forward_batch(
