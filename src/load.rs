@@ -149,11 +149,6 @@ impl LoadedModel {
         self.weights_bytes
     }
 
-    /// The bits of its quantized KV cache (`--kv-bits`), if any.
-    pub fn kv_bits(&self) -> Option<i32> {
-        self.kv_bits
-    }
-
     /// Refuses when weights + a cache of `tokens` tokens will not fit in memory.
     pub fn check_fits(&self, tokens: usize) -> anyhow::Result<()> {
         preflight(&self.path.display().to_string(), &self.cfg, self.dtype, self.weights_bytes, (self.window, self.kv_bits), tokens, self.device, self.ranks)

@@ -12,6 +12,8 @@ mod common;
 use common::*;
 use mlx_rs::{Array, Dtype};
 use sala::engine::cache::ModelCache;
+use sala::engine::prefix_cache::Trail;
+use sala::engine::state_file::{self, StateFile};
 use sala::engine::device::{self, DeviceKind};
 use sala::engine::model::{LanguageModel, Logits};
 use sala::engine::ops::to_vec_f32;
@@ -167,25 +169,29 @@ fn heads_that_are_not_whole_groups_and_other_widths_are_refused() {
 }
 
 #[test]
-fn an_8_bit_cache_holds_a_little_over_a_quarter_of_the_float32_bytes_and_is_not_saved() {
+fn an_8_bit_cache_holds_a_little_over_a_quarter_of_the_float32_bytes_and_exports_them_as_they_are() {
     let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let ids = prompt("A_dense_f32");
     let bytes = |bits| {
         let model = golden_model("A_dense_f32", bits);
         let mut cache = model.new_cache();
         model.forward(&input(&ids), &mut cache, Logits::Last, None).unwrap();
-        (cache.attention_nbytes(), cache)
+        (cache.attention_nbytes(), cache, model)
     };
-    let ((plain, _), (quantized, cache)) = (bytes(None), bytes(Some(8)));
+    let ((plain, ..), (quantized, cache, model)) = (bytes(None), bytes(Some(8)));
     // A 32-value f32 row: 128 bytes; quantized, 32 bytes of codes and one f32 scale and bias.
     assert_eq!(quantized * 128, plain * 40, "{quantized} against {plain} bytes");
-    let err = cache.export().err().expect("a quantized cache is not exported").to_string();
-    assert!(err.contains("--kv-bits") && err.contains("--prompt-cache"), "{err}");
+    // Exported and imported (as a prompt-cache file does), it continues exactly as it would have.
+    let restored = ModelCache::import(model.new_cache(), cache.export().unwrap()).unwrap();
+    assert_eq!(restored.attention_nbytes(), quantized);
+    let next = |mut c: ModelCache| rows(&model.forward(&input(&[5, 6, 7]), &mut c, Logits::All, None).unwrap());
+    assert_eq!(next(restored), next(cache));
 }
 
 /// Golden C's sparse model with 64-value heads (4 of them, 2 KV heads), random weights, and a
 /// prompt of 1500 tokens: past `dense_len` (256), so the sparse layers select blocks from pooled
-/// keys made of the quantized ones.
+/// keys made of the quantized ones. Saved to a prompt-cache file at 1400 tokens and read back,
+/// it continues exactly as the cache it was saved from.
 #[test]
 fn the_sparse_regime_stays_within_its_bar() {
     let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -202,13 +208,26 @@ fn the_sparse_regime_stays_within_its_bar() {
         let synthetic = SyntheticModel::new(path.to_str().unwrap(), None).unwrap();
         let source = synthetic.build(Dtype::Float32, |_| {}).unwrap();
         let options = LoadOptions { dtype: Some(Dtype::Float32), kv_bits, ..LoadOptions::default() };
-        load_source(source, path.clone(), DeviceKind::Cpu, &options, 2048).unwrap().model
+        load_source(source, path.clone(), DeviceKind::Cpu, &options, 2048).unwrap()
     };
     let ids: Vec<u32> = prompt("C_sparse_prefill").into_iter().take(1500).collect();
-    let (plain, quantized) = (load(None), load(Some(8)));
+    let (plain, quantized) = (load(None).model, load(Some(8)));
     let want = in_pieces(plain.as_ref(), &mut plain.new_cache(), &ids, 1024, 1024);
-    let got = in_pieces(quantized.as_ref(), &mut quantized.new_cache(), &ids, 1024, 1024);
-    within("sparse, 8-bit against the plain cache", &got, &want, SPARSE_BAR);
+    let model = quantized.model.as_ref();
+    let mut cache = model.new_cache();
+    let got = in_pieces(model, &mut cache, &ids[..1400], 1024, 1024);
+    within("sparse, 8-bit against the plain cache", &got, &want[..1400], SPARSE_BAR);
+
+    // Its state through a prompt-cache file (pooled keys included) continues exactly.
+    let file = dir.join("sparse.state");
+    let mut trail = Trail::new(&cache);
+    trail.mark_end(&cache).unwrap();
+    state_file::save(&file, &quantized.fingerprint, &ids[..1400], &cache, &trail, &mut |_, _| {}).unwrap();
+    let opened = StateFile::open(&file, &quantized.fingerprint).unwrap();
+    let mut restored = state_file::start_from(&opened, model, &ids, model.new_cache(), &mut |_, _| {}).unwrap().cache;
+    assert_eq!(restored.len(), 1400);
+    let rest = |c: &mut ModelCache| rows(&model.forward(&input(&ids[1400..]), c, Logits::All, None).unwrap());
+    assert_eq!(rest(&mut restored), rest(&mut cache));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -249,10 +268,10 @@ fn smollm2_keeps_its_greedy_tokens() {
     }
 }
 
-/// `sala run --kv-bits 8` generates what the engine's 8-bit cache does, and refuses what it cannot
-/// do by name: another width, heads that are not whole groups, a prompt-cache file.
+/// `sala run --kv-bits 8` generates what the engine's 8-bit cache does, refuses what it cannot do
+/// by name (another width, heads that are not whole groups), and keeps prompt-cache files.
 #[test]
-fn sala_run_takes_kv_bits_and_refuses_what_it_cannot_do() {
+fn sala_run_takes_kv_bits_refuses_what_it_cannot_do_and_keeps_prompt_caches() {
     let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let run = |model: &str, extra: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_sala"))
@@ -282,8 +301,23 @@ fn sala_run_takes_kv_bits_and_refuses_what_it_cannot_do() {
     assert!(!ok && err.contains("give --kv-bits 8"), "{err}");
     let (ok, _, err) = run("C_sparse_prefill", &["--kv-bits", "8"]);
     assert!(!ok && err.contains("heads have 8") && err.contains("run without --kv-bits"), "{err}");
+
+    // A prompt-cache file of an 8-bit cache: version 3, its format named; a second run starts
+    // from it and generates the same; a run without --kv-bits refuses it by name.
     let file = std::env::temp_dir().join(format!("sala-kv-quant-{}.state", std::process::id()));
-    let (ok, _, err) = run("A_dense_f32", &["--kv-bits", "8", "--prompt-cache", file.to_str().unwrap()]);
-    assert!(!ok && err.contains("run without --kv-bits to use --prompt-cache"), "{err}");
-    assert!(!file.exists(), "a prompt-cache file was written");
+    let cached = |extra: &[&str]| run("A_dense_f32", &[&["--prompt-cache", file.to_str().unwrap()], extra].concat());
+    let (ok, first, err) = cached(&["--kv-bits", "8"]);
+    assert!(ok, "{err}");
+    let bytes = std::fs::read(&file).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    assert_eq!(header["__metadata__"]["version"], "3");
+    assert_eq!(header["__metadata__"]["kv"], "affine-8-32");
+    assert!(header.get("layer.0.keys.codes").is_some() && header.get("layer.0.keys").is_none());
+    let (ok, again, err) = cached(&["--kv-bits", "8"]);
+    assert!(ok && err.contains("prompt cache: 4 of 5 prompt tokens"), "{err}");
+    assert_eq!(again, first);
+    let (ok, _, err) = cached(&[]);
+    assert!(!ok && err.contains("affine-8-32") && err.contains("run with --kv-bits"), "{err}");
+    let _ = std::fs::remove_file(&file);
 }

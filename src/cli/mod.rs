@@ -325,9 +325,6 @@ impl PromptCacheArgs {
         use crate::engine::state_file::{self, StateFile};
         let model = loaded.model.as_ref();
         let Some((_, head)) = prompt.split_last() else { bail!("the prompt is empty") };
-        if self.prompt_cache.is_some() && loaded.kv_bits().is_some() {
-            bail!(crate::engine::cache::QUANTIZED_STATES);
-        }
         let mut held: Option<StateFile> = None;
         let Start { tokens: reused, mut cache, mut trail } = match self.prompt_cache.as_deref().filter(|p| p.exists()) {
             Some(path) => {

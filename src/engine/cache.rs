@@ -8,7 +8,7 @@
 //! (arrays are immutable; the next write makes a new buffer).
 
 use crate::engine::ops::scalar;
-use mlx_rs::{error::Result, ops, ops::indexing::TryIndexMutOp, ops::indexing::TryIndexOp, Array};
+use mlx_rs::{error::Result, ops, ops::indexing::TryIndexMutOp, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// An array `[B, H, capacity, D]` that grows along axis 2 with room to spare, so appending a
 /// token does not copy the whole history, plus a small buffer of the most recent tokens for
@@ -311,6 +311,25 @@ impl QuantizedSeqBuffer {
         self.codes.arrays().chain(self.scales.arrays()).chain(self.biases.arrays())
     }
 
+    /// Appends rows quantized before (by [`QuantizedSeqBuffer::append`], read back from a file)
+    /// as they are: codes, scales and biases `[B, H, T, ·]` of this buffer's bits and group.
+    fn restore(&mut self, codes: &Array, scales: &Array, biases: &Array) -> Result<()> {
+        let (c, s) = (codes.shape(), scales.shape());
+        let d = c.last().copied().unwrap_or(0) * 32 / self.bits;
+        if c.len() != 4 || s.len() != 4 || s != biases.shape() || c[..3] != s[..3] || s[3] * self.group != d || codes.dtype() != Dtype::Uint32 {
+            return Err(mlx_rs::error::Exception::custom(format!(
+                "codes {c:?} {:?}, scales {s:?}: not {}-bit rows in groups of {}",
+                codes.dtype(),
+                self.bits,
+                self.group
+            )));
+        }
+        if self.token.is_none() {
+            self.token = Some(ops::zeros_dtype(&[s[0], s[1], 1, d], scales.dtype())?);
+        }
+        self.planes().into_iter().zip([codes, scales, biases]).try_for_each(|(p, part)| p.append(part))
+    }
+
     /// A buffer `[B, H, 1, D]` in the rows' dtype for a kernel to write one token into, which
     /// [`QuantizedSeqBuffer::append_recent`] then takes; `None` before the first append.
     fn token_slot(&self) -> Option<Array> {
@@ -340,6 +359,14 @@ impl KvFormat {
             None => Err(format!(
                 "--kv-bits {bits}: a quantized KV cache takes rows of whole groups of 32 or 64 values, and this model's heads have {head_dim}; run without --kv-bits"
             )),
+        }
+    }
+
+    /// What files call it: `plain`, or `affine-BITS-GROUP`.
+    pub fn name(self) -> String {
+        match self {
+            KvFormat::Plain => "plain".into(),
+            KvFormat::Quantized { bits, group } => format!("affine-{bits}-{group}"),
         }
     }
 
@@ -446,6 +473,28 @@ impl Rows {
         match self {
             Rows::Plain(b) => Box::new(b.arrays()),
             Rows::Quantized(b) => Box::new(b.arrays()),
+        }
+    }
+
+    /// The filled rows as held, named after `what` (see [`LayerState::Attention`]); none while
+    /// empty.
+    fn stored(&mut self, what: &str) -> Result<Vec<(String, Array)>> {
+        let planes = match self {
+            Rows::Plain(b) => vec![("", b.view()?)],
+            Rows::Quantized(b) => {
+                let [codes, scales, biases] = b.planes();
+                vec![(".codes", codes.view()?), (".scales", scales.view()?), (".biases", biases.view()?)]
+            }
+        };
+        Ok(planes.into_iter().filter_map(|(suffix, a)| Some((format!("{what}{suffix}"), a?))).collect())
+    }
+
+    /// Takes rows [`Rows::stored`] gave (of an empty buffer of the same format) as they are.
+    fn restore(&mut self, rows: &[(String, Array)]) -> Result<()> {
+        match (self, rows) {
+            (Rows::Plain(b), [(_, a)]) => b.append(a),
+            (Rows::Quantized(b), [(_, codes), (_, scales), (_, biases)]) => b.restore(codes, scales, biases),
+            (_, rows) => Err(mlx_rs::error::Exception::custom(format!("{} arrays, not those of this cache's format", rows.len()))),
         }
     }
 }
@@ -591,9 +640,12 @@ impl KvCache {
         Self::new(KvFormat::Plain, Some(window))
     }
 
-    /// Whether its rows are quantized (`--kv-bits`).
-    pub fn is_quantized(&self) -> bool {
-        matches!(self.keys, Rows::Quantized(_))
+    /// How it keeps its rows.
+    pub fn format(&self) -> KvFormat {
+        match &self.keys {
+            Rows::Plain(_) => KvFormat::Plain,
+            Rows::Quantized(b) => KvFormat::Quantized { bits: b.bits, group: b.group },
+        }
     }
 
     /// Tokens stored.
@@ -985,9 +1037,9 @@ impl ModelCache {
         self.layers.iter().any(|l| matches!(l, LayerCache::Attention(kv) if kv.is_windowed()))
     }
 
-    /// Whether its attention layers keep quantized rows (`--kv-bits`).
-    pub fn is_quantized(&self) -> bool {
-        self.layers.iter().any(|l| matches!(l, LayerCache::Attention(kv) if kv.is_quantized()))
+    /// How its attention layers keep their rows (all alike: one model made them).
+    pub fn kv_format(&self) -> KvFormat {
+        self.layers.iter().find_map(|l| if let LayerCache::Attention(kv) = l { Some(kv.format()) } else { None }).unwrap_or_default()
     }
 
     /// Tokens processed so far.
@@ -1060,13 +1112,13 @@ impl LayerCache {
     }
 }
 
-/// Why a quantized cache is neither saved nor restored from a file (yet).
-pub const QUANTIZED_STATES: &str = "model states are saved and read back only with an unquantized KV cache: run without --kv-bits to use --prompt-cache or saved states";
-
 /// One layer's state as plain arrays (for files): an attention layer's filled keys and values
-/// `[1, Hkv, len, d]` and pooled key windows, or a recurrent layer's state.
+/// as stored, and pooled key windows, or a recurrent layer's state.
 pub enum LayerState {
-    Attention { keys: Option<(Array, Array)>, pooled: Vec<KeyWindowsState> },
+    /// `rows`: named arrays `[1, Hkv, len, ·]`: `keys` and `values` `[…, d]`, or for a quantized
+    /// cache `keys.codes`, `keys.scales`, `keys.biases` and the same of the values, exactly as
+    /// held (read back without quantizing again). Empty while no token is stored.
+    Attention { rows: Vec<(String, Array)>, pooled: Vec<KeyWindowsState> },
     Recurrent { state: Option<Array>, len: usize },
 }
 
@@ -1088,25 +1140,20 @@ impl ModelCache {
                 "a cache with a --context-size window cannot be saved: it has dropped tokens".into(),
             ));
         }
-        if self.is_quantized() {
-            return Err(crate::engine::error::Error::Usage(QUANTIZED_STATES.into()));
-        }
         let mut cache = self.clone();
         let mut layers = Vec::new();
         for layer in &mut cache.layers {
             layers.push(match layer {
                 LayerCache::Attention(kv) => {
-                    let keys = match (kv.keys.view()?, kv.values.view()?) {
-                        (Some(k), Some(v)) => Some((k, v)),
-                        _ => None,
-                    };
+                    let mut rows = kv.keys.stored("keys")?;
+                    rows.extend(kv.values.stored("values")?);
                     let mut pooled = Vec::new();
                     for p in &mut kv.pooled {
                         if let Some(windows) = p.windows.view()? {
                             pooled.push(KeyWindowsState { kernel: p.kernel, stride: p.stride, heads: p.heads, dim: p.dim, windows });
                         }
                     }
-                    LayerState::Attention { keys, pooled }
+                    LayerState::Attention { rows, pooled }
                 }
                 LayerCache::Recurrent(r) => LayerState::Recurrent { state: r.state()?, len: r.len },
             });
@@ -1120,16 +1167,14 @@ impl ModelCache {
         if fresh.layers.len() != layers.len() {
             return Err(format!("it holds {} layers, the model has {}", layers.len(), fresh.layers.len()));
         }
-        if fresh.is_quantized() {
-            return Err(QUANTIZED_STATES.into());
-        }
         let mut cache = fresh;
         for (i, (layer, state)) in cache.layers.iter_mut().zip(layers).enumerate() {
             match (layer, state) {
-                (LayerCache::Attention(kv), LayerState::Attention { keys, pooled }) => {
-                    if let Some((k, v)) = keys {
-                        kv.keys.append(&k).map_err(|e| e.to_string())?;
-                        kv.values.append(&v).map_err(|e| e.to_string())?;
+                (LayerCache::Attention(kv), LayerState::Attention { rows, pooled }) => {
+                    if !rows.is_empty() {
+                        let (keys, values) = rows.split_at(rows.len() / 2);
+                        kv.keys.restore(keys).map_err(|e| format!("layer {i} keys: {e}"))?;
+                        kv.values.restore(values).map_err(|e| format!("layer {i} values: {e}"))?;
                     }
                     for p in pooled {
                         let mut windows = SeqBuffer::default();

@@ -10,7 +10,7 @@
 //! it once complete. Only what a prompt restarts from is read: the attention buffers and one
 //! restart point's recurrent states.
 
-use super::cache::{Checkpoint, LayerState, ModelCache, KeyWindowsState, RecurrentState};
+use super::cache::{Checkpoint, KeyWindowsState, KvFormat, LayerState, ModelCache, RecurrentState};
 use super::error::{Error, Result};
 use super::model::{LanguageModel, Logits};
 use super::prefix_cache::{common_prefix, Trail};
@@ -24,7 +24,10 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 const FORMAT: &str = "sala-prompt-cache";
+/// Version 3 is a state of a quantized KV cache (`--kv-bits`, its format in metadata `kv`):
+/// only those files are written as 3, so sala builds that read only 2 refuse them by version.
 const VERSION: &str = "2";
+const VERSION_QUANTIZED_KV: &str = "3";
 /// Tensors up to this size go into the model's digest with their bytes (norms, biases, small
 /// tables: what random or retrained weights differ in, without reading gigabytes).
 const DIGEST_TENSOR_BYTES: u64 = 1 << 20;
@@ -106,10 +109,9 @@ pub fn save(
     let mut tensors = vec![Out { name: "tokens".into(), array: Array::from_slice(tokens, &[tokens.len() as i32]) }];
     let mut pooled_layout = Map::new();
     for (i, layer) in cache.export()?.into_iter().enumerate() {
-        if let LayerState::Attention { keys, pooled } = layer {
-            if let Some((k, v)) = keys {
-                tensors.push(Out { name: format!("layer.{i}.keys"), array: k });
-                tensors.push(Out { name: format!("layer.{i}.values"), array: v });
+        if let LayerState::Attention { rows, pooled } = layer {
+            for (name, array) in rows {
+                tensors.push(Out { name: format!("layer.{i}.{name}"), array });
             }
             let mut shapes = Vec::new();
             for (j, p) in pooled.into_iter().enumerate() {
@@ -133,7 +135,11 @@ pub fn save(
 
     let mut metadata = BTreeMap::new();
     metadata.insert("format".to_string(), FORMAT.to_string());
-    metadata.insert("version".to_string(), VERSION.to_string());
+    let kv = cache.kv_format();
+    metadata.insert("version".to_string(), if kv == KvFormat::Plain { VERSION } else { VERSION_QUANTIZED_KV }.to_string());
+    if kv != KvFormat::Plain {
+        metadata.insert("kv".to_string(), kv.name());
+    }
     metadata.insert("model".to_string(), fingerprint.model.clone());
     metadata.insert("tokenizer".to_string(), fingerprint.tokenizer.clone());
     metadata.insert("layers".to_string(), cache.layers.len().to_string());
@@ -233,6 +239,8 @@ pub struct StateFile {
     pub tokens: Vec<u32>,
     points: Vec<usize>,
     pooled: Map<String, Value>,
+    /// How the KV cache that made it kept its rows ([`KvFormat::name`]).
+    kv: String,
 }
 
 impl StateFile {
@@ -248,8 +256,11 @@ impl StateFile {
         if field("format") != FORMAT {
             return Err(bad(path, "not a sala prompt cache (no `format: sala-prompt-cache` in its metadata)"));
         }
-        if field("version") != VERSION {
-            return Err(bad(path, format!("prompt cache version {} is not {VERSION}, the one this sala reads; delete it", field("version"))));
+        if ![VERSION, VERSION_QUANTIZED_KV].contains(&field("version")) {
+            return Err(bad(
+                path,
+                format!("prompt cache version {} is not {VERSION} or {VERSION_QUANTIZED_KV}, the ones this sala reads; delete it", field("version")),
+            ));
         }
         if field("model") != fingerprint.model {
             return Err(bad(
@@ -280,7 +291,8 @@ impl StateFile {
             Value::Object(m) => m,
             _ => return Err(bad(path, "metadata `pooled` is not a map; the file is corrupt")),
         };
-        let mut file = Self { path: path.to_path_buf(), weights, digests, tokens: Vec::new(), points, pooled };
+        let kv = meta.get("kv").cloned().unwrap_or_else(|| KvFormat::Plain.name());
+        let mut file = Self { path: path.to_path_buf(), weights, digests, tokens: Vec::new(), points, pooled, kv };
         let tokens = file.tensor("tokens")?;
         if tokens.dtype() != Dtype::Uint32 || tokens.ndim() != 1 {
             return Err(bad(path, "tensor `tokens` is not a list of u32 token ids; the file is corrupt"));
@@ -371,14 +383,20 @@ impl StateFile {
     /// points named by `points` (indices into the file's; the last is where the cache stands),
     /// checked against the shapes the model's own states have. `progress` is told bytes read.
     pub fn read(&self, model: &dyn LanguageModel, points: &[usize], progress: &mut dyn FnMut(u64, u64)) -> Result<SavedState> {
+        let kv = model.new_cache().kv_format();
+        if self.kv != kv.name() {
+            let made = if self.kv == KvFormat::Plain.name() { "without --kv-bits".to_string() } else { format!("with its KV cache quantized ({}, --kv-bits)", self.kv) };
+            let fix = if kv == KvFormat::Plain { "with --kv-bits as it was made" } else { "without --kv-bits, as it was made" };
+            return Err(bad(&self.path, format!("made {made}, and this run's KV cache is {}; run {fix}, or delete it", kv.name())));
+        }
         let probe = probe_shapes(model)?;
         let n = self.tokens.len();
         // The tensors in the order the loops below ask for them.
         let mut names = Vec::new();
         for (i, shape) in probe.iter().enumerate() {
-            if let Probe::Attention(..) = shape {
-                if self.has(&format!("layer.{i}.keys")) {
-                    names.extend([format!("layer.{i}.keys"), format!("layer.{i}.values")]);
+            if let Probe::Attention(rows) = shape {
+                if rows.first().is_some_and(|(name, ..)| self.has(&format!("layer.{i}.{name}"))) {
+                    names.extend(rows.iter().map(|(name, ..)| format!("layer.{i}.{name}")));
                 }
                 let pooled = self.pooled.get(&i.to_string()).and_then(Value::as_array).map_or(0, Vec::len);
                 names.extend((0..pooled).map(|j| format!("layer.{i}.pooled.{j}")));
@@ -389,19 +407,23 @@ impl StateFile {
             let mut layers = Vec::new();
             for (i, shape) in probe.iter().enumerate() {
                 layers.push(match shape {
-                    Probe::Attention(want, dtype) => {
-                        let key = format!("layer.{i}.keys");
-                        let keys = if self.has(&key) {
-                            let (k, v) = (read(&key)?, read(&format!("layer.{i}.values"))?);
-                            for (name, a) in [("keys", &k), ("values", &v)] {
+                    Probe::Attention(planes) => {
+                        let mut rows = Vec::new();
+                        if planes.first().is_some_and(|(name, ..)| self.has(&format!("layer.{i}.{name}"))) {
+                            for (name, want, dtype) in planes {
+                                let a = read(&format!("layer.{i}.{name}"))?;
                                 let s = a.shape();
                                 if s.len() != 4 || s[0] != 1 || s[1] != want[1] || s[3] != want[3] || s[2] as usize != n || a.dtype() != *dtype {
                                     return Err(self.mismatch(format!("layer {i} {name}: shape {s:?} {:?}", a.dtype())));
                                 }
+                                rows.push((name.clone(), a));
                             }
-                            Some((k, v))
-                        } else {
-                            None
+                        }
+                        // The heads, head dim and dtype the pooled keys must have: the keys'
+                        // (quantized: the codes' heads, 32 / bits values a u32, the scales' dtype).
+                        let (want, dtype) = match kv {
+                            KvFormat::Plain => (planes[0].1.clone(), planes[0].2),
+                            KvFormat::Quantized { bits, .. } => (vec![1, planes[0].1[1], 1, planes[0].1[3] * 32 / bits], planes[1].2),
                         };
                         let mut pooled = Vec::new();
                         let layout = self.pooled.get(&i.to_string()).and_then(Value::as_array).cloned().unwrap_or_default();
@@ -414,12 +436,12 @@ impl StateFile {
                             let ok_params = stride > 0 && kernel >= stride && kernel % stride == 0 && heads == want[1] as i64 && dim == want[3] as i64;
                             let count = if (n as i64) < kernel { 0 } else { (n as i64 - kernel) / stride.max(1) + 1 };
                             let s = windows.shape();
-                            if !ok_params || s != [1, 1, count as i32, (heads * dim) as i32] || windows.dtype() != *dtype {
+                            if !ok_params || s != [1, 1, count as i32, (heads * dim) as i32] || windows.dtype() != dtype {
                                 return Err(self.mismatch(format!("layer {i} pooled keys: shape {s:?}")));
                             }
                             pooled.push(KeyWindowsState { kernel: kernel as usize, stride: stride as usize, heads: heads as i32, dim: dim as i32, windows });
                         }
-                        LayerState::Attention { keys, pooled }
+                        LayerState::Attention { rows, pooled }
                     }
                     Probe::Recurrent(..) => LayerState::Recurrent { state: None, len: n },
                 });
@@ -505,8 +527,8 @@ fn point_names(probe: &[Probe], points: &[usize]) -> Vec<String> {
 
 /// The shape and dtype of each layer's state, from one token run through the model.
 enum Probe {
-    /// Keys `[1, Hkv, 1, d]`.
-    Attention(Vec<i32>, Dtype),
+    /// The rows' arrays by name (see [`LayerState::Attention`]), each `[1, Hkv, 1, ·]`.
+    Attention(Vec<(String, Vec<i32>, Dtype)>),
     Recurrent(Vec<i32>, Dtype),
 }
 
@@ -518,7 +540,9 @@ fn probe_shapes(model: &dyn LanguageModel) -> Result<Vec<Probe>> {
         .into_iter()
         .map(|layer| {
             Ok(match layer {
-                LayerState::Attention { keys: Some((k, _)), .. } => Probe::Attention(k.shape().to_vec(), k.dtype()),
+                LayerState::Attention { rows, .. } if !rows.is_empty() => {
+                    Probe::Attention(rows.into_iter().map(|(name, a)| (name, a.shape().to_vec(), a.dtype())).collect())
+                }
                 LayerState::Recurrent { state: Some(s), .. } => Probe::Recurrent(s.shape().to_vec(), s.dtype()),
                 _ => return Err(Error::Usage("internal: a layer kept no state after a token".into())),
             })

@@ -127,9 +127,6 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
         }
         None => None,
     };
-    if prompt_cache_dir.is_some() && model.kv_bits.is_some() {
-        anyhow::bail!(crate::engine::cache::QUANTIZED_STATES);
-    }
     if let Some(dir) = &prompt_cache_dir {
         StateDir::check_writable(dir).map_err(|e| anyhow::anyhow!("--prompt-cache-dir {}: {e}; pass a folder this user can write", dir.display()))?;
     }
