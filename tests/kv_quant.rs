@@ -321,3 +321,19 @@ fn sala_run_takes_kv_bits_refuses_what_it_cannot_do_and_keeps_prompt_caches() {
     assert!(!ok && err.contains("affine-8-32") && err.contains("run with --kv-bits"), "{err}");
     let _ = std::fs::remove_file(&file);
 }
+
+/// `sala bench --kv-bits 8`: prefill and decode from an empty cache run with it, one row each.
+#[test]
+fn sala_bench_takes_kv_bits() {
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let config = golden("A_dense_f32").join("config.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sala"))
+        .args(["bench", "--synthetic", config.to_str().unwrap(), "--kv-bits", "8", "-p", "8", "-n", "8", "-d", "0", "-r", "1", "--device", "cpu"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    for test in ["pp8", "tg8"] {
+        assert!(stdout.lines().any(|l| l.contains(test)), "no {test} row: {stdout}");
+    }
+}

@@ -221,8 +221,11 @@ pub struct QuantizedSeqBuffer {
     biases: SeqBuffer,
     bits: i32,
     group: i32,
-    /// Zeros `[B, H, 1, D]` in the rows' dtype (after the first append): see [`QuantizedSeqBuffer::token_slot`].
-    token: Option<Array>,
+    /// The shape `[B, H, 1, D]` and dtype of one token's rows (after the first append), for
+    /// [`QuantizedSeqBuffer::token_slot`]. Not an array kept from then: made lazily on one
+    /// thread's stream, it could not be evaluated by a decode step encoded on another
+    /// (`engine::encoder`).
+    token: Option<([i32; 4], Dtype)>,
 }
 
 impl QuantizedSeqBuffer {
@@ -258,9 +261,7 @@ impl QuantizedSeqBuffer {
                 self.bits, self.group
             )));
         }
-        if self.token.is_none() {
-            self.token = Some(ops::zeros_dtype(&[s[0], s[1], 1, d], x.dtype())?); // x is [B, H, T, D]
-        }
+        self.token.get_or_insert(([s[0], s[1], 1, d], x.dtype())); // x is [B, H, T, D]
         ops::quantize(x, self.group, self.bits)
     }
 
@@ -324,16 +325,14 @@ impl QuantizedSeqBuffer {
                 self.group
             )));
         }
-        if self.token.is_none() {
-            self.token = Some(ops::zeros_dtype(&[s[0], s[1], 1, d], scales.dtype())?);
-        }
+        self.token.get_or_insert(([s[0], s[1], 1, d], scales.dtype()));
         self.planes().into_iter().zip([codes, scales, biases]).try_for_each(|(p, part)| p.append(part))
     }
 
     /// A buffer `[B, H, 1, D]` in the rows' dtype for a kernel to write one token into, which
     /// [`QuantizedSeqBuffer::append_recent`] then takes; `None` before the first append.
-    fn token_slot(&self) -> Option<Array> {
-        self.token.clone()
+    fn token_slot(&self) -> Result<Option<Array>> {
+        self.token.map(|(shape, dtype)| ops::zeros_dtype(&shape, dtype)).transpose()
     }
 }
 
@@ -716,7 +715,7 @@ impl KvCache {
                 Ok(Some((keys, values, at)))
             }
             (Rows::Quantized(keys), Rows::Quantized(values)) if !keys.is_empty() => {
-                Ok(keys.token_slot().zip(values.token_slot()).map(|(k, v)| (k, v, 0)))
+                Ok(keys.token_slot()?.zip(values.token_slot()?).map(|(k, v)| (k, v, 0)))
             }
             _ => Ok(None),
         }
