@@ -8,18 +8,23 @@
 // history and its recent tokens (SeqBuffer in src/engine/cache.rs says why). Splits share the
 // selected blocks evenly among thread blocks (decode has one query, so one thread block per KV
 // head would leave the GPU idle; it gets one split per selected block); each writes its
-// normalised partial output and log-sum-exp, merged afterwards. Needs unpack.cu (sala_unpack16).
+// normalised partial output and log-sum-exp, merged afterwards. An 8-bit cache (QGROUP > 0) is
+// read as it is stored: u32 words of codes, and a scale and a bias per QGROUP values of a row,
+// dequantized as the tile goes to shared memory. Needs unpack.cu (sala_unpack16, sala_dequant16,
+// SalaKvScales).
 
 
 #define SALA_TILE 32
 
-template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS>
+template <typename T, typename S, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS, int QGROUP>
 __device__ void sala_attend_blocks(
     const T* q,              // [Hq, Tq, D], heads q_head_stride and dims q_dim_stride apart
-    const T* k,              // [Hkv, cap, D]  the cache's history: positions < settled
-    const T* v,              // [Hkv, cap, D]
-    const T* kr,             // [Hkv, rcap, D] its recent tokens: positions settled .. kv_len
-    const T* vr,             // [Hkv, rcap, D]
+    const S* k,              // [Hkv, cap, D]  the cache's history: positions < settled (S = T), or
+                             // [Hkv, cap, D / 4] words of codes (S = uint32_t, QGROUP > 0)
+    const S* v,              // [Hkv, cap, D]
+    const S* kr,             // [Hkv, rcap, D] its recent tokens: positions settled .. kv_len
+    const S* vr,             // [Hkv, rcap, D]
+    SalaKvScales<T> qsb,     // with codes: their scales and biases
     const int32_t* blocks,   // [Hkv, Tq, nsel], ascending, -1 = none
     int first_pos,           // position of query 0
     int kv_len,              // positions in the cache
@@ -31,8 +36,9 @@ __device__ void sala_attend_blocks(
   constexpr int THREADS = 256;                // the launch's
   constexpr int DPL = (D + 31) / 32;          // output dims per lane
   constexpr int HPW = (G + 7) / 8;            // heads per warp
-  constexpr int VEC = 16 / sizeof(T);         // elements per 16-byte piece
-  static_assert(D % VEC == 0, "whole 16-byte pieces per row");
+  constexpr int VEC = QGROUP ? 16 : 16 / sizeof(T);  // values per 16-byte piece
+  constexpr int RS = QGROUP ? D / 4 : D;              // a row's length in S
+  static_assert(D % VEC == 0 && QGROUP % VEC == 0, "whole 16-byte pieces per row, each in one group");
   constexpr int PIECES = SALA_TILE * D / VEC; // pieces per tile of keys (and of values)
   constexpr int PER_THREAD = (PIECES + THREADS - 1) / THREADS;
   constexpr int TILES = (BLOCK + SALA_TILE - 1) / SALA_TILE;  // tiles per selected block
@@ -63,10 +69,10 @@ __device__ void sala_attend_blocks(
   // This split's selected blocks: an even share (each split one block when there are as many).
   const int b0 = (int)((long long)s * nsel / NSPLIT), b1 = (int)((long long)(s + 1) * nsel / NSPLIT);
   const int32_t* sel = blocks + ((size_t)h * Tq + t) * nsel;
-  const T* kh = k + (size_t)h * cap * D;
-  const T* vh = v + (size_t)h * cap * D;
-  const T* krh = kr + (size_t)h * rcap * D;
-  const T* vrh = vr + (size_t)h * rcap * D;
+  const S* kh = k + (size_t)h * cap * RS;
+  const S* vh = v + (size_t)h * cap * RS;
+  const S* krh = kr + (size_t)h * rcap * RS;
+  const S* vrh = vr + (size_t)h * rcap * RS;
 
   // First token of tile i of the split (tiles of unselected blocks or past the query: −1).
   auto tile_base = [&](int i) -> int {
@@ -78,6 +84,7 @@ __device__ void sala_attend_blocks(
   // all pieces of a tile at once (one 16-byte load each): a decoding query's splits hold one or
   // two blocks, so without this each tile waited a full memory latency.
   uint4 kreg[PER_THREAD], vreg[PER_THREAD];
+  float kq[PER_THREAD][2], vq[PER_THREAD][2];  // with codes: the pieces' scales and biases
   auto fetch = [&](int base) {
 #pragma unroll
     for (int p = 0; p < PER_THREAD; ++p) {
@@ -85,9 +92,17 @@ __device__ void sala_attend_blocks(
       const int tok = base + j;
       const bool ok = e < PIECES && tok < kv_len;
       const bool old = tok < settled;
-      const size_t at = (size_t)(old ? tok : tok - settled) * D + c;
+      const size_t row = old ? tok : tok - settled;
+      const size_t at = row * RS + c * RS / D;
       kreg[p] = ok ? *reinterpret_cast<const uint4*>((old ? kh : krh) + at) : make_uint4(0u, 0u, 0u, 0u);
       vreg[p] = ok ? *reinterpret_cast<const uint4*>((old ? vh : vrh) + at) : make_uint4(0u, 0u, 0u, 0u);
+      if constexpr (QGROUP > 0) {
+        const size_t g = qsb.template at<D, QGROUP>(h, old, row, c);
+        kq[p][0] = ok ? static_cast<float>((old ? qsb.k_scales : qsb.kr_scales)[g]) : 0.f;
+        kq[p][1] = ok ? static_cast<float>((old ? qsb.k_biases : qsb.kr_biases)[g]) : 0.f;
+        vq[p][0] = ok ? static_cast<float>((old ? qsb.v_scales : qsb.vr_scales)[g]) : 0.f;
+        vq[p][1] = ok ? static_cast<float>((old ? qsb.v_biases : qsb.vr_biases)[g]) : 0.f;
+      }
     }
   };
   const int tiles = (b1 - b0) * TILES;
@@ -101,8 +116,13 @@ __device__ void sala_attend_blocks(
       const int e = p * THREADS + tid, j = e / (D / VEC), c = (e % (D / VEC)) * VEC;
       if (e < PIECES) {
         float kf[VEC], vf[VEC];
-        sala_unpack16(kreg[p], (const T*)nullptr, kf);
-        sala_unpack16(vreg[p], (const T*)nullptr, vf);
+        if constexpr (QGROUP > 0) {
+          sala_dequant16(kreg[p], kq[p][0], kq[p][1], kf);
+          sala_dequant16(vreg[p], vq[p][0], vq[p][1], vf);
+        } else {
+          sala_unpack16(kreg[p], (const T*)nullptr, kf);
+          sala_unpack16(vreg[p], (const T*)nullptr, vf);
+        }
 #pragma unroll
         for (int x = 0; x < VEC; ++x) {
           ks[j][c + x] = kf[x];
@@ -170,8 +190,18 @@ template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS>
 __device__ void sala_block_sparse_attention(
     const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first_pos,
     int kv_len, int settled, float* out, float* lse, int Tq, int cap, int rcap, int nsel) {
-  sala_attend_blocks<T, D, G, BLOCK, NSPLIT, SCALE_BITS>(
-      q, k, v, kr, vr, blocks, first_pos, kv_len, settled, out, lse, blockIdx.y, Tq, cap, rcap, nsel, (int64_t)Tq * D, 1);
+  sala_attend_blocks<T, T, D, G, BLOCK, NSPLIT, SCALE_BITS, 0>(
+      q, k, v, kr, vr, SalaKvScales<T>{}, blocks, first_pos, kv_len, settled, out, lse, blockIdx.y, Tq, cap, rcap, nsel,
+      (int64_t)Tq * D, 1);
+}
+
+// The same over an 8-bit cache's codes (words [Hkv, cap, D / 4]) and their scales and biases.
+template <typename T, int D, int G, int BLOCK, int NSPLIT, int SCALE_BITS, int QGROUP>
+__device__ void sala_block_sparse_attention_q8(
+    const T* q, const uint32_t* k, const uint32_t* v, const uint32_t* kr, const uint32_t* vr, SalaKvScales<T> qsb,
+    const int32_t* blocks, int first_pos, int kv_len, int settled, float* out, float* lse, int Tq, int cap, int rcap, int nsel) {
+  sala_attend_blocks<T, uint32_t, D, G, BLOCK, NSPLIT, SCALE_BITS, QGROUP>(
+      q, k, v, kr, vr, qsb, blocks, first_pos, kv_len, settled, out, lse, blockIdx.y, Tq, cap, rcap, nsel, (int64_t)Tq * D, 1);
 }
 
 // Merges the splits' partial outputs (softmax-weighted by their log-sum-exp) of R rows (queries or

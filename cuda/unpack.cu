@@ -1,5 +1,5 @@
-// 16 bytes of keys, values or inputs as floats (8 bf16/f16 values, 4 float32), shared by the
-// kernels that read their operands in 16-byte pieces (qmv.cu, block_sparse_attention.cu).
+// 16 bytes of keys, values or inputs as floats (8 bf16/f16 values, 4 float32, 16 8-bit codes),
+// shared by the kernels that read their operands in 16-byte pieces (qmv.cu, the attention kernels).
 
 __device__ __forceinline__ void sala_unpack16(const uint4& u, const __nv_bfloat16*, float* out) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -34,3 +34,29 @@ __device__ __forceinline__ void sala_load8(const T* p, float* out) {
 #pragma unroll
   for (int i = 0; i < 8; i += PER_PIECE) sala_unpack16(*reinterpret_cast<const uint4*>(p + i), p, out + i);
 }
+
+// 16 bytes of 8-bit codes (MLX's affine format: code i of a u32 word in its byte i) as floats,
+// code · scale + bias, for the readers of an 8-bit KV cache.
+__device__ __forceinline__ void sala_dequant16(const uint4& u, float scale, float bias, float* out) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) out[4 * i + b] = fmaf(static_cast<float>((w[i] >> (8 * b)) & 0xFFu), scale, bias);
+  }
+}
+
+// An 8-bit cache's scales and biases, [Hkv, cap or rcap, D / group] in T, beside its codes (MLX's
+// affine format: value = code · scale + bias); unused, and null, for plain rows.
+template <typename T>
+struct SalaKvScales {
+  const T *k_scales, *k_biases, *v_scales, *v_biases;      // the history's
+  const T *kr_scales, *kr_biases, *vr_scales, *vr_biases;  // the recent tokens'
+  int cap, rcap;                                           // their buffers' capacities
+
+  // Where the scale and bias of the group holding column c of token row `row` of KV head h are.
+  template <int D, int GROUP>
+  __device__ size_t at(int h, bool history, size_t row, int c) const {
+    return ((size_t)h * (history ? cap : rcap) + row) * (D / GROUP) + c / GROUP;
+  }
+};

@@ -7,7 +7,7 @@
 //! Included without a GPU, they fail.
 
 use mlx_rs::{ops, ops::indexing::TryIndexOp, random, Array, Dtype};
-use sala::engine::cache::KvParts;
+use sala::engine::cache::{KvCache, KvFormat, KvParts};
 use sala::engine::device::{select, DeviceKind};
 use sala::engine::ops::{to_vec_f32, to_vec_i32};
 use sala::kernels::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
@@ -21,7 +21,8 @@ use sala::kernels::qmv::{
 };
 use sala::kernels::rope::{rope_append, rope_append_mlx, QkHeads, RopeAngles};
 use sala::kernels::sparse::{
-    decode_attention, decode_attention_mlx, heads_to_rows, with_decode_kernel, BlockSelection, DecodeKernel, DecodeQuery,
+    block_sparse_attention_gpu, block_sparse_prefill_cuda, decode_attention, decode_attention_mlx, heads_to_rows, reads_codes_in_place,
+    with_decode_kernel, BlockSelection, DecodeKernel, DecodeQuery,
 };
 use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_mlx, select_blocks_chunked, select_blocks_mlx, select_blocks_scored};
 
@@ -610,7 +611,7 @@ fn block_sparse_attention_kernel_matches_mlx() {
         let ((kh, kr), (vh, vr)) = (split(&k), split(&v));
         let views = [
             KvParts::history(&k, &v, kv_len),
-            KvParts { keys: kh, values: vh, recent: Some((kr, vr)), settled, len: kv_len },
+            KvParts { keys: kh, values: vh, recent: Some((kr, vr)), settled, len: kv_len, scales: None },
         ];
         for (layout, kv) in ["history", "history + recent"].iter().zip(&views) {
             let got = block_sparse_attention(&q, kv, &blocks, first, sel.block, scale, gate.as_ref()).unwrap();
@@ -624,6 +625,63 @@ fn block_sparse_attention_kernel_matches_mlx() {
                 assert!(err < tol, "case {i} ({layout}, {kernel}): relative error {err}");
             }
         }
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn block_sparse_attention_reads_an_8_bit_cache_in_place() {
+    use_gpu();
+    // (Hq, Hkv, d, kv_len, first query, queries): the 9B's heads (groups of 64 values) decoding,
+    // in a prefill chunk (tensor cores) and a few queries (the general kernel), then heads of 64
+    // and of 32 values (groups of 32).
+    let cases = [
+        (32, 2, 128, 9000, 8999, 1),
+        (32, 2, 128, 4000, 3500, 500),
+        (32, 2, 128, 3000, 2995, 5),
+        (8, 2, 64, 5000, 4900, 100),
+        (4, 2, 32, 700, 699, 1),
+    ];
+    let dtype = Dtype::Bfloat16;
+    for (i, &(hq, hkv, d, kv_len, first, t)) in cases.iter().enumerate() {
+        let seed = 3000 + 10 * i as u64;
+        let sel = if d == 128 { sel_9b() } else { BlockSelection { local_blocks: 2, topk: 6, ..sel_9b() } };
+        let (n1, n2) = (windows(kv_len, sel.kernel, sel.stride), windows(kv_len, sel.kernel2, sel.stride2));
+        let q = randn(&[1, hq, t, d], seed, dtype);
+        let (k, v) = (randn(&[1, hkv, kv_len as i32, d], seed + 1, dtype), randn(&[1, hkv, kv_len as i32, d], seed + 2, dtype));
+        let c1 = randn(&[1, hkv, n1, d], seed + 3, Dtype::Float32);
+        let c2 = randn(&[1, hkv, n2, d], seed + 4, Dtype::Float32);
+        let blocks = select_blocks_mlx(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap().blocks;
+        let scale = (d as f32).powf(-0.5);
+        let gate_source = randn(&[1, t, 2 * hq * d], seed + 5, dtype);
+        let gate = (i % 2 == 0).then(|| gate_source.try_index((.., .., hq * d..)).unwrap());
+        // An 8-bit cache holding the history, then its last 40 positions behind the recent tokens
+        // (as decode steps leave them).
+        let mut cache = KvCache::new(KvFormat::quantized(8, d).unwrap(), None);
+        let settled = kv_len - 40;
+        let span = |x: &Array, from: usize, to: usize| x.try_index((.., .., from as i32..to as i32, ..)).unwrap();
+        cache.append(&span(&k, 0, settled), &span(&v, 0, settled)).unwrap();
+        cache.append_recent(&span(&k, settled, kv_len), &span(&v, settled, kv_len)).unwrap();
+        let kv = cache.parts().unwrap().unwrap();
+        assert_eq!((kv.keys.dtype(), kv.keys.shape()[3], kv.settled, kv.len), (Dtype::Uint32, d / 4, settled, kv_len), "case {i}: codes in place");
+        assert!(kv.recent.is_some() && kv.scales.as_ref().is_some_and(|s| s.recent.is_some()) && reads_codes_in_place(&kv), "case {i}");
+        // The oracle: MLX's attention over the rows dequantized.
+        let (kf, vf) = kv.filled().unwrap();
+        let want = block_sparse_attention_mlx(&q, &kf, &vf, &blocks, first, sel.block, scale).unwrap();
+        let want = heads_to_rows(&want, gate.as_ref()).unwrap();
+        let general = block_sparse_attention_gpu(&q, &kv, &blocks, first, sel.block, scale, gate.as_ref()).unwrap();
+        let chosen = block_sparse_attention(&q, &kv, &blocks, first, sel.block, scale, gate.as_ref()).unwrap();
+        let mut runs = vec![("general kernel", general), ("as the model calls it", chosen)];
+        if t >= 16 {
+            let prefill = block_sparse_prefill_cuda(&q, &kv, &blocks, first, sel.block, scale).unwrap();
+            runs.push(("tensor-core prefill", heads_to_rows(&prefill, gate.as_ref()).unwrap()));
+        }
+        for (kernel, got) in &runs {
+            assert_eq!((got.shape(), got.dtype()), (want.shape(), dtype), "case {i} ({kernel})");
+            let err = rel_err(got, &want);
+            assert!(err < 1e-2, "case {i} ({kernel}): relative error {err}");
+        }
+        println!("case {i} (Hq {hq}, d {d}, {t} queries at {first}): {} runs agree", runs.len());
     }
 }
 
@@ -674,6 +732,7 @@ fn decode_attention_of_a_batch_matches_mlx() {
                 recent: recent.clone(),
                 settled: *settled,
                 len: *len,
+                scales: None,
             })
             .collect();
         let scale = (d as f32).powf(-0.5);

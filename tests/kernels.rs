@@ -539,7 +539,9 @@ mod self_check {
                 "select_blocks_mma",
                 "block_sparse_attention",
                 "block_sparse_prefill",
-                "block_sparse_decode"
+                "block_sparse_decode",
+                "block_sparse_attention_q8",
+                "block_sparse_prefill_q8"
             ]
         );
         for check in &checks {

@@ -4,7 +4,7 @@
 //! what MLX dequantizes, in lockstep through the same edits.
 
 use mlx_rs::Array;
-use sala::engine::cache::{KvCache, QuantizedSeqBuffer, SeqBuffer};
+use sala::engine::cache::{KvCache, KvFormat, QuantizedSeqBuffer, SeqBuffer};
 use sala::engine::ops::to_vec_f32;
 use sala::kernels::kv::{append_token_mlx, KvColumns, RecentSlot};
 use sala::models::sala::infllm::compressed_keys;
@@ -299,4 +299,30 @@ fn a_head_dimension_that_is_not_whole_groups_is_refused_by_name() {
     let err = buffer.append(&rows(0, 4, 48)).unwrap_err().to_string();
     assert!(err.contains("head dimension is 48") && err.contains("groups of 64") && err.contains("--kv-bits"), "{err}");
     assert!(buffer.is_empty());
+}
+
+#[test]
+fn an_8_bit_caches_parts_are_its_codes_in_place_and_read_back_its_rows() {
+    let d = 128;
+    let mut cache = KvCache::new(KvFormat::quantized(8, d as i32).unwrap(), None);
+    // A prefill chunk into the history, then decoded tokens behind the recent tokens.
+    cache.append(&rows(0, 300, d), &rows(0, 300, d)).unwrap();
+    for p in 300..310 {
+        cache.append_recent(&rows(p, 1, d), &rows(p, 1, d)).unwrap();
+    }
+    let parts = cache.parts().unwrap().expect("not empty");
+    // What kernels read: u32 codes, 4 a word, and per 64 values a scale and a bias, in both parts.
+    assert_eq!((parts.settled, parts.len), (300, 310));
+    assert_eq!((parts.keys.dtype(), parts.keys.shape()[3]), (mlx_rs::Dtype::Uint32, d as i32 / 4));
+    let scales = parts.scales.as_ref().expect("quantized");
+    assert_eq!((scales.bits, scales.group, scales.history[0].shape()[3]), (8, 64, 2));
+    let (recent_keys, recent_scales) = (&parts.recent.as_ref().expect("recent tokens").0, scales.recent.as_ref().expect("their scales"));
+    assert_eq!((recent_keys.dtype(), recent_scales[3].shape()[3]), (mlx_rs::Dtype::Uint32, 2));
+    // Read back, it is MLX's dequantization of the rows in one piece, as is what plain readers get.
+    let want = quantized_rows(310, d);
+    let (keys, values) = parts.filled().unwrap();
+    assert_eq!((to_vec_f32(&keys).unwrap(), to_vec_f32(&values).unwrap()), (want.clone(), want.clone()));
+    let plain = parts.dequantized().unwrap();
+    assert!(plain.scales.is_none() && plain.recent.is_none() && plain.settled == 310);
+    assert_eq!(to_vec_f32(&plain.filled().unwrap().0).unwrap(), want);
 }

@@ -1,7 +1,7 @@
 // The tensor-core attention kernels: the decode attention (cuda/decode_attention_mma.cu) in the
 // forms a SALA-9B decode step launches (src/kernels/sparse.rs: the whole cache, and InfLLM-V2's
 // selected blocks) and Qwen3-8B's group of 4 heads, and SALA-9B's prefill attention
-// (cuda/block_sparse_prefill.cu), for eval/cuda_compile_check.py.
+// (cuda/block_sparse_prefill.cu), plain and over an 8-bit cache, for eval/cuda_compile_check.py.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 typedef unsigned int uint32_t;
@@ -9,6 +9,7 @@ typedef int int32_t;
 typedef long long int64_t;
 #define INT_MAX 2147483647
 #define INFINITY __int_as_float(0x7f800000)  // MLX's preamble defines it at run time
+#include "cuda/unpack.cu"
 #include "cuda/mma.cu"
 #include "cuda/attention_mma.cu"
 #include "cuda/decode_attention_mma.cu"
@@ -29,4 +30,21 @@ extern "C" __global__ void qwen3_dense(const T* q, const T* k, const T* v, const
 extern "C" __global__ void sala_prefill(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first, int len,
                                         int settled, T* out, int tq, int nsel) {
   sala_block_sparse_attention_mma<T, 128, 16, 64, SCALE, 4>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
+}
+// With --kv-bits 8: the prefill and the general kernel (cuda/block_sparse_attention.cu, decode's
+// default) over codes, groups of 64.
+extern "C" __global__ void sala_prefill_q8(const T* q, const uint32_t* k, const uint32_t* v, const uint32_t* kr, const uint32_t* vr,
+                                           SalaKvScales<T> qsb, const int32_t* blocks, int first, int len, int settled, T* out, int tq,
+                                           int nsel) {
+  sala_block_sparse_attention_mma_q8<T, 128, 16, 64, SCALE, 4, 64>(q, k, v, kr, vr, qsb, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
+}
+#include "cuda/block_sparse_attention.cu"
+extern "C" __global__ void sala_attention(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first,
+                                          int len, int settled, float* out, float* lse, int nsel) {
+  sala_block_sparse_attention<T, 128, 16, 64, 96, SCALE>(q, k, v, kr, vr, blocks, first, len, settled, out, lse, 1, 1 << 20, 64, nsel);
+}
+extern "C" __global__ void sala_attention_q8(const T* q, const uint32_t* k, const uint32_t* v, const uint32_t* kr, const uint32_t* vr,
+                                             SalaKvScales<T> qsb, const int32_t* blocks, int first, int len, int settled, float* out,
+                                             float* lse, int nsel) {
+  sala_block_sparse_attention_q8<T, 128, 16, 64, 96, SCALE, 64>(q, k, v, kr, vr, qsb, blocks, first, len, settled, out, lse, 1, 1 << 20, 64, nsel);
 }

@@ -329,6 +329,18 @@ impl QuantizedSeqBuffer {
         self.planes().into_iter().zip([codes, scales, biases]).try_for_each(|(p, part)| p.append(part))
     }
 
+    /// Its codes', scales' and biases' buffers as they are (see [`SeqBuffer::parts`]), the three
+    /// alike: they hold the same positions.
+    #[allow(clippy::type_complexity)]
+    fn parts(&mut self) -> Result<Option<[(Array, Option<Array>, usize); 3]>> {
+        let mut planes = Vec::with_capacity(3);
+        for p in self.planes() {
+            let Some((history, recent, settled)) = p.parts()? else { return Ok(None) };
+            planes.push((history.clone(), recent.cloned(), settled));
+        }
+        Ok(planes.try_into().ok())
+    }
+
     /// A buffer `[B, H, 1, D]` in the rows' dtype for a kernel to write one token into, which
     /// [`QuantizedSeqBuffer::append_recent`] then takes; `None` before the first append.
     fn token_slot(&self) -> Result<Option<Array>> {
@@ -588,24 +600,38 @@ impl Window {
 /// history buffers `keys`/`values` `[B, Hkv, capacity, d]`, positions `settled..len` in the
 /// recent-token buffers (`None` when `settled == len`). Kernels read the buffers in place: they
 /// must be whole, row-contiguous arrays (as a cache's are), not views. (The arrays are handles:
-/// holding them shares the cache's buffers, and a quantized cache hands out rows dequantized for
-/// the step, freed with it.)
+/// holding them shares the cache's buffers.) A quantized cache's buffers hold codes
+/// `[B, Hkv, capacity, d·bits/32]` (u32), with their scales and biases in `scales`.
+#[derive(Clone)]
 pub struct KvParts {
     pub keys: Array,
     pub values: Array,
     pub recent: Option<(Array, Array)>,
     pub settled: usize,
     pub len: usize,
+    pub scales: Option<KvScales>,
+}
+
+/// The scales and biases of a quantized cache's codes ([`QuantizedSeqBuffer`]), buffer by buffer
+/// as [`KvParts`] holds the codes: `[B, Hkv, capacity, d / group]` each, in the rows' dtype.
+#[derive(Clone)]
+pub struct KvScales {
+    pub bits: i32,
+    pub group: i32,
+    /// The history's key scales, key biases, value scales and value biases.
+    pub history: [Array; 4],
+    /// The recent tokens' likewise (`Some` exactly when [`KvParts::recent`] is).
+    pub recent: Option<[Array; 4]>,
 }
 
 impl KvParts {
     /// Buffers `[B, Hkv, capacity, d]` holding all `len` positions (no recent tokens).
     pub fn history(keys: &Array, values: &Array, len: usize) -> Self {
-        Self { keys: keys.clone(), values: values.clone(), recent: None, settled: len, len }
+        Self { keys: keys.clone(), values: values.clone(), recent: None, settled: len, len, scales: None }
     }
 
     /// The filled keys and values `[B, Hkv, len, d]` as contiguous arrays (a copy when there
-    /// are recent tokens).
+    /// are recent tokens, or the codes dequantized).
     pub fn filled(&self) -> Result<(Array, Array)> {
         let join = |history: &Array, recent: Option<&Array>| -> Result<Array> {
             let settled = history.try_index((.., .., ..self.settled as i32, ..))?;
@@ -615,7 +641,21 @@ impl KvParts {
             }
         };
         let recent = self.recent.as_ref();
-        Ok((join(&self.keys, recent.map(|r| &r.0))?, join(&self.values, recent.map(|r| &r.1))?))
+        let (keys, values) = (join(&self.keys, recent.map(|r| &r.0))?, join(&self.values, recent.map(|r| &r.1))?);
+        let Some(q) = &self.scales else { return Ok((keys, values)) };
+        let plane = |i: usize| join(&q.history[i], q.recent.as_ref().map(|r| &r[i]));
+        let dequantize = |codes: &Array, s: usize| ops::dequantize(codes, &plane(s)?, &plane(s + 1)?, q.group, q.bits);
+        Ok((dequantize(&keys, 0)?, dequantize(&values, 2)?))
+    }
+
+    /// These parts with plain rows, for readers of plain rows only: a quantized cache's rows
+    /// dequantized into one history (a copy of the whole cache), else the buffers as they are.
+    pub fn dequantized(&self) -> Result<KvParts> {
+        if self.scales.is_none() {
+            return Ok(self.clone());
+        }
+        let (keys, values) = self.filled()?;
+        Ok(KvParts::history(&keys, &values, self.len))
     }
 }
 
@@ -735,7 +775,8 @@ impl KvCache {
 
     /// The keys and values as they are stored, for kernels that read them in place (`None`
     /// while empty). The buffers are whole arrays, row-contiguous. A quantized cache gives its
-    /// rows dequantized, as one history (kernels reading the codes in place are not written yet).
+    /// codes with their scales and biases ([`KvScales`]); [`KvParts::dequantized`] makes rows of
+    /// them for readers of rows.
     pub fn parts(&mut self) -> Result<Option<KvParts>> {
         let len = self.len();
         if len == 0 {
@@ -747,7 +788,25 @@ impl KvCache {
                     return Ok(None);
                 };
                 let recent = recent_keys.zip(recent_values).map(|(k, v)| (k.clone(), v.clone()));
-                Ok(Some(KvParts { keys: keys.clone(), values: values.clone(), recent, settled, len }))
+                Ok(Some(KvParts { keys: keys.clone(), values: values.clone(), recent, settled, len, scales: None }))
+            }
+            (Rows::Quantized(keys), Rows::Quantized(values)) => {
+                let (Some([codes_k, scales_k, biases_k]), Some([codes_v, scales_v, biases_v])) = (keys.parts()?, values.parts()?) else {
+                    return Ok(None);
+                };
+                let settled = codes_k.2;
+                let recent = codes_k.1.clone().zip(codes_v.1.clone());
+                let recent_scales = match (scales_k.1, biases_k.1, scales_v.1, biases_v.1) {
+                    (Some(a), Some(b), Some(c), Some(d)) => Some([a, b, c, d]),
+                    _ => None,
+                };
+                let scales = KvScales {
+                    bits: keys.bits,
+                    group: keys.group,
+                    history: [scales_k.0, biases_k.0, scales_v.0, biases_v.0],
+                    recent: recent_scales,
+                };
+                Ok(Some(KvParts { keys: codes_k.0, values: codes_v.0, recent, settled, len, scales: Some(scales) }))
             }
             (keys, values) => Ok(Some(KvParts::history(&keys.range(0, len)?, &values.range(0, len)?, len))),
         }

@@ -13,7 +13,7 @@ use super::custom::{
     MAX_SHAPE_ARGS,
 };
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
-use crate::engine::cache::KvParts;
+use crate::engine::cache::{KvParts, KvScales};
 use crate::engine::device;
 use mlx_rs::{error::Result, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
@@ -378,8 +378,56 @@ static BLOCK_SPARSE_ATTENTION: KernelSource = KernelSource {
     contiguous_inputs: false,
 };
 
+/// The `SalaKvScales` (cuda/unpack.cu) a kernel body over [`Q8_INPUTS`] passes.
+macro_rules! q8_scales {
+    () => {
+        "SalaKvScales<T>{k_scales, k_biases, v_scales, v_biases, kr_scales, kr_biases, vr_scales, vr_biases, \
+         int(k_scales_shape[2]), int(kr_scales_shape[2])}"
+    };
+}
+
+static BLOCK_SPARSE_ATTENTION_Q8: KernelSource = KernelSource {
+    name: "sala_block_sparse_attention_q8",
+    inputs: &Q8_INPUTS,
+    outputs: &["out", "lse"],
+    cuda_header: BLOCK_SPARSE_ATTENTION_HEADER,
+    cuda_body: concat!(
+        "sala_block_sparse_attention_q8<T, D, G, BLOCK, NSPLIT, SCALE_BITS, QGROUP>(\
+         q, k, v, k_recent, v_recent, ",
+        q8_scales!(),
+        ", blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
+         out, lse, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);"
+    ),
+    // CUDA only: Metal reads an 8-bit cache's rows dequantized.
+    metal_header: "",
+    metal_body: "",
+    contiguous_inputs: false,
+};
+
+/// The inputs of a kernel reading an 8-bit cache in place: the codes' four buffers as
+/// [`kv_buffers`] gives them, then their scales and biases as [`kv_scale_buffers`] does.
+const Q8_INPUTS: [&str; 15] = [
+    "q", "k", "v", "k_recent", "v_recent", "k_scales", "k_biases", "v_scales", "v_biases", "kr_scales", "kr_biases",
+    "vr_scales", "vr_biases", "blocks", "params",
+];
+
+/// The eight scale and bias buffers of an 8-bit cache's parts, in [`Q8_INPUTS`]' order (the
+/// history's stand in for absent recent tokens, as in [`kv_buffers`]).
+fn kv_scale_buffers(scales: &KvScales) -> [Array; 8] {
+    let [ks, kb, vs, vb] = &scales.history;
+    let [rks, rkb, rvs, rvb] = scales.recent.as_ref().unwrap_or(&scales.history);
+    [ks, kb, vs, vb, rks, rkb, rvs, rvb].map(Array::clone)
+}
+
+/// Whether the CUDA kernels reading an 8-bit cache in place take these parts: 8-bit codes, and
+/// groups that hold whole 16-code pieces.
+pub fn reads_codes_in_place(kv: &KvParts) -> bool {
+    kv.scales.as_ref().is_some_and(|s| backend() == Backend::Cuda && s.bits == 8 && s.group % 16 == 0)
+}
+
 /// The block-sparse attention's general kernel (`models::sala::infllm::block_sparse_attention`
-/// picks between it, [`block_sparse_prefill_cuda`] and its MLX-ops version).
+/// picks between it, [`block_sparse_prefill_cuda`] and its MLX-ops version). Reads an 8-bit
+/// cache in place on CUDA ([`reads_codes_in_place`]).
 #[allow(clippy::too_many_arguments)]
 pub fn block_sparse_attention_gpu(
     q: &Array,
@@ -399,11 +447,17 @@ pub fn block_sparse_attention_gpu(
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
     let [k, v, recent_k, recent_v] = kv_buffers(kv);
-    let out = apply(
-        &BLOCK_SPARSE_ATTENTION,
-        &[&q3, &k, &v, &recent_k, &recent_v, &blocks.contiguous()?, &params],
-        split_attention_launch(q.dtype(), t, hq, hkv, d, block as i32, nsplit, scale),
-    )?;
+    let blocks = blocks.contiguous()?;
+    let mut launch = split_attention_launch(q.dtype(), t, hq, hkv, d, block as i32, nsplit, scale);
+    let out = match &kv.scales {
+        Some(scales) => {
+            launch.template.push(("QGROUP", TemplateArg::Int(scales.group)));
+            let sb = kv_scale_buffers(scales);
+            let inputs: Vec<&Array> = [&q3, &k, &v, &recent_k, &recent_v].into_iter().chain(&sb).chain([&blocks, &params]).collect();
+            apply(&BLOCK_SPARSE_ATTENTION_Q8, &inputs, launch)?
+        }
+        None => apply(&BLOCK_SPARSE_ATTENTION, &[&q3, &k, &v, &recent_k, &recent_v, &blocks, &params], launch)?,
+    };
     merge_splits(&out[0], &out[1], vec![1, t, hq * d], q.dtype(), gate)
 }
 
@@ -428,7 +482,13 @@ static BLOCK_SPARSE_DECODE_MMA: KernelSource = KernelSource {
 pub fn block_sparse_decode_fits(q: &Array, kv: &KvParts, first_pos: usize, block: usize) -> bool {
     let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
     let chosen = DECODE_KERNEL.with(|o| o.get()) == Some(DecodeKernel::TensorCores);
-    chosen && q.shape()[0] == 1 && t == 1 && first_pos + 1 == kv.len && block == MMA_TILE as usize && decode_mma_fits(hq, kv.keys.shape()[1], d, q.dtype())
+    chosen
+        && kv.scales.is_none()
+        && q.shape()[0] == 1
+        && t == 1
+        && first_pos + 1 == kv.len
+        && block == MMA_TILE as usize
+        && decode_mma_fits(hq, kv.keys.shape()[1], d, q.dtype())
 }
 
 /// InfLLM-V2's attention of one decoding query over its selected blocks on tensor cores
@@ -543,6 +603,11 @@ impl DecodeQuery<'_> {
 /// (`cuda/decode_attention_mma.cu`), the rest on CUDA cores (`cuda/decode_attention.cu`), each
 /// the other's fallback. Elsewhere MLX's attention runs per sequence.
 pub fn decode_attention(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Result<Array> {
+    if kvs.iter().any(|kv| kv.scales.is_some()) {
+        // No decode attention kernel reads an 8-bit cache's codes yet: it gets the rows.
+        let rows = kvs.iter().map(KvParts::dequantized).collect::<Result<Vec<_>>>()?;
+        return decode_attention(query, &rows, scale);
+    }
     let (rows, hq, d) = (query.rows, query.heads, query.head_dim);
     let hkv = kvs.first().map_or(1, |kv| kv.keys.shape()[1]);
     let fits = backend() == Backend::Cuda
@@ -648,6 +713,7 @@ fn check_parts(buffers: &[[Array; 4]], caches: &[(i32, usize, usize)]) -> Vec<Kv
             recent: (settled < len).then(|| (kr.clone(), vr.clone())),
             settled,
             len,
+            scales: None,
         })
         .collect()
 }
@@ -919,7 +985,7 @@ static BLOCK_SPARSE_PREFILL: KernelSource = KernelSource {
     name: "sala_block_sparse_prefill",
     inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
     outputs: &["out"],
-    cuda_header: concat!(include_str!("../../cuda/mma.cu"), include_str!("../../cuda/attention_mma.cu"), include_str!("../../cuda/block_sparse_prefill.cu")),
+    cuda_header: BLOCK_SPARSE_PREFILL_HEADER,
     cuda_body: "sala_block_sparse_attention_mma<T, D, G, BLOCK, SCALE_BITS, QPB>(\
                 q, k, v, k_recent, v_recent, blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
                 out, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);",
@@ -928,6 +994,29 @@ static BLOCK_SPARSE_PREFILL: KernelSource = KernelSource {
     metal_body: "",
     contiguous_inputs: false,
 };
+
+static BLOCK_SPARSE_PREFILL_Q8: KernelSource = KernelSource {
+    name: "sala_block_sparse_prefill_q8",
+    inputs: &Q8_INPUTS,
+    outputs: &["out"],
+    cuda_header: BLOCK_SPARSE_PREFILL_HEADER,
+    cuda_body: concat!(
+        "sala_block_sparse_attention_mma_q8<T, D, G, BLOCK, SCALE_BITS, QPB, QGROUP>(q, k, v, k_recent, v_recent, ",
+        q8_scales!(),
+        ", blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
+         out, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);"
+    ),
+    metal_header: "",
+    metal_body: "",
+    contiguous_inputs: false,
+};
+
+const BLOCK_SPARSE_PREFILL_HEADER: &str = concat!(
+    include_str!("../../cuda/unpack.cu"),
+    include_str!("../../cuda/mma.cu"),
+    include_str!("../../cuda/attention_mma.cu"),
+    include_str!("../../cuda/block_sparse_prefill.cu")
+);
 
 /// Whether [`block_sparse_prefill_cuda`] takes these queries `[1, Hq, T, d]` over `hkv` KV heads:
 /// CUDA, half precision, many queries, at most 16 query heads per KV head, 64-token blocks.
@@ -940,32 +1029,38 @@ pub fn prefill_fits(q: &Array, hkv: i32, block: usize) -> bool {
 /// The block-sparse attention for many half-precision queries on CUDA's tensor cores
 /// (`cuda/block_sparse_prefill.cu`): the same attention, with the probabilities rounded to the
 /// model's dtype before they weight the values, as flash attention rounds them. Heads
-/// `[1, Hq, T, d]` (see [`heads_to_rows`]).
+/// `[1, Hq, T, d]` (see [`heads_to_rows`]). Reads an 8-bit cache in place ([`reads_codes_in_place`]).
 pub fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_pos: usize, block: usize, scale: f32) -> Result<Array> {
     let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
     let hkv = kv.keys.shape()[1];
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
     let [k, v, recent_k, recent_v] = kv_buffers(kv);
+    let blocks = blocks.contiguous()?;
     let qpb = MMA_QUERIES_PER_BLOCK;
-    let out = apply(
-        &BLOCK_SPARSE_PREFILL,
-        &[&q3, &k, &v, &recent_k, &recent_v, &blocks.contiguous()?, &params],
-        Launch {
-            grid: (32 * qpb, (t + qpb - 1) / qpb, hkv),
-            threads: (32 * qpb, 1, 1),
-            outputs: vec![(vec![1, hq, t, d], q.dtype())],
-            template: vec![
-                ("T", TemplateArg::Type(q.dtype())),
-                ("D", TemplateArg::Int(d)),
-                ("G", TemplateArg::Int(hq / hkv)),
-                ("BLOCK", TemplateArg::Int(block as i32)),
-                ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
-                ("QPB", TemplateArg::Int(qpb)),
-            ],
-            init: None,
-        },
-    )?;
+    let mut launch = Launch {
+        grid: (32 * qpb, (t + qpb - 1) / qpb, hkv),
+        threads: (32 * qpb, 1, 1),
+        outputs: vec![(vec![1, hq, t, d], q.dtype())],
+        template: vec![
+            ("T", TemplateArg::Type(q.dtype())),
+            ("D", TemplateArg::Int(d)),
+            ("G", TemplateArg::Int(hq / hkv)),
+            ("BLOCK", TemplateArg::Int(block as i32)),
+            ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
+            ("QPB", TemplateArg::Int(qpb)),
+        ],
+        init: None,
+    };
+    let out = match &kv.scales {
+        Some(scales) => {
+            launch.template.push(("QGROUP", TemplateArg::Int(scales.group)));
+            let sb = kv_scale_buffers(scales);
+            let inputs: Vec<&Array> = [&q3, &k, &v, &recent_k, &recent_v].into_iter().chain(&sb).chain([&blocks, &params]).collect();
+            apply(&BLOCK_SPARSE_PREFILL_Q8, &inputs, launch)?
+        }
+        None => apply(&BLOCK_SPARSE_PREFILL, &[&q3, &k, &v, &recent_k, &recent_v, &blocks, &params], launch)?,
+    };
     Ok(out.into_iter().next().expect("one output"))
 }
 
@@ -995,6 +1090,7 @@ static SELECT_WINDOWS_MMA: KernelSource = KernelSource {
 };
 
 const SELECT_MMA_HEADER: &str = concat!(
+    include_str!("../../cuda/unpack.cu"),
     include_str!("../../cuda/select_blocks.cu"),
     include_str!("../../cuda/mma.cu"),
     include_str!("../../cuda/block_sparse_prefill.cu"),

@@ -17,7 +17,7 @@
 //! `[B, Hkv, L, d]`, compressed keys `[B, Hkv, n, d]`. The `Hq / Hkv` query heads of a KV group
 //! share one block selection.
 
-use crate::engine::cache::{KvCache, KvParts};
+use crate::engine::cache::{KvCache, KvParts, KvScales};
 use crate::engine::ops::{arange_i32, scalar, Pacer};
 use crate::kernels::custom::{backend, Backend};
 use crate::kernels::selfcheck::{self, sample, sample_quarters, verify, KernelCheck, Verdict, CUDA_AND_METAL, CUDA_ONLY};
@@ -162,7 +162,8 @@ fn selection_kernel(q: &Array, hkv: i32) -> Option<SelectionKernel> {
 
 /// The kernels' self-checks whose oracles are here (the InfLLM-V2 math): `models::kernel_checks`
 /// lists them with the kernels' own.
-pub static KERNEL_CHECKS: [&KernelCheck; 5] = [&SELECT_CHECK, &SELECT_MMA_CHECK, &ATTENTION_CHECK, &PREFILL_CHECK, &DECODE_CHECK];
+pub static KERNEL_CHECKS: [&KernelCheck; 7] =
+    [&SELECT_CHECK, &SELECT_MMA_CHECK, &ATTENTION_CHECK, &PREFILL_CHECK, &DECODE_CHECK, &ATTENTION_Q8_CHECK, &PREFILL_Q8_CHECK];
 
 /// The selection's general kernels against [`select_blocks_mlx`]: five queries over a short context
 /// (one kernel), and one decoding query past `SPLIT_WINDOWS` level-1 windows and two chunks of
@@ -330,6 +331,23 @@ pub fn block_sparse_attention(
 ) -> Result<Array> {
     let hkv = kv.keys.shape()[1];
     let kernel_fits = backend() != Backend::Cpu && q.shape()[0] == 1 && sparse::attention_kernel_fits(q, hkv);
+    if kernel_fits && sparse::reads_codes_in_place(kv) {
+        // An 8-bit cache read in place: its codes are never copied out whole (a 1M-token layer's
+        // rows would be 1 GiB a step), and the checks compare these kernels with dequantized rows.
+        if sparse::prefill_fits(q, hkv, block) && selfcheck::enabled(&PREFILL_Q8_CHECK) {
+            return heads_to_rows(&sparse::block_sparse_prefill_cuda(q, kv, blocks, first_pos, block, scale)?, gate);
+        }
+        if selfcheck::enabled(&ATTENTION_Q8_CHECK) {
+            return sparse::block_sparse_attention_gpu(q, kv, blocks, first_pos, block, scale, gate);
+        }
+    }
+    let rows;
+    let kv = if kv.scales.is_some() && kernel_fits {
+        rows = kv.dequantized()?;
+        &rows
+    } else {
+        kv
+    };
     if kernel_fits && sparse::prefill_fits(q, hkv, block) && selfcheck::enabled(&PREFILL_CHECK) {
         return heads_to_rows(&sparse::block_sparse_prefill_cuda(q, kv, blocks, first_pos, block, scale)?, gate);
     }
@@ -354,17 +372,41 @@ pub static PREFILL_CHECK: KernelCheck = KernelCheck { name: "block_sparse_prefil
 /// The tensor-core decode kernel over a block list likewise, for one gated decoding query.
 pub static DECODE_CHECK: KernelCheck = KernelCheck { name: "block_sparse_decode", backends: CUDA_ONLY, run: check_decode };
 
+/// The general kernel and the prefill kernel over an 8-bit cache's codes likewise, against
+/// [`block_sparse_attention_mlx`] over the rows dequantized.
+pub static ATTENTION_Q8_CHECK: KernelCheck = KernelCheck { name: "block_sparse_attention_q8", backends: CUDA_ONLY, run: check_attention_q8 };
+
+/// See [`ATTENTION_Q8_CHECK`].
+pub static PREFILL_Q8_CHECK: KernelCheck = KernelCheck { name: "block_sparse_prefill_q8", backends: CUDA_ONLY, run: check_prefill_q8 };
+
 fn check_decode() -> Verdict {
-    check_sparse_attention(1, true, 280, |q, kv, blocks, _first, scale, gate| sparse::block_sparse_decode_cuda(q, kv, blocks, scale, gate))
+    check_sparse_attention(1, true, 280, false, |q, kv, blocks, _first, scale, gate| sparse::block_sparse_decode_cuda(q, kv, blocks, scale, gate))
 }
 
 fn check_attention() -> Verdict {
-    check_sparse_attention(1, true, 280, |q, kv, blocks, first, scale, gate| sparse::block_sparse_attention_gpu(q, kv, blocks, first, 64, scale, gate))?;
-    check_sparse_attention(5, false, 300, |q, kv, blocks, first, scale, gate| sparse::block_sparse_attention_gpu(q, kv, blocks, first, 64, scale, gate))
+    check_general_attention(false)
+}
+
+fn check_attention_q8() -> Verdict {
+    check_general_attention(true)
+}
+
+fn check_general_attention(quantized: bool) -> Verdict {
+    let general: AttentionFn = |q, kv, blocks, first, scale, gate| sparse::block_sparse_attention_gpu(q, kv, blocks, first, 64, scale, gate);
+    check_sparse_attention(1, true, 280, quantized, general)?;
+    check_sparse_attention(5, false, 300, quantized, general)
 }
 
 fn check_prefill() -> Verdict {
-    check_sparse_attention(16, true, 290, |q, kv, blocks, first, scale, gate| {
+    check_prefill_kernel(false)
+}
+
+fn check_prefill_q8() -> Verdict {
+    check_prefill_kernel(true)
+}
+
+fn check_prefill_kernel(quantized: bool) -> Verdict {
+    check_sparse_attention(16, true, 290, quantized, |q, kv, blocks, first, scale, gate| {
         heads_to_rows(&sparse::block_sparse_prefill_cuda(q, kv, blocks, first, 64, scale)?, gate)
     })
 }
@@ -374,8 +416,9 @@ type AttentionFn = fn(&Array, &KvParts, &Array, usize, f32, Option<&Array>) -> R
 /// `kernel` against [`block_sparse_attention_mlx`] for `t` bfloat16 queries at the end of 300
 /// tokens (4 heads over 2 KV heads, d = 32, 64-token blocks), the first `settled` in a history
 /// buffer and the rest in a recent-token buffer, both with junk past what they hold; each query
-/// attends to blocks 0, 2, 4 (KV head 0) or 1, 3, 4 (KV head 1), then none (−1).
-fn check_sparse_attention(t: i32, gated: bool, settled: usize, kernel: AttentionFn) -> Verdict {
+/// attends to blocks 0, 2, 4 (KV head 0) or 1, 3, 4 (KV head 1), then none (−1). `quantized`:
+/// the buffers as an 8-bit cache holds them (codes, scales and biases in groups of 32).
+fn check_sparse_attention(t: i32, gated: bool, settled: usize, quantized: bool, kernel: AttentionFn) -> Verdict {
     let (hq, hkv, d, len) = (4, 2, 32, 300usize);
     let first = len - t as usize;
     let scale = (d as f32).powf(-0.5);
@@ -393,17 +436,31 @@ fn check_sparse_attention(t: i32, gated: bool, settled: usize, kernel: Attention
         },
         |(q, gate_rows, k, v, kr, vr, blocks)| {
             let gate = gated.then(|| gate_rows.try_index((.., .., hq * d..))).transpose()?;
-            let kv = KvParts { keys: k.clone(), values: v.clone(), recent: (settled < len).then(|| (kr.clone(), vr.clone())), settled, len };
+            let kv = check_kv_parts([k, v, kr, vr], settled, len, quantized)?;
             Ok(vec![kernel(q, &kv, blocks, first, scale, gate.as_ref())?])
         },
         |(q, gate_rows, k, v, kr, vr, blocks)| {
             let gate = gated.then(|| gate_rows.try_index((.., .., hq * d..))).transpose()?;
-            let kv = KvParts { keys: k.clone(), values: v.clone(), recent: (settled < len).then(|| (kr.clone(), vr.clone())), settled, len };
+            let kv = check_kv_parts([k, v, kr, vr], settled, len, quantized)?;
             let (k, v) = kv.filled()?;
             Ok(vec![heads_to_rows(&block_sparse_attention_mlx(q, &k, &v, blocks, first, 64, scale)?, gate.as_ref())?])
         },
     )
     .map_err(|reason| format!("{t} queries: {reason}"))
+}
+
+/// A check's buffers (history keys, values, recent keys, values) as a cache holds them: as they
+/// are, or `quantized` to 8 bits in groups of 32 (MLX's affine format, as `--kv-bits 8` keeps them).
+fn check_kv_parts([k, v, kr, vr]: [&Array; 4], settled: usize, len: usize, quantized: bool) -> Result<KvParts> {
+    let recent = settled < len;
+    if !quantized {
+        return Ok(KvParts { keys: k.clone(), values: v.clone(), recent: recent.then(|| (kr.clone(), vr.clone())), settled, len, scales: None });
+    }
+    let quantize = |x: &Array| ops::quantize(x, 32, 8);
+    let ((k, ks, kb), (v, vs, vb)) = (quantize(k)?, quantize(v)?);
+    let ((kr, krs, krb), (vr, vrs, vrb)) = (quantize(kr)?, quantize(vr)?);
+    let scales = KvScales { bits: 8, group: 32, history: [ks, kb, vs, vb], recent: recent.then_some([krs, krb, vrs, vrb]) };
+    Ok(KvParts { keys: k, values: v, recent: recent.then_some((kr, vr)), settled, len, scales: Some(scales) })
 }
 
 /// Queries per piece of [`block_sparse_attention_mlx`] (the 9B's gathered keys and values of
