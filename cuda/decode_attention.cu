@@ -13,19 +13,26 @@
 // the loads and the arithmetic: the kernel this replaced read 32-token tiles into shared memory
 // and two floats from it per multiply-add, which held it below half of MLX's own attention at
 // 128K tokens (eval/results/kernel-notes.md). Keys and values come from two buffers, the cache's
-// history and its recent tokens (SeqBuffer in src/engine/cache.rs says why). Needs unpack.cu.
+// history and its recent tokens (SeqBuffer in src/engine/cache.rs says why). An 8-bit cache
+// (QGROUP > 0) is read as stored: a lane loads the codes of its EPL values (half or a quarter of
+// the 16 bytes a plain row takes, so the lanes keep the plain layout) and their group's scale and
+// bias. Needs unpack.cu.
 
-template <typename T, int D, int G, int GB, int NSPLIT, int SCALE_BITS>
-__device__ void sala_decode_attention_split(
+template <typename T, typename S, int D, int G, int GB, int NSPLIT, int SCALE_BITS, int QGROUP>
+__device__ void sala_decode_attention_rows(
     const T* q,                      // this sequence's query row: head h, value e at (h·D + e)·col
     int64_t col,                     // the row's column stride
-    const T* k, const T* v,          // [Hkv, cap, D]  the history: positions < settled
-    const T* kr, const T* vr,        // [Hkv, rcap, D] the recent tokens: settled .. kv_len
+    const S* k, const S* v,          // [Hkv, cap, D]  the history: positions < settled (S = T), or
+                                     // [Hkv, cap, D / 4] words of codes (S = uint32_t, QGROUP > 0)
+    const S* kr, const S* vr,        // [Hkv, rcap, D] the recent tokens: settled .. kv_len
+    SalaKvScales<T> qsb,             // with codes: their scales and biases
     int kv_len, int settled, int cap, int rcap,
     float* out,                      // this sequence's [Hq, NSPLIT, D]
     float* lse) {                    // this sequence's [Hq, NSPLIT]
   constexpr int WARPS = 4;
   constexpr int EPL = 16 / sizeof(T);   // values per lane and load
+  constexpr int RS = QGROUP ? D / 4 : D;  // a row's length in S
+  static_assert(QGROUP % EPL == 0, "a lane's values in one group");
   constexpr int LPT = D / EPL;          // lanes per token row
   static_assert(D % EPL == 0 && LPT <= 32 && 32 % LPT == 0, "a token row is a power-of-two share of a warp");
   constexpr int TPW = 32 / LPT;         // token rows per warp and load
@@ -57,26 +64,45 @@ __device__ void sala_decode_attention_split(
 
   const int per = (kv_len + NSPLIT - 1) / NSPLIT;
   const int t0 = s * per, t1 = min(kv_len, t0 + per);
-  const T* kh = k + (size_t)kvh * cap * D + part * EPL;
-  const T* vh = v + (size_t)kvh * cap * D + part * EPL;
-  const T* krh = kr + (size_t)kvh * rcap * D + part * EPL;
-  const T* vrh = vr + (size_t)kvh * rcap * D + part * EPL;
+  const S* kh = k + (size_t)kvh * cap * RS + part * EPL * RS / D;
+  const S* vh = v + (size_t)kvh * cap * RS + part * EPL * RS / D;
+  const S* krh = kr + (size_t)kvh * rcap * RS + part * EPL * RS / D;
+  const S* vrh = vr + (size_t)kvh * rcap * RS + part * EPL * RS / D;
 
   for (int base = t0 + warp * TPW * LOADS; base < t1; base += CHUNK) {
     uint4 kreg[LOADS], vreg[LOADS];
+    float kq[LOADS][2], vq[LOADS][2];  // with codes: their scales and biases
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
       const int tok = base + i * TPW + slot;
       const bool ok = tok < t1, old = tok < settled;
-      const size_t at = (size_t)(old ? tok : tok - settled) * D;
-      kreg[i] = ok ? *reinterpret_cast<const uint4*>((old ? kh : krh) + at) : make_uint4(0u, 0u, 0u, 0u);
-      vreg[i] = ok ? *reinterpret_cast<const uint4*>((old ? vh : vrh) + at) : make_uint4(0u, 0u, 0u, 0u);
+      const size_t row = old ? tok : tok - settled, at = row * RS;
+      if constexpr (QGROUP > 0) {
+        kreg[i] = ok ? sala_load_codes<EPL>((old ? kh : krh) + at) : make_uint4(0u, 0u, 0u, 0u);
+        vreg[i] = ok ? sala_load_codes<EPL>((old ? vh : vrh) + at) : make_uint4(0u, 0u, 0u, 0u);
+        const size_t g = qsb.template at<D, QGROUP>(kvh, old, row, part * EPL);
+        kq[i][0] = ok ? static_cast<float>((old ? qsb.k_scales : qsb.kr_scales)[g]) : 0.f;
+        kq[i][1] = ok ? static_cast<float>((old ? qsb.k_biases : qsb.kr_biases)[g]) : 0.f;
+        vq[i][0] = ok ? static_cast<float>((old ? qsb.v_scales : qsb.vr_scales)[g]) : 0.f;
+        vq[i][1] = ok ? static_cast<float>((old ? qsb.v_biases : qsb.vr_biases)[g]) : 0.f;
+      } else {
+        kreg[i] = ok ? *reinterpret_cast<const uint4*>((old ? kh : krh) + at) : make_uint4(0u, 0u, 0u, 0u);
+        vreg[i] = ok ? *reinterpret_cast<const uint4*>((old ? vh : vrh) + at) : make_uint4(0u, 0u, 0u, 0u);
+      }
     }
+    // A lane's EPL values of a loaded row as floats.
+    auto values = [&](const uint4& u, const float (&sb)[2], float* f) {
+      if constexpr (QGROUP > 0) {
+        sala_dequant<EPL>(u, sb[0], sb[1], f);
+      } else {
+        sala_unpack16(u, (const T*)nullptr, f);
+      }
+    };
     float p[LOADS][GB];
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
       float kf[EPL];
-      sala_unpack16(kreg[i], (const T*)nullptr, kf);
+      values(kreg[i], kq[i], kf);
       const bool ok = base + i * TPW + slot < t1;
 #pragma unroll
       for (int g = 0; g < GB; ++g) {
@@ -108,7 +134,7 @@ __device__ void sala_decode_attention_split(
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
       float vf[EPL];
-      sala_unpack16(vreg[i], (const T*)nullptr, vf);
+      values(vreg[i], vq[i], vf);
 #pragma unroll
       for (int g = 0; g < GB; ++g)
 #pragma unroll
@@ -170,4 +196,21 @@ __device__ void sala_decode_attention_split(
       if (part == 0) lse[row] = l[g] > 0.f ? m[g] + logf(l[g]) : -INFINITY;
     }
   }
+}
+
+template <typename T, int D, int G, int GB, int NSPLIT, int SCALE_BITS>
+__device__ void sala_decode_attention_split(
+    const T* q, int64_t col, const T* k, const T* v, const T* kr, const T* vr, int kv_len, int settled, int cap, int rcap,
+    float* out, float* lse) {
+  sala_decode_attention_rows<T, T, D, G, GB, NSPLIT, SCALE_BITS, 0>(
+      q, col, k, v, kr, vr, SalaKvScales<T>{}, kv_len, settled, cap, rcap, out, lse);
+}
+
+// The same over an 8-bit cache's codes (words [Hkv, cap, D / 4]) and their scales and biases.
+template <typename T, int D, int G, int GB, int NSPLIT, int SCALE_BITS, int QGROUP>
+__device__ void sala_decode_attention_split_q8(
+    const T* q, int64_t col, const uint32_t* k, const uint32_t* v, const uint32_t* kr, const uint32_t* vr, SalaKvScales<T> qsb,
+    int kv_len, int settled, int cap, int rcap, float* out, float* lse) {
+  sala_decode_attention_rows<T, uint32_t, D, G, GB, NSPLIT, SCALE_BITS, QGROUP>(
+      q, col, k, v, kr, vr, qsb, kv_len, settled, cap, rcap, out, lse);
 }

@@ -35,15 +35,33 @@ __device__ __forceinline__ void sala_load8(const T* p, float* out) {
   for (int i = 0; i < 8; i += PER_PIECE) sala_unpack16(*reinterpret_cast<const uint4*>(p + i), p, out + i);
 }
 
-// 16 bytes of 8-bit codes (MLX's affine format: code i of a u32 word in its byte i) as floats,
-// code · scale + bias, for the readers of an 8-bit KV cache.
-__device__ __forceinline__ void sala_dequant16(const uint4& u, float scale, float bias, float* out) {
+// The first N 8-bit codes of u (MLX's affine format: code i of a u32 word in its byte i) as
+// floats, code · scale + bias, for the readers of an 8-bit KV cache.
+template <int N>
+__device__ __forceinline__ void sala_dequant(const uint4& u, float scale, float bias, float* out) {
+  static_assert(N % 4 == 0 && N <= 16, "whole words of one 16-byte piece");
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < N / 4; ++i) {
 #pragma unroll
     for (int b = 0; b < 4; ++b) out[4 * i + b] = fmaf(static_cast<float>((w[i] >> (8 * b)) & 0xFFu), scale, bias);
   }
+}
+
+__device__ __forceinline__ void sala_dequant16(const uint4& u, float scale, float bias, float* out) {
+  sala_dequant<16>(u, scale, bias, out);
+}
+
+// N 8-bit codes at p (N/4 words, aligned to their size) into the first words of a 16-byte piece.
+template <int N>
+__device__ __forceinline__ uint4 sala_load_codes(const uint32_t* p) {
+  static_assert(N == 4 || N == 8 || N == 16, "one, two or four words");
+  if constexpr (N == 16) return *reinterpret_cast<const uint4*>(p);
+  if constexpr (N == 8) {
+    const uint2 c = *reinterpret_cast<const uint2*>(p);
+    return make_uint4(c.x, c.y, 0u, 0u);
+  }
+  if constexpr (N == 4) return make_uint4(*p, 0u, 0u, 0u);
 }
 
 // An 8-bit cache's scales and biases, [Hkv, cap or rcap, D / group] in T, beside its codes (MLX's

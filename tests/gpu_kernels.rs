@@ -757,6 +757,61 @@ fn decode_attention_of_a_batch_matches_mlx() {
 
 #[test]
 #[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn decode_attention_reads_8_bit_caches_in_place() {
+    use_gpu();
+    // (Hq, Hkv, d, dtype, cache lengths): Qwen3-8B's groups at 128K, SALA-9B's 16 heads a group
+    // (below dense_len), more sequences than one launch takes, 64-value heads in float32.
+    let cases: [(i32, i32, i32, Dtype, &[usize]); 4] = [
+        (32, 8, 128, Dtype::Bfloat16, &[131072, 33]),
+        (32, 2, 128, Dtype::Bfloat16, &[4096, 1, 3000, 65]),
+        (32, 2, 128, Dtype::Float16, &[100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1100]),
+        (8, 8, 64, Dtype::Float32, &[1, 5000, 129]),
+    ];
+    for (i, &(hq, hkv, d, dtype, lens)) in cases.iter().enumerate() {
+        let seed = 4000 + 10 * i as u64;
+        let b = lens.len() as i32;
+        let projected = randn(&[b, 1, 3 * hq * d + 8], seed, dtype).try_index((.., .., 8..)).unwrap();
+        let query = DecodeQuery { rows: &projected, heads: hq, head_dim: d, q_col: 0, gate_col: (i % 2 == 0).then_some(2 * hq * d) };
+        let (q, gate) = (query.heads().unwrap(), query.gate().unwrap());
+        // 8-bit caches: a history, and for odd rows its last few positions behind the recent tokens.
+        let mut caches: Vec<KvCache> = lens
+            .iter()
+            .enumerate()
+            .map(|(j, &len)| {
+                let k = randn(&[1, hkv, len as i32, d], seed + 1 + 2 * j as u64, dtype);
+                let v = randn(&[1, hkv, len as i32, d], seed + 2 + 2 * j as u64, dtype);
+                let settled = if j % 2 == 1 { len - len.min(1 + j * 7) } else { len };
+                let span = |x: &Array, from: usize, to: usize| x.try_index((.., .., from as i32..to as i32, ..)).unwrap();
+                let mut cache = KvCache::new(KvFormat::quantized(8, d).unwrap(), None);
+                if settled > 0 {
+                    cache.append(&span(&k, 0, settled), &span(&v, 0, settled)).unwrap();
+                }
+                if settled < len {
+                    cache.append_recent(&span(&k, settled, len), &span(&v, settled, len)).unwrap();
+                }
+                cache
+            })
+            .collect();
+        let parts: Vec<KvParts> = caches.iter_mut().map(|c| c.parts().unwrap().unwrap()).collect();
+        assert!(parts.iter().all(reads_codes_in_place), "case {i}: codes in place");
+        let scale = (d as f32).powf(-0.5);
+        let got = decode_attention(&query, &parts, scale).unwrap();
+        // The oracle: MLX's attention in float32 over the rows dequantized.
+        let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+        let filled: Vec<_> = parts.iter().map(|p| p.filled().unwrap()).map(|(k, v)| (f(&k), f(&v))).collect();
+        let oracle_parts: Vec<_> = filled.iter().zip(lens).map(|((k, v), &len)| KvParts::history(k, v, len)).collect();
+        let want = decode_attention_mlx(&f(&q), &oracle_parts, scale).unwrap();
+        let want = heads_to_rows(&want, gate.map(|g| f(&g)).as_ref()).unwrap();
+        assert_eq!((got.shape(), got.dtype()), (&[b, 1, hq * d][..], dtype), "case {i}");
+        let err = rel_err(&got, &want);
+        let tol = if dtype == Dtype::Float32 { 1e-4 } else { 1e-2 };
+        assert!(err < tol, "case {i}: relative error {err}");
+        println!("case {i} (Hq {hq}, Hkv {hkv}, d {d}, {b} sequences): relative error {err:.2e}");
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn kv_append_matches_slice_updates() {
     use_gpu();
     // (Hq, Hkv, d, dtype, positions): one sequence; a batch at different fills, the first and the

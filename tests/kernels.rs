@@ -534,6 +534,7 @@ mod self_check {
                 "qmv_normed",
                 "decode_attention",
                 "decode_attention_mma",
+                "decode_attention_q8",
                 "rope_append",
                 "select_blocks",
                 "select_blocks_mma",

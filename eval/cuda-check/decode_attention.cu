@@ -48,3 +48,22 @@ extern "C" __global__ void sala_attention_q8(const T* q, const uint32_t* k, cons
                                              float* lse, int nsel) {
   sala_block_sparse_attention_q8<T, 128, 16, 64, 96, SCALE, 64>(q, k, v, kr, vr, qsb, blocks, first, len, settled, out, lse, 1, 1 << 20, 64, nsel);
 }
+// The CUDA-core decode attention (cuda/decode_attention.cu): Qwen3-8B's group of 4 heads, plain and
+// over an 8-bit cache (bf16 and float32 rows), and SALA-9B's 16 heads in blocks of 8 over one.
+#include "cuda/decode_attention.cu"
+extern "C" __global__ void qwen3_cuda_cores(const T* q, const T* k, const T* v, const T* kr, const T* vr, int len, int settled, float* out,
+                                            float* lse) {
+  sala_decode_attention_split<T, 128, 4, 4, 64, SCALE>(q, 1, k, v, kr, vr, len, settled, 131072, 256, out, lse);
+}
+extern "C" __global__ void qwen3_cuda_cores_q8(const T* q, const uint32_t* k, const uint32_t* v, const uint32_t* kr, const uint32_t* vr,
+                                               SalaKvScales<T> qsb, int len, int settled, float* out, float* lse) {
+  sala_decode_attention_split_q8<T, 128, 4, 4, 64, SCALE, 64>(q, 1, k, v, kr, vr, qsb, len, settled, 131072, 256, out, lse);
+}
+extern "C" __global__ void f32_cuda_cores_q8(const float* q, const uint32_t* k, const uint32_t* v, const uint32_t* kr, const uint32_t* vr,
+                                             SalaKvScales<float> qsb, int len, int settled, float* out, float* lse) {
+  sala_decode_attention_split_q8<float, 64, 4, 4, 64, SCALE, 32>(q, 1, k, v, kr, vr, qsb, len, settled, 4096, 256, out, lse);
+}
+extern "C" __global__ void sala_cuda_cores_q8(const T* q, const uint32_t* k, const uint32_t* v, const uint32_t* kr, const uint32_t* vr,
+                                              SalaKvScales<T> qsb, int len, int settled, float* out, float* lse) {
+  sala_decode_attention_split_q8<T, 128, 16, 8, 64, SCALE, 64>(q, 1, k, v, kr, vr, qsb, len, settled, 8192, 256, out, lse);
+}

@@ -16,7 +16,7 @@ pub mod sparse;
 
 /// The self-checks of the kernels whose MLX-ops versions are here (InfLLM-V2's are in
 /// `models::sala::infllm`; `models::kernel_checks` lists all).
-pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 10] = [
+pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 11] = [
     &gla::GLA_DECODE_CHECK,
     &lightning::DECODE_STEP_CHECK,
     &lightning::NORM_GATE_CHECK,
@@ -26,5 +26,6 @@ pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 10] = [
     &qmv::QMV_NORMED_CHECK,
     &sparse::DECODE_ATTENTION_CHECK,
     &sparse::DECODE_ATTENTION_MMA_CHECK,
+    &sparse::DECODE_ATTENTION_Q8_CHECK,
     &rope::ROPE_APPEND_CHECK,
 ];

@@ -602,21 +602,33 @@ impl DecodeQuery<'_> {
 /// ([`MAX_HEADS_PER_BLOCK`]; up to 16, half precision) run on tensor cores
 /// (`cuda/decode_attention_mma.cu`), the rest on CUDA cores (`cuda/decode_attention.cu`), each
 /// the other's fallback. Elsewhere MLX's attention runs per sequence.
+/// 8-bit caches' codes are read in place by the CUDA-core kernel (`QGROUP`), where every cache of
+/// the call is one, of one group size, and that kernel passed its check; otherwise each layer's
+/// rows are dequantized for the step.
 pub fn decode_attention(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Result<Array> {
-    if kvs.iter().any(|kv| kv.scales.is_some()) {
-        // No decode attention kernel reads an 8-bit cache's codes yet: it gets the rows.
-        let rows = kvs.iter().map(KvParts::dequantized).collect::<Result<Vec<_>>>()?;
-        return decode_attention(query, &rows, scale);
-    }
     let (rows, hq, d) = (query.rows, query.heads, query.head_dim);
     let hkv = kvs.first().map_or(1, |kv| kv.keys.shape()[1]);
+    // The dtype the cache's rows are computed in (an 8-bit cache's: its scales').
+    let row_dtype = |kv: &KvParts| kv.scales.as_ref().map_or(kv.keys.dtype(), |s| s.history[0].dtype());
     let fits = backend() == Backend::Cuda
         && rows.ndim() == 3
         && rows.shape()[1] == 1
         && rows.shape()[0] as usize == kvs.len()
         && rows.shape()[2] >= query.q_col + hq * d
         && query.gate_col.is_none_or(|c| rows.shape()[2] >= c + hq * d)
-        && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && kv.keys.dtype() == rows.dtype());
+        && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && row_dtype(kv) == rows.dtype());
+    if kvs.iter().any(|kv| kv.scales.is_some()) {
+        let group = kvs.first().and_then(|kv| kv.scales.as_ref()).map(|s| s.group);
+        let in_place = fits
+            && kvs.iter().all(|kv| reads_codes_in_place(kv) && kv.scales.as_ref().map(|s| s.group) == group)
+            && decode_kernel_fits(hq, d, rows.item_size() as i32, hkv)
+            && selfcheck::enabled(&DECODE_ATTENTION_Q8_CHECK);
+        if !in_place {
+            let rows = kvs.iter().map(KvParts::dequantized).collect::<Result<Vec<_>>>()?;
+            return decode_attention(query, &rows, scale);
+        }
+        return decode_in_pieces(query, kvs, scale, false);
+    }
     // The preferred kernel where it fits and passed its self-check, else the other one.
     let usable = |kernel: DecodeKernel| match kernel {
         DecodeKernel::TensorCores => decode_mma_fits(hq, hkv, d, rows.dtype()) && selfcheck::enabled(&DECODE_ATTENTION_MMA_CHECK),
@@ -630,7 +642,11 @@ pub fn decode_attention(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Res
     let Some(kernel) = [preferred, other].into_iter().find(|&k| fits && usable(k)) else {
         return heads_to_rows(&decode_attention_mlx(&query.heads()?, kvs, scale)?, query.gate()?.as_ref());
     };
-    let mma = kernel == DecodeKernel::TensorCores;
+    decode_in_pieces(query, kvs, scale, kernel == DecodeKernel::TensorCores)
+}
+
+/// [`decode_attention_cuda`] over at most [`DECODE_SLOTS`] sequences a launch.
+fn decode_in_pieces(query: &DecodeQuery, kvs: &[KvParts], scale: f32, mma: bool) -> Result<Array> {
     let mut outputs = in_pieces(query.rows, kvs, DECODE_SLOTS, |rows, _, kvs| decode_attention_cuda(&DecodeQuery { rows, ..*query }, kvs, scale, mma))?;
     if outputs.len() == 1 {
         return Ok(outputs.remove(0));
@@ -658,13 +674,18 @@ pub fn decode_attention_mlx(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Ar
 /// The decode attention kernel against [`decode_attention_mlx`] in float32, for two bfloat16
 /// sequences of different lengths (one with recent tokens), q and the gate in the projection's
 /// rows.
-pub static DECODE_ATTENTION_CHECK: KernelCheck = KernelCheck { name: "decode_attention", backends: CUDA_ONLY, run: || check_decode_attention(false) };
+pub static DECODE_ATTENTION_CHECK: KernelCheck = KernelCheck { name: "decode_attention", backends: CUDA_ONLY, run: || check_decode_attention(false, false) };
 
 /// The tensor-core decode attention kernel likewise.
 pub static DECODE_ATTENTION_MMA_CHECK: KernelCheck =
-    KernelCheck { name: "decode_attention_mma", backends: CUDA_ONLY, run: || check_decode_attention(true) };
+    KernelCheck { name: "decode_attention_mma", backends: CUDA_ONLY, run: || check_decode_attention(true, false) };
 
-fn check_decode_attention(mma: bool) -> Verdict {
+/// The CUDA-core decode attention kernel over 8-bit caches' codes (groups of 32) likewise, against
+/// the rows dequantized.
+pub static DECODE_ATTENTION_Q8_CHECK: KernelCheck =
+    KernelCheck { name: "decode_attention_q8", backends: CUDA_ONLY, run: || check_decode_attention(false, true) };
+
+fn check_decode_attention(mma: bool, quantized: bool) -> Verdict {
     let (hq, hkv, d) = (4, 2, 32);
     let bf16 = Dtype::Bfloat16;
     let scale = (d as f32).powf(-0.5);
@@ -683,14 +704,14 @@ fn check_decode_attention(mma: bool) -> Verdict {
             Ok((projected, buffers))
         },
         |(projected, buffers)| {
-            let parts = check_parts(buffers, &caches);
+            let parts = check_parts(buffers, &caches, quantized)?;
             Ok(vec![decode_attention_cuda(&check_query(projected, hq, d), &parts, scale, mma)?])
         },
         |(projected, buffers)| {
             let query = check_query(projected, hq, d);
             let (q, gate) = (query.heads()?, query.gate()?.expect("gated"));
             let f = |a: &Array| a.as_dtype(Dtype::Float32);
-            let filled = check_parts(buffers, &caches).iter().map(|p| p.filled()).collect::<Result<Vec<_>>>()?;
+            let filled = check_parts(buffers, &caches, quantized)?.iter().map(|p| p.filled()).collect::<Result<Vec<_>>>()?;
             let filled = filled.iter().map(|(k, v)| Ok((f(k)?, f(v)?))).collect::<Result<Vec<_>>>()?;
             let parts: Vec<_> = filled.iter().zip(&caches).map(|((k, v), &(_, len, _))| KvParts::history(k, v, len)).collect();
             Ok(vec![heads_to_rows(&decode_attention_mlx(&f(&q)?, &parts, scale)?, Some(&f(&gate)?))?])
@@ -703,17 +724,21 @@ fn check_query(projected: &Array, hq: i32, d: i32) -> DecodeQuery<'_> {
     DecodeQuery { rows: projected, heads: hq, head_dim: d, q_col: 0, gate_col: Some(2 * hq * d) }
 }
 
-fn check_parts(buffers: &[[Array; 4]], caches: &[(i32, usize, usize)]) -> Vec<KvParts> {
+/// The check's caches: their four buffers as they are, or `quantized` to 8 bits in groups of 32.
+fn check_parts(buffers: &[[Array; 4]], caches: &[(i32, usize, usize)], quantized: bool) -> Result<Vec<KvParts>> {
     buffers
         .iter()
         .zip(caches)
-        .map(|([k, v, kr, vr], &(_, len, settled))| KvParts {
-            keys: k.clone(),
-            values: v.clone(),
-            recent: (settled < len).then(|| (kr.clone(), vr.clone())),
-            settled,
-            len,
-            scales: None,
+        .map(|([k, v, kr, vr], &(_, len, settled))| {
+            let recent = settled < len;
+            if !quantized {
+                return Ok(KvParts { keys: k.clone(), values: v.clone(), recent: recent.then(|| (kr.clone(), vr.clone())), settled, len, scales: None });
+            }
+            let quantize = |x: &Array| ops::quantize(x, 32, 8);
+            let ((k, ks, kb), (v, vs, vb)) = (quantize(k)?, quantize(v)?);
+            let ((kr, krs, krb), (vr, vrs, vrb)) = (quantize(kr)?, quantize(vr)?);
+            let scales = KvScales { bits: 8, group: 32, history: [ks, kb, vs, vb], recent: recent.then_some([krs, krb, vrs, vrb]) };
+            Ok(KvParts { keys: k, values: v, recent: recent.then_some((kr, vr)), settled, len, scales: Some(scales) })
         })
         .collect()
 }
@@ -824,7 +849,14 @@ fn decode_attention_cuda(query: &DecodeQuery, kvs: &[KvParts], scale: f32, mma: 
     let nsplit = pow2_floor(DECODE_SPLITS_OVERRIDE.with(|o| o.get()).unwrap_or(room).min((longest + block - 1) / block));
     let lens: Vec<usize> = kvs.iter().map(|kv| kv.len).collect();
     let settled: Vec<usize> = kvs.iter().map(|kv| kv.settled).collect();
-    let buffers: Vec<Array> = kvs.iter().flat_map(kv_buffers).collect();
+    let quantized = kvs[0].scales.as_ref();
+    let buffers: Vec<Array> = kvs
+        .iter()
+        .flat_map(|kv| {
+            let scales = kv.scales.as_ref().map(kv_scale_buffers);
+            kv_buffers(kv).into_iter().chain(scales.into_iter().flatten())
+        })
+        .collect();
     let (lens, settled) = (shape_args(&lens)?, shape_args(&settled)?);
     let mut inputs: Vec<&Array> = vec![rows];
     inputs.extend(buffers.iter());
@@ -841,6 +873,9 @@ fn decode_attention_cuda(query: &DecodeQuery, kvs: &[KvParts], scale: f32, mma: 
     if !mma {
         template.push(("GB", TemplateArg::Int(gb)));
     }
+    if let Some(scales) = quantized {
+        template.push(("QGROUP", TemplateArg::Int(scales.group)));
+    }
     let launch = Launch {
         grid: (THREADS * nsplit, b, hq / gb),
         threads: (THREADS, 1, 1),
@@ -848,7 +883,11 @@ fn decode_attention_cuda(query: &DecodeQuery, kvs: &[KvParts], scale: f32, mma: 
         template,
         init: None,
     };
-    let source = if mma { decode_attention_mma_source(kvs.len()) } else { decode_attention_source(kvs.len()) };
+    let source = match (mma, quantized.is_some()) {
+        (true, _) => decode_attention_mma_source(kvs.len()),
+        (false, false) => decode_attention_source(kvs.len()),
+        (false, true) => decode_attention_q8_source(kvs.len()),
+    };
     let out = apply(source, &inputs, launch)?;
     merge_splits(&out[0], &out[1], vec![b, 1, hq * d], rows.dtype(), query.gate()?.as_ref())
 }
@@ -886,7 +925,7 @@ const DECODE_BLOCK: usize = 64;
 fn decode_attention_source(n: usize) -> &'static KernelSource {
     static SOURCES: std::sync::OnceLock<Vec<KernelSource>> = std::sync::OnceLock::new();
     slot_source(&SOURCES, n, |n| {
-        let mut kernel = decode_slot_kernel(n);
+        let mut kernel = decode_slot_kernel(n, false);
         kernel.cuda_body = format!(
             "{} const int hq = gridDim.z * GB; \
              sala_decode_attention_split<T, D, G, GB, NSPLIT, SCALE_BITS>(row + Q_COL * rows_strides[2], \
@@ -898,24 +937,53 @@ fn decode_attention_source(n: usize) -> &'static KernelSource {
     })
 }
 
-/// The slot kernel both decode attention kernels share for `n` sequences: its inputs and
-/// outputs, and a body that picks thread block row y's buffers (k, v, kr, vr, cap, rcap) and
-/// query row (`row`); the caller appends the kernel's call.
-fn decode_slot_kernel(n: usize) -> SlotKernel {
+/// [`decode_attention_source`] over 8-bit caches' codes: after each sequence's four buffers (of
+/// codes), their eight scale and bias buffers ([`kv_scale_buffers`]).
+fn decode_attention_q8_source(n: usize) -> &'static KernelSource {
+    static SOURCES: std::sync::OnceLock<Vec<KernelSource>> = std::sync::OnceLock::new();
+    slot_source(&SOURCES, n, |n| {
+        let mut kernel = decode_slot_kernel(n, true);
+        kernel.name = format!("sala_decode_attention_q8_{n}");
+        kernel.cuda_body = format!(
+            "{} const int hq = gridDim.z * GB; \
+             sala_decode_attention_split_q8<T, D, G, GB, NSPLIT, SCALE_BITS, QGROUP>(row + Q_COL * rows_strides[2], \
+             rows_strides[2], k, v, kr, vr, qsb, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, cap, rcap, \
+             out + (size_t)blockIdx.y * hq * NSPLIT * D, lse + (size_t)blockIdx.y * hq * NSPLIT);",
+            kernel.cuda_body
+        );
+        kernel
+    })
+}
+
+/// The slot kernel the decode attention kernels share for `n` sequences: its inputs and outputs,
+/// and a body that picks thread block row y's buffers (k, v, kr, vr, cap, rcap; with `codes`, u32
+/// words, and their scales and biases `qsb`) and query row (`row`); the caller appends the
+/// kernel's call.
+fn decode_slot_kernel(n: usize, codes: bool) -> SlotKernel {
     let mut inputs = vec!["rows".to_string()];
     let mut cases = String::new();
     for i in 0..n {
         inputs.extend([format!("k{i}"), format!("v{i}"), format!("kr{i}"), format!("vr{i}")]);
-        cases += &format!("case {i}: k = k{i}; v = v{i}; kr = kr{i}; vr = vr{i}; cap = k{i}_shape[2]; rcap = kr{i}_shape[2]; break; ");
+        cases += &format!("case {i}: k = k{i}; v = v{i}; kr = kr{i}; vr = vr{i}; cap = k{i}_shape[2]; rcap = kr{i}_shape[2]; ");
+        if codes {
+            let planes = ["ks", "kb", "vs", "vb", "krs", "krb", "vrs", "vrb"].map(|p| format!("{p}{i}"));
+            inputs.extend(planes.iter().cloned());
+            cases += &format!(
+                "qsb = SalaKvScales<T>{{{}, int(ks{i}_shape[2]), int(krs{i}_shape[2])}}; ",
+                planes.join(", ")
+            );
+        }
+        cases += "break; ";
     }
     inputs.extend(["lens".into(), "settled".into()]);
+    let (storage, scales) = if codes { ("uint32_t", "SalaKvScales<T> qsb{}; ") } else { ("T", "") };
     SlotKernel {
         name: format!("sala_decode_attention{n}"),
         inputs,
         outputs: vec!["out".into(), "lse".into()],
         cuda_header: concat!(include_str!("../../cuda/unpack.cu"), include_str!("../../cuda/decode_attention.cu")),
         cuda_body: format!(
-            "const T *k = k0, *v = v0, *kr = kr0, *vr = vr0; int cap = k0_shape[2], rcap = kr0_shape[2]; \
+            "const {storage} *k = k0, *v = v0, *kr = kr0, *vr = vr0; int cap = k0_shape[2], rcap = kr0_shape[2]; {scales}\
              switch (blockIdx.y) {{ {cases}}} \
              const T* row = rows + blockIdx.y * rows_strides[0];"
         ),
@@ -927,7 +995,7 @@ fn decode_slot_kernel(n: usize) -> SlotKernel {
 fn decode_attention_mma_source(n: usize) -> &'static KernelSource {
     static SOURCES: std::sync::OnceLock<Vec<KernelSource>> = std::sync::OnceLock::new();
     slot_source(&SOURCES, n, |n| {
-        let mut kernel = decode_slot_kernel(n);
+        let mut kernel = decode_slot_kernel(n, false);
         kernel.name = format!("sala_decode_attention_mma{n}");
         kernel.cuda_header = DECODE_ATTENTION_MMA_HEADER;
         kernel.cuda_body = format!(
