@@ -289,14 +289,17 @@ impl MmaTiling {
 /// field the fastest in a sweep at 8 rows on the 9B's shapes (eval/results/kernel-notes.md).
 const MMA_TILING: MmaTiling = MmaTiling { out_tiles: 1, in_flight: 2, grid_warps: 8192, async_copy: false };
 
-/// The tensor-core kernel's tiling for a product of `n` weight rows and `rows` input rows: at 8
-/// bits, the fastest per product in sweeps at 8 and at 16 rows (eval/results/kernel-notes.md);
-/// 4 bits was not swept and takes the default.
-fn mma_tiling(n: i32, bits: i32, swiglu: bool, rows: i32) -> MmaTiling {
+/// The tensor-core kernel's tiling for a product of `n` weight rows of `k` values and `rows` input
+/// rows: at 8 bits, the fastest per product in sweeps at 8 and at 16 rows
+/// (eval/results/kernel-notes.md); 4 bits was not swept and takes the default.
+fn mma_tiling(n: i32, k: i32, bits: i32, swiglu: bool, rows: i32) -> MmaTiling {
     // Past 8 rows each step loads twice the input (both halves of the mma tile).
     let wide = rows > 8;
     match (bits, swiglu) {
         (8, true) if wide => MmaTiling { in_flight: 1, ..MMA_TILING },
+        // The MLP's down product (K = 16384) through the cp.async ring: 39.6 against 41.9 µs at 16
+        // rows (eval/results/2026-11-27-h100-three-engines); o_proj (K = 4096) was not swept so.
+        (8, false) if wide && n <= 4096 && k >= 16384 => MmaTiling { out_tiles: 2, in_flight: 3, grid_warps: 8192, async_copy: true },
         (8, false) if wide && n <= 4096 => MmaTiling { out_tiles: 2, ..MMA_TILING },
         (8, false) if wide && n <= 16384 => MmaTiling { out_tiles: 4, ..MMA_TILING },
         (8, false) if n <= 16384 => MmaTiling { in_flight: 1, ..MMA_TILING },
@@ -577,7 +580,7 @@ fn quantized_matmul_t_mma(
     let width = shape[shape.len() - 1];
     let (source, inputs) = kernel_for([&QMM, &QMM_SWIGLU, &QMM_RESIDUAL], epilogue, x, packed, scales, biases);
     let swiglu = matches!(epilogue, Epilogue::SwiGlu);
-    let t = MMA_TILING_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| mma_tiling(packed.shape()[0], bits, swiglu, rows));
+    let t = MMA_TILING_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| mma_tiling(packed.shape()[0], k, bits, swiglu, rows));
     let blocks = (width + 8 * t.out_tiles - 1) / (8 * t.out_tiles);
     // 64-byte steps along K; split over the block's warps so that the grid has about
     // `grid_warps` warps (small matrices fill the GPU with loads too), each with a few steps;
