@@ -730,17 +730,23 @@ fn check_parts(buffers: &[[Array; 4]], caches: &[(i32, usize, usize)], quantized
         .iter()
         .zip(caches)
         .map(|([k, v, kr, vr], &(_, len, settled))| {
-            let recent = settled < len;
-            if !quantized {
-                return Ok(KvParts { keys: k.clone(), values: v.clone(), recent: recent.then(|| (kr.clone(), vr.clone())), settled, len, scales: None });
+            if quantized {
+                return quantized_parts([k, v, kr, vr], settled, len, 32);
             }
-            let quantize = |x: &Array| ops::quantize(x, 32, 8);
-            let ((k, ks, kb), (v, vs, vb)) = (quantize(k)?, quantize(v)?);
-            let ((kr, krs, krb), (vr, vrs, vrb)) = (quantize(kr)?, quantize(vr)?);
-            let scales = KvScales { bits: 8, group: 32, history: [ks, kb, vs, vb], recent: recent.then_some([krs, krb, vrs, vrb]) };
-            Ok(KvParts { keys: k, values: v, recent: recent.then_some((kr, vr)), settled, len, scales: Some(scales) })
+            Ok(KvParts { keys: k.clone(), values: v.clone(), recent: (settled < len).then(|| (kr.clone(), vr.clone())), settled, len, scales: None })
         })
         .collect()
+}
+
+/// A kernel check's buffers (history keys, values, recent keys, values; recent tokens when
+/// `settled < len`) as an 8-bit cache holds them: quantized to 8 bits in groups of `group`.
+pub fn quantized_parts([k, v, kr, vr]: [&Array; 4], settled: usize, len: usize, group: i32) -> Result<KvParts> {
+    let recent = settled < len;
+    let quantize = |x: &Array| ops::quantize(x, group, 8);
+    let ((k, ks, kb), (v, vs, vb)) = (quantize(k)?, quantize(v)?);
+    let ((kr, krs, krb), (vr, vrs, vrb)) = (quantize(kr)?, quantize(vr)?);
+    let scales = KvScales { bits: 8, group, history: [ks, kb, vs, vb], recent: recent.then_some([krs, krb, vrs, vrb]) };
+    Ok(KvParts { keys: k, values: v, recent: recent.then_some((kr, vr)), settled, len, scales: Some(scales) })
 }
 
 /// Sequences per launch of the decode attention kernel: each brings four buffers as kernel

@@ -17,7 +17,7 @@
 //! `[B, Hkv, L, d]`, compressed keys `[B, Hkv, n, d]`. The `Hq / Hkv` query heads of a KV group
 //! share one block selection.
 
-use crate::engine::cache::{KvCache, KvParts, KvScales};
+use crate::engine::cache::{KvCache, KvParts};
 use crate::engine::ops::{arange_i32, scalar, Pacer};
 use crate::kernels::custom::{backend, Backend};
 use crate::kernels::selfcheck::{self, sample, sample_quarters, verify, KernelCheck, Verdict, CUDA_AND_METAL, CUDA_ONLY};
@@ -452,15 +452,10 @@ fn check_sparse_attention(t: i32, gated: bool, settled: usize, quantized: bool, 
 /// A check's buffers (history keys, values, recent keys, values) as a cache holds them: as they
 /// are, or `quantized` to 8 bits in groups of 32 (MLX's affine format, as `--kv-bits 8` keeps them).
 fn check_kv_parts([k, v, kr, vr]: [&Array; 4], settled: usize, len: usize, quantized: bool) -> Result<KvParts> {
-    let recent = settled < len;
-    if !quantized {
-        return Ok(KvParts { keys: k.clone(), values: v.clone(), recent: recent.then(|| (kr.clone(), vr.clone())), settled, len, scales: None });
+    if quantized {
+        return sparse::quantized_parts([k, v, kr, vr], settled, len, 32);
     }
-    let quantize = |x: &Array| ops::quantize(x, 32, 8);
-    let ((k, ks, kb), (v, vs, vb)) = (quantize(k)?, quantize(v)?);
-    let ((kr, krs, krb), (vr, vrs, vrb)) = (quantize(kr)?, quantize(vr)?);
-    let scales = KvScales { bits: 8, group: 32, history: [ks, kb, vs, vb], recent: recent.then_some([krs, krb, vrs, vrb]) };
-    Ok(KvParts { keys: k, values: v, recent: recent.then_some((kr, vr)), settled, len, scales: Some(scales) })
+    Ok(KvParts { keys: k.clone(), values: v.clone(), recent: (settled < len).then(|| (kr.clone(), vr.clone())), settled, len, scales: None })
 }
 
 /// Queries per piece of [`block_sparse_attention_mlx`] (the 9B's gathered keys and values of
