@@ -685,6 +685,21 @@ fn block_sparse_attention_reads_an_8_bit_cache_in_place() {
     }
 }
 
+/// Decoding queries (and gates) of `b` sequences as the model hands them over: in the
+/// projection's rows `[b, 1, 3·Hq·d]`, a view of wider ones.
+fn projected_rows(b: i32, hq: i32, d: i32, seed: u64, dtype: Dtype) -> Array {
+    randn(&[b, 1, 3 * hq * d + 8], seed, dtype).try_index((.., .., 8..)).unwrap()
+}
+
+/// [`decode_attention`]'s oracle: MLX's attention in float32 over each cache's filled rows
+/// (dequantized, for an 8-bit cache), times σ(gate) when there is one.
+fn decode_oracle(q: &Array, gate: Option<&Array>, parts: &[KvParts], scale: f32) -> Array {
+    let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+    let filled: Vec<_> = parts.iter().map(|p| p.filled().unwrap()).map(|(k, v)| (f(&k), f(&v))).collect();
+    let rows: Vec<_> = filled.iter().zip(parts).map(|((k, v), p)| KvParts::history(k, v, p.len)).collect();
+    heads_to_rows(&decode_attention_mlx(&f(q), &rows, scale).unwrap(), gate.map(f).as_ref()).unwrap()
+}
+
 #[test]
 #[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn decode_attention_of_a_batch_matches_mlx() {
@@ -705,9 +720,7 @@ fn decode_attention_of_a_batch_matches_mlx() {
     for (i, &(hq, hkv, d, dtype, lens)) in cases.iter().enumerate() {
         let seed = 2000 + 10 * i as u64;
         let b = lens.len() as i32;
-        // q and the output gate as the model hands them over: in the projection's rows, a view of
-        // wider ones.
-        let projected = randn(&[b, 1, 3 * hq * d + 8], seed, dtype).try_index((.., .., 8..)).unwrap();
+        let projected = projected_rows(b, hq, d, seed, dtype);
         let query = DecodeQuery { rows: &projected, heads: hq, head_dim: d, q_col: 0, gate_col: (i % 2 == 1).then_some(2 * hq * d) };
         let (q, gate) = (query.heads().unwrap(), query.gate().unwrap());
         // Each cache as a poisoned history buffer, and, for odd rows, as a history plus its last
@@ -738,13 +751,7 @@ fn decode_attention_of_a_batch_matches_mlx() {
         let scale = (d as f32).powf(-0.5);
         let on_tensor_cores = with_decode_kernel(DecodeKernel::TensorCores, || decode_attention(&query, &parts, scale).unwrap());
         let on_cuda_cores = with_decode_kernel(DecodeKernel::CudaCores, || decode_attention(&query, &parts, scale).unwrap());
-        // The oracle in float32.
-        let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
-        let filled: Vec<_> = parts.iter().map(|p| p.filled().unwrap()).collect();
-        let f32_parts: Vec<_> = filled.iter().map(|(k, v)| (f(k), f(v))).collect();
-        let oracle_parts: Vec<_> = f32_parts.iter().zip(lens).map(|((k, v), &len)| KvParts::history(k, v, len)).collect();
-        let want = decode_attention_mlx(&f(&q), &oracle_parts, scale).unwrap();
-        let want = heads_to_rows(&want, gate.map(|g| f(&g)).as_ref()).unwrap();
+        let want = decode_oracle(&q, gate.as_ref(), &parts, scale);
         for (kernel, got) in [("tensor cores where they fit", &on_tensor_cores), ("CUDA cores", &on_cuda_cores)] {
             assert_eq!(got.shape(), &[b, 1, hq * d]);
             assert_eq!(got.dtype(), dtype);
@@ -770,7 +777,7 @@ fn decode_attention_reads_8_bit_caches_in_place() {
     for (i, &(hq, hkv, d, dtype, lens)) in cases.iter().enumerate() {
         let seed = 4000 + 10 * i as u64;
         let b = lens.len() as i32;
-        let projected = randn(&[b, 1, 3 * hq * d + 8], seed, dtype).try_index((.., .., 8..)).unwrap();
+        let projected = projected_rows(b, hq, d, seed, dtype);
         let query = DecodeQuery { rows: &projected, heads: hq, head_dim: d, q_col: 0, gate_col: (i % 2 == 0).then_some(2 * hq * d) };
         let (q, gate) = (query.heads().unwrap(), query.gate().unwrap());
         // 8-bit caches: a history, and for odd rows its last few positions behind the recent tokens.
@@ -796,12 +803,8 @@ fn decode_attention_reads_8_bit_caches_in_place() {
         assert!(parts.iter().all(reads_codes_in_place), "case {i}: codes in place");
         let scale = (d as f32).powf(-0.5);
         let got = decode_attention(&query, &parts, scale).unwrap();
-        // The oracle: MLX's attention in float32 over the rows dequantized.
-        let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
-        let filled: Vec<_> = parts.iter().map(|p| p.filled().unwrap()).map(|(k, v)| (f(&k), f(&v))).collect();
-        let oracle_parts: Vec<_> = filled.iter().zip(lens).map(|((k, v), &len)| KvParts::history(k, v, len)).collect();
-        let want = decode_attention_mlx(&f(&q), &oracle_parts, scale).unwrap();
-        let want = heads_to_rows(&want, gate.map(|g| f(&g)).as_ref()).unwrap();
+        // The oracle reads the rows dequantized.
+        let want = decode_oracle(&q, gate.as_ref(), &parts, scale);
         assert_eq!((got.shape(), got.dtype()), (&[b, 1, hq * d][..], dtype), "case {i}");
         let err = rel_err(&got, &want);
         let tol = if dtype == Dtype::Float32 { 1e-4 } else { 1e-2 };

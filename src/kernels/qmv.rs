@@ -297,8 +297,8 @@ fn mma_tiling(n: i32, k: i32, bits: i32, swiglu: bool, rows: i32) -> MmaTiling {
     let wide = rows > 8;
     match (bits, swiglu) {
         (8, true) if wide => MmaTiling { in_flight: 1, ..MMA_TILING },
-        // The MLP's down product (K = 16384) through the cp.async ring: 39.6 against 41.9 µs at 16
-        // rows (eval/results/2026-11-27-h100-three-engines); o_proj (K = 4096) was not swept so.
+        // The MLP's down product (K = 16384) through the cp.async ring, the fastest in the 16-row
+        // sweep (eval/results/kernel-notes.md); o_proj (K = 4096) was not swept so.
         (8, false) if wide && n <= 4096 && k >= 16384 => MmaTiling { out_tiles: 2, in_flight: 3, grid_warps: 8192, async_copy: true },
         (8, false) if wide && n <= 4096 => MmaTiling { out_tiles: 2, ..MMA_TILING },
         (8, false) if wide && n <= 16384 => MmaTiling { out_tiles: 4, ..MMA_TILING },

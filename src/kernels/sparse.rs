@@ -419,6 +419,32 @@ fn kv_scale_buffers(scales: &KvScales) -> [Array; 8] {
     [ks, kb, vs, vb, rks, rkb, rvs, rvb].map(Array::clone)
 }
 
+/// Launches a block-sparse attention kernel on `q`, the cache's buffers, `blocks` and `params`:
+/// `sources[0]` over plain rows, or `sources[1]` over an 8-bit cache's codes ([`Q8_INPUTS`], with
+/// the template's `QGROUP` set to its group).
+fn apply_over_cache(
+    sources: [&'static KernelSource; 2],
+    q: &Array,
+    kv: &KvParts,
+    blocks: &Array,
+    params: &Array,
+    mut launch: Launch<'static>,
+) -> Result<Vec<Array>> {
+    let [k, v, recent_k, recent_v] = kv_buffers(kv);
+    let scales = kv.scales.as_ref().map(|s| (s.group, kv_scale_buffers(s)));
+    let mut inputs = vec![q, &k, &v, &recent_k, &recent_v];
+    let source = match &scales {
+        Some((group, buffers)) => {
+            launch.template.push(("QGROUP", TemplateArg::Int(*group)));
+            inputs.extend(buffers);
+            sources[1]
+        }
+        None => sources[0],
+    };
+    inputs.extend([blocks, params]);
+    apply(source, &inputs, launch)
+}
+
 /// Whether the CUDA kernels reading an 8-bit cache in place take these parts: 8-bit codes, and
 /// groups that hold whole 16-code pieces.
 pub fn reads_codes_in_place(kv: &KvParts) -> bool {
@@ -446,18 +472,9 @@ pub fn block_sparse_attention_gpu(
     let nsplit = splits_of_selected_blocks((fill_blocks() / (t * hkv)).max(1), nsel);
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
-    let [k, v, recent_k, recent_v] = kv_buffers(kv);
-    let blocks = blocks.contiguous()?;
-    let mut launch = split_attention_launch(q.dtype(), t, hq, hkv, d, block as i32, nsplit, scale);
-    let out = match &kv.scales {
-        Some(scales) => {
-            launch.template.push(("QGROUP", TemplateArg::Int(scales.group)));
-            let sb = kv_scale_buffers(scales);
-            let inputs: Vec<&Array> = [&q3, &k, &v, &recent_k, &recent_v].into_iter().chain(&sb).chain([&blocks, &params]).collect();
-            apply(&BLOCK_SPARSE_ATTENTION_Q8, &inputs, launch)?
-        }
-        None => apply(&BLOCK_SPARSE_ATTENTION, &[&q3, &k, &v, &recent_k, &recent_v, &blocks, &params], launch)?,
-    };
+    let launch = split_attention_launch(q.dtype(), t, hq, hkv, d, block as i32, nsplit, scale);
+    let sources = [&BLOCK_SPARSE_ATTENTION, &BLOCK_SPARSE_ATTENTION_Q8];
+    let out = apply_over_cache(sources, &q3, kv, &blocks.contiguous()?, &params, launch)?;
     merge_splits(&out[0], &out[1], vec![1, t, hq * d], q.dtype(), gate)
 }
 
@@ -1109,10 +1126,8 @@ pub fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_
     let hkv = kv.keys.shape()[1];
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
-    let [k, v, recent_k, recent_v] = kv_buffers(kv);
-    let blocks = blocks.contiguous()?;
     let qpb = MMA_QUERIES_PER_BLOCK;
-    let mut launch = Launch {
+    let launch = Launch {
         grid: (32 * qpb, (t + qpb - 1) / qpb, hkv),
         threads: (32 * qpb, 1, 1),
         outputs: vec![(vec![1, hq, t, d], q.dtype())],
@@ -1126,15 +1141,8 @@ pub fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_
         ],
         init: None,
     };
-    let out = match &kv.scales {
-        Some(scales) => {
-            launch.template.push(("QGROUP", TemplateArg::Int(scales.group)));
-            let sb = kv_scale_buffers(scales);
-            let inputs: Vec<&Array> = [&q3, &k, &v, &recent_k, &recent_v].into_iter().chain(&sb).chain([&blocks, &params]).collect();
-            apply(&BLOCK_SPARSE_PREFILL_Q8, &inputs, launch)?
-        }
-        None => apply(&BLOCK_SPARSE_PREFILL, &[&q3, &k, &v, &recent_k, &recent_v, &blocks, &params], launch)?,
-    };
+    let sources = [&BLOCK_SPARSE_PREFILL, &BLOCK_SPARSE_PREFILL_Q8];
+    let out = apply_over_cache(sources, &q3, kv, &blocks.contiguous()?, &params, launch)?;
     Ok(out.into_iter().next().expect("one output"))
 }
 
