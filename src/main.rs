@@ -6,10 +6,15 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let result = sala::cli::main();
-    sala::engine::device::settle();
-    if let Err(error) = result {
-        eprintln!("error: {error:#}");
-        std::process::exit(1);
+    let code = match sala::cli::main() {
+        Ok(()) => 0,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            1
+        }
+    };
+    sala::engine::device::finish(code);
+    if code != 0 {
+        std::process::exit(code);
     }
 }
