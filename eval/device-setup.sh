@@ -1,9 +1,10 @@
 # Sourced by the device scripts: unpacks the binaries carried in .device/bin.tar.xz into
-# .device/bin ($BIN), puts the carried MLX CUDA runtime on the path, keeps the kernels' self-check
-# memo under $OUT, and records the GPU in $OUT/device.txt.
+# .device/bin ($BIN), puts the carried MLX CUDA runtime on the path (MLX_BUNDLE, default
+# .device/mlx-cuda; eval/device-compare.sh's --with-python bundle serves as well), keeps the
+# kernels' self-check memo under $OUT, and records the GPU in $OUT/device.txt.
 tar xJf .device/bin.tar.xz -C .device
 BIN=.device/bin
-source .device/mlx-cuda/activate.sh
+source "${MLX_BUNDLE:-.device/mlx-cuda}/activate.sh"
 OUT=${OUT:-/tmp}
 export XDG_CACHE_HOME=$OUT/cache
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
