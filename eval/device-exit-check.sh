@@ -25,7 +25,7 @@ run_case() {
     # gdb's own exit status is the program's (or 99 after a signal).
     rc=$?
     grep -q "exited normally" "$OUT/gdb-$c-$tag.txt" && rc=0
-    [ "$rc" = 0 ] && rm -f "$OUT/gdb-$c-$tag.txt" || { echo "===== $c $tag"; cat "$OUT/gdb-$c-$tag.txt"; } >> "$OUT/exit-backtraces.txt"
+    [ "$rc" = 0 ] || { echo "===== $c $tag"; cat "$OUT/gdb-$c-$tag.txt"; } >> "$OUT/exit-backtraces.txt"
     rm -f "$OUT/gdb-$c-$tag.txt"
   else
     timeout "$(left)" "$BIN/sala" "${args[@]}" > /dev/null 2> "$OUT/err-$c-$tag.txt"

@@ -746,23 +746,23 @@ fn check_parts(buffers: &[[Array; 4]], caches: &[(i32, usize, usize)], quantized
     buffers
         .iter()
         .zip(caches)
-        .map(|([k, v, kr, vr], &(_, len, settled))| {
-            if quantized {
-                return quantized_parts([k, v, kr, vr], settled, len, 32);
-            }
-            Ok(KvParts { keys: k.clone(), values: v.clone(), recent: (settled < len).then(|| (kr.clone(), vr.clone())), settled, len, scales: None })
-        })
+        .map(|([k, v, kr, vr], &(_, len, settled))| check_kv_parts([k, v, kr, vr], settled, len, quantized))
         .collect()
 }
 
 /// A kernel check's buffers (history keys, values, recent keys, values; recent tokens when
-/// `settled < len`) as an 8-bit cache holds them: quantized to 8 bits in groups of `group`.
-pub fn quantized_parts([k, v, kr, vr]: [&Array; 4], settled: usize, len: usize, group: i32) -> Result<KvParts> {
+/// `settled < len`) as a cache holds them: as they are, or `quantized` to 8 bits in groups of 32
+/// (MLX's affine format, as `--kv-bits 8` keeps them).
+pub fn check_kv_parts([k, v, kr, vr]: [&Array; 4], settled: usize, len: usize, quantized: bool) -> Result<KvParts> {
     let recent = settled < len;
-    let quantize = |x: &Array| ops::quantize(x, group, 8);
+    if !quantized {
+        return Ok(KvParts { keys: k.clone(), values: v.clone(), recent: recent.then(|| (kr.clone(), vr.clone())), settled, len, scales: None });
+    }
+    let (group, bits) = (32, 8);
+    let quantize = |x: &Array| ops::quantize(x, group, bits);
     let ((k, ks, kb), (v, vs, vb)) = (quantize(k)?, quantize(v)?);
     let ((kr, krs, krb), (vr, vrs, vrb)) = (quantize(kr)?, quantize(vr)?);
-    let scales = KvScales { bits: 8, group, history: [ks, kb, vs, vb], recent: recent.then_some([krs, krb, vrs, vrb]) };
+    let scales = KvScales { bits, group, history: [ks, kb, vs, vb], recent: recent.then_some([krs, krb, vrs, vrb]) };
     Ok(KvParts { keys: k, values: v, recent: recent.then_some((kr, vr)), settled, len, scales: Some(scales) })
 }
 

@@ -436,26 +436,17 @@ fn check_sparse_attention(t: i32, gated: bool, settled: usize, quantized: bool, 
         },
         |(q, gate_rows, k, v, kr, vr, blocks)| {
             let gate = gated.then(|| gate_rows.try_index((.., .., hq * d..))).transpose()?;
-            let kv = check_kv_parts([k, v, kr, vr], settled, len, quantized)?;
+            let kv = sparse::check_kv_parts([k, v, kr, vr], settled, len, quantized)?;
             Ok(vec![kernel(q, &kv, blocks, first, scale, gate.as_ref())?])
         },
         |(q, gate_rows, k, v, kr, vr, blocks)| {
             let gate = gated.then(|| gate_rows.try_index((.., .., hq * d..))).transpose()?;
-            let kv = check_kv_parts([k, v, kr, vr], settled, len, quantized)?;
+            let kv = sparse::check_kv_parts([k, v, kr, vr], settled, len, quantized)?;
             let (k, v) = kv.filled()?;
             Ok(vec![heads_to_rows(&block_sparse_attention_mlx(q, &k, &v, blocks, first, 64, scale)?, gate.as_ref())?])
         },
     )
     .map_err(|reason| format!("{t} queries: {reason}"))
-}
-
-/// A check's buffers (history keys, values, recent keys, values) as a cache holds them: as they
-/// are, or `quantized` to 8 bits in groups of 32 (MLX's affine format, as `--kv-bits 8` keeps them).
-fn check_kv_parts([k, v, kr, vr]: [&Array; 4], settled: usize, len: usize, quantized: bool) -> Result<KvParts> {
-    if quantized {
-        return sparse::quantized_parts([k, v, kr, vr], settled, len, 32);
-    }
-    Ok(KvParts { keys: k.clone(), values: v.clone(), recent: (settled < len).then(|| (kr.clone(), vr.clone())), settled, len, scales: None })
 }
 
 /// Queries per piece of [`block_sparse_attention_mlx`] (the 9B's gathered keys and values of
