@@ -191,6 +191,91 @@ fn a_download_that_hangs_can_be_cancelled_by_deleting_it() {
     let _ = std::fs::remove_dir_all(cache);
 }
 
+/// An object schema of `n` string properties (all required, or all optional), as
+/// `response_format` sends it.
+fn wide_response_format(n: usize, required: bool) -> String {
+    let properties: serde_json::Map<String, Value> = (0..n).map(|i| (format!("field_{i}"), json!({"type": "string"}))).collect();
+    let mut schema = json!({"type": "object", "properties": properties, "additionalProperties": false});
+    if required {
+        schema["required"] = (0..n).map(|i| json!(format!("field_{i}"))).collect();
+    }
+    format!(", \"max_tokens\": 14, \"response_format\": {}", json!({"type": "json_schema", "json_schema": {"name": "wide", "schema": schema}}))
+}
+
+#[test]
+fn a_schema_too_large_to_enforce_is_a_400_and_the_server_stays_up() {
+    // The config's own end token: constrained decoding needs one within the vocabulary.
+    let mut server = Server::start(&common::golden_with_tokenizer("A_dense_f32", "serve-schema", None), &["--device", "cpu"], 200);
+    let port = server.port;
+    // 10,000 properties (292 KiB) overflowed the stack of the thread compiling it: SIGABRT.
+    for required in [false, true] {
+        let r = post(port, &chat(HI, &wide_response_format(10_000, required)));
+        assert!(r.status == 400 && r.is_api_error() && r.json()["error"]["param"] == "response_format", "{} {}", r.status, &r.body[..r.body.len().min(300)]);
+        assert!(r.body.contains("10000 object properties") && r.body.contains("5000"), "{}", r.body);
+    }
+    // Spread over tools, they count together.
+    let tool = |i: usize| {
+        let properties: serde_json::Map<String, Value> = (0..2000).map(|j| (format!("a{j}"), json!({"type": "integer"}))).collect();
+        json!({"type": "function", "function": {"name": format!("f{i}"), "parameters": {"type": "object", "properties": properties}}})
+    };
+    let tools = format!(", \"tool_choice\": \"required\", \"tools\": {}", json!([tool(0), tool(1), tool(2)]));
+    let r = post(port, &chat(HI, &tools));
+    assert!(r.status == 400 && r.json()["error"]["param"] == "tools" && r.body.contains("6000 object properties"), "{} {}", r.status, &r.body[..r.body.len().min(300)]);
+    // The widest allowed compiles and is enforced; as many optional properties compile too, but
+    // offer more choices at a step than llguidance weighs (2000 items): a 400 when generating.
+    let r = post(port, &chat(HI, &wide_response_format(5000, true)));
+    assert!(r.status == 200 && r.json()["choices"][0]["message"]["content"].as_str().is_some_and(|c| c.starts_with("{\"field_0\": ")), "{}", &r.body[..r.body.len().min(300)]);
+    let r = post(port, &chat(HI, &wide_response_format(5000, false)));
+    assert!(r.status == 400 && r.is_api_error(), "{} {}", r.status, &r.body[..r.body.len().min(300)]);
+    let r = post(port, &chat(HI, ", \"max_tokens\": 2"));
+    assert!(r.status == 200 && r.json()["choices"][0]["message"]["role"] == "assistant", "{} {}", r.status, r.body);
+    assert!(server.child.try_wait().unwrap().is_none(), "the server exited");
+}
+
+#[test]
+fn an_empty_api_key_is_refused_at_start() {
+    // `--api-key "$KEY"` with KEY unset served everyone, downloads and deletions included.
+    for key in ["", "   ", " padded", "line\nbreak"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sala"))
+            .args(["serve", "--device", "cpu", "--port", "0", "--host", "0.0.0.0", "--api-key", key, "--model"])
+            .arg(model())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("--api-key"), "{key:?}: {:?} {stderr}", out.status);
+        assert!(!stderr.contains("listening on"), "{key:?}: {stderr}");
+    }
+}
+
+/// Sends `body` to `path` without reading the answer, waits `wait`, then hangs up.
+fn abandon(port: u16, path: &str, body: &str, wait: Duration) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let head = format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+    s.write_all((head + body).as_bytes()).unwrap();
+    std::thread::sleep(wait);
+    drop(s);
+}
+
+#[test]
+fn an_abandoned_non_streamed_request_frees_its_slot() {
+    // One slot: while a request holds it, the next waits. A client that hung up on a 1,500-token
+    // answer kept it busy to the end (the next tiny request waited 91.6 s).
+    let server = Server::start(&model(), &["--device", "cpu", "--parallel", "1"], 200);
+    let port = server.port;
+    let long = |extra: &str| format!("\"max_tokens\": 50000, \"temperature\": 0{extra}");
+    let chat_body = format!("{{\"messages\": {HI}, {}}}", long(""));
+    let messages_body = format!("{{\"model\": \"m\", \"messages\": {HI}, {}}}", long(""));
+    let completion_body = format!("{{\"prompt\": \"Once upon\", {}}}", long(""));
+    for (path, body) in [("/v1/chat/completions", chat_body), ("/v1/messages", messages_body), ("/v1/completions", completion_body)] {
+        abandon(port, path, &body, Duration::from_millis(1500));
+        let asked = Instant::now();
+        let r = post(port, &chat(HI, ", \"max_tokens\": 2"));
+        let took = asked.elapsed();
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        assert!(took < Duration::from_secs(3), "{path}: the next request waited {took:?} behind an abandoned one");
+    }
+}
+
 /// A streamed answer: the `data:` payloads, in order.
 fn stream_events(s: &mut TcpStream) -> Vec<String> {
     let mut text = String::new();
@@ -231,8 +316,9 @@ fn sigterm_drains_streams_and_exits_cleanly() {
     assert_eq!(server.child.wait().unwrap().code(), Some(0));
 }
 
-/// What the soak's clients send, good and bad.
-const KINDS: usize = 12;
+/// What the soak's clients send, good and bad (coprime to the step of 7 between a client's
+/// requests, so each client goes through every kind).
+const KINDS: usize = 15;
 
 #[test]
 fn soak_bad_requests_among_good_ones_then_sigterm() {
@@ -335,6 +421,17 @@ fn soak_request(port: u16, kind: usize) -> Result<(), String> {
                 Some(r) if r.status < 400 || r.status >= 500 => Err(format!("{} {}", r.status, r.body)),
                 _ => Ok(()),
             }
+        }
+        12 => expect_error(request(port, "POST", "/v1/chat/completions", Some(&chat(HI, &wide_response_format(10_000, false))), &[]), 400),
+        13 | 14 => {
+            // A long non-streamed answer abandoned: cancelled when the client hangs up, so it
+            // cannot hold a slot the good requests wait for.
+            let (path, body) = match kind {
+                13 => ("/v1/chat/completions", chat(HI, ", \"max_tokens\": 20000")),
+                _ => ("/v1/messages", format!("{{\"model\": \"m\", \"max_tokens\": 20000, \"messages\": {HI}}}")),
+            };
+            abandon(port, path, &body, Duration::from_millis(300));
+            Ok(())
         }
         _ => {
             let r = request(port, "GET", "/health", None, &[]).ok_or("no answer")?;

@@ -15,8 +15,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
     /// Require the key on every endpoint but /health, as `Authorization: Bearer KEY` (OpenAI
-    /// clients) or `x-api-key: KEY` (Anthropic clients)
-    #[arg(long)]
+    /// clients) or `x-api-key: KEY` (Anthropic clients). Printable ASCII, not empty, no space
+    /// at either end (an empty key, as an unset `$KEY` gives, is refused)
+    #[arg(long, value_name = "KEY", value_parser = parse_api_key)]
     pub api_key: Option<String>,
     /// Tokens per answer when a request does not say
     #[arg(long, default_value_t = 2048)]
@@ -50,6 +51,21 @@ pub struct ServeArgs {
     pub keep_alive: KeepAlive,
     #[command(flatten)]
     pub tp: super::TpArgs,
+}
+
+/// `--api-key`: a key a client can send in a header. An empty one (what `--api-key "$KEY"`
+/// gives when the variable is unset) would otherwise serve everyone as if it were a key.
+fn parse_api_key(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        return Err("the key is empty (an unset variable in `--api-key \"$KEY\"` gives this); set the key, or leave out --api-key to serve without one".into());
+    }
+    if text.trim() != text {
+        return Err("the key starts or ends with whitespace, which HTTP headers drop, so no client could send it; remove the spaces".into());
+    }
+    if let Some(c) = text.chars().find(|c| !(' '..='~').contains(c)) {
+        return Err(format!("the key holds {c:?}, which an HTTP header cannot carry as is; use printable ASCII only"));
+    }
+    Ok(text.to_string())
 }
 
 /// `--keep-alive`: a duration, or never.

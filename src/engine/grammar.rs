@@ -10,6 +10,64 @@ use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie, Toke
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
 use std::sync::Arc;
+use std::time::Duration;
+
+/// Most object properties the schemas of one answer may declare together (OpenAI's limit for
+/// structured outputs): llguidance compiles an object's optional properties in time quadratic in
+/// their number, and 10,000 take seconds.
+pub const MAX_SCHEMA_PROPERTIES: usize = 5000;
+/// Longest a grammar may take to compile; past it the answer is refused (the compile finishes in
+/// the background, bounded by llguidance's own limits).
+pub const COMPILE_TIME_LIMIT: Duration = Duration::from_secs(10);
+/// Stack of the thread that compiles: llguidance recurses once per property of an object, past
+/// the 2 MiB of a runtime's worker thread (only the pages touched are ever committed).
+const COMPILE_STACK_BYTES: usize = 256 << 20;
+
+/// Refuses schemas that together declare more than [`MAX_SCHEMA_PROPERTIES`] object properties,
+/// counted without recursion (a schema is as deep as its sender makes it).
+pub fn check_schema_size<'a>(schemas: impl IntoIterator<Item = &'a Value>) -> Result<()> {
+    let mut pending: Vec<&Value> = schemas.into_iter().collect();
+    let mut properties = 0usize;
+    while let Some(value) = pending.pop() {
+        match value {
+            Value::Object(map) => {
+                if let Some(Value::Object(declared)) = map.get("properties") {
+                    properties += declared.len();
+                }
+                pending.extend(map.values());
+            }
+            Value::Array(items) => pending.extend(items),
+            _ => {}
+        }
+    }
+    if properties > MAX_SCHEMA_PROPERTIES {
+        return Err(Error::Grammar(format!(
+            "the schemas declare {properties} object properties, over the limit of {MAX_SCHEMA_PROPERTIES} that can be enforced \
+             (larger ones take too long to compile); split the request or declare fewer properties"
+        )));
+    }
+    Ok(())
+}
+
+/// Runs `work` on a thread with [`COMPILE_STACK_BYTES`] of stack, waiting at most `limit`.
+fn on_compile_thread<T: Send + 'static>(limit: Duration, work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("grammar-compile".into())
+        .stack_size(COMPILE_STACK_BYTES)
+        .spawn(move || {
+            let _ = tx.send(work());
+        })
+        .map_err(|e| Error::Grammar(format!("no thread to compile the grammar on: {e}")))?;
+    match rx.recv_timeout(limit) {
+        Ok(compiled) => compiled,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(Error::Grammar(format!(
+            "compiling it took longer than {} s, the limit; make the schema or grammar smaller",
+            limit.as_secs_f32()
+        ))),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::Grammar("the grammar compiler stopped without an answer".into())),
+    }
+}
 
 /// What an answer must be.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -131,13 +189,26 @@ impl GrammarCompiler {
 
     /// A fresh constraint for one answer; a grammar the engine cannot compile (bad syntax, an
     /// unsupported or unsatisfiable schema) is an error naming the problem.
+    /// Compiles on a thread of its own with a large stack, within [`COMPILE_TIME_LIMIT`]; schemas
+    /// over [`MAX_SCHEMA_PROPERTIES`] are refused before.
     pub fn compile(&self, grammar: &Grammar, reasoning: Reasoning) -> Result<Constraint> {
-        let top = grammar.top_level(reasoning)?;
-        let parser = contain("compiling the grammar", || self.factory.create_parser(top).map_err(|e| Error::Grammar(format!("{e:#}"))))?;
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            return Err(Error::Grammar(e));
+        self.compile_within(grammar, reasoning, COMPILE_TIME_LIMIT)
+    }
+
+    fn compile_within(&self, grammar: &Grammar, reasoning: Reasoning, limit: Duration) -> Result<Constraint> {
+        if let Grammar::JsonSchema(schema) = grammar {
+            check_schema_size([schema])?;
         }
+        let top = grammar.top_level(reasoning)?;
+        let factory = self.factory.clone();
+        let matcher = on_compile_thread(limit, move || {
+            let parser = contain("compiling the grammar", || factory.create_parser(top).map_err(|e| Error::Grammar(format!("{e:#}"))))?;
+            let matcher = Matcher::new(Ok(parser));
+            match matcher.get_error() {
+                Some(e) => Err(Error::Grammar(e)),
+                None => Ok(matcher),
+            }
+        })?;
         Ok(Constraint { matcher, eos: self.factory.tok_env().tok_trie().eos_tokens().to_vec(), source: (grammar.clone(), reasoning) })
     }
 }
@@ -247,6 +318,46 @@ pub(crate) mod tests {
             rest = rest[piece.len()..].to_string();
         }
         Ok(())
+    }
+
+    /// An object of `n` string properties, all optional.
+    fn wide_schema(n: usize) -> Value {
+        let properties: serde_json::Map<String, Value> = (0..n).map(|i| (format!("p{i}"), json!({"type": "string"}))).collect();
+        json!({"type": "object", "properties": properties, "additionalProperties": false})
+    }
+
+    /// 10,000 properties overflowed a 2 MiB stack and aborted the server; now they are refused by
+    /// name, and the largest allowed compiles on the caller's small stack.
+    #[test]
+    fn a_schema_too_wide_is_refused_and_the_widest_allowed_compiles_on_a_small_stack() {
+        let tok = toy_tokenizer();
+        let eos = tok["added_tokens"][0]["id"].as_u64().unwrap() as u32;
+        let compiler = GrammarCompiler::new(&tok, eos as usize + 8, &[eos]).unwrap();
+        let Err(Error::Grammar(message)) = compiler.compile(&Grammar::JsonSchema(wide_schema(10_000)), Reasoning::Off) else { panic!("compiled") };
+        assert!(message.contains("10000 object properties") && message.contains("5000"), "{message}");
+        // Spread over nested objects and arrays, the count is the same.
+        let nested = json!({"type": "array", "items": [wide_schema(3000), {"anyOf": [wide_schema(2001)]}]});
+        let Err(Error::Grammar(message)) = compiler.compile(&Grammar::JsonSchema(nested), Reasoning::Off) else { panic!("compiled") };
+        assert!(message.contains("5001 object properties"), "{message}");
+        let widest = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || compiler.compile(&Grammar::JsonSchema(wide_schema(MAX_SCHEMA_PROPERTIES)), Reasoning::Off).map(|mut c| c.mask().map(|m| m.count())))
+            .unwrap()
+            .join()
+            .expect("no overflow");
+        assert!(matches!(widest, Ok(Ok(n)) if n > 0), "{:?}", widest.map(|r| r.is_ok()));
+    }
+
+    #[test]
+    fn a_compile_past_its_time_limit_is_refused() {
+        let Err(Error::Grammar(message)) = on_compile_thread(Duration::from_millis(50), || {
+            std::thread::sleep(Duration::from_millis(500));
+            Ok(())
+        }) else {
+            panic!("waited")
+        };
+        assert!(message.contains("longer than 0.05 s"), "{message}");
+        assert_eq!(on_compile_thread(Duration::from_secs(5), || Ok(7)).unwrap(), 7);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
@@ -301,7 +301,7 @@ fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -
            "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0})
 }
 
-async fn messages(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
+async fn messages(State(state): State<Arc<AppState>>, Extension(peer): Extension<super::Peer>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
     let (bytes, lease) = super::accept(&state, &headers, body).await?;
     let (prepared, thinking) = super::prepare_blocking(&state, &lease, move |served| {
@@ -321,6 +321,7 @@ async fn messages(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
     if request.stream {
         return Ok(stream(id, model, prompt_tokens, thinking, parser, rx));
     }
+    peer.unless_hung_up(async move {
     let (mut reasoning, mut text, mut calls) = (String::new(), String::new(), Vec::new());
     while let Some(event) = rx.recv().await {
         match event {
@@ -357,6 +358,8 @@ async fn messages(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
         }
     }
     Err(super::worker_gone())
+    })
+    .await
 }
 
 /// The block being streamed.

@@ -15,7 +15,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
@@ -273,7 +273,7 @@ impl Choice {
     }
 }
 
-pub async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
+pub(crate) async fn handle(State(state): State<Arc<AppState>>, Extension(peer): Extension<super::Peer>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
     let (bytes, lease) = super::accept(&state, &headers, body).await?;
     let (request, prompts) = super::prepare_blocking(&state, &lease, move |served| prepare(&bytes, served)).await?;
@@ -375,6 +375,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body
         });
         return Ok(Sse::new(tokio_stream::wrappers::UnboundedReceiverStream::new(out_rx)).keep_alive(KeepAlive::default()).into_response());
     }
+    peer.unless_hung_up(async move {
     let mut texts: Vec<String> = choices.iter().map(|c| if c.echo { c.prompt.echo_text.clone() } else { String::new() }).collect();
     let mut logprobs: Vec<Logprobs> = choices.iter().map(|_| Logprobs::default()).collect();
     let mut finish: Vec<Option<&'static str>> = vec![None; choices.len()];
@@ -424,6 +425,8 @@ pub async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body
         "usage": openai::usage(prompt_total, completion_total, cached_total),
     }))
     .into_response())
+    })
+    .await
 }
 
 #[cfg(test)]

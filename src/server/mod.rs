@@ -27,7 +27,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use answer::AnswerParser;
 use openai::ApiError;
 use scheduler::{Event, Job};
@@ -209,7 +209,12 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
                             continue;
                         }
                     };
-                    let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                    let peer = Peer::of(&stream);
+                    let app = app.clone();
+                    let service = hyper_util::service::TowerToHyperService::new(tower::service_fn(move |mut request: axum::http::Request<hyper::body::Incoming>| {
+                        request.extensions_mut().insert(peer.clone());
+                        tower::ServiceExt::oneshot(app.clone(), request)
+                    }));
                     let connection = http.serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(stream), service).into_owned();
                     let connection = connections.watch(connection);
                     tokio::spawn(async move {
@@ -312,6 +317,54 @@ async fn shutdown_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+/// The client's end of a request's connection, watched while the request runs: hyper reads
+/// nothing from a connection while its handler works, so without this a client that hangs up on
+/// a non-streamed request leaves it decoding to the end.
+#[derive(Clone)]
+pub(crate) struct Peer(Option<Arc<std::net::TcpStream>>);
+
+impl Peer {
+    /// How often a running request looks at its client's socket.
+    const LOOK_EVERY: Duration = Duration::from_millis(50);
+
+    /// A second handle on `stream`'s socket (non-blocking, as tokio's is), only ever peeked at.
+    fn of(stream: &tokio::net::TcpStream) -> Self {
+        use std::os::fd::AsFd;
+        Self(stream.as_fd().try_clone_to_owned().ok().map(|fd| Arc::new(std::net::TcpStream::from(fd))))
+    }
+
+    /// The client closed its end (end of stream, or the connection reset).
+    fn hung_up(&self) -> bool {
+        let Some(socket) = &self.0 else { return false };
+        match socket.peek(&mut [0u8; 1]) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted),
+        }
+    }
+
+    /// Runs `work` (a non-streamed answer being collected) unless the client hangs up first:
+    /// then `work` is dropped with the request's event channel, which the worker takes as a
+    /// cancellation at its next step.
+    pub(crate) async fn unless_hung_up<T>(&self, work: impl std::future::Future<Output = Result<T, ApiError>>) -> Result<T, ApiError> {
+        let watch = async {
+            while !self.hung_up() {
+                tokio::time::sleep(Self::LOOK_EVERY).await;
+            }
+        };
+        tokio::select! {
+            done = work => done,
+            _ = watch => Err(ApiError::new(
+                StatusCode::from_u16(499).expect("a valid status"),
+                "invalid_request_error",
+                "client_closed_request",
+                None,
+                "the client closed the connection; the request was cancelled",
+            )),
+        }
+    }
 }
 
 /// Every error the server sends is OpenAI-schema JSON, including the ones the HTTP layers make
@@ -509,7 +562,7 @@ pub(crate) fn worker_gone() -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "worker_gone", None, "the model worker stopped")
 }
 
-async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
+async fn chat(State(state): State<Arc<AppState>>, Extension(peer): Extension<Peer>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
     let (bytes, lease) = accept(&state, &headers, body).await?;
     let prepared = prepare_blocking(&state, &lease, move |served| openai::prepare_chat(&bytes, served)).await?;
@@ -530,6 +583,7 @@ async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum
         return Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response());
     }
     let mut parser = parser;
+    peer.unless_hung_up(async move {
     let (mut reasoning, mut content, mut calls, mut token_logprobs) = (String::new(), String::new(), Vec::new(), Vec::new());
     while let Some(event) = rx.recv().await {
         match event {
@@ -575,6 +629,8 @@ async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum
         }
     }
     Err(worker_gone())
+    })
+    .await
 }
 
 /// The SSE chunks of a streamed completion, ending with `data: [DONE]`. A task converts the

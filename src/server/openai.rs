@@ -485,6 +485,10 @@ pub fn prepare(request: ChatRequest, served: &Served) -> Result<PreparedChat, Ap
     let constraint = match request.grammar() {
         None => None,
         Some(grammar) => {
+            // Every schema goes into one grammar: their properties count together.
+            let tool_schemas = request.tools.iter().filter_map(|t| t.get("function")?.get("parameters"));
+            crate::engine::grammar::check_schema_size(request.response_format.iter().chain(tool_schemas))
+                .map_err(|e| ApiError::bad_request(if request.tools.is_empty() { "response_format" } else { "tools" }, &format!("{e}")))?;
             let compiler = tokenizer
                 .grammar_compiler(served.vocab_size, served.eos)
                 .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "grammar_unavailable", None, &e.to_string()))?;
