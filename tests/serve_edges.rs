@@ -247,6 +247,32 @@ fn an_empty_api_key_is_refused_at_start() {
     }
 }
 
+#[test]
+fn prompts_far_past_the_context_are_refused_before_tokenizing() {
+    // Six 7.8 MB bodies of distinct words at once took +3.5 GB and seconds of CPU to tokenize
+    // before their 400 (one alone +2.0 GB). The byte-level vocabulary here has 1-byte tokens, so
+    // 7.8 MB of text is at least ~2M tokens, far past the context.
+    let server = Server::start(&model(), &["--device", "cpu"], 200);
+    let port = server.port;
+    assert_eq!(post(port, &chat(HI, ", \"max_tokens\": 2")).status, 200);
+    let before = server.peak_rss();
+    let words: String = (0..780_000u32).map(|i| format!("word{i:05x} ")).collect();
+    let body = chat(&json!([{"role": "user", "content": words}]).to_string(), "");
+    assert!(body.len() > 7_000_000);
+    let completion = json!({"prompt": words, "max_tokens": 2}).to_string();
+    std::thread::scope(|scope| {
+        let chats: Vec<_> = (0..5).map(|_| scope.spawn(|| post(port, &body))).collect();
+        let text = scope.spawn(|| request(port, "POST", "/v1/completions", Some(&completion), &[]).unwrap());
+        for r in chats.into_iter().map(|c| c.join().unwrap()).chain([text.join().unwrap()]) {
+            let e = &r.json()["error"];
+            assert!(r.status == 400 && e["code"] == "context_length_exceeded" && e["message"].as_str().unwrap_or("").contains("at least"), "{} {}", r.status, &r.body[..r.body.len().min(300)]);
+        }
+    });
+    let grew = server.peak_rss().saturating_sub(before);
+    assert!(grew < 400 << 20, "the server's peak memory grew by {} MB", grew >> 20);
+    assert_eq!(post(port, &chat(HI, ", \"max_tokens\": 2")).status, 200);
+}
+
 /// Sends `body` to `path` without reading the answer, waits `wait`, then hangs up.
 fn abandon(port: u16, path: &str, body: &str, wait: Duration) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();

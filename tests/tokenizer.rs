@@ -208,3 +208,26 @@ fn sentencepiece_vocabulary_from_gguf_metadata_matches_the_hf_tokenizer() {
     }
     assert_eq!(ours.encode(KNOWN_TEXT, false).unwrap().get_ids(), &KNOWN_IDS);
 }
+
+/// The bound a server refuses overlong prompts on, before tokenizing them, never exceeds the
+/// real count (the MiniCPM tokenizer prepends a space and normalizes), and for a large text that
+/// fits it is close to it, so only prompts past the context are refused.
+#[test]
+fn fewest_tokens_is_a_lower_bound_that_stays_close() {
+    let tok = TextTokenizer::from_dir(&asset_dir(), Some(1)).unwrap().unwrap();
+    let english: String = (0..150_000u32).map(|i| format!("word{i:x} and, ")).collect();
+    let cjk = "模型在长上下文中检索信息。".repeat(40_000);
+    let unbroken = "abcdefghij".repeat(150_000);
+    let special = "<s></s>".repeat(200_000);
+    for (name, text) in [("english", &english), ("cjk", &cjk), ("no whitespace", &unbroken), ("special tokens", &special), ("short", &"Hello there".to_string())] {
+        let real = tok.encode_plain(text).unwrap().len();
+        let fewest = tok.fewest_tokens(text, usize::MAX).unwrap();
+        assert!(fewest <= real, "{name}: bound {fewest} over the real count {real}");
+        if text.len() > 1 << 20 {
+            assert!(fewest as f64 >= 0.99 * real as f64, "{name}: bound {fewest} far below the real count {real}");
+            // Past a limit it stops early, still below the real count.
+            let early = tok.fewest_tokens(text, real / 10).unwrap();
+            assert!(early > real / 10 && early <= real, "{name}: {early} against limit {} of {real}", real / 10);
+        }
+    }
+}

@@ -41,6 +41,8 @@ pub struct TextTokenizer {
     hidden: std::collections::HashSet<u32>,
     /// Each token's bytes, built on first use (APIs that report tokens).
     token_bytes: std::sync::OnceLock<Vec<Vec<u8>>>,
+    /// Bytes of the longest token, found on first use.
+    longest_token: std::sync::OnceLock<usize>,
 }
 
 /// Special tokens that stay in decoded text: they mark tool calls and reasoning, which the answer
@@ -164,6 +166,7 @@ impl TextTokenizer {
             grammar: std::sync::OnceLock::new(),
             hidden,
             token_bytes: std::sync::OnceLock::new(),
+            longest_token: std::sync::OnceLock::new(),
         })
     }
 
@@ -202,6 +205,44 @@ impl TextTokenizer {
     /// Token ids of `text` alone: no BOS (for pieces of a prompt).
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
         contain("tokenizing", || Ok(self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?.get_ids().to_vec()))
+    }
+
+    /// A lower bound on the tokens of `text`, found with little memory (tokenizing costs hundreds
+    /// of bytes per byte of text, so a prompt past the context is refused on this first): its
+    /// bytes over the longest token's, and over 4 again since a normalizer may shrink text (NFC
+    /// joins up to three code points into one); then, for a large text that may fit in `limit`,
+    /// the tokens of its pieces cut at whitespace, each dropped once counted, less what a cut
+    /// can add. Stops as soon as the bound passes `limit`.
+    pub fn fewest_tokens(&self, text: &str, limit: usize) -> Result<usize> {
+        /// Texts up to this size are tokenized whole.
+        const WHOLE_BYTES: usize = 1 << 20;
+        const PIECE_BYTES: usize = 256 << 10;
+        /// Tokens a cut may add (a word split in two, a prefix space added to the next piece).
+        const CUT_SLACK: usize = 16;
+        let longest = *self.longest_token.get_or_init(|| (0..self.vocab_size() as u32).map(|id| self.token_bytes(id).len()).max().unwrap_or(1).max(1));
+        let quick = text.len() / (4 * longest);
+        if quick > limit || text.len() <= WHOLE_BYTES {
+            return Ok(quick);
+        }
+        let (mut counted, mut cuts, mut rest) = (0usize, 0usize, text);
+        while !rest.is_empty() {
+            let mut end = rest.len().min(PIECE_BYTES);
+            while !rest.is_char_boundary(end) {
+                end -= 1;
+            }
+            if end < rest.len() {
+                // At the last whitespace, where a pre-tokenizer splits anyway.
+                end = rest[..end].rfind(char::is_whitespace).filter(|&at| at > 0).unwrap_or(end);
+                cuts += 1;
+            }
+            counted += self.encode_plain(&rest[..end])?.len();
+            rest = &rest[end..];
+            let fewest = counted.saturating_sub(CUT_SLACK * cuts);
+            if fewest > limit {
+                return Ok(fewest);
+            }
+        }
+        Ok(quick.max(counted.saturating_sub(CUT_SLACK * cuts)))
     }
 
     /// The text of `ids`, without special tokens other than [`SHOWN_SPECIAL_TOKENS`].

@@ -304,7 +304,7 @@ fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -
 async fn messages(State(state): State<Arc<AppState>>, Extension(peer): Extension<super::Peer>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
     let (bytes, lease) = super::accept(&state, &headers, body).await?;
-    let (prepared, thinking) = super::prepare_blocking(&state, &lease, move |served| {
+    let (prepared, thinking) = super::prepare_blocking(&state, &lease, bytes.len(), move |served| {
         let (request, thinking) = parse(&bytes, served.model_id, served.tool_format, false)?;
         Ok((openai::prepare(request, served)?, thinking))
     })
@@ -474,7 +474,7 @@ fn stream(
 
 async fn count_tokens(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
     let (bytes, lease) = super::accept(&state, &headers, body).await?;
-    let counted = super::prepare_blocking(&state, &lease, move |served| {
+    let counted = super::prepare_blocking(&state, &lease, bytes.len(), move |served| {
         let (request, _) = parse(&bytes, served.model_id, served.tool_format, true)?;
         Ok(openai::prepare(request, served)?.prompt.len())
     })

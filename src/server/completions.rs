@@ -140,7 +140,10 @@ pub fn prepare(body: &[u8], served: &Served) -> Result<(CompletionRequest, Vec<P
         .enumerate()
         .map(|(i, prompt)| {
             let (ids, echo_text) = match prompt {
-                PromptInput::Text(text) => (tokenizer.encode(text).map_err(|e| ApiError::bad_request(&param(i), &e.to_string()))?, text.clone()),
+                PromptInput::Text(text) => {
+                    openai::fits_before_tokenizing(tokenizer, text, served.max_context, &param(i))?;
+                    (tokenizer.encode(text).map_err(|e| ApiError::bad_request(&param(i), &e.to_string()))?, text.clone())
+                }
                 PromptInput::Ids(ids) => {
                     if let Some(&id) = ids.iter().find(|&&id| id as usize >= served.vocab_size) {
                         return Err(ApiError::bad_request(&param(i), &format!("token id {id} is not below the vocabulary size {}", served.vocab_size)));
@@ -276,7 +279,7 @@ impl Choice {
 pub(crate) async fn handle(State(state): State<Arc<AppState>>, Extension(peer): Extension<super::Peer>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
     let (bytes, lease) = super::accept(&state, &headers, body).await?;
-    let (request, prompts) = super::prepare_blocking(&state, &lease, move |served| prepare(&bytes, served)).await?;
+    let (request, prompts) = super::prepare_blocking(&state, &lease, bytes.len(), move |served| prepare(&bytes, served)).await?;
     let tokenizer = lease.ready().tokenizer.clone();
     // Each prompt is its own job; their events come in through one channel, tagged by choice.
     let (merged, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Event)>();

@@ -461,8 +461,9 @@ pub fn prepare(request: ChatRequest, served: &Served) -> Result<PreparedChat, Ap
     let prompt_text = tokenizer
         .apply_chat_template_with_tools(&request.messages, &request.tools, request.tool_format, request.enable_thinking)
         .map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
-    let prompt = tokenizer.encode(&prompt_text).map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
     let max_context = served.max_context;
+    fits_before_tokenizing(tokenizer, &prompt_text, max_context, "messages")?;
+    let prompt = tokenizer.encode(&prompt_text).map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
     let room = max_context.saturating_sub(prompt.len());
     let max_tokens = match request.max_tokens {
         Some(n) if request.cap_max_tokens => n.min(room.max(1)),
@@ -512,6 +513,22 @@ pub fn prepare(request: ChatRequest, served: &Served) -> Result<PreparedChat, Ap
     };
     let stop = request.stop.clone();
     Ok(PreparedChat { request, prompt_text, prompt, max_tokens, stop, constraint })
+}
+
+/// Refuses `text` when even its fewest possible tokens ([`TextTokenizer::fewest_tokens`]) are
+/// more than the context, before the memory and time of tokenizing it are spent.
+pub fn fits_before_tokenizing(tokenizer: &TextTokenizer, text: &str, max_context: usize, param: &str) -> Result<(), ApiError> {
+    let fewest = tokenizer.fewest_tokens(text, max_context).map_err(|e| ApiError::bad_request(param, &e.to_string()))?;
+    if fewest <= max_context {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "context_length_exceeded",
+        Some(param),
+        &format!("this model's context is {max_context} tokens; the {} bytes of `{param}` take at least {fewest}", text.len()),
+    ))
 }
 
 /// OpenAI's usage object; `cached` prompt tokens came from the prefix cache.
