@@ -54,6 +54,21 @@ fn every_error_is_openai_json_and_names_the_field() {
     assert!(r.status == 405 && r.is_api_error(), "{} {}", r.status, r.body);
     let r = raw(port, b"GET /%zz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
     assert!(r.status >= 400 && r.is_api_error(), "{} {}", r.status, r.body);
+    // Answered by hyper itself, with empty bodies: a URI over 64 KiB, headers over its buffer or
+    // over 100 of them, a request line or length that is not HTTP.
+    let long_uri = [b"GET /".as_slice(), &[b'a'; 70_000], b" HTTP/1.1\r\nHost: x\r\n\r\n"].concat();
+    let big_header = [b"GET /health HTTP/1.1\r\nHost: x\r\nX: ".as_slice(), &[b'a'; 500_000], b"\r\n\r\n"].concat();
+    let many_headers = format!("GET /health HTTP/1.1\r\nHost: x\r\n{}\r\n", (0..200).map(|i| format!("X{i}: a\r\n")).collect::<String>());
+    for (bytes, status) in [
+        (long_uri, 414),
+        (big_header, 431),
+        (many_headers.into_bytes(), 431),
+        (b"GARBAGE\r\n\r\n".to_vec(), 400),
+        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n".to_vec(), 400),
+    ] {
+        let r = raw(port, &bytes).unwrap();
+        assert!(r.status == status && r.is_api_error(), "{} {:?} {}", r.status, r.header("content-type"), r.body);
+    }
     // Sampling errors name the request field (were `--top-p` and param "sampling").
     for (extra, field) in [(", \"top_p\": -0.5", "top_p"), (", \"temperature\": 9", "temperature"), (", \"min_p\": 2", "min_p")] {
         let r = post(port, &chat(HI, extra));

@@ -9,6 +9,7 @@
 pub mod anthropic;
 pub mod answer;
 pub mod completions;
+mod connection;
 pub mod metrics;
 pub mod models;
 pub mod openai;
@@ -29,6 +30,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use answer::AnswerParser;
+pub(crate) use connection::Peer;
 use openai::ApiError;
 use scheduler::{Event, Job};
 use serde_json::json;
@@ -218,6 +220,7 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
                         request.extensions_mut().insert(peer.clone());
                         tower::ServiceExt::oneshot(app.clone(), request)
                     }));
+                    let stream = connection::JsonParseErrors::new(stream);
                     let connection = http.serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(stream), service).into_owned();
                     let connection = connections.watch(connection);
                     tokio::spawn(async move {
@@ -320,54 +323,6 @@ async fn shutdown_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
-}
-
-/// The client's end of a request's connection, watched while the request runs: hyper reads
-/// nothing from a connection while its handler works, so without this a client that hangs up on
-/// a non-streamed request leaves it decoding to the end.
-#[derive(Clone)]
-pub(crate) struct Peer(Option<Arc<std::net::TcpStream>>);
-
-impl Peer {
-    /// How often a running request looks at its client's socket.
-    const LOOK_EVERY: Duration = Duration::from_millis(50);
-
-    /// A second handle on `stream`'s socket (non-blocking, as tokio's is), only ever peeked at.
-    fn of(stream: &tokio::net::TcpStream) -> Self {
-        use std::os::fd::AsFd;
-        Self(stream.as_fd().try_clone_to_owned().ok().map(|fd| Arc::new(std::net::TcpStream::from(fd))))
-    }
-
-    /// The client closed its end (end of stream, or the connection reset).
-    fn hung_up(&self) -> bool {
-        let Some(socket) = &self.0 else { return false };
-        match socket.peek(&mut [0u8; 1]) {
-            Ok(0) => true,
-            Ok(_) => false,
-            Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted),
-        }
-    }
-
-    /// Runs `work` (a non-streamed answer being collected) unless the client hangs up first:
-    /// then `work` is dropped with the request's event channel, which the worker takes as a
-    /// cancellation at its next step.
-    pub(crate) async fn unless_hung_up<T>(&self, work: impl std::future::Future<Output = Result<T, ApiError>>) -> Result<T, ApiError> {
-        let watch = async {
-            while !self.hung_up() {
-                tokio::time::sleep(Self::LOOK_EVERY).await;
-            }
-        };
-        tokio::select! {
-            done = work => done,
-            _ = watch => Err(ApiError::new(
-                StatusCode::from_u16(499).expect("a valid status"),
-                "invalid_request_error",
-                "client_closed_request",
-                None,
-                "the client closed the connection; the request was cancelled",
-            )),
-        }
-    }
 }
 
 /// Every error the server sends is OpenAI-schema JSON, including the ones the HTTP layers make
