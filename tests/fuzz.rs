@@ -562,3 +562,82 @@ fn fuzz_completions_and_messages_requests() {
             .is_ok()
     });
 }
+
+/// Grows a schema somewhere in a request: a node repeated as many properties of an object, as
+/// many alternatives of an `anyOf`, or nested many levels deep (what once overflowed the
+/// compiler's stack), with counts around the limits.
+fn grow_schema(data: &[u8], rng: &mut StdRng) -> Vec<u8> {
+    let Ok(mut v) = serde_json::from_slice::<Value>(data) else { return mutate_bytes(data, rng) };
+    let mut all = Vec::new();
+    pointers(&v, String::new(), &mut all);
+    let schemas: Vec<&String> = all.iter().filter(|p| p.contains("/schema") || p.contains("/parameters")).collect();
+    let Some(at) = (!schemas.is_empty()).then(|| schemas[rng.random_range(0..schemas.len())].clone()) else { return mutate_json(&v, rng).to_string().into_bytes() };
+    let Some(node) = v.pointer_mut(&at) else { return data.to_vec() };
+    let n = [1, 2, 100, 499, 501, 2000, 4999, 5001, 10_000][rng.random_range(0..9)];
+    let inner = node.clone();
+    *node = match rng.random_range(0..4) {
+        0 => json!({"type": "object", "properties": (0..n).map(|i| (format!("p{i}"), inner.clone())).collect::<serde_json::Map<_, _>>(),
+                    "required": if rng.random() { json!((0..n).map(|i| format!("p{i}")).collect::<Vec<_>>()) } else { json!([]) }}),
+        1 => json!({"anyOf": std::iter::repeat_n(inner, n.min(3000)).collect::<Vec<_>>()}),
+        2 => json!({"enum": (0..n).map(|i| format!("v{i}")).collect::<Vec<_>>()}),
+        // serde_json reads at most 128 levels: past them the request is refused when parsed.
+        _ => (0..rng.random_range(1..140)).fold(inner, |acc, i| if i % 2 == 0 { json!({"type": "array", "items": acc}) } else { json!({"type": "object", "properties": {"x": acc}, "required": ["x"]}) }),
+    };
+    v.to_string().into_bytes()
+}
+
+/// Schemas and grammars through the real compile path: chat requests whose `response_format` and
+/// tools are mutated and grown wide, deep and into many alternatives are refused or compiled,
+/// never a crash; Lark grammars, mutated, likewise.
+#[test]
+fn fuzz_schemas_and_grammars() {
+    let files = sala::engine::tokenizer::TokenizerFiles::from_dir(&common::shared().join("assets/minicpm4-tokenizer")).unwrap().unwrap();
+    let tokenizer = sala::engine::tokenizer::TextTokenizer::new(&files, Some(1)).unwrap();
+    let person = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0},
+        "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$"}}, "kind": {"enum": ["a", "b", null]}}, "required": ["name"]});
+    let recursive = json!({"$defs": {"node": {"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}}, "$ref": "#/$defs/node"});
+    let request = |schema: &Value| json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 8,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}});
+    let tools = json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": person}}, {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties": {"q": {"anyOf": [{"type": "string"}, {"type": "number"}]}}}}}]});
+    let seeds: Vec<Vec<u8>> = [request(&person), request(&recursive), tools].iter().map(|v| v.to_string().into_bytes()).collect();
+    let served = sala::server::openai::Served {
+        model_id: "served",
+        tokenizer: &tokenizer,
+        max_context: 4096,
+        vocab_size: tokenizer.vocab_size(),
+        eos: &[2],
+        default_max_tokens: 512,
+        tool_format: sala::engine::tools::ToolFormat::MiniCpmXml,
+    };
+    let mutate = |data: &[u8], rng: &mut StdRng| if rng.random() { grow_schema(data, rng) } else { mutate_json_text(data, rng) };
+    fuzz("schema", &seeds, mutate, |bytes| sala::server::openai::prepare_chat(bytes, &served).is_ok());
+
+    use sala::engine::grammar::{Grammar, Reasoning};
+    let compiler = tokenizer.grammar_compiler(tokenizer.vocab_size(), &[2]).unwrap();
+    let lark: Vec<Vec<u8>> = [
+        "start: \"yes\" | \"no\"",
+        "start: item (\",\" item)*\nitem: /[a-z]+/ | NUMBER\n%import common.NUMBER",
+        "start: value\nvalue: \"[\" (value (\",\" value)*)? \"]\" | /[0-9]+/",
+        "start: %json {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\"}}}",
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
+    let grow_lark = |data: &[u8], rng: &mut StdRng| {
+        let text = String::from_utf8_lossy(data).into_owned();
+        match rng.random_range(0..4) {
+            // Many alternatives, or deep nesting of parentheses.
+            0 => format!("start: {}", (0..rng.random_range(1..20_000)).map(|i| format!("\"w{i}\"")).collect::<Vec<_>>().join(" | ")).into_bytes(),
+            1 => {
+                let depth = rng.random_range(1..5000);
+                format!("start: {}\"a\"{}", "(".repeat(depth), ")".repeat(depth)).into_bytes()
+            }
+            _ => mutate_bytes(text.as_bytes(), rng),
+        }
+    };
+    fuzz("lark", &lark, grow_lark, |bytes| {
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        compiler.compile(&Grammar::Lark(text), Reasoning::Off).is_ok()
+    });
+}
