@@ -19,8 +19,13 @@ pub struct PullArgs {
 pub fn run(args: PullArgs) -> anyhow::Result<()> {
     let reference = ModelRef::parse(&format!("{}@{}", args.repo, args.revision))?;
     let pulled = pull(&reference, &crate::progress::bar_set(), Default::default())?;
+    // A file the hub gave no size or sha256 for could not be checked: say so, not "verified".
+    let checked = match pulled.unchecked {
+        0 => "all verified".to_string(),
+        n => format!("{n} with no size or sha256 from the hub to check, the rest verified"),
+    };
     eprintln!(
-        "{}@{}: {} files, {} ({} already here, all verified) in {}",
+        "{}@{}: {} files, {} ({} already here, {checked}) in {}",
         reference.repo,
         reference.revision,
         pulled.files,
