@@ -6,7 +6,7 @@ use crate::store::pull::{pull, DEFAULT_REPO};
 use clap::Args;
 
 #[derive(Args)]
-#[command(after_help = "Examples:\n  sala pull                                   # moxin-org/MiniCPM4-SALA-9B-8bit-mlx\n  sala pull HuggingFaceTB/SmolLM2-135M-Instruct --revision main\n  HF_ENDPOINT=https://hf-mirror.com sala pull org/name\n\nEnvironment: HF_ENDPOINT (mirror), HF_TOKEN, HF_HUB_CACHE / HF_HOME (store), HF_HUB_OFFLINE,\nHF_HUB_DOWNLOAD_TIMEOUT (seconds a connection may stay silent before it is retried; 10)")]
+#[command(after_help = "Examples:\n  sala pull                                   # moxin-org/MiniCPM4-SALA-9B-8bit-mlx\n  sala pull HuggingFaceTB/SmolLM2-135M-Instruct --revision main\n  HF_ENDPOINT=https://hf-mirror.com sala pull org/name\n\nEnvironment: HF_ENDPOINT (mirror), HF_TOKEN, HF_HUB_CACHE / HF_HOME (store), HF_HUB_OFFLINE,\nHF_HUB_DOWNLOAD_TIMEOUT (seconds a connection may stay silent, or bring under 16 KiB, before it is retried; 10)")]
 pub struct PullArgs {
     /// Repository id (org/name)
     #[arg(default_value = DEFAULT_REPO)]

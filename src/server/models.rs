@@ -196,7 +196,11 @@ fn start_download(state: &Arc<AppState>, body: &[u8]) -> Result<(StatusCode, Val
             }
             *worker.result.lock().expect("download lock") = Some(result);
         })
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "spawn_failed", None, &e.to_string()))?;
+        .map_err(|e| {
+            // Not left `downloading`, where it would hold a place under the cap for good.
+            *download.result.lock().expect("download lock") = Some(Err(format!("starting the download's thread: {e}")));
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "spawn_failed", None, &e.to_string())
+        })?;
     Ok((StatusCode::ACCEPTED, download.status()))
 }
 
@@ -239,11 +243,9 @@ fn remove(state: &AppState, id: &str) -> Result<Value, ApiError> {
         return Err(fixed());
     }
     let removal = state.pool.take_for_removal(&repo_dir).map_err(|busy| {
-        in_use(format!(
-            "is {} (as `{}`); retry when its requests have finished, or stop the server to delete it now",
-            if busy.status() == "loading" { "loading" } else { "answering requests" },
-            busy.id
-        ))
+        let doing = if busy.status() == "loading" { "loading" } else { "answering requests" };
+        let under = if busy.id == id { String::new() } else { format!(" (as `{}`)", busy.id) };
+        in_use(format!("is {doing}{under}; retry when its requests have finished, or stop the server to delete it now"))
     })?;
     // Idle, and out of the pool: unloaded before its files go.
     for slot in removal.slots.iter().cloned() {

@@ -116,10 +116,14 @@ fn is_commit(text: &str) -> bool {
     !text.is_empty() && text.len() <= 64 && text.chars().all(|c| c.is_ascii_alphanumeric())
 }
 
-/// The commit in the ref file at `path`, if it holds one.
+/// The commit in the ref file at `path`, if it holds one (read no further than a commit and a
+/// line end can take, whatever the file is).
 fn read_ref(path: &Path) -> Option<String> {
-    let commit = std::fs::read_to_string(path).ok()?.trim().to_string();
-    is_commit(&commit).then_some(commit)
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path).ok()?.take(80).read_to_string(&mut text).ok()?;
+    let commit = text.trim();
+    is_commit(commit).then(|| commit.to_string())
 }
 
 /// Every `refs/{revision}` of a repo folder with the commit it names, sorted by revision (a

@@ -16,8 +16,9 @@
 //! the hub lists (or, for a file it gives no size for, the one the response states, else
 //! [`HubConfig::unsized_limit`]). A finished file is renamed to `blobs/{etag}` and linked from
 //! `snapshots/{commit}/{file}`; `refs/{revision}` names the commit, written last, so the store
-//! lists the snapshot only once everything is in and verified. Cancelling the pull's [`PullProgress`] stops it between
-//! files or chunks (or after a read that timed out), keeping the `.part` file. HF_HOME /
+//! lists the snapshot only once everything is in and verified. Cancelling the pull's
+//! [`PullProgress`] stops it between files or chunks (or after a read that timed out), keeping
+//! the `.part` file. HF_HOME /
 //! HF_HUB_CACHE, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE and HF_HUB_DOWNLOAD_TIMEOUT are honoured.
 
 use super::cache::{cache_dir, ModelRef};
