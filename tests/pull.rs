@@ -134,6 +134,7 @@ fn a_cancelled_pull_stops_promptly_and_keeps_its_part_file() {
         cache: cache.clone(),
         timeout: Duration::from_secs(60),
         offline: false,
+        unsized_limit: sala::store::pull::UNSIZED_LIMIT,
     };
     let reference = ModelRef::parse(REPO).unwrap();
     let notes = hub.file("extra/notes.bin").unwrap();
@@ -238,5 +239,137 @@ fn run_without_a_model_pulls_the_default_one_first() {
     assert!(!String::from_utf8_lossy(&again.stderr).contains("pulling"));
     assert_eq!(again.stdout, out.stdout);
     assert_eq!(hub.log.lock().unwrap().data_requests.len(), before);
+    std::fs::remove_dir_all(cache).unwrap();
+}
+
+/// `sala list` as JSON: the names it lists.
+fn listed(cache: &std::path::Path, hub: &Hub) -> Vec<String> {
+    let out = sala(cache, hub, &["list", "--json"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    list.as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn a_failed_pull_lists_nothing_and_resolves_nothing() {
+    // The listing's sha256 for the weights is wrong: the config and notes are stored and linked
+    // into the snapshot, then the weights fail twice. The half snapshot was listed as a model.
+    let hub = start_hub(Faults { bad_sha: ["model.safetensors"].into_iter().collect(), ..Default::default() });
+    let cache = temp_cache("failed");
+    let out = sala(&cache, &hub, &["pull", REPO], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("sha256") && stderr.contains("again after a fresh download"), "{stderr}");
+    let snapshot = cache.join("models--test-org--tiny-sala/snapshots").join(COMMIT);
+    assert!(snapshot.join("config.json").is_file(), "the files that passed are kept for the next pull");
+    assert!(!cache.join("models--test-org--tiny-sala/refs/main").exists());
+
+    assert_eq!(listed(&cache, &hub), Vec::<String>::new());
+    let out = sala(&cache, &hub, &["list"], &[]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no models"), "{}", String::from_utf8_lossy(&out.stdout));
+    for name in [REPO.to_string(), format!("{REPO}@main"), format!("{REPO}@{COMMIT}")] {
+        let out = sala(&cache, &hub, &["show", &name], &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("not in the model store"), "{name}: {stderr}");
+    }
+    let offline = sala(&cache, &hub, &["pull", REPO], &[("HF_HUB_OFFLINE", "1")]);
+    assert!(!offline.status.success() && String::from_utf8_lossy(&offline.stderr).contains("not in the model store"));
+
+    // Once the hub is right, the next pull finishes it, and then it is listed.
+    hub.faults.lock().unwrap().bad_sha.clear();
+    let out = sala(&cache, &hub, &["pull", REPO], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2 already here, all verified"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(listed(&cache, &hub), vec![REPO.to_string()]);
+    std::fs::remove_dir_all(cache).unwrap();
+}
+
+/// A pull through the library with `unsized_limit`, for a hub that leaves sizes out.
+fn pull_capped(hub: &Hub, cache: &std::path::Path, unsized_limit: u64) -> sala::engine::error::Result<sala::store::pull::Pulled> {
+    let config = HubConfig {
+        endpoint: format!("http://127.0.0.1:{}", hub.port),
+        token: None,
+        cache: cache.to_path_buf(),
+        timeout: Duration::from_secs(5),
+        offline: false,
+        unsized_limit,
+    };
+    let bars = indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::hidden());
+    pull_with(&config, &ModelRef::parse(REPO).unwrap(), &bars, Arc::default())
+}
+
+#[test]
+fn a_file_without_a_size_is_capped_and_a_longer_body_refused() {
+    // Listed without a size and sent without a length, without end: it ran on (81 MB in 20 s)
+    // and was kept as verified.
+    let hub = start_hub(Faults {
+        no_size: ["extra/notes.bin"].into_iter().collect(),
+        endless: ["extra/notes.bin"].into_iter().collect(),
+        ..Default::default()
+    });
+    let cache = temp_cache("no_size");
+    let start = Instant::now();
+    let error = pull_capped(&hub, &cache, 4 << 20).err().expect("an endless body is refused").to_string();
+    assert!(start.elapsed() < Duration::from_secs(20), "took {:?}", start.elapsed());
+    assert!(error.contains("sent more than 4194304 bytes (the cap for a file the hub gives no size for)"), "{error}");
+    let blobs = cache.join("models--test-org--tiny-sala/blobs");
+    let parts: Vec<_> = std::fs::read_dir(&blobs).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".part")).collect();
+    assert!(parts.is_empty(), "the refused body is not kept: {parts:?}");
+    assert!(ModelRef::parse(REPO).unwrap().snapshot(&cache).is_none());
+    assert!(sala::store::cache::list(&cache).unwrap().is_empty());
+
+    // The same file, whole and within the cap: stored, and said to be unchecked.
+    hub.faults.lock().unwrap().endless.clear();
+    let pulled = pull_capped(&hub, &cache, 4 << 20).unwrap();
+    assert_eq!(pulled.unchecked, 1);
+    assert!(std::fs::read(pulled.snapshot.join("extra/notes.bin")).unwrap() == hub.file("extra/notes.bin").unwrap().data);
+    let _ = std::fs::remove_dir_all(cache);
+
+    // Through `sala pull`: the count is reported, not "all verified".
+    let cache = temp_cache("no_size-cli");
+    let out = sala(&cache, &hub, &["pull", REPO], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.contains("1 with no size or sha256 from the hub to check") && !stderr.contains("all verified"), "{stderr}");
+    std::fs::remove_dir_all(cache).unwrap();
+}
+
+#[test]
+fn a_drip_of_single_bytes_is_cut_off_and_resumed() {
+    // One byte every 100 ms: each read comes well within the 1 s timeout, so the per-read
+    // timeout never fired and the 1 MB file would have taken a day.
+    let hub = start_hub(Faults { drip_once: ["model.safetensors"].into_iter().collect(), ..Default::default() });
+    let cache = temp_cache("drip");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sala"));
+    hub_env(&mut cmd, &cache, &hub).args(["pull", REPO]).env("HF_HUB_DOWNLOAD_TIMEOUT", "1");
+    let (out, took) = output_within(&mut cmd, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(took < Duration::from_secs(20), "took {took:?}: {stderr}");
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("less than the 16 KiB a transfer must bring in every HF_HUB_DOWNLOAD_TIMEOUT") && stderr.contains("retrying"), "{stderr}");
+    let model = hub.file("model.safetensors").unwrap();
+    let snapshot = cache.join("models--test-org--tiny-sala/snapshots").join(COMMIT);
+    assert!(std::fs::read(snapshot.join("model.safetensors")).unwrap() == model.data);
+    // The dripped bytes were kept: the next attempt went on from them.
+    let requests: Vec<u64> = hub.log.lock().unwrap().data_requests.iter().filter(|(n, _)| n == "model.safetensors").map(|r| r.1).collect();
+    assert!(requests.len() == 2 && requests[0] == 0 && requests[1] > 0 && requests[1] < 100, "{requests:?}");
+    std::fs::remove_dir_all(cache).unwrap();
+}
+
+#[test]
+fn a_symlink_planted_as_the_part_file_is_not_written_through() {
+    let hub = start_hub(Faults::default());
+    let cache = temp_cache("planted");
+    let model = hub.file("model.safetensors").unwrap();
+    let blobs = cache.join("models--test-org--tiny-sala/blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let victim = cache.join("victim.txt");
+    std::fs::write(&victim, b"precious").unwrap();
+    let part = blobs.join(format!("{}.part", common::sha256_hex(&model.data)));
+    std::os::unix::fs::symlink(&victim, &part).unwrap();
+    let out = sala(&cache, &hub, &["pull", REPO], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("symbolic link") && stderr.contains("Remove it"), "{stderr}");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert!(std::fs::symlink_metadata(&part).unwrap().file_type().is_symlink());
+    assert!(listed(&cache, &hub).is_empty());
     std::fs::remove_dir_all(cache).unwrap();
 }

@@ -165,3 +165,154 @@ fn the_least_recently_used_model_makes_room() {
     drop(server);
     std::fs::remove_dir_all(cache).unwrap();
 }
+
+/// A streamed completion of many tokens by `model` (its end-of-sequence id barred), read up to
+/// its first bytes so it is running; it runs until the stream is closed.
+fn start_long_stream(port: u16, model: &str) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let body = json!({"model": model, "prompt": PROMPT, "max_tokens": 100000, "stream": true, "logit_bias": {"300": -100}}).to_string();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let head = format!("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+    s.write_all((head + &body).as_bytes()).unwrap();
+    let mut first = [0u8; 16];
+    s.read_exact(&mut first).unwrap();
+    assert!(first.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&first));
+    s
+}
+
+#[test]
+fn names_of_one_model_load_it_once_and_a_model_in_use_is_not_deleted() {
+    let (cache, dirs) = store("alias");
+    let server = serve_store(&cache, &["--max-models", "3", "--keep-alive", "never"]);
+    // `org/name`, `org/name@main` and the commit main names: one snapshot, loaded once (it was
+    // loaded once per name).
+    let answer = complete(&server, "test-org/alpha");
+    assert_eq!(complete(&server, "test-org/alpha@main"), answer);
+    assert_eq!(complete(&server, &format!("test-org/alpha@{COMMIT}")), answer);
+    assert_eq!(health(&server), vec![("test-org/alpha".to_string(), "ready".to_string())]);
+    assert_eq!(server.log_so_far().matches("model ready:").count(), 1, "{}", server.log_so_far());
+    assert_eq!(listed_status(&server, "test-org/alpha"), "loaded");
+
+    // A request running under another name of the model: DELETE refuses (it removed the files
+    // under it, having unloaded only the idle slot of the first name).
+    let stream = start_long_stream(server.port, "test-org/alpha@main");
+    for id in ["test-org/alpha", "test-org/alpha@main"] {
+        let r = request(server.port, "DELETE", &format!("/v1/models/{id}"), None, &[]).unwrap();
+        assert!(r.status == 409 && r.is_api_error(), "{id}: {} {}", r.status, r.body);
+        let error = &r.json()["error"];
+        assert_eq!(error["code"], "model_in_use");
+        assert!(error["message"].as_str().unwrap().contains("answering requests") && error["message"].as_str().unwrap().contains("retry"), "{error}");
+    }
+    assert!(dirs[0].1.join("model.safetensors").is_file());
+    assert_eq!(loaded(&server), vec!["test-org/alpha".to_string()]);
+
+    // Once the request ends (its client went away), the delete goes through.
+    drop(stream);
+    let asked = Instant::now();
+    let deleted = loop {
+        let r = request(server.port, "DELETE", "/v1/models/test-org/alpha", None, &[]).unwrap();
+        if r.status != 409 {
+            break r;
+        }
+        assert!(asked.elapsed() < Duration::from_secs(30), "still in use 30 s after its client left: {}", r.body);
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(deleted.status == 200 && deleted.json()["deleted"] == true, "{}", deleted.body);
+    assert!(!cache.join("models--test-org--alpha").exists());
+    assert!(loaded(&server).is_empty());
+    let r = request(server.port, "POST", "/v1/completions", Some(&json!({"model": "test-org/alpha@main", "prompt": "x"}).to_string()), &[]).unwrap();
+    assert!(r.status == 404 && r.is_api_error(), "{} {}", r.status, r.body);
+    drop(server);
+    std::fs::remove_dir_all(cache).unwrap();
+}
+
+/// A store server that may download (from `endpoint`), with `timeout` as HF_HUB_DOWNLOAD_TIMEOUT.
+fn serve_store_online(cache: &Path, endpoint: &str, timeout: &str) -> Server {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sala"));
+    cmd.env("HF_HUB_CACHE", cache)
+        .env("HF_ENDPOINT", endpoint)
+        .env("HF_HUB_DOWNLOAD_TIMEOUT", timeout)
+        .env_remove("HF_HUB_OFFLINE")
+        .env_remove("SALA_AVAILABLE_MEMORY");
+    Server::start_serving_store(cmd, &["--dtype", "f32"])
+}
+
+fn listed_ids(port: u16) -> Vec<String> {
+    let r = request(port, "GET", "/v1/models", None, &[]).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn a_failed_download_is_not_listed_nor_served() {
+    use common::hub::{start_hub, Faults, REPO};
+    let hub = start_hub(Faults { bad_sha: ["model.safetensors"].into_iter().collect(), ..Default::default() });
+    let (cache, _) = store("failed-download");
+    let server = serve_store_online(&cache, &format!("http://127.0.0.1:{}", hub.port), "5");
+    let r = request(server.port, "POST", "/v1/models/download", Some(&json!({"model": REPO}).to_string()), &[]).unwrap();
+    assert_eq!(r.status, 202, "{}", r.body);
+    let start = Instant::now();
+    let status = loop {
+        let d = request(server.port, "GET", "/v1/models/download", None, &[]).unwrap().json()["data"][0].clone();
+        if d["status"] != "downloading" {
+            break d;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "still downloading: {d}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status["status"] == "failed" && status["error"].as_str().unwrap().contains("sha256"), "{status}");
+    // What did pass is on disk for the next pull, but it is no model yet.
+    assert!(cache.join("models--test-org--tiny-sala/snapshots").join(common::hub::COMMIT).join("config.json").is_file());
+    assert_eq!(listed_ids(server.port), vec!["test-org/alpha", "test-org/beta", "test-org/gamma"]);
+    let r = request(server.port, "POST", "/v1/completions", Some(&json!({"model": REPO, "prompt": "x"}).to_string()), &[]).unwrap();
+    assert!(r.status == 404 && r.is_api_error() && r.json()["error"]["code"] == "model_not_found", "{} {}", r.status, r.body);
+    drop(server);
+    std::fs::remove_dir_all(cache).unwrap();
+}
+
+#[test]
+fn downloads_beyond_the_cap_and_bad_names_are_refused() {
+    // 150 downloads against a hub that never answers held 150 threads.
+    let silent = common::hub::start_silent_endpoint();
+    let (cache, _) = store("download-cap");
+    let server = serve_store_online(&cache, &format!("http://127.0.0.1:{silent}"), "3");
+    let port = server.port;
+    let download = |model: &str| request(port, "POST", "/v1/models/download", Some(&json!({"model": model}).to_string()), &[]).unwrap();
+    for i in 0..4 {
+        let r = download(&format!("test-org/hangs-{i}"));
+        assert!(r.status == 202 && r.json()["status"] == "downloading", "{i}: {} {}", r.status, r.body);
+    }
+    let r = download("test-org/one-too-many");
+    assert!(r.status == 429 && r.is_api_error() && r.json()["error"]["code"] == "too_many_downloads", "{} {}", r.status, r.body);
+    assert!(r.body.contains("retry when one has finished"), "{}", r.body);
+    // Asking again for one that runs is its status, not another download.
+    let r = download("test-org/hangs-0@main");
+    assert!(r.status == 200 && r.json()["status"] == "downloading", "{} {}", r.status, r.body);
+    // Cancelling one makes room.
+    let r = request(port, "DELETE", "/v1/models/test-org/hangs-0", None, &[]).unwrap();
+    assert!(r.status == 200 && r.json()["cancelled_download"] == true, "{} {}", r.status, r.body);
+    assert_eq!(download("test-org/one-too-many").status, 202);
+
+    // Names that would share a folder, and revisions git would not take, are refused as JSON.
+    for (model, revision, says) in [
+        ("a--b/c", None, "`--` and `..` are not allowed"),
+        ("a/b--c", None, "`--` and `..` are not allowed"),
+        ("test-org/x", Some("main\r\nX"), "not a revision"),
+        ("test-org/x", Some("%2e%2e"), "not a revision"),
+        ("test-org/x", Some("."), "not a revision"),
+        ("test-org/x", Some("v1.lock"), "not a revision"),
+    ] {
+        let mut body = json!({"model": model});
+        if let Some(revision) = revision {
+            body["revision"] = json!(revision);
+        }
+        let r = request(port, "POST", "/v1/models/download", Some(&body.to_string()), &[]).unwrap();
+        assert!(r.status == 400 && r.is_api_error() && r.body.contains(says), "{model} {revision:?}: {} {}", r.status, r.body);
+    }
+    let r = request(port, "DELETE", "/v1/models/a--b/c", None, &[]).unwrap();
+    assert!(r.status == 400 && r.is_api_error(), "{} {}", r.status, r.body);
+    assert!(!cache.join("models--a--b--c").exists() && !cache.join("models--test-org--x").exists());
+    drop(server);
+    std::fs::remove_dir_all(cache).unwrap();
+}

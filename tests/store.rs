@@ -118,3 +118,87 @@ fn preflight_refuses_what_does_not_fit() {
     assert!(!o.status.success() && err.contains("cache") && err.contains("100000 tokens"), "{err}");
     std::fs::remove_dir_all(cache).unwrap();
 }
+
+#[test]
+fn names_follow_the_hubs_rules_and_map_to_one_folder_each() {
+    use sala::store::cache::ModelRef;
+    // `a--b/c` and `a/b--c` both became models--a--b--c.
+    for bad in ["a--b/c", "a/b--c", "a/b..c", "-a/b", "a/b-", ".a/b", "a/b.", "a/", "/b", "a/b/c", "a/b c", "a/é"] {
+        let e = ModelRef::parse(bad).expect_err(bad).to_string();
+        assert!(e.contains("is not a model name"), "{bad}: {e}");
+    }
+    let long = format!("a/{}", "x".repeat(97));
+    assert!(ModelRef::parse(&long).is_err());
+    for good in ["a/b", "HuggingFaceTB/SmolLM2-135M-Instruct", "org_1/name.v2", "a-b/c_d", &format!("a/{}", "x".repeat(96))] {
+        assert!(ModelRef::parse(good).is_ok(), "{good}");
+    }
+    let cache = std::env::temp_dir().join("sala-store-names");
+    let (one, two) = (ModelRef::parse("a-b/c").unwrap(), ModelRef::parse("a/b-c").unwrap());
+    assert_ne!(one.repo_dir(&cache), two.repo_dir(&cache));
+}
+
+#[test]
+fn revisions_follow_gits_rules_for_ref_names() {
+    use sala::store::cache::ModelRef;
+    // These were written as ref names (`refs/.`, `refs/%2e%2e`, a name with a line break).
+    for bad in [
+        ".", "..", "%2e%2e", "main\r\nX", "main\0", "ma in", "a~1", "a^", "a:b", "a?", "a*", "a[", "a\\b", "a..b", "a@{1}", "@",
+        "/main", "main/", "main.", ".hidden", "a/.b", "a//b", "v1.lock", "a/b.lock/c", "",
+    ] {
+        let e = ModelRef::parse(&format!("a/b@{bad}")).expect_err(bad).to_string();
+        assert!(e.contains("is not a revision") && !e.contains('\n') && !e.contains('\r'), "{bad:?}: {e}");
+    }
+    assert!(ModelRef::parse(&format!("a/b@{}", "x".repeat(256))).is_err());
+    for good in ["main", "v1.0", "refs/pr/1", "release/2024-01", "0123456789abcdef0123456789abcdef01234567", "a@b", "feature_x.y"] {
+        assert_eq!(ModelRef::parse(&format!("a/b@{good}")).unwrap().revision, good);
+    }
+    // The command line says so before touching the network.
+    let cache = store("revisions");
+    let o = sala(&cache, &["pull", "a/b", "--revision", "."], &[("HF_ENDPOINT", "http://127.0.0.1:9")]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("`.` is not a revision"), "{err}");
+    let o = sala(&cache, &["show", "test-org/tiny-sala@%2e%2e"], &[]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("is not a revision"), "{err}");
+    std::fs::remove_dir_all(cache).unwrap();
+}
+
+#[test]
+fn only_snapshots_a_ref_names_are_models() {
+    let cache = store("complete");
+    let repo = cache.join("models--test-org--tiny-sala");
+    // An unfinished pull of another repo: files in a snapshot, no ref. It was listed (the newest
+    // snapshot stood in for a missing ref) and resolved by its commit.
+    let half = cache.join("models--test-org--half/snapshots").join(COMMIT);
+    std::fs::create_dir_all(&half).unwrap();
+    std::fs::copy(common::golden("A_dense_f32").join("config.json"), half.join("config.json")).unwrap();
+    // A folder no hub name maps to (`a--b/c` or `a/b--c`): not listed.
+    let clash = cache.join("models--a--b--c");
+    std::fs::create_dir_all(clash.join("refs")).unwrap();
+    std::fs::create_dir_all(clash.join("snapshots").join(COMMIT)).unwrap();
+    std::fs::write(clash.join("refs/main"), COMMIT).unwrap();
+    // A second revision of the listed repo, finished: listed by its ref.
+    let other = "89abcdef0123456789abcdef0123456789abcdef";
+    std::fs::create_dir_all(repo.join("snapshots").join(other)).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(common::golden("A_dense_f32").join(f), repo.join("snapshots").join(other).join(f)).unwrap();
+    }
+    std::fs::create_dir_all(repo.join("refs/release")).unwrap();
+    std::fs::write(repo.join("refs/release/v2"), other).unwrap();
+    // A ref whose content is a path: ignored, never followed.
+    std::fs::write(repo.join("refs/evil"), "../../../../etc").unwrap();
+
+    let (out, err) = text(&sala(&cache, &["list", "--json"], &[]));
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    let names: Vec<&str> = list.as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["test-org/tiny-sala", "test-org/tiny-sala@release/v2"]);
+    for name in ["test-org/half", &format!("test-org/half@{COMMIT}"), "test-org/tiny-sala@evil", "a/b--c", "a--b/c"] {
+        let o = sala(&cache, &["show", name], &[]);
+        assert!(!o.status.success(), "{name} resolved: {}", text(&o).0);
+    }
+    for name in ["test-org/tiny-sala@release/v2", &format!("test-org/tiny-sala@{other}"), &format!("test-org/tiny-sala@{COMMIT}")] {
+        let o = sala(&cache, &["show", name, "--json"], &[]);
+        assert!(o.status.success(), "{name}: {}", text(&o).1);
+    }
+    std::fs::remove_dir_all(cache).unwrap();
+}

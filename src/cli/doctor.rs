@@ -298,11 +298,11 @@ fn store_checks(store: &Path) -> Vec<Check> {
     out.push(if fixes.is_empty() { Check::ok("store", found) } else { Check::warn("store", found, fixes.join("; ")) });
     for m in &models {
         out.push(match summarize(&m.snapshot, None) {
-            Ok((s, _)) => Check::ok("model", format!("{}: {}, {}, {}", m.repo, s.model_type, s.quantization, human(m.size))),
+            Ok((s, _)) => Check::ok("model", format!("{}: {}, {}, {}", m.name, s.model_type, s.quantization, human(m.size))),
             Err(e) => Check::warn(
                 "model",
-                format!("{}: cannot be loaded: {e}", m.repo),
-                format!("download it again: sala rm {0} && sala pull {0}", m.repo),
+                format!("{}: cannot be loaded: {e}", m.name),
+                format!("download it again: sala rm {0} && sala pull {0}", m.name),
             ),
         });
     }

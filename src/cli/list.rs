@@ -27,16 +27,17 @@ pub fn list(args: ListArgs) -> anyhow::Result<()> {
     let mut report = Report::new(&["name", "size", "quantization", "architecture", "context"]);
     let mut json = Vec::new();
     for m in &models {
-        // A repo that is not a runnable model (or is half downloaded) is listed, not fatal.
+        // A snapshot that is not a runnable model is listed, not fatal (a half-downloaded one is
+        // not listed at all: it has no ref yet).
         let (quantization, architecture, context) = match summarize(&m.snapshot, None) {
             Ok((s, _)) => (s.quantization, s.model_type, s.context_length.map_or("?".into(), |c| c.to_string())),
             Err(e) => ("?".into(), format!("unreadable: {e}"), "?".into()),
         };
         json.push(serde_json::json!({
-            "name": m.repo, "path": m.snapshot, "size": m.size, "quantization": quantization,
+            "name": m.name, "path": m.snapshot, "size": m.size, "quantization": quantization,
             "architecture": architecture, "context": context,
         }));
-        report.push(vec![m.repo.clone(), human(m.size), quantization, architecture, context]);
+        report.push(vec![m.name.clone(), human(m.size), quantization, architecture, context]);
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&json)?);

@@ -1,7 +1,8 @@
 //! The model endpoints: `GET /v1/models` (the served model and the store, with metadata),
 //! `POST /v1/models/download` (a background `sala pull`), `GET /v1/models/download` (its
 //! progress) and `DELETE /v1/models/{org}/{name}` (`sala rm`; a download still running is
-//! cancelled first).
+//! cancelled first; a model loading or answering requests is not deleted: 409). At most
+//! [`MAX_DOWNLOADS`] downloads run at once; another is refused with 429.
 
 use super::openai::ApiError;
 use super::{authorized, may_manage, read_body, AppState, MAX_SMALL_BODY_BYTES};
@@ -15,6 +16,13 @@ use axum::Json;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+
+/// Downloads running at once; each holds a thread and a connection, so more are refused (429)
+/// rather than queued without end.
+pub const MAX_DOWNLOADS: usize = 4;
+
+/// Finished downloads kept for `GET /v1/models/download`; older ones are forgotten.
+const KEPT_FINISHED: usize = 32;
 
 /// A download started through the API.
 pub struct Download {
@@ -84,7 +92,7 @@ pub async fn list(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Res
         let mut models: Vec<(String, std::path::PathBuf, u64)> = fixed.iter().map(|s| (s.id.clone(), s.path.clone(), 0)).collect();
         for m in cache::list(&cache_dir()).unwrap_or_default() {
             if fixed.as_ref().is_none_or(|s| m.snapshot != s.path) {
-                models.push((m.repo, m.snapshot, m.size));
+                models.push((m.name, m.snapshot, m.size));
             }
         }
         models
@@ -150,7 +158,28 @@ fn start_download(state: &Arc<AppState>, body: &[u8]) -> Result<(StatusCode, Val
     if let Some(d) = downloads.iter().find(|d| d.reference == reference && d.running()) {
         return Ok((StatusCode::OK, d.status()));
     }
+    let running = downloads.iter().filter(|d| d.running()).count();
+    if running >= MAX_DOWNLOADS {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "too_many_downloads",
+            Some("model"),
+            &format!(
+                "{running} downloads are running, the most this server runs at once; retry when one has finished \
+                 (GET /v1/models/download shows them; DELETE /v1/models/{{id}} cancels one)"
+            ),
+        ));
+    }
     downloads.retain(|d| d.reference != reference);
+    // Forget the oldest finished downloads beyond a few, so many names cannot grow the list.
+    let finished = downloads.iter().filter(|d| !d.running()).count();
+    let mut excess = finished.saturating_sub(KEPT_FINISHED);
+    downloads.retain(|d| {
+        let forget = excess > 0 && !d.running();
+        excess -= usize::from(forget);
+        !forget
+    });
     let download = Arc::new(Download { reference: reference.clone(), progress: Arc::default(), result: Mutex::new(None) });
     downloads.push(download.clone());
     let worker = download.clone();
@@ -167,7 +196,11 @@ fn start_download(state: &Arc<AppState>, body: &[u8]) -> Result<(StatusCode, Val
             }
             *worker.result.lock().expect("download lock") = Some(result);
         })
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "spawn_failed", None, &e.to_string()))?;
+        .map_err(|e| {
+            // Not left `downloading`, where it would hold a place under the cap for good.
+            *download.result.lock().expect("download lock") = Some(Err(format!("starting the download's thread: {e}")));
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "spawn_failed", None, &e.to_string())
+        })?;
     Ok((StatusCode::ACCEPTED, download.status()))
 }
 
@@ -196,22 +229,26 @@ pub async fn delete(State(state): State<Arc<AppState>>, headers: HeaderMap, Path
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn remove(state: &AppState, id: &str) -> Result<Value, ApiError> {
-    let in_use = |what: &str| ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "model_in_use", Some("model"), &format!("`{id}` {what}"));
-    let fixed = || in_use("is the model this server is running; stop the server to delete it");
+    let in_use = |what: String| ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "model_in_use", Some("model"), &format!("`{id}` {what}"));
+    let fixed = || in_use("is the model this server is running; stop the server to delete it".into());
     // The served model's own id may be a path, which is no store name: checked before parsing.
     if state.pool.fixed && id == state.pool.only().id {
         return Err(fixed());
     }
     let reference = parse_ref(id, "model")?;
     let store = cache_dir();
-    if let Some(slot) = reference.snapshot(&store).and_then(|s| state.pool.holding(&s)) {
-        if state.pool.fixed {
-            return Err(fixed());
-        }
-        // Serving the store: an idle model is unloaded first; one in use is kept.
-        if !state.pool.take_if_idle(&slot) {
-            return Err(in_use("is loading or answering requests; retry when it is idle"));
-        }
+    let repo_dir = reference.repo_dir(&store);
+    // The whole repo goes: no snapshot of it may be in use, whichever name loaded it.
+    if state.pool.fixed && state.pool.only().path.starts_with(&repo_dir) {
+        return Err(fixed());
+    }
+    let removal = state.pool.take_for_removal(&repo_dir).map_err(|busy| {
+        let doing = if busy.status() == "loading" { "loading" } else { "answering requests" };
+        let under = if busy.id == id { String::new() } else { format!(" (as `{}`)", busy.id) };
+        in_use(format!("is {doing}{under}; retry when its requests have finished, or stop the server to delete it now"))
+    })?;
+    // Idle, and out of the pool: unloaded before its files go.
+    for slot in removal.slots.iter().cloned() {
         super::pool::unload_blocking(slot);
     }
     let running: Vec<Arc<Download>> =
@@ -228,15 +265,16 @@ fn remove(state: &AppState, id: &str) -> Result<Value, ApiError> {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     // A cancelled download may have stored nothing yet: nothing to free, not an error.
-    let freed = if reference.repo_dir(&store).is_dir() {
+    let freed = if repo_dir.is_dir() {
         let freed = cache::remove(&store, &reference.repo)
             .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "delete_failed", None, &e.to_string()))?;
-        state.descriptions.blocking_lock().retain(|path, _| !path.starts_with(reference.repo_dir(&store)));
+        state.descriptions.blocking_lock().retain(|path, _| !path.starts_with(&repo_dir));
         freed
     } else if cancelled {
         0
     } else {
         return Err(ApiError::not_found(&format!("model `{}` is not in the store ({})", reference.repo, store.display())));
     };
+    drop(removal);
     Ok(json!({"id": reference.repo, "object": "model", "deleted": true, "freed_bytes": freed, "cancelled_download": cancelled}))
 }

@@ -3,6 +3,8 @@
 //! on its first request, which waits for it; at most `max_models` are loaded at once, the least
 //! recently used idle one making room (and room in memory) for another; a model idle for
 //! `keep_alive` is unloaded. Each loaded model has its own worker thread ([`super::scheduler`]).
+//! A model is its snapshot: names that resolve to one (`org/name`, `org/name@main`, the commit)
+//! share its slot.
 
 use super::openai::ApiError;
 use super::{metrics, read_kept_states, scheduler, write_kept_states, AppState, Ready};
@@ -113,43 +115,57 @@ impl Slot {
 
 /// A request's hold on a model: while any exists the model stays loaded. Jobs carry one to the
 /// worker, so a streamed answer holds the model until it is done.
-pub struct Lease(Arc<Slot>);
+pub struct Lease {
+    slot: Arc<Slot>,
+    /// The name the request gave the model (one of the names of its slot's snapshot): what the
+    /// request is checked against and what its answer says. It stands before the slot's own
+    /// `id`, which `Deref` would give.
+    pub id: String,
+}
 
 impl Lease {
     fn new(slot: Arc<Slot>) -> Self {
+        let id = slot.id.clone();
+        Self::named(slot, id)
+    }
+
+    /// A lease on `slot` for a request that called it `id`.
+    fn named(slot: Arc<Slot>, id: String) -> Self {
         slot.in_flight.fetch_add(1, Ordering::SeqCst);
         *slot.last_used.lock().expect("last_used lock") = Instant::now();
-        Lease(slot)
+        Lease { slot, id }
     }
 
     /// The loaded model ([`Pool::acquire`] hands out leases of ready models only).
     pub fn ready(&self) -> &Ready {
-        self.0.ready.get().expect("a lease is handed out once the model is ready")
+        self.slot.ready.get().expect("a lease is handed out once the model is ready")
     }
 }
 
 impl std::ops::Deref for Lease {
     type Target = Slot;
     fn deref(&self) -> &Slot {
-        &self.0
+        &self.slot
     }
 }
 
 impl Clone for Lease {
     fn clone(&self) -> Self {
-        Lease::new(self.0.clone())
+        Lease::named(self.slot.clone(), self.id.clone())
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        *self.0.last_used.lock().expect("last_used lock") = Instant::now();
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        *self.slot.last_used.lock().expect("last_used lock") = Instant::now();
+        self.slot.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 pub struct Pool {
     slots: Mutex<Vec<Arc<Slot>>>,
+    /// Repo folders being deleted: nothing loads from them meanwhile (locked after `slots`).
+    removing: Mutex<Vec<PathBuf>>,
     /// Serving the one model given with `--model`, not the store.
     pub fixed: bool,
     pub max_models: usize,
@@ -161,12 +177,12 @@ pub struct Pool {
 impl Pool {
     /// A pool serving the store.
     pub fn store(max_models: usize, keep_alive: Option<Duration>, settings: WorkerSettings) -> Self {
-        Pool { slots: Mutex::new(Vec::new()), fixed: false, max_models: max_models.max(1), keep_alive, settings }
+        Pool { slots: Mutex::new(Vec::new()), removing: Mutex::default(), fixed: false, max_models: max_models.max(1), keep_alive, settings }
     }
 
     /// A pool of the one model `id` at `path`.
     pub fn fixed(id: String, path: PathBuf, settings: WorkerSettings) -> Self {
-        Pool { slots: Mutex::new(vec![Slot::new(id, path)]), fixed: true, max_models: 1, keep_alive: None, settings }
+        Pool { slots: Mutex::new(vec![Slot::new(id, path)]), removing: Mutex::default(), fixed: true, max_models: 1, keep_alive: None, settings }
     }
 
     /// The models held now, in loading order.
@@ -193,6 +209,42 @@ impl Pool {
             slots.retain(|s| !Arc::ptr_eq(s, slot));
         }
         idle
+    }
+
+    /// For deleting the repo folder `repo_dir`: takes every model loaded from it out of the pool
+    /// (the caller unloads them) and keeps new loads from it away until the [`Removal`] is
+    /// dropped; or, if one of them is loading or answering, that one and nothing changes.
+    pub fn take_for_removal(&self, repo_dir: &Path) -> Result<Removal<'_>, Arc<Slot>> {
+        let mut slots = self.slots.lock().expect("slots lock");
+        if let Some(busy) = slots.iter().find(|s| s.path.starts_with(repo_dir) && !s.idle()) {
+            return Err(busy.clone());
+        }
+        let (taken, kept): (Vec<_>, Vec<_>) = slots.drain(..).partition(|s| s.path.starts_with(repo_dir));
+        *slots = kept;
+        self.removing.lock().expect("removing lock").push(repo_dir.to_path_buf());
+        Ok(Removal { pool: self, dir: repo_dir.to_path_buf(), slots: taken })
+    }
+
+    /// Whether `path` is in a repo folder being deleted (called with `slots` locked).
+    fn being_removed(&self, path: &Path) -> bool {
+        self.removing.lock().expect("removing lock").iter().any(|d| path.starts_with(d))
+    }
+}
+
+/// A repo folder being deleted ([`Pool::take_for_removal`]): its models, out of the pool, for
+/// the caller to unload; loads from it are refused until this is dropped.
+pub struct Removal<'a> {
+    pool: &'a Pool,
+    dir: PathBuf,
+    pub slots: Vec<Arc<Slot>>,
+}
+
+impl Drop for Removal<'_> {
+    fn drop(&mut self) {
+        let mut removing = self.pool.removing.lock().expect("removing lock");
+        if let Some(i) = removing.iter().position(|d| *d == self.dir) {
+            removing.remove(i);
+        }
     }
 }
 
@@ -230,18 +282,22 @@ fn load_failed(e: &str) -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "model_load_failed", None, &format!("the model failed to load: {e}"))
 }
 
-/// The model's snapshot in the store.
-fn in_store(name: &str) -> Result<PathBuf, ApiError> {
+fn not_in_store(name: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "model_not_found",
+        Some("model"),
+        &format!("model `{name}` is not in the store; fetch it first (`sala pull {name}`, or POST /v1/models/download)"),
+    )
+}
+
+/// The model's snapshot in the store, and the name the store lists it by (one for every alias).
+fn in_store(name: &str) -> Result<(PathBuf, String), ApiError> {
     let reference = ModelRef::parse(name).map_err(|e| ApiError::bad_request("model", &e.to_string()))?;
-    reference.snapshot(&cache_dir()).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "model_not_found",
-            Some("model"),
-            &format!("model `{name}` is not in the store; fetch it first (`sala pull {name}`, or POST /v1/models/download)"),
-        )
-    })
+    let cache = cache_dir();
+    let found = reference.snapshot(&cache).zip(reference.listed_name(&cache));
+    found.ok_or_else(|| not_in_store(name))
 }
 
 /// What to do about a model that is not loaded.
@@ -257,17 +313,18 @@ enum Step {
 async fn slot_for(state: &Arc<AppState>, name: &str) -> Result<Lease, ApiError> {
     let pool = &state.pool;
     let started = Instant::now();
-    let mut path = None;
+    // By its snapshot, so that every name of one model finds one slot.
+    let (path, id) = in_store(name)?;
     loop {
         let step = {
             let mut slots = pool.slots.lock().expect("slots lock");
-            if let Some(slot) = slots.iter().find(|s| s.id == name) {
-                Step::Lease(Lease::new(slot.clone()))
+            if let Some(slot) = slots.iter().find(|s| s.path == path) {
+                Step::Lease(Lease::named(slot.clone(), name.to_string()))
+            } else if pool.being_removed(&path) || !path.is_dir() {
+                // Deleted since it was looked up, or being deleted now.
+                return Err(not_in_store(name));
             } else {
-                let path = match &path {
-                    Some(p) => p,
-                    None => path.insert(in_store(name)?),
-                };
+                let path = &path;
                 let lru_idle = slots.iter().filter(|s| s.idle()).min_by_key(|s| std::cmp::Reverse(s.idle_for())).cloned();
                 let full = slots.len() >= pool.max_models;
                 // Room in memory too: what the files take against what the device has free.
@@ -283,9 +340,9 @@ async fn slot_for(state: &Arc<AppState>, name: &str) -> Result<Lease, ApiError> 
                     }
                     _ if full => Step::Wait,
                     _ => {
-                        let slot = Slot::new(name.to_string(), path.clone());
+                        let slot = Slot::new(id.clone(), path.clone());
                         slots.push(slot.clone());
-                        let lease = Lease::new(slot.clone());
+                        let lease = Lease::named(slot.clone(), name.to_string());
                         start_worker(state, slot);
                         Step::Lease(lease)
                     }

@@ -6,7 +6,9 @@
 //!       snapshots/{commit}/{file}  → symlinks into blobs/
 //!       blobs/{etag}               → the file contents
 //!
-//! A model is named by its repo id (`org/name`, optionally `@revision`).
+//! A model is named by its repo id (`org/name`, optionally `@revision`). A snapshot counts once a
+//! ref names it: `sala pull` writes the ref last, after every file is verified, so an
+//! interrupted or failed pull is neither listed nor resolved.
 
 use crate::engine::error::{Error, Result};
 use crate::engine::source::ModelSource;
@@ -31,6 +33,29 @@ pub fn user_cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".cache"))
 }
 
+/// The longest repo or organisation name the hub accepts.
+pub const MAX_NAME_CHARS: usize = 96;
+
+/// The longest revision taken: it becomes a file name under `refs/`.
+pub const MAX_REVISION_BYTES: usize = 255;
+
+/// Why a model name was refused, before it touches the disk or the network.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// The `org/name` part breaks the hub's rules for repo ids.
+    #[error("`{}` is not a model name ({why}); expected `org/name` or `org/name@revision`, each part of letters, digits, `-`, `_` and `.`, as the hub names repos", .name.escape_debug())]
+    Repo { name: String, why: String },
+    /// The revision breaks git's rules for ref names (which the hub's branches and tags follow).
+    #[error("`{}` is not a revision ({why}); expected a branch, tag or commit as git names them, e.g. `main`, `v1.0` or a commit hash", .revision.escape_debug())]
+    Revision { revision: String, why: String },
+}
+
+impl From<NameError> for Error {
+    fn from(e: NameError) -> Self {
+        Error::Usage(e.to_string())
+    }
+}
+
 /// A repo id with an optional revision: `org/name[@revision]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelRef {
@@ -38,63 +63,171 @@ pub struct ModelRef {
     pub revision: String,
 }
 
+/// Why `part` (an organisation or a repo name) is no name the hub gives out; the hub's rules
+/// make `models--{org}--{name}` name one repo only, since neither part can hold `--`.
+fn name_problem(part: &str) -> Option<String> {
+    if part.is_empty() {
+        return Some("an empty part".into());
+    }
+    if part.chars().count() > MAX_NAME_CHARS {
+        return Some(format!("a part longer than {MAX_NAME_CHARS} characters"));
+    }
+    if let Some(c) = part.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))) {
+        return Some(format!("{:?} is not a letter, digit, `-`, `_` or `.`", c));
+    }
+    if part.contains("--") || part.contains("..") {
+        return Some("`--` and `..` are not allowed".into());
+    }
+    if part.starts_with(['-', '.']) || part.ends_with(['-', '.']) {
+        return Some("a part may not start or end with `-` or `.`".into());
+    }
+    None
+}
+
+/// Why `revision` is no ref name by git's rules (`git check-ref-format --allow-onelevel`), or
+/// holds `%` (the hub would read `%2e%2e` in its URL as `..`).
+pub fn revision_problem(revision: &str) -> Option<String> {
+    if revision.is_empty() {
+        return Some("it is empty".into());
+    }
+    if revision.len() > MAX_REVISION_BYTES {
+        return Some(format!("longer than {MAX_REVISION_BYTES} bytes"));
+    }
+    if let Some(c) = revision.chars().find(|c| c.is_control() || c.is_whitespace()) {
+        return Some(format!("it holds {c:?}; control characters and spaces are not allowed"));
+    }
+    if let Some(c) = revision.chars().find(|c| matches!(c, '~' | '^' | ':' | '?' | '*' | '[' | '\\' | '%')) {
+        return Some(format!("`{c}` is not allowed"));
+    }
+    if revision.contains("..") || revision.contains("@{") || revision == "@" {
+        return Some("`..`, `@{` and a lone `@` are not allowed".into());
+    }
+    if revision.starts_with('/') || revision.ends_with('/') || revision.ends_with('.') {
+        return Some("it may not start or end with `/`, nor end with `.`".into());
+    }
+    if revision.split('/').any(|part| part.is_empty() || part.starts_with('.') || part.ends_with(".lock")) {
+        return Some("no part between `/` may be empty, start with `.` or end with `.lock`".into());
+    }
+    None
+}
+
+/// A commit as a ref file holds it (hex; the hub's are 40 characters).
+fn is_commit(text: &str) -> bool {
+    !text.is_empty() && text.len() <= 64 && text.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
+/// The commit in the ref file at `path`, if it holds one (read no further than a commit and a
+/// line end can take, whatever the file is).
+fn read_ref(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path).ok()?.take(80).read_to_string(&mut text).ok()?;
+    let commit = text.trim();
+    is_commit(commit).then(|| commit.to_string())
+}
+
+/// Every `refs/{revision}` of a repo folder with the commit it names, sorted by revision (a
+/// revision with `/` is a file in folders).
+fn refs(repo_dir: &Path) -> Vec<(String, String)> {
+    fn walk(dir: &Path, prefix: &str, out: &mut Vec<(String, String)>, depth: usize) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let revision = if prefix.is_empty() { name } else { format!("{prefix}/{name}") };
+            match entry.file_type() {
+                Ok(t) if t.is_dir() && depth < 8 => walk(&entry.path(), &revision, out, depth + 1),
+                Ok(t) if t.is_file() && revision_problem(&revision).is_none() => {
+                    if let Some(commit) = read_ref(&entry.path()) {
+                        out.push((revision, commit));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&repo_dir.join("refs"), "", &mut out, 0);
+    out.sort();
+    out
+}
+
+/// How the store names the snapshot of `commit`: `org/name` when `refs/main` points to it,
+/// else `org/name@{its first ref}`, else `org/name@{commit}`.
+fn snapshot_name(repo: &str, refs: &[(String, String)], commit: &str) -> String {
+    let mut names = refs.iter().filter(|(_, c)| c == commit).map(|(r, _)| r.as_str());
+    if refs.iter().any(|(r, c)| r == "main" && c == commit) {
+        return repo.to_string();
+    }
+    format!("{repo}@{}", names.next().unwrap_or(commit))
+}
+
 impl ModelRef {
-    /// Parses and validates a name: two path-safe parts (no `..`, no absolute paths, no extra `/`).
-    pub fn parse(name: &str) -> Result<Self> {
+    /// Parses and checks a name by the hub's rules: `org/name` (letters, digits, `-`, `_`, `.`;
+    /// no `--` or `..`; neither starting nor ending with `-` or `.`; at most 96 characters
+    /// each), then optionally `@revision` by git's rules for ref names.
+    pub fn parse(name: &str) -> Result<Self, NameError> {
         let (repo, revision) = match name.split_once('@') {
             Some((r, rev)) => (r, rev),
             None => (name, "main"),
         };
-        let bad = |why: &str| {
-            Error::Usage(format!("`{name}` is not a model name ({why}); expected `org/name` or `org/name@revision`"))
-        };
+        let bad = |why: String| NameError::Repo { name: repo.to_string(), why };
         let parts: Vec<&str> = repo.split('/').collect();
         if parts.len() != 2 {
-            return Err(bad("one `/` between organisation and name"));
+            return Err(bad("one `/` between organisation and name".into()));
         }
-        let safe = |s: &str| {
-            !s.is_empty()
-                && s != "."
-                && s != ".."
-                && !s.starts_with('.')
-                && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        };
-        if !parts.iter().all(|p| safe(p)) {
-            return Err(bad("letters, digits, `-`, `_` and `.` only"));
+        if let Some(why) = parts.iter().find_map(|p| name_problem(p)) {
+            return Err(bad(why));
         }
-        if revision.is_empty() || revision.contains("..") || revision.starts_with('/') || revision.contains('\\') {
-            return Err(bad("bad revision"));
+        if let Some(why) = revision_problem(revision) {
+            return Err(NameError::Revision { revision: revision.to_string(), why });
         }
         Ok(Self { repo: repo.to_string(), revision: revision.to_string() })
     }
 
-    /// `models--org--name` under the cache.
+    /// `models--org--name` under the cache: one folder per repo, since names hold no `--`.
     pub fn repo_dir(&self, cache: &Path) -> PathBuf {
         cache.join(format!("models--{}", self.repo.replace('/', "--")))
     }
 
-    /// The snapshot directory for this revision, if it is in the cache.
+    /// The commit this revision names in the store: `refs/{revision}`, or the revision itself
+    /// when it is a commit that some ref names. A ref is written only once a pull has verified
+    /// every file, so a snapshot no ref names is an unfinished pull and does not count.
+    fn commit(&self, repo_dir: &Path) -> Option<String> {
+        read_ref(&repo_dir.join("refs").join(&self.revision))
+            .or_else(|| (is_commit(&self.revision) && refs(repo_dir).iter().any(|(_, c)| *c == self.revision)).then(|| self.revision.clone()))
+    }
+
+    /// The snapshot directory for this revision, if a finished pull put it in the cache.
     pub fn snapshot(&self, cache: &Path) -> Option<PathBuf> {
         let dir = self.repo_dir(cache);
-        let commit = std::fs::read_to_string(dir.join("refs").join(&self.revision))
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|_| self.revision.clone());
-        let snapshot = dir.join("snapshots").join(commit);
+        let snapshot = dir.join("snapshots").join(self.commit(&dir)?);
         snapshot.is_dir().then_some(snapshot)
+    }
+
+    /// How `sala list` and `GET /v1/models` name the snapshot this revision resolves to (so
+    /// `org/name` and `org/name@main` are one model), if it is in the store.
+    pub fn listed_name(&self, cache: &Path) -> Option<String> {
+        let dir = self.repo_dir(cache);
+        let commit = self.commit(&dir)?;
+        dir.join("snapshots").join(&commit).is_dir().then(|| snapshot_name(&self.repo, &refs(&dir), &commit))
     }
 }
 
-/// One cached model.
+/// One finished snapshot in the store.
 #[derive(Debug, Clone)]
 pub struct CachedModel {
+    /// `org/name`.
     pub repo: String,
-    /// The snapshot `refs/main` points to (or the newest one).
+    /// How to ask for it: `org/name` for the snapshot `refs/main` names, else
+    /// `org/name@revision`.
+    pub name: String,
     pub snapshot: PathBuf,
-    /// Bytes of every blob of the repo.
+    /// Bytes of its files.
     pub size: u64,
 }
 
-/// Every model repo in the cache, sorted by name.
+/// Every finished snapshot in the store (one a ref names), sorted by name. A repo folder whose
+/// name is not `models--{org}--{name}` by the hub's rules is skipped.
 pub fn list(cache: &Path) -> Result<Vec<CachedModel>> {
     let mut out = Vec::new();
     let entries = match std::fs::read_dir(cache) {
@@ -108,22 +241,23 @@ pub fn list(cache: &Path) -> Result<Vec<CachedModel>> {
         let Some(rest) = name.strip_prefix("models--") else { continue };
         let Some((org, model)) = rest.split_once("--") else { continue };
         let repo = format!("{org}/{model}");
-        let Ok(reference) = ModelRef::parse(&repo) else { continue };
-        let snapshot = reference.snapshot(cache).or_else(|| newest_snapshot(&entry.path()));
-        let Some(snapshot) = snapshot else { continue };
-        out.push(CachedModel { repo, snapshot, size: dir_size(&entry.path().join("blobs")) });
+        if ModelRef::parse(&repo).is_err() {
+            continue;
+        }
+        let refs = refs(&entry.path());
+        let mut commits: Vec<&str> = refs.iter().map(|(_, c)| c.as_str()).collect();
+        commits.sort();
+        commits.dedup();
+        for commit in commits {
+            let snapshot = entry.path().join("snapshots").join(commit);
+            if snapshot.is_dir() {
+                let size = dir_size(&snapshot);
+                out.push(CachedModel { repo: repo.clone(), name: snapshot_name(&repo, &refs, commit), snapshot, size });
+            }
+        }
     }
-    out.sort_by(|a, b| a.repo.cmp(&b.repo));
+    out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
-}
-
-fn newest_snapshot(repo_dir: &Path) -> Option<PathBuf> {
-    std::fs::read_dir(repo_dir.join("snapshots"))
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().is_dir())
-        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
-        .map(|e| e.path())
 }
 
 /// Bytes of the regular files in `dir` and its folders (symlinks followed); 0 for what cannot be
@@ -146,8 +280,11 @@ pub fn resolve(name: &Path) -> Result<PathBuf> {
         return Ok(name.to_path_buf());
     }
     let text = name.to_string_lossy();
-    let Ok(reference) = ModelRef::parse(&text) else {
-        return Err(Error::Usage(format!("{}: no such file or directory", name.display())));
+    let reference = match ModelRef::parse(&text) {
+        Ok(reference) => reference,
+        // Looks like a store name but breaks its rules: say which.
+        Err(e @ NameError::Revision { .. }) => return Err(Error::Usage(format!("{}: no such file or directory, and {e}", name.display()))),
+        Err(_) => return Err(Error::Usage(format!("{}: no such file or directory", name.display()))),
     };
     let cache = cache_dir();
     reference.snapshot(&cache).ok_or_else(|| {

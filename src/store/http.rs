@@ -2,7 +2,9 @@
 //! PyPI): a ureq agent with the system's trust store and a connect timeout, a timeout for the
 //! response headers and an idle timeout on every read, so a server that accepts a connection and
 //! then says nothing is an error instead of a hang. The timeout is huggingface_hub's
-//! `HF_HUB_DOWNLOAD_TIMEOUT` (seconds, default 10).
+//! `HF_HUB_DOWNLOAD_TIMEOUT` (seconds, default 10). A body must also keep moving: [`Paced`] ends
+//! one that brings less than [`MIN_BYTES_PER_TIMEOUT`] in a whole timeout, so a server that
+//! drips a byte now and then (each read well within the timeout) still fails in bounded time.
 
 use crate::engine::error::{Error, Result};
 use std::time::Duration;
@@ -28,6 +30,69 @@ pub fn timeout_from_env() -> Result<Duration> {
                 DEFAULT_TIMEOUT.as_secs()
             ))
         })
+}
+
+/// The least a body must bring in every `HF_HUB_DOWNLOAD_TIMEOUT` (1.6 KiB/s at the default
+/// 10 s); a longer timeout lets a slower link through.
+pub const MIN_BYTES_PER_TIMEOUT: u64 = 16 << 10;
+
+/// A body that brought less than [`MIN_BYTES_PER_TIMEOUT`] in a whole timeout (the error inside
+/// the `io::Error` of kind `TimedOut` that [`Paced`] returns).
+#[derive(Debug)]
+pub struct TooSlow {
+    pub bytes: u64,
+    pub window: Duration,
+}
+
+impl std::fmt::Display for TooSlow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "only {} bytes in {} s, less than the {} KiB a transfer must bring in every {TIMEOUT_VAR}",
+            self.bytes,
+            self.window.as_secs_f64(),
+            MIN_BYTES_PER_TIMEOUT >> 10
+        )
+    }
+}
+
+impl std::error::Error for TooSlow {}
+
+impl TooSlow {
+    /// The [`TooSlow`] inside `error`, if that is what it is.
+    pub fn within(error: &std::io::Error) -> Option<&TooSlow> {
+        error.get_ref().and_then(|e| e.downcast_ref::<TooSlow>())
+    }
+}
+
+/// A reader of a response body that fails with [`TooSlow`] once a whole `window` (the timeout)
+/// passed with less than [`MIN_BYTES_PER_TIMEOUT`] read: the per-read timeout alone lets a
+/// drip of one byte every few seconds run forever.
+pub struct Paced<R> {
+    inner: R,
+    window: Duration,
+    since: std::time::Instant,
+    bytes: u64,
+}
+
+impl<R> Paced<R> {
+    pub fn new(inner: R, window: Duration) -> Self {
+        Paced { inner, window, since: std::time::Instant::now(), bytes: 0 }
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for Paced<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        if self.since.elapsed() >= self.window {
+            if n > 0 && self.bytes < MIN_BYTES_PER_TIMEOUT {
+                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, TooSlow { bytes: self.bytes, window: self.window }));
+            }
+            (self.since, self.bytes) = (std::time::Instant::now(), 0);
+        }
+        Ok(n)
+    }
 }
 
 /// An agent whose every wait on the network (name lookup, connect, sending the request, the

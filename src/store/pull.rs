@@ -10,11 +10,15 @@
 //!       a CDN; either way with X-Repo-Commit, ETag / X-Linked-Etag (the blob's name) and
 //!       X-Linked-Size headers
 //!
-//! A file downloads into `blobs/{etag}.part`; a dropped or stalled connection is retried 5 times
-//! with backoff, each time continuing with `Range: bytes=N-`, and a later run continues the same
-//! way. A finished file is renamed to `blobs/{etag}` and linked from `snapshots/{commit}/{file}`;
-//! `refs/{revision}` names the commit. Cancelling the pull's [`PullProgress`] stops it between
-//! files or chunks (or after a read that timed out), keeping the `.part` file. HF_HOME /
+//! A file downloads into `blobs/{etag}.part` (never through a symlink planted there); a dropped,
+//! stalled or dripping connection is retried 5 times with backoff, each time continuing with
+//! `Range: bytes=N-`, and a later run continues the same way. A body may not run past the size
+//! the hub lists (or, for a file it gives no size for, the one the response states, else
+//! [`HubConfig::unsized_limit`]). A finished file is renamed to `blobs/{etag}` and linked from
+//! `snapshots/{commit}/{file}`; `refs/{revision}` names the commit, written last, so the store
+//! lists the snapshot only once everything is in and verified. Cancelling the pull's
+//! [`PullProgress`] stops it between files or chunks (or after a read that timed out), keeping
+//! the `.part` file. HF_HOME /
 //! HF_HUB_CACHE, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE and HF_HUB_DOWNLOAD_TIMEOUT are honoured.
 
 use super::cache::{cache_dir, ModelRef};
@@ -44,6 +48,11 @@ const CHUNK: usize = 256 << 10;
 /// The most a repo listing may take (thousands of files are a few MB).
 const LISTING_LIMIT: u64 = 256 << 20;
 
+/// The most a file may take when neither the hub nor the response gives its size. The hub lists
+/// the size of every file, and stores any above 10 MB in LFS with a size and a sha256, so only a
+/// hub that leaves sizes out reaches this.
+pub const UNSIZED_LIMIT: u64 = 256 << 20;
+
 /// Relative redirects followed to reach the hub's answer for a file (renamed repos).
 const MAX_REDIRECTS: usize = 10;
 
@@ -63,6 +72,8 @@ pub struct Pulled {
     pub bytes: u64,
     /// Files that were already complete in the cache.
     pub reused: usize,
+    /// Files the hub gave neither a size nor a sha256 for, so nothing could be checked.
+    pub unchecked: usize,
 }
 
 /// Whether HF_HUB_OFFLINE asks for the store only (the values huggingface_hub accepts).
@@ -109,6 +120,8 @@ pub struct HubConfig {
     pub timeout: Duration,
     /// Use the store only.
     pub offline: bool,
+    /// The most a file may take when neither the hub nor the response gives its size.
+    pub unsized_limit: u64,
 }
 
 impl HubConfig {
@@ -121,6 +134,7 @@ impl HubConfig {
             cache: cache_dir(),
             timeout: http::timeout_from_env()?,
             offline: offline(),
+            unsized_limit: UNSIZED_LIMIT,
         })
     }
 }
@@ -138,13 +152,13 @@ pub fn pull_with(config: &HubConfig, reference: &ModelRef, bars: &indicatif::Mul
         let snapshot = reference.snapshot(cache).ok_or_else(|| {
             Error::Usage(format!("HF_HUB_OFFLINE is set and {} is not in the model store ({})", reference.repo, cache.display()))
         })?;
-        return Ok(Pulled { snapshot, files: 0, bytes: 0, reused: 0 });
+        return Ok(Pulled { snapshot, files: 0, bytes: 0, reused: 0, unchecked: 0 });
     }
     let client = Client { config, agent: http::agent(config.timeout), reference, progress: &progress, bars };
     let (commit, files) = client.list_files()?;
     let repo_dir = reference.repo_dir(cache);
     let snapshot = repo_dir.join("snapshots").join(&commit);
-    let mut pulled = Pulled { snapshot: snapshot.clone(), files: files.len(), bytes: 0, reused: 0 };
+    let mut pulled = Pulled { snapshot: snapshot.clone(), files: files.len(), bytes: 0, reused: 0, unchecked: 0 };
     let total: u64 = files.iter().filter_map(|f| f.size).sum();
     progress.files_total.store(files.len(), Ordering::Relaxed);
     progress.total_bytes.store(total, Ordering::Relaxed);
@@ -164,18 +178,20 @@ pub fn pull_with(config: &HubConfig, reference: &ModelRef, bars: &indicatif::Mul
         }
         let local = snapshot.join(&file.name);
         let done_before = progress.done_bytes.load(Ordering::Relaxed);
-        let (bytes, reused) = if local.is_file() && verify(&local, file).is_ok() {
-            (file.size.unwrap_or(0), true)
+        let (bytes, reused, checked) = if local.is_file() && verify(&local, file).is_ok() {
+            (file.size.unwrap_or(0), true, file.size.is_some() || file.sha256.is_some())
         } else {
             client.fetch_file(&commit, file, &repo_dir, &local, done_before)?
         };
         pulled.bytes += bytes;
         pulled.reused += usize::from(reused);
+        pulled.unchecked += usize::from(!checked);
         // A resumed download counts the bytes it had already.
         progress.done_bytes.store(done_before + bytes, Ordering::Relaxed);
         progress.files_done.fetch_add(1, Ordering::Relaxed);
     }
     std::fs::create_dir_all(&snapshot).map_err(|e| Error::io(&snapshot, e))?;
+    // Last: the ref is what makes the snapshot count as a model (see `cache::ModelRef::snapshot`).
     write_ref(&repo_dir, &reference.revision, &commit)?;
     Ok(pulled)
 }
@@ -287,7 +303,9 @@ impl Client<'_> {
         let url = format!("{}/api/models/{repo}/revision/{}?blobs=true", self.config.endpoint, encode(revision, false));
         let info: Value = self.retrying(&format!("looking up {repo}@{revision}"), false, || {
             let mut response = self.get(&url).call().map_err(|e| self.failure(&url, e))?;
-            let body = response.body_mut().with_config().limit(LISTING_LIMIT).read_to_vec().map_err(|e| self.failure(&url, e))?;
+            let mut body = Vec::new();
+            let reader = response.body_mut().with_config().limit(LISTING_LIMIT).reader();
+            http::Paced::new(reader, self.config.timeout).read_to_end(&mut body).map_err(|e| self.read_failure(&url, e))?;
             serde_json::from_slice(&body).map_err(|e| {
                 Failure::Fatal(format!("{url} answered with something that is not JSON ({e}); is HF_ENDPOINT a hub?"))
             })
@@ -315,9 +333,19 @@ impl Client<'_> {
         Ok((commit, files))
     }
 
+    /// A failed read of a body as a [`Failure`]: one too slow ([`http::TooSlow`]) may go faster
+    /// on another attempt.
+    fn read_failure(&self, url: &str, error: std::io::Error) -> Failure {
+        match http::TooSlow::within(&error) {
+            Some(slow) => Failure::Transient(format!("{url}: {slow}"), true),
+            None => self.failure(url, error.into()),
+        }
+    }
+
     /// Brings one file into its blob and links it at `link`; a file that fails verification is
-    /// fetched once more from the start. Returns its size and whether its blob was there already.
-    fn fetch_file(&self, commit: &str, file: &RemoteFile, repo_dir: &Path, link: &Path, done_before: u64) -> Result<(u64, bool)> {
+    /// fetched once more from the start. Returns its size, whether its blob was there already, and
+    /// whether the hub gave a size or sha256 to check it by.
+    fn fetch_file(&self, commit: &str, file: &RemoteFile, repo_dir: &Path, link: &Path, done_before: u64) -> Result<(u64, bool, bool)> {
         let (repo, revision) = (&self.reference.repo, &self.reference.revision);
         let url = format!("{}/{repo}/resolve/{}/{}", self.config.endpoint, encode(revision, false), encode(&file.name, true));
         let what = format!("downloading {repo}/{}", file.name);
@@ -329,13 +357,14 @@ impl Client<'_> {
         }
         // The listing's numbers win; the headers fill in what it lacks.
         let expected = RemoteFile { size: file.size.or(head.size), ..file.clone() };
+        let checked = expected.size.is_some() || expected.sha256.is_some();
         let blobs = repo_dir.join("blobs");
         std::fs::create_dir_all(&blobs).map_err(|e| Error::io(&blobs, e))?;
         let blob = blobs.join(&head.etag);
         let depth = file.name.split('/').count();
         if blob.is_file() && verify(&blob, &expected).is_ok() {
             link_blob(&head.etag, depth, link)?;
-            return Ok((file_len(&blob), true));
+            return Ok((file_len(&blob), true, checked));
         }
         let part = blobs.join(format!("{}.part", head.etag));
         let style = indicatif::ProgressStyle::with_template("{msg:30!} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
@@ -365,7 +394,7 @@ impl Client<'_> {
         }
         std::fs::rename(&part, &blob).map_err(|e| Error::io(&blob, e))?;
         link_blob(&head.etag, depth, link)?;
-        Ok((file_len(&blob), false))
+        Ok((file_len(&blob), false, checked))
     }
 
     /// The hub's headers for a file: its answer to `resolve` (one byte asked for), following only
@@ -402,9 +431,17 @@ impl Client<'_> {
         Err(Failure::Fatal(format!("{url}: more than {MAX_REDIRECTS} redirects")))
     }
 
-    /// One attempt at the bytes `part` lacks: `Range: bytes={its length}-`, written as they come.
+    /// One attempt at the bytes `part` lacks: `Range: bytes={its length}-`, written as they come,
+    /// never past the size the hub lists (else the one the response states, else
+    /// [`HubConfig::unsized_limit`]), and no slower than [`http::Paced`] allows.
     fn download(&self, url: &str, part: &Path, expected: &RemoteFile, bar: &indicatif::ProgressBar, done_before: u64) -> Result<(), Failure> {
-        let mut start = std::fs::metadata(part).map(|m| m.len()).unwrap_or(0);
+        let disk = |e| Failure::Stop(Error::io(part, e));
+        let mut start = match std::fs::symlink_metadata(part) {
+            Ok(m) if m.file_type().is_file() => m.len(),
+            Ok(_) => return Err(Failure::Stop(planted(part))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(disk(e)),
+        };
         if expected.size.is_some_and(|size| start >= size) {
             // Complete already (or longer than the file, which verification reports).
             return Ok(());
@@ -417,8 +454,7 @@ impl Client<'_> {
             }
             Err(e) => return Err(self.failure(url, e)),
         };
-        let disk = |e| Failure::Stop(Error::io(part, e));
-        let mut out = std::fs::OpenOptions::new().create(true).append(true).open(part).map_err(disk)?;
+        let mut out = open_part(part)?;
         let range = response.headers().get("content-range").and_then(|v| v.to_str().ok()).and_then(parse_content_range);
         if response.status().as_u16() == 206 {
             if range.is_none_or(|(first, _)| first != start) {
@@ -430,31 +466,45 @@ impl Client<'_> {
             out.set_len(0).map_err(disk)?;
             start = 0;
         }
-        let total = expected.size.or(range.and_then(|(_, total)| total)).or_else(|| response.body().content_length().map(|n| start + n));
+        let stated = range.and_then(|(_, total)| total).or_else(|| response.body().content_length().map(|n| start + n));
+        let total = expected.size.or(stated);
+        // The most this file may take, and who said so.
+        let (limit, by) = match (expected.size, stated) {
+            (Some(size), _) => (size, "the size the hub lists"),
+            (None, Some(size)) => (size, "the size the response states"),
+            (None, None) => (self.config.unsized_limit, "the cap for a file the hub gives no size for"),
+        };
         bar.set_length(total.unwrap_or(0));
         bar.set_position(start);
         self.progress.done_bytes.store(done_before + start, Ordering::Relaxed);
-        let mut reader = response.body_mut().as_reader();
+        let mut reader = http::Paced::new(response.body_mut().as_reader(), self.config.timeout);
         let mut buf = vec![0u8; CHUNK];
         let mut offset = start;
         loop {
             self.check_cancelled().map_err(Failure::Stop)?;
-            let n = match reader.read(&mut buf) {
+            // One byte past the limit is enough to know the body is too long.
+            let room = (limit.saturating_sub(offset) + 1).min(CHUNK as u64) as usize;
+            let n = match reader.read(&mut buf[..room]) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) => {
                     self.check_cancelled().map_err(Failure::Stop)?;
-                    return Err(self.failure(url, e.into()));
+                    return Err(self.read_failure(url, e));
                 }
             };
+            if offset + n as u64 > limit {
+                // Never kept: the next pull starts this file over.
+                drop(out);
+                let _ = std::fs::remove_file(part);
+                return Err(Failure::Fatal(format!(
+                    "{url} sent more than {limit} bytes ({by}); the file was dropped. Is HF_ENDPOINT ({}) a hub you trust?",
+                    self.config.endpoint
+                )));
+            }
             out.write_all(&buf[..n]).map_err(disk)?;
             offset += n as u64;
             bar.inc(n as u64);
             self.progress.done_bytes.fetch_add(n as u64, Ordering::Relaxed);
-            if expected.size.is_some_and(|size| offset > size) {
-                // More than the file holds: verification reports it.
-                break;
-            }
         }
         match total {
             Some(total) if offset < total => {
@@ -462,6 +512,34 @@ impl Client<'_> {
             }
             _ => Ok(()),
         }
+    }
+}
+
+/// The error for a `.part` file that is a symlink or no plain file: never written through.
+fn planted(part: &Path) -> Error {
+    Error::Usage(format!(
+        "{}: a download's temporary file is a symbolic link or not a plain file; sala does not write through it. Remove it and pull again",
+        part.display()
+    ))
+}
+
+/// Opens `part` to append, refusing a symlink put in its place (`O_NOFOLLOW`), so the download
+/// never writes to a file elsewhere.
+fn open_part(part: &Path) -> Result<std::fs::File, Failure> {
+    let mut options = std::fs::OpenOptions::new();
+    options.create(true).append(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW);
+    let file = options.open(part).map_err(|e| match e.raw_os_error() {
+        #[cfg(unix)]
+        Some(libc::ELOOP) => Failure::Stop(planted(part)),
+        _ => Failure::Stop(Error::io(part, e)),
+    })?;
+    // O_NOFOLLOW leaves a FIFO or device in its place: only a plain file is written.
+    match file.metadata() {
+        Ok(m) if m.is_file() => Ok(file),
+        Ok(_) => Err(Failure::Stop(planted(part))),
+        Err(e) => Err(Failure::Stop(Error::io(part, e))),
     }
 }
 
@@ -533,13 +611,27 @@ fn link_blob(etag: &str, depth: usize, link: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `refs/{revision}`: the commit the revision pointed to (a revision with `/` makes folders).
+/// `refs/{revision}`: the commit the revision pointed to (a revision with `/` makes folders),
+/// written aside and renamed into place, so the ref is whole or absent and a symlink planted at
+/// its name is replaced, not written through.
 fn write_ref(repo_dir: &Path, revision: &str, commit: &str) -> Result<()> {
     let path = repo_dir.join("refs").join(revision);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
-    std::fs::write(&path, commit).map_err(|e| Error::io(&path, e))
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(Error::Usage(format!("{}: not a ref file", path.display())));
+    };
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let aside = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
+    let _ = std::fs::remove_file(&aside);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&aside)
+        .and_then(|mut f| f.write_all(commit.as_bytes()))
+        .and_then(|()| std::fs::rename(&aside, &path));
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&aside);
+        Error::io(&path, e)
+    })
 }
 
 /// Checks size and (LFS) sha256; the error says what differs.

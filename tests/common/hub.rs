@@ -2,8 +2,9 @@
 //! server's download endpoint: the repo API with `blobs=true`, `resolve` URLs answering with a
 //! redirect and the X-Repo-Commit / ETag / X-Linked-Etag / X-Linked-Size headers, a "CDN" serving
 //! Range requests — and faults on request: a connection cut mid-file, a corrupted byte, a
-//! connection that stalls mid-file, a slow trickle; and an endpoint that accepts connections and
-//! never answers.
+//! connection that stalls mid-file, a slow trickle, a drip of single bytes, a wrong sha256 in
+//! the listing, files listed without a size and sent without a length (endlessly, if asked); and
+//! an endpoint that accepts connections and never answers.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -32,6 +33,16 @@ pub struct Faults {
     pub stall_once: HashSet<&'static str>,
     /// Every download of these files trickles: 4 KiB every 20 ms.
     pub slow: HashSet<&'static str>,
+    /// The first full download of these files drips: one byte every 100 ms (each read well
+    /// within any timeout), until the client hangs up.
+    pub drip_once: HashSet<&'static str>,
+    /// The listing gives these files a sha256 their bytes do not have.
+    pub bad_sha: HashSet<&'static str>,
+    /// These files are listed without a size or sha256 and sent without a length (no
+    /// Content-Length or Content-Range: the body ends when the connection closes).
+    pub no_size: HashSet<&'static str>,
+    /// Of the files without a size, these are sent as garbage without end.
+    pub endless: HashSet<&'static str>,
 }
 
 #[derive(Default)]
@@ -96,17 +107,23 @@ impl Hub {
         };
         let repo = &self.repo;
         if path == format!("/api/models/{repo}/revision/main") {
+            let faults = self.faults.lock().unwrap();
             let siblings: Vec<serde_json::Value> = self
                 .files
                 .iter()
                 .map(|f| {
+                    if faults.no_size.contains(f.name) {
+                        return serde_json::json!({"rfilename": f.name, "blobId": etag(f)});
+                    }
                     let mut s = serde_json::json!({"rfilename": f.name, "size": f.data.len(), "blobId": etag(f)});
                     if f.lfs {
-                        s["lfs"] = serde_json::json!({"sha256": super::sha256_hex(&f.data), "size": f.data.len(), "pointerSize": 134});
+                        let sha = if faults.bad_sha.contains(f.name) { "0".repeat(64) } else { super::sha256_hex(&f.data) };
+                        s["lfs"] = serde_json::json!({"sha256": sha, "size": f.data.len(), "pointerSize": 134});
                     }
                     s
                 })
                 .collect();
+            drop(faults);
             let body = serde_json::json!({"id": repo, "sha": COMMIT, "siblings": siblings}).to_string();
             send(&mut stream, "200 OK", &[("Content-Type".into(), "application/json".into()), ("Content-Length".into(), body.len().to_string())], body.as_bytes());
         } else if let Some(name) = path.strip_prefix(&format!("/{repo}/resolve/main/")) {
@@ -119,7 +136,9 @@ impl Hub {
             ];
             if f.lfs {
                 headers.push(("X-Linked-Etag".into(), format!("\"{}\"", super::sha256_hex(&f.data))));
-                headers.push(("X-Linked-Size".into(), f.data.len().to_string()));
+                if !self.faults.lock().unwrap().no_size.contains(f.name) {
+                    headers.push(("X-Linked-Size".into(), f.data.len().to_string()));
+                }
             }
             send(&mut stream, "302 Found", &headers, b"");
         } else if let Some(name) = path.strip_prefix("/cdn/") {
@@ -131,7 +150,7 @@ impl Hub {
             };
             let probe = range == Some((0, Some(0)));
             let mut body = f.data[start as usize..=end as usize].to_vec();
-            let (mut cut, mut stall, mut slow) = (false, false, false);
+            let (mut cut, mut stall, mut slow, mut drip, mut no_size, mut endless) = (false, false, false, false, false, false);
             if !probe {
                 self.log.lock().unwrap().data_requests.push((name.to_string(), start));
                 let mut faults = self.faults.lock().unwrap();
@@ -146,6 +165,11 @@ impl Hub {
                     stall = true;
                 }
                 slow = faults.slow.contains(f.name);
+                if start == 0 && faults.drip_once.remove(f.name) {
+                    drip = true;
+                }
+                no_size = faults.no_size.contains(f.name);
+                endless = faults.endless.contains(f.name);
             }
             let headers = vec![
                 ("Content-Range".to_string(), format!("bytes {start}-{end}/{total}")),
@@ -153,7 +177,24 @@ impl Hub {
                 ("Accept-Ranges".to_string(), "bytes".to_string()),
             ];
             let status = if range.is_some() { "206 Partial Content" } else { "200 OK" };
-            if cut {
+            if no_size {
+                // No length at all: the body is what comes before the connection closes.
+                send(&mut stream, "200 OK", &[], b"");
+                if endless {
+                    let garbage = vec![0x5au8; 64 << 10];
+                    while stream.write_all(&garbage).is_ok() {}
+                } else {
+                    let _ = stream.write_all(&body);
+                }
+            } else if drip {
+                send(&mut stream, status, &headers, b"");
+                for byte in body.chunks(1) {
+                    if stream.write_all(byte).is_err() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            } else if cut {
                 // Promise the whole body, send half, hang up.
                 send(&mut stream, status, &headers, &body[..body.len() / 2]);
                 let _ = stream.shutdown(std::net::Shutdown::Both);
