@@ -96,6 +96,13 @@ fn a_failed_load_is_reported_without_paths() {
     // Chat said "still loading; retry shortly" forever.
     let r = request(server.port, "POST", "/v1/chat/completions", Some(&chat(HI, "")), &["Authorization: Bearer k"]).unwrap();
     assert!(r.status == 500 && r.is_api_error() && r.json()["error"]["code"] == "model_load_failed", "{} {}", r.status, r.body);
+    drop(server);
+    // A public server without a key showed the path in the chat 500 and the model list.
+    let server = Server::start(&dir, &["--host", "0.0.0.0"], 500);
+    let r = request(server.port, "POST", "/v1/chat/completions", Some(&chat(HI, "")), &[]).unwrap();
+    assert!(r.status == 500 && r.json()["error"]["code"] == "model_load_failed" && !r.body.contains(&dir_text), "{} {}", r.status, r.body);
+    let list = request(server.port, "GET", "/v1/models", None, &[]).unwrap();
+    assert!(list.status == 200 && !list.body.contains(&dir_text) && list.json()["data"][0]["error"].is_string(), "{}", list.body);
     std::fs::remove_dir_all(dir).unwrap();
 }
 

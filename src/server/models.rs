@@ -122,6 +122,10 @@ pub async fn list(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Res
         });
         if state.public {
             v.as_object_mut().map(|o| o.remove("path"));
+            // Why a model cannot be read names its files.
+            if v.get("error").is_some() {
+                v["error"] = json!("the model cannot be read; the server's log says why");
+            }
         }
         data.push(v);
     }

@@ -257,7 +257,7 @@ pub async fn acquire(state: &Arc<AppState>, requested: Option<&str>) -> Result<L
         let slot = pool.only();
         return match (slot.ready.get(), slot.load_error.get()) {
             (Some(_), _) => Ok(Lease::new(slot)),
-            (None, Some(e)) => Err(load_failed(e)),
+            (None, Some(e)) => Err(load_failed(e, state.public)),
             (None, None) => Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
@@ -273,13 +273,15 @@ pub async fn acquire(state: &Arc<AppState>, requested: Option<&str>) -> Result<L
     let lease = slot_for(state, name).await?;
     lease.settled().await;
     match lease.load_error.get() {
-        Some(e) => Err(load_failed(e)),
+        Some(e) => Err(load_failed(e, state.public)),
         None => Ok(lease),
     }
 }
 
-fn load_failed(e: &str) -> ApiError {
-    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "model_load_failed", None, &format!("the model failed to load: {e}"))
+/// Why a load failed names files: a public server says only that it failed.
+fn load_failed(e: &str, public: bool) -> ApiError {
+    let message = if public { "the model failed to load; the server's log says why".to_string() } else { format!("the model failed to load: {e}") };
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "model_load_failed", None, &message)
 }
 
 fn not_in_store(name: &str) -> ApiError {
