@@ -481,10 +481,27 @@ fn fuzz_sala_file() {
     let _ = std::fs::remove_file(path);
 }
 
+fn minicpm_tokenizer() -> sala::engine::tokenizer::TextTokenizer {
+    let files = sala::engine::tokenizer::TokenizerFiles::from_dir(&common::shared().join("assets/minicpm4-tokenizer")).unwrap().unwrap();
+    sala::engine::tokenizer::TextTokenizer::new(&files, Some(1)).unwrap()
+}
+
+/// A MiniCPM model with a 4096-token context, as the request preparers see it.
+fn served_by(tokenizer: &sala::engine::tokenizer::TextTokenizer) -> sala::server::openai::Served<'_> {
+    sala::server::openai::Served {
+        model_id: "served",
+        tokenizer,
+        max_context: 4096,
+        vocab_size: tokenizer.vocab_size(),
+        eos: &[2],
+        default_max_tokens: 512,
+        tool_format: sala::engine::tools::ToolFormat::MiniCpmXml,
+    }
+}
+
 #[test]
 fn fuzz_chat_request() {
-    let files = sala::engine::tokenizer::TokenizerFiles::from_dir(&common::shared().join("assets/minicpm4-tokenizer")).unwrap().unwrap();
-    let tokenizer = sala::engine::tokenizer::TextTokenizer::new(&files, Some(1)).unwrap();
+    let tokenizer = minicpm_tokenizer();
     let tool = json!({"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}});
     let seeds: Vec<Vec<u8>> = [
@@ -506,33 +523,15 @@ fn fuzz_chat_request() {
     .map(|v| v.to_string().into_bytes())
     .collect();
     fuzz("chat-request", &seeds, mutate_json_text, |bytes| {
-        let served = sala::server::openai::Served {
-            model_id: "served",
-            tokenizer: &tokenizer,
-            max_context: 4096,
-            vocab_size: tokenizer.vocab_size(),
-            eos: &[2],
-            default_max_tokens: 512,
-            tool_format: sala::engine::tools::ToolFormat::MiniCpmXml,
-        };
-        sala::server::openai::prepare_chat(bytes, &served).is_ok()
+        sala::server::openai::prepare_chat(bytes, &served_by(&tokenizer)).is_ok()
     });
 }
 
 /// `/v1/completions` and `/v1/messages` bodies: mutated, they are refused or prepared, never a panic.
 #[test]
 fn fuzz_completions_and_messages_requests() {
-    let files = sala::engine::tokenizer::TokenizerFiles::from_dir(&common::shared().join("assets/minicpm4-tokenizer")).unwrap().unwrap();
-    let tokenizer = sala::engine::tokenizer::TextTokenizer::new(&files, Some(1)).unwrap();
-    let served = || sala::server::openai::Served {
-        model_id: "served",
-        tokenizer: &tokenizer,
-        max_context: 4096,
-        vocab_size: tokenizer.vocab_size(),
-        eos: &[2],
-        default_max_tokens: 512,
-        tool_format: sala::engine::tools::ToolFormat::MiniCpmXml,
-    };
+    let tokenizer = minicpm_tokenizer();
+    let served = || served_by(&tokenizer);
     let seeds: Vec<Vec<u8>> = [
         json!({"model": "served", "prompt": "Once upon a time", "max_tokens": 8, "echo": true, "logprobs": 3, "stop": ["\n"], "temperature": 0}),
         json!({"prompt": [[1, 2, 3], [4, 5]], "max_tokens": 0, "echo": true, "logprobs": 1, "stream": true, "stream_options": {"include_usage": true},
@@ -591,8 +590,7 @@ fn grow_schema(data: &[u8], rng: &mut StdRng) -> Vec<u8> {
 /// never a crash; Lark grammars, mutated, likewise.
 #[test]
 fn fuzz_schemas_and_grammars() {
-    let files = sala::engine::tokenizer::TokenizerFiles::from_dir(&common::shared().join("assets/minicpm4-tokenizer")).unwrap().unwrap();
-    let tokenizer = sala::engine::tokenizer::TextTokenizer::new(&files, Some(1)).unwrap();
+    let tokenizer = minicpm_tokenizer();
     let person = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0},
         "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$"}}, "kind": {"enum": ["a", "b", null]}}, "required": ["name"]});
     let recursive = json!({"$defs": {"node": {"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}}, "$ref": "#/$defs/node"});
@@ -601,15 +599,7 @@ fn fuzz_schemas_and_grammars() {
     let tools = json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
         "tools": [{"type": "function", "function": {"name": "f", "parameters": person}}, {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties": {"q": {"anyOf": [{"type": "string"}, {"type": "number"}]}}}}}]});
     let seeds: Vec<Vec<u8>> = [request(&person), request(&recursive), tools].iter().map(|v| v.to_string().into_bytes()).collect();
-    let served = sala::server::openai::Served {
-        model_id: "served",
-        tokenizer: &tokenizer,
-        max_context: 4096,
-        vocab_size: tokenizer.vocab_size(),
-        eos: &[2],
-        default_max_tokens: 512,
-        tool_format: sala::engine::tools::ToolFormat::MiniCpmXml,
-    };
+    let served = served_by(&tokenizer);
     let mutate = |data: &[u8], rng: &mut StdRng| if rng.random() { grow_schema(data, rng) } else { mutate_json_text(data, rng) };
     fuzz("schema", &seeds, mutate, |bytes| sala::server::openai::prepare_chat(bytes, &served).is_ok());
 
