@@ -1,6 +1,7 @@
 //! Bounded fuzzing of every reader of untrusted bytes (issue 28): safetensors headers, GGUF
 //! headers and tensor tables (then the import), `.sala` files (metadata, config, tokenizer, then
-//! the model built and run), config.json, and the chat request (parsed, templated, tokenized).
+//! the model built and run), config.json, the chat request (parsed, templated, tokenized), and
+//! prompt-cache state files (opened, read into the model's cache, and read by a server's start).
 //!
 //! Each target mutates valid seeds — bytes flipped, cut, inserted, integers overwritten with
 //! edge values, and JSON nodes replaced by values of the wrong type or size — for
@@ -630,4 +631,160 @@ fn fuzz_schemas_and_grammars() {
         let text = String::from_utf8_lossy(bytes).into_owned();
         compiler.compile(&Grammar::Lark(text), Reasoning::Off).is_ok()
     });
+}
+
+/// Golden A's state after 30 of its prompt tokens (attention layers 0 and 3, recurrent 1 and 2,
+/// restart points at 16 and 30), as `--prompt-cache` writes it, for the model of `fingerprint`.
+fn state_file_seed(model: &dyn sala::engine::model::LanguageModel, fingerprint: &sala::engine::state_file::Fingerprint, path: &Path) -> Vec<u8> {
+    use sala::engine::prefix_cache::Trail;
+    let prompt = common::ids(&common::tokens("A_dense_f32"), "prompt_ids");
+    let mut cache = model.new_cache();
+    let mut trail = Trail::new(&cache);
+    trail.stop_at(16);
+    sala::engine::generate::extend_along(model, &mut cache, &mut trail, &prompt[..30], 512, |_| {}).unwrap();
+    trail.mark_end(&cache).unwrap();
+    sala::engine::state_file::save(path, fingerprint, &prompt[..30], &cache, &trail, &mut |_, _| {}).unwrap();
+    std::fs::read(path).unwrap()
+}
+
+/// Float and integer values a state's tensors should never hold, and some they may.
+fn edge_value(dtype: &str, rng: &mut StdRng) -> Vec<u8> {
+    let floats = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN_POSITIVE / 2.0, -0.0, 1e30, 0.0];
+    let f = floats[rng.random_range(0..floats.len())];
+    match dtype {
+        "F32" => f.to_le_bytes().to_vec(),
+        "F16" | "BF16" => [[0x7e, 0x7f], [0x80, 0x7f], [0x00, 0x7c], [0xff, 0xff], [0, 0]][rng.random_range(0..5)].to_vec(),
+        _ => edge_int(rng).to_le_bytes().to_vec(),
+    }
+}
+
+/// Prompt-cache files (issue 54) through the reads a server makes at start: `StateFile::open`,
+/// then `read` of every layer and restart point, and `StateDir::load` over a folder holding the
+/// file. Mutations: bytes damaged anywhere (the digests refuse most), and — sealed again with
+/// valid digests and header checksum, so only the reader's own checks stand — metadata values
+/// changed, tensor values set to NaN, infinities and edge integers, shapes and dtypes changed,
+/// tensors removed or renamed.
+#[test]
+fn fuzz_state_file() {
+    use common::state_files::Parts;
+    use sala::engine::state_file::{Fingerprint, StateDir, StateFile};
+    sala::engine::device::select(Some(sala::engine::device::DeviceKind::Cpu)).unwrap();
+    let golden = common::golden("A_dense_f32");
+    let fingerprint = Fingerprint::of(&sala::models::open(&golden).unwrap(), mlx_rs::Dtype::Float32).unwrap();
+    let model = sala::models::load(&golden, Some(mlx_rs::Dtype::Float32)).unwrap();
+    let model = model.as_ref();
+    let dir = scratch("state-dir");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{}-{}-{:016x}.prompt-cache", &fingerprint.model[..16], &fingerprint.tokenizer[..16], 0));
+    let seed = state_file_seed(model, &fingerprint, &path);
+    let mutate = |s: &[u8], rng: &mut StdRng| -> Vec<u8> {
+        let mut parts = Parts::parse(s);
+        let names: Vec<String> = parts.tensors.keys().cloned().collect();
+        let name = names[rng.random_range(0..names.len())].clone();
+        // A signed edge value, or a size a real layout has.
+        let fact = |rng: &mut StdRng| -> Value {
+            match rng.random_range(0..3) {
+                0 => json!(edge_int(rng) as i64),
+                1 => json!((edge_int(rng) as i64).wrapping_neg()),
+                _ => json!([0, 1, 2, 16, 32, 64][rng.random_range(0..6)]),
+            }
+        };
+        match rng.random_range(0..8) {
+            0 => return mutate_bytes(s, rng),
+            6 => {
+                // Pooled keys of a layer, with a tensor of a small shape for them.
+                let layer = ["0", "3", "1", "99"][rng.random_range(0..4)];
+                let layout: Vec<Value> = (0..rng.random_range(1..3)).map(|_| json!([fact(rng), fact(rng), fact(rng), fact(rng)])).collect();
+                parts.metadata.insert("pooled".into(), json!({ layer: layout }).to_string());
+                let shape = vec![1, 1, rng.random_range(0..4), [0, 32, 64][rng.random_range(0..3)]];
+                let bytes = vec![0u8; 4 * shape.iter().product::<usize>()];
+                parts.tensors.insert(format!("layer.{layer}.pooled.0"), ("F32".into(), shape, bytes));
+            }
+            7 => {
+                // Restart points, layer counts and token lists of edge sizes.
+                match rng.random_range(0..3) {
+                    0 => {
+                        let points: Vec<Value> = (0..rng.random_range(0..4)).map(|_| fact(rng)).collect();
+                        parts.metadata.insert("points".into(), json!(points).to_string());
+                    }
+                    1 => {
+                        parts.metadata.insert("layers".into(), fact(rng).to_string());
+                    }
+                    _ => {
+                        let n = [0, 1, 2, 29, 31][rng.random_range(0..5)];
+                        let tokens: Vec<u8> = (0..n).flat_map(|_| (edge_int(rng) as u32 % 600).to_le_bytes()).collect();
+                        parts.tensors.insert("tokens".into(), ("U32".into(), vec![n], tokens));
+                    }
+                }
+            }
+            1 => {
+                let keys: Vec<String> = parts.metadata.keys().filter(|k| *k != "xxh3" && *k != "checksum").cloned().collect();
+                let key = keys[rng.random_range(0..keys.len())].clone();
+                let value = mutate_json_text(parts.metadata[&key].as_bytes(), rng);
+                parts.metadata.insert(key, String::from_utf8_lossy(&value).into_owned());
+            }
+            2 => {
+                let (dtype, _, bytes) = parts.tensors.get_mut(&name).unwrap();
+                let width = sala::engine::weights::dtype_size(dtype).unwrap_or(1).max(1) as usize;
+                for _ in 0..rng.random_range(1..4) {
+                    if bytes.len() >= width {
+                        let at = rng.random_range(0..bytes.len() / width) * width;
+                        let value = edge_value(dtype, rng);
+                        bytes[at..at + width].copy_from_slice(&value[..width]);
+                    }
+                }
+            }
+            3 => {
+                let (dtype, shape, bytes) = parts.tensors.get_mut(&name).unwrap();
+                if rng.random() {
+                    *dtype = ["F32", "F16", "BF16", "U32", "I64", "U8", "BOOL", "F64"][rng.random_range(0..8)].to_string();
+                }
+                match rng.random_range(0..4) {
+                    0 => shape.clear(),
+                    1 => shape.push(rng.random_range(0..3)),
+                    2 if !shape.is_empty() => {
+                        shape.remove(rng.random_range(0..shape.len()));
+                    }
+                    _ if !shape.is_empty() => {
+                        let at = rng.random_range(0..shape.len());
+                        shape[at] = (edge_int(rng) as usize).min(1 << 40);
+                    }
+                    _ => {}
+                }
+                // Bytes for the new shape when that is small; else the header and data disagree.
+                let size = shape.iter().try_fold(sala::engine::weights::dtype_size(dtype).unwrap_or(1) as usize, |a, &d| a.checked_mul(d));
+                if let Some(size) = size.filter(|&n| n <= 1 << 20) {
+                    bytes.resize(size, 0);
+                }
+            }
+            4 => {
+                parts.tensors.remove(&name);
+            }
+            _ => {
+                let tensor = parts.tensors.remove(&name).unwrap();
+                let other = ["tokens", "layer.0.keys", "layer.3.values", "layer.1.keys", "point.0.layer.1", "point.1.layer.2", "point.9.layer.1", "layer.0.pooled.0"];
+                parts.tensors.insert(other[rng.random_range(0..other.len())].to_string(), tensor);
+            }
+        }
+        parts.seal()
+    };
+    let read = |bytes: &[u8]| {
+        std::fs::write(&path, bytes).unwrap();
+        let accepted = StateFile::open(&path, &fingerprint)
+            .and_then(|file| {
+                let points: Vec<usize> = (0..Parts::parse(bytes).metadata.get("points").map_or(0, |p| serde_json::from_str::<Vec<Value>>(p).map_or(0, |v| v.len()))).collect();
+                file.read(model, &points, &mut |_, _| {})
+            })
+            .is_ok();
+        // The server's path: a panic there is caught and reported as a skipped file.
+        let store = StateDir::new(&dir, &fingerprint).unwrap();
+        let (_, skipped) = store.load(model, u64::MAX, &mut |_, _| {}).unwrap();
+        if let Some(s) = skipped.iter().find(|s| s.error.to_string().contains("panicked")) {
+            panic!("StateDir::load: {}", s.error);
+        }
+        accepted
+    };
+    fuzz("state-file", &[seed], mutate, read);
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -198,3 +198,31 @@ fn a_tokenizer_json_that_panics_the_tokenizers_crate_is_an_error() {
     assert!(code == 1 && stderr.contains("tokenizer.json is not valid JSON"), "rc {code}: {stderr}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `sala pack` writes its `.sala` through `CheckpointWriter::write_file`, aside and renamed into
+/// place (issue 54): a symlink planted at the name earlier versions wrote through
+/// (`.NAME.partial-PID`) made it overwrite the file it points to, and the output became that
+/// symlink. The file is now made afresh under a random
+/// name, the planted link left alone; a partial file of a process that is gone is swept.
+#[test]
+fn a_planted_symlink_beside_a_packed_file_is_not_followed() {
+    let dir = temp("pack-symlink");
+    let victim = dir.join("victim.txt");
+    std::fs::write(&victim, b"precious").unwrap();
+    let output = dir.join("a.sala");
+    // In this process: the name it would have written through.
+    let planted = dir.join(format!(".a.sala.partial-{}", std::process::id()));
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    let leftover = dir.join(".a.sala.partial-999999999-q7w8e9");
+    std::fs::write(&leftover, b"half").unwrap();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options().write(true).open(&leftover).unwrap().set_modified(hour_ago).unwrap();
+    let mut writer = sala::engine::checkpoint::CheckpointWriter::new();
+    writer.add("w", "F32", vec![4], || Ok(vec![1u8; 16])).unwrap();
+    writer.write_file(&output, &std::collections::BTreeMap::new()).unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert!(std::fs::symlink_metadata(&output).unwrap().file_type().is_file());
+    assert_eq!(sala::engine::weights::read_header(&output).unwrap().tensors.len(), 1);
+    assert!(!leftover.exists(), "the partial file of a process that is gone was not swept");
+    std::fs::remove_dir_all(dir).unwrap();
+}

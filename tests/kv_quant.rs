@@ -302,7 +302,7 @@ fn sala_run_takes_kv_bits_refuses_what_it_cannot_do_and_keeps_prompt_caches() {
     let (ok, _, err) = run("C_sparse_prefill", &["--kv-bits", "8"]);
     assert!(!ok && err.contains("heads have 8") && err.contains("run without --kv-bits"), "{err}");
 
-    // A prompt-cache file of an 8-bit cache: version 3, its format named; a second run starts
+    // A prompt-cache file of an 8-bit cache: version 5, its format named; a second run starts
     // from it and generates the same; a run without --kv-bits refuses it by name.
     let file = std::env::temp_dir().join(format!("sala-kv-quant-{}.state", std::process::id()));
     let cached = |extra: &[&str]| run("A_dense_f32", &[&["--prompt-cache", file.to_str().unwrap()], extra].concat());
@@ -311,7 +311,7 @@ fn sala_run_takes_kv_bits_refuses_what_it_cannot_do_and_keeps_prompt_caches() {
     let bytes = std::fs::read(&file).unwrap();
     let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
-    assert_eq!(header["__metadata__"]["version"], "3");
+    assert_eq!(header["__metadata__"]["version"], "5");
     assert_eq!(header["__metadata__"]["kv"], "affine-8-32");
     assert!(header.get("layer.0.keys.codes").is_some() && header.get("layer.0.keys").is_none());
     let (ok, again, err) = cached(&["--kv-bits", "8"]);

@@ -221,14 +221,14 @@ fn ask_in_turn(cache_memory: &str, questions: &[&str]) -> Vec<(String, u64)> {
 
 /// `serve --prompt-cache-dir`: the conversation's state, kept when the first server stops, is
 /// read back by the next one, whose next turn starts from it and answers as a server without a
-/// cache does. A damaged file in the folder is skipped with a warning, and removed at the next
-/// save (the folder then holds what the cache held).
+/// cache does. A damaged file in the folder is skipped with a warning and moved into `rejected/`
+/// (the folder then holds what the cache held).
 #[test]
 fn serve_keeps_prompt_states_across_restarts() {
     let dir = std::env::temp_dir().join(format!("sala-prompt-dir-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let files = || -> Vec<std::path::PathBuf> {
-        let mut f: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        let mut f: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_file()).collect();
         f.sort();
         f
     };
@@ -267,6 +267,7 @@ fn serve_keeps_prompt_states_across_restarts() {
     // second does not cover it), not the damaged file.
     let now = files();
     assert!(!now.contains(&damaged) && now.iter().any(|f| !saved.contains(f)) && now.len() <= 2, "{now:?}");
+    assert!(dir.join("rejected").join(damaged.file_name().unwrap()).is_file());
     std::fs::remove_dir_all(dir).unwrap();
 }
 

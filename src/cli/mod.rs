@@ -353,7 +353,12 @@ impl PromptCacheArgs {
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }
-        if let Some(path) = self.prompt_cache.as_deref().filter(|_| !self.prompt_cache_ro && held.as_ref().is_none_or(|f| f.tokens != head)) {
+        // The state kept is of all the prompt but its last token: a one-token prompt leaves none,
+        // and the file (if any) stays as it was.
+        if let Some(path) = self.prompt_cache.as_deref().filter(|_| head.is_empty() && !self.prompt_cache_ro) {
+            eprintln!("prompt cache: a one-token prompt leaves no state to keep; {} not written", path.display());
+        }
+        if let Some(path) = self.prompt_cache.as_deref().filter(|_| !self.prompt_cache_ro && !head.is_empty() && held.as_ref().is_none_or(|f| f.tokens != head)) {
             trail.mark_end(&cache)?;
             let bar = bytes_progress("writing prompt cache", 0);
             // The file's restart points before where this prompt started are kept in the new one.

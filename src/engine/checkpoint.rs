@@ -79,15 +79,11 @@ impl<'a> CheckpointWriter<'a> {
         // Data starts 8-byte aligned, padded with spaces as the format allows.
         header.resize(header.len().div_ceil(8) * 8, b' ');
 
-        let temp = path.with_file_name(format!(
-            ".{}.partial-{}",
-            path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
-            std::process::id()
-        ));
+        let mut temp = partial_file(path)?;
+        let at = temp.path().to_path_buf();
         let result = (|| -> Result<()> {
-            let file = std::fs::File::create(&temp).map_err(|e| Error::io(&temp, e))?;
-            let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-            let io = |e| Error::io(&temp, e);
+            let io = |e| Error::io(&at, e);
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, temp.as_file_mut());
             out.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
             out.write_all(&header).map_err(io)?;
             for (name, t) in &self.tensors {
@@ -101,13 +97,10 @@ impl<'a> CheckpointWriter<'a> {
                 }
                 out.write_all(&bytes).map_err(io)?;
             }
-            out.into_inner().map_err(|e| Error::io(&temp, e.into_error()))?.sync_all().map_err(io)?;
-            std::fs::rename(&temp, path).map_err(|e| Error::io(path, e))
+            out.flush().map_err(io)
         })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&temp);
-        }
-        result
+        // Dropped unfinished, the partial file removes itself.
+        result.and_then(|()| persist(temp, path))
     }
 
     /// Writes `model.safetensors` into `dir`, or shards + index when larger than `max_shard`.
@@ -154,35 +147,128 @@ pub fn is_plain_file_name(name: &str) -> bool {
         && std::path::Path::new(name).components().count() == 1
 }
 
+/// What marks a file or folder being written beside its final place: `.NAME.partial-PID-…`.
+const PARTIAL: &str = ".partial-";
+
+/// A partial file or folder of a process that is gone is swept only once it has not changed for
+/// this long (a writer in another PID namespace sharing the folder looks gone but keeps writing).
+const QUIET_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// One not changed for this long is swept whatever its process (its PID may have been reused).
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// The folder `path` is in (`.` for a bare name) and its file name.
+fn folder_and_name(path: &Path) -> Result<(PathBuf, String)> {
+    let name = path.file_name().ok_or_else(|| Error::Usage(format!("{}: not a file name", path.display())))?;
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok((folder, name.to_string_lossy().into_owned()))
+}
+
+fn partial_prefix(name: &str) -> String {
+    format!(".{name}{PARTIAL}{}-", std::process::id())
+}
+
+/// A file to write `path` through: created beside it as `.NAME.partial-PID-XXXXXX`, exclusively
+/// (`O_EXCL`: a name already there, a planted symlink included, is never opened), removed if it
+/// is dropped unfinished; [`persist`] renames it into place. Partial files that earlier processes
+/// left beside `path` are swept first ([`sweep_partials`]).
+pub fn partial_file(path: &Path) -> Result<tempfile::NamedTempFile> {
+    use std::os::unix::fs::PermissionsExt;
+    let (folder, name) = folder_and_name(path)?;
+    sweep_partials(&folder, Some(&name));
+    // 0666 less the umask, as `File::create` gives (tempfile's default is 0600).
+    tempfile::Builder::new()
+        .prefix(&partial_prefix(&name))
+        .permissions(std::fs::Permissions::from_mode(0o666))
+        .tempfile_in(&folder)
+        .map_err(|e| Error::io(&folder, e))
+}
+
+/// Flushes `temp` ([`partial_file`]) to disk and renames it to `path` (a symlink there is
+/// replaced, not followed).
+pub fn persist(temp: tempfile::NamedTempFile, path: &Path) -> Result<()> {
+    temp.as_file().sync_all().map_err(|e| Error::io(temp.path(), e))?;
+    temp.persist(path).map_err(|e| Error::io(path, e.error))?;
+    Ok(())
+}
+
+/// Removes what interrupted writes (a crash, SIGKILL, a full disk) left in `dir`: the partial
+/// files and folders of `name` (`.NAME.partial-PID…`), or of any name when `None`, whose
+/// process is no longer running and that have not changed for a minute, or that have not
+/// changed for a day. This process's own are never touched. Symlinks are removed, not followed.
+/// Returns how many were removed; what cannot be read or removed is left alone.
+pub fn sweep_partials(dir: &Path, name: Option<&str>) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = partial_pid(&file_name, name) else { continue };
+        // `DirEntry::metadata` does not follow a symlink.
+        let Ok(meta) = entry.metadata() else { continue };
+        let quiet = meta.modified().ok().and_then(|m| m.elapsed().ok()).unwrap_or_default();
+        let stale = pid != std::process::id() && ((!process_runs(pid) && quiet >= QUIET_FOR) || quiet >= STALE_AFTER);
+        if stale {
+            let path = entry.path();
+            let gone = if meta.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+            removed += gone.is_ok() as usize;
+        }
+    }
+    removed
+}
+
+/// The PID in a partial file's name `.NAME.partial-PID` or `.NAME.partial-PID-…` (of `name`
+/// when given); `None` for anything else.
+fn partial_pid(file_name: &str, name: Option<&str>) -> Option<u32> {
+    let rest = match name {
+        Some(name) => file_name.strip_prefix(&format!(".{name}{PARTIAL}"))?,
+        None => {
+            let at = file_name.strip_prefix('.')?.rfind(PARTIAL)?;
+            &file_name[1 + at + PARTIAL.len()..]
+        }
+    };
+    rest.split('-').next()?.parse().ok()
+}
+
+/// Whether a process `pid` exists (one of another user counts).
+fn process_runs(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    pid > 0 && (unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+}
+
 /// A directory built beside its final place and renamed into it once complete, so an interrupted
 /// run never leaves a half-written model where a finished one is expected.
 pub struct StagingDir {
     pub staging: PathBuf,
     target: PathBuf,
-    finished: bool,
+    /// Removes the staging folder when dropped unfinished.
+    dir: Option<tempfile::TempDir>,
 }
 
 impl StagingDir {
-    /// Refuses an existing `target` (nothing is ever overwritten).
+    /// Refuses an existing `target` (nothing is ever overwritten). The staging folder
+    /// `.NAME.partial-PID-XXXXXX` is made afresh (never an existing one, nor through a symlink);
+    /// those earlier processes left are swept first.
     pub fn new(target: &Path) -> Result<Self> {
-        if target.exists() {
+        use std::os::unix::fs::PermissionsExt;
+        if target.symlink_metadata().is_ok() {
             return Err(Error::Usage(format!(
                 "{} already exists; remove it or choose another --output",
                 target.display()
             )));
         }
-        let name = target.file_name().ok_or_else(|| Error::Usage(format!("{}: not a directory name", target.display())))?;
-        let parent = match target.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        let (parent, name) = folder_and_name(target).map_err(|_| Error::Usage(format!("{}: not a directory name", target.display())))?;
         std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
-        let staging = parent.join(format!(".{}.partial-{}", name.to_string_lossy(), std::process::id()));
-        if staging.exists() {
-            std::fs::remove_dir_all(&staging).map_err(|e| Error::io(&staging, e))?;
-        }
-        std::fs::create_dir(&staging).map_err(|e| Error::io(&staging, e))?;
-        Ok(Self { staging, target: target.into(), finished: false })
+        sweep_partials(&parent, Some(&name));
+        let dir = tempfile::Builder::new()
+            .prefix(&partial_prefix(&name))
+            .permissions(std::fs::Permissions::from_mode(0o777))
+            .tempdir_in(&parent)
+            .map_err(|e| Error::io(&parent, e))?;
+        Ok(Self { staging: dir.path().to_path_buf(), target: target.into(), dir: Some(dir) })
     }
 
     /// Writes a side file; `name` often comes from a downloaded file, so anything but a plain
@@ -201,15 +287,10 @@ impl StagingDir {
 
     pub fn finish(mut self) -> Result<PathBuf> {
         std::fs::rename(&self.staging, &self.target).map_err(|e| Error::io(&self.target, e))?;
-        self.finished = true;
-        Ok(self.target.clone())
-    }
-}
-
-impl Drop for StagingDir {
-    fn drop(&mut self) {
-        if !self.finished {
-            let _ = std::fs::remove_dir_all(&self.staging);
+        // Renamed away: nothing is left to remove.
+        if let Some(dir) = self.dir.take() {
+            let _ = dir.keep();
         }
+        Ok(self.target.clone())
     }
 }

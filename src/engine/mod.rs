@@ -23,6 +23,7 @@ pub mod sampler;
 pub mod session;
 pub mod source;
 pub mod state_file;
+pub mod tensor_digests;
 pub mod tokenizer;
 pub mod tools;
 pub mod weights;

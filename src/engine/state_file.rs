@@ -3,12 +3,14 @@
 //! processed once can be asked again after the process is gone.
 //!
 //! The file is a safetensors file (readable by any safetensors tool) whose metadata says what
-//! made it: a digest of the model (config, tensor names, shapes and dtypes, the bytes of its small
-//! tensors, the dtype it ran in) and of the tokenizer files, so a state is never continued by a
-//! model it does not belong to. Each tensor's xxh3 digest is in the metadata, so a corrupted
-//! file is refused rather than continued from. It is written beside its place and renamed into
-//! it once complete. Only what a prompt restarts from is read: the attention buffers and one
-//! restart point's recurrent states.
+//! made it: a digest of the model (config, tensor names, shapes and dtypes, every tensor's bytes
+//! through [`super::tensor_digests`], the dtype it ran in) and of the tokenizer files, so a state
+//! is never continued by a model it does not belong to. Each tensor's xxh3 digests and a checksum
+//! of the header are in the metadata, so a corrupted file is refused rather than continued from;
+//! and since digests can be forged, what is read is checked too: every layer's state there, in
+//! the model's shapes, token ids in its vocabulary, no NaN or infinity. It is written beside its
+//! place ([`super::checkpoint::partial_file`]) and renamed into it once complete. Only what a
+//! prompt restarts from is read: the attention buffers and one restart point's recurrent states.
 
 use super::cache::{Checkpoint, KeyWindowsState, KvFormat, LayerState, ModelCache, RecurrentState};
 use super::error::{Error, Result};
@@ -24,14 +26,12 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 const FORMAT: &str = "sala-prompt-cache";
-/// Version 3 is a state of a quantized KV cache (`--kv-bits`, its format in metadata `kv`):
-/// only those files are written as 3, so sala builds that read only 2 refuse them by version.
-const VERSION: &str = "2";
-const VERSION_QUANTIZED_KV: &str = "3";
-/// Tensors up to this size go into the model's digest with their bytes (norms, biases, small
-/// tables: what random or retrained weights differ in, without reading gigabytes).
-const DIGEST_TENSOR_BYTES: u64 = 1 << 20;
-const DIGEST_TOTAL_BYTES: u64 = 64 << 20;
+/// Version 5 is a state of a quantized KV cache (`--kv-bits`, its format in metadata `kv`):
+/// only those files are written as 5, so a build that reads only plain states refuses them by
+/// version. 4 and 5 added the header's checksum and a model digest of every tensor's bytes; 2
+/// and 3 (before them) are refused by version.
+const VERSION: &str = "4";
+const VERSION_QUANTIZED_KV: &str = "5";
 
 /// What made a state: digests of the model (as it runs) and of its tokenizer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,13 +48,11 @@ impl Fingerprint {
         if let Some(config) = source.files.get(super::source::CONFIG_FILE) {
             model.update(config.as_bytes());
         }
-        let mut budget = DIGEST_TOTAL_BYTES;
+        // Every byte of every tensor counts (their digests are cached beside the user's other caches).
+        let digests = super::tensor_digests::of(&source.weights)?;
         for (name, info) in source.weights.infos() {
-            model.update(format!("\n{name} {} {:?}", info.dtype, info.shape));
-            if info.nbytes() <= DIGEST_TENSOR_BYTES && info.nbytes() <= budget {
-                budget -= info.nbytes();
-                model.update(source.weights.bytes(name)?);
-            }
+            let digest = digests.get(name).map_or("", String::as_str);
+            model.update(format!("\n{name} {} {:?} {digest}", info.dtype, info.shape));
         }
         let mut tokenizer = Sha256::new();
         for (name, text) in &source.files {
@@ -76,6 +74,20 @@ impl Fingerprint {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The checksum of a state file's header (metadata `checksum`): xxh3-128 of every metadata entry
+/// but itself (`key\0value\0`, keys in order), then each tensor's name, dtype and shape (names in
+/// order). The data is covered by the piece digests in metadata `xxh3`, so this covers the file.
+fn header_checksum<'a>(metadata: &BTreeMap<String, String>, tensors: impl Iterator<Item = (&'a str, &'a str, &'a [i32])>) -> String {
+    let mut text = Vec::new();
+    for (key, value) in metadata.iter().filter(|(k, _)| *k != "checksum") {
+        text.extend_from_slice(format!("{key}\0{value}\0").as_bytes());
+    }
+    for (name, dtype, shape) in tensors {
+        text.extend_from_slice(format!("\n{name}\0{dtype}\0{shape:?}").as_bytes());
+    }
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&text))
 }
 
 /// A state read back from a file.
@@ -105,6 +117,9 @@ pub fn save(
 ) -> Result<u64> {
     if cache.len() != tokens.len() {
         return Err(Error::Usage(format!("internal: a state of {} tokens saved with {} token ids", cache.len(), tokens.len())));
+    }
+    if tokens.is_empty() {
+        return Err(Error::Usage("internal: a state of no tokens has nothing to save (a one-token prompt leaves none)".into()));
     }
     let mut tensors = vec![Out { name: "tokens".into(), array: Array::from_slice(tokens, &[tokens.len() as i32]) }];
     let mut pooled_layout = Map::new();
@@ -148,9 +163,17 @@ pub fn save(
     // Digests are written once the data is (same length, so the header does not move).
     let placeholder: Map<String, Value> =
         tensors.iter().map(|t| (t.name.clone(), json!(vec!["0".repeat(16); t.array.nbytes().div_ceil(READ_PIECE)]))).collect();
+    let mut described = Vec::new();
+    for t in &tensors {
+        let dtype = dtype_name(t.array.dtype()).ok_or_else(|| Error::Usage(format!("cannot save dtype {:?}", t.array.dtype())))?;
+        described.push((t.name.as_str(), dtype, t.array.shape().to_vec()));
+    }
+    described.sort();
     let header_with = |digests: &Map<String, Value>| -> Result<Vec<u8>> {
         let mut meta = metadata.clone();
         meta.insert("xxh3".to_string(), Value::Object(digests.clone()).to_string());
+        let checksum = header_checksum(&meta, described.iter().map(|(n, d, s)| (*n, *d, &s[..])));
+        meta.insert("checksum".to_string(), checksum);
         let mut header = Map::new();
         header.insert("__metadata__".into(), json!(meta));
         let mut offset = 0u64;
@@ -167,37 +190,29 @@ pub fn save(
     let header = header_with(&placeholder)?;
     let total = 8 + header.len() as u64 + tensors.iter().map(|t| t.array.nbytes() as u64).sum::<u64>();
 
-    let temp = path.with_file_name(format!(
-        ".{}.partial-{}",
-        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
-        std::process::id()
-    ));
-    let result = (|| -> Result<()> {
-        let io = |e| Error::io(&temp, e);
-        let mut out = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&temp).map_err(io)?);
-        out.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
-        out.write_all(&header).map_err(io)?;
-        let mut written = 8 + header.len() as u64;
-        let mut digests = Map::new();
-        for t in &tensors {
-            let bytes = super::ops::to_bytes(&t.array)?;
-            digests.insert(t.name.clone(), json!(bytes.chunks(READ_PIECE).map(piece_digest).collect::<Vec<_>>()));
-            out.write_all(&bytes).map_err(io)?;
-            written += bytes.len() as u64;
-            progress(written, total);
-        }
-        let final_header = header_with(&digests)?;
-        debug_assert_eq!(final_header.len(), header.len());
-        let mut file = out.into_inner().map_err(|e| Error::io(&temp, e.into_error()))?;
-        file.seek(SeekFrom::Start(8)).map_err(io)?;
-        file.write_all(&final_header).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        std::fs::rename(&temp, path).map_err(|e| Error::io(path, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
+    let mut temp = super::checkpoint::partial_file(path)?;
+    let at = temp.path().to_path_buf();
+    let io = |e| Error::io(&at, e);
+    let mut out = std::io::BufWriter::with_capacity(8 << 20, temp.as_file_mut());
+    out.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+    out.write_all(&header).map_err(io)?;
+    let mut written = 8 + header.len() as u64;
+    let mut digests = Map::new();
+    for t in &tensors {
+        let bytes = super::ops::to_bytes(&t.array)?;
+        digests.insert(t.name.clone(), json!(bytes.chunks(READ_PIECE).map(piece_digest).collect::<Vec<_>>()));
+        out.write_all(&bytes).map_err(io)?;
+        written += bytes.len() as u64;
+        progress(written, total);
     }
-    result.map(|_| total)
+    let final_header = header_with(&digests)?;
+    debug_assert_eq!(final_header.len(), header.len());
+    let file = out.into_inner().map_err(|e| Error::io(&at, e.into_error()))?;
+    file.seek(SeekFrom::Start(8)).map_err(io)?;
+    file.write_all(&final_header).map_err(io)?;
+    // An error above drops `temp`, which removes the partial file.
+    super::checkpoint::persist(temp, path)?;
+    Ok(total)
 }
 
 /// A tensor of a prompt cache file: where its bytes are, and the digests of their pieces.
@@ -207,18 +222,38 @@ struct Located {
     offset: u64,
     len: u64,
     digests: Vec<String>,
+    /// Its safetensors dtype: float values must be finite.
+    dtype: String,
 }
 
 impl Located {
-    /// Its bytes, each piece checked against its digest by the thread that read it.
+    /// Its bytes, each piece checked against its digest, and float values for being finite, by
+    /// the thread that read it.
     fn read(&self) -> Result<Vec<u8>> {
         read_range(&self.file, self.offset, self.len, &|i, piece| {
-            if self.digests[i] == piece_digest(piece) {
-                Ok(())
-            } else {
+            if self.digests.get(i).is_none_or(|d| *d != piece_digest(piece)) {
                 Err(bad(&self.file, format!("tensor `{}` does not match its digest: the file is corrupt; delete it", self.name)))
+            } else if !all_finite(&self.dtype, piece) {
+                Err(bad(
+                    &self.file,
+                    format!("tensor `{}` holds NaN or infinite values, which no model state has: the file is corrupt; delete it", self.name),
+                ))
+            } else {
+                Ok(())
             }
         })
+    }
+}
+
+/// Whether every value of `bytes` (little-endian, of safetensors dtype `dtype`) is finite: no
+/// exponent of all ones. Integers (token ids, a quantized cache's codes) are.
+fn all_finite(dtype: &str, bytes: &[u8]) -> bool {
+    match dtype {
+        "F64" => bytes.chunks_exact(8).all(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()) & 0x7ff0_0000_0000_0000 != 0x7ff0_0000_0000_0000),
+        "F32" => bytes.chunks_exact(4).all(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7f80_0000 != 0x7f80_0000),
+        "BF16" => bytes.chunks_exact(2).all(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 != 0x7f80),
+        "F16" => bytes.chunks_exact(2).all(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 != 0x7c00),
+        _ => true,
     }
 }
 
@@ -241,6 +276,8 @@ pub struct StateFile {
     pooled: Map<String, Value>,
     /// How the KV cache that made it kept its rows ([`KvFormat::name`]).
     kv: String,
+    /// The model's layers when it was saved (metadata `layers`).
+    layers: usize,
 }
 
 impl StateFile {
@@ -261,6 +298,10 @@ impl StateFile {
                 path,
                 format!("prompt cache version {} is not {VERSION} or {VERSION_QUANTIZED_KV}, the ones this sala reads; delete it", field("version")),
             ));
+        }
+        let tensors = weights.infos().iter().map(|(name, info)| (name.as_str(), info.dtype.as_str(), &info.shape[..]));
+        if field("checksum") != header_checksum(meta, tensors) {
+            return Err(bad(path, "its header does not match its checksum: the file is corrupt; delete it"));
         }
         if field("model") != fingerprint.model {
             return Err(bad(
@@ -292,22 +333,21 @@ impl StateFile {
             _ => return Err(bad(path, "metadata `pooled` is not a map; the file is corrupt")),
         };
         let kv = meta.get("kv").cloned().unwrap_or_else(|| KvFormat::Plain.name());
-        let mut file = Self { path: path.to_path_buf(), weights, digests, tokens: Vec::new(), points, pooled, kv };
-        let tokens = file.tensor("tokens")?;
-        if tokens.dtype() != Dtype::Uint32 || tokens.ndim() != 1 {
+        let layers = field("layers").parse().map_err(|_| bad(path, "metadata `layers` is not a count of layers; the file is corrupt"))?;
+        let mut file = Self { path: path.to_path_buf(), weights, digests, tokens: Vec::new(), points, pooled, kv, layers };
+        let info = file.weights.infos().get("tokens").ok_or_else(|| bad(path, "tensor `tokens` is missing; the file is corrupt"))?;
+        if info.dtype != "U32" || info.shape.len() != 1 {
             return Err(bad(path, "tensor `tokens` is not a list of u32 token ids; the file is corrupt"));
         }
-        file.tokens = tokens.as_slice::<u32>().to_vec();
+        if info.shape[0] == 0 {
+            return Err(bad(path, "it holds no tokens (tensor `tokens` is empty), so there is no state to continue; the file is corrupt; delete it"));
+        }
+        let bytes = file.located("tokens")?.read()?;
+        file.tokens = bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         if file.points.iter().any(|&p| p == 0 || p > file.tokens.len()) || !file.points.is_sorted() {
             return Err(bad(path, "metadata `points` names lengths the file does not hold; the file is corrupt"));
         }
         Ok(file)
-    }
-
-    /// One tensor, its bytes checked against the digests written with it.
-    fn tensor(&self, name: &str) -> Result<Array> {
-        let bytes = self.located(name)?.read()?;
-        self.array(name, &bytes)
     }
 
     /// Where tensor `name` is and the digests of its pieces.
@@ -319,7 +359,7 @@ impl StateFile {
         if digests.len() != (info.nbytes() as usize).div_ceil(READ_PIECE) {
             return Err(bad(&self.path, format!("tensor `{name}` has no digest for each piece; the file is corrupt; delete it")));
         }
-        Ok(Located { name: name.to_string(), file, offset, len, digests })
+        Ok(Located { name: name.to_string(), file, offset, len, digests, dtype: info.dtype.clone() })
     }
 
     /// Tensor `name` made from its checked bytes.
@@ -379,27 +419,53 @@ impl StateFile {
         }
     }
 
+    /// The error for a file whose states were not kept as a KV cache of format `kv` keeps them
+    /// (another `--kv-bits`), naming the flag; `None` when they were.
+    fn kv_refusal(&self, kv: KvFormat) -> Option<Error> {
+        if self.kv == kv.name() {
+            return None;
+        }
+        let made = if self.kv == KvFormat::Plain.name() { "without --kv-bits".to_string() } else { format!("with its KV cache quantized ({}, --kv-bits)", self.kv) };
+        let fix = if kv == KvFormat::Plain { "with --kv-bits as it was made" } else { "without --kv-bits, as it was made" };
+        Some(bad(&self.path, format!("made {made}, and this run's KV cache is {}; run {fix}, or delete it", kv.name())))
+    }
+
     /// Reads the state for `model`: the attention buffers, and the recurrent states of the
     /// points named by `points` (indices into the file's; the last is where the cache stands),
-    /// checked against the shapes the model's own states have. `progress` is told bytes read.
+    /// checked against the shapes the model's own states have: every layer's state must be there,
+    /// token ids within the vocabulary, float values finite. `progress` is told bytes read.
     pub fn read(&self, model: &dyn LanguageModel, points: &[usize], progress: &mut dyn FnMut(u64, u64)) -> Result<SavedState> {
         let kv = model.new_cache().kv_format();
-        if self.kv != kv.name() {
-            let made = if self.kv == KvFormat::Plain.name() { "without --kv-bits".to_string() } else { format!("with its KV cache quantized ({}, --kv-bits)", self.kv) };
-            let fix = if kv == KvFormat::Plain { "with --kv-bits as it was made" } else { "without --kv-bits, as it was made" };
-            return Err(bad(&self.path, format!("made {made}, and this run's KV cache is {}; run {fix}, or delete it", kv.name())));
+        if let Some(refusal) = self.kv_refusal(kv) {
+            return Err(refusal);
         }
         let probe = probe_shapes(model)?;
+        if self.layers != probe.len() {
+            return Err(self.mismatch(format!("metadata `layers` ({})", self.layers)));
+        }
+        let vocab = model.info().vocab_size;
+        if let Some(at) = self.tokens.iter().position(|&t| t as usize >= vocab) {
+            return Err(bad(&self.path, format!("token id {} (at {at}) is outside this model's vocabulary of {vocab}; the file is corrupt or from another model; delete it", self.tokens[at])));
+        }
         let n = self.tokens.len();
-        // The tensors in the order the loops below ask for them.
+        let recurrent = probe.iter().any(|p| matches!(p, Probe::Recurrent(..)));
+        // A recurrent layer's state after all the tokens is the last restart point's.
+        if recurrent && self.points.last() != Some(&n) {
+            return Err(bad(&self.path, format!("it holds no recurrent state at its end ({n} tokens; metadata `points` {:?}); the file is corrupt; delete it", self.points)));
+        }
+        // The tensors in the order the loops below ask for them; every attention layer's rows
+        // must be there.
         let mut names = Vec::new();
         for (i, shape) in probe.iter().enumerate() {
             if let Probe::Attention(rows) = shape {
-                if rows.first().is_some_and(|(name, ..)| self.has(&format!("layer.{i}.{name}"))) {
-                    names.extend(rows.iter().map(|(name, ..)| format!("layer.{i}.{name}")));
+                for (name, ..) in rows {
+                    let tensor = format!("layer.{i}.{name}");
+                    if !self.has(&tensor) {
+                        return Err(bad(&self.path, format!("layer {i}'s {name} (tensor `{tensor}`) are missing: it does not hold every layer's state; the file is corrupt; delete it")));
+                    }
+                    names.push(tensor);
                 }
-                let pooled = self.pooled.get(&i.to_string()).and_then(Value::as_array).map_or(0, Vec::len);
-                names.extend((0..pooled).map(|j| format!("layer.{i}.pooled.{j}")));
+                names.extend((0..self.pooled_layout(i).len()).map(|j| format!("layer.{i}.pooled.{j}")));
             }
         }
         names.extend(point_names(&probe, points));
@@ -409,15 +475,13 @@ impl StateFile {
                 layers.push(match shape {
                     Probe::Attention(planes) => {
                         let mut rows = Vec::new();
-                        if planes.first().is_some_and(|(name, ..)| self.has(&format!("layer.{i}.{name}"))) {
-                            for (name, want, dtype) in planes {
-                                let a = read(&format!("layer.{i}.{name}"))?;
-                                let s = a.shape();
-                                if s.len() != 4 || s[0] != 1 || s[1] != want[1] || s[3] != want[3] || s[2] as usize != n || a.dtype() != *dtype {
-                                    return Err(self.mismatch(format!("layer {i} {name}: shape {s:?} {:?}", a.dtype())));
-                                }
-                                rows.push((name.clone(), a));
+                        for (name, want, dtype) in planes {
+                            let a = read(&format!("layer.{i}.{name}"))?;
+                            let s = a.shape();
+                            if s.len() != 4 || s[0] != 1 || s[1] != want[1] || s[3] != want[3] || s[2] as usize != n || a.dtype() != *dtype {
+                                return Err(self.mismatch(format!("layer {i} {name}: shape {s:?} {:?}", a.dtype())));
                             }
+                            rows.push((name.clone(), a));
                         }
                         // The heads, head dim and dtype the pooled keys must have: the keys'
                         // (quantized: the codes' heads, 32 / bits values a u32, the scales' dtype).
@@ -426,20 +490,24 @@ impl StateFile {
                             KvFormat::Quantized { bits, .. } => (vec![1, planes[0].1[1], 1, planes[0].1[3] * 32 / bits], planes[1].2),
                         };
                         let mut pooled = Vec::new();
-                        let layout = self.pooled.get(&i.to_string()).and_then(Value::as_array).cloned().unwrap_or_default();
-                        for (j, p) in layout.iter().enumerate() {
-                            let facts: Vec<i64> = p.as_array().map(|a| a.iter().filter_map(Value::as_i64).collect()).unwrap_or_default();
+                        for (j, p) in self.pooled_layout(i).iter().enumerate() {
                             let windows = read(&format!("layer.{i}.pooled.{j}"))?;
+                            let facts: Vec<i64> = p.as_array().map(|a| a.iter().filter_map(Value::as_i64).collect()).unwrap_or_default();
                             let [kernel, stride, heads, dim] = facts[..] else {
                                 return Err(bad(&self.path, format!("metadata `pooled` for layer {i} is malformed; the file is corrupt")));
                             };
-                            let ok_params = stride > 0 && kernel >= stride && kernel % stride == 0 && heads == want[1] as i64 && dim == want[3] as i64;
-                            let count = if (n as i64) < kernel { 0 } else { (n as i64 - kernel) / stride.max(1) + 1 };
+                            // Windows of at most the whole sequence, each starting `stride` after the
+                            // last; heads and dim the keys': every product below is then small.
+                            let fits = 0 < stride && stride <= kernel && kernel % stride == 0 && kernel as u64 <= n as u64;
+                            if !fits || heads != i64::from(want[1]) || dim != i64::from(want[3]) {
+                                return Err(self.mismatch(format!("layer {i} pooled keys (kernel {kernel}, stride {stride}, heads {heads}, dim {dim})")));
+                            }
+                            let count = (n as i64 - kernel) / stride + 1;
                             let s = windows.shape();
-                            if !ok_params || s != [1, 1, count as i32, (heads * dim) as i32] || windows.dtype() != dtype {
+                            if s != [1, 1, count as i32, want[1] * want[3]] || windows.dtype() != dtype {
                                 return Err(self.mismatch(format!("layer {i} pooled keys: shape {s:?}")));
                             }
-                            pooled.push(KeyWindowsState { kernel: kernel as usize, stride: stride as usize, heads: heads as i32, dim: dim as i32, windows });
+                            pooled.push(KeyWindowsState { kernel: kernel as usize, stride: stride as usize, heads: want[1], dim: want[3], windows });
                         }
                         LayerState::Attention { rows, pooled }
                     }
@@ -450,6 +518,11 @@ impl StateFile {
             let checkpoints = self.checkpoints(&probe, points, read)?;
             Ok(SavedState { tokens: self.tokens.clone(), trail: Trail::from_points(&cache, checkpoints), cache })
         })
+    }
+
+    /// Metadata `pooled` for layer `i`: one `[kernel, stride, heads, dim]` per set of pooled keys.
+    fn pooled_layout(&self, i: usize) -> Vec<Value> {
+        self.pooled.get(&i.to_string()).and_then(Value::as_array).cloned().unwrap_or_default()
     }
 
     /// The recurrent states of the file's restart points shorter than `len` (a state read from
@@ -602,21 +675,30 @@ pub struct StateDir {
 pub struct Skipped {
     pub path: PathBuf,
     pub error: Error,
+    /// Where it was moved (`DIR/rejected/`): a file whose contents are wrong. A file that could
+    /// not be read (an I/O error, say) or was made with another `--kv-bits` stays where it was.
+    pub moved_to: Option<PathBuf>,
 }
+
+/// The subfolder of a [`StateDir`] that files found corrupt or crafted are moved into, kept for
+/// a look rather than deleted, and never read again.
+pub const REJECTED_DIR: &str = "rejected";
 
 impl StateDir {
     /// Makes `dir` if missing and checks that files can be written there, so a folder that
     /// cannot keep states is refused before a model loads rather than at shutdown.
     pub fn check_writable(dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let probe = dir.join(format!(".sala-write-check-{}", std::process::id()));
-        std::fs::write(&probe, b"").map_err(|e| Error::io(&probe, e))?;
-        std::fs::remove_file(&probe).map_err(|e| Error::io(&probe, e))
+        // A new file of a random name (never an existing one), removed when dropped.
+        tempfile::Builder::new().prefix(".sala-write-check-").tempfile_in(dir).map_err(|e| Error::io(dir, e))?;
+        Ok(())
     }
 
-    /// The folder `dir` (made if missing) for the model of `fingerprint`.
+    /// The folder `dir` (made if missing) for the model of `fingerprint`; what interrupted saves
+    /// left there is swept ([`super::checkpoint::sweep_partials`]).
     pub fn new(dir: &Path, fingerprint: &Fingerprint) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        super::checkpoint::sweep_partials(dir, None);
         Ok(Self { dir: dir.to_path_buf(), fingerprint: fingerprint.clone() })
     }
 
@@ -648,7 +730,9 @@ impl StateDir {
 
     /// Reads back this model's states, newest first, as many as fit in `budget` bytes of files;
     /// returns them oldest first (the order to keep them in, so the newest is dropped last) with
-    /// the files that could not be read. `progress` is told bytes read and the total.
+    /// the files that could not be read: those whose contents are wrong are moved into
+    /// [`REJECTED_DIR`]. A file whose reading panics (a bug) is skipped like a corrupt one rather
+    /// than stopping the caller (a server's start). `progress` is told bytes read and the total.
     pub fn load(&self, model: &dyn LanguageModel, budget: u64, progress: &mut dyn FnMut(u64, u64)) -> Result<(Vec<SavedState>, Vec<Skipped>)> {
         let mut chosen = Vec::new();
         let mut total = 0u64;
@@ -661,18 +745,60 @@ impl StateDir {
         let (mut states, mut skipped) = (Vec::new(), Vec::new());
         let mut done = 0u64;
         for (path, len) in chosen.into_iter().rev() {
-            let read = StateFile::open(&path, &self.fingerprint).and_then(|file| {
-                let points: Vec<usize> = (0..file.points.len()).collect();
-                let base = done;
-                file.read(model, &points, &mut |d, _| progress(base + d, total))
-            });
-            done += len;
-            match read {
-                Ok(state) => states.push(state),
-                Err(error) => skipped.push(Skipped { path, error }),
+            let base = done;
+            // What became of the file: read, rejected (its contents are wrong), or left (it could
+            // not be read now, or is for other --kv-bits).
+            enum Outcome {
+                Read(SavedState),
+                Left(Error),
+                Rejected(Error),
             }
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let file = match StateFile::open(&path, &self.fingerprint) {
+                    Ok(file) => file,
+                    Err(error @ Error::PromptCache { .. }) => return Outcome::Rejected(error),
+                    Err(error) => return Outcome::Left(error),
+                };
+                if let Some(refusal) = file.kv_refusal(model.new_cache().kv_format()) {
+                    return Outcome::Left(refusal);
+                }
+                let points: Vec<usize> = (0..file.points.len()).collect();
+                match file.read(model, &points, &mut |d, _| progress(base + d, total)) {
+                    Ok(state) => Outcome::Read(state),
+                    Err(error @ Error::PromptCache { .. }) => Outcome::Rejected(error),
+                    Err(error) => Outcome::Left(error),
+                }
+            }));
+            done += len;
+            let (error, reject) = match outcome {
+                Ok(Outcome::Read(state)) => {
+                    states.push(state);
+                    continue;
+                }
+                Ok(Outcome::Left(error)) => (error, false),
+                Ok(Outcome::Rejected(error)) => (error, true),
+                Err(panic) => {
+                    let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+                    (bad(&path, format!("reading it panicked ({what}), a bug in sala; please report it")), true)
+                }
+            };
+            let moved_to = if reject { self.reject(&path) } else { None };
+            skipped.push(Skipped { path, error, moved_to });
         }
         Ok((states, skipped))
+    }
+
+    /// Moves `path` into [`REJECTED_DIR`] (replacing a file of its name there); `None` if it
+    /// could not be moved.
+    fn reject(&self, path: &Path) -> Option<PathBuf> {
+        let rejected = self.dir.join(REJECTED_DIR);
+        let _ = std::fs::create_dir(&rejected);
+        // A real folder, not a symlink leading elsewhere.
+        if !std::fs::symlink_metadata(&rejected).is_ok_and(|m| m.is_dir()) {
+            return None;
+        }
+        let to = rejected.join(path.file_name()?);
+        std::fs::rename(path, &to).ok().map(|()| to)
     }
 
     /// Makes the folder hold exactly `kept` for this model: writes the sequences not on disk yet
@@ -712,7 +838,7 @@ mod tests {
         let offset = 24u64;
         std::fs::write(&path, [vec![9u8; offset as usize], bytes.clone()].concat()).unwrap();
         let digests: Vec<String> = bytes.chunks(READ_PIECE).map(piece_digest).collect();
-        let located = Located { name: "t".into(), file: path.clone(), offset, len: bytes.len() as u64, digests };
+        let located = Located { name: "t".into(), file: path.clone(), offset, len: bytes.len() as u64, digests, dtype: "F32".into() };
         let read = located.read().unwrap();
         assert!(read == bytes);
         let shape = [2, (numel / 2) as i32];

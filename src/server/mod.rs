@@ -285,7 +285,8 @@ fn read_kept_states(model: &dyn crate::engine::model::LanguageModel, store: &Sta
     match loaded {
         Ok((states, skipped)) => {
             for s in skipped {
-                eprintln!("warning: skipped {}: {}", s.path.display(), s.error);
+                let moved = s.moved_to.map(|to| format!("; moved to {}", to.display())).unwrap_or_default();
+                eprintln!("warning: skipped {}: {}{moved}", s.path.display(), s.error);
             }
             let count = states.len();
             for mut state in states {

@@ -413,7 +413,13 @@ pub fn start_worker(state: &Arc<AppState>, slot: Arc<Slot>) {
     let worker_slot = slot.clone();
     let spawned = std::thread::Builder::new().name("sala-worker".into()).spawn(move || {
         let slot = worker_slot;
-        serve_model(&state, &slot);
+        // A panic while loading would leave the slot `loading` for good (every request a 503):
+        // it is a failed load instead.
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_model(&state, &slot)));
+        if let (Err(panic), None) = (served, slot.ready.get()) {
+            let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+            let _ = slot.load_error.set(format!("the model's worker panicked ({what}), a bug in sala; please report it"));
+        }
         if slot.ready.get().is_none() {
             // A store model that failed is dropped, so a later request tries again.
             if !state.pool.fixed {

@@ -4,6 +4,7 @@
 pub mod gguf_file;
 pub mod hub;
 pub mod server;
+pub mod state_files;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
