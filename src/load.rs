@@ -35,6 +35,10 @@ pub struct LoadOptions {
     pub no_pull: bool,
     /// This process's rank of a tensor-parallel group (a single device by default).
     pub tp: TensorParallel,
+    /// The run writes or reads prompt states (`--prompt-cache`, `--prompt-cache-dir`): its
+    /// fingerprint then covers every tensor's bytes, read once and cached ([`Fingerprint::of`]);
+    /// else only the layout, so a plain load reads no weights twice.
+    pub keeps_states: bool,
 }
 
 impl LoadOptions {
@@ -132,7 +136,8 @@ pub struct LoadedModel {
     pub tokenizer: Option<TextTokenizer>,
     pub path: PathBuf,
     pub device: DeviceKind,
-    /// What model and tokenizer states made by it belong to (prompt cache files).
+    /// What model and tokenizer states made by it belong to (prompt cache files; over every
+    /// tensor only when loaded with [`LoadOptions::keeps_states`]).
     pub fingerprint: Fingerprint,
     weights_bytes: u64,
     /// Tensor-parallel ranks the model is split over (1: one device).
@@ -172,7 +177,7 @@ pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, o
     let tp = &options.tp;
     let weights_bytes = memory::weights_bytes_per_rank(&source, dtype, tp.size);
     preflight(&path.display().to_string(), &cfg, dtype, weights_bytes, (options.window, options.kv_bits), tokens, device, tp.size)?;
-    let fingerprint = Fingerprint::of(&source, dtype)?;
+    let fingerprint = if options.keeps_states { Fingerprint::of(&source, dtype)? } else { Fingerprint::of_layout(&source, dtype) };
     // Every rank must hold its part of the same model in the same dtype, or their sums are garbage.
     tp.check_agree(&fingerprint.digest_words(), "the model they loaded (its config, tensors or dtype differ)")?;
     let mut model = models::build(&cfg, &mut source.weights, Some(dtype), tp).map_err(|e| naming(e, "loading", &path))?;

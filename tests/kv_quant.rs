@@ -207,7 +207,7 @@ fn the_sparse_regime_stays_within_its_bar() {
     let load = |kv_bits| {
         let synthetic = SyntheticModel::new(path.to_str().unwrap(), None).unwrap();
         let source = synthetic.build(Dtype::Float32, |_| {}).unwrap();
-        let options = LoadOptions { dtype: Some(Dtype::Float32), kv_bits, ..LoadOptions::default() };
+        let options = LoadOptions { dtype: Some(Dtype::Float32), kv_bits, keeps_states: true, ..LoadOptions::default() };
         load_source(source, path.clone(), DeviceKind::Cpu, &options, 2048).unwrap()
     };
     let ids: Vec<u32> = prompt("C_sparse_prefill").into_iter().take(1500).collect();

@@ -389,6 +389,12 @@ fn a_model_changed_in_one_large_tensor_refuses_the_state() {
     assert_eq!(std::fs::metadata(&weights).unwrap().modified().unwrap(), modified);
     assert_ne!(fingerprint(&one).model, mine.model, "digests of the file before its change were used");
     assert!(StateFile::open(&path, &fingerprint(&one)).is_err());
+    // A plain load fingerprints only the layout (it reads no weights twice), which cannot tell the
+    // two apart; state files refuse such a fingerprint outright.
+    let layout = |m: &Path| Fingerprint::of_layout(&sala::models::open(m).unwrap(), mlx_rs::Dtype::Float32);
+    assert_eq!(layout(&one).model, layout(&other).model);
+    let message = StateFile::open(&path, &layout(&one)).err().expect("opened with a layout fingerprint").to_string();
+    assert!(message.contains("every tensor"), "{message}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

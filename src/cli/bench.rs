@@ -115,14 +115,16 @@ enum ModelChoice {
 /// Loads (or builds) one model to measure, checking that `tokens` of context fit; returns it with
 /// the name reports give it.
 fn load_choice(choice: ModelChoice, args: &BenchArgs, tokens: usize, tp: &TensorParallel) -> anyhow::Result<(LoadedModel, String)> {
+    // The prefix-cache suite writes and reads a prompt cache file.
+    let keeps_states = args.suite == Suite::PrefixCache;
     match choice {
         ModelChoice::Path(path) => {
             let name = file_label(&path);
-            Ok((load(&LoadOptions { tp: tp.clone(), ..args.runtime.options(Some(path)) }, tokens)?, name))
+            Ok((load(&LoadOptions { tp: tp.clone(), keeps_states, ..args.runtime.options(Some(path)) }, tokens)?, name))
         }
         ModelChoice::Synthetic(preset) => {
             let synthetic = SyntheticModel::new(&preset, args.bits)?;
-            let options = LoadOptions { tp: tp.clone(), ..args.runtime.options(None) };
+            let options = LoadOptions { tp: tp.clone(), keeps_states, ..args.runtime.options(None) };
             let device = device::select(options.device)?;
             let dtype = compute_dtype(options.dtype, device, Some(Dtype::Bfloat16));
             // Each rank draws the whole model and keeps its part.

@@ -3,7 +3,7 @@
 //! saved at the last message boundary instead of re-reading the history.
 
 use super::{DraftArgs, ModelArgs, PromptCacheArgs, SamplingArgs};
-use crate::load::{load, LoadedModel};
+use crate::load::{load, LoadOptions, LoadedModel};
 use crate::engine::generate::{Flow, GenerateOptions, StopReason};
 use crate::engine::sampler::Sampler;
 use crate::engine::session::ChatSession;
@@ -71,7 +71,7 @@ static STOP: AtomicBool = AtomicBool::new(false);
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let sampling = args.sampling.params()?;
-    let loaded = load(&args.load.options()?, args.max_tokens)?;
+    let loaded = load(&LoadOptions { keeps_states: args.prompt_cache.prompt_cache.is_some(), ..args.load.options()? }, args.max_tokens)?;
     let model = loaded.model.as_ref();
     let Some(tokenizer) = loaded.tokenizer.as_ref() else {
         bail!("{} has no tokenizer, which a chat needs", loaded.path.display());

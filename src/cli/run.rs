@@ -74,7 +74,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         // Every rank draws the same tokens from the same logits: one seed for all.
         sampling.seed = Some(tp.share_u64(|| anyhow::Ok(sampling.seed.unwrap_or_else(rand::random)))?);
     }
-    let loaded = load(&LoadOptions { tp: tp.clone(), ..args.load.options()? }, args.max_tokens)?;
+    let keeps_states = args.prompt_cache.prompt_cache.is_some();
+    let loaded = load(&LoadOptions { tp: tp.clone(), keeps_states, ..args.load.options()? }, args.max_tokens)?;
     let (model, tokenizer, model_dir) = (loaded.model.as_ref(), loaded.tokenizer.as_ref(), loaded.path.as_path());
     // The prompt is read once, by rank 0 (stdin is its alone), and handed to the others.
     let (prompt_ids, prompt_text) = if tp.is_single() {

@@ -104,7 +104,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_models: args.max_models as usize,
         keep_alive: args.keep_alive.0,
     };
-    let load = crate::load::LoadOptions { tp: tp.clone(), ..args.load.options()? };
+    let keeps_states = options.prompt_cache_dir.is_some();
+    let load = crate::load::LoadOptions { tp: tp.clone(), keeps_states, ..args.load.options()? };
     if tp.is_leader() {
         crate::server::serve(load, options)
     } else {

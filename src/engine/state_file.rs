@@ -38,21 +38,33 @@ const VERSION_QUANTIZED_KV: &str = "5";
 pub struct Fingerprint {
     pub model: String,
     pub tokenizer: String,
+    /// Whether `model` covers every byte of every tensor ([`Fingerprint::of`]); only such a
+    /// fingerprint may write or read a state file.
+    pub every_byte: bool,
 }
 
 impl Fingerprint {
-    /// The digests of `source` run in `dtype`.
+    /// The digests of `source` run in `dtype`, over every byte of every tensor (their digests
+    /// are cached beside the user's other caches): what state files are checked against.
     pub fn of(source: &ModelSource, dtype: Dtype) -> Result<Self> {
+        let digests = super::tensor_digests::of(&source.weights)?;
+        Ok(Self::with(source, dtype, |name| digests.get(name).cloned().unwrap_or_default()))
+    }
+
+    /// The digests of `source` run in `dtype` over its config, tensor names, dtypes and shapes
+    /// only: enough for ranks to agree on the model, without reading gigabytes at each load.
+    pub fn of_layout(source: &ModelSource, dtype: Dtype) -> Self {
+        Self { every_byte: false, ..Self::with(source, dtype, |_| String::new()) }
+    }
+
+    fn with(source: &ModelSource, dtype: Dtype, digest: impl Fn(&str) -> String) -> Self {
         let mut model = Sha256::new();
         model.update(format!("{dtype:?}\n"));
         if let Some(config) = source.files.get(super::source::CONFIG_FILE) {
             model.update(config.as_bytes());
         }
-        // Every byte of every tensor counts (their digests are cached beside the user's other caches).
-        let digests = super::tensor_digests::of(&source.weights)?;
         for (name, info) in source.weights.infos() {
-            let digest = digests.get(name).map_or("", String::as_str);
-            model.update(format!("\n{name} {} {:?} {digest}", info.dtype, info.shape));
+            model.update(format!("\n{name} {} {:?} {}", info.dtype, info.shape, digest(name)));
         }
         let mut tokenizer = Sha256::new();
         for (name, text) in &source.files {
@@ -61,7 +73,15 @@ impl Fingerprint {
                 tokenizer.update(text.as_bytes());
             }
         }
-        Ok(Self { model: hex(&model.finalize()[..16]), tokenizer: hex(&tokenizer.finalize()[..16]) })
+        Self { model: hex(&model.finalize()[..16]), tokenizer: hex(&tokenizer.finalize()[..16]), every_byte: true }
+    }
+
+    /// Refuses a fingerprint that does not cover every tensor's bytes for a state file.
+    fn check_every_byte(&self) -> Result<()> {
+        match self.every_byte {
+            true => Ok(()),
+            false => Err(Error::Usage("internal: prompt states need the model's fingerprint over every tensor (load it with LoadOptions::keeps_states)".into())),
+        }
     }
 
     /// The model digest as whole numbers (the first 16 hex digits in two halves), for ranks to
@@ -115,6 +135,7 @@ pub fn save(
     trail: &Trail,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<u64> {
+    fingerprint.check_every_byte()?;
     if cache.len() != tokens.len() {
         return Err(Error::Usage(format!("internal: a state of {} tokens saved with {} token ids", cache.len(), tokens.len())));
     }
@@ -284,6 +305,7 @@ impl StateFile {
     /// Opens `path` for a model with `fingerprint`: refuses a file that is not a prompt cache,
     /// is truncated, or was made by another model or tokenizer.
     pub fn open(path: &Path, fingerprint: &Fingerprint) -> Result<Self> {
+        fingerprint.check_every_byte()?;
         let weights = Weights::open(path).map_err(|e| match e {
             Error::Io { .. } => e,
             other => bad(path, format!("not a readable prompt cache ({other}); delete it and a new one is made")),
@@ -697,6 +719,7 @@ impl StateDir {
     /// The folder `dir` (made if missing) for the model of `fingerprint`; what interrupted saves
     /// left there is swept ([`super::checkpoint::sweep_partials`]).
     pub fn new(dir: &Path, fingerprint: &Fingerprint) -> Result<Self> {
+        fingerprint.check_every_byte()?;
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         super::checkpoint::sweep_partials(dir, None);
         Ok(Self { dir: dir.to_path_buf(), fingerprint: fingerprint.clone() })
