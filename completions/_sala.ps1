@@ -120,7 +120,7 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             [CompletionResult]::new('--num-sink-tokens', '--num-sink-tokens', [CompletionResultType]::ParameterName, 'StreamingLLM: tokens at the start that are never evicted (with --context-size)')
             [CompletionResult]::new('--host', '--host', [CompletionResultType]::ParameterName, 'Address to listen on (127.0.0.1: this machine only)')
             [CompletionResult]::new('--port', '--port', [CompletionResultType]::ParameterName, 'Port to listen on (0: one the system picks; the address is printed)')
-            [CompletionResult]::new('--api-key', '--api-key', [CompletionResultType]::ParameterName, 'Require the key on every endpoint but /health, as `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic clients)')
+            [CompletionResult]::new('--api-key', '--api-key', [CompletionResultType]::ParameterName, 'Require the key on every endpoint but /health, as `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic clients). Printable ASCII, not empty, no space at either end (an empty key, as an unset `$KEY` gives, is refused)')
             [CompletionResult]::new('--max-tokens', '--max-tokens', [CompletionResultType]::ParameterName, 'Tokens per answer when a request does not say')
             [CompletionResult]::new('--parallel', '--parallel', [CompletionResultType]::ParameterName, 'Requests decoded together in one batch; more wait in line')
             [CompletionResult]::new('--timeout', '--timeout', [CompletionResultType]::ParameterName, 'Seconds a client may take to send a request''s headers, and then its body')

@@ -114,7 +114,7 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --num-sink-tokens 'StreamingLLM: tokens at the start that are never evicted (with --context-size)'
             cand --host 'Address to listen on (127.0.0.1: this machine only)'
             cand --port 'Port to listen on (0: one the system picks; the address is printed)'
-            cand --api-key 'Require the key on every endpoint but /health, as `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic clients)'
+            cand --api-key 'Require the key on every endpoint but /health, as `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic clients). Printable ASCII, not empty, no space at either end (an empty key, as an unset `$KEY` gives, is refused)'
             cand --max-tokens 'Tokens per answer when a request does not say'
             cand --parallel 'Requests decoded together in one batch; more wait in line'
             cand --timeout 'Seconds a client may take to send a request''s headers, and then its body'

@@ -116,7 +116,7 @@ complete -c sala -n "__fish_sala_using_subcommand serve" -l context-size -d 'Str
 complete -c sala -n "__fish_sala_using_subcommand serve" -l num-sink-tokens -d 'StreamingLLM: tokens at the start that are never evicted (with --context-size)' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l host -d 'Address to listen on (127.0.0.1: this machine only)' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l port -d 'Port to listen on (0: one the system picks; the address is printed)' -r
-complete -c sala -n "__fish_sala_using_subcommand serve" -l api-key -d 'Require the key on every endpoint but /health, as `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic clients)' -r
+complete -c sala -n "__fish_sala_using_subcommand serve" -l api-key -d 'Require the key on every endpoint but /health, as `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic clients). Printable ASCII, not empty, no space at either end (an empty key, as an unset `$KEY` gives, is refused)' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l max-tokens -d 'Tokens per answer when a request does not say' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l parallel -d 'Requests decoded together in one batch; more wait in line' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l timeout -d 'Seconds a client may take to send a request\'s headers, and then its body' -r
