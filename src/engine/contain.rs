@@ -25,13 +25,14 @@ pub fn contain<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let outcome = std::panic::catch_unwind(AssertUnwindSafe(f));
     CONTAINING.set(outer);
     outcome.unwrap_or_else(|payload| {
-        let why = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "no message".into());
+        let why = panic_message(payload.as_ref()).unwrap_or_else(|| "no message".into());
         Err(Error::Usage(format!("{what} failed on this input ({why}); the file is corrupt or not supported")))
     })
+}
+
+/// The message a panic was raised with (`panic!` with a literal or a formatted one), if any.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    payload.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| payload.downcast_ref::<String>().cloned())
 }
 
 #[cfg(test)]

@@ -801,7 +801,7 @@ impl StateDir {
                 Ok(Outcome::Left(error)) => (error, false),
                 Ok(Outcome::Rejected(error)) => (error, true),
                 Err(panic) => {
-                    let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+                    let what = super::contain::panic_message(panic.as_ref()).unwrap_or_default();
                     (bad(&path, format!("reading it panicked ({what}), a bug in sala; please report it")), true)
                 }
             };

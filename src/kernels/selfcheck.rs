@@ -204,7 +204,7 @@ impl Registry {
         let status = match crate::engine::encoder::own_stream(|| std::panic::catch_unwind(check.run)) {
             Ok(Ok(())) => Status::Verified,
             Ok(Err(reason)) => Status::Disabled(reason),
-            Err(panic) => Status::Disabled(format!("its check panicked: {}", panic_text(panic.as_ref()))),
+            Err(panic) => Status::Disabled(format!("its check panicked: {}", crate::engine::contain::panic_message(panic.as_ref()).unwrap_or_default())),
         };
         if let Status::Disabled(reason) = &status {
             (self.warn)(&format!(
@@ -321,10 +321,6 @@ fn one_line(text: &str) -> String {
         Some((end, _)) => format!("{}…", &joined[..end]),
         None => joined,
     }
-}
-
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default()
 }
 
 /// A check's input: `shape` filled with numbers in [−1, 1) drawn from `seed` on the host (the same

@@ -417,7 +417,7 @@ pub fn start_worker(state: &Arc<AppState>, slot: Arc<Slot>) {
         // it is a failed load instead.
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_model(&state, &slot)));
         if let (Err(panic), None) = (served, slot.ready.get()) {
-            let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+            let what = crate::engine::contain::panic_message(panic.as_ref()).unwrap_or_default();
             let _ = slot.load_error.set(format!("the model's worker panicked ({what}), a bug in sala; please report it"));
         }
         if slot.ready.get().is_none() {
