@@ -616,22 +616,11 @@ fn link_blob(etag: &str, depth: usize, link: &Path) -> Result<()> {
 /// its name is replaced, not written through.
 fn write_ref(repo_dir: &Path, revision: &str, commit: &str) -> Result<()> {
     let path = repo_dir.join("refs").join(revision);
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-        return Err(Error::Usage(format!("{}: not a ref file", path.display())));
-    };
+    let dir = path.parent().ok_or_else(|| Error::Usage(format!("{}: not a ref file", path.display())))?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let aside = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
-    let _ = std::fs::remove_file(&aside);
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&aside)
-        .and_then(|mut f| f.write_all(commit.as_bytes()))
-        .and_then(|()| std::fs::rename(&aside, &path));
-    written.map_err(|e| {
-        let _ = std::fs::remove_file(&aside);
-        Error::io(&path, e)
-    })
+    let mut aside = crate::engine::checkpoint::partial_file(&path)?;
+    aside.write_all(commit.as_bytes()).map_err(|e| Error::io(aside.path(), e))?;
+    crate::engine::checkpoint::persist(aside, &path)
 }
 
 /// Checks size and (LFS) sha256; the error says what differs.
