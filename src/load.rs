@@ -177,7 +177,7 @@ pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, o
     let tp = &options.tp;
     let weights_bytes = memory::weights_bytes_per_rank(&source, dtype, tp.size);
     preflight(&path.display().to_string(), &cfg, dtype, weights_bytes, (options.window, options.kv_bits), tokens, device, tp.size)?;
-    let fingerprint = if options.keeps_states { Fingerprint::of(&source, dtype)? } else { Fingerprint::of_layout(&source, dtype) };
+    let fingerprint = if options.keeps_states { Fingerprint::of(&source, dtype)? } else { Fingerprint::of_layout(&source, dtype)? };
     // Every rank must hold its part of the same model in the same dtype, or their sums are garbage.
     tp.check_agree(&fingerprint.digest_words(), "the model they loaded (its config, tensors or dtype differ)")?;
     let mut model = models::build(&cfg, &mut source.weights, Some(dtype), tp).map_err(|e| naming(e, "loading", &path))?;

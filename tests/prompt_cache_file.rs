@@ -394,7 +394,7 @@ fn a_model_changed_in_one_large_tensor_refuses_the_state() {
     assert!(StateFile::open(&path, &fingerprint(&one)).is_err());
     // A plain load fingerprints only the layout (it reads no weights twice), which cannot tell the
     // two apart; state files refuse such a fingerprint outright.
-    let layout = |m: &Path| Fingerprint::of_layout(&sala::models::open(m).unwrap(), mlx_rs::Dtype::Float32);
+    let layout = |m: &Path| Fingerprint::of_layout(&sala::models::open(m).unwrap(), mlx_rs::Dtype::Float32).unwrap();
     assert_eq!(layout(&one).model, layout(&other).model);
     let message = StateFile::open(&path, &layout(&one)).err().expect("opened with a layout fingerprint").to_string();
     assert!(message.contains("every tensor"), "{message}");

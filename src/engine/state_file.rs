@@ -32,6 +32,9 @@ const FORMAT: &str = "sala-prompt-cache";
 /// and 3 (before them) are refused by version.
 const VERSION: &str = "4";
 const VERSION_QUANTIZED_KV: &str = "5";
+/// Tensors up to this size go into the layout fingerprint with their bytes, up to a total.
+const LAYOUT_DIGEST_TENSOR_BYTES: u64 = 1 << 20;
+const LAYOUT_DIGEST_TOTAL_BYTES: u64 = 64 << 20;
 
 /// What made a state: digests of the model (as it runs) and of its tokenizer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,10 +54,20 @@ impl Fingerprint {
         Ok(Self::with(source, dtype, |name| digests.get(name).cloned().unwrap_or_default()))
     }
 
-    /// The digests of `source` run in `dtype` over its config, tensor names, dtypes and shapes
-    /// only: enough for ranks to agree on the model, without reading gigabytes at each load.
-    pub fn of_layout(source: &ModelSource, dtype: Dtype) -> Self {
-        Self { every_byte: false, ..Self::with(source, dtype, |_| String::new()) }
+    /// The digests of `source` run in `dtype` over its config, tensor names, dtypes and shapes,
+    /// and the bytes of its small tensors (norms, biases, small tables: what random or retrained
+    /// weights differ in): enough for ranks to agree on the model, without reading gigabytes at
+    /// each load.
+    pub fn of_layout(source: &ModelSource, dtype: Dtype) -> Result<Self> {
+        let mut budget = LAYOUT_DIGEST_TOTAL_BYTES;
+        let mut small = BTreeMap::new();
+        for (name, info) in source.weights.infos() {
+            if info.nbytes() <= LAYOUT_DIGEST_TENSOR_BYTES && info.nbytes() <= budget {
+                budget -= info.nbytes();
+                small.insert(name.as_str(), format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&source.weights.bytes(name)?)));
+            }
+        }
+        Ok(Self { every_byte: false, ..Self::with(source, dtype, |name| small.get(name).cloned().unwrap_or_default()) })
     }
 
     fn with(source: &ModelSource, dtype: Dtype, digest: impl Fn(&str) -> String) -> Self {
