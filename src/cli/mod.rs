@@ -355,20 +355,21 @@ impl PromptCacheArgs {
         }
         // The state kept is of all the prompt but its last token: a one-token prompt leaves none,
         // and the file (if any) stays as it was.
-        if let Some(path) = self.prompt_cache.as_deref().filter(|_| head.is_empty() && !self.prompt_cache_ro) {
-            eprintln!("prompt cache: a one-token prompt leaves no state to keep; {} not written", path.display());
-        }
-        if let Some(path) = self.prompt_cache.as_deref().filter(|_| !self.prompt_cache_ro && !head.is_empty() && held.as_ref().is_none_or(|f| f.tokens != head)) {
-            trail.mark_end(&cache)?;
-            let bar = bytes_progress("writing prompt cache", 0);
-            // The file's restart points before where this prompt started are kept in the new one.
-            if let Some(file) = &held {
-                trail.prepend(file.points_before(model, reused, &mut progress_to(&bar))?);
+        match self.prompt_cache.as_deref().filter(|_| !self.prompt_cache_ro) {
+            Some(path) if head.is_empty() => eprintln!("prompt cache: a one-token prompt leaves no state to keep; {} not written", path.display()),
+            Some(path) if held.as_ref().is_none_or(|f| f.tokens != head) => {
+                trail.mark_end(&cache)?;
+                let bar = bytes_progress("writing prompt cache", 0);
+                // The file's restart points before where this prompt started are kept in the new one.
+                if let Some(file) = &held {
+                    trail.prepend(file.points_before(model, reused, &mut progress_to(&bar))?);
+                }
+                let bytes = state_file::save(path, &loaded.fingerprint, head, &cache, &trail, &mut progress_to(&bar))
+                    .map_err(|e| crate::load::naming(e, "saving the prompt cache", path))?;
+                bar.finish_and_clear();
+                eprintln!("prompt cache: saved {} tokens to {} ({})", head.len(), path.display(), memory::human(bytes));
             }
-            let bytes = state_file::save(path, &loaded.fingerprint, head, &cache, &trail, &mut progress_to(&bar))
-                .map_err(|e| crate::load::naming(e, "saving the prompt cache", path))?;
-            bar.finish_and_clear();
-            eprintln!("prompt cache: saved {} tokens to {} ({})", head.len(), path.display(), memory::human(bytes));
+            _ => {}
         }
         Ok((cache, reused))
     }

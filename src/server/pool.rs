@@ -326,13 +326,12 @@ async fn slot_for(state: &Arc<AppState>, name: &str) -> Result<Lease, ApiError> 
                 // Deleted since it was looked up, or being deleted now.
                 return Err(not_in_store(name));
             } else {
-                let path = &path;
                 let lru_idle = slots.iter().filter(|s| s.idle()).min_by_key(|s| std::cmp::Reverse(s.idle_for())).cloned();
                 let full = slots.len() >= pool.max_models;
                 // Room in memory too: what the files take against what the device has free.
                 let short_of_memory = || {
                     crate::engine::memory::available_bytes(crate::engine::device::or_default(pool.settings.load.device))
-                        .is_some_and(|free| dir_size(path) > free)
+                        .is_some_and(|free| dir_size(&path) > free)
                 };
                 match lru_idle {
                     Some(victim) if full || short_of_memory() => {
