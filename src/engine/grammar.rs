@@ -14,7 +14,7 @@ use std::time::Duration;
 
 /// Most object properties the schemas of one answer may declare together (OpenAI's limit for
 /// structured outputs): llguidance compiles an object's optional properties in time quadratic in
-/// their number, and 10,000 take seconds.
+/// their number.
 pub const MAX_SCHEMA_PROPERTIES: usize = 5000;
 /// Longest a grammar may take to compile; past it the answer is refused (the compile finishes in
 /// the background, bounded by llguidance's own limits).

@@ -517,7 +517,7 @@ pub(crate) async fn prepare_blocking<T: Send + 'static>(
 }
 
 /// When dropped, hands the heap's free memory back to the system (glibc keeps what a large
-/// request freed: 0.6 GB stayed after six 7.8 MB bodies).
+/// request freed).
 struct TrimOnDrop;
 
 impl Drop for TrimOnDrop {
