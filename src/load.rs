@@ -2,6 +2,7 @@
 //! model source → device → dtype → memory preflight → model and tokenizer.
 //! (docs/architecture.md, "Loading a model".)
 
+use crate::engine::generation_config::GenerationDefaults;
 use crate::engine::cache::Window;
 use crate::engine::config::ConfigFile;
 use crate::engine::device::{self, DeviceKind};
@@ -146,6 +147,8 @@ pub struct LoadedModel {
     dtype: Dtype,
     window: Option<Window>,
     kv_bits: Option<i32>,
+    /// `generation_config.json`'s sampling defaults (its end tokens are already in the model's info).
+    pub generation: GenerationDefaults,
 }
 
 impl LoadedModel {
@@ -180,7 +183,9 @@ pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, o
     let fingerprint = if options.keeps_states { Fingerprint::of(&source, dtype)? } else { Fingerprint::of_layout(&source, dtype)? };
     // Every rank must hold its part of the same model in the same dtype, or their sums are garbage.
     tp.check_agree(&fingerprint.digest_words(), "the model they loaded (its config, tensors or dtype differ)")?;
+    let generation = source.generation_defaults()?;
     let mut model = models::build(&cfg, &mut source.weights, Some(dtype), tp).map_err(|e| naming(e, "loading", &path))?;
+    model.info_mut().add_eos_tokens(&generation.eos_token_ids);
     if let Some(window) = options.window {
         model.set_window(window)?;
     }
@@ -200,5 +205,6 @@ pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, o
         dtype,
         window: options.window,
         kv_bits: options.kv_bits,
+        generation,
     })
 }

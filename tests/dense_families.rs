@@ -10,6 +10,8 @@
 //! SALA_TEST_DEVICE=gpu runs them on the GPU (with MLX_ENABLE_TF32=0: the tolerance is float32's),
 //! where a decoding token goes through the kernels (kernels::rope, kv, sparse::decode_attention).
 
+mod common;
+
 use mlx_rs::Array;
 use sala::engine::device::DeviceKind;
 use sala::engine::model::{LanguageModel, Logits};
@@ -443,4 +445,39 @@ fn unsupported_configs_are_refused() {
     let qwen2 = with(qwen2(), json!({ "use_sliding_window": true }));
     let message = load_error("refuse_qwen2_sliding_window", qwen2);
     assert!(message.contains("sliding_window"), "{message}");
+}
+
+/// Each key a family's table defaults (as its HF config class does), removed in turn, behaves as
+/// the default written out (tests/common/config_defaults.rs); a transformers 5 config, which keeps
+/// rope_theta in `rope_parameters`, reads the same.
+#[test]
+fn keys_left_out_take_the_class_defaults() {
+    use sala::models::{llama, minicpm, qwen2, qwen3};
+    let explicit = json!({ "hidden_act": "silu", "attention_bias": false, "mlp_bias": false, "rope_scaling": null });
+    let cases = [
+        ("defaults_llama", with(base("llama"), explicit.clone()), llama::LLAMA_DEFAULTS),
+        ("defaults_mistral", with(base("mistral"), json!({ "hidden_act": "silu", "sliding_window": null, "attention_bias": false })), llama::MISTRAL_DEFAULTS),
+        ("defaults_qwen2", qwen2(), qwen2::DEFAULTS),
+        ("defaults_qwen3", with(qwen3(), json!({ "attention_bias": false, "hidden_act": "silu" })), qwen3::DEFAULTS),
+        ("defaults_minicpm", with(minicpm_longrope(), json!({ "attention_bias": false, "hidden_act": "silu" })), minicpm::DEFAULTS),
+    ];
+    for (i, (name, cfg, table)) in cases.into_iter().enumerate() {
+        let dir = write_model(name, &cfg, 60 + i as u64);
+        let (by_logits, by_outcome, _) = common::config_defaults::check_each_key(&dir.0, &cfg, table, &prompt(60 + i as u64));
+        println!("{name}: {by_logits} keys give the same logits removed, {by_outcome} the same outcome as their default written in");
+        assert!(by_logits + by_outcome >= 12, "{name}: too few keys checked");
+    }
+
+    let v4 = with(qwen3(), json!({ "rope_theta": 1000000.0 }));
+    let dir = write_model("defaults_rope_parameters", &v4, 70);
+    let mut v5 = v4.clone();
+    v5.as_object_mut().unwrap().remove("rope_theta");
+    v5["rope_parameters"] = json!({ "rope_type": "default", "rope_theta": 1000000.0 });
+    let ids: Vec<i32> = prompt(70).iter().map(|&t| t as i32).collect();
+    let logits = |cfg: &Value| {
+        std::fs::write(dir.0.join("config.json"), cfg.to_string()).unwrap();
+        let model = sala::models::load(&dir.0, None).unwrap();
+        to_vec_f32(&model.forward(&Array::from_slice(&ids, &[1, ids.len() as i32]), &mut model.new_cache(), Logits::All, None).unwrap()).unwrap()
+    };
+    assert_eq!(logits(&v4), logits(&v5), "rope_parameters.rope_theta is not read as rope_theta");
 }

@@ -70,8 +70,9 @@ static GENERATING: AtomicBool = AtomicBool::new(false);
 static STOP: AtomicBool = AtomicBool::new(false);
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
-    let sampling = args.sampling.params()?;
+    args.sampling.params(&Default::default())?;
     let loaded = load(&LoadOptions { keeps_states: args.prompt_cache.prompt_cache.is_some(), ..args.load.options()? }, args.max_tokens)?;
+    let sampling = args.sampling.params(&loaded.generation)?;
     let model = loaded.model.as_ref();
     let Some(tokenizer) = loaded.tokenizer.as_ref() else {
         bail!("{} has no tokenizer, which a chat needs", loaded.path.display());

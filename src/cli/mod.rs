@@ -18,6 +18,7 @@ use crate::engine::cache::Window;
 use crate::engine::device::DeviceKind;
 use crate::engine::error::Error;
 use crate::engine::generate::Draft;
+use crate::engine::generation_config::{GenerationDefaults, SamplingChoice};
 use crate::engine::memory;
 use crate::engine::model::LanguageModel;
 use crate::engine::sampler::SamplingParams;
@@ -201,40 +202,46 @@ pub struct ModelArgs {
     pub no_pull: bool,
 }
 
-/// Sampling flags (shared by `run` and `chat`).
+/// Sampling flags (shared by `run` and `chat`). A flag left out takes the model's
+/// `generation_config.json` value, else the default shown.
 #[derive(Args)]
 pub struct SamplingArgs {
-    /// Sampling temperature; 0 = greedy
-    #[arg(long, default_value_t = 0.8)]
-    pub temperature: f32,
+    /// Sampling temperature; 0 = greedy [default: the model's generation_config.json, else 0.8]
+    #[arg(long)]
+    pub temperature: Option<f32>,
     /// Nucleus sampling: keep the most likely tokens up to this total probability (1 = off)
-    #[arg(long, default_value_t = 0.95)]
-    pub top_p: f32,
-    /// Keep only the k most likely tokens (0 = off)
-    #[arg(long, default_value_t = 40)]
-    pub top_k: usize,
-    /// Drop tokens less likely than this fraction of the most likely one (0 = off)
-    #[arg(long, default_value_t = 0.05)]
-    pub min_p: f32,
-    /// Penalise tokens seen in the last 64 (1 = off)
-    #[arg(long, default_value_t = 1.0)]
-    pub repeat_penalty: f32,
+    /// [default: the model's generation_config.json, else 0.95]
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Keep only the k most likely tokens (0 = off) [default: the model's generation_config.json,
+    /// else 40]
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Drop tokens less likely than this fraction of the most likely one (0 = off) [default: the
+    /// model's generation_config.json, else 0.05]
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Penalise tokens seen in the last 64 (1 = off) [default: the model's generation_config.json
+    /// (repetition_penalty), else 1]
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
     /// Random seed for reproducible sampling
     #[arg(long)]
     pub seed: Option<u64>,
 }
 
 impl SamplingArgs {
-    pub fn params(&self) -> anyhow::Result<SamplingParams> {
-        let params = SamplingParams {
+    /// The settings in force: each flag given, else `model`'s default, else sala's.
+    pub fn params(&self, model: &GenerationDefaults) -> anyhow::Result<SamplingParams> {
+        let ours = SamplingParams { temperature: 0.8, top_p: 0.95, top_k: 40, min_p: 0.05, repetition_penalty: 1.0, seed: self.seed, ..Default::default() };
+        let chosen = SamplingChoice {
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
             min_p: self.min_p,
             repetition_penalty: self.repeat_penalty,
-            seed: self.seed,
-            ..Default::default()
         };
+        let params = model.fill(ours, &chosen);
         params.validate().map_err(|e| Error::Usage(e.to_string()))?;
         Ok(params)
     }

@@ -49,7 +49,7 @@ pub struct RunArgs {
     /// (tensor `logits`, float32 [generated, vocab])
     #[arg(long)]
     pub logits_out: Option<PathBuf>,
-    /// Print {"token_ids": [...], "text": "..."} instead of streaming text
+    /// Print {"token_ids": [...], "text": "...", "sampling": {...}} instead of streaming text
     #[arg(long)]
     pub json: bool,
     /// Answer with JSON valid under this JSON Schema (constrained decoding: the answer parses
@@ -69,13 +69,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if !tp.is_single() && args.prompt_cache.prompt_cache.is_some() {
         bail!("--prompt-cache cannot be used with --tp yet: each rank holds only its part of the state; drop one of them");
     }
-    let mut sampling = args.sampling.params()?;
+    // Flags are checked before the (long) load; the model's own defaults join after it.
+    args.sampling.params(&Default::default())?;
+    let keeps_states = args.prompt_cache.prompt_cache.is_some();
+    let loaded = load(&LoadOptions { tp: tp.clone(), keeps_states, ..args.load.options()? }, args.max_tokens)?;
+    let mut sampling = args.sampling.params(&loaded.generation)?;
     if !tp.is_single() {
         // Every rank draws the same tokens from the same logits: one seed for all.
         sampling.seed = Some(tp.share_u64(|| anyhow::Ok(sampling.seed.unwrap_or_else(rand::random)))?);
     }
-    let keeps_states = args.prompt_cache.prompt_cache.is_some();
-    let loaded = load(&LoadOptions { tp: tp.clone(), keeps_states, ..args.load.options()? }, args.max_tokens)?;
     let (model, tokenizer, model_dir) = (loaded.model.as_ref(), loaded.tokenizer.as_ref(), loaded.path.as_path());
     // The prompt is read once, by rank 0 (stdin is its alone), and handed to the others.
     let (prompt_ids, prompt_text) = if tp.is_single() {
@@ -94,6 +96,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         None => (model.new_cache(), 0),
     };
+    // f32 → the decimal it was written as (0.6, not 0.6000000238418579).
+    let decimal = |x: f32| x.to_string().parse::<f64>().unwrap_or(x as f64);
+    let settings = serde_json::json!({
+        "temperature": decimal(sampling.temperature), "top_p": decimal(sampling.top_p), "top_k": sampling.top_k,
+        "min_p": decimal(sampling.min_p), "repetition_penalty": decimal(sampling.repetition_penalty),
+    });
     let mut sampler = Sampler::new(sampling);
     if let Some((grammar, flag, path)) = requested_grammar(&args)? {
         let tokenizer = tokenizer.with_context(|| format!("{flag} needs the model's tokenizer, and {} has none", model_dir.display()))?;
@@ -177,7 +185,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             }
             None => String::new(),
         };
-        let json = serde_json::json!({ "token_ids": generation.tokens, "text": text });
+        let json = serde_json::json!({ "token_ids": generation.tokens, "text": text, "sampling": settings });
         writeln!(stdout, "{json}")?;
     }
     if let Some(path) = &args.logits_out {

@@ -43,12 +43,42 @@ pub fn run(args: ShowArgs) -> anyhow::Result<()> {
     println!("architecture {}", s.model_type);
     println!("parameters   {:.1} M", s.parameters as f64 / 1e6);
     println!("layers       {}   hidden {}   vocab {}   context {}", opt(s.layers), opt(s.hidden_size), opt(s.vocab_size), opt(s.context_length));
+    // One line per source, as the file left the keys out.
+    let mut sources: Vec<&str> = s.config_defaults.iter().map(|d| d.source).collect();
+    sources.dedup();
+    for (i, source) in sources.iter().enumerate() {
+        let label = if i == 0 { "defaults" } else { "" };
+        let keys: Vec<String> = s.config_defaults.iter().filter(|d| d.source == *source).map(|d| format!("{} = {}", d.key, d.value)).collect();
+        println!("{label:<12} {} (not in config.json; from {source})", keys.join(", "));
+    }
+    let ids = |ids: &[u32]| ids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+    match s.generation.eos_token_ids.is_empty() {
+        true => println!("stops at     {} (config.json)", ids(&s.config_eos_token_ids)),
+        false => println!("stops at     {} (config.json), {} (generation_config.json)", ids(&s.config_eos_token_ids), ids(&s.generation.eos_token_ids)),
+    }
+    let (set, unset): (Vec<_>, Vec<_>) = s.generation.describe().into_iter().partition(|(_, v)| v.is_some());
+    let set: Vec<String> = set.into_iter().map(|(k, v)| format!("{k} {}", v.unwrap_or_default())).collect();
+    let unset: Vec<&str> = unset.into_iter().map(|(k, _)| k).collect();
+    match (set.is_empty(), unset.is_empty()) {
+        (true, _) => println!("sampling     sala's defaults (no generation_config.json settings); flags and request fields override"),
+        (false, true) => println!("sampling     {} (generation_config.json); flags and request fields override", set.join(", ")),
+        (false, false) => println!(
+            "sampling     {} (generation_config.json); {}: sala's defaults; flags and request fields override",
+            set.join(", "),
+            unset.join(", ")
+        ),
+    }
     println!("quantization {}", s.quantization);
     let dtypes: Vec<String> = s.dtypes.iter().map(|(d, n)| format!("{d} ×{n}")).collect();
     println!("tensors      {} ({})", s.tensors, dtypes.join(", "));
     for (i, t) in s.gguf_types.iter().enumerate() {
         let label = if i == 0 { "gguf types" } else { "" };
         println!("{label:<12} {} ×{}: {}", t.ggml_type, t.tensors, t.stored);
+    }
+    if let Some(first) = s.skipped_buffers.first() {
+        let more = s.skipped_buffers.len() - 1;
+        let rest = if more > 0 { format!(" and {more} more") } else { String::new() };
+        println!("skipped      {} buffer(s) not loaded (rotary tables the model derives itself): {first}{rest}", s.skipped_buffers.len());
     }
     println!("size         {:.1} MB on disk", s.disk_bytes as f64 / 1e6);
     println!("tokenizer    {}{}", if s.has_tokenizer { "yes" } else { "no" }, if s.has_chat_template { ", chat template" } else { "" });

@@ -29,6 +29,41 @@ pub fn size_product(factors: &[usize]) -> u64 {
 pub struct ConfigFile {
     pub path: PathBuf,
     pub json: Value,
+    /// Keys the file left out and [`ConfigFile::with_defaults`] filled in, in table order.
+    pub defaulted: Vec<DefaultedKey>,
+}
+
+/// What a config key is when the file leaves it out, and who says so: each model family keeps a
+/// table of these that follows its Hugging Face config class (docs/config-defaults.md lists them).
+#[derive(Debug, Clone, Copy)]
+pub struct KeyDefault {
+    /// The key; `outer.inner` for a key inside a nested object.
+    pub key: &'static str,
+    pub fallback: Fallback,
+    /// Where the default comes from (the class and file that sets it).
+    pub source: &'static str,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fallback {
+    /// This value, as JSON text (`1e-06`, `[2, 73440]`, `"silu"`).
+    Json(&'static str),
+    /// The value of another key, after that key's own default.
+    SameAs(&'static str),
+    /// Worked out by the family's code from other keys or the checkpoint; the text says how.
+    Computed(&'static str),
+    /// Left out, the feature it describes is off (`rope_scaling`, `sliding_window`).
+    Off,
+    /// There is no default: a config without it is refused, naming it.
+    Required,
+}
+
+/// A key the file left out, with the value it was given and who says so.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DefaultedKey {
+    pub key: String,
+    pub value: Value,
+    pub source: &'static str,
 }
 
 impl ConfigFile {
@@ -47,7 +82,41 @@ impl ConfigFile {
         if !json.is_object() {
             return Err(Error::Json { path: path.into(), message: "top level is not an object".into() });
         }
-        Ok(Self { path: path.to_path_buf(), json })
+        Ok(Self { path: path.to_path_buf(), json, defaulted: Vec::new() })
+    }
+
+    /// The config with every key that `table` gives a value to and the file leaves out filled
+    /// in (an explicit `null` is kept: in the HF classes it means "none", not "the default").
+    /// Idempotent; each key filled is listed in [`ConfigFile::defaulted`].
+    pub fn with_defaults(&self, table: &[KeyDefault]) -> Result<Self> {
+        let mut out = self.clone();
+        for entry in table {
+            let value = match entry.fallback {
+                Fallback::Json(text) => serde_json::from_str(text)
+                    .map_err(|e| Error::Usage(format!("built-in default of `{}` is not JSON ({e}); this is a bug", entry.key)))?,
+                Fallback::SameAs(other) => match lookup(&out.json, other) {
+                    Some(v) => v.clone(),
+                    None => continue,
+                },
+                Fallback::Computed(_) | Fallback::Off | Fallback::Required => continue,
+            };
+            let (parent, leaf) = match entry.key.split_once('.') {
+                Some((outer, inner)) => {
+                    let root = out.json.as_object_mut().expect("a config is an object");
+                    match root.entry(outer).or_insert_with(|| Value::Object(Default::default())) {
+                        Value::Object(section) => (section, inner),
+                        // Not an object: the family's reader names the key.
+                        _ => continue,
+                    }
+                }
+                None => (out.json.as_object_mut().expect("a config is an object"), entry.key),
+            };
+            if !parent.contains_key(leaf) {
+                parent.insert(leaf.to_string(), value.clone());
+                out.defaulted.push(DefaultedKey { key: entry.key.to_string(), value, source: entry.source });
+            }
+        }
+        Ok(out)
     }
 
     /// A view of a nested object (e.g. `sparse_config`) that reports keys as `outer.inner`.
@@ -112,6 +181,15 @@ impl ConfigFile {
             _ => Err(self.invalid(key, "expected a token id or a list of them")),
         }
     }
+}
+
+/// `key`, or `outer.inner`, in `json`; `null` counts as absent.
+fn lookup<'a>(json: &'a Value, key: &str) -> Option<&'a Value> {
+    let value = match key.split_once('.') {
+        Some((outer, inner)) => json.get(outer)?.get(inner)?,
+        None => json.get(key)?,
+    };
+    (!value.is_null()).then_some(value)
 }
 
 /// An object inside a config file.

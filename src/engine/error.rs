@@ -17,7 +17,7 @@ pub enum Error {
     #[error("{path}: not valid JSON: {message}")]
     Json { path: PathBuf, message: String },
 
-    #[error("{path}: missing key `{key}`")]
+    #[error("{path}: missing key `{key}`, which has no default: the file must set it")]
     MissingKey { path: PathBuf, key: String },
 
     #[error("{path}: key `{key}`: {message}")]

@@ -11,6 +11,7 @@ pub mod distributed;
 pub mod encoder;
 pub mod error;
 pub mod generate;
+pub mod generation_config;
 pub mod gguf;
 pub mod grammar;
 pub mod logprobs;

@@ -20,6 +20,17 @@ pub struct ModelInfo {
     pub num_layers: usize,
 }
 
+impl ModelInfo {
+    /// Also stops at `ids` (a `generation_config.json`'s `eos_token_id`), keeping the order.
+    pub fn add_eos_tokens(&mut self, ids: &[u32]) {
+        for &id in ids {
+            if !self.eos_token_ids.contains(&id) {
+                self.eos_token_ids.push(id);
+            }
+        }
+    }
+}
+
 /// Which positions to compute logits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Logits {
@@ -50,6 +61,9 @@ impl Trace {
 
 pub trait LanguageModel: Send {
     fn info(&self) -> &ModelInfo;
+
+    /// For what the loading path learns beside the config (`generation_config.json`'s end tokens).
+    fn info_mut(&mut self) -> &mut ModelInfo;
 
     /// A fresh, empty per-sequence state.
     fn new_cache(&self) -> ModelCache;

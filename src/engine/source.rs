@@ -7,6 +7,7 @@
 
 use super::config::ConfigFile;
 use super::error::{Error, Result};
+use super::generation_config::{GenerationDefaults, GENERATION_CONFIG_FILE};
 use super::tokenizer::{TextTokenizer, TokenizerFiles};
 use super::weights::{Weights, INDEX_FILE};
 use std::collections::BTreeMap;
@@ -87,6 +88,14 @@ impl ModelSource {
         let path = self.side_path(CONFIG_FILE);
         let text = self.files.get(CONFIG_FILE).ok_or_else(|| Error::Usage(format!("{}: missing", path.display())))?;
         ConfigFile::parse(&path, text)
+    }
+
+    /// The sampling defaults and extra end tokens of `generation_config.json`, if it ships one.
+    pub fn generation_defaults(&self) -> Result<GenerationDefaults> {
+        match self.files.get(GENERATION_CONFIG_FILE) {
+            Some(text) => GenerationDefaults::parse(&ConfigFile::parse(&self.side_path(GENERATION_CONFIG_FILE), text)?),
+            None => Ok(GenerationDefaults::default()),
+        }
     }
 
     pub fn tokenizer_files(&self) -> Result<Option<TokenizerFiles>> {

@@ -88,6 +88,17 @@ pub struct Weights {
     quantization: Option<QuantConfig>,
     /// Quantized modules found by [`Weights::check`], by module name (`….q_proj`).
     quantized: HashMap<String, QuantFormat>,
+    /// Non-persistent buffers some exporters save, which [`Weights::check`] set aside.
+    skipped_buffers: Vec<String>,
+}
+
+/// Last name parts of the buffers HF registers as non-persistent (rotary tables): derived from
+/// the config, never trained, and skipped on load as transformers, vLLM and SGLang skip them.
+const BUFFER_NAMES: &[&str] = &["inv_freq", "cos_cached", "sin_cached", "_cos_cached", "_sin_cached"];
+
+/// Whether `name` is a non-persistent buffer rather than a weight.
+pub fn is_buffer(name: &str) -> bool {
+    name.rsplit('.').next().is_some_and(|last| BUFFER_NAMES.contains(&last))
 }
 
 impl Weights {
@@ -149,7 +160,7 @@ impl Weights {
     }
 
     fn new(source: &Path, infos: BTreeMap<String, TensorInfo>, metadata: BTreeMap<String, String>) -> Self {
-        Self { source: source.into(), infos, metadata, quantization: None, quantized: HashMap::new() }
+        Self { source: source.into(), infos, metadata, quantization: None, quantized: HashMap::new(), skipped_buffers: Vec::new() }
     }
 
     pub fn infos(&self) -> &BTreeMap<String, TensorInfo> {
@@ -181,7 +192,13 @@ impl Weights {
             .or_else(|| self.infos.values().find_map(|i| float_dtype(&i.dtype)))
     }
 
-    /// Checks that the checkpoint holds exactly `specs` (names and shapes), naming the first problem.
+    /// The non-persistent buffers [`Weights::check`] skipped (they are no longer listed).
+    pub fn skipped_buffers(&self) -> &[String] {
+        &self.skipped_buffers
+    }
+
+    /// Checks that the checkpoint holds exactly `specs` (names and shapes), naming the first
+    /// problem; non-persistent buffers (rotary `inv_freq`, cached cos/sin) are set aside.
     /// A 2-D `*.weight` may instead be stored quantized (packed weight + scales + biases); as in
     /// mlx-lm, the presence of `.scales` decides, and the config must agree on its format.
     pub fn check(&mut self, specs: &[TensorSpec], model_type: &str) -> Result<()> {
@@ -212,6 +229,11 @@ impl Weights {
                     format!("is stored as {}; expected F32, F16 or BF16", info.dtype),
                 ));
             }
+        }
+        let buffers: Vec<String> = self.infos.keys().filter(|k| !expected.contains(k.as_str()) && is_buffer(k)).cloned().collect();
+        for name in buffers {
+            self.infos.remove(&name);
+            self.skipped_buffers.push(name);
         }
         if let Some(extra) = self.infos.keys().find(|k| !expected.contains(k.as_str())) {
             return Err(Error::UnexpectedTensor {

@@ -53,8 +53,31 @@ pub struct DecoderConfig {
     pub logit_scale: f32,
 }
 
+/// How `tie_word_embeddings` is settled when the file leaves it out (`Fallback::Computed`).
+pub const TIE_FALSE: &str = "false in the class; sala follows the checkpoint: no lm_head.weight means tied";
+pub const TIE_TRUE: &str = "true in the class; sala follows the checkpoint: an lm_head.weight means untied";
+
+/// Refuses sliding-window attention that would cut the context short (it is not implemented):
+/// `sliding_window` set, not switched off by `use_sliding_window: false`, and shorter than
+/// `max_position_embeddings`.
+pub fn refuse_sliding_window(cfg: &ConfigFile) -> Result<()> {
+    if cfg.opt("sliding_window").is_none() || cfg.opt("use_sliding_window").and_then(|v| v.as_bool()) == Some(false) {
+        return Ok(());
+    }
+    let window = cfg.usize("sliding_window")?;
+    let max = cfg.usize("max_position_embeddings")?;
+    if window < max {
+        return Err(cfg.invalid(
+            "sliding_window",
+            format!("sliding-window attention ({window} < max_position_embeddings {max}) is not supported"),
+        ));
+    }
+    Ok(())
+}
+
 impl DecoderConfig {
-    /// The keys every HF-layout dense config has; the caller sets the family's knobs.
+    /// The keys every HF-layout dense config has, after the family filled in its defaults; the
+    /// caller sets the family's knobs.
     pub fn common(cfg: &ConfigFile) -> Result<Self> {
         let hidden_size = cfg.dim("hidden_size")?;
         let heads = cfg.dim("num_attention_heads")?;
@@ -76,14 +99,9 @@ impl DecoderConfig {
             }
             None => return Err(cfg.invalid("num_attention_heads", format!("{heads} does not divide hidden_size {hidden_size}; set head_dim"))),
         };
-        if cfg.opt("sliding_window").is_some() && cfg.opt("use_sliding_window").and_then(|v| v.as_bool()) != Some(false) {
-            let window = cfg.usize("sliding_window")?;
-            let max = cfg.usize("max_position_embeddings")?;
-            if window < max {
-                return Err(cfg.invalid(
-                    "sliding_window",
-                    format!("sliding-window attention ({window} < max_position_embeddings {max}) is not supported"),
-                ));
+        if let Some(act) = cfg.opt("hidden_act") {
+            if act.as_str() != Some("silu") {
+                return Err(cfg.invalid("hidden_act", format!("{act}: only `silu` (SwiGLU) is supported")));
             }
         }
         let eos_token_ids = match cfg.opt("eos_token_id") {
@@ -348,6 +366,10 @@ impl DecoderModel {
 impl LanguageModel for DecoderModel {
     fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    fn info_mut(&mut self) -> &mut ModelInfo {
+        &mut self.info
     }
 
     fn new_cache(&self) -> ModelCache {

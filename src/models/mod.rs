@@ -11,7 +11,7 @@ pub mod rope;
 pub mod sala;
 
 use crate::engine::cache::KvFormat;
-use crate::engine::config::ConfigFile;
+use crate::engine::config::{ConfigFile, KeyDefault};
 use crate::engine::distributed::TensorParallel;
 use crate::engine::error::{Error, Result};
 use crate::engine::model::LanguageModel;
@@ -35,6 +35,29 @@ pub fn supported_model_types() -> Vec<&'static str> {
     let mut types = vec![sala::MODEL_TYPE, minicpm::MODEL_TYPE, qwen2::MODEL_TYPE, qwen3::MODEL_TYPE];
     types.extend(llama::MODEL_TYPES);
     types
+}
+
+/// What each config key of `model_type` is when a file leaves it out, following the family's
+/// Hugging Face config class (`None` for types this build does not run).
+pub fn config_defaults(model_type: &str) -> Option<&'static [KeyDefault]> {
+    Some(match model_type {
+        sala::MODEL_TYPE => sala::DEFAULTS,
+        minicpm::MODEL_TYPE => minicpm::DEFAULTS,
+        qwen2::MODEL_TYPE => qwen2::DEFAULTS,
+        qwen3::MODEL_TYPE => qwen3::DEFAULTS,
+        "mistral" => llama::MISTRAL_DEFAULTS,
+        "llama" => llama::LLAMA_DEFAULTS,
+        _ => return None,
+    })
+}
+
+/// `cfg` with what it leaves out filled in as its family's class does (each key filled is in
+/// `defaulted`); unchanged for a type this build does not run.
+pub fn complete_config(cfg: &ConfigFile) -> Result<ConfigFile> {
+    match config_defaults(cfg.str("model_type")?) {
+        Some(table) => cfg.with_defaults(table),
+        None => Ok(cfg.clone()),
+    }
 }
 
 /// The syntax a model writes tool calls in: what its chat template shows, else its family's.
@@ -79,7 +102,11 @@ pub fn check(cfg: &ConfigFile, weights: &mut Weights) -> Result<()> {
         return weights.check(&config.tensor_specs()?, &config.model_type);
     }
     match cfg.str("model_type")? {
-        sala::MODEL_TYPE => weights.check(&sala::SalaConfig::from_file(cfg)?.tensor_specs()?, sala::MODEL_TYPE),
+        sala::MODEL_TYPE => {
+            let mut config = sala::SalaConfig::from_file(cfg)?;
+            config.resolve_tie(weights);
+            weights.check(&config.tensor_specs()?, sala::MODEL_TYPE)
+        }
         other => Err(unsupported(cfg, other)),
     }
 }
@@ -143,7 +170,8 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Box<dyn LanguageModel>>
 pub fn load_with_tokenizer(path: &Path, dtype: Option<Dtype>) -> Result<(Box<dyn LanguageModel>, Option<TextTokenizer>)> {
     let mut source = open(path)?;
     let cfg = source.config()?;
-    let model = build(&cfg, &mut source.weights, dtype, &TensorParallel::single())?;
+    let mut model = build(&cfg, &mut source.weights, dtype, &TensorParallel::single())?;
+    model.info_mut().add_eos_tokens(&source.generation_defaults()?.eos_token_ids);
     let tokenizer = source.tokenizer(model.info().bos_token_id)?;
     Ok((model, tokenizer))
 }

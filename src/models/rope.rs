@@ -12,6 +12,20 @@ use crate::kernels::rope::RopeAngles;
 use mlx_rs::Array;
 use serde_json::Value;
 
+/// How `rope_theta` is settled when the file leaves it out (`Fallback::Computed`).
+pub const THETA_DEFAULT: &str = "rope_parameters.rope_theta (where transformers 5 saves it), else 10000.0";
+
+/// The RoPE base: `rope_theta`, else `rope_parameters.rope_theta`, else 10000 (every family's
+/// class default).
+pub fn theta(cfg: &ConfigFile) -> Result<f32> {
+    let nested = cfg.opt("rope_parameters").and_then(|p| p.get("rope_theta")).filter(|v| !v.is_null());
+    Ok(match (cfg.opt("rope_theta"), nested) {
+        (Some(_), _) => cfg.f64("rope_theta")? as f32,
+        (None, Some(theta)) => theta.as_f64().ok_or_else(|| cfg.invalid("rope_parameters.rope_theta", "expected a number"))? as f32,
+        (None, None) => 10000.0,
+    })
+}
+
 #[derive(Clone)]
 pub struct Rope {
     /// The angles for every position (longrope: up to `original_max_position_embeddings`).
@@ -27,15 +41,18 @@ impl Rope {
         Self { angles: RopeAngles { dims: dims as i32, base, periods: None, position_scale: 1.0, mscale: 1.0 }, long: None }
     }
 
-    /// Reads `rope_theta` (default 10000) and `rope_scaling` from the config.
+    /// Reads `rope_theta` (default 10000) and `rope_scaling` from the config, or both from
+    /// `rope_parameters`, where transformers 5 saves them.
     pub fn from_config(cfg: &ConfigFile, dims: usize) -> Result<Self> {
-        let base = match cfg.opt("rope_theta") {
-            Some(_) => cfg.f64("rope_theta")? as f32,
-            None => 10000.0,
-        };
+        let parameters = cfg.opt("rope_parameters");
+        let base = theta(cfg)?;
         let mut rope = Self::plain(dims, base);
-        let Some(scaling) = cfg.opt("rope_scaling") else { return Ok(rope) };
-        let key = |k: &str| format!("rope_scaling.{k}");
+        let (section, scaling) = match (cfg.opt("rope_scaling"), parameters) {
+            (Some(scaling), _) => ("rope_scaling", scaling),
+            (None, Some(parameters)) => ("rope_parameters", parameters),
+            (None, None) => return Ok(rope),
+        };
+        let key = |k: &str| format!("{section}.{k}");
         let num = |k: &str| -> Result<f64> {
             scaling.get(k).and_then(Value::as_f64).ok_or_else(|| cfg.invalid(&key(k), "expected a number"))
         };
@@ -49,7 +66,7 @@ impl Rope {
             .get("rope_type")
             .or_else(|| scaling.get("type"))
             .and_then(Value::as_str)
-            .ok_or_else(|| cfg.invalid("rope_scaling", "expected a `rope_type` (or `type`) string"))?;
+            .ok_or_else(|| cfg.invalid(section, "expected a `rope_type` (or `type`) string"))?;
         let half = dims / 2;
         let default_periods: Vec<f32> = (0..half).map(|i| base.powf(2.0 * i as f32 / dims as f32)).collect();
         match kind {
@@ -153,7 +170,7 @@ impl Rope {
             }
             other => {
                 return Err(cfg.invalid(
-                    "rope_scaling",
+                    section,
                     format!("type `{other}` is not supported (supported: linear, llama3, yarn, longrope)"),
                 ))
             }

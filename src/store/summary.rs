@@ -1,6 +1,8 @@
 //! What a model on disk is: architecture, size, quantization, files — for `sala show`.
 
+use crate::engine::config::DefaultedKey;
 use crate::engine::error::Result;
+use crate::engine::generation_config::GenerationDefaults;
 use crate::engine::gguf::GgufFile;
 use crate::engine::source::ModelSource;
 use crate::engine::memory;
@@ -34,6 +36,14 @@ pub struct ModelSummary {
     pub has_chat_template: bool,
     /// Memory to run it: weights in the default dtype, plus one sequence's cache at `context`.
     pub memory: MemoryEstimate,
+    /// Config keys the file leaves out, with the value the family's class gives them.
+    pub config_defaults: Vec<DefaultedKey>,
+    /// Tensors in the checkpoint that are non-persistent buffers, not weights (not loaded).
+    pub skipped_buffers: Vec<String>,
+    /// End-of-sequence tokens the config names.
+    pub config_eos_token_ids: Vec<u32>,
+    /// `generation_config.json`: sampling defaults and more end tokens (empty without the file).
+    pub generation: GenerationDefaults,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -98,7 +108,8 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
     };
     let tokenizer = source.tokenizer_files()?;
     let has_chat_template = tokenizer.as_ref().is_some_and(|t| t.chat_template.is_some() || t.config.get("chat_template").is_some());
-    let key = |k: &str| cfg.opt(k).and_then(|v| v.as_u64());
+    let completed = models::complete_config(&cfg)?;
+    let key = |k: &str| completed.opt(k).and_then(|v| v.as_u64());
     let dtype = weights.storage_dtype().unwrap_or(mlx_rs::Dtype::Bfloat16);
     let context = context.unwrap_or_else(|| key("max_position_embeddings").map_or(4096, |m| m.min(4096) as usize));
     let memory = MemoryEstimate {
@@ -125,6 +136,13 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
         has_tokenizer: tokenizer.is_some(),
         has_chat_template,
         memory,
+        config_defaults: completed.defaulted.clone(),
+        skipped_buffers: weights.skipped_buffers().to_vec(),
+        config_eos_token_ids: match completed.opt("eos_token_id") {
+            Some(_) => completed.token_ids("eos_token_id")?,
+            None => Vec::new(),
+        },
+        generation: source.generation_defaults()?,
     };
     Ok((summary, source))
 }

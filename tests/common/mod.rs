@@ -1,6 +1,7 @@
 //! Shared helpers for the integration tests: paths into ../shared and safetensors reading.
 #![allow(dead_code)]
 
+pub mod config_defaults;
 pub mod gguf_file;
 pub mod hub;
 pub mod server;

@@ -58,7 +58,7 @@ impl LightningConfig {
             head_dim,
             q_scale,
             use_rope: cfg.bool("lightning_use_rope")?,
-            rope_theta: cfg.f64("rope_theta")? as f32,
+            rope_theta: crate::models::rope::theta(cfg)?,
             qk_norm: cfg.bool("qk_norm")?,
             use_output_norm: cfg.bool("use_output_norm")?,
             use_output_gate: cfg.bool("use_output_gate")?,

@@ -12,7 +12,7 @@ pub mod lightning;
 pub mod sparse;
 
 use crate::engine::cache::{layer_caches, layer_outputs, KvCache, KvFormat, LayerCache, ModelCache, RecurrentState};
-use crate::engine::config::{size_product, ConfigFile};
+use crate::engine::config::{size_product, ConfigFile, Fallback::*, KeyDefault};
 use crate::engine::distributed::TensorParallel;
 use crate::engine::error::{Error, Result};
 use crate::engine::ops::Pacer;
@@ -24,6 +24,57 @@ use mlx_rs::{Array, Dtype};
 use sparse::{SparseAttention, SparseConfig};
 
 pub const MODEL_TYPE: &str = "minicpm_sala";
+
+/// vLLM's Hugging Face-compatible `MiniCPMSALAConfig`, which follows OpenBMB's remote-code one.
+const CLASS: &str = "MiniCPMSALAConfig (vllm-project/vllm vllm/transformers_utils/configs/minicpm_sala.py @2278730)";
+/// The reference modeling code reads `sparse_config` with `.get(key, default)`; the class keeps it `{}` when absent.
+const SPARSE: &str = "modeling_minicpm_sala.py, MiniCPMInfLLMv2Attention (sparse_config.get)";
+/// The reference sizes its lightning layers from these keys, whatever the lightning_* ones say.
+const LIGHTNING: &str = "modeling_minicpm_sala.py builds the lightning layers from num_attention_heads and head_dim";
+
+/// What MiniCPM-SALA's config class (and, inside `sparse_config`, its modeling code) gives a key
+/// the file leaves out.
+pub const DEFAULTS: &[KeyDefault] = &[
+    KeyDefault { key: "mixer_types", fallback: Required, source: "MiniCPMSALAConfig raises without it" },
+    KeyDefault { key: "vocab_size", fallback: Json("73448"), source: CLASS },
+    KeyDefault { key: "hidden_size", fallback: Json("4096"), source: CLASS },
+    KeyDefault { key: "intermediate_size", fallback: Json("16384"), source: CLASS },
+    KeyDefault { key: "num_hidden_layers", fallback: Json("32"), source: CLASS },
+    KeyDefault { key: "num_attention_heads", fallback: Json("32"), source: CLASS },
+    KeyDefault { key: "num_key_value_heads", fallback: SameAs("num_attention_heads"), source: CLASS },
+    KeyDefault { key: "head_dim", fallback: Json("128"), source: CLASS },
+    KeyDefault { key: "hidden_act", fallback: Json("\"silu\""), source: CLASS },
+    KeyDefault { key: "max_position_embeddings", fallback: Json("524288"), source: CLASS },
+    KeyDefault { key: "rms_norm_eps", fallback: Json("1e-06"), source: CLASS },
+    KeyDefault { key: "rope_theta", fallback: Computed(crate::models::rope::THETA_DEFAULT), source: CLASS },
+    KeyDefault { key: "rope_scaling", fallback: Off, source: CLASS },
+    KeyDefault { key: "attention_bias", fallback: Json("false"), source: CLASS },
+    KeyDefault { key: "scale_emb", fallback: Json("12.0"), source: CLASS },
+    KeyDefault { key: "dim_model_base", fallback: Json("256"), source: CLASS },
+    KeyDefault { key: "scale_depth", fallback: Json("1.4"), source: CLASS },
+    KeyDefault { key: "bos_token_id", fallback: Json("1"), source: CLASS },
+    KeyDefault { key: "eos_token_id", fallback: Json("[2, 73440]"), source: CLASS },
+    KeyDefault { key: "tie_word_embeddings", fallback: Computed(crate::models::decoder::TIE_FALSE), source: CLASS },
+    KeyDefault { key: "attn_use_rope", fallback: Json("false"), source: CLASS },
+    KeyDefault { key: "attn_use_output_gate", fallback: Json("true"), source: CLASS },
+    KeyDefault { key: "lightning_use_rope", fallback: Json("true"), source: CLASS },
+    KeyDefault { key: "qk_norm", fallback: Json("true"), source: CLASS },
+    KeyDefault { key: "use_output_norm", fallback: Json("true"), source: CLASS },
+    KeyDefault { key: "use_output_gate", fallback: Json("true"), source: CLASS },
+    KeyDefault { key: "lightning_scale", fallback: Json("\"1/sqrt(d)\""), source: CLASS },
+    KeyDefault { key: "lightning_nh", fallback: SameAs("num_attention_heads"), source: LIGHTNING },
+    // vLLM's class falls back to num_key_value_heads here, which the reference never reads.
+    KeyDefault { key: "lightning_nkv", fallback: SameAs("num_attention_heads"), source: LIGHTNING },
+    KeyDefault { key: "lightning_head_dim", fallback: SameAs("head_dim"), source: LIGHTNING },
+    KeyDefault { key: "sparse_config.kernel_size", fallback: Json("32"), source: SPARSE },
+    KeyDefault { key: "sparse_config.kernel_stride", fallback: Json("16"), source: SPARSE },
+    KeyDefault { key: "sparse_config.init_blocks", fallback: Json("1"), source: SPARSE },
+    KeyDefault { key: "sparse_config.block_size", fallback: Json("64"), source: SPARSE },
+    KeyDefault { key: "sparse_config.window_size", fallback: Json("2048"), source: SPARSE },
+    KeyDefault { key: "sparse_config.topk", fallback: Json("64"), source: SPARSE },
+    KeyDefault { key: "sparse_config.dense_len", fallback: Json("8192"), source: SPARSE },
+    KeyDefault { key: "sparse_config.use_nope", fallback: Json("false"), source: SPARSE },
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mixer {
@@ -42,6 +93,8 @@ pub struct SalaConfig {
     pub rms_norm_eps: f32,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
+    /// The config does not say; the checkpoint decides (no `lm_head.weight` = tied).
+    pub tie_unspecified: bool,
     pub scale_emb: f32,
     pub scale_depth: f32,
     pub dim_model_base: f32,
@@ -53,7 +106,9 @@ pub struct SalaConfig {
 }
 
 impl SalaConfig {
+    /// Reads the config after filling in what it leaves out ([`DEFAULTS`]).
     pub fn from_file(cfg: &ConfigFile) -> Result<Self> {
+        let cfg = &cfg.with_defaults(DEFAULTS)?;
         let model_type = cfg.str("model_type")?;
         if model_type != MODEL_TYPE {
             return Err(Error::UnsupportedModel {
@@ -89,6 +144,15 @@ impl SalaConfig {
         if cfg.opt("rope_scaling").is_some() {
             return Err(cfg.invalid("rope_scaling", "must be null: MiniCPM-SALA uses plain RoPE"));
         }
+        if cfg.opt("rope_parameters").and_then(|p| p.get("rope_type")).is_some_and(|t| t.as_str() != Some("default")) {
+            return Err(cfg.invalid("rope_parameters.rope_type", "must be `default`: MiniCPM-SALA uses plain RoPE"));
+        }
+        if cfg.bool("attention_bias")? {
+            return Err(cfg.invalid("attention_bias", "must be false: MiniCPM-SALA's projections have no biases"));
+        }
+        if cfg.str("hidden_act")? != "silu" {
+            return Err(cfg.invalid("hidden_act", "only `silu` (SwiGLU) is supported"));
+        }
         let hidden_size = cfg.dim("hidden_size")?;
         let config = Self {
             hidden_size,
@@ -97,7 +161,11 @@ impl SalaConfig {
             vocab_size: cfg.dim("vocab_size")?,
             rms_norm_eps: cfg.f64("rms_norm_eps")? as f32,
             max_position_embeddings: cfg.dim("max_position_embeddings")?,
-            tie_word_embeddings: cfg.bool("tie_word_embeddings")?,
+            tie_word_embeddings: match cfg.opt("tie_word_embeddings") {
+                Some(_) => cfg.bool("tie_word_embeddings")?,
+                None => false,
+            },
+            tie_unspecified: cfg.opt("tie_word_embeddings").is_none(),
             scale_emb: cfg.f64("scale_emb")? as f32,
             scale_depth: cfg.f64("scale_depth")? as f32,
             dim_model_base: cfg.f64("dim_model_base")? as f32,
@@ -108,6 +176,13 @@ impl SalaConfig {
             lightning: LightningConfig::from_file(cfg)?,
         };
         Ok(config)
+    }
+
+    /// A config silent about `tie_word_embeddings` is tied when the checkpoint has no `lm_head`.
+    pub fn resolve_tie(&mut self, weights: &Weights) {
+        if self.tie_unspecified {
+            self.tie_word_embeddings = !weights.infos().contains_key("lm_head.weight");
+        }
     }
 
     /// α = scale_depth / √num_layers.
@@ -183,7 +258,8 @@ pub struct SalaModel {
 impl SalaModel {
     /// The model, or under tensor parallelism this rank's part of it (`tp`).
     pub fn load(cfg: &ConfigFile, weights: &mut Weights, dtype: Option<Dtype>, tp: &TensorParallel) -> Result<Self> {
-        let config = SalaConfig::from_file(cfg)?;
+        let mut config = SalaConfig::from_file(cfg)?;
+        config.resolve_tie(weights);
         let specs = config.tensor_specs()?;
         weights.check(&specs, MODEL_TYPE)?;
         let dtype = dtype.or_else(|| weights.storage_dtype()).unwrap_or(Dtype::Bfloat16);
@@ -230,6 +306,10 @@ impl SalaModel {
 impl LanguageModel for SalaModel {
     fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    fn info_mut(&mut self) -> &mut ModelInfo {
+        &mut self.info
     }
 
     fn new_cache(&self) -> ModelCache {

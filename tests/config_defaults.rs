@@ -1,0 +1,102 @@
+//! Configs as published leave keys out; the HF config classes fill them in. For each family,
+//! every key its table (`models::config_defaults`) gives a default to is removed in turn and the
+//! model must behave exactly as with that default written out (tests/common/config_defaults.rs):
+//! MiniCPM-SALA on golden cases A–D, Llama on SmolLM2, and the tables themselves against the
+//! transformers classes (tests/reference/hf_config_defaults.py). Also: non-persistent buffers in a
+//! checkpoint are skipped (and reported), a stray real tensor is still refused, and a
+//! `generation_config.json` sets `run`'s and `serve`'s sampling defaults.
+
+mod common;
+
+use common::config_defaults::check_each_key;
+use serde_json::Value;
+
+fn golden_ids(case: &str, limit: usize) -> Vec<u32> {
+    let ids = common::ids(&common::tokens(case), "prompt_ids");
+    ids[..ids.len().min(limit)].to_vec()
+}
+
+fn read_config(dir: &std::path::Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap()
+}
+
+/// Golden cases A–D: every SALA key the table defaults, removed in turn.
+#[test]
+fn minicpm_sala_keys_left_out_take_the_class_defaults() {
+    // C's prompt is cut to 400 tokens: past its dense_len (256), so the sparse path still runs.
+    for (case, limit) in [("A_dense_f32", 64), ("B_chunk_boundary", 150), ("C_sparse_prefill", 400), ("D_two_turn", 64)] {
+        let dir = common::golden(case);
+        let (by_logits, by_outcome, required) = check_each_key(&dir, &read_config(&dir), sala::models::sala::DEFAULTS, &golden_ids(case, limit));
+        println!("{case}: {by_logits} keys give the same logits removed, {by_outcome} the same outcome as their default written in, {required} required");
+        assert!(by_logits >= 20 && by_outcome >= 5 && required == 1, "{case}: too few keys checked ({by_logits}, {by_outcome}, {required})");
+    }
+}
+
+/// SmolLM2 (a real Llama-family checkpoint, as a GGUF whose config the import writes): each key
+/// LlamaConfig defaults, removed in turn.
+#[test]
+fn llama_keys_left_out_on_smollm2() {
+    let gguf = common::smollm2_gguf();
+    let config: Value = serde_json::from_str(&sala::models::open(&gguf).unwrap().files["config.json"]).unwrap();
+    let ids: Vec<u32> = vec![1, 504, 3458, 282, 4649, 314];
+    let (by_logits, by_outcome, _) = check_each_key(&gguf, &config, sala::models::llama::LLAMA_DEFAULTS, &ids);
+    println!("SmolLM2: {by_logits} keys give the same logits removed, {by_outcome} the same outcome as their default written in");
+    assert!(by_logits + by_outcome >= 10, "too few keys checked ({by_logits}, {by_outcome})");
+}
+
+/// Golden A's checkpoint plus `extra` tensors (float32, given shapes), in a scratch directory.
+fn golden_a_with(label: &str, extra: &[(&str, &[usize])]) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sala-config-defaults-{label}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let golden = common::golden("A_dense_f32");
+    std::fs::copy(golden.join("config.json"), dir.join("config.json")).unwrap();
+    let bytes = std::fs::read(golden.join("model.safetensors")).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let extra_data: Vec<(String, Vec<usize>, Vec<u8>)> =
+        extra.iter().map(|(name, shape)| (name.to_string(), shape.to_vec(), vec![0u8; shape.iter().product::<usize>() * 4])).collect();
+    let mut views: Vec<(String, safetensors::tensor::TensorView)> = tensors.tensors().into_iter().collect();
+    for (name, shape, data) in &extra_data {
+        views.push((name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data).unwrap()));
+    }
+    std::fs::write(dir.join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
+    dir
+}
+
+fn golden_a_logits(dir: &std::path::Path) -> Result<Vec<f32>, String> {
+    let model = sala::models::load(dir, Some(mlx_rs::Dtype::Float32)).map_err(|e| e.to_string())?;
+    let ids: Vec<i32> = golden_ids("A_dense_f32", 64).iter().map(|&t| t as i32).collect();
+    let out = model.forward(&mlx_rs::Array::from_slice(&ids, &[1, ids.len() as i32]), &mut model.new_cache(), sala::engine::model::Logits::All, None);
+    Ok(sala::engine::ops::to_vec_f32(&out.unwrap()).unwrap())
+}
+
+/// Rotary buffers some exporters save are skipped, named by `sala show`, and change nothing; a
+/// stray real tensor is still refused by name.
+#[test]
+fn buffers_are_skipped_and_stray_tensors_refused() {
+    let plain = golden_a_logits(&common::golden("A_dense_f32")).unwrap();
+    let buffers = golden_a_with(
+        "buffers",
+        &[
+            ("model.layers.1.self_attn.rotary_emb.inv_freq", &[16]),
+            ("model.layers.1.self_attn.rotary_emb.cos_cached", &[64, 32]),
+            ("model.layers.2.self_attn.rotary_emb.sin_cached", &[64, 32]),
+        ],
+    );
+    assert_eq!(golden_a_logits(&buffers).as_ref(), Ok(&plain), "a checkpoint with buffers must load and give the same logits");
+    let show = std::process::Command::new(env!("CARGO_BIN_EXE_sala")).args(["show", "--json"]).arg(&buffers).output().unwrap();
+    assert!(show.status.success(), "{}", String::from_utf8_lossy(&show.stderr));
+    let summary: Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(summary["skipped_buffers"].as_array().map(Vec::len), Some(3), "{summary}");
+    assert_eq!(summary["tensors"], 49, "buffers are not counted as tensors: {summary}");
+    let text = std::process::Command::new(env!("CARGO_BIN_EXE_sala")).arg("show").arg(&buffers).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("skipped      3 buffer(s)") && text.contains("rotary_emb"), "{text}");
+
+    let stray = golden_a_with("stray", &[("model.layers.0.mlp.extra_proj.weight", &[8, 128])]);
+    let message = golden_a_logits(&stray).unwrap_err();
+    assert!(message.contains("unexpected tensor `model.layers.0.mlp.extra_proj.weight`"), "{message}");
+    for dir in [buffers, stray] {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
