@@ -100,3 +100,38 @@ fn buffers_are_skipped_and_stray_tensors_refused() {
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
+
+/// The Llama, Mistral, Qwen2 and Qwen3 tables against the transformers classes they cite
+/// (transformers 4.57.1 from PyPI, no torch needed for configs).
+#[test]
+fn dense_tables_match_the_transformers_classes() {
+    use sala::engine::config::Fallback;
+    let python = common::venv_python("transformers-venv", "SALA_TRANSFORMERS_PYTHON", "transformers", &["transformers==4.57.1"]);
+    let mut entries = Vec::new();
+    for family in ["llama", "mistral", "qwen2", "qwen3"] {
+        for entry in sala::models::config_defaults(family).unwrap() {
+            let (kind, value) = match entry.fallback {
+                Fallback::Json(text) => ("json", serde_json::from_str(text).unwrap()),
+                Fallback::SameAs(other) => ("same_as", Value::from(other)),
+                Fallback::Computed(rule) => ("computed", Value::from(rule)),
+                Fallback::Off => ("off", Value::Null),
+                Fallback::Required => ("required", Value::Null),
+            };
+            entries.push(serde_json::json!({"family": family, "key": entry.key, "kind": kind, "value": value, "source": entry.source}));
+        }
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/hf_config_defaults.py");
+    let mut child = std::process::Command::new(python)
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(Value::from(entries).to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let transcript = String::from_utf8_lossy(&out.stdout).to_string();
+    println!("{transcript}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && transcript.trim_end().ends_with("passed"), "{transcript}");
+}
