@@ -1,7 +1,9 @@
 //! `sala serve`'s other APIs against official clients (PyPI, in a venv cached under
 //! `$SALA_TEST_ASSETS`), on SmolLM2: `/v1/completions` and chat `logprobs` with `openai`, checked
 //! against a reference computed another way (tests/reference/openai_completions.py); Anthropic's
-//! `/v1/messages` with `anthropic` (tests/reference/anthropic_client.py); `/metrics` read with
+//! `/v1/messages` with `anthropic` (tests/reference/anthropic_client.py), its structured output
+//! (tests/reference/anthropic_structured.py); a parallel call cut by `max_tokens` with both
+//! (tests/reference/cut_calls.py); `/metrics` read with
 //! `prometheus_client`'s parser on a fresh server, its counts checked against the requests made
 //! (tests/reference/metrics_check.py).
 
@@ -101,6 +103,20 @@ fn messages_with_the_anthropic_client() {
     python();
     let server = Server::start(&common::smollm2_gguf(), &["--api-key", "test-key"], 200);
     run_script("anthropic_client.py", server.port, &[], "anthropic client checks passed");
+}
+
+#[test]
+fn structured_output_with_the_anthropic_client() {
+    python();
+    let server = Server::start(&common::smollm2_gguf(), &["--api-key", "test-key"], 200);
+    run_script("anthropic_structured.py", server.port, &[], "anthropic structured output checks passed");
+}
+
+#[test]
+fn a_call_cut_by_max_tokens_with_both_clients() {
+    python();
+    let server = Server::start(&common::smollm2_gguf(), &["--api-key", "test-key"], 200);
+    run_script("cut_calls.py", server.port, &[], "cut call checks passed");
 }
 
 #[test]

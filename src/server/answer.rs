@@ -55,21 +55,27 @@ impl AnswerParser {
 
     pub fn push(&mut self, text: &str) -> Delta {
         let split = self.think.split(text);
-        self.answer(split.reasoning, split.answer, false)
+        self.answer(split.reasoning, split.answer, None)
     }
 
-    /// The rest of the answer.
-    pub fn finish(&mut self) -> Delta {
+    /// The rest of the answer; `finish_reason`: why it ended (`"length"`: cut by `max_tokens` or
+    /// the context, when a call it stopped inside is no call and its text no content).
+    pub fn finish(&mut self, finish_reason: &str) -> Delta {
         let split = self.think.finish_split();
-        self.answer(split.reasoning, split.answer, true)
+        self.answer(split.reasoning, split.answer, Some(finish_reason == "length"))
     }
 
-    fn answer(&mut self, reasoning: String, answer: String, ended: bool) -> Delta {
+    /// `cut`: `None` while the answer goes on; at its end, whether it was cut short.
+    fn answer(&mut self, reasoning: String, answer: String, cut: Option<bool>) -> Delta {
         let Some(tools) = self.tools.as_mut() else { return Delta { reasoning, content: answer, calls: Vec::new() } };
         let (mut content, mut calls) = tools.push(&answer);
-        if ended {
-            let (rest, last) = tools.finish();
+        if let Some(cut) = cut {
+            let (rest, last, unfinished) = tools.finish_cut();
             content.push_str(&rest);
+            // Ended by the model or a stop sequence the request chose: the text stays, as written.
+            if !cut {
+                content.push_str(&unfinished);
+            }
             calls.extend(last);
         }
         if !self.parallel_calls {
@@ -78,6 +84,17 @@ impl AnswerParser {
         }
         self.calls += calls.len();
         Delta { reasoning, content, calls }
+    }
+}
+
+/// OpenAI's `finish_reason` for an answer that ended for `finish_reason` (the worker's) and made
+/// calls or not: an answer cut by `max_tokens` says so even after complete calls, as a client
+/// must not take a cut answer for a whole one.
+pub fn chat_finish_reason(finish_reason: &'static str, called: bool) -> &'static str {
+    match (finish_reason, called) {
+        ("length", _) => "length",
+        (_, true) => "tool_calls",
+        (reason, false) => reason,
     }
 }
 
@@ -105,9 +122,14 @@ mod tests {
     use super::*;
 
     fn run(parser: &mut AnswerParser, pieces: &[&str]) -> (String, String, Vec<ToolCall>) {
+        ended(parser, pieces, "stop")
+    }
+
+    /// [`run`] for an answer that ended for `finish_reason`.
+    fn ended(parser: &mut AnswerParser, pieces: &[&str], finish_reason: &str) -> (String, String, Vec<ToolCall>) {
         let (mut reasoning, mut content, mut calls) = (String::new(), String::new(), Vec::new());
         let mut deltas: Vec<Delta> = pieces.iter().map(|p| parser.push(p)).collect();
-        deltas.push(parser.finish());
+        deltas.push(parser.finish(finish_reason));
         for d in deltas {
             reasoning.push_str(&d.reasoning);
             content.push_str(&d.content);
@@ -152,5 +174,36 @@ mod tests {
         let second = p.push("<tool_call>\n{\"name\": \"add\", \"arguments\": {\"b\": 1}}\n</tool_call>");
         let chunk = &second.chunks(at)[0]["tool_calls"][0];
         assert_eq!((chunk["index"].as_u64(), chunk["function"]["arguments"].as_str()), (Some(1), Some("{\"b\":1}")));
+    }
+
+    #[test]
+    fn a_call_cut_by_max_tokens_is_neither_call_nor_content() {
+        let tools = add();
+        let whole = "Sure.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"argu";
+        let first = vec![ToolCall { name: "add".into(), arguments: "{\"a\":1}".into() }];
+        for cut in [whole.len(), whole.rfind("\"argu").unwrap(), whole.rfind("<tool_call>").unwrap() + 5, whole.rfind("<tool_call>").unwrap() + 1] {
+            let text = &whole[..cut];
+            let chars: Vec<String> = text.chars().map(String::from).collect();
+            let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+            let mut p = AnswerParser::new("prompt", Some((ToolFormat::Hermes, &tools)), true);
+            assert_eq!(ended(&mut p, &pieces, "length"), (String::new(), "Sure.".to_string(), first.clone()), "{text:?}");
+            // Ended otherwise (a stop sequence), the text stays as written.
+            let mut p = AnswerParser::new("prompt", Some((ToolFormat::Hermes, &tools)), true);
+            let (_, content, calls) = ended(&mut p, &pieces, "stop");
+            assert!(content.starts_with("Sure.") && content.ends_with(&text[text.rfind("\n<").unwrap() + 1..]) && calls == first, "{content:?}");
+        }
+        // Text that ends in what could open a call, cut there: the fragment goes with the cut.
+        let mut p = AnswerParser::new("prompt", Some((ToolFormat::Hermes, &tools)), true);
+        assert_eq!(ended(&mut p, &["Let me add. <tool"], "length").1, "Let me add.");
+        let mut p = AnswerParser::new("prompt", Some((ToolFormat::Hermes, &tools)), true);
+        assert_eq!(ended(&mut p, &["Let me add. <tool"], "stop").1, "Let me add. <tool");
+    }
+
+    #[test]
+    fn a_cut_answer_finishes_for_length_even_after_calls() {
+        assert_eq!(chat_finish_reason("length", true), "length");
+        assert_eq!(chat_finish_reason("length", false), "length");
+        assert_eq!(chat_finish_reason("stop", true), "tool_calls");
+        assert_eq!(chat_finish_reason("stop", false), "stop");
     }
 }

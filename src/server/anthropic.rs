@@ -1,7 +1,8 @@
 //! Anthropic's Messages API: `POST /v1/messages` (also `?beta=true`) and
 //! `POST /v1/messages/count_tokens`. A request is read into the chat endpoint's [`ChatRequest`]
 //! (system prompt, messages, `tool_use`/`tool_result` as calls and tool messages, tools and
-//! `tool_choice` as the same grammar-constrained calls), runs on the same worker, and its answer
+//! `tool_choice` as the same grammar-constrained calls, `output_config.format` as its
+//! `response_format`), runs on the same worker, and its answer
 //! is split by the same [`AnswerParser`] into text, `tool_use` blocks and (with `thinking`)
 //! thinking blocks. Errors are Anthropic's `{"type": "error", "error": {"type", "message"}}`.
 
@@ -191,6 +192,53 @@ fn parse_tools(obj: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
         .collect()
 }
 
+/// Anthropic's `effort` levels (they tune Claude's spending of tokens; here they change nothing).
+const EFFORTS: [&str; 5] = ["low", "medium", "high", "xhigh", "max"];
+
+/// `output_config.format` (or the older beta's top-level `output_format`): the JSON Schema the
+/// answer's text must follow, held to it by the same grammar as OpenAI's `response_format`; with
+/// the field naming the schema (for errors about it). Anything it cannot enforce is refused.
+fn output_format(obj: &Map<String, Value>) -> Result<Option<(&'static str, Value)>, ApiError> {
+    let config = match obj.get("output_config") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(c)) => Some(c),
+        Some(_) => return Err(wrong("output_config", "an object such as {\"format\": {\"type\": \"json_schema\", \"schema\": {…}}}")),
+    };
+    for (key, value) in config.into_iter().flatten() {
+        match (key.as_str(), value) {
+            ("format", _) | ("effort", Value::Null) => {}
+            ("effort", Value::String(e)) if EFFORTS.contains(&e.as_str()) => {}
+            ("effort", _) => return Err(wrong("output_config.effort", &format!("one of {}", EFFORTS.join(", ")))),
+            (other, _) => {
+                return Err(ApiError::bad_request(&format!("output_config.{other}"), &format!("`output_config.{other}` is not supported (`format` and `effort` are)")))
+            }
+        }
+    }
+    let in_config = config.and_then(|c| c.get("format")).filter(|f| !f.is_null());
+    let (param, format) = match (in_config, obj.get("output_format").filter(|f| !f.is_null())) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request("output_format", "give the format once: `output_format` is the older name of `output_config.format`"))
+        }
+        (Some(f), None) => ("output_config.format", f),
+        (None, Some(f)) => ("output_format", f),
+        (None, None) => return Ok(None),
+    };
+    let format = format.as_object().ok_or_else(|| wrong(param, "an object such as {\"type\": \"json_schema\", \"schema\": {…}}"))?;
+    let (type_param, schema_param) = match param {
+        "output_format" => ("output_format.type", "output_format.schema"),
+        _ => ("output_config.format.type", "output_config.format.schema"),
+    };
+    match format.get("type") {
+        Some(Value::String(t)) if t == "json_schema" => {}
+        Some(Value::String(t)) => return Err(ApiError::bad_request(type_param, &format!("`{type_param}` `{t}` is not supported: only \"json_schema\""))),
+        _ => return Err(wrong(type_param, "\"json_schema\"")),
+    }
+    match format.get("schema") {
+        Some(schema @ Value::Object(_)) => Ok(Some((schema_param, schema.clone()))),
+        _ => Err(wrong(schema_param, "a JSON Schema object")),
+    }
+}
+
 /// A Messages request as the chat endpoint's request; `thinking` says whether reasoning is
 /// asked for (it is then shown as thinking blocks).
 pub fn parse(body: &[u8], served_model: &str, tool_format: ToolFormat, counting: bool) -> Result<(ChatRequest, bool), ApiError> {
@@ -249,6 +297,10 @@ pub fn parse(body: &[u8], served_model: &str, tool_format: ToolFormat, counting:
         }
         Some(_) => return Err(wrong("stop_sequences", "a list of non-empty strings")),
     };
+    let (response_format_param, response_format) = match output_format(obj)? {
+        Some((param, schema)) => (param, Some(schema)),
+        None => ("output_config.format.schema", None),
+    };
     let sampling = SamplingParams {
         temperature: number(obj, "temperature", 0.0..=1.0)?.unwrap_or(1.0) as f32,
         top_p: (number(obj, "top_p", 0.0..=1.0)?.unwrap_or(1.0) as f32).max(f32::MIN_POSITIVE),
@@ -268,7 +320,8 @@ pub fn parse(body: &[u8], served_model: &str, tool_format: ToolFormat, counting:
         tool_choice,
         parallel_tool_calls: parallel,
         tool_format,
-        response_format: None,
+        response_format,
+        response_format_param,
         logprobs: None,
         cap_max_tokens: true,
     };
@@ -287,9 +340,10 @@ fn tool_use(call: &ToolCall) -> Value {
 
 /// Why the answer ended, in Anthropic's words.
 fn stop_reason(finish_reason: &str, stop_sequence: &Option<String>, called: bool) -> &'static str {
+    // Cut by max_tokens after complete calls is still max_tokens: the answer is not whole.
     match (called, finish_reason, stop_sequence) {
-        (true, _, _) => "tool_use",
         (_, "length", _) => "max_tokens",
+        (true, _, _) => "tool_use",
         (_, _, Some(_)) => "stop_sequence",
         _ => "end_turn",
     }
@@ -335,7 +389,7 @@ async fn messages(State(state): State<Arc<AppState>>, Extension(peer): Extension
             Event::Error(e) => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "generation_failed", None, &e)),
             Event::Shutdown => return Err(super::shutting_down()),
             Event::Done { finish_reason, stop_sequence, prompt_tokens, completion_tokens, cached_tokens } => {
-                let d = parser.finish();
+                let d = parser.finish(finish_reason);
                 reasoning.push_str(&d.reasoning);
                 text.push_str(&d.content);
                 calls.extend(d.calls);
@@ -449,7 +503,7 @@ fn stream(
                     false
                 }
                 Event::Done { finish_reason, stop_sequence, prompt_tokens, completion_tokens, cached_tokens } => {
-                    piece(parser.finish(), &mut open, &mut index, &mut blocks, &mut called);
+                    piece(parser.finish(finish_reason), &mut open, &mut index, &mut blocks, &mut called);
                     // An empty answer is still one (empty) text block, as the whole message has.
                     if blocks == 0 {
                         switch(Open::Text, &mut open, &mut index, &mut blocks);
@@ -516,6 +570,29 @@ mod tests {
     }
 
     #[test]
+    fn output_formats_become_the_chat_response_format() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
+        let base = json!({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+        let mut config = base.clone();
+        config["output_config"] = json!({"format": {"type": "json_schema", "schema": schema}, "effort": "low"});
+        let (r, _) = parse_body(config).unwrap();
+        assert_eq!((r.response_format.as_ref(), r.response_format_param), (Some(&schema), "output_config.format.schema"));
+        let mut older = base.clone();
+        older["output_format"] = json!({"type": "json_schema", "schema": schema});
+        let (r, _) = parse_body(older).unwrap();
+        assert_eq!((r.response_format.as_ref(), r.response_format_param), (Some(&schema), "output_format.schema"));
+        assert_eq!(parse_body(base).unwrap().0.response_format, None);
+    }
+
+    #[test]
+    fn a_cut_answer_stops_for_max_tokens_even_after_calls() {
+        assert_eq!(stop_reason("length", &None, true), "max_tokens");
+        assert_eq!(stop_reason("stop", &None, true), "tool_use");
+        assert_eq!(stop_reason("stop", &Some("x".into()), false), "stop_sequence");
+        assert_eq!(stop_reason("stop", &None, false), "end_turn");
+    }
+
+    #[test]
     fn bad_requests_name_the_field() {
         let base = json!({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
         let with = |k: &str, v: Value| {
@@ -532,6 +609,18 @@ mod tests {
             ("tool_choice.name", with("tool_choice", json!({"type": "tool", "name": "absent"}))),
             ("temperature", with("temperature", json!(1.5))),
             ("stop_sequences", with("stop_sequences", json!([""]))),
+            ("output_config", with("output_config", json!("json"))),
+            ("output_config.format", with("output_config", json!({"format": "json"}))),
+            ("output_config.format.type", with("output_config", json!({"format": {"type": "xml", "schema": {}}}))),
+            ("output_config.format.schema", with("output_config", json!({"format": {"type": "json_schema", "schema": "x"}}))),
+            ("output_config.effort", with("output_config", json!({"effort": "extreme"}))),
+            ("output_config.task_budget", with("output_config", json!({"task_budget": 10}))),
+            ("output_format.type", with("output_format", json!({"type": "regex", "schema": {}}))),
+            ("output_format", {
+                let mut b = with("output_format", json!({"type": "json_schema", "schema": {}}));
+                b["output_config"] = json!({"format": {"type": "json_schema", "schema": {}}});
+                b
+            }),
         ] {
             let e = parse_body(body).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{}", e.message);

@@ -584,7 +584,7 @@ async fn chat(State(state): State<Arc<AppState>>, Extension(peer): Extension<Pee
             Event::Error(e) => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "generation_failed", None, &e)),
             Event::Shutdown => return Err(shutting_down()),
             Event::Done { finish_reason, prompt_tokens, completion_tokens, cached_tokens, .. } => {
-                let d = parser.finish();
+                let d = parser.finish(finish_reason);
                 reasoning.push_str(&d.reasoning);
                 content.push_str(&d.content);
                 calls.extend(d.calls);
@@ -592,15 +592,13 @@ async fn chat(State(state): State<Arc<AppState>>, Extension(peer): Extension<Pee
                 if !reasoning.trim().is_empty() {
                     message["reasoning_content"] = json!(reasoning.trim());
                 }
-                let finish_reason = if calls.is_empty() {
-                    finish_reason
-                } else {
+                if !calls.is_empty() {
                     if content.is_empty() {
                         message["content"] = serde_json::Value::Null;
                     }
                     message["tool_calls"] = answer::tool_calls_json(&calls, None);
-                    "tool_calls"
-                };
+                }
+                let finish_reason = answer::chat_finish_reason(finish_reason, !calls.is_empty());
                 let logprobs = match request.logprobs {
                     Some(_) => json!({"content": openai::chat_logprobs(&tokenizer, &token_logprobs), "refusal": null}),
                     None => serde_json::Value::Null,
@@ -666,10 +664,10 @@ fn async_stream(
                 }
                 Event::Done { finish_reason, prompt_tokens, completion_tokens, cached_tokens, .. } => {
                     let first = parser.calls_so_far();
-                    for delta in parser.finish().chunks(first) {
+                    for delta in parser.finish(finish_reason).chunks(first) {
                         send(chunk(delta, None, &std::mem::take(&mut unsent)));
                     }
-                    let finish_reason = if parser.calls_so_far() == 0 { finish_reason } else { "tool_calls" };
+                    let finish_reason = answer::chat_finish_reason(finish_reason, parser.calls_so_far() > 0);
                     send(chunk(json!({}), Some(finish_reason), &std::mem::take(&mut unsent)));
                     if include_usage {
                         let mut last = chunk(json!({}), None, &[]);

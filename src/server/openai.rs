@@ -67,6 +67,8 @@ pub struct ChatRequest {
     /// `response_format`: the JSON Schema the answer must follow (`{"type": "object"}` for
     /// `json_object`); `None` for free text.
     pub response_format: Option<Value>,
+    /// The field that gave `response_format`, as errors about its schema name it.
+    pub response_format_param: &'static str,
     /// `logprobs: true`: the answer's tokens with their log-probabilities and this many
     /// alternatives each (`top_logprobs`).
     pub logprobs: Option<usize>,
@@ -304,6 +306,7 @@ impl ChatRequest {
             parallel_tool_calls,
             tool_format,
             response_format,
+            response_format_param: "response_format",
             logprobs,
             cap_max_tokens: false,
         })
@@ -489,7 +492,10 @@ pub fn prepare(request: ChatRequest, served: &Served) -> Result<PreparedChat, Ap
             // Every schema goes into one grammar: their properties count together.
             let tool_schemas = request.tools.iter().filter_map(|t| t.get("function")?.get("parameters"));
             crate::engine::grammar::check_schema_size(request.response_format.iter().chain(tool_schemas))
-                .map_err(|e| ApiError::bad_request(if request.tools.is_empty() { "response_format" } else { "tools" }, &format!("{e}")))?;
+                .map_err(|e| {
+                    let param = if request.tools.is_empty() { request.response_format_param } else { "tools" };
+                    ApiError::bad_request(param, &format!("`{param}`: {e}"))
+                })?;
             let compiler = tokenizer
                 .grammar_compiler(served.vocab_size, served.eos)
                 .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "grammar_unavailable", None, &e.to_string()))?;
@@ -499,7 +505,7 @@ pub fn prepare(request: ChatRequest, served: &Served) -> Result<PreparedChat, Ap
             // (it failed, or a forced call leaves the other schemas out) each is compiled alone,
             // so a bad one is named with the engine's reason.
             if compiled.is_err() || request.tool_choice != ToolChoice::Auto {
-                let schemas = request.response_format.iter().map(|s| ("response_format".to_string(), s)).chain(request.tools.iter().enumerate().filter_map(|(i, t)| {
+                let schemas = request.response_format.iter().map(|s| (request.response_format_param.to_string(), s)).chain(request.tools.iter().enumerate().filter_map(|(i, t)| {
                     Some((format!("tools[{i}].function.parameters"), t.get("function")?.get("parameters")?))
                 }));
                 for (param, schema) in schemas {

@@ -268,12 +268,15 @@ pub struct ToolCallSplitter {
     in_calls: bool,
     /// Nothing but whitespace has come yet.
     at_start: bool,
+    /// At the end: the text of a call the answer stopped inside (an opener and what followed it,
+    /// or the start of an opener), apart so that a cut answer can leave it out.
+    unfinished: String,
 }
 
 impl ToolCallSplitter {
     /// `tools`: the offered tools (OpenAI objects).
     pub fn new(format: ToolFormat, tools: &[Value]) -> Self {
-        Self { syntax: format.syntax(), tools: Tools::new(tools), pending: String::new(), in_calls: false, at_start: true }
+        Self { syntax: format.syntax(), tools: Tools::new(tools), pending: String::new(), in_calls: false, at_start: true, unfinished: String::new() }
     }
 
     /// The text that can be shown now, and the calls this piece completed.
@@ -284,7 +287,16 @@ impl ToolCallSplitter {
 
     /// The rest of the text, and the last calls.
     pub fn finish(&mut self) -> (String, Vec<ToolCall>) {
-        self.scan(true)
+        let (mut text, calls, unfinished) = self.finish_cut();
+        text.push_str(&unfinished);
+        (text, calls)
+    }
+
+    /// [`Self::finish`] with the text of a call the answer stopped inside apart, third (it ends
+    /// the text when joined): an answer cut by `max_tokens` leaves it out of its content.
+    pub fn finish_cut(&mut self) -> (String, Vec<ToolCall>, String) {
+        let (text, calls) = self.scan(true);
+        (text, calls, std::mem::take(&mut self.unfinished))
     }
 
     /// Where the first opener in `pending` starts, if one does.
@@ -324,7 +336,14 @@ impl ToolCallSplitter {
                 // Among calls, every opener counts (a bare object after `; ` too).
                 let opens = self.syntax.openers().iter().any(|o| rest.starts_with(o.text));
                 if opens {
-                    match self.syntax.read(rest, &self.tools, ended) {
+                    let read = self.syntax.read(rest, &self.tools, ended);
+                    // At the end, a call that more text could still have completed was cut.
+                    if ended && !matches!(read, Read::Done { calls: Some(_), .. }) && self.syntax.read(rest, &self.tools, false) == Read::Incomplete {
+                        self.unfinished = rest.to_string();
+                        self.pending.clear();
+                        break;
+                    }
+                    match read {
                         Read::Incomplete if !ended => break,
                         Read::Incomplete => {
                             text.push_str(rest);
@@ -365,6 +384,11 @@ impl ToolCallSplitter {
                 continue;
             }
             if ended {
+                // A tail that could open a call (with the whitespace before it) may be one cut short.
+                let keep = self.partial_opener();
+                let release = self.pending[..self.pending.len() - keep].trim_end().len();
+                let release = if keep == 0 { self.pending.len() } else { release };
+                self.unfinished = self.pending.split_off(release);
                 text.push_str(&std::mem::take(&mut self.pending));
                 break;
             }
@@ -513,5 +537,43 @@ mod tests {
         assert!(out[0].content.starts_with("Be brief.\n\n# Tools") && out[0].content.contains(r#""name":"add""#));
         assert_eq!(out[2].content, "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\":1}}\n</tool_call>");
         assert_eq!(out[3].content, "<tool_response>\n2\n</tool_response>\n<tool_response>\n3\n</tool_response>");
+    }
+
+    #[test]
+    fn a_call_cut_at_the_end_comes_apart_from_the_text() {
+        let tools = weather_tools();
+        let first = ToolCall { name: "get_weather".into(), arguments: json!({"city": "Paris"}).to_string() };
+        let second = ToolCall { name: "sum_values".into(), arguments: json!({"nums": [1, 2]}).to_string() };
+        for (name, format) in ToolFormat::ALL {
+            let syntax = format.syntax();
+            let calls: Vec<String> = [&first, &second].iter().map(|c| syntax.render_call(&c.name, &serde_json::from_str(&c.arguments).unwrap())).collect();
+            let text = syntax.join_calls(&calls);
+            // Where the second call's own text starts (Mistral's list holds both: none).
+            let second_at = (format != ToolFormat::Mistral).then(|| text.rfind(calls[1].as_str()).unwrap());
+            for cut in (0..=text.len()).filter(|&c| text.is_char_boundary(c)) {
+                let mut s = ToolCallSplitter::new(format, &tools);
+                let (mut shown, mut found) = (String::new(), Vec::new());
+                for ch in text[..cut].chars() {
+                    let (t, c) = s.push(&ch.to_string());
+                    shown.push_str(&t);
+                    found.extend(c);
+                }
+                let (t, c, unfinished) = s.finish_cut();
+                shown.push_str(&t);
+                found.extend(c);
+                assert_eq!(shown, "", "{name}, cut at {cut}: {:?}", &text[..cut]);
+                assert!(found.len() <= 2 && found[..] == [first.clone(), second.clone()][..found.len()], "{name}, cut at {cut}: {found:?}");
+                // Every call begun is a call found, or the cut left one unfinished.
+                let begun = match second_at {
+                    Some(at) => usize::from(cut > 0) + usize::from(cut > at),
+                    None => 2 * usize::from(cut > 0),
+                };
+                assert_eq!(unfinished.is_empty(), found.len() == begun, "{name}, cut at {cut}: {unfinished:?}");
+            }
+            let mut s = ToolCallSplitter::new(format, &tools);
+            s.push(&text[..text.len() - 3]);
+            let (joined, _) = s.finish();
+            assert_eq!(joined, text[second_at.unwrap_or(0)..text.len() - 3], "{name}: finish() keeps the cut call as text");
+        }
     }
 }
