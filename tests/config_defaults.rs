@@ -135,3 +135,62 @@ fn dense_tables_match_the_transformers_classes() {
     println!("{transcript}{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && transcript.trim_end().ends_with("passed"), "{transcript}");
 }
+
+fn run_json(model: &std::path::Path, flags: &[&str]) -> Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sala"))
+        .args(["run", "--model"])
+        .arg(model)
+        .args(["--input-ids", "1,2,3", "--max-tokens", "24", "--json", "--seed", "5"])
+        .args(flags)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A chat answer's text from `port` for `fields` added to a fixed request (seeded).
+fn chat(port: u16, fields: Value) -> String {
+    let mut body = serde_json::json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 24, "seed": 3});
+    for (k, v) in fields.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let response = common::server::request(port, "POST", "/v1/chat/completions", Some(&body.to_string()), &[]).expect("an answer");
+    assert_eq!(response.status, 200, "{}", response.body);
+    response.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+}
+
+/// generation_config.json's temperature 0.6 / top_p 0.9 become `run`'s and `serve`'s defaults
+/// (the same draws as those values given explicitly), `show` says so, and a flag or request
+/// field still wins; its eos list joins the config's.
+#[test]
+fn generation_config_sets_the_sampling_defaults() {
+    let model = common::golden_with_tokenizer("A_dense_f32", "generation-config", None);
+    let generation = model.join("generation_config.json");
+    let _ = std::fs::remove_file(&generation);
+    let explicit = run_json(&model, &["--temperature", "0.6", "--top-p", "0.9"]);
+    let ours = run_json(&model, &[]);
+    let unset_server = common::server::Server::start(&model, &[], 200);
+    let api_default = chat(unset_server.port, serde_json::json!({}));
+    let api_explicit = chat(unset_server.port, serde_json::json!({"temperature": 0.6, "top_p": 0.9}));
+    drop(unset_server);
+
+    std::fs::write(&generation, r#"{"temperature": 0.6, "top_p": 0.9, "eos_token_id": [2, 300]}"#).unwrap();
+    let from_file = run_json(&model, &[]);
+    assert_eq!(from_file["sampling"], serde_json::json!({"temperature": 0.6, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.0}));
+    assert_eq!(from_file["token_ids"], explicit["token_ids"], "the file's defaults must draw as the same flags do");
+    assert_ne!(from_file["token_ids"], ours["token_ids"], "sala's own defaults (0.8 / 0.95) should draw differently");
+    let flag = run_json(&model, &["--temperature", "0.2"]);
+    assert_eq!((flag["sampling"]["temperature"].as_f64(), flag["sampling"]["top_p"].as_f64()), (Some(0.2), Some(0.9)), "a flag wins over the file");
+
+    let show = std::process::Command::new(env!("CARGO_BIN_EXE_sala")).arg("show").arg(&model).output().unwrap();
+    let show = String::from_utf8_lossy(&show.stdout).to_string();
+    assert!(show.contains("temperature 0.6, top_p 0.9 (generation_config.json)") && show.contains("2, 300 (generation_config.json)"), "{show}");
+
+    let server = common::server::Server::start(&model, &[], 200);
+    let served = chat(server.port, serde_json::json!({}));
+    assert_eq!(served, api_explicit, "a request without sampling fields must draw with the file's defaults");
+    assert_ne!(served, api_default, "the API's own default (temperature 1) should draw differently");
+    assert_eq!(chat(server.port, serde_json::json!({"temperature": 0})), chat(server.port, serde_json::json!({"temperature": 0, "seed": 9})), "a request's temperature wins (0 is greedy, whatever the seed)");
+    drop(server);
+    let _ = std::fs::remove_file(&generation);
+}

@@ -10,6 +10,7 @@ use super::answer::AnswerParser;
 use super::openai::{self, boolean, check_model, integer, json_object, number, wrong, ApiError, ChatRequest, ToolChoice};
 use super::scheduler::{Event, Job};
 use super::AppState;
+use crate::engine::generation_config::SamplingChoice;
 use crate::engine::generate::LogprobOptions;
 use crate::engine::sampler::SamplingParams;
 use crate::engine::tokenizer::Message;
@@ -308,9 +309,18 @@ pub fn parse(body: &[u8], served_model: &str, tool_format: ToolFormat, counting:
         ..Default::default()
     };
     sampling.validate().map_err(|e| ApiError::bad_request(e.field, &format!("`{}` {}", e.field, e.rule)))?;
+    // Anthropic has no min_p nor repetition penalty: those stay the model's (or off).
+    let set = |key: &str| obj.get(key).is_some_and(|v| !v.is_null());
+    let sampling_set = SamplingChoice {
+        temperature: set("temperature").then_some(sampling.temperature),
+        top_p: set("top_p").then_some(sampling.top_p),
+        top_k: set("top_k").then_some(sampling.top_k),
+        ..Default::default()
+    };
     let request = ChatRequest {
         messages,
         sampling,
+        sampling_set,
         max_tokens: Some(max_tokens.map_or(1, |n| usize::try_from(n).unwrap_or(usize::MAX))),
         stop,
         stream: boolean(obj, "stream")?.unwrap_or(false),

@@ -9,6 +9,7 @@ use super::scheduler::{AnswerToken, Event, Job};
 use super::AppState;
 use crate::engine::generate::LogprobOptions;
 use crate::engine::logprobs::TokenLogprobs;
+use crate::engine::generation_config::SamplingChoice;
 use crate::engine::sampler::SamplingParams;
 use crate::engine::tokenizer::{StreamDecoder, TextTokenizer};
 use axum::extract::State;
@@ -30,7 +31,10 @@ pub const MAX_PROMPTS: usize = 64;
 #[derive(Debug)]
 pub struct CompletionRequest {
     pub prompts: Vec<PromptInput>,
+    /// The API's defaults where the request is silent, until [`prepare`] puts the model's in.
     pub sampling: SamplingParams,
+    /// The sampling fields the request set.
+    pub sampling_set: SamplingChoice,
     pub max_tokens: usize,
     pub stop: Vec<String>,
     pub stream: bool,
@@ -100,6 +104,7 @@ impl CompletionRequest {
             min_p: number(obj, "min_p", 0.0..=1.0)?.unwrap_or(0.0) as f32,
             frequency_penalty: number(obj, "frequency_penalty", -2.0..=2.0)?.unwrap_or(0.0) as f32,
             presence_penalty: number(obj, "presence_penalty", -2.0..=2.0)?.unwrap_or(0.0) as f32,
+            repetition_penalty: number(obj, "repetition_penalty", 0.0..=100.0)?.unwrap_or(1.0) as f32,
             logit_bias: openai::logit_bias(obj.get("logit_bias"))?,
             seed: integer(obj, "seed", 0)?,
             ..Default::default()
@@ -107,6 +112,7 @@ impl CompletionRequest {
         sampling.validate().map_err(|e| ApiError::bad_request(e.field, &format!("`{}` {}", e.field, e.rule)))?;
         Ok(Self {
             prompts,
+            sampling_set: openai::sampling_set(obj, &sampling),
             sampling,
             max_tokens: integer(obj, "max_tokens", 0)?.map_or(DEFAULT_MAX_TOKENS, |n| usize::try_from(n).unwrap_or(usize::MAX)),
             stop: openai::stop_strings(obj.get("stop"), "stop")?,
@@ -130,7 +136,8 @@ pub struct PreparedPrompt {
 
 /// Tokenizes each prompt and checks it, and the answer length, against the model.
 pub fn prepare(body: &[u8], served: &Served) -> Result<(CompletionRequest, Vec<PreparedPrompt>), ApiError> {
-    let request = CompletionRequest::parse(body, served.model_id)?;
+    let mut request = CompletionRequest::parse(body, served.model_id)?;
+    request.sampling = served.generation.fill(request.sampling.clone(), &request.sampling_set);
     let tokenizer = served.tokenizer;
     let many = request.prompts.len() > 1;
     let param = |i: usize| if many { format!("prompt[{i}]") } else { "prompt".to_string() };

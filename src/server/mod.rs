@@ -18,6 +18,7 @@ pub mod scheduler;
 
 use crate::load::{file_label, LoadOptions};
 use crate::progress::{bytes_progress, progress_to};
+use crate::engine::generation_config::GenerationDefaults;
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::tools::ToolFormat;
 use crate::engine::state_file::StateDir;
@@ -53,6 +54,8 @@ pub struct Ready {
     /// The ids that end an answer.
     pub eos: Vec<u32>,
     pub tool_format: ToolFormat,
+    /// The model's `generation_config.json` sampling defaults, for what a request leaves out.
+    pub generation: GenerationDefaults,
 }
 
 pub struct AppState {
@@ -509,6 +512,7 @@ pub(crate) async fn prepare_blocking<T: Send + 'static>(
             eos: &ready.eos,
             default_max_tokens,
             tool_format: ready.tool_format,
+            generation: &ready.generation,
         };
         prepare(&served)
     })

@@ -4,6 +4,7 @@
 use crate::engine::grammar::{Constraint, Grammar, Reasoning};
 use crate::engine::logprobs::{TokenLogprobs, MAX_TOP_LOGPROBS};
 use crate::engine::tools::ToolFormat;
+use crate::engine::generation_config::{GenerationDefaults, SamplingChoice};
 use crate::engine::sampler::SamplingParams;
 use crate::engine::tokenizer::{Message, TextTokenizer};
 use axum::http::StatusCode;
@@ -52,7 +53,10 @@ impl IntoResponse for ApiError {
 #[derive(Debug)]
 pub struct ChatRequest {
     pub messages: Vec<Message>,
+    /// The API's defaults where the request is silent, until [`prepare`] puts the model's in.
     pub sampling: SamplingParams,
+    /// The sampling fields the request set.
+    pub sampling_set: SamplingChoice,
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
     pub stream: bool,
@@ -108,6 +112,18 @@ fn tool_names(tools: &[Value]) -> Result<Vec<String>, ApiError> {
             Ok(name.to_string())
         })
         .collect()
+}
+
+/// The sampling fields `obj` sets (`null` counts as unset), with the values `sampling` read.
+pub(crate) fn sampling_set(obj: &Map<String, Value>, sampling: &SamplingParams) -> SamplingChoice {
+    let set = |key: &str| obj.get(key).is_some_and(|v| !v.is_null());
+    SamplingChoice {
+        temperature: set("temperature").then_some(sampling.temperature),
+        top_p: set("top_p").then_some(sampling.top_p),
+        top_k: set("top_k").then_some(sampling.top_k),
+        min_p: set("min_p").then_some(sampling.min_p),
+        repetition_penalty: set("repetition_penalty").then_some(sampling.repetition_penalty),
+    }
 }
 
 pub(crate) fn wrong(param: &str, expected: &str) -> ApiError {
@@ -288,6 +304,8 @@ impl ChatRequest {
             min_p: number(obj, "min_p", 0.0..=1.0)?.unwrap_or(0.0) as f32,
             frequency_penalty: number(obj, "frequency_penalty", -2.0..=2.0)?.unwrap_or(0.0) as f32,
             presence_penalty: number(obj, "presence_penalty", -2.0..=2.0)?.unwrap_or(0.0) as f32,
+            // vLLM's extension, so a request can override a model's generation_config.json.
+            repetition_penalty: number(obj, "repetition_penalty", 0.0..=100.0)?.unwrap_or(1.0) as f32,
             logit_bias,
             seed: integer(obj, "seed", 0)?,
             ..Default::default()
@@ -295,6 +313,7 @@ impl ChatRequest {
         sampling.validate().map_err(|e| ApiError::bad_request(e.field, &format!("`{}` {}", e.field, e.rule)))?;
         Ok(Self {
             messages,
+            sampling_set: sampling_set(obj, &sampling),
             sampling,
             max_tokens: max_tokens.map(|n| n as usize),
             stop,
@@ -450,6 +469,8 @@ pub struct Served<'a> {
     pub default_max_tokens: usize,
     /// How the model writes tool calls.
     pub tool_format: ToolFormat,
+    /// Sampling defaults the model ships (`generation_config.json`) for what a request leaves out.
+    pub generation: &'a GenerationDefaults,
 }
 
 /// Parses `body`, renders and tokenizes the prompt, checks that it and `max_tokens` fit in the
@@ -459,7 +480,8 @@ pub fn prepare_chat(body: &[u8], served: &Served) -> Result<PreparedChat, ApiErr
 }
 
 /// [`prepare_chat`] for a request already read (the Anthropic endpoint makes one from its own format).
-pub fn prepare(request: ChatRequest, served: &Served) -> Result<PreparedChat, ApiError> {
+pub fn prepare(mut request: ChatRequest, served: &Served) -> Result<PreparedChat, ApiError> {
+    request.sampling = served.generation.fill(request.sampling.clone(), &request.sampling_set);
     let tokenizer = served.tokenizer;
     let prompt_text = tokenizer
         .apply_chat_template_with_tools(&request.messages, &request.tools, request.tool_format, request.enable_thinking)

@@ -487,6 +487,7 @@ fn serve_model(state: &Arc<AppState>, slot: &Slot) {
         vocab_size: info.vocab_size,
         eos: info.eos_token_ids.clone(),
         tool_format,
+        generation: loaded.generation.clone(),
     });
     slot.settle();
     // A shutdown that came while loading found no sender to take.
