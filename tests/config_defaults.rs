@@ -194,3 +194,41 @@ fn generation_config_sets_the_sampling_defaults() {
     drop(server);
     let _ = std::fs::remove_file(&generation);
 }
+
+/// docs/config-defaults.md carries the tables as the code has them (between its markers);
+/// `SALA_UPDATE_GENERATED=1` rewrites them.
+#[test]
+fn the_documented_tables_are_the_code_tables() {
+    use sala::engine::config::Fallback;
+    let mut tables = String::new();
+    for (family, class) in [
+        ("minicpm_sala", "MiniCPM-SALA"),
+        ("minicpm", "MiniCPM (dense)"),
+        ("llama", "Llama"),
+        ("mistral", "Mistral"),
+        ("qwen2", "Qwen2 / Qwen2.5"),
+        ("qwen3", "Qwen3"),
+    ] {
+        tables.push_str(&format!("\n### {class} (`model_type: {family}`)\n\n| key | left out | source |\n|---|---|---|\n"));
+        for entry in sala::models::config_defaults(family).unwrap() {
+            let fallback = match entry.fallback {
+                Fallback::Json(text) => format!("`{text}`"),
+                Fallback::SameAs(other) => format!("as `{other}`"),
+                Fallback::Computed(rule) => rule.to_string(),
+                Fallback::Off => "off (none)".to_string(),
+                Fallback::Required => "**required**: refused, naming it".to_string(),
+            };
+            tables.push_str(&format!("| `{}` | {fallback} | {} |\n", entry.key, entry.source));
+        }
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/config-defaults.md");
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let (begin, end) = ("<!-- tables: generated from models::config_defaults -->\n", "<!-- end of tables -->");
+    let start = doc.find(begin).expect("the begin marker") + begin.len();
+    let stop = doc.find(end).expect("the end marker");
+    if std::env::var("SALA_UPDATE_GENERATED").is_ok_and(|v| v == "1") {
+        std::fs::write(&path, format!("{}{tables}\n{}", &doc[..start], &doc[stop..])).unwrap();
+        return;
+    }
+    assert_eq!(doc[start..stop].trim(), tables.trim(), "docs/config-defaults.md is out of date: SALA_UPDATE_GENERATED=1 cargo test --test config_defaults");
+}
