@@ -52,11 +52,11 @@ complete -c sala -n "__fish_sala_using_subcommand run" -l kv-bits -d 'Keep the K
 complete -c sala -n "__fish_sala_using_subcommand run" -l context-size -d 'StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so generation can run past N; dense models only' -r
 complete -c sala -n "__fish_sala_using_subcommand run" -l num-sink-tokens -d 'StreamingLLM: tokens at the start that are never evicted (with --context-size)' -r
 complete -c sala -n "__fish_sala_using_subcommand run" -l max-tokens -d 'Most tokens to generate' -r
-complete -c sala -n "__fish_sala_using_subcommand run" -l temperature -d 'Sampling temperature; 0 = greedy' -r
-complete -c sala -n "__fish_sala_using_subcommand run" -l top-p -d 'Nucleus sampling: keep the most likely tokens up to this total probability (1 = off)' -r
-complete -c sala -n "__fish_sala_using_subcommand run" -l top-k -d 'Keep only the k most likely tokens (0 = off)' -r
-complete -c sala -n "__fish_sala_using_subcommand run" -l min-p -d 'Drop tokens less likely than this fraction of the most likely one (0 = off)' -r
-complete -c sala -n "__fish_sala_using_subcommand run" -l repeat-penalty -d 'Penalise tokens seen in the last 64 (1 = off)' -r
+complete -c sala -n "__fish_sala_using_subcommand run" -l temperature -d 'Sampling temperature; 0 = greedy [default: the model\'s generation_config.json, else 0.8]' -r
+complete -c sala -n "__fish_sala_using_subcommand run" -l top-p -d 'Nucleus sampling: keep the most likely tokens up to this total probability (1 = off) [default: the model\'s generation_config.json, else 0.95]' -r
+complete -c sala -n "__fish_sala_using_subcommand run" -l top-k -d 'Keep only the k most likely tokens (0 = off) [default: the model\'s generation_config.json, else 40]' -r
+complete -c sala -n "__fish_sala_using_subcommand run" -l min-p -d 'Drop tokens less likely than this fraction of the most likely one (0 = off) [default: the model\'s generation_config.json, else 0.05]' -r
+complete -c sala -n "__fish_sala_using_subcommand run" -l repeat-penalty -d 'Penalise tokens seen in the last 64 (1 = off) [default: the model\'s generation_config.json (repetition_penalty), else 1]' -r
 complete -c sala -n "__fish_sala_using_subcommand run" -l seed -d 'Random seed for reproducible sampling' -r
 complete -c sala -n "__fish_sala_using_subcommand run" -l draft-layers -d 'Self-speculative decoding: the model\'s first N layers guess tokens ahead and one pass of the whole model checks them; the output is the same, faster when the guesses are good' -r
 complete -c sala -n "__fish_sala_using_subcommand run" -l num-draft -d 'Tokens the draft guesses ahead per round (with --draft-layers)' -r
@@ -75,7 +75,7 @@ complete -c sala -n "__fish_sala_using_subcommand run" -l prompt-cache-ro -d 'On
 complete -c sala -n "__fish_sala_using_subcommand run" -l raw -d 'Send the prompt as-is, without the chat template'
 complete -c sala -n "__fish_sala_using_subcommand run" -l no-think -d 'Ask the model not to think, and hide any <think>…</think> from the output'
 complete -c sala -n "__fish_sala_using_subcommand run" -l ignore-eos -d 'Keep generating past end-of-sequence tokens'
-complete -c sala -n "__fish_sala_using_subcommand run" -l json -d 'Print {"token_ids": [...], "text": "..."} instead of streaming text'
+complete -c sala -n "__fish_sala_using_subcommand run" -l json -d 'Print {"token_ids": [...], "text": "...", "sampling": {...}} instead of streaming text'
 complete -c sala -n "__fish_sala_using_subcommand run" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand run" -s V -l version -d 'Print version'
 complete -c sala -n "__fish_sala_using_subcommand chat" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)' -r -F
@@ -88,11 +88,11 @@ complete -c sala -n "__fish_sala_using_subcommand chat" -l prefill-step -d 'Prom
 complete -c sala -n "__fish_sala_using_subcommand chat" -l kv-bits -d 'Keep the KV cache\'s keys and values quantized to 8 bits (as llama.cpp\'s -ctk/-ctv q8_0): about half the memory of a long context; logits stay within the tolerance the README states' -r
 complete -c sala -n "__fish_sala_using_subcommand chat" -l context-size -d 'StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so generation can run past N; dense models only' -r
 complete -c sala -n "__fish_sala_using_subcommand chat" -l num-sink-tokens -d 'StreamingLLM: tokens at the start that are never evicted (with --context-size)' -r
-complete -c sala -n "__fish_sala_using_subcommand chat" -l temperature -d 'Sampling temperature; 0 = greedy' -r
-complete -c sala -n "__fish_sala_using_subcommand chat" -l top-p -d 'Nucleus sampling: keep the most likely tokens up to this total probability (1 = off)' -r
-complete -c sala -n "__fish_sala_using_subcommand chat" -l top-k -d 'Keep only the k most likely tokens (0 = off)' -r
-complete -c sala -n "__fish_sala_using_subcommand chat" -l min-p -d 'Drop tokens less likely than this fraction of the most likely one (0 = off)' -r
-complete -c sala -n "__fish_sala_using_subcommand chat" -l repeat-penalty -d 'Penalise tokens seen in the last 64 (1 = off)' -r
+complete -c sala -n "__fish_sala_using_subcommand chat" -l temperature -d 'Sampling temperature; 0 = greedy [default: the model\'s generation_config.json, else 0.8]' -r
+complete -c sala -n "__fish_sala_using_subcommand chat" -l top-p -d 'Nucleus sampling: keep the most likely tokens up to this total probability (1 = off) [default: the model\'s generation_config.json, else 0.95]' -r
+complete -c sala -n "__fish_sala_using_subcommand chat" -l top-k -d 'Keep only the k most likely tokens (0 = off) [default: the model\'s generation_config.json, else 40]' -r
+complete -c sala -n "__fish_sala_using_subcommand chat" -l min-p -d 'Drop tokens less likely than this fraction of the most likely one (0 = off) [default: the model\'s generation_config.json, else 0.05]' -r
+complete -c sala -n "__fish_sala_using_subcommand chat" -l repeat-penalty -d 'Penalise tokens seen in the last 64 (1 = off) [default: the model\'s generation_config.json (repetition_penalty), else 1]' -r
 complete -c sala -n "__fish_sala_using_subcommand chat" -l seed -d 'Random seed for reproducible sampling' -r
 complete -c sala -n "__fish_sala_using_subcommand chat" -l draft-layers -d 'Self-speculative decoding: the model\'s first N layers guess tokens ahead and one pass of the whole model checks them; the output is the same, faster when the guesses are good' -r
 complete -c sala -n "__fish_sala_using_subcommand chat" -l num-draft -d 'Tokens the draft guesses ahead per round (with --draft-layers)' -r
