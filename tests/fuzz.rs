@@ -497,8 +497,11 @@ fn served_by(tokenizer: &sala::engine::tokenizer::TextTokenizer) -> sala::server
         eos: &[2],
         default_max_tokens: 512,
         tool_format: sala::engine::tools::ToolFormat::MiniCpmXml,
+        generation: &NO_GENERATION_DEFAULTS,
     }
 }
+
+static NO_GENERATION_DEFAULTS: sala::engine::generation_config::GenerationDefaults = sala::engine::generation_config::GenerationDefaults::NONE;
 
 #[test]
 fn fuzz_chat_request() {

@@ -22,6 +22,10 @@ pub struct GenerationDefaults {
 }
 
 impl GenerationDefaults {
+    /// A model without `generation_config.json`.
+    pub const NONE: GenerationDefaults =
+        GenerationDefaults { temperature: None, top_p: None, top_k: None, min_p: None, repetition_penalty: None, eos_token_ids: Vec::new() };
+
     /// Each value is checked as the matching flag is: out of range, the key is named.
     pub fn parse(file: &ConfigFile) -> Result<Self> {
         let number = |key: &str, ok: fn(f64) -> bool, rule: &str| -> Result<Option<f32>> {
