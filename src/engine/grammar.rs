@@ -89,16 +89,125 @@ pub fn json_layout() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
 }
 
-/// `schema` with [`json_layout`] attached (llguidance reads it from `x-guidance`).
+/// `schema` as it is enforced: [`strict`], with [`json_layout`] attached (llguidance reads it
+/// from `x-guidance`).
 pub fn with_json_layout(schema: &Value) -> Value {
     let mut schema = match schema {
-        Value::Object(_) => schema.clone(),
+        Value::Object(_) => strict(schema),
         // `true` / `false` schemas have nowhere to carry options.
         Value::Bool(true) => json!({}),
         other => return other.clone(),
     };
     schema["x-guidance"] = json_layout();
     schema
+}
+
+/// `schema` read strictly, as llama.cpp's schema converter and xgrammar (vLLM's and SGLang's
+/// default) read it for generation: an object schema that declares `properties` (itself, or
+/// through `$ref`, `allOf`, `anyOf`, `oneOf`) and leaves `additionalProperties` unset admits
+/// only the declared properties. llguidance writes declared properties once each, in order, so
+/// no key comes twice. A bare `{"type": "object"}` stays any object, as in llama.cpp.
+pub fn strict(schema: &Value) -> Value {
+    let mut out = schema.clone();
+    strict_in(&mut out, schema, &Names::new(), false, false);
+    out
+}
+
+/// Property names in the order they are declared (a map: serde_json keeps its keys in order).
+type Names = serde_json::Map<String, Value>;
+
+/// Whether an object schema says itself what other properties it admits.
+fn says_more(map: &serde_json::Map<String, Value>) -> bool {
+    map.get("additionalProperties").is_some_and(|a| a != &Value::Bool(false)) || map.contains_key("unevaluatedProperties")
+}
+
+/// Makes `schema` strict in place. `root`: the whole schema, for local `$ref`s; `inherited`:
+/// names an enclosing `allOf`/`anyOf`/`oneOf` declares (the object is their intersection, so
+/// each part must admit them); `open`: a part of that object admits more, so none is closed;
+/// `definition`: a `$defs` entry, made strict where it is used.
+fn strict_in(schema: &mut Value, root: &Value, inherited: &Names, open: bool, definition: bool) {
+    let Value::Object(map) = schema else { return };
+    let own: Names = map.get("properties").and_then(Value::as_object).map(|p| p.keys().map(|k| (k.clone(), Value::Null)).collect()).unwrap_or_default();
+    let mut base = inherited.clone();
+    base.extend(own.clone());
+    let mut base_open = open || says_more(map);
+    if let Some(target) = map.get("$ref").and_then(Value::as_str).and_then(|r| local_ref(root, r)) {
+        base_open |= names(target, root, &mut base, &mut Vec::new());
+    }
+    for member in map.get("allOf").and_then(Value::as_array).into_iter().flatten() {
+        base_open |= names(member, root, &mut base, &mut Vec::new());
+    }
+    let (mut all, mut any_open) = (base.clone(), base_open);
+    for key in ["anyOf", "oneOf"] {
+        for member in map.get(key).and_then(Value::as_array).into_iter().flatten() {
+            any_open |= names(member, root, &mut all, &mut Vec::new());
+        }
+    }
+    let object = match map.get("type") {
+        Some(Value::String(t)) => t == "object",
+        Some(Value::Array(types)) => types.iter().any(|t| t == "object"),
+        _ => true,
+    };
+    let set = map.contains_key("additionalProperties") || map.contains_key("unevaluatedProperties");
+    if !definition && !set && !any_open && object && (map.contains_key("properties") || !all.is_empty()) {
+        map.insert("additionalProperties".into(), Value::Bool(false));
+        // Names the object may carry through its parts are declared here too, as anything.
+        if let Value::Object(declared) = map.entry("properties").or_insert_with(|| json!({})) {
+            for name in all.keys().filter(|n| !own.contains_key(*n)) {
+                declared.insert(name.clone(), Value::Bool(true));
+            }
+        }
+    }
+    let none = Names::new();
+    // `not`, `if`, `then`, `else` stay as they are: strictness there would change their sense.
+    for (key, value) in map.iter_mut() {
+        let each = |value: &mut Value, f: &mut dyn FnMut(&mut Value)| match value {
+            Value::Array(items) => items.iter_mut().for_each(f),
+            Value::Object(items) => items.values_mut().for_each(f),
+            _ => {}
+        };
+        match key.as_str() {
+            "properties" | "patternProperties" => each(value, &mut |v| strict_in(v, root, &none, false, false)),
+            "$defs" | "definitions" => each(value, &mut |v| strict_in(v, root, &none, false, true)),
+            "additionalProperties" | "items" | "prefixItems" | "additionalItems" | "contains" if value.is_array() => {
+                each(value, &mut |v| strict_in(v, root, &none, false, false))
+            }
+            "additionalProperties" | "items" | "additionalItems" | "contains" => strict_in(value, root, &none, false, false),
+            "allOf" => each(value, &mut |v| strict_in(v, root, &all, base_open, false)),
+            "anyOf" | "oneOf" => each(value, &mut |v| strict_in(v, root, &base, base_open, false)),
+            _ => {}
+        }
+    }
+}
+
+/// Adds to `out` every property name `schema` may declare: its own, and those of its `$ref`,
+/// `allOf`, `anyOf` and `oneOf` (`seen`: the references followed, so a cycle ends). True when
+/// one of them admits more than it declares.
+fn names(schema: &Value, root: &Value, out: &mut Names, seen: &mut Vec<String>) -> bool {
+    let Value::Object(map) = schema else { return false };
+    let mut open = says_more(map);
+    if let Some(declared) = map.get("properties").and_then(Value::as_object) {
+        out.extend(declared.keys().map(|k| (k.clone(), Value::Null)));
+    }
+    if let Some(reference) = map.get("$ref").and_then(Value::as_str) {
+        if !seen.iter().any(|r| r == reference) {
+            seen.push(reference.to_string());
+            if let Some(target) = local_ref(root, reference) {
+                open |= names(target, root, out, seen);
+            }
+        }
+    }
+    for key in ["allOf", "anyOf", "oneOf"] {
+        for member in map.get(key).and_then(Value::as_array).into_iter().flatten() {
+            open |= names(member, root, out, seen);
+        }
+    }
+    open
+}
+
+/// The subschema a local `$ref` (`#`, `#/$defs/…`) points to.
+fn local_ref<'a>(root: &'a Value, reference: &str) -> Option<&'a Value> {
+    root.pointer(reference.strip_prefix('#')?)
 }
 
 /// What may come before the constrained part: a reasoning model writes `<think>…</think>`
@@ -281,7 +390,7 @@ pub(crate) mod tests {
     /// A byte-level vocabulary of single characters plus a few words, as tokenizer.json.
     fn toy_tokenizer() -> Value {
         let mut vocab = serde_json::Map::new();
-        let pieces: Vec<String> = " \n{}\":,<>/_abcdefghijklmnopqrstuvwxyz0123456789"
+        let pieces: Vec<String> = " \n{}[]\":,<>/_abcdefghijklmnopqrstuvwxyz0123456789"
             .chars()
             .map(|c| match c {
                 ' ' => "Ġ".to_string(),
@@ -384,6 +493,63 @@ pub(crate) mod tests {
         let mut logits = vec![1.0; eos as usize + 8];
         first.apply(&mut logits);
         assert_eq!(logits.iter().filter(|l| l.is_finite()).count(), first.count());
+    }
+
+    /// Whether `text` is a whole answer under `schema`.
+    fn admits(compiler: &GrammarCompiler, tok: &Value, schema: &Value, text: &str) -> bool {
+        let mut c = compiler.compile(&Grammar::JsonSchema(schema.clone()), Reasoning::Off).unwrap();
+        feed(&mut c, tok, text).is_ok() && c.is_complete()
+    }
+
+    /// The issue's weather tool wandered into `"required": "city", "required": …` until
+    /// `max_tokens`: without `additionalProperties`, only the declared keys, each once.
+    #[test]
+    fn schemas_are_strict_unless_they_allow_more() {
+        let tok = toy_tokenizer();
+        let eos = tok["added_tokens"][0]["id"].as_u64().unwrap() as u32;
+        let compiler = GrammarCompiler::new(&tok, eos as usize + 1, &[eos]).unwrap();
+        let weather = json!({"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}, "days": {"type": "integer"}},
+            "required": ["city", "unit", "days"]});
+        assert!(admits(&compiler, &tok, &weather, "{\"city\": \"oslo\", \"unit\": \"c\", \"days\": 3}"));
+        for bad in ["{\"city\": \"oslo\", \"unit\": \"c\", \"days\": 3, \"required\": \"city\"}", "{\"city\": \"a\", \"city\": \"b\""] {
+            assert!(!admits(&compiler, &tok, &weather, bad), "{bad}");
+        }
+        let mut open = weather.clone();
+        open["additionalProperties"] = json!(true);
+        assert!(admits(&compiler, &tok, &open, "{\"city\": \"oslo\", \"unit\": \"c\", \"days\": 3, \"note\": \"x\"}"));
+        open["additionalProperties"] = json!({"type": "integer"});
+        assert!(admits(&compiler, &tok, &open, "{\"city\": \"oslo\", \"unit\": \"c\", \"days\": 3, \"n\": 4}"));
+        assert!(!admits(&compiler, &tok, &open, "{\"city\": \"oslo\", \"unit\": \"c\", \"days\": 3, \"n\": \"x\"}"));
+        // Nested objects and items too; a bare object stays any object (`json_object`).
+        let nested = json!({"type": "object", "properties": {"at": {"type": "object", "properties": {"x": {"type": "integer"}}},
+            "all": {"type": "array", "items": {"properties": {"y": {"type": "integer"}}}}, "free": {"type": "object"}}});
+        assert!(admits(&compiler, &tok, &nested, "{\"at\": {\"x\": 1}, \"all\": [{\"y\": 2}], \"free\": {\"any\": true}}"));
+        assert!(!admits(&compiler, &tok, &nested, "{\"at\": {\"x\": 1, \"z\": 1}}"));
+        assert!(!admits(&compiler, &tok, &nested, "{\"all\": [{\"y\": 2, \"z\": 1}]}"));
+        assert!(admits(&compiler, &tok, &json!({"type": "object"}), "{\"a\": 1}"));
+    }
+
+    /// Parts of an object (`allOf`, a `$ref`, `anyOf` branches) each admit what the others
+    /// declare, so the whole admits their union and nothing else.
+    #[test]
+    fn strict_objects_built_of_parts_admit_the_union_of_their_properties() {
+        let tok = toy_tokenizer();
+        let eos = tok["added_tokens"][0]["id"].as_u64().unwrap() as u32;
+        let compiler = GrammarCompiler::new(&tok, eos as usize + 1, &[eos]).unwrap();
+        let schema = json!({"$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+            "allOf": [{"$ref": "#/$defs/point"}, {"properties": {"z": {"type": "integer"}}}],
+            "anyOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}, {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]});
+        for good in ["{\"x\": 1, \"z\": 2, \"a\": 3}", "{\"x\": 1, \"b\": 3}"] {
+            assert!(admits(&compiler, &tok, &schema, good), "{good}");
+        }
+        for bad in ["{\"x\": 1, \"a\": 3, \"b\": 4}", "{\"x\": 1, \"w\": 2, \"a\": 3}", "{\"x\": 1, \"a\": 3, \"w\": 2}"] {
+            assert!(!admits(&compiler, &tok, &schema, bad), "{bad}");
+        }
+        // A definition used on its own is strict where it is used; one left open stays open.
+        let schema = json!({"definitions": {"p": {"properties": {"x": {"type": "integer"}}}, "q": {"properties": {"x": {}}, "additionalProperties": true}},
+            "type": "array", "items": [{"$ref": "#/definitions/p"}, {"$ref": "#/definitions/q"}]});
+        assert!(admits(&compiler, &tok, &schema, "[{\"x\": 1}, {\"x\": 1, \"y\": 2}]"));
+        assert!(!admits(&compiler, &tok, &schema, "[{\"x\": 1, \"y\": 2}, {}]"));
     }
 
     #[test]

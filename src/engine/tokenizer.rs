@@ -5,8 +5,11 @@
 use super::contain::contain;
 use super::error::{Error, Result};
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::path::Path;
+
+/// The tag that opens a reasoning block.
+const THINK_OPEN: &str = "<think>";
 
 /// ChatML, used when the model ships no template.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
@@ -43,6 +46,8 @@ pub struct TextTokenizer {
     token_bytes: std::sync::OnceLock<Vec<Vec<u8>>>,
     /// Bytes of the longest token, found on first use.
     longest_token: std::sync::OnceLock<usize>,
+    /// Whether the template renders think blocks, found on first use.
+    can_think: std::sync::OnceLock<bool>,
 }
 
 /// Special tokens that stay in decoded text: they mark tool calls and reasoning, which the answer
@@ -167,12 +172,28 @@ impl TextTokenizer {
             hidden,
             token_bytes: std::sync::OnceLock::new(),
             longest_token: std::sync::OnceLock::new(),
+            can_think: std::sync::OnceLock::new(),
         })
     }
 
-    /// Whether the chat template knows `<think>` blocks (a reasoning model).
+    /// Whether the model writes `<think>` blocks (a reasoning model): decided from what its chat
+    /// template renders, not its source (a template may build the tag from pieces): a reply
+    /// carrying reasoning, or the generation prompt with thinking on or off, shows a `<think>`.
+    /// Only when none of those renders is the source searched for the tag.
     pub fn can_think(&self) -> bool {
-        self.chat_template.contains("<think>")
+        *self.can_think.get_or_init(|| {
+            let user = json!({"role": "user", "content": "Hi"});
+            let reply = json!({"role": "assistant", "content": "Hello", "reasoning_content": "Greet back", "reasoning": "Greet back"});
+            let probes = [(json!([user, reply, user]), true), (json!([user, reply]), false), (json!([user]), true), (json!([user]), false)];
+            let rendered: Vec<String> = probes
+                .iter()
+                .filter_map(|(messages, thinking)| self.render(minijinja::Value::from(minijinja::value::Serde(messages)), None, *thinking).ok())
+                .collect();
+            match rendered.is_empty() {
+                false => rendered.iter().any(|text| text.contains(THINK_OPEN)),
+                true => self.chat_template.contains(THINK_OPEN),
+            }
+        })
     }
 
     /// Compiles grammars against this vocabulary for a model with `vocab_size` logits that ends
@@ -298,9 +319,15 @@ impl TextTokenizer {
             &rewritten
         };
         let tools = (template_knows_tools && !tools.is_empty()).then_some(tools);
+        self.render(minijinja::Value::from(minijinja::value::Serde(messages)), tools, enable_thinking)
+    }
+
+    /// The template rendered over `messages` (a list), with the generation prompt.
+    fn render(&self, messages: minijinja::Value, tools: Option<&[Value]>, enable_thinking: bool) -> Result<String> {
+        let items = messages.len().unwrap_or(0) + tools.map_or(0, <[Value]>::len);
         let mut env = minijinja::Environment::new();
         // A template is code from the model file: bounded in steps, generously per message.
-        env.set_fuel(Some(TEMPLATE_FUEL_BASE + TEMPLATE_FUEL_PER_ITEM * (messages.len() + tools.map_or(0, <[Value]>::len)) as u64));
+        env.set_fuel(Some(TEMPLATE_FUEL_BASE + TEMPLATE_FUEL_PER_ITEM * items as u64));
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
@@ -308,7 +335,7 @@ impl TextTokenizer {
         });
         env.add_template("chat", &self.chat_template).map_err(|e| Error::Template(e.to_string()))?;
         let context = minijinja::context! {
-            messages => minijinja::Value::from(minijinja::value::Serde(messages)),
+            messages => messages,
             add_generation_prompt => true,
             bos_token => self.bos.as_ref().map(|(_, t)| t.clone()).unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
@@ -473,6 +500,34 @@ mod tests {
         let files = super::TokenizerFiles { source: "toy".into(), tokenizer_json: json.to_string(), config: serde_json::Value::Null, chat_template: None };
         let tok = super::TextTokenizer::new(&files, None).unwrap();
         assert_eq!(tok.decode(&[0, 2, 1, 3]).unwrap(), "hi [TOOL_CALLS] x");
+    }
+
+    /// A toy tokenizer with `template` as its chat template.
+    fn with_template(template: &str) -> super::TextTokenizer {
+        let json = serde_json::json!({
+            "version": "1.0", "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"hi": 0, "x": 1}, "unk_token": "x"},
+        });
+        let files = super::TokenizerFiles { source: "toy".into(), tokenizer_json: json.to_string(), config: serde_json::Value::Null, chat_template: Some(template.into()) };
+        super::TextTokenizer::new(&files, None).unwrap()
+    }
+
+    /// Thinking is found in what a template renders: tags built from pieces count, a tag only
+    /// in a comment does not.
+    #[test]
+    fn a_reasoning_model_is_known_by_what_its_template_renders() {
+        let built = "{% for m in messages %}{% if m.role == 'assistant' and m.reasoning_content %}{{ '<' ~ 'think>' ~ m.reasoning_content ~ '</' ~ 'think>' }}{% endif %}{{ m.content }}{% endfor %}";
+        let opened = "{% set tag = 'think' %}{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt and enable_thinking %}{{ '<' + tag + '>' }}{% endif %}";
+        let macro_ = "{% macro wrap(t) %}<{{ t }}>{% endmacro %}{% for m in messages %}{{ m.content }}{% endfor %}{% if not enable_thinking %}{{ wrap('think') }}{{ wrap('/think') }}{% endif %}";
+        for template in [built, opened, macro_] {
+            assert!(!template.contains("<think>"));
+            assert!(with_template(template).can_think(), "{template}");
+        }
+        let commented = "{# a model without <think> blocks #}{% for m in messages %}{{ m.content }}{% endfor %}";
+        assert!(!with_template(commented).can_think());
+        assert!(!with_template(super::CHATML_TEMPLATE).can_think());
+        // A template that renders nothing it is given falls back to its source.
+        assert!(with_template("{{ raise_exception('no') }}<think>").can_think());
     }
 
     fn run(pieces: &[&str], inside: bool) -> String {

@@ -216,3 +216,48 @@ pub fn golden_with_tokenizer(case: &str, label: &str, eos: Option<u32>) -> PathB
     put("tokenizer.json", byte_tokenizer().to_string().as_bytes());
     dir
 }
+
+/// A tiny MiniCPM-SALA with random weights and the real MiniCPM4 tokenizer (73,448 tokens), as a
+/// model directory: golden case A's layers (hidden 128, four mixers) with random embeddings and
+/// output rows for the whole vocabulary, so everything the tokenizer can write can be drawn.
+/// Its chat template is the tokenizer's plain ChatML, so tools reach it in its own syntax.
+pub fn tiny_sala_minicpm4(label: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sala-{label}-tiny-sala-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokenizer = shared().join("assets/minicpm4-tokenizer");
+    let vocab = 73_448usize;
+    let case = golden("A_dense_f32");
+    let bytes = std::fs::read(case.join("model.safetensors")).unwrap();
+    let layers = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let hidden = layers.tensor("model.embed_tokens.weight").unwrap().shape()[1];
+    // xorshift: the same weights every run, uniform in ±0.1 (the config's initializer_range).
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut random = |n: usize| -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2).to_le_bytes()
+            })
+            .collect()
+    };
+    let rows: Vec<(String, Vec<u8>)> = ["model.embed_tokens.weight", "lm_head.weight"].iter().map(|n| (n.to_string(), random(vocab * hidden))).collect();
+    let mut views: Vec<(String, safetensors::tensor::TensorView)> = layers
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| !rows.iter().any(|(n, _)| n == name))
+        .collect();
+    for (name, data) in &rows {
+        views.push((name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![vocab, hidden], data).unwrap()));
+    }
+    std::fs::write(dir.join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(case.join("config.json")).unwrap()).unwrap();
+    config["vocab_size"] = serde_json::json!(vocab);
+    config["eos_token_id"] = serde_json::json!([2, 73440]);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"] {
+        std::fs::copy(tokenizer.join(f), dir.join(f)).unwrap();
+    }
+    dir
+}

@@ -7,6 +7,7 @@
 
 use super::{tools_block, CallSyntax, Function, Opener, Read, ToolCall, Tools};
 use crate::engine::grammar::lark_json;
+use regex_syntax::hir::{Dot, Hir, HirKind, Look, Repetition};
 use serde_json::{Map, Value};
 
 const CALL_OPEN: &str = "<function";
@@ -90,12 +91,19 @@ impl CallSyntax for MiniCpmXml {
             let mut params = String::new();
             for (j, key) in f.property_names().into_iter().enumerate() {
                 let schema = f.property(key).cloned().unwrap_or(Value::Bool(true));
-                let choices: Vec<String> =
-                    schema.get("enum").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(|s| lark_literal(&element_text(s))).collect();
-                let value_and_close = if !is_string(Some(&schema)) {
+                let choices: Vec<String> = match (schema.get("enum"), schema.get("const")) {
+                    (Some(Value::Array(values)), _) => values.iter().filter_map(Value::as_str).map(|s| lark_literal(&element_text(s))).collect(),
+                    (_, Some(Value::String(value))) => vec![lark_literal(&element_text(value))],
+                    _ => Vec::new(),
+                };
+                let constraints = string_constraints(&schema);
+                let value_and_close = if !is_string(Some(&schema)) || constraints.is_none() {
+                    // A format llguidance does not know is refused by it, with its message.
                     format!("{} {}", lark_json(&schema), lark_literal(PARAM_CLOSE))
                 } else if choices.is_empty() {
-                    "string_value".to_string()
+                    let name = format!("value_{i}_{j}");
+                    rules.push_str(&string_value_rules(&name, &constraints.unwrap_or_default()));
+                    name
                 } else {
                     format!("({}) {}", choices.join(" | "), lark_literal(PARAM_CLOSE))
                 };
@@ -108,14 +116,149 @@ impl CallSyntax for MiniCpmXml {
             calls.push(format!("call_{i}"));
         }
         let more = if parallel { " (\"\\n\" call)*" } else { "" };
-        // Text up to the first `</param>`, which ends it, and never a `</function>`, which would end the call.
-        let string_value = r"string_value[lazy]: /(.|\n)*<\/param>/ & ~/(.|\n)*<\/function>(.|\n)*/";
         let open = lark_literal(CALL_OPEN);
         format!(
-            "calls: {open} calls_opened\ncalls_opened: call_body{more}\ncall: {open} call_body\ncall_body: {}\n{rules}{string_value}\n",
+            "calls: {open} calls_opened\ncalls_opened: call_body{more}\ncall: {open} call_body\ncall_body: {}\n{rules}",
             calls.join(" | ")
         )
     }
+}
+
+/// Lark rules `NAME`: a string parameter's text and its `</param>`, such that the text reads back
+/// (see `value_text`) as a string valid under `schema` (`minLength`, `maxLength`, `pattern`,
+/// `format`). Either plain text, which reads back as it is (no entity, no whitespace at its
+/// ends, not a CDATA section), or a CDATA section; neither holds a `</param>` or `</function>`
+/// before its end, so the first `</param>` ends the value and it can always end.
+fn string_value_rules(name: &str, constraints: &[String]) -> String {
+    let any = "(?s:.*)";
+    let close = r"<\/param>";
+    let mut plain = vec![format!("/{any}{close}/")];
+    let mut cdata = vec![format!(r"/<!\[CDATA\[{any}\]\]>{close}/")];
+    for c in constraints {
+        plain.push(format!("/(?:{c}){close}/"));
+        cdata.push(format!(r"/<!\[CDATA\[(?:{c})\]\]>{close}/"));
+    }
+    let markup = [format!("~/{any}{close}(?s:.+)/"), format!(r"~/{any}<\/function>{any}/")];
+    plain.extend(markup.iter().cloned());
+    plain.extend([format!(r"~/\s{any}/"), format!(r"~/{any}\s{close}/"), format!("~/{any}&(?:lt|gt|amp|quot|apos);{any}/"), format!(r"~/<!\[CDATA\[{any}/")]);
+    cdata.extend(markup.iter().cloned());
+    cdata.push(format!(r"~/<!\[CDATA\[{any}\]\]>{any}\]\]>{close}/"));
+    format!("{name}: {name}_plain | {name}_cdata\n{name}_plain[lazy]: {}\n{name}_cdata[lazy]: {}\n", plain.join(" & "), cdata.join(" & "))
+}
+
+/// Regexes (Lark syntax, whole-match) a string under `schema` must each match; `None` for a
+/// `format` llguidance does not know.
+fn string_constraints(schema: &Value) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    let min = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0);
+    match schema.get("maxLength").and_then(Value::as_u64) {
+        Some(max) => out.push(format!("(?s:.{{{min},{max}}})")),
+        None if min > 0 => out.push(format!("(?s:.{{{min},}})")),
+        None => {}
+    }
+    if let Some(pattern) = schema.get("pattern").and_then(Value::as_str) {
+        out.push(search_regex(pattern));
+    }
+    if let Some(format) = schema.get("format").and_then(Value::as_str) {
+        if let Some(rx) = format_regex(format)? {
+            out.push(llguidance::regex_to_lark(&rx, ""));
+        }
+    }
+    Some(out)
+}
+
+/// A JSON Schema `pattern` (ECMA-262: found anywhere in the string unless anchored, `\d` and
+/// `\w` ASCII) as a whole-match regex, its `^` and `$` dropped where they anchor it.
+fn search_regex(pattern: &str) -> String {
+    let lark = llguidance::regex_to_lark(pattern, "dw");
+    match regex_syntax::parse(&lark) {
+        Ok(hir) => llguidance::regex_to_lark(&searched(hir).to_string(), ""),
+        // One that does not parse is passed on as it is, for llguidance to name its fault.
+        Err(_) => lark,
+    }
+}
+
+/// What matches a whole text holding `hir` (each alternative anchored as it says).
+fn searched(hir: Hir) -> Hir {
+    if let HirKind::Alternation(branches) = hir.kind() {
+        return Hir::alternation(branches.iter().cloned().map(searched).collect());
+    }
+    let any = || Hir::repetition(Repetition { min: 0, max: None, greedy: true, sub: Box::new(Hir::dot(Dot::AnyChar)) });
+    let (hir, start) = match strip_look(&hir, Look::Start) {
+        Some(rest) => (rest, true),
+        None => (hir, false),
+    };
+    let (hir, end) = match strip_look(&hir, Look::End) {
+        Some(rest) => (rest, true),
+        None => (hir, false),
+    };
+    let mut parts = Vec::new();
+    if !start {
+        parts.push(any());
+    }
+    parts.push(hir);
+    if !end {
+        parts.push(any());
+    }
+    Hir::concat(parts)
+}
+
+/// `hir` without the `look` (`^` or `$`) it always starts (ends) with, if it has one.
+fn strip_look(hir: &Hir, look: Look) -> Option<Hir> {
+    match hir.kind() {
+        HirKind::Look(l) if *l == look => Some(Hir::empty()),
+        HirKind::Capture(capture) => strip_look(&capture.sub, look),
+        HirKind::Concat(parts) if !parts.is_empty() => {
+            let mut parts = parts.clone();
+            let at = if look == Look::Start { 0 } else { parts.len() - 1 };
+            parts[at] = strip_look(&parts[at], look)?;
+            Some(Hir::concat(parts))
+        }
+        _ => None,
+    }
+}
+
+/// The regex of a JSON Schema `format` llguidance knows (`Some(None)`: any string), written
+/// from the RFCs that define them (3339 dates and times, 5321 mailboxes, 1123 host names, 4291
+/// IPv6, 4122 UUIDs, 3986 URIs); `None` for a format it does not know.
+fn format_regex(format: &str) -> Option<Option<String>> {
+    const DATE: &str = "[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-9]))";
+    const TIME: &str = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)(?:\\.[0-9]+)?(?:[zZ]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+    const LABEL: &str = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+    const OCTET: &str = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
+    const HEX: &str = "[0-9a-fA-F]{1,4}";
+    let host = format!("{LABEL}(?:\\.{LABEL})*");
+    Some(Some(match format {
+        "date" => DATE.to_string(),
+        "time" => TIME.to_string(),
+        "date-time" => format!("{DATE}[tT]{TIME}"),
+        "duration" => {
+            let date = "(?:[0-9]+Y(?:[0-9]+M)?(?:[0-9]+D)?|[0-9]+M(?:[0-9]+D)?|[0-9]+D)";
+            let time = "T(?:[0-9]+H(?:[0-9]+M)?(?:[0-9]+S)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)";
+            format!("P(?:[0-9]+W|{date}(?:{time})?|{time})")
+        }
+        "email" => {
+            let atom = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+";
+            format!("{atom}(?:\\.{atom})*@{host}")
+        }
+        "hostname" => host,
+        "ipv4" => format!("{OCTET}(?:\\.{OCTET}){{3}}"),
+        "ipv6" => {
+            // Eight groups, or `::` standing for one or more: `left` groups before it, at most `7 - left` after.
+            let groups = |n: usize| if n == 0 { String::new() } else { format!("{HEX}(?::{HEX}){{0,{}}}", n - 1) };
+            let mut forms = vec![format!("(?:{HEX}:){{7}}{HEX}")];
+            for left in 0..=7usize {
+                let before = if left == 0 { String::new() } else { format!("{HEX}(?::{HEX}){{{}}}", left - 1) };
+                let after = if left == 7 { String::new() } else { format!("(?:{})?", groups(7 - left)) };
+                forms.push(format!("{before}::{after}"));
+            }
+            format!("(?:{})", forms.join("|"))
+        }
+        "uuid" => "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}".to_string(),
+        "uri" => "[A-Za-z][A-Za-z0-9+.-]*:(?:[A-Za-z0-9._~!$&'()*+,;=:@/?#\\[\\]-]|%[0-9A-Fa-f]{2})*".to_string(),
+        "unknown" => return Some(None),
+        _ => return None,
+    }))
 }
 
 /// The call in a block (without its `</function>`), if it is one: an offered function, each
@@ -292,6 +435,7 @@ mod tests {
     use super::super::{CallSyntax, Read, ToolCall, ToolCallSplitter, ToolFormat, Tools};
     use super::MiniCpmXml;
     use crate::engine::grammar::tests::feed;
+    use super::super::tests::toy_tokenizer;
     use crate::engine::grammar::{Constraint, Grammar, GrammarCompiler, Reasoning};
     use serde_json::{json, Value};
 
@@ -423,28 +567,9 @@ mod tests {
         assert!(prompt.contains("<function name=\"function-name\"><param name=\"param-name\">param-value</param></function>"), "{prompt}");
     }
 
-    /// A byte-level vocabulary of every printable ASCII character, as tokenizer.json.
-    fn toy_tokenizer() -> Value {
-        let mut vocab = serde_json::Map::new();
-        let pieces = (0x21u8..0x7f).map(|b| (b as char).to_string()).chain(["Ġ", "Ċ", "<function", "<param", "</param>"].map(String::from));
-        for (i, p) in pieces.enumerate() {
-            vocab.insert(p, json!(i));
-        }
-        let n = vocab.len();
-        json!({
-            "added_tokens": [{"id": n, "content": "<eos>", "special": true}],
-            "decoder": {"type": "ByteLevel"},
-            "model": {"type": "BPE", "vocab": vocab, "merges": []},
-        })
-    }
-
     /// A constraint for calls to `tools` (only `only`, when named) under the format's grammar.
     fn constraint(tools: &[Value], only: Option<&str>, parallel: bool) -> (Constraint, Value) {
-        let tok = toy_tokenizer();
-        let eos = tok["added_tokens"][0]["id"].as_u64().unwrap() as u32;
-        let compiler = GrammarCompiler::new(&tok, eos as usize + 1, &[eos]).unwrap();
-        let rules = XML.calls_grammar(tools, only, parallel);
-        (compiler.compile(&Grammar::Lark(format!("start: calls\n{rules}")), Reasoning::Off).unwrap(), tok)
+        super::super::tests::constraint(XML, tools, only, parallel)
     }
 
     #[test]
@@ -471,6 +596,92 @@ mod tests {
         let (mut c, tok) = constraint(&tools, None, false);
         feed(&mut c, &tok, &good[3]).unwrap();
         assert!(feed(&mut c, &tok, "\n").is_err(), "one call without parallel");
+    }
+
+    /// A tool whose parameters carry every constraint a value can have.
+    fn bounded_tools() -> Vec<Value> {
+        vec![json!({"type": "function", "function": {"name": "book", "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "minLength": 2, "maxLength": 5},
+            "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+            "ref": {"type": "string", "pattern": "[0-9]+"},
+            "day": {"type": "string", "format": "date"},
+            "seats": {"type": "integer", "minimum": 1, "maximum": 9},
+            "class": {"type": "string", "enum": ["eco", "biz"]},
+            "meta": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+            "required": ["city"]}}})]
+    }
+
+    /// Whether the grammar for `tools` takes `text` as a whole call; it must also read back.
+    fn takes(tools: &[Value], text: &str) -> bool {
+        let (mut c, tok) = constraint(tools, None, false);
+        feed(&mut c, &tok, text).is_ok() && c.is_complete()
+    }
+
+    /// A string value was free text to `max_tokens`: now it honours `minLength`, `maxLength`,
+    /// `pattern` (anchored or not) and `format`, other values their JSON schema (bounds, strict
+    /// objects), and what the grammar takes reads back as the same valid call.
+    #[test]
+    fn values_honour_their_schema_inside_the_xml() {
+        let tools = bounded_tools();
+        let call = |params: &str| format!("<function name=\"book\">{params}</function>");
+        let good = [
+            (call("<param name=\"city\">Oslo</param>"), json!({"city": "Oslo"})),
+            (call("<param name=\"city\"><![CDATA[ a<b ]]></param><param name=\"ref\">ab12cd</param>"), json!({"city": " a<b ", "ref": "ab12cd"})),
+            (
+                call("<param name=\"city\">Rome</param><param name=\"code\">FCO</param><param name=\"day\">2024-02-29</param><param name=\"seats\">9</param><param name=\"class\">biz</param><param name=\"meta\">{\"a\": 1}</param>"),
+                json!({"city": "Rome", "code": "FCO", "day": "2024-02-29", "seats": 9, "class": "biz", "meta": {"a": 1}}),
+            ),
+        ];
+        for (text, arguments) in &good {
+            assert!(takes(&tools, text), "{text}");
+            let calls = split(XML, &tools, &[text]).1;
+            assert_eq!(serde_json::from_str::<Value>(&calls[0].arguments).unwrap(), *arguments, "{text}");
+        }
+        for bad in [
+            "<param name=\"city\">Lisbon</param>",
+            "<param name=\"city\">X</param>",
+            "<param name=\"city\"> Oslo</param>",
+            "<param name=\"city\">Oslo </param>",
+            "<param name=\"city\">a&lt;b</param>",
+            "<param name=\"city\">Oslo</param><param name=\"code\">FCOX</param>",
+            "<param name=\"city\">Oslo</param><param name=\"code\">fco</param>",
+            "<param name=\"city\">Oslo</param><param name=\"ref\">abc</param>",
+            "<param name=\"city\">Oslo</param><param name=\"day\">2024-13-01</param>",
+            "<param name=\"city\">Oslo</param><param name=\"seats\">10</param>",
+            "<param name=\"city\">Oslo</param><param name=\"class\">first</param>",
+            "<param name=\"city\">Oslo</param><param name=\"meta\">{\"a\": 1, \"b\": 2}</param>",
+        ] {
+            assert!(!takes(&tools, &call(bad)), "{bad}");
+        }
+        // At `maxLength` only the closing tag may follow; without one, it always may.
+        let (mut c, tok) = constraint(&tools, None, false);
+        feed(&mut c, &tok, "<function name=\"book\"><param name=\"city\">Paris").unwrap();
+        let mask = c.mask().unwrap();
+        assert!(mask.allows(tok["model"]["vocab"]["</param>"].as_u64().unwrap() as u32) && !mask.allows(tok["model"]["vocab"]["s"].as_u64().unwrap() as u32));
+        let (mut c, tok) = constraint(&self::tools(), None, false);
+        feed(&mut c, &tok, "<function name=\"get_weather\"><param name=\"city\">a long way, &c. <b></b>").unwrap();
+        assert!(c.mask().unwrap().allows(tok["model"]["vocab"]["</param>"].as_u64().unwrap() as u32));
+    }
+
+    #[test]
+    fn a_format_llguidance_does_not_know_is_refused_by_name() {
+        let tools = vec![json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string", "format": "zipcode"}}}}})];
+        let tok = toy_tokenizer();
+        let eos = tok["added_tokens"][0]["id"].as_u64().unwrap() as u32;
+        let compiler = GrammarCompiler::new(&tok, eos as usize + 1, &[eos]).unwrap();
+        let Err(e) = compiler.compile(&Grammar::Lark(format!("start: calls\n{}", XML.calls_grammar(&tools, None, false))), Reasoning::Off) else { panic!("compiled") };
+        assert!(e.to_string().contains("zipcode"), "{e}");
+        // Every format it knows compiles, and its examples are taken.
+        for (format, value) in [("date-time", "2024-06-27T10:00:00Z"), ("time", "23:59:60.5+01:00"), ("duration", "P1Y2M3DT4H"), ("email", "a.b@c-d.org"),
+            ("hostname", "a.example"), ("ipv4", "192.168.0.255"), ("ipv6", "fe80::1:2"), ("uuid", "123e4567-e89b-12d3-a456-426614174000"),
+            ("uri", "https://x.org/a?b=c#d"), ("unknown", "anything")] {
+            let tools = vec![json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string", "format": format}}}}})];
+            assert!(takes(&tools, &format!("<function name=\"f\"><param name=\"x\">{value}</param></function>")), "{format}");
+        }
+        let ipv6 = vec![json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string", "format": "ipv6"}}}}})];
+        for bad in ["1:2:3:4:5:6:7:8:9", "1::2::3", "1:2:3:4:5:6:7::8"] {
+            assert!(!takes(&ipv6, &format!("<function name=\"f\"><param name=\"x\">{bad}</param></function>")), "{bad}");
+        }
     }
 
     #[test]

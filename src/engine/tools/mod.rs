@@ -512,6 +512,64 @@ mod tests {
         ]
     }
 
+    /// A byte-level vocabulary of every printable ASCII character, as tokenizer.json.
+    pub(super) fn toy_tokenizer() -> Value {
+        let mut vocab = serde_json::Map::new();
+        let pieces = (0x21u8..0x7f).map(|b| (b as char).to_string()).chain(["Ġ", "Ċ", "<function", "<param", "</param>"].map(String::from));
+        for (i, p) in pieces.enumerate() {
+            vocab.insert(p, json!(i));
+        }
+        let n = vocab.len();
+        json!({
+            "added_tokens": [{"id": n, "content": "<eos>", "special": true}],
+            "decoder": {"type": "ByteLevel"},
+            "model": {"type": "BPE", "vocab": vocab, "merges": []},
+        })
+    }
+
+    /// A constraint for calls in `format` to `tools` (only `only`, when named), and its tokenizer.
+    pub(super) fn constraint(format: ToolFormat, tools: &[Value], only: Option<&str>, parallel: bool) -> (crate::engine::grammar::Constraint, Value) {
+        use crate::engine::grammar::{Grammar, GrammarCompiler, Reasoning};
+        let tok = toy_tokenizer();
+        let eos = tok["added_tokens"][0]["id"].as_u64().unwrap() as u32;
+        let compiler = GrammarCompiler::new(&tok, eos as usize + 1, &[eos]).unwrap();
+        let rules = format.calls_grammar(tools, only, parallel);
+        (compiler.compile(&Grammar::Lark(format!("start: calls\n{rules}")), Reasoning::Off).unwrap(), tok)
+    }
+
+    /// The JSON syntaxes hold the arguments to the function's schema, strictly: the issue's
+    /// weather call, and the same with a key too many, a day out of bounds, a unit not listed.
+    #[test]
+    fn every_json_syntax_enforces_the_parameter_schema() {
+        let tools = [json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 8}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "unit", "days"]}}})];
+        let good = json!({"city": "Oslo", "unit": "celsius", "days": 3});
+        for format in [ToolFormat::Hermes, ToolFormat::Llama3Json, ToolFormat::Mistral] {
+            let syntax = format.syntax();
+            let wrap = |arguments: &Value| {
+                // The JSON layout the grammar writes (`render_call` writes compact JSON).
+                let text = syntax.render_call("get_weather", arguments).replace("\":\"", "\": \"").replace(",\"", ", \"").replace("\":3", "\": 3").replace("\":9", "\": 9");
+                if format == ToolFormat::Mistral { syntax.join_calls(&[text]) } else { text }
+            };
+            let text = wrap(&good);
+            assert_eq!(split(format, &tools, &[&text]).1.len(), 1, "{text}");
+            let (mut c, tok) = constraint(format, &tools, None, false);
+            crate::engine::grammar::tests::feed(&mut c, &tok, &text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert!(c.is_complete(), "{text}");
+            for bad in [
+                json!({"city": "Oslo", "unit": "celsius", "days": 3, "required": "city"}),
+                json!({"city": "Oslo", "unit": "celsius", "days": 9}),
+                json!({"city": "Oslo", "unit": "kelvin", "days": 3}),
+                json!({"city": "Reykjavik", "unit": "celsius", "days": 3}),
+            ] {
+                let text = wrap(&bad);
+                let (mut c, tok) = constraint(format, &tools, None, false);
+                assert!(crate::engine::grammar::tests::feed(&mut c, &tok, &text).is_err(), "{text}");
+            }
+        }
+    }
+
     #[test]
     fn formats_are_chosen_from_the_template_then_the_family() {
         assert_eq!(ToolFormat::from_template("{{ messages }}"), None);
