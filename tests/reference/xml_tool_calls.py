@@ -3,7 +3,8 @@ MiniCPM-SALA with random weights and the MiniCPM4 tokenizer, sampled at temperat
 grammar makes an answer valid. Through the official `openai` client (`tool_choice` "required" and
 a named function) and the official `anthropic` client (`tool_choice` any and tool), plain and
 streamed, for several seeds: every answer is one call whose arguments are valid under the schema
-(a bounded string, a string with a pattern, an integer with bounds, an enum).
+(a bounded string, a string with a pattern, an integer with bounds, an enum). Then anthropic's
+`messages.parse` with a pydantic model, plain and streamed: every answer parses.
 
 usage: xml_tool_calls.py BASE_URL API_KEY
 Prints one line per check and a summary; exits non-zero on the first failure.
@@ -12,8 +13,11 @@ import json
 import re
 import sys
 
+from typing import Literal
+
 import anthropic
 import openai
+import pydantic
 
 base, key = sys.argv[1], sys.argv[2]
 oa = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=300)
@@ -126,6 +130,24 @@ for seed in SEEDS:
         judge(f"anthropic {choice['type']}, try {seed}", *anthropic_message(an.messages.create(**kw)), "tool_use", only)
         with an.messages.stream(**kw) as stream:
             judge(f"anthropic {choice['type']}, streamed, try {seed}", *anthropic_message(stream.get_final_message()), "tool_use", only)
+
+
+
+class Booking(pydantic.BaseModel):
+    """Fields a random model must still end (the anthropic client moves bounds such as maxLength
+    into descriptions before it sends a schema, so only their shape is enforced)."""
+    cabin: Literal["economy", "business"]
+    window: bool
+    meal: Literal["vegetarian", "standard", "none"]
+
+
+for seed in SEEDS:
+    kw = dict(model=model, max_tokens=MAX_TOKENS, temperature=1.0, messages=MESSAGES, output_format=Booking)
+    r = an.messages.parse(**kw)
+    check(f"anthropic messages.parse, try {seed}", isinstance(r.parsed_output, Booking) and r.stop_reason == "end_turn", repr(r.content))
+    with an.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    check(f"anthropic messages.parse, streamed, try {seed}", isinstance(final.parsed_output, Booking) and final.stop_reason == "end_turn", repr(final.content))
 
 t = tally["tokens"]
 print(f"{tally['valid']} of {tally['answers']} answers valid calls; tokens per answer min {min(t)}, max {max(t)}, mean {sum(t) / len(t):.1f}")
