@@ -109,8 +109,54 @@ pub fn with_json_layout(schema: &Value) -> Value {
 /// no key comes twice. A bare `{"type": "object"}` stays any object, as in llama.cpp.
 pub fn strict(schema: &Value) -> Value {
     let mut out = schema.clone();
-    strict_in(&mut out, schema, &Names::new(), false, false);
+    // A definition that refers to itself is closed in place: llguidance takes no keys beside a
+    // circular `$ref`, so it cannot be closed where it is used.
+    let mut references = Vec::new();
+    refs_in(schema, &mut references);
+    let recursive: Vec<String> = references.into_iter().filter(|r| is_recursive(schema, r)).collect();
+    for reference in &recursive {
+        if let Some(target) = reference.strip_prefix('#').and_then(|p| out.pointer_mut(p)) {
+            strict_in(target, schema, &Names::new(), false, false, &recursive);
+        }
+    }
+    strict_in(&mut out, schema, &Names::new(), false, false, &recursive);
     out
+}
+
+/// Every distinct `$ref` string in `schema`.
+fn refs_in(schema: &Value, out: &mut Vec<String>) {
+    match schema {
+        Value::Object(map) => {
+            if let Some(r) = map.get("$ref").and_then(Value::as_str) {
+                if !out.iter().any(|o| o == r) {
+                    out.push(r.to_string());
+                }
+            }
+            map.values().for_each(|v| refs_in(v, out));
+        }
+        Value::Array(items) => items.iter().for_each(|v| refs_in(v, out)),
+        _ => {}
+    }
+}
+
+/// Whether the local `reference` can be reached again from inside its own target.
+fn is_recursive(root: &Value, reference: &str) -> bool {
+    let (mut pending, mut seen) = (vec![reference.to_string()], Vec::new());
+    while let Some(next) = pending.pop() {
+        let Some(target) = local_ref(root, &next) else { continue };
+        let mut inner = Vec::new();
+        refs_in(target, &mut inner);
+        for r in inner {
+            if r == reference {
+                return true;
+            }
+            if !seen.contains(&r) {
+                seen.push(r.clone());
+                pending.push(r);
+            }
+        }
+    }
+    false
 }
 
 /// Property names in the order they are declared (a map: serde_json keeps its keys in order).
@@ -124,9 +170,11 @@ fn says_more(map: &serde_json::Map<String, Value>) -> bool {
 /// Makes `schema` strict in place. `root`: the whole schema, for local `$ref`s; `inherited`:
 /// names an enclosing `allOf`/`anyOf`/`oneOf` declares (the object is their intersection, so
 /// each part must admit them); `open`: a part of that object admits more, so none is closed;
-/// `definition`: a `$defs` entry, made strict where it is used.
-fn strict_in(schema: &mut Value, root: &Value, inherited: &Names, open: bool, definition: bool) {
+/// `definition`: a `$defs` entry, made strict where it is used; `recursive`: the `$ref`s whose
+/// targets refer to themselves (closed in place, so nothing is added beside them).
+fn strict_in(schema: &mut Value, root: &Value, inherited: &Names, open: bool, definition: bool, recursive: &[String]) {
     let Value::Object(map) = schema else { return };
+    let circular = map.get("$ref").and_then(Value::as_str).is_some_and(|r| recursive.iter().any(|c| c == r));
     let own: Names = map.get("properties").and_then(Value::as_object).map(|p| p.keys().map(|k| (k.clone(), Value::Null)).collect()).unwrap_or_default();
     let mut base = inherited.clone();
     base.extend(own.clone());
@@ -149,7 +197,7 @@ fn strict_in(schema: &mut Value, root: &Value, inherited: &Names, open: bool, de
         _ => true,
     };
     let set = map.contains_key("additionalProperties") || map.contains_key("unevaluatedProperties");
-    if !definition && !set && !any_open && object && (map.contains_key("properties") || !all.is_empty()) {
+    if !definition && !circular && !set && !any_open && object && (map.contains_key("properties") || !all.is_empty()) {
         map.insert("additionalProperties".into(), Value::Bool(false));
         // Names the object may carry through its parts are declared here too, as anything.
         if let Value::Object(declared) = map.entry("properties").or_insert_with(|| json!({})) {
@@ -167,14 +215,14 @@ fn strict_in(schema: &mut Value, root: &Value, inherited: &Names, open: bool, de
             _ => {}
         };
         match key.as_str() {
-            "properties" | "patternProperties" => each(value, &mut |v| strict_in(v, root, &none, false, false)),
-            "$defs" | "definitions" => each(value, &mut |v| strict_in(v, root, &none, false, true)),
+            "properties" | "patternProperties" => each(value, &mut |v| strict_in(v, root, &none, false, false, recursive)),
+            "$defs" | "definitions" => each(value, &mut |v| strict_in(v, root, &none, false, true, recursive)),
             "additionalProperties" | "items" | "prefixItems" | "additionalItems" | "contains" if value.is_array() => {
-                each(value, &mut |v| strict_in(v, root, &none, false, false))
+                each(value, &mut |v| strict_in(v, root, &none, false, false, recursive))
             }
-            "additionalProperties" | "items" | "additionalItems" | "contains" => strict_in(value, root, &none, false, false),
-            "allOf" => each(value, &mut |v| strict_in(v, root, &all, base_open, false)),
-            "anyOf" | "oneOf" => each(value, &mut |v| strict_in(v, root, &base, base_open, false)),
+            "additionalProperties" | "items" | "additionalItems" | "contains" => strict_in(value, root, &none, false, false, recursive),
+            "allOf" => each(value, &mut |v| strict_in(v, root, &all, base_open, false, recursive)),
+            "anyOf" | "oneOf" => each(value, &mut |v| strict_in(v, root, &base, base_open, false, recursive)),
             _ => {}
         }
     }
@@ -527,6 +575,20 @@ pub(crate) mod tests {
         assert!(!admits(&compiler, &tok, &nested, "{\"at\": {\"x\": 1, \"z\": 1}}"));
         assert!(!admits(&compiler, &tok, &nested, "{\"all\": [{\"y\": 2, \"z\": 1}]}"));
         assert!(admits(&compiler, &tok, &json!({"type": "object"}), "{\"a\": 1}"));
+    }
+
+    /// A definition that refers to itself compiles (llguidance takes no keys beside a circular
+    /// `$ref`) and is strict in place.
+    #[test]
+    fn a_recursive_definition_compiles_and_is_strict() {
+        let tok = toy_tokenizer();
+        let eos = tok["added_tokens"][0]["id"].as_u64().unwrap() as u32;
+        let compiler = GrammarCompiler::new(&tok, eos as usize + 1, &[eos]).unwrap();
+        let tree = json!({"$defs": {"node": {"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+            "$ref": "#/$defs/node"});
+        assert!(admits(&compiler, &tok, &tree, "{\"children\": [{\"children\": []}, {}]}"));
+        assert!(!admits(&compiler, &tok, &tree, "{\"children\": [{\"x\": 1}]}"));
+        assert!(!admits(&compiler, &tok, &tree, "{\"x\": 1}"));
     }
 
     /// Parts of an object (`allOf`, a `$ref`, `anyOf` branches) each admit what the others
