@@ -83,6 +83,21 @@ for temperature, seed in [(0, None), (1.0, 1), (1.0, 2), (1.0, 3)]:
           f"{finish} {calls} {used} tokens")
     print(f"     arguments {calls[0][1] if calls else None}, {used} tokens", flush=True)
 
+# With parallel calls allowed (the client's default) the model may start a second call that
+# max_tokens cuts: every call returned is whole and valid, and no call text leaks into content.
+for temperature, seed in [(0, None), (1.0, 1)]:
+    request = dict(model=model, messages=messages, tools=weather(), tool_choice="required", max_tokens=80, temperature=temperature, seed=seed)
+    r = client.chat.completions.create(**request)
+    calls = r.choices[0].message.tool_calls or []
+    check(f"required, parallel allowed, temperature {temperature}, seed {seed}: every call returned is valid",
+          len(calls) >= 1 and all(c.function.name == "get_weather" and valid(c.function.arguments) for c in calls)
+          and r.choices[0].finish_reason in ("tool_calls", "length") and not r.choices[0].message.content,
+          f"{r.choices[0].finish_reason} {[(c.function.name, c.function.arguments) for c in calls]} {r.choices[0].message.content!r}")
+    finish, calls, used = streamed(**request)
+    check(f"required, parallel allowed, streamed, temperature {temperature}, seed {seed}: the same",
+          len(calls) >= 1 and all(n == "get_weather" and valid(a) for n, a in calls) and finish in ("tool_calls", "length"),
+          f"{finish} {calls} {used} tokens")
+
 # Extra properties allowed: the schema compiles (an answer, not a 400); a call that completes
 # has the required keys (one free to wander may also run to max_tokens).
 for extra in [{"additionalProperties": True}, {"additionalProperties": {"type": "string"}}]:
