@@ -88,7 +88,10 @@ check("answer after the tool_result", r2.stop_reason in ("end_turn", "max_tokens
       and r2.usage.input_tokens + r2.usage.cache_read_input_tokens > 150, f"{text_of(r2)!r} {r2.usage}")
 r3 = client.messages.create(model=model, max_tokens=20, temperature=0, messages=ask, tools=weather, tool_choice={"type": "none"})
 check("tool_choice none", r3.stop_reason != "tool_use" and text_of(r3), str(r3.content))
-r4 = client.messages.create(model=model, max_tokens=60, temperature=0, messages=ask, tools=weather, tool_choice={"type": "any"})
+# One call: with parallel calls allowed, greedy SmolLM2 starts a second that max_tokens cuts
+# (then the stop reason is max_tokens, which tests/reference/cut_calls.py checks).
+r4 = client.messages.create(model=model, max_tokens=60, temperature=0, messages=ask, tools=weather,
+                            tool_choice={"type": "any", "disable_parallel_tool_use": True})
 check("tool_choice any", r4.stop_reason == "tool_use" and [b.name for b in r4.content if b.type == "tool_use"][:1] == ["get_weather"], str(r4.content))
 
 # Streaming text: the same answer, events in Anthropic's order.
