@@ -56,10 +56,9 @@ pub const MISTRAL_DEFAULTS: &[KeyDefault] = &[
     KeyDefault { key: "mlp_bias", fallback: Json("false"), source: "not in MistralConfig: its MLP has no biases" },
 ];
 
+/// Reads `cfg`, its defaults filled in (`super::complete_config`).
 pub fn config(cfg: &ConfigFile) -> Result<DecoderConfig> {
-    let mistral = cfg.str("model_type")? == "mistral";
-    let cfg = &cfg.with_defaults(if mistral { MISTRAL_DEFAULTS } else { LLAMA_DEFAULTS })?;
-    if mistral {
+    if cfg.str("model_type")? == "mistral" {
         refuse_sliding_window(cfg)?;
     }
     DecoderConfig::common(cfg)?.with_attention_bias(cfg)

@@ -34,8 +34,8 @@ pub const DEFAULTS: &[KeyDefault] = &[
     KeyDefault { key: "scale_depth", fallback: Json("1"), source: MINICPM },
 ];
 
+/// Reads `cfg`, its defaults filled in (`super::complete_config`).
 pub fn config(cfg: &ConfigFile) -> Result<DecoderConfig> {
-    let cfg = &cfg.with_defaults(DEFAULTS)?;
     let mut c = DecoderConfig::common(cfg)?.with_attention_bias(cfg)?;
     c.embedding_scale = cfg.f64("scale_emb")? as f32;
     c.residual_scale = cfg.f64("scale_depth")? as f32 / (c.num_layers as f32).sqrt();

@@ -81,8 +81,10 @@ pub fn open(path: &Path) -> Result<ModelSource> {
     }
 }
 
-/// The dense families' configs by `model_type` (`None` for other types).
+/// The dense families' configs by `model_type` (`None` for other types), read after filling in
+/// what the file leaves out.
 pub fn decoder_config(cfg: &ConfigFile) -> Result<Option<DecoderConfig>> {
+    let cfg = &complete_config(cfg)?;
     let model_type = cfg.str("model_type")?;
     Ok(Some(match model_type {
         t if llama::MODEL_TYPES.contains(&t) => llama::config(cfg)?,

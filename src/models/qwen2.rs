@@ -29,8 +29,8 @@ pub const DEFAULTS: &[KeyDefault] = &[
     KeyDefault { key: "sliding_window", fallback: Json("4096"), source: QWEN2 },
 ];
 
+/// Reads `cfg`, its defaults filled in (`super::complete_config`).
 pub fn config(cfg: &ConfigFile) -> Result<DecoderConfig> {
-    let cfg = &cfg.with_defaults(DEFAULTS)?;
     refuse_sliding_window(cfg)?;
     Ok(DecoderConfig { qkv_bias: true, ..DecoderConfig::common(cfg)? })
 }

@@ -32,8 +32,8 @@ pub const DEFAULTS: &[KeyDefault] = &[
     KeyDefault { key: "sliding_window", fallback: Json("4096"), source: QWEN3 },
 ];
 
+/// Reads `cfg`, its defaults filled in (`super::complete_config`).
 pub fn config(cfg: &ConfigFile) -> Result<DecoderConfig> {
-    let cfg = &cfg.with_defaults(DEFAULTS)?;
     refuse_sliding_window(cfg)?;
     Ok(DecoderConfig { qk_norm: true, ..DecoderConfig::common(cfg)?.with_attention_bias(cfg)? })
 }

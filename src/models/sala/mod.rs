@@ -108,7 +108,6 @@ pub struct SalaConfig {
 impl SalaConfig {
     /// Reads the config after filling in what it leaves out ([`DEFAULTS`]).
     pub fn from_file(cfg: &ConfigFile) -> Result<Self> {
-        let cfg = &cfg.with_defaults(DEFAULTS)?;
         let model_type = cfg.str("model_type")?;
         if model_type != MODEL_TYPE {
             return Err(Error::UnsupportedModel {
@@ -117,6 +116,7 @@ impl SalaConfig {
                 supported: MODEL_TYPE.into(),
             });
         }
+        let cfg = &super::complete_config(cfg)?;
         let num_layers = cfg.layers("num_hidden_layers")?;
         let mixers = cfg
             .root()
