@@ -56,7 +56,7 @@ pub fn run(args: ShowArgs) -> anyhow::Result<()> {
         true => println!("stops at     {} (config.json)", ids(&s.config_eos_token_ids)),
         false => println!("stops at     {} (config.json), {} (generation_config.json)", ids(&s.config_eos_token_ids), ids(&s.generation.eos_token_ids)),
     }
-    let (set, unset): (Vec<_>, Vec<_>) = s.generation.describe().into_iter().partition(|(_, v)| v.is_some());
+    let (set, unset): (Vec<_>, Vec<_>) = s.generation.sampling.describe().into_iter().partition(|(_, v)| v.is_some());
     let set: Vec<String> = set.into_iter().map(|(k, v)| format!("{k} {}", v.unwrap_or_default())).collect();
     let unset: Vec<&str> = unset.into_iter().map(|(k, _)| k).collect();
     match (set.is_empty(), unset.is_empty()) {

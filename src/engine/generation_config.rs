@@ -9,66 +9,84 @@ use super::sampler::SamplingParams;
 
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 
-/// The model's own sampling defaults; `None` where its file is silent (or has no file).
+/// The model's own sampling defaults and end tokens; no defaults where its file is silent (or
+/// it has no file).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct GenerationDefaults {
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<usize>,
-    pub min_p: Option<f32>,
-    pub repetition_penalty: Option<f32>,
+    #[serde(flatten)]
+    pub sampling: SamplingChoice,
     /// End-of-sequence tokens it names (added to the config's).
     pub eos_token_ids: Vec<u32>,
 }
 
 impl GenerationDefaults {
     /// A model without `generation_config.json`.
-    pub const NONE: GenerationDefaults =
-        GenerationDefaults { temperature: None, top_p: None, top_k: None, min_p: None, repetition_penalty: None, eos_token_ids: Vec::new() };
+    pub const NONE: GenerationDefaults = GenerationDefaults { sampling: SamplingChoice::NONE, eos_token_ids: Vec::new() };
 
-    /// Each value is checked as the matching flag is: out of range, the key is named.
+    /// Each value is checked as the matching flag is (`SamplingParams::validate`): out of range,
+    /// the key is named.
     pub fn parse(file: &ConfigFile) -> Result<Self> {
-        let number = |key: &str, ok: fn(f64) -> bool, rule: &str| -> Result<Option<f32>> {
-            match file.opt(key) {
-                None => Ok(None),
-                Some(_) => {
-                    let v = file.f64(key)?;
-                    if ok(v) {
-                        Ok(Some(v as f32))
-                    } else {
-                        Err(file.invalid(key, format!("{v}: {rule}")))
-                    }
-                }
-            }
-        };
-        let defaults = Self {
-            temperature: number("temperature", |v| v.is_finite() && v >= 0.0, "must be ≥ 0")?,
-            top_p: number("top_p", |v| v > 0.0 && v <= 1.0, "must be in (0, 1]")?,
+        let number = |key: &str| file.opt(key).map(|_| file.f64(key).map(|v| v as f32)).transpose();
+        let sampling = SamplingChoice {
+            temperature: number("temperature")?,
+            top_p: number("top_p")?,
             top_k: file.opt("top_k").map(|_| file.usize("top_k")).transpose()?,
-            min_p: number("min_p", |v| (0.0..=1.0).contains(&v), "must be in [0, 1]")?,
-            repetition_penalty: number("repetition_penalty", |v| v.is_finite() && v > 0.0, "must be > 0")?,
-            eos_token_ids: match file.opt("eos_token_id") {
-                Some(_) => file.token_ids("eos_token_id")?,
-                None => Vec::new(),
-            },
+            min_p: number("min_p")?,
+            repetition_penalty: number("repetition_penalty")?,
         };
-        Ok(defaults)
+        sampling.apply(SamplingParams::default()).validate().map_err(|e| file.invalid(e.field, e.rule))?;
+        let eos_token_ids = match file.opt("eos_token_id") {
+            Some(_) => file.token_ids("eos_token_id")?,
+            None => Vec::new(),
+        };
+        Ok(Self { sampling, eos_token_ids })
     }
 
     /// `params` with each setting the caller left unset (`None` in `set`) taken from the model,
     /// else kept as `params` has it (the caller's own default).
     pub fn fill(&self, params: SamplingParams, set: &SamplingChoice) -> SamplingParams {
+        set.or(&self.sampling).apply(params)
+    }
+}
+
+/// Sampling settings that may each be left unset: what a user (flag) or a request (field) set
+/// explicitly, or what a model's `generation_config.json` gives.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct SamplingChoice {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+}
+
+impl SamplingChoice {
+    pub const NONE: SamplingChoice = SamplingChoice { temperature: None, top_p: None, top_k: None, min_p: None, repetition_penalty: None };
+
+    /// Each setting given here, else `fallback`'s.
+    pub fn or(&self, fallback: &SamplingChoice) -> SamplingChoice {
+        SamplingChoice {
+            temperature: self.temperature.or(fallback.temperature),
+            top_p: self.top_p.or(fallback.top_p),
+            top_k: self.top_k.or(fallback.top_k),
+            min_p: self.min_p.or(fallback.min_p),
+            repetition_penalty: self.repetition_penalty.or(fallback.repetition_penalty),
+        }
+    }
+
+    /// `params` with each setting given here.
+    pub fn apply(&self, params: SamplingParams) -> SamplingParams {
         SamplingParams {
-            temperature: set.temperature.or(self.temperature).unwrap_or(params.temperature),
-            top_p: set.top_p.or(self.top_p).unwrap_or(params.top_p),
-            top_k: set.top_k.or(self.top_k).unwrap_or(params.top_k),
-            min_p: set.min_p.or(self.min_p).unwrap_or(params.min_p),
-            repetition_penalty: set.repetition_penalty.or(self.repetition_penalty).unwrap_or(params.repetition_penalty),
+            temperature: self.temperature.unwrap_or(params.temperature),
+            top_p: self.top_p.unwrap_or(params.top_p),
+            top_k: self.top_k.unwrap_or(params.top_k),
+            min_p: self.min_p.unwrap_or(params.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(params.repetition_penalty),
             ..params
         }
     }
 
-    /// Each setting with where it comes from, for `sala show`.
+    /// Each setting by its name, for `sala show`.
     pub fn describe(&self) -> Vec<(&'static str, Option<String>)> {
         vec![
             ("temperature", self.temperature.map(|v| v.to_string())),
@@ -78,17 +96,6 @@ impl GenerationDefaults {
             ("repetition_penalty", self.repetition_penalty.map(|v| v.to_string())),
         ]
     }
-}
-
-/// The sampling settings a user (flag) or a request (field) set explicitly; `None` = left to the
-/// model's defaults, then the caller's.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SamplingChoice {
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<usize>,
-    pub min_p: Option<f32>,
-    pub repetition_penalty: Option<f32>,
 }
 
 #[cfg(test)]
@@ -103,10 +110,8 @@ mod tests {
     #[test]
     fn reads_the_sampling_keys_and_the_eos_list() {
         let d = parse(r#"{"do_sample": true, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05, "eos_token_id": [2, 73440], "bos_token_id": 1}"#).unwrap();
-        assert_eq!(
-            d,
-            GenerationDefaults { temperature: Some(0.6), top_p: Some(0.9), top_k: Some(20), min_p: None, repetition_penalty: Some(1.05), eos_token_ids: vec![2, 73440] }
-        );
+        let sampling = SamplingChoice { temperature: Some(0.6), top_p: Some(0.9), top_k: Some(20), min_p: None, repetition_penalty: Some(1.05) };
+        assert_eq!(d, GenerationDefaults { sampling, eos_token_ids: vec![2, 73440] });
         assert_eq!(parse(r#"{"eos_token_id": 7}"#).unwrap().eos_token_ids, vec![7]);
         assert_eq!(parse("{}").unwrap(), GenerationDefaults::default());
     }

@@ -310,13 +310,7 @@ pub fn parse(body: &[u8], served_model: &str, tool_format: ToolFormat, counting:
     };
     sampling.validate().map_err(|e| ApiError::bad_request(e.field, &format!("`{}` {}", e.field, e.rule)))?;
     // Anthropic has no min_p nor repetition penalty: those stay the model's (or off).
-    let set = |key: &str| obj.get(key).is_some_and(|v| !v.is_null());
-    let sampling_set = SamplingChoice {
-        temperature: set("temperature").then_some(sampling.temperature),
-        top_p: set("top_p").then_some(sampling.top_p),
-        top_k: set("top_k").then_some(sampling.top_k),
-        ..Default::default()
-    };
+    let sampling_set = SamplingChoice { min_p: None, repetition_penalty: None, ..openai::sampling_set(obj, &sampling) };
     let request = ChatRequest {
         messages,
         sampling,

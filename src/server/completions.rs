@@ -137,7 +137,7 @@ pub struct PreparedPrompt {
 /// Tokenizes each prompt and checks it, and the answer length, against the model.
 pub fn prepare(body: &[u8], served: &Served) -> Result<(CompletionRequest, Vec<PreparedPrompt>), ApiError> {
     let mut request = CompletionRequest::parse(body, served.model_id)?;
-    request.sampling = served.generation.fill(request.sampling.clone(), &request.sampling_set);
+    request.sampling = served.generation.fill(std::mem::take(&mut request.sampling), &request.sampling_set);
     let tokenizer = served.tokenizer;
     let many = request.prompts.len() > 1;
     let param = |i: usize| if many { format!("prompt[{i}]") } else { "prompt".to_string() };

@@ -481,7 +481,7 @@ pub fn prepare_chat(body: &[u8], served: &Served) -> Result<PreparedChat, ApiErr
 
 /// [`prepare_chat`] for a request already read (the Anthropic endpoint makes one from its own format).
 pub fn prepare(mut request: ChatRequest, served: &Served) -> Result<PreparedChat, ApiError> {
-    request.sampling = served.generation.fill(request.sampling.clone(), &request.sampling_set);
+    request.sampling = served.generation.fill(std::mem::take(&mut request.sampling), &request.sampling_set);
     let tokenizer = served.tokenizer;
     let prompt_text = tokenizer
         .apply_chat_template_with_tools(&request.messages, &request.tools, request.tool_format, request.enable_thinking)
