@@ -64,10 +64,7 @@ fn golden_a_with(label: &str, extra: &[(&str, &[usize])]) -> std::path::PathBuf 
 }
 
 fn golden_a_logits(dir: &std::path::Path) -> Result<Vec<f32>, String> {
-    let model = sala::models::load(dir, Some(mlx_rs::Dtype::Float32)).map_err(|e| e.to_string())?;
-    let ids: Vec<i32> = golden_ids("A_dense_f32", 64).iter().map(|&t| t as i32).collect();
-    let out = model.forward(&mlx_rs::Array::from_slice(&ids, &[1, ids.len() as i32]), &mut model.new_cache(), sala::engine::model::Logits::All, None);
-    Ok(sala::engine::ops::to_vec_f32(&out.unwrap()).unwrap())
+    common::config_defaults::outcome(dir, &read_config(dir), &golden_ids("A_dense_f32", 64))
 }
 
 /// Rotary buffers some exporters save are skipped, named by `sala show`, and change nothing; a

@@ -473,11 +473,6 @@ fn keys_left_out_take_the_class_defaults() {
     let mut v5 = v4.clone();
     v5.as_object_mut().unwrap().remove("rope_theta");
     v5["rope_parameters"] = json!({ "rope_type": "default", "rope_theta": 1000000.0 });
-    let ids: Vec<i32> = prompt(70).iter().map(|&t| t as i32).collect();
-    let logits = |cfg: &Value| {
-        std::fs::write(dir.0.join("config.json"), cfg.to_string()).unwrap();
-        let model = sala::models::load(&dir.0, None).unwrap();
-        to_vec_f32(&model.forward(&Array::from_slice(&ids, &[1, ids.len() as i32]), &mut model.new_cache(), Logits::All, None).unwrap()).unwrap()
-    };
+    let logits = |cfg: &Value| common::config_defaults::outcome(&dir.0, cfg, &prompt(70)).unwrap();
     assert_eq!(logits(&v4), logits(&v5), "rope_parameters.rope_theta is not read as rope_theta");
 }

@@ -11,8 +11,9 @@ use sala::engine::source::ModelSource;
 use serde_json::Value;
 use std::path::Path;
 
-/// What a config gives: logits for `ids`, or the refusal's message.
-fn outcome(dir: &Path, config: &Value, ids: &[u32]) -> Result<Vec<f32>, String> {
+/// What the model at `dir` gives with `config` as its config.json: float32 logits for `ids`,
+/// or the refusal's message.
+pub fn outcome(dir: &Path, config: &Value, ids: &[u32]) -> Result<Vec<f32>, String> {
     let mut source = sala::models::open(dir).map_err(|e| e.to_string())?;
     source.files.insert("config.json".into(), config.to_string());
     logits(&mut source, ids).map_err(|e| e.to_string())

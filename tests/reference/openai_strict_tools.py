@@ -12,6 +12,8 @@ import sys
 
 import openai
 
+from tool_stream import streamed_calls
+
 base, key = sys.argv[1], sys.argv[2]
 client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=300)
 model = client.models.list().data[0].id
@@ -53,21 +55,6 @@ def valid(arguments):
             and args["unit"] in ("celsius", "fahrenheit") and isinstance(args["days"], int) and not isinstance(args["days"], bool))
 
 
-def streamed(**kwargs):
-    """A streamed answer put together: finish reason, calls (name, arguments), completion tokens."""
-    finish, calls, used = None, {}, None
-    for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs):
-        if chunk.usage:
-            used = chunk.usage.completion_tokens
-        for choice in chunk.choices:
-            finish = choice.finish_reason or finish
-            for d in choice.delta.tool_calls or []:
-                call = calls.setdefault(d.index, ["", ""])
-                call[0] += (d.function.name or "") if d.function else ""
-                call[1] += (d.function.arguments or "") if d.function else ""
-    return finish, [tuple(c) for _, c in sorted(calls.items())], used
-
-
 for temperature, seed in [(0, None), (1.0, 1), (1.0, 2), (1.0, 3)]:
     request = dict(model=model, messages=messages, tools=weather(), tool_choice="required",
                    parallel_tool_calls=False, max_tokens=80, temperature=temperature, seed=seed)
@@ -77,7 +64,7 @@ for temperature, seed in [(0, None), (1.0, 1), (1.0, 2), (1.0, 3)]:
           r.choices[0].finish_reason == "tool_calls" and len(calls) == 1 and calls[0].function.name == "get_weather"
           and valid(calls[0].function.arguments) and r.usage.completion_tokens < 80,
           f"{r.choices[0].finish_reason} {[(c.function.name, c.function.arguments) for c in calls]} {r.usage.completion_tokens} tokens")
-    finish, calls, used = streamed(**request)
+    finish, calls, used = streamed_calls(client, **request)
     check(f"required, streamed, temperature {temperature}, seed {seed}: the same",
           finish == "tool_calls" and len(calls) == 1 and calls[0][0] == "get_weather" and valid(calls[0][1]) and used < 80,
           f"{finish} {calls} {used} tokens")
@@ -93,7 +80,7 @@ for temperature, seed in [(0, None), (1.0, 1)]:
           len(calls) >= 1 and all(c.function.name == "get_weather" and valid(c.function.arguments) for c in calls)
           and r.choices[0].finish_reason in ("tool_calls", "length") and not r.choices[0].message.content,
           f"{r.choices[0].finish_reason} {[(c.function.name, c.function.arguments) for c in calls]} {r.choices[0].message.content!r}")
-    finish, calls, used = streamed(**request)
+    finish, calls, used = streamed_calls(client, **request)
     check(f"required, parallel allowed, streamed, temperature {temperature}, seed {seed}: the same",
           len(calls) >= 1 and all(n == "get_weather" and valid(a) for n, a in calls) and finish in ("tool_calls", "length"),
           f"{finish} {calls} {used} tokens")

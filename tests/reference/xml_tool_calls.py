@@ -19,6 +19,8 @@ import anthropic
 import openai
 import pydantic
 
+from tool_stream import streamed_calls
+
 base, key = sys.argv[1], sys.argv[2]
 oa = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=300)
 an = anthropic.Anthropic(base_url=base, api_key=key, max_retries=0, timeout=300)
@@ -98,17 +100,8 @@ def openai_plain(**kw):
 
 
 def openai_streamed(**kw):
-    finish, parts, used = None, {}, None
-    for chunk in oa.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
-        if chunk.usage:
-            used = chunk.usage.completion_tokens
-        for choice in chunk.choices:
-            finish = choice.finish_reason or finish
-            for d in choice.delta.tool_calls or []:
-                part = parts.setdefault(d.index, ["", ""])
-                part[0] += (d.function.name or "") if d.function else ""
-                part[1] += (d.function.arguments or "") if d.function else ""
-    return finish, [(n, json.loads(a)) for _, (n, a) in sorted(parts.items())], used
+    finish, calls, used = streamed_calls(oa, **kw)
+    return finish, [(n, json.loads(a)) for n, a in calls], used
 
 
 def anthropic_message(m):
