@@ -288,8 +288,8 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             [CompletionResult]::new('--tool-call-parser', '--tool-call-parser', [CompletionResultType]::ParameterName, 'The model''s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family''s)')
             [CompletionResult]::new('--think', '--think', [CompletionResultType]::ParameterName, 'Let thinking models think (give --max-tokens room for it)')
             [CompletionResult]::new('--constrain', '--constrain', [CompletionResultType]::ParameterName, 'FC mode: ask every entry twice, freely and with calls held to the tools'' grammar (a call, once opened, parses), and report both')
-            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
-            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             break

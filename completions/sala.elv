@@ -273,8 +273,8 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --tool-call-parser 'The model''s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family''s)'
             cand --think 'Let thinking models think (give --max-tokens room for it)'
             cand --constrain 'FC mode: ask every entry twice, freely and with calls held to the tools'' grammar (a call, once opened, parses), and report both'
-            cand -h 'Print help (see more with ''--help'')'
-            cand --help 'Print help (see more with ''--help'')'
+            cand -h 'Print help'
+            cand --help 'Print help'
             cand -V 'Print version'
             cand --version 'Print version'
         }

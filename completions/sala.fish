@@ -241,8 +241,8 @@ bf16\t''
 f16\t''"
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l prefill-step -d 'Prompt tokens per forward pass during prefill' -r
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l kv-bits -d 'Keep the KV cache\'s keys and values quantized to 8 bits (as llama.cpp\'s -ctk/-ctv q8_0): about half the memory of a long context; logits stay within the tolerance the README states' -r
-complete -c sala -n "__fish_sala_using_subcommand bfcl" -l mode -d 'Prompt mode (BFCL\'s system prompt, Python-syntax calls) or FC mode (the chat template\'s tools)' -r -f -a "prompt\t'BFCL\'s system prompt; calls written as Python'
-fc\t'Function calling through the chat template\'s tools'"
+complete -c sala -n "__fish_sala_using_subcommand bfcl" -l mode -d 'Prompt mode (BFCL\'s system prompt, Python-syntax calls) or FC mode (the chat template\'s tools)' -r -f -a "prompt\t''
+fc\t''"
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l categories -d 'Categories (comma-separated): simple_python, simple_java, simple_javascript, multiple, parallel, parallel_multiple, irrelevance' -r
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l limit -d 'Only the first N entries of each category' -r
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l data -d 'BFCL\'s data folder (`bfcl_eval/data` of the bfcl-eval wheel); default: the pinned wheel, fetched from PyPI into ~/.cache/sala on first use' -r -F
@@ -252,7 +252,7 @@ complete -c sala -n "__fish_sala_using_subcommand bfcl" -l samples -d 'Append ev
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l tool-call-parser -d 'The model\'s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family\'s)' -r
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l think -d 'Let thinking models think (give --max-tokens room for it)'
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l constrain -d 'FC mode: ask every entry twice, freely and with calls held to the tools\' grammar (a call, once opened, parses), and report both'
-complete -c sala -n "__fish_sala_using_subcommand bfcl" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c sala -n "__fish_sala_using_subcommand bfcl" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -s V -l version -d 'Print version'
 complete -c sala -n "__fish_sala_using_subcommand doctor" -l tp -d 'Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs, MLX\'s ring backend on CPUs and Macs)' -r
 complete -c sala -n "__fish_sala_using_subcommand doctor" -l tp-backend -d 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl' -r -f -a "auto\t''

@@ -184,7 +184,16 @@ pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, o
     // Every rank must hold its part of the same model in the same dtype, or their sums are garbage.
     tp.check_agree(&fingerprint.digest_words(), "the model they loaded (its config, tensors or dtype differ)")?;
     let generation = source.generation_defaults()?;
-    let mut model = models::build(&cfg, &mut source.weights, Some(dtype), tp).map_err(|e| naming(e, "loading", &path))?;
+    // One bar for the group (the leader's), for weights still to be read from their files.
+    let to_read = source.weights.file_bytes();
+    let bar = (tp.is_leader() && to_read > 0).then(|| crate::progress::bytes_progress(&format!("loading {}", file_label(&path)), to_read));
+    source.weights.report_reads(bar.clone());
+    let built = models::build(&cfg, &mut source.weights, Some(dtype), tp);
+    source.weights.report_reads(None);
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let mut model = built.map_err(|e| naming(e, "loading", &path))?;
     model.info_mut().add_eos_tokens(&generation.eos_token_ids);
     if let Some(window) = options.window {
         model.set_window(window)?;

@@ -15,6 +15,22 @@ pub fn progress_bar(total: u64, template: &str) -> ProgressBar {
     bar
 }
 
+/// A bar for work counted in `unit`s (runs, cells, entries): done/total, time elapsed and left,
+/// and the item at hand as the message (cut to the terminal's width).
+pub fn work_bar(total: u64, label: &str, unit: &str) -> ProgressBar {
+    progress_bar(total, &format!("{label} {{bar:30}} {{pos}}/{{len}} {unit} · {{elapsed}} elapsed, eta {{eta}} · {{wide_msg}}"))
+}
+
+/// A line of news on stderr: above `bar` on a terminal, plainly when the bar is hidden (a pipe
+/// or a log file still gets each result as it comes).
+pub fn note(bar: &ProgressBar, line: &str) {
+    if bar.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
+    }
+}
+
 /// A set of bars on stderr (a download's files), hidden when stderr is not a terminal.
 pub fn bar_set() -> indicatif::MultiProgress {
     if std::io::stderr().is_terminal() {

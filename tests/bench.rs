@@ -35,7 +35,8 @@ fn results_in_every_format_and_appended() {
     for _ in 0..2 {
         let mut args = vec!["-m", path(&sala), "-m", path(&smol), "-o", "csv", "--output-file", path(&csv)];
         args.extend(grid);
-        let table = ok(&bench(&args));
+        // Cells are padded to line up: compare with single spaces.
+        let table = ok(&bench(&args)).split(' ').filter(|w| !w.is_empty()).collect::<Vec<_>>().join(" ");
         // The printed table: 4 tests × 2 models, then the comparison with a ratio column.
         assert!(table.contains("| A_dense_f32 |") && table.contains("| pp16 @ d24 |") && table.contains("| tg4 |"), "{table}");
         assert!(table.contains("SmolLM2-135M-Instruct.Q4_1.gguf / A_dense_f32"), "{table}");
@@ -326,4 +327,45 @@ fn prefix_cache_suite_times_follow_ups_cold_warm_and_from_disk() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("--cache-dir") && stderr.contains("not a folder"), "{stderr}");
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// On a terminal, `sala bench` shows its progress (the test at hand, runs done of all, time spent
+/// and left) on stderr; stdout gets only results, each row as soon as its test finishes; on a
+/// pipe nothing is drawn.
+#[test]
+fn progress_on_a_terminal_and_rows_as_they_finish() {
+    let smol = common::smollm2_gguf();
+    let args = ["bench", "-m", path(&smol), "-p", "8", "-n", "24", "-r", "2", "-o", "csv"];
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sala"));
+    cmd.args(args).stdout(std::process::Stdio::piped());
+    let (mut child, screen) = common::terminal::spawn_with_stderr_on_terminal(&mut cmd);
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(stdout) {
+            let _ = tx.send((line.unwrap(), std::time::Instant::now()));
+        }
+    });
+    let status = child.wait().unwrap();
+    let exited = std::time::Instant::now();
+    assert!(status.success(), "{}", screen.text());
+    let lines: Vec<(String, std::time::Instant)> = rx.iter().collect();
+    // A header and one row per test: the pp row came while tg24 (three runs) still ran.
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(lines[0].0.starts_with("model_filename,") && lines.iter().all(|(l, _)| !l.contains('\x1b')), "{lines:?}");
+    let early = exited.duration_since(lines[1].1);
+    assert!(early > std::time::Duration::from_millis(200), "the pp8 row came only {early:?} before the end");
+    // Give the reader a moment to drain what the terminal shows.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let shown = screen.text();
+    for part in ["bench", "runs", "elapsed", "eta", "SmolLM2-135M-Instruct.Q4_1.gguf tg24"] {
+        assert!(shown.contains(part), "no `{part}` on the terminal: {shown:?}");
+    }
+    assert!(shown.contains("/6 runs"), "runs done of all six (two tests, a warm-up and two timed each): {shown:?}");
+
+    // To a pipe: the same results and no bar.
+    let out = bench(&args[1..]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains('\x1b') && !err.contains("elapsed"), "{err:?}");
+    assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 3);
 }

@@ -288,7 +288,9 @@ fn sala_bfcl(args: &[&str]) -> (String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_sala")).arg("bfcl").args(args).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{err}");
-    (String::from_utf8(out.stdout).unwrap(), err)
+    // Table cells are padded to line up: compare with single spaces.
+    let table = String::from_utf8(out.stdout).unwrap().split(' ').filter(|w| !w.is_empty()).collect::<Vec<_>>().join(" ");
+    (table, err)
 }
 
 fn temp(name: &str) -> PathBuf {

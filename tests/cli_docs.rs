@@ -135,6 +135,29 @@ fn every_command_and_flag_has_a_description_and_every_command_an_example() {
     assert!(missing.is_empty(), "undocumented:\n{}", missing.join("\n"));
 }
 
+/// `--help` of every command keeps each flag's description on its line, as clap lays help out
+/// unless a flag has a multi-paragraph description or documented values (which moved
+/// `sala bfcl --help` to a long layout of its own).
+#[test]
+fn every_command_help_has_one_layout() {
+    let mut cli = Cli::command();
+    cli.build();
+    let mut long = Vec::new();
+    for cmd in std::iter::once(&cli).chain(cli.get_subcommands().filter(|s| s.get_name() != "help")) {
+        let args: Vec<&str> = if cmd.get_name() == "sala" { vec!["--help"] } else { vec![cmd.get_name(), "--help"] };
+        let out = Command::new(env!("CARGO_BIN_EXE_sala")).args(&args).output().unwrap();
+        assert!(out.status.success(), "sala {args:?}");
+        let help = String::from_utf8(out.stdout).unwrap();
+        let flags: Vec<&str> = help.lines().filter(|l| l.trim_start().starts_with('-')).collect();
+        assert!(!flags.is_empty() || cmd.get_name() == "sala", "{}: no flags in its help", cmd.get_name());
+        // A flag line with no gap before a description is the long layout's.
+        if let Some(line) = flags.iter().find(|l| !l.trim().contains("  ")) {
+            long.push(format!("{}: `{}`", cmd.get_name(), line.trim()));
+        }
+    }
+    assert!(long.is_empty(), "commands whose --help puts descriptions on their own lines:\n{}", long.join("\n"));
+}
+
 #[test]
 fn typos_get_the_right_suggestion() {
     let run = |args: &[&str]| {

@@ -36,7 +36,11 @@ fn grid_csv_heatmap_and_resume_on_smollm2() {
     let smol = common::smollm2_gguf();
     let (csv, svg) = (temp("grid.csv"), temp("grid.svg"));
     let args = ["-m", path(&smol), "--context-len", "600,300", "--depth", "0,100", "--max-tokens", "24"];
-    let (table, _) = ok(&needle(&[&args[..], &["--csv", path(&csv), "--svg", path(&svg)]].concat(), &[]));
+    let (table, err) = ok(&needle(&[&args[..], &["--csv", path(&csv), "--svg", path(&svg)]].concat(), &[]));
+    // Each cell is reported on stderr as it finishes, even to a pipe, with no bar drawn there.
+    let reported: Vec<&str> = err.lines().filter(|l| l.contains(" tokens @ ")).collect();
+    assert_eq!(reported.len(), 4, "{err}");
+    assert!(!err.contains('\x1b') && !err.contains("elapsed"), "a progress bar was drawn to a pipe: {err:?}");
     // The pivot: a row per depth, a column per length (sorted), then the share found.
     assert!(table.starts_with("| depth % | 300 | 600 |"), "{table}");
     assert!(table.contains("| 0 |") && table.contains("| 100 |") && table.contains("| found |"), "{table}");
@@ -193,7 +197,8 @@ fn cell(context_len: usize, depth: f64, score: f64) -> sala::eval::needle::CellR
 
 /// The heatmap rendered with real fonts (resvg, the system's sans-serif) to PNG: on the smallest
 /// grid with a long title, a small one and a large one, every text — title, axis labels, colour
-/// scale — lies inside the canvas. The PNGs are left in the target directory for a look.
+/// scale — lies inside the canvas, and the colour scale fits the grid. The PNGs are left in the
+/// target directory for a look.
 #[test]
 fn heatmap_canvas_holds_its_title_labels_and_colour_scale() {
     let mut fonts = resvg::usvg::fontdb::Database::new();
@@ -239,6 +244,22 @@ fn heatmap_canvas_holds_its_title_labels_and_colour_scale() {
                 assert!(!overlap(a, b), "{name}: text {i} at {a:?} overlaps {b:?}");
             }
         }
+        // The colour scale (the one 16-wide shape) runs beside the cells, no taller than they are
+        // (or than its two labels need), and no empty band is left below what is drawn.
+        let cells: Vec<_> = shapes.iter().filter(|b| (b.width() - 64.0).abs() < 1.0).collect();
+        assert_eq!(cells.len(), lengths.len() * depths.len(), "{name}: one rect per cell");
+        let grid_top = cells.iter().map(|b| b.top()).fold(f32::MAX, f32::min);
+        let grid_bottom = cells.iter().map(|b| b.bottom()).fold(0.0, f32::max);
+        let legend: Vec<_> = shapes.iter().filter(|b| (b.width() - 16.0).abs() < 1.0).collect();
+        assert_eq!(legend.len(), 1, "{name}: one colour scale");
+        let tallest = (grid_bottom - grid_top).max(36.0);
+        assert!(
+            (legend[0].top() - grid_top).abs() < 1.0 && legend[0].height() <= tallest + 1.0,
+            "{name}: the colour scale {:?} does not fit the grid's rows {grid_top}..{grid_bottom}",
+            legend[0]
+        );
+        let drawn_bottom = texts.iter().chain(&shapes[1..]).map(|b| b.bottom()).fold(0.0, f32::max);
+        assert!(size.height() - drawn_bottom < 20.0, "{name}: {} px of the {} px canvas is empty below the drawing", size.height() - drawn_bottom, size.height());
         let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width().ceil() as u32, size.height().ceil() as u32).unwrap();
         resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pixmap.as_mut());
         let png = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("needle-heatmap-{name}.png"));

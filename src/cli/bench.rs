@@ -3,12 +3,12 @@
 use super::{RuntimeArgs, TpArgs};
 use crate::engine::distributed::TensorParallel;
 use crate::load::{compute_dtype, file_label, load, load_source, preflight, LoadOptions, LoadedModel};
-use crate::progress::{bytes_progress, progress_bar};
+use crate::progress::{bytes_progress, work_bar};
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::generate::Draft;
 use crate::engine::weights::dtype_name;
 use crate::eval::bench::{run_follow_up, run_test, BenchPlan, FollowUpPlan, ModelMeta, Test};
-use crate::eval::bench_report::{self, Format};
+use crate::eval::bench_report::{self, Columns, Format, RowStream};
 use crate::eval::quality;
 use crate::eval::synthetic::SyntheticModel;
 use crate::engine::memory;
@@ -175,89 +175,96 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         anyhow::bail!("--cache-dir {}: not a folder; give an existing folder with room for one prefix's state", cache_dir.display());
     }
     let test_time = bench_report::iso8601(crate::server::openai::now());
+    // Only the leader of a tensor-parallel group reports; every rank measures.
+    let leader = tp.is_leader();
+    let names: Vec<String> = args.models.iter().map(|p| file_label(p)).chain(args.synthetic.iter().cloned()).collect();
+    let test_names: Vec<String> = tests.iter().map(|&(t, d)| t.name(d)).collect();
+    let file = args.output_file.clone().filter(|_| leader);
+    let mut stream = RowStream::new(args.output, file, &test_time, Columns::of_plan(&plan), &names, &test_names)?;
     // A follow-up test is four rows: cold, warm, disk and disk-cached, each one uncounted run
     // and the timed ones.
     let per_test = if follow_ups { 4 * plan.repetitions + 4 } else { plan.repetitions + 1 };
     let runs = (args.models.len() + args.synthetic.len()) * tests.len() * per_test;
-    let bar = progress_bar(runs as u64, "bench {bar:40} {pos}/{len} runs, eta {eta} {msg}");
-    let mut rows = Vec::new();
-    let sources = args.models.iter().map(|p| ModelChoice::Path(p.clone()));
-    let sources = sources.chain(args.synthetic.iter().map(|s| ModelChoice::Synthetic(s.clone())));
-    for choice in sources {
-        // Refuses up front when the deepest test will not fit in memory.
-        let (loaded, name) = load_choice(choice, &args, plan.max_cached_tokens(), &tp)?;
-        let info = loaded.model.info();
-        for &layers in args.draft_layers.iter().filter(|&&l| l > 0) {
-            Draft { layers, tokens: args.num_draft }.validate(loaded.model.as_ref(), &loaded.model.new_cache())?;
+    let bar = work_bar(runs as u64, "bench", "runs");
+    let print = |text: String| -> anyhow::Result<()> {
+        if leader {
+            bar.suspend(|| {
+                let mut stdout = std::io::stdout().lock();
+                stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush())
+            })?;
         }
-        if plan.max_tokens() > info.max_context {
-            anyhow::bail!(
-                "{name}: the deepest test needs {} tokens (depth + prompt/generation) but the model's context is {}; lower -d/-p/-n",
-                plan.max_tokens(),
-                info.max_context
-            );
-        }
-        let meta = ModelMeta {
-            model_filename: name,
-            model_type: info.model_type.clone(),
-            model_size: loaded.weights_bytes(),
-            n_params: info.n_params,
-            backend: {
-                let backend = match loaded.device {
-                    DeviceKind::Cpu => "cpu",
-                    DeviceKind::Gpu => device::gpu_backend().unwrap_or("gpu"),
-                };
-                if tp.is_single() {
-                    backend.into()
-                } else {
-                    format!("{backend} tp{}", tp.size)
+        Ok(())
+    };
+    let measured = (|| -> anyhow::Result<()> {
+        let sources = args.models.iter().map(|p| ModelChoice::Path(p.clone()));
+        let sources = sources.chain(args.synthetic.iter().map(|s| ModelChoice::Synthetic(s.clone())));
+        for choice in sources {
+            // Refuses up front when the deepest test will not fit in memory.
+            let (loaded, name) = load_choice(choice, &args, plan.max_cached_tokens(), &tp)?;
+            let info = loaded.model.info();
+            for &layers in args.draft_layers.iter().filter(|&&l| l > 0) {
+                Draft { layers, tokens: args.num_draft }.validate(loaded.model.as_ref(), &loaded.model.new_cache())?;
+            }
+            if plan.max_tokens() > info.max_context {
+                anyhow::bail!(
+                    "{name}: the deepest test needs {} tokens (depth + prompt/generation) but the model's context is {}; lower -d/-p/-n",
+                    plan.max_tokens(),
+                    info.max_context
+                );
+            }
+            let meta = ModelMeta {
+                model_filename: name,
+                model_type: info.model_type.clone(),
+                model_size: loaded.weights_bytes(),
+                n_params: info.n_params,
+                backend: {
+                    let backend = match loaded.device {
+                        DeviceKind::Cpu => "cpu",
+                        DeviceKind::Gpu => device::gpu_backend().unwrap_or("gpu"),
+                    };
+                    if tp.is_single() {
+                        backend.into()
+                    } else {
+                        format!("{backend} tp{}", tp.size)
+                    }
+                },
+                dtype: dtype_name(info.dtype).unwrap_or("?").to_ascii_lowercase(),
+            };
+            let grammar = match (plan.grammar, &loaded.tokenizer, &args.tokenizer) {
+                (false, _, _) => None,
+                (true, _, Some(dir)) => {
+                    let tokenizer = TextTokenizer::from_dir(dir, info.bos_token_id)?
+                        .with_context(|| format!("--tokenizer {}: no tokenizer.json there", dir.display()))?;
+                    Some(tokenizer.grammar_compiler(info.vocab_size, &info.eos_token_ids)?)
                 }
-            },
-            dtype: dtype_name(info.dtype).unwrap_or("?").to_ascii_lowercase(),
-        };
-        let grammar = match (plan.grammar, &loaded.tokenizer, &args.tokenizer) {
-            (false, _, _) => None,
-            (true, _, Some(dir)) => {
-                let tokenizer = TextTokenizer::from_dir(dir, info.bos_token_id)?
-                    .with_context(|| format!("--tokenizer {}: no tokenizer.json there", dir.display()))?;
-                Some(tokenizer.grammar_compiler(info.vocab_size, &info.eos_token_ids)?)
-            }
-            (true, Some(tokenizer), None) => Some(tokenizer.grammar_compiler(info.vocab_size, &info.eos_token_ids)?),
-            (true, None, None) => anyhow::bail!("{}: no tokenizer to compile the grammar suite's grammar with; pass --tokenizer DIR", meta.model_filename),
-        };
-        let keep = FollowUpPlan {
-            fingerprint: &loaded.fingerprint,
-            dir: &cache_dir,
-            budget: args.cache_memory.unwrap_or_else(memory::default_state_budget),
-        };
-        for &(test, depth) in &tests {
-            bar.set_message(format!("{} {:?} @ d{depth}", meta.model_filename, test));
-            match test {
-                Test::FollowUp(prompt, _) => rows.extend(run_follow_up(loaded.model.as_ref(), &meta, &plan, &keep, depth, prompt, || bar.inc(1))?),
-                _ => rows.push(run_test(loaded.model.as_ref(), &meta, &plan, test, depth, grammar.as_ref(), || bar.inc(1))?),
+                (true, Some(tokenizer), None) => Some(tokenizer.grammar_compiler(info.vocab_size, &info.eos_token_ids)?),
+                (true, None, None) => anyhow::bail!("{}: no tokenizer to compile the grammar suite's grammar with; pass --tokenizer DIR", meta.model_filename),
+            };
+            let keep = FollowUpPlan {
+                fingerprint: &loaded.fingerprint,
+                dir: &cache_dir,
+                budget: args.cache_memory.unwrap_or_else(memory::default_state_budget),
+            };
+            for &(test, depth) in &tests {
+                bar.set_message(format!("{} {}", meta.model_filename, test.name(depth)));
+                let rows = match test {
+                    Test::FollowUp(prompt, _) => run_follow_up(loaded.model.as_ref(), &meta, &plan, &keep, depth, prompt, || bar.inc(1))?,
+                    _ => vec![run_test(loaded.model.as_ref(), &meta, &plan, test, depth, grammar.as_ref(), || bar.inc(1))?],
+                };
+                for row in rows {
+                    print(stream.push(row)?)?;
+                }
             }
         }
-    }
+        Ok(())
+    })();
     bar.finish_and_clear();
-    if !tp.is_leader() {
-        return Ok(());
-    }
-    let stdout = &mut std::io::stdout().lock();
-    if let Some(file) = &args.output_file {
-        bench_report::append(&rows, args.output, &test_time, file)?;
+    // What was measured stays well-formed (a JSON array closed) when a later test fails.
+    let (end, rows) = stream.finish()?;
+    print(end)?;
+    measured?;
+    if let (Some(file), true) = (&args.output_file, leader) {
         eprintln!("appended {} results to {}", rows.len(), file.display());
-    }
-    if args.output == Format::Md || args.output_file.is_some() {
-        if std::io::stdout().is_terminal() {
-            println!("{}", bench_report::table(&rows).table());
-            if let Some(c) = bench_report::comparison(&rows) {
-                println!("{}", c.table());
-            }
-        } else {
-            bench_report::write(&rows, Format::Md, &test_time, true, stdout)?;
-        }
-    } else {
-        bench_report::write(&rows, args.output, &test_time, true, stdout)?;
     }
     Ok(())
 }
@@ -278,7 +285,7 @@ fn run_quality(args: BenchArgs) -> anyhow::Result<()> {
     }
     // Questions are a few dozen tokens; the chat template adds a few more.
     let context = args.max_tokens + 512;
-    let bar = progress_bar((args.models.len() * items.len()) as u64, "quality {bar:40} {pos}/{len} questions, eta {eta} {msg}");
+    let bar = work_bar((args.models.len() * items.len()) as u64, "quality", "questions");
     let stdout = &mut std::io::stdout().lock();
     let mut appended = 0;
     for path in &args.models {

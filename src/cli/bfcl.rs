@@ -4,11 +4,11 @@
 
 use super::RuntimeArgs;
 use crate::load::{file_label, load};
-use crate::progress::{bytes_progress, progress_bar, progress_to};
+use crate::progress::{bytes_progress, progress_to, work_bar};
 use crate::eval::bfcl::harness::{run_entry, sample_json, Mode, Settings};
 use crate::eval::bfcl::score::{non_live_csv, percent_cell, summarize, CategoryScore, NonLiveSummary};
 use crate::eval::bfcl::{load as load_entries, Category};
-use crate::eval::report::Report;
+use crate::eval::report::{MarkdownRows, Report};
 use anyhow::{bail, Context};
 use clap::Args;
 use std::io::{IsTerminal, Write};
@@ -93,7 +93,10 @@ pub fn run(args: BfclArgs) -> anyhow::Result<()> {
         bail!("--constrain holds tool calls to a grammar: it needs --mode fc");
     }
     let variants: &[bool] = if args.constrain { &[false, true] } else { &[false] };
-    let bar = progress_bar((args.models.len() * variants.len() * entries.len()) as u64, "bfcl {bar:40} {pos}/{len} entries, eta {eta} {msg}");
+    let bar = work_bar((args.models.len() * variants.len() * entries.len()) as u64, "bfcl", "entries");
+    let headers: Vec<String> = ["category", "entries", "correct", "accuracy"].map(String::from).into();
+    let widest = categories.iter().map(|c| c.name().len()).max().unwrap_or(0);
+    let table = MarkdownRows::new(&headers, &[widest, 7, 7, 8]);
     let mut summaries: Vec<(String, NonLiveSummary)> = Vec::new();
     let stdout = &mut std::io::stdout().lock();
     for path in &args.models {
@@ -114,7 +117,8 @@ pub fn run(args: BfclArgs) -> anyhow::Result<()> {
                 prefill_step: args.runtime.prefill_step.max(1),
             };
             let mut scores: Vec<CategoryScore> = categories.iter().map(|&category| CategoryScore { category, correct: 0, total: 0 }).collect();
-            for entry in &entries {
+            print_above(&bar, stdout, &format!("{name} ({mode} mode, {} tool calls)\n{}", tool_format.name(), table.header(&headers)))?;
+            for (k, entry) in entries.iter().enumerate() {
                 let sample = run_entry(loaded.model.as_ref(), tokenizer, entry, &settings)?;
                 let score = scores.iter_mut().find(|s| s.category == entry.category).expect("a score per category");
                 score.total += 1;
@@ -123,19 +127,17 @@ pub fn run(args: BfclArgs) -> anyhow::Result<()> {
                     writeln!(file, "{}", sample_json(&name, mode, &sample))?;
                 }
                 let (correct, total) = scores.iter().fold((0, 0), |(c, t), s| (c + s.correct, t + s.total));
-                bar.set_message(format!("{name}: {correct}/{total} correct"));
+                bar.set_message(format!("{name}: {} · {correct}/{total} correct", entry.category.name()));
                 bar.inc(1);
-            }
-            let summary = summarize(&scores);
-            bar.suspend(|| -> anyhow::Result<()> {
-                let mut per_category = Report::new(&["category", "entries", "correct", "accuracy"]);
-                for s in &scores {
-                    per_category.push(vec![s.category.name().into(), s.total.to_string(), s.correct.to_string(), percent_cell(Some(s.accuracy()))]);
+                // Entries come a category at a time: its row is final with its last entry.
+                if entries.get(k + 1).is_none_or(|next| next.category != entry.category) {
+                    let s = scores.iter().find(|s| s.category == entry.category).expect("a score per category");
+                    let row = [s.category.name().into(), s.total.to_string(), s.correct.to_string(), percent_cell(Some(s.accuracy()))];
+                    print_above(&bar, stdout, &table.row(&row))?;
                 }
-                writeln!(stdout, "{name} ({mode} mode, {} tool calls)", tool_format.name())?;
-                print_report(stdout, &per_category)?;
-                Ok(())
-            })?;
+            }
+            print_above(&bar, stdout, "\n")?;
+            let summary = summarize(&scores);
             summaries.push((name, summary));
         }
     }
@@ -161,4 +163,9 @@ fn print_report(out: &mut dyn Write, report: &Report) -> anyhow::Result<()> {
         writeln!(out, "{}", report.markdown())?;
     }
     Ok(())
+}
+
+/// Writes `text` to stdout as it is known, with the bar on stderr moved out of its way.
+fn print_above(bar: &indicatif::ProgressBar, out: &mut dyn Write, text: &str) -> anyhow::Result<()> {
+    Ok(bar.suspend(|| out.write_all(text.as_bytes()).and_then(|_| out.flush()))?)
 }

@@ -223,7 +223,7 @@ pub struct SamplingArgs {
     pub min_p: Option<f32>,
     /// Penalise tokens seen in the last 64 (1 = off) [default: the model's generation_config.json
     /// (repetition_penalty), else 1]
-    #[arg(long)]
+    #[arg(long, value_name = "N")]
     pub repeat_penalty: Option<f32>,
     /// Random seed for reproducible sampling
     #[arg(long)]

@@ -3,7 +3,7 @@
 
 use super::ModelArgs;
 use crate::load::{file_label, load};
-use crate::progress::{bytes_progress, progress_bar};
+use crate::progress::{bytes_progress, note, progress_bar};
 use crate::eval::needle::{self, Cell, CellResult, Haystack, HaystackSource, NeedleText, Variant};
 use crate::eval::report::Format;
 use anyhow::bail;
@@ -122,11 +122,12 @@ pub fn run(args: NeedleArgs) -> anyhow::Result<()> {
     }
     let text_spec = NeedleText { needle: args.needle.clone(), question: args.question.clone(), answer: args.answer.clone() };
     let total: usize = cells.iter().map(|c| c.context_len).sum();
-    let bar = progress_bar(total as u64, "needle {bar:40} {pos}/{len} prompt tokens, eta {eta} {msg}");
+    let bar = progress_bar(total as u64, "needle {bar:30} {pos}/{len} prompt tokens · {elapsed} elapsed, eta {eta} · {wide_msg}");
     let mut results = earlier.clone();
     let mut new = Vec::new();
     for (k, cell) in cells.iter().enumerate() {
-        bar.set_message(format!("cell {}/{}: {} tokens @ {}%", k + 1, cells.len(), cell.context_len, cell.depth));
+        let found = results.iter().filter(|r| r.found()).count();
+        bar.set_message(format!("cell {}/{}: {} tokens @ {}% · found {found}/{} so far", k + 1, cells.len(), cell.context_len, cell.depth, results.len()));
         // The same probe for a cell whatever else runs, so resumed runs ask what a full run would.
         let seed = args.seed ^ (cell.context_len as u64) << 20 ^ (cell.depth * 1000.0) as u64;
         let probe = needle::probe(args.variant, &text_spec, cell.depth, seed);
@@ -166,15 +167,13 @@ pub fn run(args: NeedleArgs) -> anyhow::Result<()> {
         }
         new.push(result.clone());
         results.push(result);
-        let found = results.iter().filter(|r| r.found()).count();
-        bar.println(format!(
+        note(&bar, &format!(
             "{:>7} tokens @ {:>5}%: {} ({:.0} tok/s prefill)",
             cell.context_len,
             cell.depth,
             if score >= 1.0 { "found" } else if score > 0.0 { "partly found" } else { "missed" },
             stats.prompt_tps()
         ));
-        bar.set_message(format!("found {found}/{}", results.len()));
     }
     bar.finish_and_clear();
     let report = needle::pivot(&results, &lengths, &depths);

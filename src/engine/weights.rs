@@ -90,6 +90,8 @@ pub struct Weights {
     quantized: HashMap<String, QuantFormat>,
     /// Non-persistent buffers some exporters save, which [`Weights::check`] set aside.
     skipped_buffers: Vec<String>,
+    /// Moved by the bytes read from files, so a long load shows its progress.
+    read_progress: Option<indicatif::ProgressBar>,
 }
 
 /// Last name parts of the buffers HF registers as non-persistent (rotary tables): derived from
@@ -160,7 +162,7 @@ impl Weights {
     }
 
     fn new(source: &Path, infos: BTreeMap<String, TensorInfo>, metadata: BTreeMap<String, String>) -> Self {
-        Self { source: source.into(), infos, metadata, quantization: None, quantized: HashMap::new(), skipped_buffers: Vec::new() }
+        Self { source: source.into(), infos, metadata, quantization: None, quantized: HashMap::new(), skipped_buffers: Vec::new(), read_progress: None }
     }
 
     pub fn infos(&self) -> &BTreeMap<String, TensorInfo> {
@@ -335,12 +337,35 @@ impl Weights {
             .sum()
     }
 
+    /// Bytes of the tensors still in their files (what loading reads).
+    pub fn file_bytes(&self) -> u64 {
+        self.infos.values().filter_map(|i| match i.location {
+            Location::File { len, .. } => Some(len),
+            Location::Memory(_) => None,
+        }).sum()
+    }
+
+    /// Moves `bar` (while set) by the bytes of each tensor read from its file.
+    pub fn report_reads(&mut self, bar: Option<indicatif::ProgressBar>) {
+        self.read_progress = bar;
+    }
+
+    fn read_done(&self, bytes: &[u8]) {
+        if let Some(bar) = &self.read_progress {
+            bar.inc(bytes.len() as u64);
+        }
+    }
+
     /// Loads one tensor in its stored dtype.
     pub fn raw(&self, name: &str) -> Result<Array> {
         let info = self.info(name, &[])?;
         match &info.location {
             Location::Memory(array) => Ok(array.clone()),
-            Location::File { .. } => self.array_of(name, info, &self.bytes(name)?, &info.shape),
+            Location::File { .. } => {
+                let bytes = self.bytes(name)?;
+                self.read_done(&bytes);
+                self.array_of(name, info, &bytes, &info.shape)
+            }
         }
     }
 
@@ -401,6 +426,7 @@ impl Weights {
                     }
                     buf
                 };
+                self.read_done(&bytes);
                 self.array_of(name, info, &bytes, &shape)
             }
         }

@@ -145,6 +145,27 @@ impl BenchPlan {
 }
 
 impl Test {
+    /// The test's name in tables and progress: `pp512`, `tg128 @ d4096`, `tg128 x8`, `tg128
+    /// greedy`, `tg128 draft 8/4`, `tg128 grammar x8`, `ttft64 @ d4096 warm`.
+    pub fn name(self, depth: usize) -> String {
+        let base = match self {
+            Test::Prompt(p) => format!("pp{p}"),
+            Test::Generate(n, Decode::Pipelined { seqs: 1 }) => format!("tg{n}"),
+            Test::Generate(n, Decode::Pipelined { seqs }) => format!("tg{n} x{seqs}"),
+            Test::Generate(n, Decode::Greedy { draft_layers: 0, .. }) => format!("tg{n} greedy"),
+            Test::Generate(n, Decode::Greedy { draft_layers, num_draft }) => format!("tg{n} draft {draft_layers}/{num_draft}"),
+            Test::Generate(n, Decode::Sampled { seqs, constrained }) => {
+                format!("tg{n} {}{}", if constrained { "grammar" } else { "host" }, if seqs > 1 { format!(" x{seqs}") } else { String::new() })
+            }
+            Test::FollowUp(p, _) => format!("ttft{p}"),
+        };
+        let base = if depth > 0 { format!("{base} @ d{depth}") } else { base };
+        match self {
+            Test::FollowUp(_, from) => format!("{base} {}", from.name()),
+            _ => base,
+        }
+    }
+
     /// Tokens each sequence goes through.
     fn tokens(self) -> usize {
         match self {
@@ -247,22 +268,7 @@ impl BenchRow {
 
     /// `pp512`, `tg128 @ d4096`, `tg128 x8`, `tg128 greedy`, `tg128 draft 8/4`, `tg128 grammar x8`.
     pub fn name(&self) -> String {
-        let base = match self.test {
-            Test::Prompt(p) => format!("pp{p}"),
-            Test::Generate(n, Decode::Pipelined { seqs: 1 }) => format!("tg{n}"),
-            Test::Generate(n, Decode::Pipelined { seqs }) => format!("tg{n} x{seqs}"),
-            Test::Generate(n, Decode::Greedy { draft_layers: 0, .. }) => format!("tg{n} greedy"),
-            Test::Generate(n, Decode::Greedy { draft_layers, num_draft }) => format!("tg{n} draft {draft_layers}/{num_draft}"),
-            Test::Generate(n, Decode::Sampled { seqs, constrained }) => {
-                format!("tg{n} {}{}", if constrained { "grammar" } else { "host" }, if seqs > 1 { format!(" x{seqs}") } else { String::new() })
-            }
-            Test::FollowUp(p, _) => format!("ttft{p}"),
-        };
-        let base = if self.depth > 0 { format!("{base} @ d{}", self.depth) } else { base };
-        match self.prefix() {
-            Some(from) => format!("{base} {}", from.name()),
-            None => base,
-        }
+        self.test.name(self.depth)
     }
 
     /// Tokens per second, all sequences together.

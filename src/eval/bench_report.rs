@@ -2,13 +2,14 @@
 //! table, and a side-by-side table with ratios when several models ran. Files are appended to, so
 //! a CI job can keep one history file.
 
-use super::bench::BenchRow;
+use super::bench::{BenchPlan, BenchRow};
+use super::report::MarkdownRows;
 pub use super::report::Format;
 use super::report::{Records, Report};
 use crate::engine::memory::human;
 use serde_json::{json, Value};
 use std::io::Write;
-use std::path::Path;
+use std::path::PathBuf;
 
 /// The CSV columns, in order (llama-bench's names where it has one).
 pub const FIELDS: &[&str] = &[
@@ -45,11 +46,40 @@ fn records(rows: &[BenchRow], test_time: &str) -> Records {
 /// memory, and the draft acceptance when a speculative test ran. Follow-up rows get their own
 /// table ([`follow_up_table`]).
 pub fn table(rows: &[BenchRow]) -> Report {
-    if rows.iter().any(|r| r.prefix().is_some()) {
+    let columns = Columns {
+        follow_up: rows.iter().any(|r| r.prefix().is_some()),
+        speculative: rows.iter().any(|r| r.acceptance.is_some()),
+        constrained: rows.iter().any(|r| r.grammar() == Some(true)),
+    };
+    table_with(rows, columns)
+}
+
+/// Which table a run's rows make and its optional columns: known from the plan before any row
+/// exists, so rows can be printed as they finish.
+#[derive(Clone, Copy)]
+pub struct Columns {
+    pub follow_up: bool,
+    pub speculative: bool,
+    pub constrained: bool,
+}
+
+impl Columns {
+    pub fn of_plan(plan: &BenchPlan) -> Self {
+        let generates = plan.generations.iter().any(|&n| n > 0);
+        Self {
+            follow_up: plan.follow_ups,
+            speculative: !plan.follow_ups && !plan.grammar && generates && plan.draft_layers.iter().any(|&l| l > 0),
+            constrained: !plan.follow_ups && plan.grammar && generates,
+        }
+    }
+}
+
+/// A row's cells depend only on it and the rows before it (a follow-up's cold run, a grammar
+/// test's free run come first), so the last row of a growing table is final when printed.
+fn table_with(rows: &[BenchRow], Columns { follow_up, speculative, constrained }: Columns) -> Report {
+    if follow_up {
         return follow_up_table(rows);
     }
-    let speculative = rows.iter().any(|r| r.acceptance.is_some());
-    let constrained = rows.iter().any(|r| r.grammar() == Some(true));
     let mut headers = vec!["model", "size", "params", "backend", "dtype", "test", "t/s", "peak mem"];
     if speculative {
         headers.push("accepted");
@@ -192,9 +222,95 @@ pub fn write(rows: &[BenchRow], format: Format, test_time: &str, header: bool, o
     }
 }
 
-/// Appends `rows` to the results file `path` (a JSON file keeps one array, extended).
-pub fn append(rows: &[BenchRow], format: Format, test_time: &str, path: &Path) -> anyhow::Result<()> {
-    records(rows, test_time).append(format, path, &markdown(rows), "sala bench")
+/// Results written as each test finishes: to stdout in the `-o` format (a markdown table a row
+/// at a time, CSV after its header, JSON lines, or one JSON array closed at the end) and appended
+/// to the results file, so a long run shows each result at once and an interrupted one keeps what
+/// it measured.
+pub struct RowStream {
+    /// What stdout gets: the `-o` format, or the markdown table when a results file takes it.
+    printed: Format,
+    /// The results file and its format.
+    file: Option<(PathBuf, Format)>,
+    test_time: String,
+    columns: Columns,
+    markdown: MarkdownRows,
+    headers: Vec<String>,
+    rows: Vec<BenchRow>,
+}
+
+impl RowStream {
+    /// `models` and `tests` (names) set the markdown columns' widths. Refuses a results file the
+    /// rows could not be appended to before anything is measured.
+    pub fn new(format: Format, file: Option<PathBuf>, test_time: &str, columns: Columns, models: &[String], tests: &[String]) -> anyhow::Result<Self> {
+        if let Some(path) = &file {
+            Records::new(FIELDS).check_appendable(format, path, "sala bench")?;
+        }
+        let headers = table_with(&[], columns).headers;
+        let widest = |names: &[String]| names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
+        // Room for typical values, so rows line up without knowing them in advance.
+        let at_least: Vec<usize> = headers
+            .iter()
+            .map(|h| match h.as_str() {
+                "model" => widest(models),
+                "test" => widest(tests),
+                "t/s" => 18,
+                "ttft" => 16,
+                "kept" => 12,
+                "size" | "peak mem" => 10,
+                "params" | "backend" => 8,
+                _ => 0,
+            })
+            .collect();
+        Ok(Self {
+            printed: if file.is_some() { Format::Md } else { format },
+            file: file.map(|f| (f, format)),
+            test_time: test_time.to_string(),
+            columns,
+            markdown: MarkdownRows::new(&headers, &at_least),
+            headers,
+            rows: Vec::new(),
+        })
+    }
+
+    /// Records a finished test: appends it to the results file and returns what stdout gets.
+    pub fn push(&mut self, row: BenchRow) -> anyhow::Result<String> {
+        let first = self.rows.is_empty();
+        self.rows.push(row);
+        let cells = table_with(&self.rows, self.columns).rows.pop().expect("the row just pushed");
+        let line = self.markdown.row(&cells);
+        let header = if first { self.markdown.header(&self.headers) } else { String::new() };
+        if let Some((path, format)) = &self.file {
+            let record = records(&self.rows[self.rows.len() - 1..], &self.test_time);
+            record.append(*format, path, &format!("{header}{line}"), "sala bench")?;
+        }
+        let record = records(&self.rows[self.rows.len() - 1..], &self.test_time);
+        let mut out = Vec::new();
+        match self.printed {
+            Format::Md => write!(out, "{header}{line}")?,
+            Format::Json => {
+                let object = serde_json::to_string_pretty(&record.objects()[0])?.replace('\n', "\n  ");
+                write!(out, "{}  {object}", if first { "[\n" } else { ",\n" })?;
+            }
+            format => record.write(format, first, &mut out)?,
+        }
+        Ok(String::from_utf8(out)?)
+    }
+
+    /// The end of the output (a JSON array's close; with several models, the side-by-side
+    /// comparison) and the rows.
+    pub fn finish(self) -> anyhow::Result<(String, Vec<BenchRow>)> {
+        let comparison = comparison(&self.rows).map(|c| format!("\n{}", c.markdown())).unwrap_or_default();
+        if let Some((path, Format::Md)) = &self.file {
+            Records::new(FIELDS).append(Format::Md, path, &comparison, "sala bench")?;
+        }
+        let end = match self.printed {
+            Format::Md => comparison,
+            Format::Json if self.rows.is_empty() => "[]\n".into(),
+            Format::Json => "\n]\n".into(),
+            _ => String::new(),
+        };
+        Ok((end, self.rows))
+    }
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for a Unix time (UTC).

@@ -453,7 +453,7 @@ fn text_width(text: &str, size: f64) -> f64 {
 /// title, axis labels and colour scale as well as the cells, however few there are.
 pub fn heatmap_svg(title: &str, results: &[CellResult], lengths: &[usize], depths: &[f64]) -> String {
     let (cw, ch, left, top, pad) = (64.0, 26.0, 70.0, 56.0, 12.0);
-    let (font, title_font, swatch) = (12.0, 15.0, 14.0);
+    let (font, title_font) = (12.0, 15.0);
     let grid_right = left + cw * lengths.len() as f64;
     let grid_bottom = top + ch * depths.len() as f64;
     let x_axis = "Context length (tokens)";
@@ -461,7 +461,8 @@ pub fn heatmap_svg(title: &str, results: &[CellResult], lengths: &[usize], depth
     let x_axis_centre = ((left + grid_right) / 2.0).max(left + text_width(x_axis, font) / 2.0);
     // The colour scale stands right of the cells and of the axis label.
     let legend_x = grid_right.max(x_axis_centre + text_width(x_axis, font) / 2.0) + 24.0;
-    let legend_bottom = top + 11.0 * swatch;
+    // The colour scale runs the grid's height, and never shorter than its two labels need.
+    let legend_bottom = grid_bottom.max(top + 3.0 * font);
     let width = (legend_x + 20.0 + text_width("100%", font) + pad)
         .max(text_width(title, title_font) + 2.0 * pad)
         .max(grid_right + pad);
@@ -500,14 +501,18 @@ pub fn heatmap_svg(title: &str, results: &[CellResult], lengths: &[usize], depth
     svg.push_str(&format!(
         "<text x=\"16\" y=\"{y_centre}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {y_centre})\">{y_axis}</text>\n"
     ));
-    // Colour scale.
-    for k in 0..=10 {
-        let s = 1.0 - k as f64 / 10.0;
-        let y = top + k as f64 * swatch;
-        svg.push_str(&format!("<rect x=\"{legend_x}\" y=\"{y}\" width=\"16\" height=\"{swatch}\" fill=\"{}\"/>\n", score_colour(s)));
-    }
-    svg.push_str(&format!("<text x=\"{}\" y=\"{}\">100%</text>\n", legend_x + 20.0, top + 11.0));
-    svg.push_str(&format!("<text x=\"{}\" y=\"{}\">0%</text>\n", legend_x + 20.0, top + 10.0 * swatch + 11.0));
+    // Colour scale: the cells' colours from 100% at the top to 0% at the bottom.
+    let stops: String = [(0.0, 1.0), (0.5, 0.5), (1.0, 0.0)]
+        .iter()
+        .map(|&(offset, score)| format!("<stop offset=\"{offset}\" stop-color=\"{}\"/>", score_colour(score)))
+        .collect();
+    svg.push_str(&format!(
+        "<defs><linearGradient id=\"scale\" x1=\"0\" y1=\"0\" x2=\"0\" y2=\"1\">{stops}</linearGradient></defs>\n\
+         <rect x=\"{legend_x}\" y=\"{top}\" width=\"16\" height=\"{}\" fill=\"url(#scale)\"/>\n",
+        legend_bottom - top
+    ));
+    svg.push_str(&format!("<text x=\"{}\" y=\"{}\">100%</text>\n", legend_x + 20.0, top + 0.8 * font));
+    svg.push_str(&format!("<text x=\"{}\" y=\"{legend_bottom}\">0%</text>\n", legend_x + 20.0));
     svg.push_str("</svg>\n");
     svg
 }

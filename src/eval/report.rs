@@ -68,6 +68,36 @@ impl Report {
     }
 }
 
+/// A markdown table written a row at a time, as llama-bench prints it, so each result shows as
+/// soon as it exists: columns padded to widths fixed up front (a longer cell widens its own row).
+pub struct MarkdownRows {
+    widths: Vec<usize>,
+}
+
+impl MarkdownRows {
+    /// Each column as wide as its header or its `at_least` width, whichever is wider.
+    pub fn new(headers: &[String], at_least: &[usize]) -> Self {
+        let widths = headers.iter().enumerate().map(|(i, h)| h.chars().count().max(at_least.get(i).copied().unwrap_or(0))).collect();
+        Self { widths }
+    }
+
+    /// The header line and the alignment line (the first column left, the rest right).
+    pub fn header(&self, headers: &[String]) -> String {
+        let rule: Vec<String> = self.widths.iter().enumerate().map(|(i, &w)| if i == 0 { "-".repeat(w) } else { format!("{}:", "-".repeat(w.max(2) - 1)) }).collect();
+        format!("{}| {} |\n", self.row(headers), rule.join(" | "))
+    }
+
+    pub fn row(&self, cells: &[String]) -> String {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&self.widths)
+            .enumerate()
+            .map(|(i, (c, &w))| if i == 0 { format!("{c:<w$}") } else { format!("{c:>w$}") })
+            .collect();
+        format!("| {} |\n", padded.join(" | "))
+    }
+}
+
 /// Result rows with named fields, in the order of `fields`.
 pub struct Records {
     pub fields: &'static [&'static str],
@@ -120,27 +150,16 @@ impl Records {
     /// `writer` names the command, for the message when the file is someone else's.
     pub fn append(&self, format: Format, path: &Path, markdown: &str, writer: &str) -> anyhow::Result<()> {
         let existing = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        let read = || std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()));
-        match format {
-            Format::Json => {
-                let mut all: Vec<Value> = if existing > 0 {
-                    serde_json::from_str(&read()?)
-                        .with_context(|| format!("{} is not a JSON array of results; use a new file", path.display()))?
-                } else {
-                    Vec::new()
-                };
-                all.extend(self.objects());
-                let text = serde_json::to_string_pretty(&all)? + "\n";
-                return std::fs::write(path, text).with_context(|| format!("writing {}", path.display()));
-            }
-            Format::Csv if existing > 0 && read()?.lines().next() != Some(self.fields.join(",").as_str()) => {
-                anyhow::bail!(
-                    "{} has other columns than `{writer}` writes; append to a file it wrote, or start a new one",
-                    path.display()
-                );
-            }
-            _ => {}
+        if format == Format::Json {
+            let mut all = self.earlier_json(path, existing)?;
+            all.extend(self.objects());
+            let text = serde_json::to_string_pretty(&all)? + "\n";
+            // Written aside and renamed over: a run cut off mid-write keeps the earlier results.
+            let part = path.with_extension("json.part");
+            std::fs::write(&part, text).with_context(|| format!("writing {}", part.display()))?;
+            return std::fs::rename(&part, path).with_context(|| format!("writing {}", path.display()));
         }
+        self.check_appendable(format, path, writer)?;
         let mut file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -151,6 +170,32 @@ impl Records {
             _ => self.write(format, existing == 0, &mut file),
         }
     }
+
+    /// Refuses a results file these records cannot be appended to (a JSON file that is not an
+    /// array, a CSV file with other columns), so a long run finds out before it starts.
+    pub fn check_appendable(&self, format: Format, path: &Path, writer: &str) -> anyhow::Result<()> {
+        let existing = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        match format {
+            Format::Json => self.earlier_json(path, existing).map(drop),
+            Format::Csv if existing > 0 && read(path)?.lines().next() != Some(self.fields.join(",").as_str()) => anyhow::bail!(
+                "{} has other columns than `{writer}` writes; append to a file it wrote, or start a new one",
+                path.display()
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// The array a JSON results file already holds (none when it is new or empty).
+    fn earlier_json(&self, path: &Path, existing: u64) -> anyhow::Result<Vec<Value>> {
+        if existing == 0 {
+            return Ok(Vec::new());
+        }
+        serde_json::from_str(&read(path)?).with_context(|| format!("{} is not a JSON array of results; use a new file", path.display()))
+    }
+}
+
+fn read(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }
 
 /// A CSV cell: strings bare, null empty, arrays space-separated, the rest as JSON.

@@ -104,7 +104,9 @@ pub fn import(path: &Path) -> Result<ModelSource> {
     }
 
     let mut arrays: Vec<(String, Array)> = Vec::new();
+    let bar = crate::progress::bytes_progress(&format!("reading {}", path.file_name().unwrap_or_default().to_string_lossy()), file.tensors.iter().map(|t| t.nbytes).sum());
     for t in &file.tensors {
+        bar.inc(t.nbytes);
         if t.name == "rope_freqs.weight" {
             // Llama 3.1-style frequency divisors: periods × factor.
             let Converted::Float(f) = file.convert(t)? else { return Err(bad(path, "rope_freqs.weight is quantized")) };
@@ -145,6 +147,7 @@ pub fn import(path: &Path) -> Result<ModelSource> {
             }
         }
     }
+    bar.finish_and_clear();
     let mut files = BTreeMap::new();
     files.insert(CONFIG_FILE.to_string(), serde_json::to_string_pretty(&config).expect("JSON values serialise"));
     if let Some(tok) = file.tokenizer_files()? {

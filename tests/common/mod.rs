@@ -6,6 +6,7 @@ pub mod gguf_file;
 pub mod hub;
 pub mod server;
 pub mod state_files;
+pub mod terminal;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -20,9 +20,10 @@ use serde_json::{json, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
-    /// BFCL's system prompt; calls written as Python
+    // Plain comments: a documented value would switch `sala bfcl --help` to clap's long layout.
+    // BFCL's system prompt; calls written as Python.
     Prompt,
-    /// Function calling through the chat template's tools
+    // Function calling through the chat template's tools.
     Fc,
 }
 
