@@ -155,10 +155,17 @@ fn quality_suite_on_smollm2() {
     let args = ["--suite", "quality", "-m", path(&smol), "--limit", "1", "--max-tokens", "48", "-o", "csv"];
     let mut args = args.to_vec();
     args.extend(["--output-file", path(&csv), "--samples", path(&samples)]);
-    let table = ok(&bench(&args));
+    let out = bench(&args);
+    let table = ok(&out);
     assert!(table.contains("| category | questions | answered | correct | think loops | accuracy |"), "{table}");
     // One question per category, every answer recorded with its verdict.
     let samples = jsonl(&samples);
+    // Each verdict is reported on stderr as it comes, the same as recorded.
+    let err = String::from_utf8_lossy(&out.stderr);
+    for s in &samples {
+        let line = format!("SmolLM2-135M-Instruct.Q4_1.gguf {}: {}", s["id"].as_str().unwrap(), if s["correct"] == true { "correct" } else { "" });
+        assert!(err.contains(&line), "no `{line}` in {err}");
+    }
     let ids: Vec<&str> = samples.iter().map(|s| s["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["arithmetic-01", "algebra-01", "word-problems-01", "logic-01", "sequences-01"]);
     for s in &samples {

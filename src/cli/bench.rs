@@ -3,7 +3,7 @@
 use super::{RuntimeArgs, TpArgs};
 use crate::engine::distributed::TensorParallel;
 use crate::load::{compute_dtype, file_label, load, load_source, preflight, LoadOptions, LoadedModel};
-use crate::progress::{bytes_progress, work_bar};
+use crate::progress::{bytes_progress, note, work_bar};
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::generate::Draft;
 use crate::engine::weights::dtype_name;
@@ -303,6 +303,13 @@ fn run_quality(args: BenchArgs) -> anyhow::Result<()> {
                 args.max_tokens,
                 args.runtime.prefill_step.max(1),
             )?;
+            let verdict = match (&outcome, outcome.answer.stuck_thinking()) {
+                (o, _) if o.correct => "correct",
+                (_, true) => "still thinking (a think loop)",
+                (o, false) if o.answer.answered() => "wrong",
+                _ => "no answer",
+            };
+            note(&bar, &format!("{name} {}: {verdict} ({} tokens)", item.id, outcome.answer.stats.generated_tokens));
             outcomes.push(outcome);
             let correct = outcomes.iter().filter(|o| o.correct).count();
             bar.set_message(format!("{name}: {correct}/{} correct", outcomes.len()));
