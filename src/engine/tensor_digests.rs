@@ -114,6 +114,9 @@ fn hash_ranges(file: &Path, ranges: &[(u64, u64)]) -> Result<Vec<String>> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8).min(ranges.len().max(1));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let out = std::sync::Mutex::new(vec![String::new(); ranges.len()]);
+    // Once per file (then cached), but a large checkpoint takes a while.
+    let label = format!("digesting {}", file.file_name().unwrap_or_default().to_string_lossy());
+    let bar = crate::progress::bytes_progress(&label, ranges.iter().map(|r| r.1).sum());
     let work = || -> Result<()> {
         let mut buf = vec![0u8; CHUNK];
         loop {
@@ -126,6 +129,7 @@ fn hash_ranges(file: &Path, ranges: &[(u64, u64)]) -> Result<Vec<String>> {
                 handle.read_exact_at(&mut buf[..n], offset + done).map_err(|e| Error::io(file, e))?;
                 hasher.update(&buf[..n]);
                 done += n as u64;
+                bar.inc(n as u64);
             }
             out.lock().unwrap_or_else(|e| e.into_inner())[i] = hex(hasher.digest128());
         }
@@ -134,6 +138,7 @@ fn hash_ranges(file: &Path, ranges: &[(u64, u64)]) -> Result<Vec<String>> {
         let workers: Vec<_> = (0..threads).map(|_| scope.spawn(work)).collect();
         workers.into_iter().try_for_each(|w| w.join().unwrap_or_else(|_| Err(Error::Usage("internal: a hashing thread panicked".into()))))
     })?;
+    bar.finish_and_clear();
     Ok(out.into_inner().unwrap_or_else(|e| e.into_inner()))
 }
 
