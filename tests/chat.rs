@@ -1,7 +1,10 @@
 //! `sala chat`: the session reuses model state exactly (golden SALA, recurrent + sparse layers),
 //! and the REPL works in a pseudo-terminal (tests/pty/drive.py) on SmolLM2 and a golden SALA model:
 //! streaming, /retry and follow-ups prefilling only new tokens, multi-line input, /save and
-//! /load, Ctrl-C stopping an answer without leaving, Ctrl-D leaving.
+//! /load, Ctrl-C stopping an answer without leaving, Ctrl-D leaving. In a terminal set up as a
+//! user's (rexpect, TERM=xterm, so the line editor runs in raw mode): Ctrl-C and kill -INT stop an
+//! answer within a second, the partial answer is kept and the next turn sees it, type-ahead becomes
+//! the next message, Ctrl-C at the prompt says how to leave.
 
 mod common;
 
