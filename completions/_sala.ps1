@@ -171,7 +171,7 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
         }
         'sala;show' {
             [CompletionResult]::new('--context', '--context', [CompletionResultType]::ParameterName, 'Estimate memory for this many tokens of context (default: the model''s, at most 4096)')
-            [CompletionResult]::new('--tensors', '--tensors', [CompletionResultType]::ParameterName, 'Also list every tensor with its dtype and shape')
+            [CompletionResult]::new('--tensors', '--tensors', [CompletionResultType]::ParameterName, 'Also list every tensor the file stores, with its dtype (GGUF: its type) and shape')
             [CompletionResult]::new('--json', '--json', [CompletionResultType]::ParameterName, 'Print JSON instead of text')
             [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')

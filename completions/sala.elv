@@ -162,7 +162,7 @@ set edit:completion:arg-completer[sala] = {|@words|
         }
         &'sala;show'= {
             cand --context 'Estimate memory for this many tokens of context (default: the model''s, at most 4096)'
-            cand --tensors 'Also list every tensor with its dtype and shape'
+            cand --tensors 'Also list every tensor the file stores, with its dtype (GGUF: its type) and shape'
             cand --json 'Print JSON instead of text'
             cand -h 'Print help'
             cand --help 'Print help'

@@ -152,7 +152,7 @@ complete -c sala -n "__fish_sala_using_subcommand pack" -s o -l output -d 'The .
 complete -c sala -n "__fish_sala_using_subcommand pack" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand pack" -s V -l version -d 'Print version'
 complete -c sala -n "__fish_sala_using_subcommand show" -l context -d 'Estimate memory for this many tokens of context (default: the model\'s, at most 4096)' -r
-complete -c sala -n "__fish_sala_using_subcommand show" -l tensors -d 'Also list every tensor with its dtype and shape'
+complete -c sala -n "__fish_sala_using_subcommand show" -l tensors -d 'Also list every tensor the file stores, with its dtype (GGUF: its type) and shape'
 complete -c sala -n "__fish_sala_using_subcommand show" -l json -d 'Print JSON instead of text'
 complete -c sala -n "__fish_sala_using_subcommand show" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand show" -s V -l version -d 'Print version'

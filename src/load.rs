@@ -100,15 +100,7 @@ pub fn file_label(path: &Path) -> String {
     path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().to_string())
 }
 
-/// The compute dtype: the one asked for, else f32 on the CPU (MLX's CPU backend multiplies only
-/// f32 through BLAS; bf16/f16 are far slower there), else the checkpoint's.
-pub fn compute_dtype(asked: Option<Dtype>, device: DeviceKind, storage: Option<Dtype>) -> Dtype {
-    let default = match device {
-        DeviceKind::Cpu => Some(Dtype::Float32),
-        DeviceKind::Gpu => storage,
-    };
-    asked.or(default).unwrap_or(Dtype::Bfloat16)
-}
+pub use crate::engine::device::compute_dtype;
 
 /// Refuses, before anything is loaded, when the weights and one sequence's cache of `tokens`
 /// tokens will not fit in the memory of `device`. Under tensor parallelism, `weights_bytes` is

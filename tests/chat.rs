@@ -1,7 +1,10 @@
 //! `sala chat`: the session reuses model state exactly (golden SALA, recurrent + sparse layers),
 //! and the REPL works in a pseudo-terminal (tests/pty/drive.py) on SmolLM2 and a golden SALA model:
 //! streaming, /retry and follow-ups prefilling only new tokens, multi-line input, /save and
-//! /load, Ctrl-C stopping an answer without leaving, Ctrl-D leaving.
+//! /load, Ctrl-C stopping an answer without leaving, Ctrl-D leaving. In a terminal set up as a
+//! user's (rexpect, TERM=xterm, so the line editor runs in raw mode): Ctrl-C and kill -INT stop an
+//! answer within a second, the partial answer is kept and the next turn sees it, type-ahead becomes
+//! the next message, Ctrl-C at the prompt says how to leave.
 
 mod common;
 
@@ -167,4 +170,125 @@ fn interleaved_decodings_match_separate_runs() {
         assert_eq!(tokens, alone[i], "sequence {i}");
         assert_eq!(caches[i].len(), prompts[i].len() + tokens.len() - 1);
     }
+}
+
+/// `sala chat` in a pseudo-terminal set up as a user's (TERM=xterm, echo on), so the line editor
+/// runs in raw mode and Ctrl-C (byte 3) becomes SIGINT through the terminal driver while an answer
+/// is written. (The TERM=dumb runs above never leave cooked mode.)
+struct Terminal {
+    session: rexpect::session::PtySession,
+    /// Everything read so far, escape codes stripped.
+    seen: String,
+}
+
+impl Terminal {
+    fn chat(model: &std::path::Path, extra: &[&str]) -> Self {
+        // rexpect turns echo off in the child; `stty echo` gives the program a terminal as one opens.
+        let mut command = Command::new("sh");
+        command.args(["-c", "stty echo && exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_sala"), "chat", "--model"]);
+        command.arg(model).args(extra).env("TERM", "xterm");
+        let options = rexpect::reader::Options::new().timeout_ms(Some(60_000)).strip_ansi_escape_codes(true);
+        Self { session: rexpect::session::spawn_with_options(command, options).unwrap(), seen: String::new() }
+    }
+
+    /// Waits for `regex`; returns the text before it and the match.
+    fn expect(&mut self, regex: &str) -> (String, String) {
+        match self.session.exp_regex(regex) {
+            Ok((before, found)) => {
+                self.seen += &before;
+                self.seen += &found;
+                (before, found)
+            }
+            Err(e) => panic!("expected /{regex}/: {e}\n--- transcript:\n{}", self.seen),
+        }
+    }
+
+    fn send(&mut self, text: &str) {
+        self.session.send(text).unwrap();
+        self.session.flush().unwrap();
+    }
+}
+
+/// The stats line of a stopped answer: (prefilled, prompt tokens, generated tokens).
+const STOPPED: &str = r"\[prefilled (\d+) of (\d+) prompt tokens \| (\d+) tokens, [\d.]+ tok/s, stopped\]";
+
+fn numbers(stats: &str) -> Vec<usize> {
+    regex::Regex::new(STOPPED).unwrap().captures(stats).unwrap().iter().skip(1).map(|c| c.unwrap().as_str().parse().unwrap()).collect()
+}
+
+#[test]
+fn ctrl_c_in_a_real_terminal_stops_the_answer_and_keeps_it() {
+    let model = common::smollm2_gguf();
+    let saved = std::env::temp_dir().join(format!("sala-chat-pty-{}.json", std::process::id()));
+    let mut t = Terminal::chat(&model, &["--temperature", "0", "--max-tokens", "100000"]);
+    t.expect(">>> ");
+    t.send("Write a very long story about a dragon who loves books.\r");
+    t.expect(r"books\.\r?\n");
+    let start = t.seen.len();
+    // Type-ahead while the answer is written: not echoed into the answer, not lost.
+    t.expect(r"(?s).{40}");
+    t.send("What was the dragon called");
+    t.expect(r"(?s).{40}");
+    let sent = std::time::Instant::now();
+    t.send("\u{3}");
+    let (_, stats) = t.expect(STOPPED);
+    // rexpect hands each byte over as a char: put the UTF-8 back together.
+    let answer = String::from_utf8(t.seen[start..t.seen.len() - stats.len()].chars().map(|c| c as u8).collect()).unwrap();
+    let waited = sent.elapsed();
+    assert!(waited < std::time::Duration::from_secs(1), "the answer went on for {waited:?} after Ctrl-C");
+    let first = numbers(&stats);
+    // The prompt comes back with the type-ahead already on its line.
+    t.expect(r">>> \r?What was the dragon called");
+    t.send("?\r");
+    t.expect(r"\?\r?\n(?s).{20}");
+    t.send("\u{3}");
+    let (_, stats) = t.expect(STOPPED);
+    let second = numbers(&stats);
+    t.send(&format!("/save {}\r", saved.display()));
+    t.expect("saved 4 messages");
+    t.send("/help\r");
+    t.expect(r"/bye, /quit +leave");
+    // Ctrl-C at the prompt does not leave; a second one in a row says more.
+    t.send("\u{3}");
+    t.expect(r"\(Ctrl-D or /bye leaves\)");
+    t.send("\u{3}");
+    t.expect(r"Ctrl-C does not leave the chat.*press Ctrl-D on an empty line or type /bye");
+    t.send("\u{4}");
+    t.session.exp_eof().unwrap();
+    assert!(matches!(t.session.process().wait().unwrap(), rexpect::process::WaitStatus::Exited(_, 0)));
+
+    let conversation: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    std::fs::remove_file(&saved).unwrap();
+    let messages = conversation["messages"].as_array().unwrap();
+    let content = |i: usize| messages[i]["content"].as_str().unwrap().to_string();
+    assert_eq!(messages.iter().map(|m| m["role"].as_str().unwrap()).collect::<Vec<_>>(), ["user", "assistant", "user", "assistant"]);
+    assert_eq!(content(2), "What was the dragon called?");
+    // The stopped answer is kept as it was printed, and the typed text never showed inside it.
+    let printed = answer.replace("\r\n", "\n");
+    assert_eq!(printed.trim_end_matches('\n'), content(1), "printed answer vs the saved one");
+    assert!(content(1).split_whitespace().count() >= 8, "{}", content(1));
+    assert!(!printed.contains("dragon called"), "type-ahead echoed into the answer: {printed}");
+
+    // The second turn's prompt is the conversation with the stopped answer in it, and the model
+    // state the first turn left (its prompt and every answer token but the last) was reused.
+    let source = sala::models::gguf::import(&model).unwrap();
+    let bos = source.config().unwrap().opt("bos_token_id").and_then(|v| v.as_u64()).map(|b| b as u32);
+    let tokenizer = source.tokenizer(bos).unwrap().unwrap();
+    let history: Vec<sala::engine::tokenizer::Message> = serde_json::from_value(json!(messages[..3])).unwrap();
+    let prompt = tokenizer.encode(&tokenizer.apply_chat_template(&history, true).unwrap()).unwrap();
+    assert_eq!(second[1], prompt.len());
+    assert_eq!(second[0], second[1] - (first[1] + first[2] - 1), "first turn {first:?}, second {second:?}");
+}
+
+#[test]
+fn kill_int_stops_an_answer() {
+    let mut t = Terminal::chat(&common::smollm2_gguf(), &["--temperature", "0", "--max-tokens", "100000"]);
+    t.expect(">>> ");
+    t.send("Write a very long story about a dragon who loves books.\r");
+    t.expect(r"books\.\r?\n(?s).{40}");
+    t.session.process_mut().signal(nix::sys::signal::Signal::SIGINT).unwrap();
+    t.expect(STOPPED);
+    t.expect(">>> ");
+    t.send("/bye\r");
+    t.session.exp_eof().unwrap();
 }

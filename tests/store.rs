@@ -202,3 +202,28 @@ fn only_snapshots_a_ref_names_are_models() {
     }
     std::fs::remove_dir_all(cache).unwrap();
 }
+
+/// A name that is neither a path nor in the store says where names come from, and names the
+/// store's models that contain it; a store name shows the snapshot's real files.
+#[test]
+fn unknown_names_point_to_list_and_pull() {
+    let cache = store("unknown");
+    let o = sala(&cache, &["show", "tiny-sala"], &[]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("tiny-sala: no such file or directory, and not in the model store"), "{err}");
+    assert!(err.contains("it has test-org/tiny-sala") && err.contains("`sala list`") && err.contains("`sala pull ORG/tiny-sala`"), "{err}");
+    let (_, err) = text(&sala(&cache, &["show", "SmolLM2"], &[]));
+    assert!(err.contains("`sala list`") && err.contains("`sala pull ORG/SmolLM2`") && !err.contains("it has"), "{err}");
+    let (_, err) = text(&sala(&cache, &["show", "test-org/other"], &[]));
+    assert!(err.contains("`sala list`") && err.contains("`sala pull test-org/other`"), "{err}");
+    // A missing file stays a missing file.
+    let (_, err) = text(&sala(&cache, &["show", "SmolLM2.gguf"], &[]));
+    assert!(err.contains("SmolLM2.gguf: no such file or directory") && !err.contains("sala pull"), "{err}");
+
+    let (out, err) = text(&sala(&cache, &["show", "test-org/tiny-sala", "--json"], &[]));
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    assert_eq!(json["files"], serde_json::json!(["config.json", "model.safetensors"]));
+    assert_eq!(json["tokenizer_source"], serde_json::Value::Null);
+    std::fs::remove_dir_all(cache).unwrap();
+}

@@ -13,10 +13,11 @@ use clap::Args;
 use rustyline::error::ReadlineError;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
+use nix::sys::termios::{self, LocalFlags, SetArg, Termios};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Args)]
-#[command(after_help = "Examples:\n  sala chat --model ./MiniCPM-SALA\n  sala chat -m SmolLM2.gguf --system \"Answer briefly.\" --temperature 0\n  sala chat --model ./MiniCPM-SALA --system \"$(cat contract.txt)\" --prompt-cache contract.cache\n\nIn the chat, /help lists the commands; \"\"\" starts and ends a multi-line message; Ctrl-C stops an answer, Ctrl-D leaves.")]
+#[command(after_help = "Examples:\n  sala chat --model ./MiniCPM-SALA\n  sala chat -m SmolLM2.gguf --system \"Answer briefly.\" --temperature 0\n  sala chat --model ./MiniCPM-SALA --system \"$(cat contract.txt)\" --prompt-cache contract.cache\n\nIn the chat, /help lists the commands; \"\"\" starts and ends a multi-line message; Ctrl-C stops an answer (what was written stays in the conversation); Ctrl-D or /bye leaves.")]
 pub struct ChatArgs {
     #[command(flatten)]
     pub load: ModelArgs,
@@ -46,9 +47,9 @@ const HELP: &str = "\
 /edit TEXT         replace the last message and answer it
 /save FILE         write the conversation as JSON
 /load FILE         continue a saved conversation
-/quit              leave (or Ctrl-D)
+/bye, /quit        leave (or Ctrl-D)
 \"\"\"                start/end a multi-line message; a line ending in \\ continues too
-Ctrl-C             stop the answer being written";
+Ctrl-C             stop the answer being written (what was written stays in the conversation)";
 
 /// A conversation as `/save` writes it.
 #[derive(Serialize, Deserialize, Default)]
@@ -66,8 +67,39 @@ impl Conversation {
     }
 }
 
-static GENERATING: AtomicBool = AtomicBool::new(false);
+static ANSWERING: AtomicBool = AtomicBool::new(false);
 static STOP: AtomicBool = AtomicBool::new(false);
+
+/// While an answer is written, SIGINT stops it, and the terminal stays cooked (Ctrl-C raises
+/// SIGINT) but keys typed are not echoed into the answer and SIGINT does not flush them (NOFLSH):
+/// type-ahead reaches the next prompt's line as typed. All is put back when the answer ends.
+struct Answering(Option<Termios>);
+
+impl Answering {
+    fn start() -> Self {
+        STOP.store(false, Ordering::SeqCst);
+        ANSWERING.store(true, Ordering::SeqCst);
+        let stdin = std::io::stdin();
+        let Ok(saved) = termios::tcgetattr(&stdin) else { return Self(None) };
+        let mut quiet = saved.clone();
+        quiet.local_flags.remove(LocalFlags::ECHO);
+        quiet.local_flags.insert(LocalFlags::NOFLSH);
+        // TCSANOW, never TCSAFLUSH: what was already typed stays queued.
+        match termios::tcsetattr(&stdin, SetArg::TCSANOW, &quiet) {
+            Ok(()) => Self(Some(saved)),
+            Err(_) => Self(None),
+        }
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        ANSWERING.store(false, Ordering::SeqCst);
+        if let Some(saved) = &self.0 {
+            let _ = termios::tcsetattr(std::io::stdin(), SetArg::TCSANOW, saved);
+        }
+    }
+}
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     args.sampling.params(&Default::default())?;
@@ -77,16 +109,6 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let Some(tokenizer) = loaded.tokenizer.as_ref() else {
         bail!("{} has no tokenizer, which a chat needs", loaded.path.display());
     };
-    // Ctrl-C while an answer is being written stops it; anywhere else it leaves.
-    ctrlc::set_handler(|| {
-        if GENERATING.load(Ordering::SeqCst) {
-            STOP.store(true, Ordering::SeqCst);
-        } else {
-            std::process::exit(130);
-        }
-    })
-    .context("installing the Ctrl-C handler")?;
-
     let mut conversation = Conversation { system: args.system.clone(), messages: Vec::new(), think: !args.no_think };
     let mut session = ChatSession::new(model);
     let mut sampler = Sampler::new(sampling);
@@ -97,7 +119,19 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let mut editor = rustyline::DefaultEditor::new().context("starting the line editor")?;
-    eprintln!("{} ({}) — /help for commands, Ctrl-D to leave", loaded.path.display(), model.info().model_type);
+    // SIGINT (Ctrl-C in the cooked terminal of an answer, or `kill -INT`) stops the answer and never
+    // leaves: at the prompt the line editor reads Ctrl-C as a key and says how to leave. Installed
+    // after the editor, which takes SIGINT over when it is created (its handler only queues the
+    // signal, so Ctrl-C could not stop an answer). Its `signal-hook` feature would leave SIGINT
+    // alone but then ignores keys already read, stalling on type-ahead and pastes.
+    ctrlc::set_handler(|| {
+        if ANSWERING.load(Ordering::SeqCst) {
+            STOP.store(true, Ordering::SeqCst);
+        }
+    })
+    .context("installing the Ctrl-C handler")?;
+
+    eprintln!("{} ({}) — /help for commands, Ctrl-D or /bye to leave", loaded.path.display(), model.info().model_type);
 
     loop {
         let input = match read_message(&mut editor) {
@@ -175,10 +209,12 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
 fn read_message(editor: &mut rustyline::DefaultEditor) -> anyhow::Result<Option<String>> {
     let mut lines: Vec<String> = Vec::new();
     let mut block = false;
+    let mut interrupts = 0;
     loop {
         let prompt = if lines.is_empty() { ">>> " } else { "... " };
         match editor.readline(prompt) {
             Ok(line) => {
+                interrupts = 0;
                 if lines.is_empty() && line.trim_start().starts_with("\"\"\"") {
                     block = true;
                     let first = line.trim_start().trim_start_matches("\"\"\"");
@@ -210,7 +246,12 @@ fn read_message(editor: &mut rustyline::DefaultEditor) -> anyhow::Result<Option<
             Err(ReadlineError::Interrupted) => {
                 lines.clear();
                 block = false;
-                eprintln!("(Ctrl-D or /quit leaves)");
+                interrupts += 1;
+                if interrupts == 1 {
+                    eprintln!("(Ctrl-D or /bye leaves)");
+                } else {
+                    eprintln!("(Ctrl-C does not leave the chat: it stops an answer and clears the line. To leave, press Ctrl-D on an empty line or type /bye)");
+                }
             }
             Err(ReadlineError::Eof) => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -231,6 +272,8 @@ fn answer(
     let model = loaded.model.as_ref();
     let prompt_text = tokenizer.apply_chat_template(&conversation.rendered(), conversation.think)?;
     let prompt = tokenizer.encode(&prompt_text)?;
+    // From here to the last token a Ctrl-C stops the answer (a prefill runs to its end first).
+    let _answering = Answering::start();
     if let Err(e) = loaded.check_fits(prompt.len() + opts.max_tokens) {
         conversation.messages.pop();
         eprintln!("error: {e:#}");
@@ -251,8 +294,6 @@ fn answer(
     let mut decoder = StreamDecoder::default();
     let mut think = ThinkFilter::after_prompt(&prompt_text);
     let hide_thinking = !conversation.think;
-    STOP.store(false, Ordering::SeqCst);
-    GENERATING.store(true, Ordering::SeqCst);
     let result = session.turn(model, &prompt, sampler, opts, |token| {
         if let Ok(piece) = decoder.push(tokenizer, token) {
             let visible = if hide_thinking { think.push(&piece) } else { piece };
@@ -264,7 +305,6 @@ fn answer(
             Flow::Continue
         }
     });
-    GENERATING.store(false, Ordering::SeqCst);
     let turn = match result {
         Ok(turn) => turn,
         Err(e) => {

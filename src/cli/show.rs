@@ -13,7 +13,7 @@ pub struct ShowArgs {
     /// Estimate memory for this many tokens of context (default: the model's, at most 4096)
     #[arg(long)]
     pub context: Option<usize>,
-    /// Also list every tensor with its dtype and shape
+    /// Also list every tensor the file stores, with its dtype (GGUF: its type) and shape
     #[arg(long)]
     pub tensors: bool,
     /// Print JSON instead of text
@@ -22,16 +22,12 @@ pub struct ShowArgs {
 }
 
 pub fn run(args: ShowArgs) -> anyhow::Result<()> {
-    let (s, source) = summarize(&args.model, args.context)?;
+    let (s, _) = summarize(&args.model, args.context)?;
     if args.json {
         let mut value = serde_json::to_value(&s)?;
         if args.tensors {
-            let tensors: serde_json::Map<String, serde_json::Value> = source
-                .weights
-                .infos()
-                .iter()
-                .map(|(n, i)| (n.clone(), serde_json::json!({"dtype": i.dtype, "shape": i.shape})))
-                .collect();
+            let tensors: serde_json::Map<String, serde_json::Value> =
+                s.stored.iter().map(|t| (t.name.clone(), serde_json::json!({"dtype": t.dtype, "shape": t.shape}))).collect();
             value["tensor_list"] = tensors.into();
         }
         println!("{}", serde_json::to_string_pretty(&value)?);
@@ -49,12 +45,12 @@ pub fn run(args: ShowArgs) -> anyhow::Result<()> {
     for (i, source) in sources.iter().enumerate() {
         let label = if i == 0 { "defaults" } else { "" };
         let keys: Vec<String> = s.config_defaults.iter().filter(|d| d.source == *source).map(|d| format!("{} = {}", d.key, d.value)).collect();
-        println!("{label:<12} {} (not in config.json; from {source})", keys.join(", "));
+        println!("{label:<12} {} (not in {}; from {source})", keys.join(", "), s.config_source);
     }
     let ids = |ids: &[u32]| ids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
     match s.generation.eos_token_ids.is_empty() {
-        true => println!("stops at     {} (config.json)", ids(&s.config_eos_token_ids)),
-        false => println!("stops at     {} (config.json), {} (generation_config.json)", ids(&s.config_eos_token_ids), ids(&s.generation.eos_token_ids)),
+        true => println!("stops at     {} ({})", ids(&s.config_eos_token_ids), s.config_source),
+        false => println!("stops at     {} ({}), {} (generation_config.json)", ids(&s.config_eos_token_ids), s.config_source, ids(&s.generation.eos_token_ids)),
     }
     let (set, unset): (Vec<_>, Vec<_>) = s.generation.sampling.describe().into_iter().partition(|(_, v)| v.is_some());
     let set: Vec<String> = set.into_iter().map(|(k, v)| format!("{k} {}", v.unwrap_or_default())).collect();
@@ -70,7 +66,7 @@ pub fn run(args: ShowArgs) -> anyhow::Result<()> {
     }
     println!("quantization {}", s.quantization);
     let dtypes: Vec<String> = s.dtypes.iter().map(|(d, n)| format!("{d} ×{n}")).collect();
-    println!("tensors      {} ({})", s.tensors, dtypes.join(", "));
+    println!("tensors      {} in the file ({})", s.tensors, dtypes.join(", "));
     for (i, t) in s.gguf_types.iter().enumerate() {
         let label = if i == 0 { "gguf types" } else { "" };
         println!("{label:<12} {} ×{}: {}", t.ggml_type, t.tensors, t.stored);
@@ -81,20 +77,23 @@ pub fn run(args: ShowArgs) -> anyhow::Result<()> {
         println!("skipped      {} buffer(s) not loaded (rotary tables the model derives itself): {first}{rest}", s.skipped_buffers.len());
     }
     println!("size         {:.1} MB on disk", s.disk_bytes as f64 / 1e6);
-    println!("tokenizer    {}{}", if s.has_tokenizer { "yes" } else { "no" }, if s.has_chat_template { ", chat template" } else { "" });
+    println!("config       {}", s.config_source);
+    println!("tokenizer    {}", s.tokenizer_source.as_deref().unwrap_or("none"));
+    println!("template     {}", s.chat_template_source.as_deref().unwrap_or("none"));
     println!("files        {}", s.files.join(", "));
     let m = &s.memory;
     println!(
-        "memory       {} at {} tokens: weights {} ({}) + cache {}",
+        "memory       {} at {} tokens on the {}: weights {} + cache {}",
         human(m.weights_bytes + m.cache_bytes),
         m.context,
+        m.device,
         human(m.weights_bytes),
-        m.dtype,
         human(m.cache_bytes)
     );
+    println!("held as      {}", m.held);
     if args.tensors {
-        for (name, info) in source.weights.infos() {
-            println!("  {name:<60} {:<5} {:?}", info.dtype, info.shape);
+        for t in &s.stored {
+            println!("  {:<60} {:<5} {:?}", t.name, t.dtype, t.shape);
         }
     }
     Ok(())

@@ -50,6 +50,17 @@ pub fn gpu_backend() -> Option<&'static str> {
     })
 }
 
+/// The compute dtype: the one asked for, else f32 on the CPU (MLX's CPU backend multiplies only
+/// f32 through BLAS; bf16/f16 are far slower there), else the checkpoint's. (Here, below the
+/// store, so that `sala show` estimates memory in the dtype a load would use.)
+pub fn compute_dtype(asked: Option<mlx_rs::Dtype>, device: DeviceKind, storage: Option<mlx_rs::Dtype>) -> mlx_rs::Dtype {
+    let default = match device {
+        DeviceKind::Cpu => Some(mlx_rs::Dtype::Float32),
+        DeviceKind::Gpu => storage,
+    };
+    asked.or(default).unwrap_or(mlx_rs::Dtype::Bfloat16)
+}
+
 /// The device `kind` names, by default the GPU when there is one.
 pub fn or_default(kind: Option<DeviceKind>) -> DeviceKind {
     kind.unwrap_or(if gpu_available() { DeviceKind::Gpu } else { DeviceKind::Cpu })

@@ -59,6 +59,20 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
 
+    /// `--model` names no file or folder and no model in the store.
+    #[error(
+        "{name}: no such file or directory, and not in the model store ({}){similar}; `sala list` shows the models there, `sala pull {pull}` fetches one from the hub",
+        .store.display()
+    )]
+    ModelNotFound {
+        name: String,
+        store: PathBuf,
+        /// Models in the store whose names contain it, as `; it has …`, or empty.
+        similar: String,
+        /// What to pull: the name itself when it is `org/name`, else `ORG/{name}`.
+        pull: String,
+    },
+
     #[error("MLX: {0}")]
     Mlx(#[from] mlx_rs::error::Exception),
 }

@@ -71,7 +71,7 @@ pub fn default_state_budget() -> u64 {
     free_for_states().map_or(4 << 30, |free| free / 4)
 }
 
-/// Bytes of the weights once loaded in `dtype` (float tensors cast, quantized ones as stored).
+/// Bytes of the weights once loaded in `dtype` (float tensors cast, quantized codes as stored).
 pub fn weights_bytes(source: &ModelSource, dtype: Dtype) -> u64 {
     weights_bytes_per_rank(source, dtype, 1)
 }
@@ -85,8 +85,9 @@ pub fn weights_bytes_per_rank(source: &ModelSource, dtype: Dtype, ranks: usize) 
         .infos()
         .iter()
         .map(|(name, info)| {
-            let quant_part = name.ends_with(".scales") || name.ends_with(".biases");
-            let bytes = if float_dtype(&info.dtype).is_some() && !quant_part { info.numel() as u64 * size } else { info.nbytes() };
+            // Quantized matrices' scales and biases are cast to `dtype` like other float tensors
+            // (QuantizedMatrix::for_device); their packed codes stay as stored.
+            let bytes = if float_dtype(&info.dtype).is_some() { info.numel() as u64 * size } else { info.nbytes() };
             let split = name.starts_with("model.layers.") && info.shape.len() == 2;
             if split {
                 bytes / ranks as u64

@@ -280,20 +280,29 @@ pub fn resolve(name: &Path) -> Result<PathBuf> {
         return Ok(name.to_path_buf());
     }
     let text = name.to_string_lossy();
+    let cache = cache_dir();
+    let not_found = |pull: String| {
+        // Store names that contain what was typed, case aside (`SmolLM2` → `…/SmolLM2-135M`).
+        let wanted = text.split('@').next().unwrap_or_default().to_lowercase();
+        let similar: Vec<String> = list(&cache).unwrap_or_default().into_iter().map(|m| m.name).filter(|n| n.to_lowercase().contains(&wanted)).collect();
+        let similar = if similar.is_empty() { String::new() } else { format!("; it has {}", similar.join(", ")) };
+        Error::ModelNotFound { name: text.to_string(), store: cache.clone(), similar, pull }
+    };
     let reference = match ModelRef::parse(&text) {
         Ok(reference) => reference,
         // Looks like a store name but breaks its rules: say which.
         Err(e @ NameError::Revision { .. }) => return Err(Error::Usage(format!("{}: no such file or directory, and {e}", name.display()))),
+        // A bare word (`SmolLM2`) is meant as a model name: say where names come from.
+        Err(_) if !text.is_empty() && !text.contains(['/', '\\']) && !is_model_file_name(name) => return Err(not_found(format!("ORG/{text}"))),
         Err(_) => return Err(Error::Usage(format!("{}: no such file or directory", name.display()))),
     };
-    let cache = cache_dir();
-    reference.snapshot(&cache).ok_or_else(|| {
-        Error::Usage(format!(
-            "{text}: no such file or directory, and not in the model store ({}); fetch it with `sala pull {}`",
-            cache.display(),
-            reference.repo
-        ))
-    })
+    reference.snapshot(&cache).ok_or_else(|| not_found(reference.repo.clone()))
+}
+
+/// Whether `name` ends like a model file (`.gguf`, `.sala`, `.safetensors`): a missing one is a
+/// missing file, not a store name.
+fn is_model_file_name(name: &Path) -> bool {
+    name.extension().is_some_and(|e| ["gguf", "sala", "safetensors"].iter().any(|m| e.eq_ignore_ascii_case(m)))
 }
 
 /// Opens the model that `name` names: a path, or a store name resolved to its snapshot.

@@ -1,10 +1,12 @@
 //! What a model on disk is: architecture, size, quantization, files — for `sala show`.
 
 use crate::engine::config::DefaultedKey;
-use crate::engine::error::Result;
+use crate::engine::device;
+use crate::engine::error::{Error, Result};
 use crate::engine::generation_config::GenerationDefaults;
 use crate::engine::gguf::GgufFile;
-use crate::engine::source::ModelSource;
+use crate::engine::source::{ModelSource, CONFIG_FILE};
+use crate::engine::tokenizer::TokenizerFiles;
 use crate::engine::memory;
 use crate::models;
 use serde::Serialize;
@@ -14,7 +16,7 @@ use std::path::Path;
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelSummary {
     pub path: String,
-    /// `directory`, `single file` or `GGUF`.
+    /// `directory`, `single file` (`.sala`) or `GGUF`.
     pub layout: String,
     pub model_type: String,
     pub parameters: usize,
@@ -24,16 +26,27 @@ pub struct ModelSummary {
     pub context_length: Option<u64>,
     /// `none`, or each quantized format with how many matrices use it.
     pub quantization: String,
-    /// Tensor count by stored dtype.
+    /// Tensor count by dtype as the file stores them (a GGUF file's tensor types).
     pub dtypes: BTreeMap<String, usize>,
     /// GGUF files: each tensor type in the file, how many tensors have it and how it is held.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub gguf_types: Vec<GgufTypeCount>,
+    /// Tensors the file(s) store, skipped buffers included (a GGUF file's own count, not the
+    /// tensors its quantized matrices become).
     pub tensors: usize,
     pub disk_bytes: u64,
+    /// Files that are there: a directory's files, the side files a `.sala` file carries in its
+    /// metadata, a GGUF file itself (its config and tokenizer are read from its metadata).
     pub files: Vec<String>,
+    /// Where the config comes from: `config.json`, `config.json inside the .sala file`, or `GGUF metadata`.
+    pub config_source: String,
     pub has_tokenizer: bool,
     pub has_chat_template: bool,
+    /// Where the tokenizer comes from (`tokenizer.json`, GGUF metadata), if there is one.
+    pub tokenizer_source: Option<String>,
+    /// Where the chat template comes from (`chat_template.jinja`, `tokenizer_config.json`, GGUF
+    /// metadata), if there is one.
+    pub chat_template_source: Option<String>,
     /// Memory to run it: weights in the default dtype, plus one sequence's cache at `context`.
     pub memory: MemoryEstimate,
     /// Config keys the file leaves out, with the value the family's class gives them.
@@ -44,6 +57,16 @@ pub struct ModelSummary {
     pub config_eos_token_ids: Vec<u32>,
     /// `generation_config.json`: sampling defaults and more end tokens (empty without the file).
     pub generation: GenerationDefaults,
+    /// Every tensor as stored: name, dtype (or GGUF type) and shape (`show --tensors`).
+    #[serde(skip)]
+    pub stored: Vec<StoredTensor>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StoredTensor {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<i64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -58,7 +81,12 @@ pub struct GgufTypeCount {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryEstimate {
+    /// The dtype float tensors are held in on `device` by default.
     pub dtype: String,
+    /// `cpu` or `gpu`: the device a load picks by default.
+    pub device: String,
+    /// How the weights are held once loaded: quantized matrices by format, other tensors in `dtype`.
+    pub held: String,
     pub weights_bytes: u64,
     pub context: usize,
     pub cache_bytes: u64,
@@ -69,13 +97,41 @@ pub struct MemoryEstimate {
 pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, ModelSource)> {
     let mut source = super::cache::open(path)?;
     let path = &source.path.clone();
+    let layout = if path.is_dir() {
+        Layout::Directory
+    } else if models::gguf::is_gguf(path) {
+        Layout::Gguf
+    } else {
+        Layout::Packed
+    };
+    // What the file stores, before the model's check sets buffers aside (or, for GGUF, before
+    // quantized blocks became packed codes, scales and biases).
+    let gguf = match layout {
+        Layout::Gguf => Some(GgufFile::open(path)?),
+        _ => None,
+    };
+    let stored: Vec<StoredTensor> = match &gguf {
+        Some(file) => file
+            .tensors
+            .iter()
+            .map(|t| StoredTensor { name: t.name.clone(), dtype: t.kind.name(), shape: t.shape().iter().map(|&d| d as i64).collect() })
+            .collect(),
+        None => source
+            .weights
+            .infos()
+            .iter()
+            .map(|(n, i)| StoredTensor { name: n.clone(), dtype: i.dtype.clone(), shape: i.shape.iter().map(|&d| d as i64).collect() })
+            .collect(),
+    };
+    let mut dtypes: BTreeMap<String, usize> = BTreeMap::new();
+    for t in &stored {
+        *dtypes.entry(t.dtype.clone()).or_default() += 1;
+    }
     let cfg = source.config()?;
     models::check(&cfg, &mut source.weights)?;
     let weights = &source.weights;
     let mut formats: BTreeMap<(i32, i32), usize> = BTreeMap::new();
-    let mut dtypes: BTreeMap<String, usize> = BTreeMap::new();
-    for (name, info) in weights.infos() {
-        *dtypes.entry(info.dtype.clone()).or_default() += 1;
+    for name in weights.infos().keys() {
         if let Some(f) = name.strip_suffix(".weight").and_then(|m| weights.quantized(m)) {
             *formats.entry((f.bits, f.group_size)).or_default() += 1;
         }
@@ -85,42 +141,82 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
     } else {
         formats.iter().map(|((b, g), n)| format!("{b}-bit group {g} ×{n}")).collect::<Vec<_>>().join(", ")
     };
-    let layout = if path.is_dir() {
-        "directory"
-    } else if models::gguf::is_gguf(path) {
-        "GGUF"
-    } else {
-        "single file"
-    };
-    let gguf_types = if layout == "GGUF" {
-        GgufFile::open(path)?
+    let gguf_types = match &gguf {
+        Some(file) => file
             .type_counts()
             .into_iter()
             .map(|(kind, tensors)| GgufTypeCount { ggml_type: kind.name(), tensors, stored: kind.storage().to_string() })
-            .collect()
-    } else {
-        Vec::new()
+            .collect(),
+        None => Vec::new(),
     };
     let disk_bytes = if path.is_dir() {
         crate::store::cache::dir_size(path)
     } else {
         std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
     };
+    let file_name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().to_string());
+    let files = match layout {
+        Layout::Directory => files_in(path)?,
+        Layout::Packed => source.files.keys().cloned().collect(),
+        Layout::Gguf => vec![file_name.clone()],
+    };
+    // A side file as the user finds it: in the folder, or carried inside the .sala file.
+    let side = |name: &str| match layout {
+        Layout::Packed => format!("{name} inside {file_name}"),
+        _ => name.to_string(),
+    };
     let tokenizer = source.tokenizer_files()?;
     let has_chat_template = tokenizer.as_ref().is_some_and(|t| t.chat_template.is_some() || t.config.get("chat_template").is_some());
+    let (config_source, tokenizer_source, chat_template_source) = match &gguf {
+        Some(file) => (
+            "GGUF metadata".to_string(),
+            tokenizer.as_ref().map(|_| {
+                let model = file.get("tokenizer.ggml.model").and_then(|v| v.as_str()).unwrap_or("?");
+                format!("GGUF metadata (tokenizer.ggml.model `{model}`)")
+            }),
+            has_chat_template.then(|| "GGUF metadata (tokenizer.chat_template)".to_string()),
+        ),
+        None => (
+            side(CONFIG_FILE),
+            tokenizer.as_ref().map(|_| side(TokenizerFiles::TOKENIZER)),
+            tokenizer.as_ref().and_then(|t| {
+                if t.chat_template.is_some() {
+                    Some(side(TokenizerFiles::TEMPLATE))
+                } else {
+                    t.config.get("chat_template").map(|_| side(TokenizerFiles::CONFIG))
+                }
+            }),
+        ),
+    };
     let completed = models::complete_config(&cfg)?;
     let key = |k: &str| completed.opt(k).and_then(|v| v.as_u64());
-    let dtype = weights.storage_dtype().unwrap_or(mlx_rs::Dtype::Bfloat16);
+    let device = device::or_default(None);
+    let dtype = device::compute_dtype(None, device, weights.storage_dtype());
     let context = context.unwrap_or_else(|| key("max_position_embeddings").map_or(4096, |m| m.min(4096) as usize));
+    let quantized_parts = |name: &str| {
+        let module = name.rsplit_once('.').map_or(name, |(m, _)| m);
+        weights.quantized(module).is_some()
+    };
+    let plain = weights.infos().keys().filter(|n| !quantized_parts(n)).count();
+    let mut held: Vec<String> = formats.iter().map(|((b, g), n)| format!("{b}-bit affine group {g} ×{n}")).collect();
+    if plain > 0 {
+        held.push(format!("{dtype:?} ×{plain}"));
+    }
     let memory = MemoryEstimate {
         dtype: format!("{dtype:?}"),
+        device: match device {
+            device::DeviceKind::Cpu => "cpu",
+            device::DeviceKind::Gpu => "gpu",
+        }
+        .into(),
+        held: held.join(", "),
         weights_bytes: memory::weights_bytes(&source, dtype),
         context,
         cache_bytes: models::cache_bytes(&cfg, context, memory::dtype_bytes(dtype), None)?,
     };
     let summary = ModelSummary {
         path: path.display().to_string(),
-        layout: layout.into(),
+        layout: layout.label().into(),
         model_type: cfg.str("model_type")?.to_string(),
         parameters: weights.n_params(),
         layers: key("num_hidden_layers"),
@@ -130,11 +226,14 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
         quantization,
         dtypes,
         gguf_types,
-        tensors: weights.infos().len(),
+        tensors: stored.len(),
         disk_bytes,
-        files: source.files.keys().cloned().collect(),
+        files,
+        config_source,
         has_tokenizer: tokenizer.is_some(),
         has_chat_template,
+        tokenizer_source,
+        chat_template_source,
         memory,
         config_defaults: completed.defaulted.clone(),
         skipped_buffers: weights.skipped_buffers().to_vec(),
@@ -143,6 +242,39 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
             None => Vec::new(),
         },
         generation: source.generation_defaults()?,
+        stored,
     };
     Ok((summary, source))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    Directory,
+    /// A `.sala` file (safetensors carrying its side files).
+    Packed,
+    Gguf,
+}
+
+impl Layout {
+    fn label(self) -> &'static str {
+        match self {
+            Layout::Directory => "directory",
+            Layout::Packed => "single file",
+            Layout::Gguf => "GGUF",
+        }
+    }
+}
+
+/// The regular files in `dir` (symlinks followed, as hub snapshots link into blobs/), sorted.
+fn files_in(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if !name.starts_with('.') && std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
 }
