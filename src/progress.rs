@@ -31,6 +31,12 @@ pub fn note(bar: &ProgressBar, line: &str) {
     }
 }
 
+/// A bar for reading a long prompt (4096 tokens or more) on a terminal; none for a short one.
+pub fn prefill_bar(tokens: usize) -> Option<ProgressBar> {
+    (tokens >= 4096 && std::io::stderr().is_terminal())
+        .then(|| progress_bar(tokens as u64, "prefill {bar:40} {pos}/{len} tokens ({per_sec}, eta {eta})"))
+}
+
 /// A set of bars on stderr (a download's files), hidden when stderr is not a terminal.
 pub fn bar_set() -> indicatif::MultiProgress {
     if std::io::stderr().is_terminal() {

@@ -27,12 +27,12 @@ fn session_turns_equal_a_fresh_run_and_reuse_state() {
     let mut session = ChatSession::new(model.as_ref());
 
     // Turn 1, then turn 2 = turn 1 + its answer + more text (crosses the sparse threshold).
-    let first = session.turn(model.as_ref(), &ids[..500], &mut greedy(), &opts, |_| Flow::Continue).unwrap();
+    let first = session.turn(model.as_ref(), &ids[..500], &mut greedy(), &opts, |_, _| Flow::Continue, |_| Flow::Continue).unwrap();
     assert_eq!(first.prefilled, 500);
     let mut second_prompt = ids[..500].to_vec();
     second_prompt.extend(&first.generation.tokens);
     second_prompt.extend(&ids[500..]);
-    let second = session.turn(model.as_ref(), &second_prompt, &mut greedy(), &opts, |_| Flow::Continue).unwrap();
+    let second = session.turn(model.as_ref(), &second_prompt, &mut greedy(), &opts, |_, _| Flow::Continue, |_| Flow::Continue).unwrap();
     assert_eq!(second.prefilled, second_prompt.len() - 500 - (first.generation.tokens.len() - 1));
 
     // The same prompt from scratch gives the same answer.
@@ -41,7 +41,7 @@ fn session_turns_equal_a_fresh_run_and_reuse_state() {
     assert_eq!(second.generation.tokens, fresh.tokens);
 
     // Regenerating restores the state saved before the prompt's last token: one token prefilled.
-    let again = session.turn(model.as_ref(), &second_prompt, &mut greedy(), &opts, |_| Flow::Continue).unwrap();
+    let again = session.turn(model.as_ref(), &second_prompt, &mut greedy(), &opts, |_, _| Flow::Continue, |_| Flow::Continue).unwrap();
     assert_eq!(again.prefilled, 1);
     assert_eq!(again.generation.tokens, fresh.tokens);
 
@@ -49,7 +49,7 @@ fn session_turns_equal_a_fresh_run_and_reuse_state() {
     let mut edited = ids[..500].to_vec();
     edited.extend(&first.generation.tokens);
     edited.extend(&ids[600..700]);
-    let edit = session.turn(model.as_ref(), &edited, &mut greedy(), &opts, |_| Flow::Continue).unwrap();
+    let edit = session.turn(model.as_ref(), &edited, &mut greedy(), &opts, |_, _| Flow::Continue, |_| Flow::Continue).unwrap();
     assert_eq!(edit.prefilled, edited.len() - 500 - (first.generation.tokens.len() - 1));
     let mut cache = model.new_cache();
     let fresh = generate(model.as_ref(), &mut cache, &edited, &mut greedy(), &opts, |_, _| {}, |_| Flow::Continue).unwrap();
@@ -291,4 +291,57 @@ fn kill_int_stops_an_answer() {
     t.expect(">>> ");
     t.send("/bye\r");
     t.session.exp_eof().unwrap();
+}
+
+/// A long message shows its prefill on the terminal, and Ctrl-C there stops it between chunks:
+/// the message is taken back, and the next one reuses the chunks already read and answers as a
+/// chat that was never stopped does.
+#[test]
+fn ctrl_c_while_reading_a_long_message_takes_it_back() {
+    // Golden SALA case A with a byte-level tokenizer (a token a byte): quick to read, and the
+    // answers of random weights run to --max-tokens.
+    let model = common::golden_with_tokenizer("A_dense_f32", "prefill", Some(100000));
+    let system = "The quick brown fox jumps over the lazy dog near the river bank. ".repeat(72);
+    let args = ["--temperature", "0", "--max-tokens", "8", "--prefill-step", "64", "--system", system.as_str()];
+    let saved = |name: &str| std::env::temp_dir().join(format!("sala-chat-prefill-{name}-{}.json", std::process::id()));
+    let answer_of = |file: &PathBuf| -> String {
+        let conversation: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        std::fs::remove_file(file).unwrap();
+        let messages = conversation["messages"].as_array().unwrap().clone();
+        assert_eq!(messages.len(), 2, "{messages:?}");
+        messages[1]["content"].as_str().unwrap().to_string()
+    };
+
+    let mut t = Terminal::chat(&model, &args);
+    t.expect(">>> ");
+    t.send("Summarise.\r");
+    // The prefill bar (the prompt is over 4096 tokens), then Ctrl-C in the middle of it.
+    t.expect(r"prefill .*\d+/\d+ tokens");
+    let sent = std::time::Instant::now();
+    t.send("\u{3}");
+    t.expect(r"\(stopped while reading the message; it was not kept\)");
+    let waited = sent.elapsed();
+    assert!(waited < std::time::Duration::from_secs(1), "the prefill went on for {waited:?} after Ctrl-C");
+    t.expect(">>> ");
+    t.send("Summarise.\r");
+    let (_, stats) = t.expect(r"\[prefilled (\d+) of (\d+) prompt tokens");
+    let counts: Vec<usize> = regex::Regex::new(r"(\d+) of (\d+)").unwrap().captures(&stats).unwrap().iter().skip(1).map(|c| c.unwrap().as_str().parse().unwrap()).collect();
+    assert!(counts[0] < counts[1] && counts[1] > 4096, "the second try reads only what the stopped one had not: {counts:?}");
+    let stopped_first = saved("stopped");
+    t.send(&format!("/save {}\r", stopped_first.display()));
+    t.expect("saved 2 messages");
+    t.send("/bye\r");
+    t.session.exp_eof().unwrap();
+
+    let mut fresh = Terminal::chat(&model, &args);
+    fresh.expect(">>> ");
+    fresh.send("Summarise.\r");
+    fresh.expect(r"\[prefilled \d+ of \d+ prompt tokens");
+    let unstopped = saved("fresh");
+    fresh.send(&format!("/save {}\r", unstopped.display()));
+    fresh.expect("saved 2 messages");
+    fresh.send("/bye\r");
+    fresh.session.exp_eof().unwrap();
+    assert_eq!(answer_of(&stopped_first), answer_of(&unstopped));
+    std::fs::remove_dir_all(model).unwrap();
 }

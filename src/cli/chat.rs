@@ -294,17 +294,25 @@ fn answer(
     let mut decoder = StreamDecoder::default();
     let mut think = ThinkFilter::after_prompt(&prompt_text);
     let hide_thinking = !conversation.think;
-    let result = session.turn(model, &prompt, sampler, opts, |token| {
+    let stopped = || if STOP.load(Ordering::SeqCst) { Flow::Stop } else { Flow::Continue };
+    // A long message (a pasted document) shows its prefill, and Ctrl-C stops it between chunks.
+    let bar = crate::progress::prefill_bar(prompt.len().saturating_sub(session.len()));
+    let on_prefill = |done: usize, _total: usize| {
+        if let Some(bar) = &bar {
+            bar.set_position(done as u64);
+        }
+        stopped()
+    };
+    let result = session.turn(model, &prompt, sampler, opts, on_prefill, |token| {
         if let Ok(piece) = decoder.push(tokenizer, token) {
             let visible = if hide_thinking { think.push(&piece) } else { piece };
             let _ = stdout.write_all(visible.as_bytes()).and_then(|_| stdout.flush());
         }
-        if STOP.load(Ordering::SeqCst) {
-            Flow::Stop
-        } else {
-            Flow::Continue
-        }
+        stopped()
     });
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     let turn = match result {
         Ok(turn) => turn,
         Err(e) => {
@@ -314,6 +322,13 @@ fn answer(
             return Ok(());
         }
     };
+    if turn.generation.stop == StopReason::Cancelled && turn.generation.tokens.is_empty() {
+        // Stopped before the answer began: the message is taken back, as if never sent.
+        conversation.messages.pop();
+        drop(stdout);
+        eprintln!("(stopped while reading the message; it was not kept)");
+        return Ok(());
+    }
     let tail = decoder.finish(tokenizer)?;
     let tail = if hide_thinking { think.push(&tail) + &think.finish() } else { tail };
     writeln!(stdout, "{tail}")?;

@@ -121,7 +121,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         draft: args.draft.draft(model)?,
     };
 
-    let progress = prefill_progress(prompt_ids.len() - run_from);
+    let progress = crate::progress::prefill_bar(prompt_ids.len() - run_from);
     let mut stdout = std::io::stdout().lock();
     let mut decoder = StreamDecoder::default();
     let mut think = ThinkFilter::after_prompt(&prompt_text);
@@ -255,19 +255,6 @@ fn read_stdin() -> anyhow::Result<String> {
     let mut text = String::new();
     std::io::stdin().read_to_string(&mut text).context("reading the prompt from stdin")?;
     Ok(text)
-}
-
-/// A progress bar for long prompts, when stderr is a terminal.
-fn prefill_progress(tokens: usize) -> Option<indicatif::ProgressBar> {
-    if tokens < 4096 || !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let bar = indicatif::ProgressBar::new(tokens as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("prefill {bar:40} {pos}/{len} tokens ({per_sec}, eta {eta})")
-            .expect("valid template"),
-    );
-    Some(bar)
 }
 
 fn write_logits(path: &Path, generation: &Generation, vocab: usize) -> anyhow::Result<()> {

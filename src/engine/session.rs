@@ -9,7 +9,7 @@
 
 use super::cache::ModelCache;
 use super::error::{Error, Result};
-use super::generate::{extend, generate, Flow, GenerateOptions, Generation};
+use super::generate::{extend, generate, Flow, GenerateOptions, Generation, StopReason};
 use super::model::LanguageModel;
 use super::sampler::Sampler;
 
@@ -67,9 +67,11 @@ impl ChatSession {
         self.snapshots.push((self.tokens.clone(), self.cache.clone()));
     }
 
-    /// Makes the state hold exactly `target`, starting from the longest held or saved prefix of it.
-    /// Returns the number of tokens run through the model.
-    fn reach(&mut self, model: &dyn LanguageModel, target: &[u32], step: usize) -> Result<usize> {
+    /// Makes the state hold exactly `target`, starting from the longest held or saved prefix of it,
+    /// telling `on_prefill` the new tokens run through so far (of all) after each chunk; it may stop
+    /// there, leaving the state holding the chunks done. Returns the tokens run through and whether
+    /// all of `target` is held.
+    fn reach(&mut self, model: &dyn LanguageModel, target: &[u32], step: usize, mut on_prefill: impl FnMut(usize, usize) -> Flow) -> Result<(usize, bool)> {
         let is_prefix = |held: &[u32]| held.len() <= target.len() && target[..held.len()] == *held;
         if !is_prefix(&self.tokens) {
             let best = self.snapshots.iter().filter(|(t, _)| is_prefix(t)).max_by_key(|(t, _)| t.len());
@@ -85,25 +87,40 @@ impl ChatSession {
             }
         }
         let new = &target[self.tokens.len()..];
-        extend(model, &mut self.cache, new, step)?;
-        self.tokens.extend_from_slice(new);
-        Ok(new.len())
+        let mut done = 0;
+        for chunk in new.chunks(step.max(1)) {
+            extend(model, &mut self.cache, chunk, step)?;
+            self.tokens.extend_from_slice(chunk);
+            done += chunk.len();
+            if let Flow::Stop = on_prefill(done, new.len()) {
+                return Ok((done, done == new.len()));
+            }
+        }
+        Ok((done, true))
     }
 
     /// Runs one turn: `prompt` is the whole conversation as the template renders it, ending with
-    /// the assistant's generation prompt.
+    /// the assistant's generation prompt. `on_prefill(done, total)` follows the new prompt tokens
+    /// and may stop the turn before it answers (a `Cancelled` generation with no tokens).
     pub fn turn(
         &mut self,
         model: &dyn LanguageModel,
         prompt: &[u32],
         sampler: &mut Sampler,
         opts: &GenerateOptions,
+        on_prefill: impl FnMut(usize, usize) -> Flow,
         on_token: impl FnMut(u32) -> Flow,
     ) -> Result<Turn> {
         let Some((&last, history)) = prompt.split_last() else {
             return Err(Error::Usage("the prompt is empty".into()));
         };
-        let prefilled = self.reach(model, history, opts.prefill_step)? + 1;
+        let (prefilled, whole) = self.reach(model, history, opts.prefill_step, on_prefill)?;
+        if !whole {
+            // Stopped in the prompt: nothing generated; the state holds the chunks read.
+            let generation = Generation { tokens: Vec::new(), logits: Vec::new(), stop: StopReason::Cancelled, stats: Default::default() };
+            return Ok(Turn { generation, prefilled, prompt_tokens: prompt.len() });
+        }
+        let prefilled = prefilled + 1;
         self.save();
         let generation = generate(model, &mut self.cache, &[last], sampler, opts, |_, _| {}, on_token)?;
         // The cache now holds the prompt and every generated token but the last (never fed back).
