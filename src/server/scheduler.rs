@@ -55,6 +55,9 @@ pub enum Event {
     /// More answer text, with the log-probabilities of the tokens it completes (when asked for):
     /// a token whose text straddles a piece goes with the piece that ends it.
     Text { text: String, logprobs: Vec<AnswerToken> },
+    /// The request is admitted: its kept state is looked up, and this many prompt tokens come
+    /// from it (sent before anything else, so a stream's first event can report the split).
+    Started { cached_tokens: usize },
     /// The log-probability of each prompt token after the first, once the prompt is in.
     PromptLogprobs(Vec<TokenLogprobs>),
     Done {
@@ -425,6 +428,9 @@ fn admit(model: &dyn LanguageModel, id: u64, mut job: Job, prefill_step: usize, 
             metrics.prefix_cache_hits.inc();
             metrics.prefix_cache_hit_tokens.inc_by(start.tokens as u64);
         }
+    }
+    if let Ok((start, _)) = &started {
+        let _ = job.events.send(Event::Started { cached_tokens: start.tokens });
     }
     match started {
         Ok((start, decoding)) => Some(Active {
