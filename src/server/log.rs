@@ -25,7 +25,7 @@ pub enum LogLevel {
     Warn,
     /// Every request (the default).
     Info,
-    /// Also each request as it arrives.
+    /// Also each request as it arrives, and `/health` and `/metrics` probes.
     Debug,
 }
 
@@ -150,7 +150,10 @@ impl Drop for Record {
         let (prompt_tokens, cached_tokens, generated_tokens) = (f.prompt_tokens, f.cached_tokens, f.generated_tokens);
         let ttft_ms = f.first_token.map(millis);
         let cancelled = cancelled.then_some(true);
-        if status >= 500 {
+        // Probes come every few seconds from orchestrators and scrapers: only at debug.
+        if matches!(self.path.as_str(), "/health" | "/metrics") {
+            tracing::debug!(method, path, status, total_ms = total, "request");
+        } else if status >= 500 {
             tracing::warn!(method, path, status, model, prompt_tokens, cached_tokens, generated_tokens, ttft_ms, total_ms = total, cancelled, "request");
         } else {
             tracing::info!(method, path, status, model, prompt_tokens, cached_tokens, generated_tokens, ttft_ms, total_ms = total, cancelled, "request");
