@@ -1,5 +1,6 @@
 //! `sala serve`: an OpenAI-compatible HTTP API (axum), with Anthropic's Messages API beside it
-//! ([`anthropic`]) and Prometheus metrics ([`metrics`]). The model loads in the background
+//! ([`anthropic`]), vLLM's tokenizer endpoints ([`tokenize`]), Prometheus metrics ([`metrics`])
+//! and a log line per request ([`log`]). The model loads in the background
 //! (`/health` answers 503 until it is ready) on the worker thread that then serves every request
 //! ([`scheduler`]). Errors follow OpenAI's schema: `{"error": {"message", "type", "param", "code"}}`,
 //! whichever layer makes them (Anthropic's endpoints rewrite them into theirs). Clients that stall
