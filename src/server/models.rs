@@ -73,9 +73,12 @@ pub fn names_of(given: &std::path::Path, alias: Option<&str>, public: bool) -> V
             let name = if full.is_dir() { full.file_name() } else { full.file_stem() };
             name.map(|n| n.to_string_lossy().to_string())
         })
-    } else {
+    } else if ModelRef::parse(&text).is_ok() {
         // Not a path: a store name, already short.
         None
+    } else {
+        // Neither (it will fail to load): its file name, which shows no folders.
+        Some(crate::load::file_label(given))
     }
     .unwrap_or_else(|| text.clone());
     let mut names: Vec<String> = alias.map(str::to_string).into_iter().collect();
@@ -314,4 +317,26 @@ fn remove(state: &AppState, id: &str) -> Result<Value, ApiError> {
     };
     drop(removal);
     Ok(json!({"id": reference.repo, "object": "model", "deleted": true, "freed_bytes": freed, "cancelled_download": cancelled}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_of;
+
+    #[test]
+    fn a_model_file_answers_to_its_stem_alias_file_name_and_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("Tiny-Model.Q4_1.gguf");
+        std::fs::write(&file, b"").unwrap();
+        let path = file.display().to_string();
+        assert_eq!(names_of(&file, None, false), ["Tiny-Model.Q4_1", "Tiny-Model.Q4_1.gguf", path.as_str()]);
+        assert_eq!(names_of(&file, Some("tiny"), false), ["tiny", "Tiny-Model.Q4_1", "Tiny-Model.Q4_1.gguf", path.as_str()]);
+        // A public server shows no path, and takes none.
+        assert_eq!(names_of(&file, None, true), ["Tiny-Model.Q4_1", "Tiny-Model.Q4_1.gguf"]);
+        // A folder by its name; a store name as it is, and without its organisation.
+        assert_eq!(names_of(dir.path(), None, true)[0], dir.path().file_name().unwrap().to_string_lossy());
+        assert_eq!(names_of(std::path::Path::new("some-org/some-model"), None, false), ["some-org/some-model", "some-model"]);
+        // A path that is neither shows only its file name.
+        assert_eq!(names_of(std::path::Path::new("/no/such/dir/x.gguf"), None, true), ["x.gguf"]);
+    }
 }
