@@ -401,7 +401,7 @@ async fn messages(
             Event::Started { .. } | Event::PromptLogprobs(_) => {}
             Event::Error(e) => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "generation_failed", None, &e)),
             Event::Shutdown => return Err(super::shutting_down()),
-            Event::Done { finish_reason, stop_sequence, prompt_tokens, completion_tokens, cached_tokens } => {
+            Event::Done { finish_reason, stop_sequence, prompt_tokens, completion_tokens, cached_tokens, .. } => {
                 let d = parser.finish(finish_reason);
                 reasoning.push_str(&d.reasoning);
                 text.push_str(&d.content);
@@ -532,7 +532,7 @@ fn stream(
                     send("error", error_json(StatusCode::SERVICE_UNAVAILABLE, &super::shutting_down().message));
                     false
                 }
-                Event::Done { finish_reason, stop_sequence, prompt_tokens, completion_tokens, cached_tokens } => {
+                Event::Done { finish_reason, stop_sequence, prompt_tokens, completion_tokens, cached_tokens, .. } => {
                     piece(parser.finish(finish_reason), &mut open, &mut index, &mut blocks, &mut called);
                     // An empty answer is still one (empty) text block, as the whole message has.
                     if blocks == 0 {

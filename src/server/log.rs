@@ -117,13 +117,20 @@ impl RequestLog {
     /// Takes what a worker event tells: the first token's time, the token counts at the end.
     pub fn see(&self, event: &Event) {
         match event {
+            // Until the end says (a stream cut short never hears it), the first text's arrival.
             Event::Text { .. } => {
                 let elapsed = self.0.started.elapsed();
                 self.with(|f| {
                     f.first_token.get_or_insert(elapsed);
                 });
             }
-            Event::Done { prompt_tokens, completion_tokens, cached_tokens, .. } => self.tokens(*prompt_tokens, *cached_tokens, *completion_tokens),
+            // The worker's measure, which also counts a first token held back (a stop string).
+            Event::Done { prompt_tokens, completion_tokens, cached_tokens, first_token, .. } => {
+                self.tokens(*prompt_tokens, *cached_tokens, *completion_tokens);
+                if let Some(first) = *first_token {
+                    self.with(|f| f.first_token = Some(f.first_token.map_or(first, |seen| seen.min(first))));
+                }
+            }
             _ => {}
         }
     }
