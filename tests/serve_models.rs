@@ -340,6 +340,14 @@ fn short_names_pick_one_store_model_and_refuse_an_ambiguous_one() {
     let message = r.json()["error"]["message"].as_str().unwrap_or_default().to_string();
     assert!(r.status == 400 && message.contains("other-org/alpha") && message.contains("test-org/alpha"), "{}", r.body);
     assert_eq!(request(server.port, "POST", "/v1/completions", Some(&body("other-org/alpha")), &[]).unwrap().status, 200);
+    // The tokenizer endpoints name the model too: by a query on /tokenizer_info.
+    let r = request(server.port, "GET", "/tokenizer_info", None, &[]).unwrap();
+    assert_eq!((r.status, r.json()["error"]["param"].as_str()), (400, Some("model")), "{}", r.body);
+    let r = request(server.port, "GET", "/tokenizer_info?model=beta", None, &[]).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.json()["model_max_length"].as_u64().is_some_and(|n| n > 0), "{}", r.body);
+    let r = request(server.port, "POST", "/tokenize", Some(&json!({"model": "beta", "prompt": "ab"}).to_string()), &[]).unwrap();
+    assert_eq!((r.status, r.json()["count"].as_u64()), (200, Some(2)), "{}", r.body);
     drop(server);
 
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sala"));

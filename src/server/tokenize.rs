@@ -144,7 +144,12 @@ pub async fn tokenizer_info(
     headers: HeaderMap,
     Query(query): Query<std::collections::HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let lease = accept_named(&state, &headers, query.get("model").map(String::as_str)).await?;
+    let requested = query.get("model").map(String::as_str);
+    if requested.is_none() && !state.pool.fixed {
+        super::authorized(&state, &headers)?;
+        return Err(ApiError::bad_request("model", "this server serves every model of its store: name one, as GET /tokenizer_info?model=NAME (GET /v1/models lists them)"));
+    }
+    let lease = accept_named(&state, &headers, requested).await?;
     log.model(&lease.id);
     let ready = lease.ready();
     let tokenizer = &ready.tokenizer;
