@@ -3,7 +3,8 @@
 //! against a reference computed another way (tests/reference/openai_completions.py); Anthropic's
 //! `/v1/messages` with `anthropic` (tests/reference/anthropic_client.py), its structured output
 //! (tests/reference/anthropic_structured.py); a parallel call cut by `max_tokens` with both
-//! (tests/reference/cut_calls.py); `/metrics` read with
+//! (tests/reference/cut_calls.py); one split of the prompt across an Anthropic stream's events
+//! (tests/reference/anthropic_stream_usage.py); `/metrics` read with
 //! `prometheus_client`'s parser on a fresh server, its counts checked against the requests made
 //! (tests/reference/metrics_check.py).
 
@@ -103,6 +104,13 @@ fn messages_with_the_anthropic_client() {
     python();
     let server = Server::start(&common::smollm2_gguf(), &["--api-key", "test-key"], 200);
     run_script("anthropic_client.py", server.port, &[], "anthropic client checks passed");
+}
+
+#[test]
+fn anthropic_stream_usage_is_one_split_of_the_prompt() {
+    python();
+    let server = Server::start(&common::smollm2_gguf(), &["--api-key", "test-key"], 200);
+    run_script("anthropic_stream_usage.py", server.port, &[], "anthropic stream usage checks passed");
 }
 
 #[test]

@@ -316,3 +316,48 @@ fn downloads_beyond_the_cap_and_bad_names_are_refused() {
     drop(server);
     std::fs::remove_dir_all(cache).unwrap();
 }
+
+/// A store model may be named without its organisation when one model has that name; two are
+/// refused naming both. `--model` given a store snapshot lists it by its store name.
+#[test]
+fn short_names_pick_one_store_model_and_refuse_an_ambiguous_one() {
+    let (cache, dirs) = store("short");
+    // A second `alpha`, from another organisation.
+    let twin = cache.join("models--other-org--alpha");
+    std::fs::create_dir_all(twin.join("refs")).unwrap();
+    std::fs::write(twin.join("refs/main"), COMMIT).unwrap();
+    let copy = twin.join("snapshots").join(COMMIT);
+    std::fs::create_dir_all(&copy).unwrap();
+    for entry in std::fs::read_dir(&dirs[0].1).unwrap().map(Result::unwrap) {
+        std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+    }
+    let server = serve_store(&cache, &[]);
+    let body = |model: &str| json!({"model": model, "prompt": PROMPT, "max_tokens": 2, "temperature": 0}).to_string();
+    let r = request(server.port, "POST", "/v1/completions", Some(&body("beta")), &[]).unwrap();
+    assert_eq!((r.status, r.json()["model"].as_str()), (200, Some("beta")), "{}", r.body);
+    assert_eq!(loaded(&server), ["test-org/beta"]);
+    let r = request(server.port, "POST", "/v1/completions", Some(&body("alpha")), &[]).unwrap();
+    let message = r.json()["error"]["message"].as_str().unwrap_or_default().to_string();
+    assert!(r.status == 400 && message.contains("other-org/alpha") && message.contains("test-org/alpha"), "{}", r.body);
+    assert_eq!(request(server.port, "POST", "/v1/completions", Some(&body("other-org/alpha")), &[]).unwrap().status, 200);
+    // The tokenizer endpoints name the model too: by a query on /tokenizer_info.
+    let r = request(server.port, "GET", "/tokenizer_info", None, &[]).unwrap();
+    assert_eq!((r.status, r.json()["error"]["param"].as_str()), (400, Some("model")), "{}", r.body);
+    let r = request(server.port, "GET", "/tokenizer_info?model=beta", None, &[]).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.json()["model_max_length"].as_u64().is_some_and(|n| n > 0), "{}", r.body);
+    let r = request(server.port, "POST", "/tokenize", Some(&json!({"model": "beta", "prompt": "ab"}).to_string()), &[]).unwrap();
+    assert_eq!((r.status, r.json()["count"].as_u64()), (200, Some(2)), "{}", r.body);
+    drop(server);
+
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sala"));
+    cmd.env("HF_HUB_CACHE", &cache).env("HF_HUB_OFFLINE", "1");
+    let server = Server::start_with(cmd, &dirs[1].1, &["--dtype", "f32"], 200);
+    let list = request(server.port, "GET", "/v1/models", None, &[]).unwrap().json();
+    assert_eq!(list["data"][0]["id"], "test-org/beta", "{list}");
+    for name in ["test-org/beta", "beta"] {
+        assert_eq!(request(server.port, "POST", "/v1/completions", Some(&body(name)), &[]).unwrap().status, 200, "{name}");
+    }
+    drop(server);
+    std::fs::remove_dir_all(cache).unwrap();
+}

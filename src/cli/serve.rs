@@ -4,7 +4,7 @@ use super::ModelArgs;
 use clap::Args;
 
 #[derive(Args)]
-#[command(after_help = "Examples:\n  sala serve --model ./MiniCPM-SALA-8bit\n  sala serve -m org/name --host 0.0.0.0 --port 8080 --api-key secret\n\nThen: curl http://127.0.0.1:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}'\nEndpoints: /v1/chat/completions, /v1/completions, /v1/messages (Anthropic), /v1/models, /metrics, /health")]
+#[command(after_help = "Examples:\n  sala serve --model ./MiniCPM-SALA-8bit\n  sala serve -m org/name --host 0.0.0.0 --port 8080 --api-key secret\n\nThen: curl http://127.0.0.1:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}'\nEndpoints: /v1/chat/completions, /v1/completions, /v1/messages (Anthropic), /v1/models, /tokenize, /detokenize, /tokenizer_info, /metrics, /health")]
 pub struct ServeArgs {
     #[command(flatten)]
     pub load: ModelArgs,
@@ -49,8 +49,29 @@ pub struct ServeArgs {
     /// "never" keeps it)
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_keep_alive)]
     pub keep_alive: KeepAlive,
+    /// The name clients give the model (`"model"` in a request) and `/v1/models` lists; its
+    /// short id (file stem, folder or store name) and path are accepted too. Needs --model
+    #[arg(long, value_name = "NAME", value_parser = parse_alias)]
+    pub alias: Option<String>,
+    /// Request log lines on stderr: text, or json (one object a line)
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: crate::server::log::LogFormat,
+    /// Least severe log lines written: info logs every request, warn only failed ones (5xx)
+    #[arg(long, value_enum, default_value = "info")]
+    pub log_level: crate::server::log::LogLevel,
     #[command(flatten)]
     pub tp: super::TpArgs,
+}
+
+/// `--alias`: a name a client can put in a JSON string and copy from `/v1/models`.
+fn parse_alias(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() || text.trim() != text {
+        return Err("the alias is empty or starts or ends with whitespace; give a name such as `smollm2`".into());
+    }
+    if let Some(c) = text.chars().find(|c| c.is_control()) {
+        return Err(format!("the alias holds the control character {c:?}; give a printable name"));
+    }
+    Ok(text.to_string())
 }
 
 /// `--api-key`: a key a client can send in a header. An empty one (what `--api-key "$KEY"`
@@ -103,6 +124,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         prefill_step: args.load.runtime.prefill_step,
         max_models: args.max_models as usize,
         keep_alive: args.keep_alive.0,
+        alias: args.alias,
+        log_format: args.log_format,
+        log_level: args.log_level,
     };
     let keeps_states = options.prompt_cache_dir.is_some();
     let load = crate::load::LoadOptions { tp: tp.clone(), keeps_states, ..args.load.options()? };

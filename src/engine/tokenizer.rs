@@ -272,6 +272,27 @@ impl TextTokenizer {
         contain("detokenizing", || self.inner.decode(&shown, false).map_err(|e| Error::Tokenizer(e.to_string())))
     }
 
+    /// The text of `ids` with every token in it, special ones too: what tokenizing the text
+    /// gives back (vLLM's `/detokenize`).
+    pub fn decode_all(&self, ids: &[u32]) -> Result<String> {
+        contain("detokenizing", || self.inner.decode(ids, false).map_err(|e| Error::Tokenizer(e.to_string())))
+    }
+
+    /// Token `id` as the vocabulary writes it (`Ġthe`), as HF's `convert_ids_to_tokens` gives.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The end-of-sequence token's text, as the tokenizer's config names it.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// The beginning-of-sequence token's text, and whether [`Self::encode`] puts it first.
+    pub fn bos_token(&self) -> (Option<&str>, bool) {
+        (self.bos.as_ref().map(|(_, text)| text.as_str()), self.add_bos)
+    }
+
     /// The bytes token `id` stands for, whether or not they are whole UTF-8 (a byte-level piece
     /// of a character is one byte); an added or special token's text. Empty for an unknown id.
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {

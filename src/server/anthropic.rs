@@ -359,9 +359,16 @@ fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -
            "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0})
 }
 
-async fn messages(State(state): State<Arc<AppState>>, Extension(peer): Extension<super::Peer>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
+async fn messages(
+    State(state): State<Arc<AppState>>,
+    Extension(peer): Extension<super::Peer>,
+    Extension(log): Extension<super::log::RequestLog>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
     let (bytes, lease) = super::accept(&state, &headers, body).await?;
+    log.model(&lease.id);
     let (prepared, thinking) = super::prepare_blocking(&state, &lease, bytes.len(), move |served| {
         let (request, thinking) = parse(&bytes, served.model_id, served.tool_format, false)?;
         Ok((openai::prepare(request, served)?, thinking))
@@ -377,11 +384,13 @@ async fn messages(State(state): State<Arc<AppState>>, Extension(peer): Extension
     let id = random_id("msg");
     let model = lease.id.clone();
     if request.stream {
-        return Ok(stream(id, model, prompt_tokens, thinking, parser, rx));
+        log.streaming();
+        return Ok(stream(id, model, prompt_tokens, thinking, parser, rx, log));
     }
     peer.unless_hung_up(async move {
     let (mut reasoning, mut text, mut calls) = (String::new(), String::new(), Vec::new());
     while let Some(event) = rx.recv().await {
+        log.see(&event);
         match event {
             Event::Text { text: piece, .. } => {
                 let d = parser.push(&piece);
@@ -389,10 +398,10 @@ async fn messages(State(state): State<Arc<AppState>>, Extension(peer): Extension
                 text.push_str(&d.content);
                 calls.extend(d.calls);
             }
-            Event::PromptLogprobs(_) => {}
+            Event::Started { .. } | Event::PromptLogprobs(_) => {}
             Event::Error(e) => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "generation_failed", None, &e)),
             Event::Shutdown => return Err(super::shutting_down()),
-            Event::Done { finish_reason, stop_sequence, prompt_tokens, completion_tokens, cached_tokens } => {
+            Event::Done { finish_reason, stop_sequence, prompt_tokens, completion_tokens, cached_tokens, .. } => {
                 let d = parser.finish(finish_reason);
                 reasoning.push_str(&d.reasoning);
                 text.push_str(&d.content);
@@ -430,7 +439,9 @@ enum Open {
 
 /// The answer as Anthropic's event stream: `message_start`, a `ping`, each content block as
 /// `content_block_start`, deltas and `content_block_stop`, then `message_delta` (stop reason,
-/// usage) and `message_stop`; an error mid-way is an `error` event.
+/// usage) and `message_stop`; an error mid-way is an `error` event. `message_start` waits for
+/// the request's admission, where the prefix cache says how many prompt tokens it holds, so that
+/// it and `message_delta` split the prompt alike.
 fn stream(
     id: String,
     model: String,
@@ -438,13 +449,23 @@ fn stream(
     thinking: bool,
     mut parser: AnswerParser,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    log: super::log::RequestLog,
 ) -> Response {
     let (out, out_rx) = tokio::sync::mpsc::unbounded_channel::<Result<SseEvent, std::convert::Infallible>>();
     tokio::spawn(async move {
         let send = |kind: &str, data: Value| out.send(Ok(SseEvent::default().event(kind).data(data.to_string()))).is_ok();
+        // Until admitted, a client that leaves must still close the request's channel.
+        let first = tokio::select! {
+            first = rx.recv() => first,
+            _ = out.closed() => return,
+        };
+        let (cached, first) = match first {
+            Some(Event::Started { cached_tokens }) => (cached_tokens, None),
+            other => (0, other),
+        };
         let start = json!({"type": "message_start", "message": {
             "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": null, "stop_sequence": null, "usage": usage(prompt_tokens, 0, 0)}});
+            "stop_reason": null, "stop_sequence": null, "usage": usage(prompt_tokens, 0, cached)}});
         if !(send("message_start", start) && send("ping", json!({"type": "ping"}))) {
             return;
         }
@@ -494,10 +515,15 @@ fn stream(
             }
             ok
         };
-        while let Some(event) = rx.recv().await {
+        let mut pending = first;
+        while let Some(event) = match pending.take() {
+            Some(event) => Some(event),
+            None => rx.recv().await,
+        } {
+            log.see(&event);
             let more = match event {
                 Event::Text { text, .. } => piece(parser.push(&text), &mut open, &mut index, &mut blocks, &mut called),
-                Event::PromptLogprobs(_) => true,
+                Event::Started { .. } | Event::PromptLogprobs(_) => true,
                 Event::Error(e) => {
                     send("error", error_json(StatusCode::INTERNAL_SERVER_ERROR, &format!("generation failed: {e}")));
                     false
@@ -506,7 +532,7 @@ fn stream(
                     send("error", error_json(StatusCode::SERVICE_UNAVAILABLE, &super::shutting_down().message));
                     false
                 }
-                Event::Done { finish_reason, stop_sequence, prompt_tokens, completion_tokens, cached_tokens } => {
+                Event::Done { finish_reason, stop_sequence, prompt_tokens, completion_tokens, cached_tokens, .. } => {
                     piece(parser.finish(finish_reason), &mut open, &mut index, &mut blocks, &mut called);
                     // An empty answer is still one (empty) text block, as the whole message has.
                     if blocks == 0 {
@@ -519,6 +545,7 @@ fn stream(
                         "delta": {"stop_reason": stop_reason(finish_reason, &stop_sequence, called), "stop_sequence": stop_sequence},
                         "usage": usage}));
                     send("message_stop", json!({"type": "message_stop"}));
+                    log.finished();
                     false
                 }
             };

@@ -283,9 +283,16 @@ impl Choice {
     }
 }
 
-pub(crate) async fn handle(State(state): State<Arc<AppState>>, Extension(peer): Extension<super::Peer>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
+pub(crate) async fn handle(
+    State(state): State<Arc<AppState>>,
+    Extension(peer): Extension<super::Peer>,
+    Extension(log): Extension<super::log::RequestLog>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
     let (bytes, lease) = super::accept(&state, &headers, body).await?;
+    log.model(&lease.id);
     let (request, prompts) = super::prepare_blocking(&state, &lease, bytes.len(), move |served| prepare(&bytes, served)).await?;
     let tokenizer = lease.ready().tokenizer.clone();
     // Each prompt is its own job; their events come in through one channel, tagged by choice.
@@ -323,6 +330,7 @@ pub(crate) async fn handle(State(state): State<Arc<AppState>>, Extension(peer): 
     if request.stream {
         let (out, out_rx) = tokio::sync::mpsc::unbounded_channel();
         let include_usage = request.include_usage;
+        log.streaming();
         tokio::spawn(async move {
             let chunk = |index: usize, text: String, logprobs: Option<Logprobs>, finish: Option<&str>| {
                 let mut c = json!({"id": id, "object": "text_completion", "created": created, "model": model,
@@ -342,8 +350,10 @@ pub(crate) async fn handle(State(state): State<Arc<AppState>>, Extension(peer): 
             }
             let mut open = choices.len();
             while let Some((index, event)) = rx.recv().await {
+                log.see(&event);
                 let choice = &mut choices[index];
                 let more = match event {
+                    Event::Started { .. } => true,
                     Event::PromptLogprobs(scored) => {
                         if choice.echo {
                             let (text, logprobs) = choice.echo(&tokenizer, &scored);
@@ -374,6 +384,9 @@ pub(crate) async fn handle(State(state): State<Arc<AppState>>, Extension(peer): 
                     break;
                 }
             }
+            if open == 0 {
+                log.finished();
+            }
             if open == 0 && include_usage {
                 let (prompt, completion, cached) = choices.iter().filter_map(|c| c.usage).fold((0, 0, 0), |(p, c, k), (a, b, d)| (p + a, c + b, k + d));
                 let mut last = chunk(0, String::new(), None, None);
@@ -391,8 +404,10 @@ pub(crate) async fn handle(State(state): State<Arc<AppState>>, Extension(peer): 
     let mut finish: Vec<Option<&'static str>> = vec![None; choices.len()];
     let (mut prompt_total, mut completion_total, mut cached_total) = (0, 0, 0);
     while let Some((index, event)) = rx.recv().await {
+        log.see(&event);
         let choice = &mut choices[index];
         match event {
+            Event::Started { .. } => {}
             Event::PromptLogprobs(scored) => {
                 if choice.echo {
                     let (_, echoed) = choice.echo(&tokenizer, &scored);

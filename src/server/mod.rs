@@ -1,5 +1,6 @@
 //! `sala serve`: an OpenAI-compatible HTTP API (axum), with Anthropic's Messages API beside it
-//! ([`anthropic`]) and Prometheus metrics ([`metrics`]). The model loads in the background
+//! ([`anthropic`]), vLLM's tokenizer endpoints ([`tokenize`]), Prometheus metrics ([`metrics`])
+//! and a log line per request ([`log`]). The model loads in the background
 //! (`/health` answers 503 until it is ready) on the worker thread that then serves every request
 //! ([`scheduler`]). Errors follow OpenAI's schema: `{"error": {"message", "type", "param", "code"}}`,
 //! whichever layer makes them (Anthropic's endpoints rewrite them into theirs). Clients that stall
@@ -10,13 +11,15 @@ pub mod anthropic;
 pub mod answer;
 pub mod completions;
 mod connection;
+pub mod log;
 pub mod metrics;
 pub mod models;
 pub mod openai;
 pub mod pool;
 pub mod scheduler;
+pub mod tokenize;
 
-use crate::load::{file_label, LoadOptions};
+use crate::load::LoadOptions;
 use crate::progress::{bytes_progress, progress_to};
 use crate::engine::generation_config::GenerationDefaults;
 use crate::engine::prefix_cache::PrefixCache;
@@ -105,6 +108,10 @@ pub struct ServerOptions {
     pub max_models: usize,
     /// Serving the store: how long a model may stay idle before it is unloaded (`None`: kept).
     pub keep_alive: Option<Duration>,
+    /// With `--model`: the name clients may use and `/v1/models` lists.
+    pub alias: Option<String>,
+    pub log_format: log::LogFormat,
+    pub log_level: log::LogLevel,
 }
 
 /// Binds, starts loading the model on the worker thread, and serves until SIGINT or SIGTERM,
@@ -124,7 +131,14 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
         prefill_step,
         max_models,
         keep_alive,
+        alias,
+        log_format,
+        log_level,
     } = options;
+    log::init(log_format, log_level);
+    if alias.is_some() && model.model.is_none() {
+        anyhow::bail!("--alias names the model given with --model; a server of the store serves each model by its store name (or the part after the `/`)");
+    }
     // Without --model the store is served; an empty one gets the default model first.
     let fixed = match &model.model {
         Some(path) => Some(path.clone()),
@@ -149,10 +163,10 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
     }
     let settings = pool::WorkerSettings { load: model, default_max_tokens, prefill_step, parallel, cache_memory, prompt_cache_dir, tool_format };
     let pool = match &fixed {
-        // Clients name the model by its path, as llama.cpp's server does; a public server says
-        // only its file name.
+        // Clients name the model by a short id (or its path, as llama.cpp's server does); a
+        // public server takes no path.
         Some(path) => pool::Pool::fixed(
-            if public { file_label(path) } else { path.display().to_string() },
+            models::names_of(path, alias.as_deref(), public),
             crate::store::cache::resolve(path).unwrap_or_else(|_| path.clone()),
             settings,
         ),
@@ -187,6 +201,9 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions::handle))
         .route("/metrics", get(metrics::get))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .merge(anthropic::routes())
         .fallback(|| async { ApiError::not_found("no such endpoint").into_response() })
         .method_not_allowed_fallback(|| async {
@@ -195,6 +212,7 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
         .layer(axum::middleware::map_response(json_errors))
         .layer(axum::middleware::from_fn(anthropic::error_shape))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::count_requests))
+        .layer(axum::middleware::from_fn(log::log_requests))
         .with_state(state.clone());
     let shutdown_state = state.clone();
     runtime.block_on(async move {
@@ -431,7 +449,7 @@ async fn health(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
         return (StatusCode::OK, Json(json!({"status": "ok", "models": models, "max_models": state.pool.max_models}))).into_response();
     }
     let slot = state.pool.only();
-    let model = file_label(std::path::Path::new(&slot.id));
+    let model = slot.id.clone();
     if slot.ready.get().is_some() {
         (StatusCode::OK, Json(json!({"status": "ok", "model": model}))).into_response()
     } else if let Some(e) = slot.load_error.get() {
@@ -458,11 +476,21 @@ pub(crate) async fn accept(state: &Arc<AppState>, headers: &HeaderMap, body: axu
         return Err(shutting_down());
     }
     let bytes = read_body(state, body, MAX_BODY_BYTES).await?;
-    // With --model the full parse checks the name (`openai::check_model`); only a server of the
-    // store needs it first, to know which model prepares the request.
-    let requested = if state.pool.fixed { None } else { requested_model(&bytes)? };
+    // The name picks the model (a server of the store) or is checked against the one served,
+    // under any of its names; the full parse checks the rest.
+    let requested = requested_model(&bytes)?;
     let lease = pool::acquire(state, requested.as_deref()).await?;
     Ok((bytes, lease))
+}
+
+/// A hold on the model named `requested` (or the one served, with `--model`), for a request
+/// whose body is read already.
+pub(crate) async fn accept_named(state: &Arc<AppState>, headers: &HeaderMap, requested: Option<&str>) -> Result<pool::Lease, ApiError> {
+    authorized(state, headers)?;
+    if state.draining.load(Ordering::SeqCst) {
+        return Err(shutting_down());
+    }
+    pool::acquire(state, requested).await
 }
 
 /// The `model` a request body names, if any (the full parse checks the rest).
@@ -552,9 +580,16 @@ pub(crate) fn worker_gone() -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "worker_gone", None, "the model worker stopped")
 }
 
-async fn chat(State(state): State<Arc<AppState>>, Extension(peer): Extension<Peer>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
+async fn chat(
+    State(state): State<Arc<AppState>>,
+    Extension(peer): Extension<Peer>,
+    Extension(log): Extension<log::RequestLog>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
     let (bytes, lease) = accept(&state, &headers, body).await?;
+    log.model(&lease.id);
     let prepared = prepare_blocking(&state, &lease, bytes.len(), move |served| openai::prepare_chat(&bytes, served)).await?;
     let tokenizer = lease.ready().tokenizer.clone();
     let openai::PreparedChat { request, prompt_text, prompt, max_tokens, stop, constraint } = prepared;
@@ -569,13 +604,15 @@ async fn chat(State(state): State<Arc<AppState>>, Extension(peer): Extension<Pee
         let model = lease.id.clone();
         let include_usage = request.include_usage;
         let logprobs = request.logprobs.is_some().then_some(tokenizer);
-        let stream = async_stream(id, created, model, include_usage, parser, logprobs, rx);
+        log.streaming();
+        let stream = async_stream(id, created, model, include_usage, parser, logprobs, rx, log);
         return Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response());
     }
     let mut parser = parser;
     peer.unless_hung_up(async move {
     let (mut reasoning, mut content, mut calls, mut token_logprobs) = (String::new(), String::new(), Vec::new(), Vec::new());
     while let Some(event) = rx.recv().await {
+        log.see(&event);
         match event {
             Event::Text { text, logprobs } => {
                 let d = parser.push(&text);
@@ -584,7 +621,7 @@ async fn chat(State(state): State<Arc<AppState>>, Extension(peer): Extension<Pee
                 calls.extend(d.calls);
                 token_logprobs.extend(logprobs.into_iter().map(|t| t.logprobs));
             }
-            Event::PromptLogprobs(_) => {}
+            Event::Started { .. } | Event::PromptLogprobs(_) => {}
             Event::Error(e) => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "generation_failed", None, &e)),
             Event::Shutdown => return Err(shutting_down()),
             Event::Done { finish_reason, prompt_tokens, completion_tokens, cached_tokens, .. } => {
@@ -624,7 +661,9 @@ async fn chat(State(state): State<Arc<AppState>>, Extension(peer): Extension<Pee
 /// The SSE chunks of a streamed completion, ending with `data: [DONE]`. A task converts the
 /// worker's events; when the client goes away the stream is dropped, the task ends, and the
 /// worker sees the request's channel closed. With `logprobs` (the tokenizer to name tokens),
-/// each chunk carries the log-probabilities of the tokens its text completes.
+/// each chunk carries the log-probabilities of the tokens its text completes. The request's
+/// `log` line is written when the task ends.
+#[allow(clippy::too_many_arguments)]
 fn async_stream(
     id: String,
     created: u64,
@@ -633,6 +672,7 @@ fn async_stream(
     mut parser: AnswerParser,
     logprobs: Option<Arc<TextTokenizer>>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    log: log::RequestLog,
 ) -> impl tokio_stream::Stream<Item = Result<SseEvent, std::convert::Infallible>> {
     let (out, out_rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
@@ -651,13 +691,14 @@ fn async_stream(
         // Log-probabilities of tokens whose text the parser still holds back go with the next chunk.
         let mut unsent = Vec::new();
         while let Some(event) = rx.recv().await {
+            log.see(&event);
             let more = match event {
                 Event::Text { text, logprobs } => {
                     unsent.extend(logprobs.into_iter().map(|t| t.logprobs));
                     let first = parser.calls_so_far();
                     parser.push(&text).chunks(first).into_iter().all(|delta| send(chunk(delta, None, &std::mem::take(&mut unsent))))
                 }
-                Event::PromptLogprobs(_) => true,
+                Event::Started { .. } | Event::PromptLogprobs(_) => true,
                 Event::Error(e) => {
                     send(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "generation_failed", None, &e).to_json());
                     false
@@ -679,6 +720,7 @@ fn async_stream(
                         last["usage"] = openai::usage(prompt_tokens, completion_tokens, cached_tokens);
                         send(last);
                     }
+                    log.finished();
                     false
                 }
             };

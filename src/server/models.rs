@@ -59,6 +59,42 @@ impl Download {
     }
 }
 
+/// The names a `--model` server answers to, the one it lists first: `alias`, else a short id
+/// (the store name of a store model, else a file's stem or a folder's name); then the file name,
+/// the part of a store name after its `/`, and the path as given (not on a public server, whose
+/// answers name no path).
+pub fn names_of(given: &std::path::Path, alias: Option<&str>, public: bool) -> Vec<String> {
+    let text = given.display().to_string();
+    let short = if given.exists() {
+        let full = std::fs::canonicalize(given).unwrap_or_else(|_| given.to_path_buf());
+        let stored = cache::list(&cache_dir()).unwrap_or_default().into_iter().find(|m| m.snapshot == full).map(|m| m.name);
+        // A snapshot folder's own name is a commit hash: its store name says more.
+        stored.or_else(|| {
+            let name = if full.is_dir() { full.file_name() } else { full.file_stem() };
+            name.map(|n| n.to_string_lossy().to_string())
+        })
+    } else if ModelRef::parse(&text).is_ok() {
+        // Not a path: a store name, already short.
+        None
+    } else {
+        // Neither (it will fail to load): its file name, which shows no folders.
+        Some(crate::load::file_label(given))
+    }
+    .unwrap_or_else(|| text.clone());
+    let mut names: Vec<String> = alias.map(str::to_string).into_iter().collect();
+    names.push(short.clone());
+    names.push(crate::load::file_label(given));
+    if let Some((_, name)) = short.split_once('/') {
+        names.push(name.to_string());
+    }
+    if !public {
+        names.push(text);
+    }
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| !n.is_empty() && seen.insert(n.clone()));
+    names
+}
+
 /// Describes a model for the list: path, size, quantization, architecture, context.
 fn describe(id: &str, path: &std::path::Path, size: u64) -> Value {
     let mut v = json!({"id": id, "object": "model", "created": 0, "owned_by": "sala", "path": path, "size": size});
@@ -236,7 +272,7 @@ fn remove(state: &AppState, id: &str) -> Result<Value, ApiError> {
     let in_use = |what: String| ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "model_in_use", Some("model"), &format!("`{id}` {what}"));
     let fixed = || in_use("is the model this server is running; stop the server to delete it".into());
     // The served model's own id may be a path, which is no store name: checked before parsing.
-    if state.pool.fixed && id == state.pool.only().id {
+    if state.pool.fixed && state.pool.only().answers_to(id) {
         return Err(fixed());
     }
     let reference = parse_ref(id, "model")?;
@@ -281,4 +317,26 @@ fn remove(state: &AppState, id: &str) -> Result<Value, ApiError> {
     };
     drop(removal);
     Ok(json!({"id": reference.repo, "object": "model", "deleted": true, "freed_bytes": freed, "cancelled_download": cancelled}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_of;
+
+    #[test]
+    fn a_model_file_answers_to_its_stem_alias_file_name_and_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("Tiny-Model.Q4_1.gguf");
+        std::fs::write(&file, b"").unwrap();
+        let path = file.display().to_string();
+        assert_eq!(names_of(&file, None, false), ["Tiny-Model.Q4_1", "Tiny-Model.Q4_1.gguf", path.as_str()]);
+        assert_eq!(names_of(&file, Some("tiny"), false), ["tiny", "Tiny-Model.Q4_1", "Tiny-Model.Q4_1.gguf", path.as_str()]);
+        // A public server shows no path, and takes none.
+        assert_eq!(names_of(&file, None, true), ["Tiny-Model.Q4_1", "Tiny-Model.Q4_1.gguf"]);
+        // A folder by its name; a store name as it is, and without its organisation.
+        assert_eq!(names_of(dir.path(), None, true)[0], dir.path().file_name().unwrap().to_string_lossy());
+        assert_eq!(names_of(std::path::Path::new("some-org/some-model"), None, false), ["some-org/some-model", "some-model"]);
+        // A path that is neither shows only its file name.
+        assert_eq!(names_of(std::path::Path::new("/no/such/dir/x.gguf"), None, true), ["x.gguf"]);
+    }
 }

@@ -175,15 +175,20 @@ pub(crate) fn check_model(obj: &Map<String, Value>, served_model: &str) -> Resul
     match obj.get("model") {
         None | Some(Value::Null) => Ok(()),
         Some(Value::String(m)) if m == served_model => Ok(()),
-        Some(Value::String(m)) => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "model_not_found",
-            Some("model"),
-            &format!("model `{m}` is not served here (this server serves `{served_model}`; see GET /v1/models)"),
-        )),
+        Some(Value::String(m)) => Err(not_served(m, served_model)),
         Some(_) => Err(wrong("model", "a string")),
     }
+}
+
+/// A request named a model this server does not serve.
+pub(crate) fn not_served(requested: &str, served_model: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "model_not_found",
+        Some("model"),
+        &format!("model `{requested}` is not served here (this server serves `{served_model}`; see GET /v1/models)"),
+    )
 }
 
 /// `stop`: a string or up to 4 non-empty strings.

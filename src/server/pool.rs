@@ -42,6 +42,8 @@ pub struct Slot {
     pub id: String,
     /// Where it is (a store name resolved to its snapshot).
     pub path: PathBuf,
+    /// Every name a request may give it, `id` first (with `--model`: its alias, short id and path).
+    pub names: Vec<String>,
     pub ready: OnceLock<Ready>,
     pub load_error: OnceLock<String>,
     /// Woken when `ready` or `load_error` is set.
@@ -54,8 +56,14 @@ pub struct Slot {
 
 impl Slot {
     fn new(id: String, path: PathBuf) -> Arc<Self> {
+        Self::named(vec![id], path)
+    }
+
+    /// A slot answering to `names`, listed by the first.
+    fn named(names: Vec<String>, path: PathBuf) -> Arc<Self> {
         Arc::new(Slot {
-            id,
+            id: names[0].clone(),
+            names,
             path,
             ready: OnceLock::new(),
             load_error: OnceLock::new(),
@@ -64,6 +72,11 @@ impl Slot {
             last_used: Mutex::new(Instant::now()),
             worker: Mutex::new(None),
         })
+    }
+
+    /// Whether a request may call this model `name`.
+    pub fn answers_to(&self, name: &str) -> bool {
+        self.names.iter().any(|n| n == name)
     }
 
     /// "loading", "ready" or "error".
@@ -180,9 +193,10 @@ impl Pool {
         Pool { slots: Mutex::new(Vec::new()), removing: Mutex::default(), fixed: false, max_models: max_models.max(1), keep_alive, settings }
     }
 
-    /// A pool of the one model `id` at `path`.
-    pub fn fixed(id: String, path: PathBuf, settings: WorkerSettings) -> Self {
-        Pool { slots: Mutex::new(vec![Slot::new(id, path)]), removing: Mutex::default(), fixed: true, max_models: 1, keep_alive: None, settings }
+    /// A pool of the one model at `path`, answering to `names` (listed by the first).
+    pub fn fixed(names: Vec<String>, path: PathBuf, settings: WorkerSettings) -> Self {
+        assert!(!names.is_empty(), "a served model has a name");
+        Pool { slots: Mutex::new(vec![Slot::named(names, path)]), removing: Mutex::default(), fixed: true, max_models: 1, keep_alive: None, settings }
     }
 
     /// The models held now, in loading order.
@@ -249,14 +263,20 @@ impl Drop for Removal<'_> {
 }
 
 /// A hold on the model a request names (`None`: it named none), loading it first when the server
-/// serves the store. With `--model` a request gets an answer at once while the model loads, and
-/// the name is checked where the request is parsed.
+/// serves the store. With `--model` a request gets an answer at once while the model loads; it
+/// may name the model by any of its names, and its answer says the name it gave.
 pub async fn acquire(state: &Arc<AppState>, requested: Option<&str>) -> Result<Lease, ApiError> {
     let pool = &state.pool;
     if pool.fixed {
         let slot = pool.only();
+        if let Some(name) = requested.filter(|name| !slot.answers_to(name)) {
+            return Err(super::openai::not_served(name, &slot.id));
+        }
         return match (slot.ready.get(), slot.load_error.get()) {
-            (Some(_), _) => Ok(Lease::new(slot)),
+            (Some(_), _) => Ok(match requested {
+                Some(name) => Lease::named(slot, name.to_string()),
+                None => Lease::new(slot),
+            }),
             (None, Some(e)) => Err(load_failed(e, state.public)),
             (None, None) => Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -296,10 +316,38 @@ fn not_in_store(name: &str) -> ApiError {
 
 /// The model's snapshot in the store, and the name the store lists it by (one for every alias).
 fn in_store(name: &str) -> Result<(PathBuf, String), ApiError> {
-    let reference = ModelRef::parse(name).map_err(|e| ApiError::bad_request("model", &e.to_string()))?;
     let cache = cache_dir();
+    let full = without_organisation(&cache, name)?;
+    let reference = ModelRef::parse(full.as_deref().unwrap_or(name)).map_err(|e| ApiError::bad_request("model", &e.to_string()))?;
     let found = reference.snapshot(&cache).zip(reference.listed_name(&cache));
     found.ok_or_else(|| not_in_store(name))
+}
+
+/// The full store name of `name` given without its organisation (`SmolLM2-135M-Instruct` for
+/// `HuggingFaceTB/SmolLM2-135M-Instruct`), when one model of the store has that name; two are
+/// ambiguous, and refused naming both.
+fn without_organisation(cache: &Path, name: &str) -> Result<Option<String>, ApiError> {
+    let (base, revision) = match name.split_once('@') {
+        Some((base, revision)) => (base, Some(revision)),
+        None => (name, None),
+    };
+    if base.contains('/') || base.is_empty() {
+        return Ok(None);
+    }
+    let mut repos: Vec<String> = crate::store::cache::list(cache)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| {
+            let repo = m.repo;
+            (repo.split_once('/').map(|(_, n)| n) == Some(base)).then_some(repo)
+        })
+        .collect();
+    repos.dedup();
+    match repos.as_slice() {
+        [] => Ok(None),
+        [repo] => Ok(Some(revision.map_or_else(|| repo.clone(), |r| format!("{repo}@{r}")))),
+        _ => Err(ApiError::bad_request("model", &format!("`{name}` is the name of {} models of the store ({}); give the full name", repos.len(), repos.join(", ")))),
+    }
 }
 
 /// What to do about a model that is not loaded.

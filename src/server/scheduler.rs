@@ -55,6 +55,9 @@ pub enum Event {
     /// More answer text, with the log-probabilities of the tokens it completes (when asked for):
     /// a token whose text straddles a piece goes with the piece that ends it.
     Text { text: String, logprobs: Vec<AnswerToken> },
+    /// The request is admitted: its kept state is looked up, and this many prompt tokens come
+    /// from it (sent before anything else, so a stream's first event can report the split).
+    Started { cached_tokens: usize },
     /// The log-probability of each prompt token after the first, once the prompt is in.
     PromptLogprobs(Vec<TokenLogprobs>),
     Done {
@@ -64,6 +67,8 @@ pub enum Event {
         prompt_tokens: usize,
         completion_tokens: usize,
         cached_tokens: usize,
+        /// From the request's arrival to its first generated token (`None`: it generated none).
+        first_token: Option<std::time::Duration>,
     },
     Error(String),
     /// Ended unfinished: the server is shutting down.
@@ -90,8 +95,8 @@ struct Active {
     pending: VecDeque<(TokenLogprobs, usize, usize)>,
     /// Prompt tokens taken from the prefix cache.
     cached_tokens: usize,
-    /// Whether a token came yet (time to first token is measured once).
-    answered: bool,
+    /// When the first token came (time to first token is measured once).
+    answered: Option<std::time::Duration>,
 }
 
 /// How the worker batches.
@@ -426,6 +431,9 @@ fn admit(model: &dyn LanguageModel, id: u64, mut job: Job, prefill_step: usize, 
             metrics.prefix_cache_hit_tokens.inc_by(start.tokens as u64);
         }
     }
+    if let Ok((start, _)) = &started {
+        let _ = job.events.send(Event::Started { cached_tokens: start.tokens });
+    }
     match started {
         Ok((start, decoding)) => Some(Active {
             id,
@@ -443,7 +451,7 @@ fn admit(model: &dyn LanguageModel, id: u64, mut job: Job, prefill_step: usize, 
             produced: 0,
             sent: 0,
             pending: VecDeque::new(),
-            answered: false,
+            answered: None,
         }),
         Err(e) => {
             let _ = job.events.send(Event::Error(e.to_string()));
@@ -454,9 +462,10 @@ fn admit(model: &dyn LanguageModel, id: u64, mut job: Job, prefill_step: usize, 
 
 /// Sends what a request's new token adds to its answer; `false` when it is finished.
 fn emit(model: &dyn LanguageModel, tokenizer: &TextTokenizer, a: &mut Active, token: Option<u32>, metrics: &Metrics) -> bool {
-    if token.is_some() && !a.answered {
-        a.answered = true;
-        metrics.time_to_first_token.observe(a.job.received.elapsed().as_secs_f64());
+    if token.is_some() && a.answered.is_none() {
+        let first = a.job.received.elapsed();
+        a.answered = Some(first);
+        metrics.time_to_first_token.observe(first.as_secs_f64());
     }
     let eos = model.info().eos_token_ids.contains(&token.unwrap_or(u32::MAX));
     if let Some(token) = token.filter(|_| !eos) {
@@ -533,5 +542,5 @@ fn finish(a: &mut Active, finish_reason: &'static str, stop_sequence: Option<Str
     metrics.prompt_tokens.inc_by(prompt_tokens as u64);
     metrics.generated_tokens.inc_by(completion_tokens as u64);
     metrics.request_duration.observe(a.job.received.elapsed().as_secs_f64());
-    let _ = a.job.events.send(Event::Done { finish_reason, stop_sequence, prompt_tokens, completion_tokens, cached_tokens: a.cached_tokens });
+    let _ = a.job.events.send(Event::Done { finish_reason, stop_sequence, prompt_tokens, completion_tokens, cached_tokens: a.cached_tokens, first_token: a.answered });
 }

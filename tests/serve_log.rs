@@ -1,0 +1,141 @@
+//! `sala serve`'s request log: one line per request on stderr, as text or JSON
+//! (`--log-format json`), its fields checked against the requests made and their answers
+//! (status, model, prompt/cached/generated tokens, time to first token, total time); a stream's
+//! line when it ends, a stream whose client left marked cancelled; `--log-level warn` quiet.
+
+mod common;
+
+use common::server::{request, Server};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+fn post(port: u16, path: &str, body: Value) -> (u16, Value) {
+    let r = request(port, "POST", path, Some(&body.to_string()), &[]).unwrap();
+    (r.status, r.json())
+}
+
+/// The request lines the server has written, as field → value.
+fn text_lines(log: &str) -> Vec<HashMap<String, String>> {
+    log.lines()
+        .filter_map(|l| l.split_once(" request "))
+        .map(|(_, fields)| fields.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
+        .collect()
+}
+
+fn json_lines(log: &str) -> Vec<HashMap<String, String>> {
+    log.lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .filter(|v| v["message"] == "request")
+        .map(|v| v.as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_string))).collect())
+        .collect()
+}
+
+/// Waits until `lines` of the log hold `n` lines for `path`, and returns those.
+fn wait_for(server: &Server, parse: fn(&str) -> Vec<HashMap<String, String>>, path: &str, n: usize) -> Vec<HashMap<String, String>> {
+    let start = Instant::now();
+    loop {
+        let found: Vec<_> = parse(&server.log_so_far()).into_iter().filter(|f| f.get("path").map(String::as_str) == Some(path)).collect();
+        if found.len() >= n || start.elapsed() > Duration::from_secs(20) {
+            assert_eq!(found.len(), n, "lines for {path}:\n{}", server.log_so_far());
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn number(f: &HashMap<String, String>, key: &str) -> f64 {
+    f.get(key).unwrap_or_else(|| panic!("no {key} in {f:?}")).parse().unwrap()
+}
+
+/// The line's fields against a completion's `usage`.
+fn check_tokens(f: &HashMap<String, String>, usage: &Value) {
+    assert_eq!(number(f, "prompt_tokens"), usage["prompt_tokens"].as_f64().unwrap(), "{f:?} {usage}");
+    assert_eq!(number(f, "generated_tokens"), usage["completion_tokens"].as_f64().unwrap(), "{f:?} {usage}");
+    let cached = usage["prompt_tokens_details"]["cached_tokens"].as_f64().unwrap_or(0.0);
+    assert_eq!(number(f, "cached_tokens"), cached, "{f:?} {usage}");
+    let (ttft, total) = (number(f, "ttft_ms"), number(f, "total_ms"));
+    assert!(ttft > 0.0 && ttft <= total, "{f:?}");
+}
+
+#[test]
+fn each_request_logs_one_text_line_with_its_status_and_tokens() {
+    let server = Server::start(&common::smollm2_gguf(), &["--alias", "smollm2"], 200);
+    let port = server.port;
+    // A prompt of ids: the tokens it has are known.
+    let body = json!({"model": "smollm2", "prompt": [1, 9690, 198, 2683, 359, 253, 5356, 5646], "max_tokens": 4, "temperature": 0, "stop": []});
+    let (status, first) = post(port, "/v1/completions", body.clone());
+    assert_eq!(status, 200, "{first}");
+    // The same prompt again starts from the state the first one left.
+    let (_, second) = post(port, "/v1/completions", body);
+    assert!(second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0, "{second}");
+    let lines = wait_for(&server, text_lines, "/v1/completions", 2);
+    for (f, answer) in lines.iter().zip([&first, &second]) {
+        assert_eq!((f["method"].as_str(), f["status"].as_str(), f["model"].as_str()), ("POST", "200", "smollm2"), "{f:?}");
+        check_tokens(f, &answer["usage"]);
+    }
+    assert!(!lines[0].contains_key("cancelled"), "{:?}", lines[0]);
+
+    // Streamed: the line comes when the stream ends, with what its usage chunk says.
+    let chat = json!({"messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 6, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}});
+    let r = request(port, "POST", "/v1/chat/completions", Some(&chat.to_string()), &[]).unwrap();
+    let usage = r.body.lines().filter_map(|l| l.strip_prefix("data: ")).filter_map(|d| serde_json::from_str::<Value>(d).ok()).find(|v| v["usage"].is_object()).unwrap()["usage"].clone();
+    let f = &wait_for(&server, text_lines, "/v1/chat/completions", 1)[0];
+    assert_eq!((f["status"].as_str(), f["model"].as_str()), ("200", "smollm2"), "{f:?}");
+    check_tokens(f, &usage);
+
+    // Refused: the status and no tokens.
+    let (status, _) = post(port, "/v1/completions", json!({"model": "other", "prompt": "x"}));
+    assert_eq!(status, 404);
+    let (status, _) = post(port, "/v1/messages", json!({"max_tokens": 5}));
+    assert_eq!(status, 400);
+    let lines = wait_for(&server, text_lines, "/v1/completions", 3);
+    assert_eq!(lines[2]["status"], "404");
+    assert!(!lines[2].contains_key("prompt_tokens"), "{:?}", lines[2]);
+    assert_eq!(wait_for(&server, text_lines, "/v1/messages", 1)[0]["status"], "400");
+
+    // A stream whose client leaves is logged when the server notices, as cancelled.
+    let long = json!({"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 2000, "stream": true});
+    let mut socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let body = long.to_string();
+    write!(socket, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("data: ") {
+        let mut buf = [0u8; 512];
+        let n = socket.read(&mut buf).unwrap();
+        assert!(n > 0, "closed before the first chunk");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    drop(socket);
+    let f = &wait_for(&server, text_lines, "/v1/chat/completions", 2)[1];
+    assert_eq!((f["status"].as_str(), f.get("cancelled").map(String::as_str)), ("200", Some("true")), "{f:?}");
+    assert!(number(f, "ttft_ms") > 0.0, "{f:?}");
+}
+
+#[test]
+fn json_lines_parse_and_warn_level_is_quiet() {
+    let server = Server::start(&common::smollm2_gguf(), &["--log-format", "json"], 200);
+    let (status, answer) = post(server.port, "/v1/completions", json!({"prompt": "Once upon a time", "max_tokens": 3, "temperature": 0}));
+    assert_eq!(status, 200);
+    let (status, _) = post(server.port, "/tokenize", json!({"prompt": "Hello world"}));
+    assert_eq!(status, 200);
+    let f = &wait_for(&server, json_lines, "/v1/completions", 1)[0];
+    assert_eq!((f["level"].as_str(), f["method"].as_str(), f["status"].as_str()), ("INFO", "POST", "200"), "{f:?}");
+    assert_eq!(f["model"], "SmolLM2-135M-Instruct.Q4_1");
+    assert!(f["timestamp"].contains('T'), "{f:?}");
+    check_tokens(f, &answer["usage"]);
+    let t = &wait_for(&server, json_lines, "/tokenize", 1)[0];
+    assert_eq!((t["status"].as_str(), number(t, "prompt_tokens")), ("200", 2.0), "{t:?}");
+    drop(server);
+
+    let server = Server::start(&common::smollm2_gguf(), &["--log-level", "warn"], 200);
+    for _ in 0..2 {
+        assert_eq!(post(server.port, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 2})).0, 200);
+    }
+    assert_eq!(post(server.port, "/v1/completions", json!({"model": "other", "prompt": "Hi"})).0, 404);
+    std::thread::sleep(Duration::from_millis(300));
+    let log = server.log_so_far();
+    assert!(text_lines(&log).is_empty() && log.contains("listening on"), "{log}");
+}
