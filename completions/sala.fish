@@ -127,18 +127,18 @@ complete -c sala -n "__fish_sala_using_subcommand serve" -l tool-call-parser -d 
 complete -c sala -n "__fish_sala_using_subcommand serve" -l max-models -d 'Without --model (serving every model of the store): the most models loaded at once; the least recently used idle one is unloaded to make room' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l keep-alive -d 'Without --model: unload a model after it has been idle this long (e.g. 30s, 5m, 1h; "never" keeps it)' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l alias -d 'The name clients give the model (`"model"` in a request) and `/v1/models` lists; its short id (file stem, folder or store name) and path are accepted too. Needs --model' -r
-complete -c sala -n "__fish_sala_using_subcommand serve" -l log-format -d 'Request log lines on stderr: text, or json (one object a line)' -r -f -a "text\t'`2026-11-28T20:31:23.123456Z  INFO request method=POST path=/v1/completions status=200 …`'
-json\t'One JSON object a line, its fields at the top level'"
-complete -c sala -n "__fish_sala_using_subcommand serve" -l log-level -d 'Least severe log lines written: info logs every request, warn only failed ones (5xx)' -r -f -a "error\t''
-warn\t'Only failed requests (status 500 and up)'
-info\t'Every request (the default)'
-debug\t'Also each request as it arrives, and `/health` and `/metrics` probes'"
+complete -c sala -n "__fish_sala_using_subcommand serve" -l log-format -d 'Request log lines on stderr: text, or json (one object a line)' -r -f -a "text\t''
+json\t''"
+complete -c sala -n "__fish_sala_using_subcommand serve" -l log-level -d 'Least severe log lines written: info logs every request, warn only failed ones (5xx), debug also each request as it arrives and the /health and /metrics probes' -r -f -a "error\t''
+warn\t''
+info\t''
+debug\t''"
 complete -c sala -n "__fish_sala_using_subcommand serve" -l tp -d 'Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs, MLX\'s ring backend on CPUs and Macs)' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l tp-backend -d 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl' -r -f -a "auto\t''
 ring\t''
 nccl\t''"
 complete -c sala -n "__fish_sala_using_subcommand serve" -l no-pull -d 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
-complete -c sala -n "__fish_sala_using_subcommand serve" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c sala -n "__fish_sala_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand serve" -s V -l version -d 'Print version'
 complete -c sala -n "__fish_sala_using_subcommand quantize" -s m -l model -d 'Source model: a directory, a .sala file or a .gguf file (never modified)' -r -F
 complete -c sala -n "__fish_sala_using_subcommand quantize" -l bits -d 'Bits per weight' -r

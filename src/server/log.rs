@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 /// `--log-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
-    /// `2026-11-28T20:31:23.123456Z  INFO request method=POST path=/v1/completions status=200 …`
+    // Values are described in the flag's help: documented values switch `--help` to clap's long
+    // layout.
     Text,
-    /// One JSON object a line, its fields at the top level.
     Json,
 }
 
@@ -21,11 +21,11 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogLevel {
     Error,
-    /// Only failed requests (status 500 and up).
+    // Only failed requests (status 500 and up).
     Warn,
-    /// Every request (the default).
+    // Every request (the default).
     Info,
-    /// Also each request as it arrives, and `/health` and `/metrics` probes.
+    // Also each request as it arrives, and `/health` and `/metrics` probes.
     Debug,
 }
 
