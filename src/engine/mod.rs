@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod contain;
 pub mod device;
+pub mod device_sampler;
 pub mod distributed;
 pub mod encoder;
 pub mod error;

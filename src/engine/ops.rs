@@ -45,6 +45,32 @@ fn made_once(shape: &[i32], value: f32, dtype: Dtype, make: impl FnOnce() -> Res
     })
 }
 
+/// Elementwise `a ^ b` of integer arrays (in mlx-c, not wrapped by mlx-rs).
+pub fn bitwise_xor(a: &Array, b: &Array) -> Result<Array> {
+    integer_op(mlx_sys::mlx_bitwise_xor, "bitwise_xor", a, b)
+}
+
+/// Elementwise `a >> b` of integer arrays (in mlx-c, not wrapped by mlx-rs).
+pub fn right_shift(a: &Array, b: &Array) -> Result<Array> {
+    integer_op(mlx_sys::mlx_right_shift, "right_shift", a, b)
+}
+
+type BinaryOp = unsafe extern "C" fn(*mut mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_stream) -> std::os::raw::c_int;
+
+fn integer_op(op: BinaryOp, name: &str, a: &Array, b: &Array) -> Result<Array> {
+    let stream = mlx_rs::Stream::thread_local_or_default();
+    // SAFETY: `res` is a fresh array handle the op fills (freed here if it fails); `a`, `b` and
+    // the stream outlive the call.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        if op(&mut res, a.as_ptr(), b.as_ptr(), stream.as_ptr()) != 0 {
+            mlx_sys::mlx_array_free(res);
+            return Err(mlx_rs::error::Exception::custom(format!("MLX {name} failed")));
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
 /// `[0, 1, ..., n-1]` as float32.
 pub fn arange_f32(n: usize) -> Result<Array> {
     Array::arange::<f32, f32>(None, n as f32, None)

@@ -1,0 +1,215 @@
+//! Drawing tokens where the logits are: temperature, top-k, top-p and min-p as MLX ops over a
+//! batch of logits rows, so only the chosen ids come back to the host (and the next step can be
+//! queued before they do). A draw is the Gumbel-max trick — the argmax of the filtered, scaled
+//! logits plus Gumbel noise is a sample of their softmax — with the noise made from each row's
+//! own key by a counter-based hash, so a seeded sequence draws the same tokens whatever else
+//! shares its batch. The host sampler (`sampler.rs`) stays the reference for the same filters.
+
+use super::error::Result;
+use super::ops::{bitwise_xor, right_shift};
+use mlx_rs::{Array, Dtype};
+
+/// One row's settings for one draw.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowDraw {
+    /// 0: greedy (the argmax; the other settings are ignored).
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0 = off).
+    pub top_k: usize,
+    /// Keep the most likely tokens until their probability reaches this (1 = off).
+    pub top_p: f32,
+    /// Drop tokens less likely than min_p × the most likely one (0 = off).
+    pub min_p: f32,
+    /// This row's noise for this step: [`draw_key`] of its seed and step.
+    pub key: u32,
+}
+
+/// The key of a sequence's `step`-th draw: a hash of its seed and the step, so a draw depends
+/// only on the sequence, never on its place in a batch.
+pub fn draw_key(seed: u64, step: u64) -> u32 {
+    let mix = |x: u64| {
+        // splitmix64's finaliser: every input bit reaches every output bit.
+        let x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        let x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^ (x >> 31)
+    };
+    let h = mix(seed.wrapping_add(mix(step.wrapping_add(0x9E37_79B9_7F4A_7C15))));
+    (h ^ (h >> 32)) as u32
+}
+
+/// One token per row of `logits` (`[rows, vocab]`, any float dtype), drawn with `rows[i]`'s
+/// settings; `[rows]` uint32, still on the device.
+pub fn draw(logits: &Array, rows: &[RowDraw]) -> Result<Array> {
+    let shape = logits.shape();
+    let (n, vocab) = (shape[0], shape[1]);
+    debug_assert_eq!(n as usize, rows.len());
+    let logits = logits.as_dtype(Dtype::Float32)?;
+    let column = |values: Vec<f32>| Array::from_slice(&values, &[n, 1]);
+    let greedy = column(rows.iter().map(|r| f32::from(r.temperature == 0.0)).collect());
+    // A greedy row is scaled by 1 and gets no noise: its argmax is the logits'.
+    let temperature = column(rows.iter().map(|r| if r.temperature == 0.0 { 1.0 } else { r.temperature }).collect());
+    let scaled = logits.divide(&temperature)?;
+    let mut filtered = scaled.clone();
+    let neg_inf = Array::from_f32(f32::NEG_INFINITY);
+    let sampled = rows.iter().filter(|r| r.temperature > 0.0);
+    // Top-k and top-p compare each logit with one taken from the row sorted high to low.
+    if sampled.clone().any(|r| r.top_k > 0 || r.top_p < 1.0) {
+        let descending = mlx_rs::ops::sort_axis(scaled.negative()?, -1)?.negative()?;
+        let kth = |k: &RowDraw| if k.top_k == 0 || k.top_k as i32 > vocab { vocab - 1 } else { k.top_k as i32 - 1 };
+        let kth = Array::from_slice(&rows.iter().map(kth).collect::<Vec<i32>>(), &[n, 1]);
+        let floor_k = descending.take_along_axis(&kth, -1)?;
+        // Top-p over what top-k kept, as the host sampler renormalises: the probabilities of the
+        // sorted row with everything past k removed.
+        let positions = Array::arange::<i32, i32>(None, vocab, None)?.reshape(&[1, vocab])?;
+        let within_k = positions.le(&kth)?;
+        let kept = mlx_rs::ops::select(&within_k, &descending, &neg_inf)?;
+        let probs = mlx_rs::ops::softmax_axis(&kept, -1, None)?;
+        let before = mlx_rs::ops::cumsum(&probs, -1, None, None)?.subtract(&probs)?;
+        let top_p = column(rows.iter().map(|r| if r.top_p >= 1.0 { f32::INFINITY } else { r.top_p }).collect());
+        // The smallest head reaching top_p: every token with less than top_p before it.
+        let count = before.lt(&top_p)?.logical_and(&within_k)?.sum_axis(-1, true)?.as_dtype(Dtype::Int32)?;
+        let last = mlx_rs::ops::maximum(count.subtract(Array::from_int(1))?, Array::from_int(0))?;
+        let floor_p = descending.take_along_axis(&last, -1)?;
+        let floor = mlx_rs::ops::maximum(&floor_k, &floor_p)?;
+        filtered = mlx_rs::ops::select(filtered.lt(&floor)?, &neg_inf, &filtered)?;
+    }
+    if sampled.clone().any(|r| r.min_p > 0.0) {
+        // p ≥ min_p · p_max, in scaled logits: l ≥ l_max + ln(min_p).
+        let offset = column(rows.iter().map(|r| if r.min_p > 0.0 { r.min_p.ln() } else { f32::NEG_INFINITY }).collect());
+        let floor = filtered.max_axis(-1, true)?.add(&offset)?;
+        filtered = mlx_rs::ops::select(filtered.lt(&floor)?, &neg_inf, &filtered)?;
+    }
+    let keys = Array::from_slice(&rows.iter().map(|r| r.key).collect::<Vec<u32>>(), &[n, 1]);
+    let noise = gumbel(&keys, vocab)?.multiply(Array::from_f32(1.0).subtract(&greedy)?)?;
+    // Greedy rows take the argmax of their logits unfiltered.
+    let choice = mlx_rs::ops::select(greedy.gt(Array::from_f32(0.5))?, &scaled, &filtered.add(&noise)?)?;
+    Ok(mlx_rs::ops::indexing::argmax_axis(&choice, -1, None)?.as_dtype(Dtype::Uint32)?)
+}
+
+/// Gumbel noise `[rows, vocab]`: element (r, i) from a hash of `keys[r]` and i, the same on
+/// every device and in every batch.
+fn gumbel(keys: &Array, vocab: i32) -> Result<Array> {
+    let u32s = |v: u32| Array::from_slice(&[v], &[1]);
+    let index = Array::arange::<u32, u32>(None, vocab as u32, None)?.reshape(&[1, vocab])?;
+    // murmur3's finaliser over the index mixed with the key.
+    let shift_xor = |x: &Array, s: u32| -> Result<Array> { Ok(bitwise_xor(x, &right_shift(x, &u32s(s))?)?) };
+    let mut h = bitwise_xor(&index.multiply(u32s(0x9E37_79B1))?, keys)?;
+    h = shift_xor(&h, 16)?.multiply(u32s(0x85EB_CA6B))?;
+    h = shift_xor(&h, 13)?.multiply(u32s(0xC2B2_AE35))?;
+    h = shift_xor(&h, 16)?;
+    // The top 24 bits as a float in (0, 1): exact in float32, never 0 or 1.
+    let top = right_shift(&h, &u32s(8))?.as_dtype(Dtype::Float32)?;
+    let uniform = top.add(Array::from_f32(0.5))?.multiply(Array::from_f32(1.0 / 16_777_216.0))?;
+    Ok(uniform.log()?.negative()?.log()?.negative()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drawn(logits: &[f32], rows: &[RowDraw]) -> Vec<u32> {
+        let vocab = logits.len() / rows.len();
+        let a = Array::from_slice(logits, &[rows.len() as i32, vocab as i32]);
+        let t = draw(&a, rows).unwrap();
+        t.as_slice::<u32>().to_vec()
+    }
+
+    fn row(temperature: f32, key: u32) -> RowDraw {
+        RowDraw { temperature, top_k: 0, top_p: 1.0, min_p: 0.0, key }
+    }
+
+    #[test]
+    fn keys_depend_on_seed_and_step_only() {
+        assert_eq!(draw_key(7, 3), draw_key(7, 3));
+        let keys: std::collections::HashSet<u32> = (0..1000).map(|s| draw_key(42, s)).chain((1000..2000).map(|s| draw_key(s, 0))).collect();
+        assert_eq!(keys.len(), 2000);
+    }
+
+    #[test]
+    fn greedy_rows_take_the_first_maximum_and_others_their_own_draws() {
+        let logits = [0.1, 3.0, 3.0, -1.0, 0.0, 0.0, 0.0, 0.0];
+        assert_eq!(drawn(&logits, &[row(0.0, 1), row(0.0, 2)])[0], 1);
+        // A row's draw depends on its key, not on the rows beside it.
+        let one = drawn(&logits[4..], &[row(1.0, 99)]);
+        let both = drawn(&logits, &[row(0.0, 5), row(1.0, 99)]);
+        assert_eq!(both, [1, one[0]]);
+    }
+
+    #[test]
+    fn filters_keep_the_head() {
+        let logits = [0.0, 2.0, 1.9, -5.0];
+        let draws = |r: RowDraw| -> Vec<u32> { (0..64).map(|k| drawn(&logits, &[RowDraw { key: draw_key(1, k), ..r }])[0]).collect() };
+        assert!(draws(RowDraw { top_k: 1, ..row(1.0, 0) }).iter().all(|&t| t == 1));
+        assert!(draws(RowDraw { top_p: 0.3, ..row(1.0, 0) }).iter().all(|&t| t == 1));
+        let two = draws(RowDraw { top_k: 2, ..row(5.0, 0) });
+        assert!(two.iter().all(|&t| t == 1 || t == 2) && two.contains(&1) && two.contains(&2), "{two:?}");
+        let min_p = draws(RowDraw { min_p: 0.5, ..row(1.0, 0) });
+        assert!(min_p.iter().all(|&t| t == 1 || t == 2), "{min_p:?}");
+    }
+
+    /// The distribution the host sampler draws from: temperature, then the k best, then the
+    /// smallest head reaching top_p of what is left (renormalised), then min_p of the best.
+    fn filtered_softmax(logits: &[f32], r: &RowDraw) -> Vec<f64> {
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        if r.top_k > 0 {
+            order.truncate(r.top_k);
+        }
+        let max = logits[order[0]] as f64;
+        let weights: Vec<f64> = order.iter().map(|&i| ((logits[i] as f64 - max) / r.temperature as f64).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        let mut keep = order.len();
+        let mut cumulative = 0.0;
+        for (i, w) in weights.iter().enumerate() {
+            cumulative += w / total;
+            if cumulative >= r.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+        let keep = weights[..keep].iter().take_while(|&&w| w >= weights[0] * r.min_p as f64).count().max(1);
+        let total: f64 = weights[..keep].iter().sum();
+        let mut probs = vec![0.0; logits.len()];
+        for (j, &i) in order[..keep].iter().enumerate() {
+            probs[i] = weights[j] / total;
+        }
+        probs
+    }
+
+    /// Chi-square of 20,000 draws (one batch, a key each) against the filtered softmax, under the
+    /// 0.1% critical value; a token outside the filter is never drawn.
+    #[test]
+    fn draws_follow_the_filtered_softmax() {
+        let logits = [1.2f32, 0.3, 2.0, -0.5, 1.9, 0.8];
+        let settings = [
+            row(0.7, 0),
+            RowDraw { top_k: 3, ..row(1.0, 0) },
+            RowDraw { top_p: 0.8, ..row(1.0, 0) },
+            RowDraw { min_p: 0.2, ..row(1.3, 0) },
+            RowDraw { top_k: 4, top_p: 0.9, min_p: 0.05, ..row(0.9, 0) },
+        ];
+        // 0.1% critical values of chi-square for 1..=5 degrees of freedom.
+        let critical = [10.83, 13.82, 16.27, 18.47, 20.52];
+        let n = 20_000;
+        for (case, setting) in settings.iter().enumerate() {
+            let rows: Vec<RowDraw> = (0..n).map(|k| RowDraw { key: draw_key(case as u64, k as u64), ..*setting }).collect();
+            let all: Vec<f32> = (0..n).flat_map(|_| logits).collect();
+            let mut counts = [0usize; 6];
+            for t in drawn(&all, &rows) {
+                counts[t as usize] += 1;
+            }
+            let expected = filtered_softmax(&logits, setting);
+            let mut chi2 = 0.0;
+            for (i, &p) in expected.iter().enumerate() {
+                if p == 0.0 {
+                    assert_eq!(counts[i], 0, "case {case}: token {i} is filtered out but was drawn ({counts:?})");
+                } else {
+                    let e = p * n as f64;
+                    chi2 += (counts[i] as f64 - e).powi(2) / e;
+                }
+            }
+            let df = expected.iter().filter(|&&p| p > 0.0).count() - 1;
+            assert!(df >= 1 && chi2 < critical[df - 1], "case {case}: chi-square {chi2:.2} with {df} degrees of freedom; drawn {counts:?}, expected {expected:?}");
+        }
+    }
+}
