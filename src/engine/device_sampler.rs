@@ -6,7 +6,7 @@
 //! shares its batch. The host sampler (`sampler.rs`) stays the reference for the same filters.
 
 use super::error::Result;
-use super::ops::{bitwise_xor, right_shift};
+use super::ops::{bitwise_and, bitwise_xor, right_shift};
 use mlx_rs::{Array, Dtype};
 
 /// One row's settings for one draw.
@@ -86,6 +86,88 @@ pub fn draw(logits: &Array, rows: &[RowDraw]) -> Result<Array> {
     Ok(mlx_rs::ops::indexing::argmax_axis(&choice, -1, None)?.as_dtype(Dtype::Uint32)?)
 }
 
+/// One row's penalties for one draw (the host sampler's settings of the same names).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowPenalties {
+    /// Divides positive (multiplies negative) logits of tokens seen in the window (1 = off).
+    pub repetition: f32,
+    /// Subtracted once per generated occurrence of a token.
+    pub frequency: f32,
+    /// Subtracted once from every token generated.
+    pub presence: f32,
+}
+
+/// The logits as the host sampler adjusts them before drawing, for every row at once and in its
+/// order: the grammar's mask (`words`, `[rows, ⌈vocab/32⌉]`, bit i % 32 of word i / 32 set for
+/// an allowed token i), the logit bias (`[rows, vocab]`), the frequency and presence penalties
+/// over `generated` (`[rows, vocab]` counts of generated tokens), then the repetition penalty
+/// over `seen` (counts of tokens in the window).
+pub fn adjust(logits: &Array, words: Option<&Array>, bias: Option<&Array>, generated: &Array, seen: &Array, rows: &[RowPenalties]) -> Result<Array> {
+    let n = logits.shape()[0];
+    let column = |values: Vec<f32>| Array::from_slice(&values, &[n, 1]);
+    let mut logits = logits.as_dtype(Dtype::Float32)?;
+    if let Some(words) = words {
+        logits = mask(&logits, words)?;
+    }
+    if let Some(bias) = bias {
+        logits = logits.add(bias)?;
+    }
+    if rows.iter().any(|r| r.frequency != 0.0 || r.presence != 0.0) {
+        let frequency = column(rows.iter().map(|r| r.frequency).collect());
+        let presence = column(rows.iter().map(|r| r.presence).collect());
+        let present = generated.gt(Array::from_f32(0.0))?.as_dtype(Dtype::Float32)?;
+        logits = logits.subtract(generated.multiply(&frequency)?.add(present.multiply(&presence)?)?)?;
+    }
+    if rows.iter().any(|r| r.repetition != 1.0) {
+        let repetition = column(rows.iter().map(|r| r.repetition).collect());
+        let penalised = mlx_rs::ops::select(logits.gt(Array::from_f32(0.0))?, logits.divide(&repetition)?, logits.multiply(&repetition)?)?;
+        logits = mlx_rs::ops::select(seen.gt(Array::from_f32(0.0))?, &penalised, &logits)?;
+    }
+    Ok(logits)
+}
+
+/// −∞ where a row's packed mask has the token's bit clear.
+fn mask(logits: &Array, words: &Array) -> Result<Array> {
+    let shape = logits.shape();
+    let (n, vocab) = (shape[0], shape[1]);
+    let u32s = |v: u32| Array::from_slice(&[v], &[1]);
+    let index = Array::arange::<u32, u32>(None, vocab as u32, None)?.reshape(&[1, vocab])?;
+    let word = right_shift(&index, &u32s(5))?.as_dtype(Dtype::Int32)?;
+    let word = mlx_rs::ops::broadcast_to(&word, &[n, vocab])?;
+    let bits = words.take_along_axis(&word, -1)?;
+    let bit = bitwise_and(&right_shift(&bits, &bitwise_and(&index, &u32s(31))?)?, &u32s(1))?;
+    Ok(mlx_rs::ops::select(bit.eq(u32s(0))?, Array::from_f32(f32::NEG_INFINITY), logits)?)
+}
+
+/// `[rows, vocab]` float32 counts of each row's tokens: what [`adjust`] takes as `generated`
+/// (the tokens a sequence generated) or `seen` (those in its repetition window).
+pub fn counts(tokens: &[&[u32]], vocab: usize) -> Result<Array> {
+    let mut counts = vec![0.0f32; tokens.len() * vocab];
+    for (row, ids) in tokens.iter().enumerate() {
+        for &id in ids.iter().filter(|&&id| (id as usize) < vocab) {
+            counts[row * vocab + id as usize] += 1.0;
+        }
+    }
+    Ok(Array::from_slice(&counts, &[tokens.len() as i32, vocab as i32]))
+}
+
+/// `counts` with one more of each row's token in `tokens` (`[rows]` uint32, still on the device:
+/// the step's draw) and, where `leaving[row]` names one, one less of it (the token that left the
+/// repetition window, known on the host).
+pub fn recount(counts: &Array, tokens: &Array, leaving: &[Option<u32>]) -> Result<Array> {
+    let shape = counts.shape();
+    let (n, vocab) = (shape[0], shape[1]);
+    let index = Array::arange::<u32, u32>(None, vocab as u32, None)?.reshape(&[1, vocab])?;
+    let added = index.eq(tokens.reshape(&[n, 1])?)?.as_dtype(Dtype::Float32)?;
+    let mut counts = counts.add(&added)?;
+    if leaving.iter().any(Option::is_some) {
+        // u32::MAX matches no token.
+        let left = Array::from_slice(&leaving.iter().map(|t| t.unwrap_or(u32::MAX)).collect::<Vec<u32>>(), &[n, 1]);
+        counts = counts.subtract(index.eq(&left)?.as_dtype(Dtype::Float32)?)?;
+    }
+    Ok(counts)
+}
+
 /// Gumbel noise `[rows, vocab]`: element (r, i) from a hash of `keys[r]` and i, the same on
 /// every device and in every batch.
 fn gumbel(keys: &Array, vocab: i32) -> Result<Array> {
@@ -145,6 +227,80 @@ mod tests {
         assert!(two.iter().all(|&t| t == 1 || t == 2) && two.contains(&1) && two.contains(&2), "{two:?}");
         let min_p = draws(RowDraw { min_p: 0.5, ..row(1.0, 0) });
         assert!(min_p.iter().all(|&t| t == 1 || t == 2), "{min_p:?}");
+    }
+
+    /// Greedy after every adjustment picks what the host sampler picks, over random logits,
+    /// histories, masks, biases and penalties.
+    #[test]
+    fn adjusted_greedy_matches_the_host_sampler() {
+        use crate::engine::sampler::{Sampler, SamplingParams};
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let (vocab, n) = (70usize, 64usize);
+        let words = vocab.div_ceil(32);
+        for _ in 0..8 {
+            let logits: Vec<f32> = (0..n * vocab).map(|_| rng.random_range(-4.0..4.0)).collect();
+            let histories: Vec<Vec<u32>> = (0..n).map(|_| (0..rng.random_range(0..40)).map(|_| rng.random_range(0..vocab as u32)).collect()).collect();
+            let generated_len: Vec<usize> = histories.iter().map(|h| rng.random_range(0..=h.len())).collect();
+            let params: Vec<SamplingParams> = (0..n)
+                .map(|_| SamplingParams {
+                    repetition_penalty: [1.0, 1.3, 0.8][rng.random_range(0..3)],
+                    repetition_window: 16,
+                    frequency_penalty: [0.0, 0.5, -0.4][rng.random_range(0..3)],
+                    presence_penalty: [0.0, 0.7, -1.0][rng.random_range(0..3)],
+                    logit_bias: (0..rng.random_range(0..4)).map(|_| (rng.random_range(0..vocab as u32), rng.random_range(-5.0..5.0))).collect(),
+                    ..Default::default()
+                })
+                .collect();
+            // Half the rows under a mask allowing a random third of the tokens.
+            let allowed: Vec<Vec<bool>> = (0..n).map(|r| (0..vocab).map(|_| r % 2 == 0 || rng.random_range(0..3) == 0).collect()).collect();
+            let mut packed = vec![0u32; n * words];
+            for (r, row) in allowed.iter().enumerate() {
+                for (i, _) in row.iter().enumerate().filter(|(_, a)| **a) {
+                    packed[r * words + i / 32] |= 1 << (i % 32);
+                }
+            }
+            let mut bias = vec![0.0f32; n * vocab];
+            for (r, p) in params.iter().enumerate() {
+                for &(id, b) in &p.logit_bias {
+                    bias[r * vocab + id as usize] += b;
+                }
+            }
+            let generated: Vec<&[u32]> = histories.iter().zip(&generated_len).map(|(h, &g)| &h[h.len() - g..]).collect();
+            let window: Vec<&[u32]> = histories.iter().map(|h| &h[h.len().saturating_sub(16)..]).collect();
+            let rows: Vec<RowPenalties> = params.iter().map(|p| RowPenalties { repetition: p.repetition_penalty, frequency: p.frequency_penalty, presence: p.presence_penalty }).collect();
+            let adjusted = adjust(
+                &Array::from_slice(&logits, &[n as i32, vocab as i32]),
+                Some(&Array::from_slice(&packed, &[n as i32, words as i32])),
+                Some(&Array::from_slice(&bias, &[n as i32, vocab as i32])),
+                &counts(&generated, vocab).unwrap(),
+                &counts(&window, vocab).unwrap(),
+                &rows,
+            )
+            .unwrap();
+            let greedy: Vec<RowDraw> = (0..n).map(|_| row(0.0, 0)).collect();
+            let device = draw(&adjusted, &greedy).unwrap();
+            let device = device.as_slice::<u32>();
+            for r in 0..n {
+                let mut row_logits = logits[r * vocab..(r + 1) * vocab].to_vec();
+                for (i, a) in allowed[r].iter().enumerate() {
+                    if !a {
+                        row_logits[i] = f32::NEG_INFINITY;
+                    }
+                }
+                let host = Sampler::new(params[r].clone()).sample_with(&row_logits, &histories[r], generated_len[r]).unwrap();
+                assert_eq!(device[r], host, "row {r}: {:?}", params[r]);
+            }
+        }
+    }
+
+    /// Recounting on the device equals counting the tokens again on the host.
+    #[test]
+    fn recount_adds_the_draw_and_drops_what_left() {
+        let before = counts(&[&[1, 2, 2], &[0]], 4).unwrap();
+        let drawn = Array::from_slice(&[2u32, 3], &[2]);
+        let after = recount(&before, &drawn, &[Some(1), None]).unwrap();
+        assert_eq!(after.as_slice::<f32>(), counts(&[&[2, 2, 2], &[0, 3]], 4).unwrap().as_slice::<f32>());
     }
 
     /// The distribution the host sampler draws from: temperature, then the k best, then the

@@ -400,6 +400,12 @@ impl TokenMask {
     pub fn count(&self) -> usize {
         self.0.num_set()
     }
+
+    /// The mask packed 32 tokens a word, token i at bit i % 32 of word i / 32 (what the device
+    /// unpacks).
+    pub fn words(&self) -> &[u32] {
+        self.0.as_slice()
+    }
 }
 
 impl Constraint {

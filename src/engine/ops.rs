@@ -50,6 +50,11 @@ pub fn bitwise_xor(a: &Array, b: &Array) -> Result<Array> {
     integer_op(mlx_sys::mlx_bitwise_xor, "bitwise_xor", a, b)
 }
 
+/// Elementwise `a & b` of integer arrays (in mlx-c, not wrapped by mlx-rs).
+pub fn bitwise_and(a: &Array, b: &Array) -> Result<Array> {
+    integer_op(mlx_sys::mlx_bitwise_and, "bitwise_and", a, b)
+}
+
 /// Elementwise `a >> b` of integer arrays (in mlx-c, not wrapped by mlx-rs).
 pub fn right_shift(a: &Array, b: &Array) -> Result<Array> {
     integer_op(mlx_sys::mlx_right_shift, "right_shift", a, b)
