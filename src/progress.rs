@@ -31,6 +31,16 @@ pub fn note(bar: &ProgressBar, line: &str) {
     }
 }
 
+/// Writes `text` to stdout at once (results as they come), with `bar` on stderr moved out of
+/// its way.
+pub fn print_above(bar: &ProgressBar, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    bar.suspend(|| {
+        let mut stdout = std::io::stdout().lock();
+        stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush())
+    })
+}
+
 /// A bar for reading a long prompt (4096 tokens or more) on a terminal; none for a short one.
 pub fn prefill_bar(tokens: usize) -> Option<ProgressBar> {
     (tokens >= 4096 && std::io::stderr().is_terminal())

@@ -3,7 +3,7 @@
 use super::{RuntimeArgs, TpArgs};
 use crate::engine::distributed::TensorParallel;
 use crate::load::{compute_dtype, file_label, load, load_source, preflight, LoadOptions, LoadedModel};
-use crate::progress::{bytes_progress, note, work_bar};
+use crate::progress::{bytes_progress, note, print_above, work_bar};
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::generate::Draft;
 use crate::engine::weights::dtype_name;
@@ -186,12 +186,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let per_test = if follow_ups { 4 * plan.repetitions + 4 } else { plan.repetitions + 1 };
     let runs = (args.models.len() + args.synthetic.len()) * tests.len() * per_test;
     let bar = work_bar(runs as u64, "bench", "runs");
-    let print = |text: String| -> anyhow::Result<()> {
+    let print = |text: String| -> std::io::Result<()> {
         if leader {
-            bar.suspend(|| {
-                let mut stdout = std::io::stdout().lock();
-                stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush())
-            })?;
+            print_above(&bar, &text)?;
         }
         Ok(())
     };

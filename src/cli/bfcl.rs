@@ -4,7 +4,7 @@
 
 use super::RuntimeArgs;
 use crate::load::{file_label, load};
-use crate::progress::{bytes_progress, progress_to, work_bar};
+use crate::progress::{bytes_progress, print_above, progress_to, work_bar};
 use crate::eval::bfcl::harness::{run_entry, sample_json, Mode, Settings};
 use crate::eval::bfcl::score::{non_live_csv, percent_cell, summarize, CategoryScore, NonLiveSummary};
 use crate::eval::bfcl::{load as load_entries, Category};
@@ -117,7 +117,7 @@ pub fn run(args: BfclArgs) -> anyhow::Result<()> {
                 prefill_step: args.runtime.prefill_step.max(1),
             };
             let mut scores: Vec<CategoryScore> = categories.iter().map(|&category| CategoryScore { category, correct: 0, total: 0 }).collect();
-            print_above(&bar, stdout, &format!("{name} ({mode} mode, {} tool calls)\n{}", tool_format.name(), table.header(&headers)))?;
+            print_above(&bar, &format!("{name} ({mode} mode, {} tool calls)\n{}", tool_format.name(), table.header(&headers)))?;
             for (k, entry) in entries.iter().enumerate() {
                 let sample = run_entry(loaded.model.as_ref(), tokenizer, entry, &settings)?;
                 let score = scores.iter_mut().find(|s| s.category == entry.category).expect("a score per category");
@@ -133,10 +133,10 @@ pub fn run(args: BfclArgs) -> anyhow::Result<()> {
                 if entries.get(k + 1).is_none_or(|next| next.category != entry.category) {
                     let s = scores.iter().find(|s| s.category == entry.category).expect("a score per category");
                     let row = [s.category.name().into(), s.total.to_string(), s.correct.to_string(), percent_cell(Some(s.accuracy()))];
-                    print_above(&bar, stdout, &table.row(&row))?;
+                    print_above(&bar, &table.row(&row))?;
                 }
             }
-            print_above(&bar, stdout, "\n")?;
+            print_above(&bar, "\n")?;
             let summary = summarize(&scores);
             summaries.push((name, summary));
         }
@@ -163,9 +163,4 @@ fn print_report(out: &mut dyn Write, report: &Report) -> anyhow::Result<()> {
         writeln!(out, "{}", report.markdown())?;
     }
     Ok(())
-}
-
-/// Writes `text` to stdout as it is known, with the bar on stderr moved out of its way.
-fn print_above(bar: &indicatif::ProgressBar, out: &mut dyn Write, text: &str) -> anyhow::Result<()> {
-    Ok(bar.suspend(|| out.write_all(text.as_bytes()).and_then(|_| out.flush()))?)
 }

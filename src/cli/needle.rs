@@ -3,7 +3,7 @@
 
 use super::ModelArgs;
 use crate::load::{file_label, load};
-use crate::progress::{bytes_progress, note, progress_bar};
+use crate::progress::{bytes_progress, note, work_bar};
 use crate::eval::needle::{self, Cell, CellResult, Haystack, HaystackSource, NeedleText, Variant};
 use crate::eval::report::Format;
 use anyhow::bail;
@@ -122,7 +122,7 @@ pub fn run(args: NeedleArgs) -> anyhow::Result<()> {
     }
     let text_spec = NeedleText { needle: args.needle.clone(), question: args.question.clone(), answer: args.answer.clone() };
     let total: usize = cells.iter().map(|c| c.context_len).sum();
-    let bar = progress_bar(total as u64, "needle {bar:30} {pos}/{len} prompt tokens · {elapsed} elapsed, eta {eta} · {wide_msg}");
+    let bar = work_bar(total as u64, "needle", "prompt tokens");
     let mut results = earlier.clone();
     let mut new = Vec::new();
     for (k, cell) in cells.iter().enumerate() {

@@ -42,18 +42,6 @@ fn records(rows: &[BenchRow], test_time: &str) -> Records {
     records
 }
 
-/// `pp512 @ d4096`-style rows: model, size, params, backend, dtype, test, t/s (mean ± sd), peak
-/// memory, and the draft acceptance when a speculative test ran. Follow-up rows get their own
-/// table ([`follow_up_table`]).
-pub fn table(rows: &[BenchRow]) -> Report {
-    let columns = Columns {
-        follow_up: rows.iter().any(|r| r.prefix().is_some()),
-        speculative: rows.iter().any(|r| r.acceptance.is_some()),
-        constrained: rows.iter().any(|r| r.grammar() == Some(true)),
-    };
-    table_with(rows, columns)
-}
-
 /// Which table a run's rows make and its optional columns: known from the plan before any row
 /// exists, so rows can be printed as they finish.
 #[derive(Clone, Copy)]
@@ -74,9 +62,12 @@ impl Columns {
     }
 }
 
-/// A row's cells depend only on it and the rows before it (a follow-up's cold run, a grammar
-/// test's free run come first), so the last row of a growing table is final when printed.
-fn table_with(rows: &[BenchRow], Columns { follow_up, speculative, constrained }: Columns) -> Report {
+/// `pp512 @ d4096`-style rows: model, size, params, backend, dtype, test, t/s (mean ± sd), peak
+/// memory, and the draft acceptance when a speculative test ran. Follow-up rows get their own
+/// table ([`follow_up_table`]). A row's cells depend only on it and the rows before it (a
+/// follow-up's cold run, a grammar test's free run come first), so the last row of a growing
+/// table is final when printed.
+fn table(rows: &[BenchRow], Columns { follow_up, speculative, constrained }: Columns) -> Report {
     if follow_up {
         return follow_up_table(rows);
     }
@@ -203,25 +194,6 @@ pub fn comparison(rows: &[BenchRow]) -> Option<Report> {
     Some(report)
 }
 
-/// The markdown tables: the rows, then the side-by-side comparison when several models ran.
-fn markdown(rows: &[BenchRow]) -> String {
-    let mut out = table(rows).markdown();
-    if let Some(c) = comparison(rows) {
-        out.push('\n');
-        out.push_str(&c.markdown());
-    }
-    out
-}
-
-/// Writes `rows` in `format` to `out`. For CSV the header is written only when `header` is set
-/// (a new or empty file).
-pub fn write(rows: &[BenchRow], format: Format, test_time: &str, header: bool, out: &mut dyn Write) -> anyhow::Result<()> {
-    match format {
-        Format::Md => Ok(write!(out, "{}", markdown(rows))?),
-        _ => records(rows, test_time).write(format, header, out),
-    }
-}
-
 /// Results written as each test finishes: to stdout in the `-o` format (a markdown table a row
 /// at a time, CSV after its header, JSON lines, or one JSON array closed at the end) and appended
 /// to the results file, so a long run shows each result at once and an interrupted one keeps what
@@ -245,7 +217,7 @@ impl RowStream {
         if let Some(path) = &file {
             Records::new(FIELDS).check_appendable(format, path, "sala bench")?;
         }
-        let headers = table_with(&[], columns).headers;
+        let headers = table(&[], columns).headers;
         let widest = |names: &[String]| names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
         // Room for typical values, so rows line up without knowing them in advance.
         let at_least: Vec<usize> = headers
@@ -276,14 +248,13 @@ impl RowStream {
     pub fn push(&mut self, row: BenchRow) -> anyhow::Result<String> {
         let first = self.rows.is_empty();
         self.rows.push(row);
-        let cells = table_with(&self.rows, self.columns).rows.pop().expect("the row just pushed");
+        let cells = table(&self.rows, self.columns).rows.pop().expect("the row just pushed");
         let line = self.markdown.row(&cells);
         let header = if first { self.markdown.header(&self.headers) } else { String::new() };
+        let record = records(&self.rows[self.rows.len() - 1..], &self.test_time);
         if let Some((path, format)) = &self.file {
-            let record = records(&self.rows[self.rows.len() - 1..], &self.test_time);
             record.append(*format, path, &format!("{header}{line}"), "sala bench")?;
         }
-        let record = records(&self.rows[self.rows.len() - 1..], &self.test_time);
         let mut out = Vec::new();
         match self.printed {
             Format::Md => write!(out, "{header}{line}")?,
@@ -369,7 +340,7 @@ mod tests {
     fn csv_and_jsonl_carry_every_field() {
         let rows = [row("a.gguf", Test::Prompt(64), 0, vec![2_000_000, 4_000_000])];
         let mut out = Vec::new();
-        write(&rows, Format::Csv, "2026-01-01T00:00:00Z", true, &mut out).unwrap();
+        records(&rows, "2026-01-01T00:00:00Z").write(Format::Csv, true, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         let mut lines = text.lines();
         assert_eq!(lines.next().unwrap(), FIELDS.join(","));
@@ -384,7 +355,7 @@ mod tests {
         }
         assert_eq!(cells.len(), FIELDS.len());
         let mut out = Vec::new();
-        write(&rows, Format::Jsonl, "t", false, &mut out).unwrap();
+        records(&rows, "t").write(Format::Jsonl, false, &mut out).unwrap();
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!((v["n_prompt"].as_u64(), v["avg_ts"].as_f64(), v["samples_ns"][1].as_u64()), (Some(64), Some(24000.0), Some(4_000_000)));
         assert_eq!(iso8601(1_795_300_000), "2026-11-21T22:26:40Z");
