@@ -44,10 +44,9 @@ pub fn draw(logits: &Array, rows: &[RowDraw]) -> Result<Array> {
     let (n, vocab) = (shape[0], shape[1]);
     debug_assert_eq!(n as usize, rows.len());
     let logits = logits.as_dtype(Dtype::Float32)?;
-    let column = |values: Vec<f32>| Array::from_slice(&values, &[n, 1]);
-    let greedy = column(rows.iter().map(|r| f32::from(r.temperature == 0.0)).collect());
+    let greedy = column(rows, |r| f32::from(r.temperature == 0.0));
     // A greedy row is scaled by 1 and gets no noise: its argmax is the logits'.
-    let temperature = column(rows.iter().map(|r| if r.temperature == 0.0 { 1.0 } else { r.temperature }).collect());
+    let temperature = column(rows, |r| if r.temperature == 0.0 { 1.0 } else { r.temperature });
     let scaled = logits.divide(&temperature)?;
     let mut filtered = scaled.clone();
     let neg_inf = Array::from_f32(f32::NEG_INFINITY);
@@ -65,7 +64,7 @@ pub fn draw(logits: &Array, rows: &[RowDraw]) -> Result<Array> {
         let kept = mlx_rs::ops::select(&within_k, &descending, &neg_inf)?;
         let probs = mlx_rs::ops::softmax_axis(&kept, -1, None)?;
         let before = mlx_rs::ops::cumsum(&probs, -1, None, None)?.subtract(&probs)?;
-        let top_p = column(rows.iter().map(|r| if r.top_p >= 1.0 { f32::INFINITY } else { r.top_p }).collect());
+        let top_p = column(rows, |r| if r.top_p >= 1.0 { f32::INFINITY } else { r.top_p });
         // The smallest head reaching top_p: every token with less than top_p before it.
         let count = before.lt(&top_p)?.logical_and(&within_k)?.sum_axis(-1, true)?.as_dtype(Dtype::Int32)?;
         let last = mlx_rs::ops::maximum(count.subtract(Array::from_int(1))?, Array::from_int(0))?;
@@ -75,7 +74,7 @@ pub fn draw(logits: &Array, rows: &[RowDraw]) -> Result<Array> {
     }
     if sampled.clone().any(|r| r.min_p > 0.0) {
         // p ≥ min_p · p_max, in scaled logits: l ≥ l_max + ln(min_p).
-        let offset = column(rows.iter().map(|r| if r.min_p > 0.0 { r.min_p.ln() } else { f32::NEG_INFINITY }).collect());
+        let offset = column(rows, |r| if r.min_p > 0.0 { r.min_p.ln() } else { f32::NEG_INFINITY });
         let floor = filtered.max_axis(-1, true)?.add(&offset)?;
         filtered = mlx_rs::ops::select(filtered.lt(&floor)?, &neg_inf, &filtered)?;
     }
@@ -103,8 +102,6 @@ pub struct RowPenalties {
 /// over `generated` (`[rows, vocab]` counts of generated tokens), then the repetition penalty
 /// over `seen` (counts of tokens in the window).
 pub fn adjust(logits: &Array, words: Option<&Array>, bias: Option<&Array>, generated: &Array, seen: &Array, rows: &[RowPenalties]) -> Result<Array> {
-    let n = logits.shape()[0];
-    let column = |values: Vec<f32>| Array::from_slice(&values, &[n, 1]);
     let mut logits = logits.as_dtype(Dtype::Float32)?;
     if let Some(words) = words {
         logits = mask(&logits, words)?;
@@ -113,13 +110,13 @@ pub fn adjust(logits: &Array, words: Option<&Array>, bias: Option<&Array>, gener
         logits = logits.add(bias)?;
     }
     if rows.iter().any(|r| r.frequency != 0.0 || r.presence != 0.0) {
-        let frequency = column(rows.iter().map(|r| r.frequency).collect());
-        let presence = column(rows.iter().map(|r| r.presence).collect());
+        let frequency = column(rows, |r| r.frequency);
+        let presence = column(rows, |r| r.presence);
         let present = generated.gt(Array::from_f32(0.0))?.as_dtype(Dtype::Float32)?;
         logits = logits.subtract(generated.multiply(&frequency)?.add(present.multiply(&presence)?)?)?;
     }
     if rows.iter().any(|r| r.repetition != 1.0) {
-        let repetition = column(rows.iter().map(|r| r.repetition).collect());
+        let repetition = column(rows, |r| r.repetition);
         let penalised = mlx_rs::ops::select(logits.gt(Array::from_f32(0.0))?, logits.divide(&repetition)?, logits.multiply(&repetition)?)?;
         logits = mlx_rs::ops::select(seen.gt(Array::from_f32(0.0))?, &penalised, &logits)?;
     }
@@ -130,8 +127,7 @@ pub fn adjust(logits: &Array, words: Option<&Array>, bias: Option<&Array>, gener
 fn mask(logits: &Array, words: &Array) -> Result<Array> {
     let shape = logits.shape();
     let (n, vocab) = (shape[0], shape[1]);
-    let u32s = |v: u32| Array::from_slice(&[v], &[1]);
-    let index = Array::arange::<u32, u32>(None, vocab as u32, None)?.reshape(&[1, vocab])?;
+    let index = token_ids(vocab)?;
     let word = right_shift(&index, &u32s(5))?.as_dtype(Dtype::Int32)?;
     let word = mlx_rs::ops::broadcast_to(&word, &[n, vocab])?;
     let bits = words.take_along_axis(&word, -1)?;
@@ -157,7 +153,7 @@ pub fn counts(tokens: &[&[u32]], vocab: usize) -> Result<Array> {
 pub fn recount(counts: &Array, tokens: &Array, leaving: &[Option<u32>]) -> Result<Array> {
     let shape = counts.shape();
     let (n, vocab) = (shape[0], shape[1]);
-    let index = Array::arange::<u32, u32>(None, vocab as u32, None)?.reshape(&[1, vocab])?;
+    let index = token_ids(vocab)?;
     let added = index.eq(tokens.reshape(&[n, 1])?)?.as_dtype(Dtype::Float32)?;
     let mut counts = counts.add(&added)?;
     if leaving.iter().any(Option::is_some) {
@@ -171,8 +167,7 @@ pub fn recount(counts: &Array, tokens: &Array, leaving: &[Option<u32>]) -> Resul
 /// Gumbel noise `[rows, vocab]`: element (r, i) from a hash of `keys[r]` and i, the same on
 /// every device and in every batch.
 fn gumbel(keys: &Array, vocab: i32) -> Result<Array> {
-    let u32s = |v: u32| Array::from_slice(&[v], &[1]);
-    let index = Array::arange::<u32, u32>(None, vocab as u32, None)?.reshape(&[1, vocab])?;
+    let index = token_ids(vocab)?;
     // murmur3's finaliser over the index mixed with the key.
     let shift_xor = |x: &Array, s: u32| -> Result<Array> { Ok(bitwise_xor(x, &right_shift(x, &u32s(s))?)?) };
     let mut h = bitwise_xor(&index.multiply(u32s(0x9E37_79B1))?, keys)?;
@@ -183,6 +178,21 @@ fn gumbel(keys: &Array, vocab: i32) -> Result<Array> {
     let top = right_shift(&h, &u32s(8))?.as_dtype(Dtype::Float32)?;
     let uniform = top.add(Array::from_f32(0.5))?.multiply(Array::from_f32(1.0 / 16_777_216.0))?;
     Ok(uniform.log()?.negative()?.log()?.negative()?)
+}
+
+/// One value per row, `[rows, 1]`, to broadcast along each row.
+fn column<R>(rows: &[R], value: impl Fn(&R) -> f32) -> Array {
+    Array::from_slice(&rows.iter().map(value).collect::<Vec<f32>>(), &[rows.len() as i32, 1])
+}
+
+/// The token ids `[1, vocab]`, uint32: what a row's values are matched against.
+fn token_ids(vocab: i32) -> Result<Array> {
+    Ok(Array::arange::<u32, u32>(None, vocab as u32, None)?.reshape(&[1, vocab])?)
+}
+
+/// A uint32 constant (so integer arithmetic stays in uint32).
+fn u32s(value: u32) -> Array {
+    Array::from_slice(&[value], &[1])
 }
 
 #[cfg(test)]
