@@ -367,8 +367,7 @@ async fn messages(
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
-    let (bytes, lease) = super::accept(&state, &headers, body).await?;
-    log.model(&lease.id);
+    let (bytes, lease) = super::accept(&state, &headers, body, &log).await?;
     let (prepared, thinking) = super::prepare_blocking(&state, &lease, bytes.len(), move |served| {
         let (request, thinking) = parse(&bytes, served.model_id, served.tool_format, false)?;
         Ok((openai::prepare(request, served)?, thinking))
@@ -557,8 +556,13 @@ fn stream(
     Sse::new(tokio_stream::wrappers::UnboundedReceiverStream::new(out_rx)).keep_alive(KeepAlive::default()).into_response()
 }
 
-async fn count_tokens(State(state): State<Arc<AppState>>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
-    let (bytes, lease) = super::accept(&state, &headers, body).await?;
+async fn count_tokens(
+    State(state): State<Arc<AppState>>,
+    Extension(log): Extension<super::log::RequestLog>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    let (bytes, lease) = super::accept(&state, &headers, body, &log).await?;
     let counted = super::prepare_blocking(&state, &lease, bytes.len(), move |served| {
         let (request, _) = parse(&bytes, served.model_id, served.tool_format, true)?;
         Ok(openai::prepare(request, served)?.prompt.len())

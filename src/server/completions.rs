@@ -291,8 +291,7 @@ pub(crate) async fn handle(
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
-    let (bytes, lease) = super::accept(&state, &headers, body).await?;
-    log.model(&lease.id);
+    let (bytes, lease) = super::accept(&state, &headers, body, &log).await?;
     let (request, prompts) = super::prepare_blocking(&state, &lease, bytes.len(), move |served| prepare(&bytes, served)).await?;
     let tokenizer = lease.ready().tokenizer.clone();
     // Each prompt is its own job; their events come in through one channel, tagged by choice.

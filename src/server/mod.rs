@@ -468,29 +468,34 @@ pub(crate) fn shutting_down() -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "server_shutting_down", None, "the server is shutting down; retry against another instance")
 }
 
-/// A generation request's common start: the key, not draining, the body, and a hold on the model
-/// it names (loaded first when the server serves the store).
-pub(crate) async fn accept(state: &Arc<AppState>, headers: &HeaderMap, body: axum::body::Body) -> Result<(axum::body::Bytes, pool::Lease), ApiError> {
+/// What every request for a model is checked for first: its key, and that the server is not
+/// draining.
+pub(crate) fn admit(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     authorized(state, headers)?;
     if state.draining.load(Ordering::SeqCst) {
         return Err(shutting_down());
     }
+    Ok(())
+}
+
+/// A hold on the model named `requested` (or the one served, with `--model`), loaded first when
+/// the server serves the store; the request's log line names it.
+pub(crate) async fn lease(state: &Arc<AppState>, requested: Option<&str>, log: &log::RequestLog) -> Result<pool::Lease, ApiError> {
+    let lease = pool::acquire(state, requested).await?;
+    log.model(&lease.id);
+    Ok(lease)
+}
+
+/// A generation request's common start: [`admit`], the body, and a [`lease`] on the model it
+/// names.
+pub(crate) async fn accept(state: &Arc<AppState>, headers: &HeaderMap, body: axum::body::Body, log: &log::RequestLog) -> Result<(axum::body::Bytes, pool::Lease), ApiError> {
+    admit(state, headers)?;
     let bytes = read_body(state, body, MAX_BODY_BYTES).await?;
     // The name picks the model (a server of the store) or is checked against the one served,
     // under any of its names; the full parse checks the rest.
     let requested = requested_model(&bytes)?;
-    let lease = pool::acquire(state, requested.as_deref()).await?;
+    let lease = lease(state, requested.as_deref(), log).await?;
     Ok((bytes, lease))
-}
-
-/// A hold on the model named `requested` (or the one served, with `--model`), for a request
-/// whose body is read already.
-pub(crate) async fn accept_named(state: &Arc<AppState>, headers: &HeaderMap, requested: Option<&str>) -> Result<pool::Lease, ApiError> {
-    authorized(state, headers)?;
-    if state.draining.load(Ordering::SeqCst) {
-        return Err(shutting_down());
-    }
-    pool::acquire(state, requested).await
 }
 
 /// The `model` a request body names, if any (the full parse checks the rest).
@@ -588,8 +593,7 @@ async fn chat(
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     let received = std::time::Instant::now();
-    let (bytes, lease) = accept(&state, &headers, body).await?;
-    log.model(&lease.id);
+    let (bytes, lease) = accept(&state, &headers, body, &log).await?;
     let prepared = prepare_blocking(&state, &lease, bytes.len(), move |served| openai::prepare_chat(&bytes, served)).await?;
     let tokenizer = lease.ready().tokenizer.clone();
     let openai::PreparedChat { request, prompt_text, prompt, max_tokens, stop, constraint } = prepared;

@@ -6,7 +6,7 @@
 //! settings, as `tokenizer_config.json` holds them). Served at the root, as vLLM does.
 
 use super::openai::{boolean, json_object, wrong, ApiError, ChatRequest};
-use super::{accept_named, pool, read_body, AppState, MAX_BODY_BYTES};
+use super::{pool, read_body, AppState, MAX_BODY_BYTES};
 use super::log::RequestLog;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -19,9 +19,9 @@ use std::sync::Arc;
 /// tokenizer here is (a GGUF's vocabulary is turned into one).
 const TOKENIZER_CLASS: &str = "PreTrainedTokenizerFast";
 
-/// The body, and a hold on the model it names.
-async fn model_for(state: &Arc<AppState>, headers: &HeaderMap, log: &RequestLog, body: axum::body::Body) -> Result<(Map<String, Value>, pool::Lease), ApiError> {
-    super::authorized(state, headers)?;
+/// The body (and its size), and a hold on the model it names.
+async fn model_for(state: &Arc<AppState>, headers: &HeaderMap, log: &RequestLog, body: axum::body::Body) -> Result<(Map<String, Value>, usize, pool::Lease), ApiError> {
+    super::admit(state, headers)?;
     let bytes = read_body(state, body, MAX_BODY_BYTES).await?;
     let obj = json_object(&bytes)?;
     let requested = match obj.get("model") {
@@ -29,16 +29,8 @@ async fn model_for(state: &Arc<AppState>, headers: &HeaderMap, log: &RequestLog,
         Some(Value::String(m)) => Some(m.clone()),
         Some(_) => return Err(wrong("model", "a string")),
     };
-    let lease = accept_named(state, headers, requested.as_deref()).await?;
-    log.model(&lease.id);
-    Ok((obj, lease))
-}
-
-/// Runs `work` with the model's tokenizer off the async threads (tokenizing is CPU work).
-async fn with_model<T: Send + 'static>(lease: pool::Lease, work: impl FnOnce(&super::Ready) -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(move || work(lease.ready()))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", None, &format!("tokenizing failed: {e}")))?
+    let lease = super::lease(state, requested.as_deref(), log).await?;
+    Ok((obj, bytes.len(), lease))
 }
 
 fn tokenizer_error(param: &str, e: impl std::fmt::Display) -> ApiError {
@@ -50,7 +42,7 @@ fn tokenizer_error(param: &str, e: impl std::fmt::Display) -> ApiError {
 /// the template writes its own), with `return_token_strs`; answers `count`, `max_model_len`,
 /// `tokens` and, when asked, `token_strs`.
 pub async fn tokenize(State(state): State<Arc<AppState>>, Extension(log): Extension<RequestLog>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
-    let (obj, lease) = model_for(&state, &headers, &log, body).await?;
+    let (obj, size, lease) = model_for(&state, &headers, &log, body).await?;
     let chat = match (obj.get("prompt"), obj.get("messages")) {
         (Some(_), Some(_)) => return Err(ApiError::bad_request("messages", "give either `prompt` (text) or `messages` (a chat), not both")),
         (None, None) => return Err(ApiError::bad_request("prompt", "`prompt` (text) or `messages` (a chat) is required")),
@@ -78,12 +70,12 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, Extension(log): Extens
     if obj.get("chat_template").is_some_and(|v| !v.is_null()) {
         return Err(unsupported("chat_template", "the model's own template is used"));
     }
-    let model_id = lease.id.clone();
-    let (tokens, strs, max_context) = with_model(lease, move |ready| {
-        let tokenizer = &ready.tokenizer;
+    // Off the async threads, large bodies a few at a time, as the other endpoints prepare theirs.
+    let (tokens, strs, max_context) = super::prepare_blocking(&state, &lease, size, move |served| {
+        let tokenizer = served.tokenizer;
         let (text, param) = if chat {
             let body = serde_json::to_vec(&Value::Object(obj)).unwrap_or_default();
-            let request = ChatRequest::parse(&body, &model_id, ready.tool_format)?;
+            let request = ChatRequest::parse(&body, served.model_id, served.tool_format)?;
             let text = tokenizer
                 .apply_chat_template_with_tools(&request.messages, &request.tools, request.tool_format, request.enable_thinking)
                 .map_err(|e| ApiError::bad_request("messages", &e.to_string()))?;
@@ -93,7 +85,7 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, Extension(log): Extens
         };
         let tokens = if add_special_tokens { tokenizer.encode(&text) } else { tokenizer.encode_plain(&text) }.map_err(|e| tokenizer_error(param, e))?;
         let strs: Option<Vec<String>> = token_strs.then(|| tokens.iter().map(|&id| tokenizer.id_to_token(id).unwrap_or_default()).collect());
-        Ok((tokens, strs, ready.max_context))
+        Ok((tokens, strs, served.max_context))
     })
     .await?;
     log.tokens(tokens.len(), 0, 0);
@@ -111,7 +103,7 @@ fn unsupported(param: &str, why: &str) -> ApiError {
 /// `POST /detokenize`: `tokens` (ids of the model's vocabulary) → `prompt`, the text they
 /// stand for with special tokens kept (what `/tokenize` of it gives back).
 pub async fn detokenize(State(state): State<Arc<AppState>>, Extension(log): Extension<RequestLog>, headers: HeaderMap, body: axum::body::Body) -> Result<Response, ApiError> {
-    let (obj, lease) = model_for(&state, &headers, &log, body).await?;
+    let (obj, size, lease) = model_for(&state, &headers, &log, body).await?;
     let Some(Value::Array(items)) = obj.get("tokens") else {
         return Err(match obj.get("tokens") {
             None | Some(Value::Null) => ApiError::bad_request("tokens", "`tokens` (a list of token ids) is required"),
@@ -129,7 +121,7 @@ pub async fn detokenize(State(state): State<Arc<AppState>>, Extension(log): Exte
         })
         .collect::<Result<Vec<u32>, _>>()?;
     let count = ids.len();
-    let text = with_model(lease, move |ready| ready.tokenizer.decode_all(&ids).map_err(|e| ApiError::bad_request("tokens", &e.to_string()))).await?;
+    let text = super::prepare_blocking(&state, &lease, size, move |served| served.tokenizer.decode_all(&ids).map_err(|e| ApiError::bad_request("tokens", &e.to_string()))).await?;
     log.tokens(count, 0, 0);
     Ok(Json(json!({"prompt": text})).into_response())
 }
@@ -149,8 +141,8 @@ pub async fn tokenizer_info(
         super::authorized(&state, &headers)?;
         return Err(ApiError::bad_request("model", "this server serves every model of its store: name one, as GET /tokenizer_info?model=NAME (GET /v1/models lists them)"));
     }
-    let lease = accept_named(&state, &headers, requested).await?;
-    log.model(&lease.id);
+    super::admit(&state, &headers)?;
+    let lease = super::lease(&state, requested, &log).await?;
     let ready = lease.ready();
     let tokenizer = &ready.tokenizer;
     // The end token the tokenizer config names, else the model's first.
