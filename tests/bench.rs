@@ -37,23 +37,32 @@ fn results_in_every_format_and_appended() {
         args.extend(grid);
         // Cells are padded to line up: compare with single spaces.
         let table = ok(&bench(&args)).split(' ').filter(|w| !w.is_empty()).collect::<Vec<_>>().join(" ");
-        // The printed table: 4 tests × 2 models, then the comparison with a ratio column.
+        // The printed table: 6 tests × 2 models (served decoding beside pipelined, as a share
+        // of it), then the comparison with a ratio column.
         assert!(table.contains("| A_dense_f32 |") && table.contains("| pp16 @ d24 |") && table.contains("| tg4 |"), "{table}");
+        assert!(table.contains("| tg4 served @ d24 |") && table.contains("| of pipelined |") && table.contains("×"), "{table}");
         assert!(table.contains("SmolLM2-135M-Instruct.Q4_1.gguf / A_dense_f32"), "{table}");
     }
     let mut reader = csv::Reader::from_path(&csv).unwrap();
     let headers = reader.headers().unwrap().clone();
     let column = |name: &str| headers.iter().position(|h| h == name).unwrap_or_else(|| panic!("no column {name}"));
     let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
-    assert_eq!(rows.len(), 16, "two runs of 8 rows, one header");
-    // Each run: per model (in -m order) the pp tests, then the tg tests, each at every depth.
-    let tests: Vec<(String, String, String, String)> = rows[..8]
+    assert_eq!(rows.len(), 24, "two runs of 12 rows, one header");
+    // Each run: per model (in -m order) the pp tests, then the tg tests pipelined and served
+    // (grammar false), each at every depth.
+    let tests: Vec<(String, String, String, String, String)> = rows[..12]
         .iter()
-        .map(|r| (r[column("model_filename")].to_string(), r[column("n_prompt")].to_string(), r[column("n_gen")].to_string(), r[column("n_depth")].to_string()))
+        .map(|r| {
+            let field = |name| r[column(name)].to_string();
+            (field("model_filename"), field("n_prompt"), field("n_gen"), field("n_depth"), field("grammar"))
+        })
         .collect();
-    let want: Vec<(String, String, String, String)> = ["A_dense_f32", "SmolLM2-135M-Instruct.Q4_1.gguf"]
+    let want: Vec<(String, String, String, String, String)> = ["A_dense_f32", "SmolLM2-135M-Instruct.Q4_1.gguf"]
         .iter()
-        .flat_map(|m| [("16", "0", "0"), ("16", "0", "24"), ("0", "4", "0"), ("0", "4", "24")].map(|(p, n, d)| (m.to_string(), p.into(), n.into(), d.into())))
+        .flat_map(|m| {
+            [("16", "0", "0", ""), ("16", "0", "24", ""), ("0", "4", "0", ""), ("0", "4", "24", ""), ("0", "4", "0", "false"), ("0", "4", "24", "false")]
+                .map(|(p, n, d, g)| (m.to_string(), p.into(), n.into(), d.into(), g.into()))
+        })
         .collect();
     assert_eq!(tests, want);
     for r in &rows {
@@ -65,8 +74,8 @@ fn results_in_every_format_and_appended() {
         assert_eq!(&r[column("backend")], "cpu");
     }
     assert_eq!(&rows[0][column("model_type")], "minicpm_sala");
-    assert_eq!(&rows[4][column("model_type")], "llama");
-    assert_eq!(rows[4][column("n_params")].parse::<u64>().unwrap(), 134_515_008);
+    assert_eq!(&rows[6][column("model_type")], "llama");
+    assert_eq!(rows[6][column("n_params")].parse::<u64>().unwrap(), 134_515_008);
 
     // JSON lines on stdout; a JSON results file stays one array as it grows.
     let lines = ok(&bench(&["-m", path(&sala), "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl"]));
@@ -77,7 +86,7 @@ fn results_in_every_format_and_appended() {
         ok(&bench(&["-m", path(&sala), "-p", "8", "-n", "2", "-r", "1", "-o", "json", "--output-file", path(&json)]));
     }
     let all: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(all.len(), 4);
+    assert_eq!(all.len(), 6, "pp8, tg2 and tg2 served, twice");
 
     // Refusals: nothing to measure, a depth past the context, a results file of another shape.
     let out = bench(&["-m", path(&sala), "-p", "0", "-n", "0"]);
@@ -125,8 +134,8 @@ fn synthetic_model_matches_the_real_ones_shapes() {
     let config = golden.join("config.json");
     let out = ok(&bench(&["-m", path(&golden), "--synthetic", path(&config), "--bits", "8", "-p", "16", "-n", "2", "-r", "1", "-o", "json"]));
     let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
-    assert_eq!(rows.len(), 4, "{out}");
-    let (real, synthetic) = (&rows[0], &rows[2]);
+    assert_eq!(rows.len(), 6, "{out}");
+    let (real, synthetic) = (&rows[0], &rows[3]);
     assert_eq!(synthetic["model_filename"], "C_sparse_prefill-q8 (synthetic)");
     assert_eq!(synthetic["model_type"], real["model_type"]);
     assert_eq!(synthetic["n_params"], real["n_params"]);
@@ -224,8 +233,8 @@ fn quality_suite_counts_think_loops() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// The grammar suite: host-drawn decoding free and under the JSON grammar, one and two sequences,
-/// with the time relative to the free decoding in the table.
+/// The grammar suite: decoding as the server does it, free and under the JSON grammar, one and
+/// two sequences, with the time relative to the free decoding in the table.
 #[test]
 fn grammar_suite_times_decoding_with_and_without_masks() {
     let smol = common::smollm2_gguf();
@@ -234,7 +243,7 @@ fn grammar_suite_times_decoding_with_and_without_masks() {
     let got: Vec<(u64, u64, bool)> = rows.iter().map(|r| (r["n_gen"].as_u64().unwrap(), r["n_seq"].as_u64().unwrap(), r["grammar"].as_bool().unwrap())).collect();
     assert_eq!(got, [(6, 1, false), (6, 1, true), (6, 2, false), (6, 2, true)], "{out}");
     let table = ok(&bench(&["--suite", "grammar", "-m", path(&smol), "-n", "4", "-r", "1"]));
-    assert!(table.contains("time vs host") && table.contains("tg4 host") && table.contains("tg4 grammar"), "{table}");
+    assert!(table.contains("time vs free") && table.contains("tg4 served") && table.contains("tg4 grammar"), "{table}");
     // A synthetic model has no tokenizer to compile the grammar with unless given one.
     let out = bench(&["--suite", "grammar", "--synthetic", "qwen3-8b", "--bits", "4", "-n", "4"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -248,14 +257,15 @@ fn batched_and_speculative_generation_tests() {
         "-m", path(&sala), "-p", "0", "-n", "6", "-d", "0,300", "--n-seq", "1,3", "--draft-layers", "0,3", "--num-draft", "2", "-r", "1", "-o", "jsonl",
     ]));
     let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let got: Vec<(u64, u64, Option<u64>, Option<u64>)> = rows
+    let got: Vec<(u64, u64, Option<bool>, Option<u64>, Option<u64>)> = rows
         .iter()
-        .map(|r| (r["n_depth"].as_u64().unwrap(), r["n_seq"].as_u64().unwrap(), r["draft_layers"].as_u64(), r["n_draft"].as_u64()))
+        .map(|r| (r["n_depth"].as_u64().unwrap(), r["n_seq"].as_u64().unwrap(), r["grammar"].as_bool(), r["draft_layers"].as_u64(), r["n_draft"].as_u64()))
         .collect();
-    // Per depth: pipelined x1, x3, then greedy plain, greedy with a 3-layer draft of 2 tokens.
-    let want: Vec<_> = [(1u64, None, None), (3, None, None), (1, Some(0), Some(0)), (1, Some(3), Some(2))]
+    // Per depth: pipelined and served x1, x3, then greedy plain, greedy with a 3-layer draft of
+    // 2 tokens.
+    let want: Vec<_> = [(1u64, None, None, None), (1, Some(false), None, None), (3, None, None, None), (3, Some(false), None, None), (1, None, Some(0), Some(0)), (1, None, Some(3), Some(2))]
         .iter()
-        .flat_map(|&(s, l, k)| [0u64, 300].map(move |d| (d, s, l, k)))
+        .flat_map(|&(s, g, l, k)| [0u64, 300].map(move |d| (d, s, g, l, k)))
         .collect();
     assert_eq!(got, want, "{out}");
     for r in &rows {

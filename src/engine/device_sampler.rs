@@ -6,6 +6,7 @@
 //! shares its batch. The host sampler (`sampler.rs`) stays the reference for the same filters.
 
 use super::error::Result;
+use super::sampler::SamplingParams;
 use super::ops::{bitwise_and, bitwise_xor, right_shift};
 use mlx_rs::{Array, Dtype};
 
@@ -101,7 +102,7 @@ pub struct RowPenalties {
 /// an allowed token i), the logit bias (`[rows, vocab]`), the frequency and presence penalties
 /// over `generated` (`[rows, vocab]` counts of generated tokens), then the repetition penalty
 /// over `seen` (counts of tokens in the window).
-pub fn adjust(logits: &Array, words: Option<&Array>, bias: Option<&Array>, generated: &Array, seen: &Array, rows: &[RowPenalties]) -> Result<Array> {
+pub fn adjust(logits: &Array, words: Option<&Array>, bias: Option<&Array>, generated: Option<&Array>, seen: Option<&Array>, rows: &[RowPenalties]) -> Result<Array> {
     let mut logits = logits.as_dtype(Dtype::Float32)?;
     if let Some(words) = words {
         logits = mask(&logits, words)?;
@@ -109,13 +110,13 @@ pub fn adjust(logits: &Array, words: Option<&Array>, bias: Option<&Array>, gener
     if let Some(bias) = bias {
         logits = logits.add(bias)?;
     }
-    if rows.iter().any(|r| r.frequency != 0.0 || r.presence != 0.0) {
+    if let Some(generated) = generated.filter(|_| rows.iter().any(|r| r.frequency != 0.0 || r.presence != 0.0)) {
         let frequency = column(rows, |r| r.frequency);
         let presence = column(rows, |r| r.presence);
         let present = generated.gt(Array::from_f32(0.0))?.as_dtype(Dtype::Float32)?;
         logits = logits.subtract(generated.multiply(&frequency)?.add(present.multiply(&presence)?)?)?;
     }
-    if rows.iter().any(|r| r.repetition != 1.0) {
+    if let Some(seen) = seen.filter(|_| rows.iter().any(|r| r.repetition != 1.0)) {
         let repetition = column(rows, |r| r.repetition);
         let penalised = mlx_rs::ops::select(logits.gt(Array::from_f32(0.0))?, logits.divide(&repetition)?, logits.multiply(&repetition)?)?;
         logits = mlx_rs::ops::select(seen.gt(Array::from_f32(0.0))?, &penalised, &logits)?;
@@ -148,20 +149,130 @@ pub fn counts(tokens: &[&[u32]], vocab: usize) -> Result<Array> {
 }
 
 /// `counts` with one more of each row's token in `tokens` (`[rows]` uint32, still on the device:
-/// the step's draw) and, where `leaving[row]` names one, one less of it (the token that left the
-/// repetition window, known on the host).
-pub fn recount(counts: &Array, tokens: &Array, leaving: &[Option<u32>]) -> Result<Array> {
+/// the step's draw) and, with `leaving` (`[rows]` uint32, on the host or the device), one less of
+/// each row's token there (the token that left the repetition window; [`NO_TOKEN`] for none).
+pub fn recount(counts: &Array, tokens: &Array, leaving: Option<&Array>) -> Result<Array> {
     let shape = counts.shape();
     let (n, vocab) = (shape[0], shape[1]);
     let index = token_ids(vocab)?;
-    let added = index.eq(tokens.reshape(&[n, 1])?)?.as_dtype(Dtype::Float32)?;
+    let added = index.eq(tokens.as_dtype(Dtype::Uint32)?.reshape(&[n, 1])?)?.as_dtype(Dtype::Float32)?;
     let mut counts = counts.add(&added)?;
-    if leaving.iter().any(Option::is_some) {
-        // u32::MAX matches no token.
-        let left = Array::from_slice(&leaving.iter().map(|t| t.unwrap_or(u32::MAX)).collect::<Vec<u32>>(), &[n, 1]);
-        counts = counts.subtract(index.eq(&left)?.as_dtype(Dtype::Float32)?)?;
+    if let Some(leaving) = leaving {
+        counts = counts.subtract(index.eq(leaving.as_dtype(Dtype::Uint32)?.reshape(&[n, 1])?)?.as_dtype(Dtype::Float32)?)?;
     }
     Ok(counts)
+}
+
+/// Matches no token: a row with nothing leaving its window.
+pub const NO_TOKEN: u32 = u32::MAX;
+
+/// One sequence's drawing on the device: its settings, and what its penalties and logit bias
+/// look at, kept on the device so no step needs the history from the host.
+pub struct SequenceDraws {
+    settings: RowDraw,
+    penalties: RowPenalties,
+    /// `[1, vocab]` logit bias.
+    bias: Option<Array>,
+    /// `[1, vocab]` counts of the generated tokens (frequency and presence penalties).
+    generated: Option<Array>,
+    /// `[1, vocab]` counts of the tokens in the repetition window.
+    seen: Option<Array>,
+    window: usize,
+}
+
+impl SequenceDraws {
+    /// The state before a sequence's first generated token, `history` the tokens before it.
+    pub fn new(params: &SamplingParams, history: &[u32], vocab: usize) -> Result<Self> {
+        let penalties = RowPenalties { repetition: params.repetition_penalty, frequency: params.frequency_penalty, presence: params.presence_penalty };
+        let bias = (!params.logit_bias.is_empty()).then(|| {
+            let mut row = vec![0.0f32; vocab];
+            for &(id, b) in params.logit_bias.iter().filter(|(id, _)| (*id as usize) < vocab) {
+                row[id as usize] += b;
+            }
+            Array::from_slice(&row, &[1, vocab as i32])
+        });
+        let generated = (penalties.frequency != 0.0 || penalties.presence != 0.0).then(|| counts(&[&[]], vocab)).transpose()?;
+        let window = params.repetition_window;
+        let seen = (penalties.repetition != 1.0).then(|| counts(&[&history[history.len().saturating_sub(window)..]], vocab)).transpose()?;
+        let settings = RowDraw { temperature: params.temperature, top_k: params.top_k, top_p: params.top_p, min_p: params.min_p, key: 0 };
+        Ok(Self { settings, penalties, bias, generated, seen, window })
+    }
+
+    /// The repetition window, when the repetition penalty looks at one.
+    pub fn window(&self) -> Option<usize> {
+        self.seen.as_ref().map(|_| self.window)
+    }
+
+    /// The arrays a draw leaves (to evaluate with it).
+    pub fn arrays(&self) -> impl Iterator<Item = &Array> {
+        self.generated.iter().chain(&self.seen)
+    }
+}
+
+/// One row of [`draw_rows`].
+pub struct DrawRow<'a> {
+    pub state: &'a mut SequenceDraws,
+    /// [`draw_key`] of the sequence's seed and draw.
+    pub key: u32,
+    /// The grammar's allowed tokens.
+    pub mask: Option<&'a [u32]>,
+    /// `[1]` uint32: the token leaving the repetition window as this draw's enters it.
+    pub leaving: Option<Array>,
+}
+
+/// One token per row of `logits` (`[rows, vocab]`) under each row's settings, penalties, bias
+/// and mask, as `[rows]` uint32 on the device; each row's counts take in its draw (lazily).
+pub fn draw_rows(logits: &Array, rows: &mut [DrawRow]) -> Result<Array> {
+    let vocab = logits.shape()[1];
+    let plain = |r: &DrawRow| r.mask.is_none() && r.state.bias.is_none() && r.state.generated.is_none() && r.state.seen.is_none();
+    if rows.iter().all(|r| plain(r) && r.state.settings.temperature == 0.0) {
+        // Plain greedy: the argmax, as the pipelined benchmark's steps take it.
+        return Ok(mlx_rs::ops::indexing::argmax_axis(logits, -1, None)?.as_dtype(Dtype::Uint32)?);
+    }
+    let stack = |row: &dyn Fn(&DrawRow) -> Option<Array>| -> Result<Option<Array>> {
+        if rows.iter().all(|r| row(r).is_none()) {
+            return Ok(None);
+        }
+        let zeros = super::ops::zeros(&[1, vocab], Dtype::Float32)?;
+        let parts: Vec<Array> = rows.iter().map(|r| row(r).unwrap_or_else(|| zeros.clone())).collect();
+        Ok(Some(mlx_rs::ops::concatenate(&parts, 0)?))
+    };
+    let words = if rows.iter().any(|r| r.mask.is_some()) {
+        let width = (vocab as usize).div_ceil(32);
+        let mut packed = vec![u32::MAX; rows.len() * width];
+        for (r, row) in rows.iter().enumerate() {
+            if let Some(mask) = row.mask {
+                let line = &mut packed[r * width..(r + 1) * width];
+                line.fill(0);
+                let n = mask.len().min(width);
+                line[..n].copy_from_slice(&mask[..n]);
+            }
+        }
+        Some(Array::from_slice(&packed, &[rows.len() as i32, width as i32]))
+    } else {
+        None
+    };
+    let bias = stack(&|r| r.state.bias.clone())?;
+    let generated = stack(&|r| r.state.generated.clone())?;
+    let seen = stack(&|r| r.state.seen.clone())?;
+    let penalties: Vec<RowPenalties> = rows.iter().map(|r| r.state.penalties).collect();
+    let adjusted = adjust(logits, words.as_ref(), bias.as_ref(), generated.as_ref(), seen.as_ref(), &penalties)?;
+    let settings: Vec<RowDraw> = rows.iter().map(|r| RowDraw { key: r.key, ..r.state.settings }).collect();
+    let tokens = draw(&adjusted, &settings)?;
+    for (i, row) in rows.iter_mut().enumerate() {
+        if row.state.generated.is_none() && row.state.seen.is_none() {
+            continue;
+        }
+        use mlx_rs::ops::indexing::TryIndexOp;
+        let token = tokens.try_index(i as i32..i as i32 + 1)?;
+        if let Some(generated) = &row.state.generated {
+            row.state.generated = Some(recount(generated, &token, None)?);
+        }
+        if let Some(seen) = &row.state.seen {
+            row.state.seen = Some(recount(seen, &token, row.leaving.as_ref())?);
+        }
+    }
+    Ok(tokens)
 }
 
 /// Gumbel noise `[rows, vocab]`: element (r, i) from a hash of `keys[r]` and i, the same on
@@ -283,8 +394,8 @@ mod tests {
                 &Array::from_slice(&logits, &[n as i32, vocab as i32]),
                 Some(&Array::from_slice(&packed, &[n as i32, words as i32])),
                 Some(&Array::from_slice(&bias, &[n as i32, vocab as i32])),
-                &counts(&generated, vocab).unwrap(),
-                &counts(&window, vocab).unwrap(),
+                Some(&counts(&generated, vocab).unwrap()),
+                Some(&counts(&window, vocab).unwrap()),
                 &rows,
             )
             .unwrap();
@@ -309,7 +420,7 @@ mod tests {
     fn recount_adds_the_draw_and_drops_what_left() {
         let before = counts(&[&[1, 2, 2], &[0]], 4).unwrap();
         let drawn = Array::from_slice(&[2u32, 3], &[2]);
-        let after = recount(&before, &drawn, &[Some(1), None]).unwrap();
+        let after = recount(&before, &drawn, Some(&Array::from_slice(&[1u32, NO_TOKEN], &[2]))).unwrap();
         assert_eq!(after.as_slice::<f32>(), counts(&[&[2, 2, 2], &[0, 3]], 4).unwrap().as_slice::<f32>());
     }
 

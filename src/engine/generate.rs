@@ -8,9 +8,13 @@ use super::error::{Error, Result};
 use super::logprobs::TokenLogprobs;
 use super::model::{LanguageModel, Logits};
 use super::ops::to_vec_f32;
+use super::device_sampler::{draw_rows, DrawRow, SequenceDraws};
+use super::grammar::TokenMask;
+use super::logprobs::Queued;
 use super::sampler::Sampler;
 use mlx_rs::{transforms::eval, Array};
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::time::Instant;
 
 #[derive(Debug, Clone)]
@@ -138,27 +142,40 @@ pub fn generate(
 /// One sequence being generated a token at a time, so a caller can interleave several (the
 /// server) or stop whenever it likes. The cache is passed to each call rather than owned, so
 /// callers keep their own state layout (a chat session, a server slot).
+///
+/// Tokens are drawn on the device ([`device_sampler`]) for every sampler setting, and the model
+/// runs ahead of the host: the step after a token is queued before the token is read, so the
+/// device never waits for the host to read a token and pick the next. A token found to end the
+/// answer (end of sequence, a stop string, a cancel) after its successors went in rolls the cache
+/// back to the checkpoint taken before it. Under a grammar the token must be read before the next
+/// draw (the grammar's mask depends on it), so only its forward runs ahead while the host works
+/// out the next mask. Speculative decoding, kept logits rows and windowed caches draw on the host.
 pub struct Decoding {
-    /// The distribution the next token is drawn from.
-    logits: Vec<f32>,
+    /// The distribution the next token is drawn from, on the device and not drawn yet: the
+    /// prompt's last, or, under a grammar, the one a queued step makes.
+    undrawn: Option<Array>,
     history: Vec<u32>,
     generation: Generation,
     opts: GenerateOptions,
     started: Instant,
     done: bool,
-    /// The last token sampled, not yet run through the model: it is fed at the next call, so the
-    /// cache never holds a token the caller stopped on.
+    /// The last token handed out, not yet run through the model: it is fed at the next call, so
+    /// the cache never holds a token the caller stopped on.
     pending: Option<u32>,
     /// Prompt tokens run through the model so far.
     prefilled: usize,
-    /// Tokens drawn but not handed out yet (a speculative round draws several at once).
+    /// Tokens drawn on the host but not handed out yet (a speculative round draws several).
     ready: VecDeque<Drawn>,
-    /// Greedy decoding on the device: the next tokens, chosen (argmax) on the device and not read
-    /// yet, oldest first; those already run through the model carry the cache's checkpoint from
-    /// before they went in.
+    /// Tokens drawn on the device and not read yet, oldest first; those already run through the
+    /// model carry the cache's checkpoint from before they went in.
     in_flight: VecDeque<InFlight>,
-    /// The cache before the token handed out last went in, when it ran ahead (greedy on the
-    /// device): a stop on that token goes back to it.
+    /// This sequence's state for drawing on the device (made at its first draw).
+    draws: Option<SequenceDraws>,
+    /// The next device step must be built on this thread (see [`Encoder::starting`]): the
+    /// sequence is new to the device loop, and what it holds may be lazy on this thread.
+    restart: bool,
+    /// The cache before the token handed out last went in, when it ran ahead: a stop on that
+    /// token goes back to it.
     rewind: Option<Checkpoint>,
     /// Whether the token handed out last is already in the cache (run ahead or an accepted guess).
     last_in_cache: bool,
@@ -182,17 +199,42 @@ pub struct LogprobOptions {
 /// computed, `[chunk, vocab]` float32 at once.
 const SCORING_CHUNK: usize = 512;
 
-/// Forward steps plain greedy decoding on the device has queued when it reads a token: token n
-/// is read with n and n+1 already gone in, so the next step is built while the evaluator thread
-/// (engine::encoder) still encodes the one before (eval/results/kernel-notes.md).
+/// Forward steps a sequence has queued when it reads a token: token n is read with n and n+1
+/// already gone in, so the next step is built while the evaluator thread (engine::encoder) still
+/// encodes the one before (eval/results/kernel-notes.md). Under a grammar it is 1.
 const RUN_AHEAD: usize = 2;
 
-/// A greedy token chosen on the device, not read yet.
+/// A token drawn on the device, not read yet.
 struct InFlight {
-    /// `[1, 1]` int32.
-    token: Array,
+    token: DeviceToken,
+    /// Its log-probabilities, when they are kept.
+    logprobs: Option<Queued>,
     /// Set once the token was run through the model: the cache before it went in.
     fed: Option<Checkpoint>,
+}
+
+/// Row `row` of a step's draws (`[rows]` int32 on the device), shared by the sequences drawn
+/// together so a batch reads them once and feeds them on without a copy.
+#[derive(Clone)]
+struct DeviceToken {
+    batch: Rc<Array>,
+    row: usize,
+}
+
+impl DeviceToken {
+    /// A token known on the host (one handed out and not run through the model yet).
+    fn known(id: u32) -> Self {
+        Self { batch: Rc::new(Array::from_slice(&[id as i32], &[1])), row: 0 }
+    }
+
+    /// `[1]` int32.
+    fn single(&self) -> Result<Array> {
+        use mlx_rs::ops::indexing::TryIndexOp;
+        if self.batch.shape()[0] == 1 {
+            return Ok((*self.batch).clone());
+        }
+        Ok(self.batch.try_index(self.row as i32..self.row as i32 + 1)?)
+    }
 }
 
 /// A token drawn from the model, waiting to be handed out.
@@ -239,7 +281,7 @@ impl Decoding {
         let _ = mlx_rs::memory::reset_peak_memory();
         let stats = Stats { prompt_tokens: prompt.len(), ..Default::default() };
         Ok(Self {
-            logits: Vec::new(),
+            undrawn: None,
             history: prompt.to_vec(),
             generation: Generation { tokens: Vec::new(), logits: Vec::new(), stop: StopReason::MaxTokens, stats },
             opts: opts.clone(),
@@ -249,6 +291,8 @@ impl Decoding {
             prefilled: 0,
             ready: VecDeque::new(),
             in_flight: VecDeque::new(),
+            draws: None,
+            restart: true,
             rewind: None,
             last_in_cache: false,
             logprobs: LogprobOptions::default(),
@@ -299,6 +343,9 @@ impl Decoding {
     fn prefill_until(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, until: usize) -> Result<bool> {
         let total = self.generation.stats.prompt_tokens;
         if self.prefilled < total {
+            // Other sequences' steps may still be encoding (a server round): this thread
+            // evaluates only once the evaluator is idle.
+            Encoder::for_this_thread().wait()?;
             let start = Instant::now();
             let end = (self.prefilled + self.opts.prefill_step.max(1)).min(total).min(until.max(self.prefilled + 1));
             let logits = match self.logprobs.prompt {
@@ -310,11 +357,13 @@ impl Decoding {
                     let next = &self.history[self.prefilled + 1..(end + 1).min(total)];
                     self.prompt_logprobs.extend(super::logprobs::for_rows(&all, next, top)?);
                     use mlx_rs::ops::indexing::TryIndexOp;
-                    all.try_index(((end - self.prefilled - 1) as i32.., ..))?
+                    let last = all.try_index(((end - self.prefilled - 1) as i32.., ..))?;
+                    eval([&last])?;
+                    last
                 }
             };
             if end == total {
-                self.logits = to_vec_f32(&logits)?;
+                self.undrawn = Some(logits);
                 self.started = Instant::now();
             }
             self.prefilled = end;
@@ -331,47 +380,64 @@ impl Decoding {
     /// condition (end of sequence, max tokens, context limit, cancel) was met. The cache holds the
     /// prompt and every returned token but the last.
     pub fn next(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, sampler: &mut Sampler) -> Result<Option<u32>> {
-        self.advance(model, cache, sampler, true)
+        if self.draws_on_host(cache) {
+            return self.next_on_host(model, cache, sampler);
+        }
+        let mut step = Step { decoding: self, cache, sampler };
+        Ok(device_round(model, &mut [&mut step])?.pop().flatten())
     }
 
-    /// [`Decoding::next`]; `pipeline` lets plain greedy decoding run ahead on the device (not in a
-    /// batch, whose forward the caller runs).
-    fn advance(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, sampler: &mut Sampler, pipeline: bool) -> Result<Option<u32>> {
-        if self.done {
-            return Ok(None);
-        }
+    /// Whether tokens are drawn on the host: speculative decoding (its rounds check guesses
+    /// against host draws), kept logits rows (they come to the host anyway), and a windowed
+    /// cache (it may drop tokens, so it is never rolled back and nothing runs ahead).
+    fn draws_on_host(&self, cache: &ModelCache) -> bool {
+        self.opts.draft.is_some() || self.opts.keep_logits || cache.is_windowed()
+    }
+
+    /// Checks that a token may be drawn now.
+    fn check_ready(&self) -> Result<()> {
         if !self.is_prefilled() {
             return Err(Error::Usage("Decoding::next before the prompt was prefilled".into()));
         }
-        // A windowed cache may have dropped tokens since a checkpoint, so it is never rolled back.
-        let on_device = pipeline
-            && sampler.is_plain_greedy()
-            && !self.opts.keep_logits
-            && self.logprobs.generated.is_none()
-            && self.opts.draft.is_none()
-            && !cache.is_windowed();
+        Ok(())
+    }
+
+    /// [`Decoding::next`] with the token drawn on the host from the logits row read back.
+    fn next_on_host(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, sampler: &mut Sampler) -> Result<Option<u32>> {
+        if self.done {
+            return Ok(None);
+        }
+        self.check_ready()?;
         if self.ready.is_empty() {
             match (self.pending.take(), self.opts.draft) {
                 (Some(previous), Some(draft)) => self.speculate(model, cache, sampler, previous, draft)?,
-                (previous, _) if on_device => self.greedy_ahead(model, cache, previous)?,
                 (previous, _) => {
-                    if let Some(previous) = previous {
-                        let logits = forward_queued(model, cache, &[previous])?;
-                        sampler.prepare()?;
-                        self.logits = to_vec_f32(&logits)?;
-                    }
-                    let token = sampler.sample_with(&self.logits, &self.history, self.generation.tokens.len())?;
-                    self.ready.push_back(Drawn { token, in_cache: false, logits: std::mem::take(&mut self.logits) });
+                    let row = match previous {
+                        Some(previous) => {
+                            let logits = forward_queued(model, cache, &[previous])?;
+                            sampler.prepare()?;
+                            logits
+                        }
+                        None => self.undrawn.take().ok_or_else(|| Error::Usage("internal: no logits to draw from".into()))?,
+                    };
+                    let logits = to_vec_f32(&row)?;
+                    let token = sampler.sample_with(&logits, &self.history, self.generation.tokens.len())?;
+                    self.ready.push_back(Drawn { token, in_cache: false, logits });
                 }
             }
         }
         let Drawn { token, in_cache, logits } = self.ready.pop_front().expect("drawn above");
-        if let Some(top) = self.logprobs.generated {
-            self.token_logprobs.push(super::logprobs::from_row(&logits, token, top));
-        }
+        let logprobs = self.logprobs.generated.map(|top| super::logprobs::from_row(&logits, token, top));
         if self.opts.keep_logits {
             self.generation.logits.push(logits);
         }
+        self.hand_out(model, cache, token, in_cache, logprobs)
+    }
+
+    /// Hands out `token` (`in_cache`: already run through the model) and checks the stop
+    /// conditions.
+    fn hand_out(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, token: u32, in_cache: bool, logprobs: Option<TokenLogprobs>) -> Result<Option<u32>> {
+        self.token_logprobs.extend(logprobs);
         self.generation.tokens.push(token);
         self.history.push(token);
         self.last_in_cache = in_cache;
@@ -392,8 +458,8 @@ impl Decoding {
     }
 
     /// Tokens in the cache that plain decoding would not have fed yet: the last one handed out
-    /// (plain decoding feeds it at the next call), those drawn but not handed out, and greedy
-    /// tokens run ahead and not read yet.
+    /// (plain decoding feeds it at the next call), those drawn but not handed out, and tokens run
+    /// ahead and not read yet.
     fn ahead(&self) -> usize {
         self.last_in_cache as usize
             + self.ready.iter().filter(|d| d.in_cache).count()
@@ -404,10 +470,11 @@ impl Decoding {
     /// token handed out but the last).
     fn stop(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, reason: StopReason) -> Result<()> {
         let ahead = self.ahead();
-        if !self.in_flight.is_empty() {
+        if !self.in_flight.is_empty() || self.undrawn.is_some() {
             // Nothing may evaluate on this thread while the evaluator still encodes a step.
             Encoder::for_this_thread().wait()?;
             self.in_flight.clear();
+            self.undrawn = None;
         }
         if let Some(checkpoint) = self.rewind.take() {
             cache.restore(checkpoint);
@@ -428,47 +495,28 @@ impl Decoding {
         self.stop(model, cache, StopReason::Cancelled)
     }
 
-    /// Plain greedy decoding that keeps the device busy: the token to hand out and the one after
-    /// it ([`RUN_AHEAD`]) are run through the model, and the argmax after each queued, before the
-    /// token is read; no logits come to the host. The token handed out is thus already in the
-    /// cache, with one more behind it; if generation stops on it, the cache goes back to the
-    /// checkpoint taken before it went in.
-    fn greedy_ahead(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, previous: Option<u32>) -> Result<()> {
-        let mut encoder = Encoder::for_this_thread();
-        if self.in_flight.is_empty() {
-            encoder = encoder.starting()?;
-            if let Some(previous) = previous {
-                self.logits = to_vec_f32(&forward_eval(model, cache, &[previous], Logits::Last)?)?;
-            }
-            let first = super::sampler::argmax(&std::mem::take(&mut self.logits)) as i32;
-            self.in_flight.push_back(InFlight { token: Array::from_slice(&[first], &[1, 1]), fed: None });
-        }
-        let max_context = model.info().max_context;
-        loop {
-            let fed = self.in_flight.iter().filter(|f| f.fed.is_some()).count();
-            // The number the last token in flight will have once handed out: nothing is run ahead
-            // for the last one allowed.
-            let number = self.generation.tokens.len() + self.in_flight.len();
-            let back = self.in_flight.back().expect("one token at least is in flight");
-            if fed >= RUN_AHEAD || back.fed.is_some() || number >= self.opts.max_tokens || cache.len() + 1 >= max_context {
-                break;
-            }
-            let checkpoint = cache.checkpoint();
-            let input = back.token.clone();
-            let (next, state) = encoder.build(|| -> Result<(Array, Vec<Array>)> {
-                let (logits, state) = forward_batch_lazy(model, &input, &mut [&mut *cache], Logits::Last)?;
-                Ok((argmax_token(&logits)?, state))
-            })?;
-            encoder.queue(std::iter::once(next.clone()).chain(state).collect())?;
-            self.in_flight.back_mut().expect("checked above").fed = Some(checkpoint);
-            self.in_flight.push_back(InFlight { token: next, fed: None });
-        }
-        let front = self.in_flight.pop_front().expect("one token at least is in flight");
-        let id = encoder.read_i32(&front.token)?[0] as u32;
-        let in_cache = front.fed.is_some();
-        self.rewind = front.fed;
-        self.ready.push_back(Drawn { token: id, in_cache, logits: Vec::new() });
-        Ok(())
+    /// Whether a step may run this sequence's newest drawn token through the model now: it is not
+    /// in yet, fewer than the run-ahead are in and unread, it is not the last token allowed, and
+    /// the context has room.
+    fn may_feed(&self, model: &dyn LanguageModel, cache: &ModelCache, constrained: bool) -> bool {
+        let Some(back) = self.in_flight.back() else { return false };
+        let fed = self.in_flight.iter().filter(|f| f.fed.is_some()).count();
+        // The number the newest token will have once handed out.
+        let number = self.generation.tokens.len() + self.in_flight.len();
+        let limit = if constrained { 1 } else { RUN_AHEAD };
+        back.fed.is_none() && self.undrawn.is_none() && fed < limit && number < self.opts.max_tokens && cache.len() + 1 < model.info().max_context
+    }
+
+    /// The token leaving the repetition window of the draw about to be made (`[1]` uint32), when
+    /// the window is full: on the host if it was read, else still in flight.
+    fn leaving(&self, window: usize) -> Result<Option<Array>> {
+        // The draw's token takes this place in the history.
+        let at = self.history.len() + self.in_flight.len();
+        let Some(leaves) = at.checked_sub(window) else { return Ok(None) };
+        Ok(Some(match self.history.get(leaves) {
+            Some(&id) => Array::from_slice(&[id], &[1]),
+            None => self.in_flight[leaves - self.history.len()].token.single()?,
+        }))
     }
 
     /// One speculative round after `first` (drawn, not yet in the cache): the draft guesses up to
@@ -548,7 +596,7 @@ impl Drop for Decoding {
     /// A decoding dropped with steps in flight (its caller gave up on an error) waits for the
     /// evaluator: this thread may evaluate again only once it is idle (engine::encoder).
     fn drop(&mut self) {
-        if !self.in_flight.is_empty() {
+        if !self.in_flight.is_empty() || self.undrawn.is_some() {
             let _ = Encoder::for_this_thread().wait();
         }
     }
@@ -561,29 +609,187 @@ pub struct Step<'a> {
     pub sampler: &'a mut Sampler,
 }
 
-/// Advances several sequences by a token each, like [`Decoding::next`] for every one, but runs
-/// their previous tokens through the model in a single batched forward (the sequences may be at
-/// different lengths). Sequences that are done give `None`.
+/// Advances several sequences by a token each, like [`Decoding::next`] for every one, with one
+/// batched forward call a step over all of them (they may be at different lengths) and their
+/// tokens drawn together on the device. Sequences that are done give `None`.
 pub fn next_batch(model: &dyn LanguageModel, steps: &mut [Step]) -> Result<Vec<Option<u32>>> {
-    let mut fed: Vec<&mut Step> = steps.iter_mut().filter(|s| !s.decoding.done && s.decoding.pending.is_some()).collect();
-    if !fed.is_empty() {
-        let ids: Vec<i32> = fed.iter().map(|s| s.decoding.pending.expect("filtered above") as i32).collect();
-        let input = Array::from_slice(&ids, &[ids.len() as i32, 1]);
-        let mut caches: Vec<&mut ModelCache> = fed.iter_mut().map(|s| &mut *s.cache).collect();
-        let (logits, state) = forward_batch_lazy(model, &input, &mut caches, Logits::Last)?;
-        mlx_rs::transforms::async_eval(std::iter::once(&logits).chain(state.iter()))?;
-        // Constrained requests work out their masks while the device runs the step.
-        for s in fed.iter_mut() {
-            s.sampler.prepare()?;
-        }
-        let rows = to_vec_f32(&logits)?;
-        let vocab = rows.len() / fed.len();
-        for (s, row) in fed.iter_mut().zip(rows.chunks(vocab)) {
-            s.decoding.logits = row.to_vec();
-            s.decoding.pending = None;
+    let on_host: Vec<bool> = steps.iter().map(|s| s.decoding.draws_on_host(s.cache)).collect();
+    let mut tokens = vec![None; steps.len()];
+    if on_host.contains(&true) {
+        // Host draws evaluate on this thread: the device steps' evaluator must be idle.
+        Encoder::for_this_thread().wait()?;
+        for (s, token) in steps.iter_mut().zip(tokens.iter_mut()).zip(&on_host).filter(|(_, &h)| h).map(|(st, _)| st) {
+            *token = s.decoding.next_on_host(model, s.cache, s.sampler)?;
         }
     }
-    steps.iter_mut().map(|s| s.decoding.advance(model, s.cache, s.sampler, false)).collect()
+    let (mut device, places): (Vec<&mut Step>, Vec<usize>) =
+        steps.iter_mut().enumerate().filter(|(i, _)| !on_host[*i]).map(|(i, s)| (s, i)).unzip();
+    for (token, place) in device_round(model, &mut device)?.into_iter().zip(places) {
+        tokens[place] = token;
+    }
+    Ok(tokens)
+}
+
+/// One token for each sequence drawing on the device, in three parts:
+/// 1. draws from distributions already computed: the prompt's, and, under a grammar, the last
+///    step's, whose mask the host worked out while that step ran;
+/// 2. one batched forward over every sequence's newest token that may go in (two while the
+///    pipeline fills), each unconstrained row's next token drawn in the same graph;
+/// 3. each sequence's oldest token read (a batch's draws in one read) and handed out.
+fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Vec<Option<u32>>> {
+    let live: Vec<usize> = (0..steps.len()).filter(|&i| !steps[i].decoding.done).collect();
+    for &i in &live {
+        steps[i].decoding.check_ready()?;
+    }
+    let mut encoder = Encoder::for_this_thread();
+    if live.iter().any(|&i| steps[i].decoding.restart) {
+        encoder = encoder.starting()?;
+        live.iter().for_each(|&i| steps[i].decoding.restart = false);
+    }
+    for &i in &live {
+        let decoding = &mut *steps[i].decoding;
+        if let Some(token) = decoding.pending.take() {
+            decoding.in_flight.push_back(InFlight { token: DeviceToken::known(token), logprobs: None, fed: None });
+        }
+    }
+
+    let drawing: Vec<usize> = live.iter().copied().filter(|&i| steps[i].decoding.undrawn.is_some() && steps[i].decoding.in_flight.is_empty()).collect();
+    if !drawing.is_empty() {
+        let masks = drawing.iter().map(|&i| steps[i].sampler.take_mask()).collect::<Result<Vec<_>>>()?;
+        let rows: Vec<Array> = drawing.iter().filter_map(|&i| steps[i].decoding.undrawn.take()).collect();
+        let outputs = encoder.build(|| -> Result<Vec<Array>> {
+            let logits = if rows.len() == 1 { rows[0].clone() } else { mlx_rs::ops::concatenate(&rows, 0)? };
+            draw_into(model, steps, &drawing, &logits, &masks)
+        })?;
+        encoder.queue(outputs)?;
+    }
+
+    loop {
+        let feeding: Vec<usize> =
+            live.iter().copied().filter(|&i| steps[i].decoding.may_feed(model, steps[i].cache, steps[i].sampler.is_constrained())).collect();
+        if feeding.is_empty() {
+            break;
+        }
+        let mut inputs = Vec::with_capacity(feeding.len());
+        for &i in &feeding {
+            let checkpoint = steps[i].cache.checkpoint();
+            let back = steps[i].decoding.in_flight.back_mut().expect("may_feed checked it");
+            back.fed = Some(checkpoint);
+            inputs.push(back.token.clone());
+        }
+        let constrained: Vec<bool> = feeding.iter().map(|&i| steps[i].sampler.is_constrained()).collect();
+        let outputs = encoder.build(|| -> Result<Vec<Array>> {
+            let input = batch_input(&inputs)?;
+            let mut caches: Vec<&mut ModelCache> =
+                steps.iter_mut().enumerate().filter(|(i, _)| feeding.contains(i)).map(|(_, s)| &mut *s.cache).collect();
+            let (logits, mut outputs) = forward_batch_lazy(model, &input, &mut caches, Logits::Last)?;
+            use mlx_rs::ops::indexing::TryIndexOp;
+            for (row, &i) in feeding.iter().enumerate().filter(|(row, _)| constrained[*row]) {
+                let undrawn = logits.try_index(row as i32..row as i32 + 1)?;
+                outputs.push(undrawn.clone());
+                steps[i].decoding.undrawn = Some(undrawn);
+            }
+            let free: Vec<usize> = feeding.iter().zip(&constrained).filter(|(_, &c)| !c).map(|(&i, _)| i).collect();
+            if !free.is_empty() {
+                let rows = if free.len() == feeding.len() {
+                    logits
+                } else {
+                    let at: Vec<i32> = (0..feeding.len() as i32).filter(|&r| !constrained[r as usize]).collect();
+                    logits.take_axis(Array::from_slice(&at, &[at.len() as i32]), 0)?
+                };
+                let masks: Vec<Option<TokenMask>> = free.iter().map(|_| None).collect();
+                outputs.extend(draw_into(model, steps, &free, &rows, &masks)?);
+            }
+            Ok(outputs)
+        })?;
+        encoder.queue(outputs)?;
+    }
+
+    let mut tokens = vec![None; steps.len()];
+    let mut read: Vec<(Rc<Array>, Vec<i32>)> = Vec::new();
+    for &i in &live {
+        let Step { decoding, cache, sampler } = &mut *steps[i];
+        let front = decoding.in_flight.pop_front().ok_or_else(|| Error::Usage("internal: no token in flight".into()))?;
+        let at = match read.iter().position(|(batch, _)| Rc::ptr_eq(batch, &front.token.batch)) {
+            Some(at) => at,
+            None => {
+                read.push((front.token.batch.clone(), encoder.read_i32(&front.token.batch)?));
+                read.len() - 1
+            }
+        };
+        let token = read[at].1[front.token.row] as u32;
+        let logprobs = match &front.logprobs {
+            Some(queued) => Some(queued.unpack(token, &encoder.read_i32(queued.array())?)),
+            None => None,
+        };
+        sampler.commit(token)?;
+        let in_cache = front.fed.is_some();
+        decoding.rewind = front.fed;
+        tokens[i] = decoding.hand_out(model, cache, token, in_cache, logprobs)?;
+    }
+    Ok(tokens)
+}
+
+/// Draws a token for each sequence `which[r]` from row r of `logits` under its settings (and
+/// `masks[r]`), as its newest token in flight; returns what to evaluate with the draws.
+fn draw_into(model: &dyn LanguageModel, steps: &mut [&mut Step], which: &[usize], logits: &Array, masks: &[Option<TokenMask>]) -> Result<Vec<Array>> {
+    let vocab = model.info().vocab_size;
+    let mut extras = Vec::with_capacity(which.len());
+    for &i in which {
+        let Step { decoding, sampler, .. } = &mut *steps[i];
+        if decoding.draws.is_none() {
+            decoding.draws = Some(SequenceDraws::new(sampler.params(), &decoding.history, vocab)?);
+        }
+        let leaving = match decoding.draws.as_ref().and_then(SequenceDraws::window) {
+            Some(window) => decoding.leaving(window)?,
+            None => None,
+        };
+        extras.push((sampler.next_key(), leaving));
+    }
+    let batch = {
+        let mut rows: Vec<DrawRow> = steps
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| which.contains(i))
+            .zip(extras.into_iter().zip(masks))
+            .map(|((_, s), ((key, leaving), mask))| DrawRow {
+                state: s.decoding.draws.as_mut().expect("made above"),
+                key,
+                mask: mask.as_ref().map(TokenMask::words),
+                leaving,
+            })
+            .collect();
+        Rc::new(draw_rows(logits, &mut rows)?.as_dtype(mlx_rs::Dtype::Int32)?)
+    };
+    let mut outputs = vec![(*batch).clone()];
+    for (row, &i) in which.iter().enumerate() {
+        let decoding = &mut *steps[i].decoding;
+        let token = DeviceToken { batch: batch.clone(), row };
+        let logprobs = match decoding.logprobs.generated {
+            Some(top) => {
+                use mlx_rs::ops::indexing::TryIndexOp;
+                let queued = Queued::new(&logits.try_index(row as i32..row as i32 + 1)?, &token.single()?, top)?;
+                outputs.push(queued.array().clone());
+                Some(queued)
+            }
+            None => None,
+        };
+        outputs.extend(decoding.draws.as_ref().into_iter().flat_map(SequenceDraws::arrays).cloned());
+        decoding.in_flight.push_back(InFlight { token, logprobs, fed: None });
+    }
+    Ok(outputs)
+}
+
+/// The tokens to run through the model, `[rows, 1]` int32: one step's draws as they are when
+/// they are exactly its rows in order (a batch going on unchanged), else gathered.
+fn batch_input(tokens: &[DeviceToken]) -> Result<Array> {
+    let n = tokens.len() as i32;
+    let first = &tokens[0].batch;
+    if first.shape()[0] == n && tokens.iter().enumerate().all(|(row, t)| Rc::ptr_eq(&t.batch, first) && t.row == row) {
+        return Ok(first.reshape(&[n, 1])?);
+    }
+    let parts = tokens.iter().map(DeviceToken::single).collect::<Result<Vec<_>>>()?;
+    Ok(mlx_rs::ops::concatenate(&parts, 0)?.reshape(&[n, 1])?)
 }
 
 /// The draft's greedy guesses of the `count` tokens after `first`, from the first `layers`

@@ -86,6 +86,47 @@ pub fn for_rows(logits: &Array, next: &[u32], top: usize) -> Result<Vec<TokenLog
         .collect())
 }
 
+/// A generated token's log-probabilities, computed on the device with its draw and read with
+/// the token: one int32 array `[1 + 2·top]` (the chosen token's log-probability, the `top` ids,
+/// their log-probabilities; floats carried bit for bit), so the row never comes to the host.
+pub struct Queued {
+    packed: Array,
+    top: usize,
+}
+
+impl Queued {
+    /// For the token `token` (`[1]`, on the device) drawn from `logits` (`[1, vocab]`).
+    pub fn new(logits: &Array, token: &Array, top: usize) -> Result<Self> {
+        let vocab = logits.shape()[1];
+        let top = top.min(vocab as usize);
+        let row = logits.as_dtype(Dtype::Float32)?;
+        let logp = row.subtract(row.logsumexp_axis(-1, true)?)?;
+        let chosen = take_along_axis(&logp, token.as_dtype(Dtype::Int32)?.reshape(&[1, 1])?, -1)?.reshape(&[1])?;
+        let mut parts = vec![chosen.view::<i32>()?];
+        if top > 0 {
+            let kth = vocab - top as i32;
+            let ids = mlx_rs::ops::argpartition_axis(&logp, kth, -1)?.try_index((.., kth..))?;
+            let values = take_along_axis(&logp, &ids, -1)?;
+            parts.push(ids.as_dtype(Dtype::Int32)?.reshape(&[top as i32])?);
+            parts.push(values.view::<i32>()?.reshape(&[top as i32])?);
+        }
+        Ok(Self { packed: mlx_rs::ops::concatenate(&parts, 0)?, top })
+    }
+
+    /// The array to evaluate (and read) with the draw.
+    pub fn array(&self) -> &Array {
+        &self.packed
+    }
+
+    /// The log-probabilities from the packed values read back.
+    pub fn unpack(&self, token: u32, packed: &[i32]) -> TokenLogprobs {
+        let float = |bits: i32| f32::from_bits(bits as u32);
+        let mut top: Vec<(u32, f32)> = (0..self.top).map(|j| (packed[1 + j] as u32, float(packed[1 + self.top + j]))).collect();
+        top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        TokenLogprobs { token, logprob: float(packed[0]), top }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +154,22 @@ mod tests {
         assert_eq!(scored.len(), 2, "only rows with a next token are scored");
         for (row, (got, token)) in rows.iter().zip(scored.iter().zip([2u32, 4])) {
             let want = from_row(row, token, 3);
+            assert_eq!(got.token, token);
+            assert!((got.logprob - want.logprob).abs() < 1e-5, "{got:?} vs {want:?}");
+            assert_eq!(got.top.iter().map(|t| t.0).collect::<Vec<_>>(), want.top.iter().map(|t| t.0).collect::<Vec<_>>());
+            for (g, w) in got.top.iter().zip(&want.top) {
+                assert!((g.1 - w.1).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn queued_logprobs_match_the_host_row() {
+        let row = [0.5f32, -2.0, 4.0, 1.0, 1.0, 0.0, 3.5];
+        for (token, top) in [(2u32, 4usize), (5, 0), (1, 7)] {
+            let queued = Queued::new(&Array::from_slice(&row, &[1, 7]), &Array::from_slice(&[token], &[1]), top).unwrap();
+            let got = queued.unpack(token, &to_vec_i32(queued.array()).unwrap());
+            let want = from_row(&row, token, top);
             assert_eq!(got.token, token);
             assert!((got.logprob - want.logprob).abs() < 1e-5, "{got:?} vs {want:?}");
             assert_eq!(got.top.iter().map(|t| t.0).collect::<Vec<_>>(), want.top.iter().map(|t| t.0).collect::<Vec<_>>());

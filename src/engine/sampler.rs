@@ -2,6 +2,7 @@
 //! frequency/presence penalties (OpenAI style) over the generated tokens, then greedy
 //! (temperature 0) or temperature + top-k + top-p + min-p, drawn from a seeded generator.
 
+use super::device_sampler::draw_key;
 use super::error::Result;
 use super::grammar::{Constraint, TokenMask};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -97,15 +98,46 @@ pub struct Sampler {
     constraint: Option<Constraint>,
     /// The constraint's allowed tokens for the next draw, worked out ahead.
     mask: Option<TokenMask>,
+    /// Draws on the device: the seed their keys come from, and how many were made.
+    seed: u64,
+    draws: u64,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
-        let rng = match params.seed {
-            Some(seed) => StdRng::seed_from_u64(seed),
-            None => StdRng::from_rng(&mut rand::rng()),
-        };
-        Self { params, rng, constraint: None, mask: None }
+        let seed = params.seed.unwrap_or_else(rand::random);
+        let rng = StdRng::seed_from_u64(seed);
+        Self { params, rng, constraint: None, mask: None, seed, draws: 0 }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// The key of the next draw on the device ([`draw_key`] of the seed and the draws made), so
+    /// a seeded sampler draws the same tokens from the same logits in any batch.
+    pub fn next_key(&mut self) -> u32 {
+        self.draws += 1;
+        draw_key(self.seed, self.draws - 1)
+    }
+
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// The constraint's allowed tokens for the next draw (worked out now unless
+    /// [`Sampler::prepare`] did already); `None` when unconstrained.
+    pub fn take_mask(&mut self) -> Result<Option<TokenMask>> {
+        self.prepare()?;
+        Ok(self.mask.take())
+    }
+
+    /// Records a token drawn elsewhere (on the device) in the constraint.
+    pub fn commit(&mut self, token: u32) -> Result<()> {
+        match self.constraint.as_mut() {
+            Some(constraint) => constraint.commit(token),
+            None => Ok(()),
+        }
     }
 
     /// Draws only what keeps the answer valid under `constraint`.
@@ -121,18 +153,6 @@ impl Sampler {
             self.mask = Some(constraint.mask()?);
         }
         Ok(())
-    }
-
-    /// Greedy with nothing that depends on the history: the choice is the argmax of the logits,
-    /// which the device can make itself.
-    pub fn is_plain_greedy(&self) -> bool {
-        let p = &self.params;
-        p.temperature == 0.0
-            && p.repetition_penalty == 1.0
-            && p.frequency_penalty == 0.0
-            && p.presence_penalty == 0.0
-            && p.logit_bias.is_empty()
-            && self.constraint.is_none()
     }
 
     /// Picks the next token from `logits` (one row, float32) given the tokens so far (`history`:

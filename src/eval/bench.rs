@@ -4,12 +4,14 @@
 //! once to warm up, then `repetitions` times on a fresh cache; only the forward passes and the
 //! device synchronisation after each are timed — no tokenization, no sampling (random token ids
 //! go in). Generation can also be measured for several sequences decoded together (`tg128 x8`,
-//! aggregate tokens/s) and as real greedy generation, plain or self-speculative (`tg128 greedy`,
-//! `tg128 draft 8/4`), where every token is read back and checked for a stop as `sala run` does.
+//! aggregate tokens/s), as `sala serve` and a sampled `sala run` generate (`tg128 served x8`:
+//! tokens drawn on the device at temperature 0.8 and top-p 0.95, read back and checked for a
+//! stop), and as real greedy generation, plain or self-speculative (`tg128 greedy`,
+//! `tg128 draft 8/4`). The served rows are what users get; the pipelined rows are the engine's
+//! ceiling, and the table gives each served row as a share of it.
 //!
-//! The grammar suite measures what constrained decoding costs: sequences decoded together as the
-//! server does it, greedy on the host, free (`tg128 host x8`) and under a JSON grammar
-//! (`tg128 grammar x8`).
+//! The grammar suite measures what constrained decoding costs: sequences decoded as the server
+//! does it, free (`tg128 served x8`) and under a JSON grammar (`tg128 grammar x8`).
 //!
 //! The prefix-cache suite measures what a long document asked many questions costs: the time to
 //! first token of a short follow-up after a `depth`-token prefix (`ttft64 @ d131072`), with the
@@ -72,16 +74,16 @@ pub enum Decode {
     /// plain greedy picks tokens on the device and runs one step ahead), self-speculative with
     /// a draft of `draft_layers` layers guessing `num_draft` tokens ahead when `draft_layers` > 0.
     Greedy { draft_layers: usize, num_draft: usize },
-    /// `seqs` sequences decoded together as `sala serve` does (logits read back, drawn on the
-    /// host, greedy), each held to [`bench_grammar`] when `constrained`: the cost of the token
-    /// masks is the difference between the two.
-    Sampled { seqs: usize, constrained: bool },
+    /// `seqs` sequences decoded together as `sala serve` does ([`SERVED_SAMPLING`], drawn on the
+    /// device, every token read back and checked for a stop), each held to [`bench_grammar`]
+    /// when `constrained`: the cost of the token masks is the difference between the two.
+    Served { seqs: usize, constrained: bool },
 }
 
 impl Decode {
     fn seqs(self) -> usize {
         match self {
-            Decode::Pipelined { seqs } | Decode::Sampled { seqs, .. } => seqs,
+            Decode::Pipelined { seqs } | Decode::Served { seqs, .. } => seqs,
             Decode::Greedy { .. } => 1,
         }
     }
@@ -102,8 +104,8 @@ pub struct BenchPlan {
     /// The prefix-cache suite: a follow-up of each prompt length after each depth above 0, each
     /// run cold, warm and from disk (instead of the pp/tg matrix).
     pub follow_ups: bool,
-    /// The grammar suite: each generation length and sequence count decoded on the host, free and
-    /// under a grammar (instead of the pp/tg matrix).
+    /// The grammar suite: each generation length and sequence count decoded as the server does,
+    /// free and under a grammar (instead of the pp/tg matrix).
     pub grammar: bool,
 }
 
@@ -116,7 +118,7 @@ impl BenchPlan {
             return prompts.flat_map(|&p| depths().map(move |&d| (Test::FollowUp(p, Prefix::Cold), d))).collect();
         }
         if self.grammar {
-            let decodes: Vec<Decode> = self.seqs.iter().flat_map(|&seqs| [false, true].map(|constrained| Decode::Sampled { seqs, constrained })).collect();
+            let decodes: Vec<Decode> = self.seqs.iter().flat_map(|&seqs| [false, true].map(|constrained| Decode::Served { seqs, constrained })).collect();
             let generations = self.generations.iter().filter(|&&n| n > 0);
             let tests: Vec<Test> = generations.flat_map(|&n| decodes.iter().map(move |&d| Test::Generate(n, d))).collect();
             return tests.into_iter().flat_map(|t| self.depths.iter().map(move |&d| (t, d))).collect();
@@ -124,7 +126,7 @@ impl BenchPlan {
         let decodes: Vec<Decode> = self
             .seqs
             .iter()
-            .map(|&seqs| Decode::Pipelined { seqs })
+            .flat_map(|&seqs| [Decode::Pipelined { seqs }, Decode::Served { seqs, constrained: false }])
             .chain(self.draft_layers.iter().map(|&draft_layers| Decode::Greedy { draft_layers, num_draft: self.num_draft }))
             .collect();
         let tests = self.prompts.iter().filter(|&&p| p > 0).map(|&p| Test::Prompt(p));
@@ -146,7 +148,7 @@ impl BenchPlan {
 
 impl Test {
     /// The test's name in tables and progress: `pp512`, `tg128 @ d4096`, `tg128 x8`, `tg128
-    /// greedy`, `tg128 draft 8/4`, `tg128 grammar x8`, `ttft64 @ d4096 warm`.
+    /// served x8`, `tg128 greedy`, `tg128 draft 8/4`, `tg128 grammar x8`, `ttft64 @ d4096 warm`.
     pub fn name(self, depth: usize) -> String {
         let base = match self {
             Test::Prompt(p) => format!("pp{p}"),
@@ -154,8 +156,8 @@ impl Test {
             Test::Generate(n, Decode::Pipelined { seqs }) => format!("tg{n} x{seqs}"),
             Test::Generate(n, Decode::Greedy { draft_layers: 0, .. }) => format!("tg{n} greedy"),
             Test::Generate(n, Decode::Greedy { draft_layers, num_draft }) => format!("tg{n} draft {draft_layers}/{num_draft}"),
-            Test::Generate(n, Decode::Sampled { seqs, constrained }) => {
-                format!("tg{n} {}{}", if constrained { "grammar" } else { "host" }, if seqs > 1 { format!(" x{seqs}") } else { String::new() })
+            Test::Generate(n, Decode::Served { seqs, constrained }) => {
+                format!("tg{n} {}{}", if constrained { "grammar" } else { "served" }, if seqs > 1 { format!(" x{seqs}") } else { String::new() })
             }
             Test::FollowUp(p, _) => format!("ttft{p}"),
         };
@@ -258,15 +260,20 @@ impl BenchRow {
         }
     }
 
-    /// Grammar-suite tests: whether the decoding was held to the grammar.
+    /// Pipelined decoding (llama-bench's tg, random tokens in).
+    pub fn is_pipelined(&self) -> bool {
+        matches!(self.test, Test::Generate(_, Decode::Pipelined { .. }))
+    }
+
+    /// Served tests: whether the decoding was held to the grammar.
     pub fn grammar(&self) -> Option<bool> {
         match self.test {
-            Test::Generate(_, Decode::Sampled { constrained, .. }) => Some(constrained),
+            Test::Generate(_, Decode::Served { constrained, .. }) => Some(constrained),
             _ => None,
         }
     }
 
-    /// `pp512`, `tg128 @ d4096`, `tg128 x8`, `tg128 greedy`, `tg128 draft 8/4`, `tg128 grammar x8`.
+    /// `pp512`, `tg128 @ d4096`, `tg128 x8`, `tg128 served x8`, `tg128 greedy`, `tg128 draft 8/4`, `tg128 grammar x8`.
     pub fn name(&self) -> String {
         self.test.name(self.depth)
     }
@@ -358,13 +365,13 @@ pub fn run_test(
                     (drafted, accepted) = (drafted + d, accepted + a);
                 }
             }
-            Test::Generate(n, Decode::Sampled { seqs, constrained }) => {
+            Test::Generate(n, Decode::Served { seqs, constrained }) => {
                 let grammar = match (constrained, grammar) {
                     (false, _) => None,
                     (true, Some(g)) => Some(g),
                     (true, None) => return Err(Error::Usage("the grammar suite needs a tokenizer to compile its grammar with".into())),
                 };
-                decode_sampled(model, &mut caches, &tokens[..seqs], n, grammar)?;
+                decode_served(model, &mut caches, &tokens[..seqs], n, grammar)?;
             }
             Test::FollowUp(..) => return Err(Error::Usage("internal: a follow-up test runs through run_follow_up".into())),
         }
@@ -388,17 +395,22 @@ pub fn bench_grammar() -> Grammar {
     Grammar::Lark(format!("start: item (\", \" item)*\nitem: {}\n", crate::engine::grammar::lark_json(&item)))
 }
 
-/// `n` tokens after each of `firsts` (one sequence each, decoded together), drawn greedily on the
-/// host, under [`bench_grammar`] when `grammar` is given.
-fn decode_sampled(model: &dyn LanguageModel, caches: &mut [ModelCache], firsts: &[u32], n: usize, grammar: Option<&GrammarCompiler>) -> Result<()> {
+/// How the served rows draw: `sala run`'s default temperature with a common top-p.
+pub const SERVED_SAMPLING: (f32, f32) = (0.8, 0.95);
+
+/// `n` tokens after each of `firsts` (one sequence each, decoded together) as the server's
+/// rounds decode them ([`next_batch`], [`SERVED_SAMPLING`], a seed each), under
+/// [`bench_grammar`] when `grammar` is given.
+fn decode_served(model: &dyn LanguageModel, caches: &mut [ModelCache], firsts: &[u32], n: usize, grammar: Option<&GrammarCompiler>) -> Result<()> {
     let opts = GenerateOptions { max_tokens: n, ignore_eos: true, ..Default::default() };
     let mut decodings = Vec::with_capacity(firsts.len());
     let mut samplers = Vec::with_capacity(firsts.len());
-    for (cache, &first) in caches.iter_mut().zip(firsts) {
+    let (temperature, top_p) = SERVED_SAMPLING;
+    for (seed, (cache, &first)) in caches.iter_mut().zip(firsts).enumerate() {
         let mut decoding = Decoding::begin(model, cache, &[first], &opts)?;
         decoding.prefill_step(model, cache)?;
         decodings.push(decoding);
-        let sampler = Sampler::new(SamplingParams::default());
+        let sampler = Sampler::new(SamplingParams { temperature, top_p, seed: Some(seed as u64), ..Default::default() });
         samplers.push(match grammar {
             Some(g) => sampler.constrained(g.compile(&bench_grammar(), Reasoning::Off)?),
             None => sampler,

@@ -49,6 +49,8 @@ pub struct Columns {
     pub follow_up: bool,
     pub speculative: bool,
     pub constrained: bool,
+    /// Served rows beside pipelined ones (the speed suite): each served row's share of them.
+    pub served: bool,
 }
 
 impl Columns {
@@ -58,6 +60,7 @@ impl Columns {
             follow_up: plan.follow_ups,
             speculative: !plan.follow_ups && !plan.grammar && generates && plan.draft_layers.iter().any(|&l| l > 0),
             constrained: !plan.follow_ups && plan.grammar && generates,
+            served: !plan.follow_ups && !plan.grammar && generates && !plan.seqs.is_empty(),
         }
     }
 }
@@ -67,7 +70,7 @@ impl Columns {
 /// table ([`follow_up_table`]). A row's cells depend only on it and the rows before it (a
 /// follow-up's cold run, a grammar test's free run come first), so the last row of a growing
 /// table is final when printed.
-fn table(rows: &[BenchRow], Columns { follow_up, speculative, constrained }: Columns) -> Report {
+fn table(rows: &[BenchRow], Columns { follow_up, speculative, constrained, served }: Columns) -> Report {
     if follow_up {
         return follow_up_table(rows);
     }
@@ -76,7 +79,10 @@ fn table(rows: &[BenchRow], Columns { follow_up, speculative, constrained }: Col
         headers.push("accepted");
     }
     if constrained {
-        headers.push("time vs host");
+        headers.push("time vs free");
+    }
+    if served {
+        headers.push("of pipelined");
     }
     let mut report = Report::new(&headers);
     for r in rows {
@@ -85,8 +91,16 @@ fn table(rows: &[BenchRow], Columns { follow_up, speculative, constrained }: Col
         let free = rows.iter().find(|f| {
             f.grammar() == Some(false) && f.model.model_filename == r.model.model_filename && f.n_gen() == r.n_gen() && f.n_seq() == r.n_seq() && f.depth == r.depth
         });
-        let vs_host = match (r.grammar(), free) {
+        let vs_free = match (r.grammar(), free) {
             (Some(true), Some(f)) => format!("{:+.1}%", (r.avg_ns() / f.avg_ns() - 1.0) * 100.0),
+            _ => String::new(),
+        };
+        // Served rows: the share of the pipelined decoding's rate users get.
+        let pipelined = rows.iter().find(|p| {
+            p.is_pipelined() && p.model.model_filename == r.model.model_filename && p.n_gen() == r.n_gen() && p.n_seq() == r.n_seq() && p.depth == r.depth
+        });
+        let of_pipelined = match (r.grammar(), pipelined) {
+            (Some(false), Some(p)) => format!("{:.2}×", r.avg_ts() / p.avg_ts()),
             _ => String::new(),
         };
         report.push([vec![
@@ -98,7 +112,7 @@ fn table(rows: &[BenchRow], Columns { follow_up, speculative, constrained }: Col
             r.name(),
             format!("{:.2} ± {:.2}", r.avg_ts(), r.stddev_ts()),
             human(r.peak_mem),
-        ], if speculative { vec![accepted] } else { vec![] }, if constrained { vec![vs_host] } else { vec![] }]
+        ], if speculative { vec![accepted] } else { vec![] }, if constrained { vec![vs_free] } else { vec![] }, if served { vec![of_pipelined] } else { vec![] }]
         .concat());
     }
     report

@@ -316,6 +316,7 @@ pub fn parse(body: &[u8], served_model: &str, tool_format: ToolFormat, counting:
         sampling,
         sampling_set,
         max_tokens: Some(max_tokens.map_or(1, |n| usize::try_from(n).unwrap_or(usize::MAX))),
+        ignore_eos: false,
         stop,
         stream: boolean(obj, "stream")?.unwrap_or(false),
         include_usage: false,
@@ -378,7 +379,7 @@ async fn messages(
     let mut parser = AnswerParser::new(&prompt_text, tools, request.parallel_tool_calls);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let prompt_tokens = prompt.len();
-    let job = Job { prompt, sampling: request.sampling.clone(), constraint, max_tokens, stop, logprobs: LogprobOptions::default(), received, events: tx, lease: None };
+    let job = Job { prompt, sampling: request.sampling.clone(), constraint, max_tokens, ignore_eos: false, stop, logprobs: LogprobOptions::default(), received, events: tx, lease: None };
     super::submit(&lease, job)?;
     let id = random_id("msg");
     let model = lease.id.clone();

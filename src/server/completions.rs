@@ -36,6 +36,8 @@ pub struct CompletionRequest {
     /// The sampling fields the request set.
     pub sampling_set: SamplingChoice,
     pub max_tokens: usize,
+    /// vLLM's extension: go on past end-of-sequence tokens.
+    pub ignore_eos: bool,
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
@@ -115,6 +117,7 @@ impl CompletionRequest {
             sampling_set: openai::sampling_set(obj, &sampling),
             sampling,
             max_tokens: integer(obj, "max_tokens", 0)?.map_or(DEFAULT_MAX_TOKENS, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+            ignore_eos: boolean(obj, "ignore_eos")?.unwrap_or(false),
             stop: openai::stop_strings(obj.get("stop"), "stop")?,
             stream: boolean(obj, "stream")?.unwrap_or(false),
             include_usage: openai::include_usage(obj)?,
@@ -305,6 +308,7 @@ pub(crate) async fn handle(
             sampling: request.sampling.clone(),
             constraint: None,
             max_tokens: request.max_tokens,
+            ignore_eos: request.ignore_eos,
             stop: request.stop.clone(),
             logprobs,
             received,

@@ -601,7 +601,8 @@ async fn chat(
     let parser = AnswerParser::new(&prompt_text, tools, request.parallel_tool_calls);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let logprobs = crate::engine::generate::LogprobOptions { generated: request.logprobs, prompt: None };
-    submit(&lease, Job { prompt, sampling: request.sampling.clone(), constraint, max_tokens, stop, logprobs, received, events: tx, lease: None })?;
+    let ignore_eos = request.ignore_eos;
+    submit(&lease, Job { prompt, sampling: request.sampling.clone(), constraint, max_tokens, ignore_eos, stop, logprobs, received, events: tx, lease: None })?;
     let id = openai::completion_id();
     let created = openai::now();
     if request.stream {

@@ -58,6 +58,8 @@ pub struct ChatRequest {
     /// The sampling fields the request set.
     pub sampling_set: SamplingChoice,
     pub max_tokens: Option<usize>,
+    /// vLLM's extension: go on past end-of-sequence tokens (to measure at a fixed length).
+    pub ignore_eos: bool,
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
@@ -321,6 +323,7 @@ impl ChatRequest {
             sampling_set: sampling_set(obj, &sampling),
             sampling,
             max_tokens: max_tokens.map(|n| n as usize),
+            ignore_eos: boolean(obj, "ignore_eos")?.unwrap_or(false),
             stop,
             stream,
             include_usage,

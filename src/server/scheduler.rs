@@ -12,6 +12,7 @@
 use super::metrics::Metrics;
 use crate::engine::cache::ModelCache;
 use crate::engine::grammar::{Constraint, Grammar, GrammarCompiler, Reasoning};
+use crate::engine::encoder::Encoder;
 use crate::engine::generate::{next_batch, Decoding, GenerateOptions, LogprobOptions, Step, StopReason};
 use crate::engine::logprobs::TokenLogprobs;
 use crate::engine::model::LanguageModel;
@@ -31,6 +32,8 @@ pub struct Job {
     /// What the answer is held to (response_format, a forced tool call).
     pub constraint: Option<Constraint>,
     pub max_tokens: usize,
+    /// Go on past end-of-sequence tokens (vLLM's `ignore_eos`, for measuring at a fixed length).
+    pub ignore_eos: bool,
     /// Strings that end the answer (not included in it).
     pub stop: Vec<String>,
     /// Log-probabilities to report: of generated tokens (with [`Event::Text`]) and of the
@@ -169,6 +172,7 @@ struct JobSpec {
     sampling: SamplingParams,
     grammar: Option<(Grammar, Reasoning)>,
     max_tokens: usize,
+    ignore_eos: bool,
     stop: Vec<String>,
     logprobs: LogprobOptions,
 }
@@ -255,7 +259,7 @@ impl Intake {
                     };
                     let received = Instant::now();
                     let id = job.id;
-                    let job = Job { prompt: job.prompt, sampling: job.sampling, constraint, max_tokens: job.max_tokens, stop: job.stop, logprobs: job.logprobs, received, events: tx, lease: None };
+                    let job = Job { prompt: job.prompt, sampling: job.sampling, constraint, max_tokens: job.max_tokens, ignore_eos: job.ignore_eos, stop: job.stop, logprobs: job.logprobs, received, events: tx, lease: None };
                     arrived.push((id, job));
                 }
                 Ok(Round { arrived, gone: spec.gone, abort: spec.abort, end: spec.end })
@@ -272,6 +276,7 @@ impl JobSpec {
             sampling: job.sampling.clone(),
             grammar: job.constraint.as_ref().map(|c| c.source().clone()),
             max_tokens: job.max_tokens,
+            ignore_eos: job.ignore_eos,
             stop: job.stop.clone(),
             logprobs: job.logprobs,
         }
@@ -331,6 +336,12 @@ pub fn run(
         // it is in, from the state that one left if they share a start.
         while active.len() < parallel.max(1) && active.iter().all(|a| a.decoding.is_prefilled()) {
             let Some((id, job)) = waiting.pop_front() else { break };
+            // The running requests' steps may still be encoding; a kept state is read on this
+            // thread only once the evaluator is idle (engine::encoder).
+            if let Err(e) = Encoder::for_this_thread().wait() {
+                let _ = job.events.send(Event::Error(e.to_string()));
+                continue;
+            }
             if let Some(a) = admit(model, id, job, prefill_step, &mut prefixes, metrics) {
                 active.push(a);
             }
@@ -386,6 +397,7 @@ pub fn run(
                         // The answer is over: keep the conversation so far for its next turn.
                         let a = &mut active[i];
                         let _ = a.decoding.cancel(model, &mut a.cache);
+                        let _ = Encoder::for_this_thread().wait();
                         let generated = a.decoding.tokens();
                         let held: Vec<u32> = a.job.prompt.iter().chain(&generated[..generated.len().saturating_sub(1)]).copied().collect();
                         if let Err(e) = prefixes.insert(&held, &a.cache, &mut a.trail) {
@@ -410,7 +422,7 @@ pub fn run(
 /// Checks a request's prompt, starting from the longest kept state it extends; `None` (after
 /// telling the client) when it cannot run.
 fn admit(model: &dyn LanguageModel, id: u64, mut job: Job, prefill_step: usize, prefixes: &mut PrefixCache, metrics: &Metrics) -> Option<Active> {
-    let opts = GenerateOptions { max_tokens: job.max_tokens, prefill_step, ..Default::default() };
+    let opts = GenerateOptions { max_tokens: job.max_tokens, ignore_eos: job.ignore_eos, prefill_step, ..Default::default() };
     let start = if job.logprobs.prompt.is_some() {
         // Every prompt position's distribution is needed: none of it comes from a kept state.
         let cache = model.new_cache();
