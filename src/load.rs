@@ -178,9 +178,11 @@ pub fn load_synthetic(synthetic: &SyntheticModel, options: &LoadOptions, tokens:
     let device = device::select(options.device)?;
     let dtype = compute_dtype(options.dtype, device, Some(Dtype::Bfloat16));
     let bytes = synthetic.weights_bytes(dtype);
-    let quantize = match synthetic.folder() {
-        Some(dir) => format!("set \"bits\": 8 or 4 in {} to quantize it", dir.join(store::synthetic::SYNTHETIC_FILE).display()),
-        None => "--bits 8 or 4 quantizes it".into(),
+    let quantize = match (synthetic.folder(), synthetic.bits()) {
+        (Some(dir), None) => format!("set \"bits\": 8 or 4 in {} to quantize it", dir.join(store::synthetic::SYNTHETIC_FILE).display()),
+        (Some(dir), Some(bits)) => format!("fewer \"bits\" than {bits} in {} make it smaller", dir.join(store::synthetic::SYNTHETIC_FILE).display()),
+        (None, None) => "--bits 8 or 4 quantizes it".into(),
+        (None, Some(bits)) => format!("--bits below {bits} make it smaller"),
     };
     // Under tensor parallelism each rank draws the whole model and keeps its part.
     preflight(&synthetic.name, &synthetic.cfg, dtype, bytes, (options.window, options.kv_bits), tokens, device, options.tp.size)

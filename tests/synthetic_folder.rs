@@ -153,4 +153,10 @@ fn bad_synthetic_folders_say_what_to_fix() {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+    // A preset too large for the memory is refused before anything is drawn, with the fix named.
+    let dir = folder("too-large", &serde_json::json!({"preset": "minicpm-sala-9b"}), true);
+    let out = Command::new(env!("CARGO_BIN_EXE_sala")).args(["run", "-m", path(&dir), "hi"]).env("SALA_AVAILABLE_MEMORY", "8000000000").output().unwrap();
+    let err = failed(&out);
+    assert!(err.contains("8.00 GB is available") && err.contains(&format!("set \"bits\": 8 or 4 in {}", dir.join("synthetic.json").display())), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

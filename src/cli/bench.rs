@@ -108,7 +108,7 @@ pub enum Suite {
 
 enum ModelChoice {
     Path(PathBuf),
-    Synthetic(SyntheticModel),
+    Synthetic(Box<SyntheticModel>),
 }
 
 impl ModelChoice {
@@ -180,7 +180,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let leader = tp.is_leader();
     let mut choices: Vec<ModelChoice> = args.models.iter().map(|p| ModelChoice::Path(p.clone())).collect();
     for preset in &args.synthetic {
-        choices.push(ModelChoice::Synthetic(SyntheticModel::new(preset, args.bits)?));
+        choices.push(ModelChoice::Synthetic(Box::new(SyntheticModel::new(preset, args.bits)?)));
     }
     let names = choices.iter().map(ModelChoice::name).collect::<anyhow::Result<Vec<String>>>()?;
     let test_names: Vec<String> = tests.iter().map(|&(t, d)| t.name(d)).collect();

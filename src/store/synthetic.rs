@@ -178,6 +178,11 @@ impl SyntheticModel {
         Ok(Self { name: format!("{name}{suffix} (synthetic)"), cfg, specs, quantization, seed: DEFAULT_SEED, folder: None, origin })
     }
 
+    /// The bits its projections are quantized to (`None`: float).
+    pub fn bits(&self) -> Option<i32> {
+        self.quantization.as_ref().map(|q| q.default.bits)
+    }
+
     /// The folder it was described in (`None`: `sala bench --synthetic`).
     pub fn folder(&self) -> Option<&Path> {
         self.folder.as_ref().map(|(dir, _)| dir.as_path())
