@@ -731,7 +731,7 @@ fn synthetic_9b() -> Box<dyn sala::engine::model::LanguageModel> {
         Ok(other) => panic!("SALA_KERNELS_BITS={other}: the synthetic 9B is quantized to 4 or 8 bits"),
     };
     let preset = std::env::var("SALA_KERNELS_MODEL").unwrap_or_else(|_| "minicpm-sala-9b".into());
-    let synthetic = sala::eval::synthetic::SyntheticModel::new(&preset, Some(bits)).unwrap();
+    let synthetic = sala::store::synthetic::SyntheticModel::new(&preset, Some(bits)).unwrap();
     let mut source = synthetic.build(Dtype::Bfloat16, |_| {}).unwrap();
     let cfg = source.config().unwrap();
     sala::models::build(&cfg, &mut source.weights, Some(Dtype::Bfloat16), &Default::default()).unwrap()

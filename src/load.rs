@@ -14,6 +14,7 @@ use crate::engine::state_file::Fingerprint;
 use crate::engine::tokenizer::TextTokenizer;
 use crate::models;
 use crate::store;
+use crate::store::synthetic::SyntheticModel;
 use anyhow::{bail, Context};
 use mlx_rs::Dtype;
 use std::path::{Path, PathBuf};
@@ -79,7 +80,8 @@ impl LoadOptions {
     }
 }
 
-/// Opens the model at `path`, a store name resolved to its snapshot first.
+/// Opens the model at `path`, a store name resolved to its snapshot first (not a synthetic
+/// model's folder: its weights are drawn by [`load`]).
 pub fn open(path: &Path) -> anyhow::Result<ModelSource> {
     store::cache::open(path).map_err(|e| naming(e, "opening", path))
 }
@@ -128,6 +130,9 @@ pub struct LoadedModel {
     pub model: Box<dyn LanguageModel>,
     pub tokenizer: Option<TextTokenizer>,
     pub path: PathBuf,
+    /// How reports name it: its file or folder name, or a synthetic model's name
+    /// (`minicpm-sala-9b-q8 (synthetic)`).
+    pub label: String,
     pub device: DeviceKind,
     /// What model and tokenizer states made by it belong to (prompt cache files; over every
     /// tensor only when loaded with [`LoadOptions::keeps_states`]).
@@ -159,9 +164,37 @@ impl LoadedModel {
 /// tokenizer.
 pub fn load(options: &LoadOptions, tokens: usize) -> anyhow::Result<LoadedModel> {
     let path = options.model_or_default()?;
+    if let Some(synthetic) = SyntheticModel::in_folder(&path).map_err(|e| naming(e, "loading", &path))? {
+        return load_synthetic(&synthetic, options, tokens);
+    }
     let device = device::select(options.device)?;
     let source = open(&path)?;
     load_source(source, path, device, options, tokens)
+}
+
+/// [`load`] for a synthetic model: its random weights drawn on the device selected, in bf16
+/// unless asked otherwise, once the memory check has passed.
+pub fn load_synthetic(synthetic: &SyntheticModel, options: &LoadOptions, tokens: usize) -> anyhow::Result<LoadedModel> {
+    let device = device::select(options.device)?;
+    let dtype = compute_dtype(options.dtype, device, Some(Dtype::Bfloat16));
+    let bytes = synthetic.weights_bytes(dtype);
+    let quantize = match (synthetic.folder(), synthetic.bits()) {
+        (Some(dir), None) => format!("set \"bits\": 8 or 4 in {} to quantize it", dir.join(store::synthetic::SYNTHETIC_FILE).display()),
+        (Some(dir), Some(bits)) => format!("fewer \"bits\" than {bits} in {} make it smaller", dir.join(store::synthetic::SYNTHETIC_FILE).display()),
+        (None, None) => "--bits 8 or 4 quantizes it".into(),
+        (None, Some(bits)) => format!("--bits below {bits} make it smaller"),
+    };
+    // Under tensor parallelism each rank draws the whole model and keeps its part.
+    preflight(&synthetic.name, &synthetic.cfg, dtype, bytes, (options.window, options.kv_bits), tokens, device, options.tp.size)
+        .map_err(|e| anyhow::anyhow!("{e}; for a synthetic model, {quantize}"))?;
+    let bar = crate::progress::bytes_progress(&format!("building {}", synthetic.name), bytes);
+    let built = synthetic.build(dtype, |n| bar.inc(n));
+    bar.finish_and_clear();
+    let source = built?;
+    let path = synthetic.folder().map_or_else(|| PathBuf::from(&synthetic.name), Path::to_path_buf);
+    let mut loaded = load_source(source, path, device, options, tokens)?;
+    loaded.label = synthetic.name.clone();
+    Ok(loaded)
 }
 
 /// [`load`] for a model already opened (or built in memory) on `device`, which is selected;
@@ -197,6 +230,7 @@ pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, o
     Ok(LoadedModel {
         model,
         tokenizer,
+        label: file_label(&path),
         path,
         device,
         fingerprint,

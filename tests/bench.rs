@@ -108,7 +108,7 @@ fn results_in_every_format_and_appended() {
 
 #[test]
 fn synthetic_presets_have_the_released_shapes() {
-    use sala::eval::synthetic::SyntheticModel;
+    use sala::store::synthetic::SyntheticModel;
     // Parameter counts of the released checkpoints (spec §1.4; Qwen3-8B's model card: 8.19 B).
     assert_eq!(SyntheticModel::new("minicpm-sala-9b", None).unwrap().n_params(), 9_477_203_968);
     assert_eq!(SyntheticModel::new("qwen3-8b", None).unwrap().n_params(), 8_190_735_360);

@@ -17,7 +17,7 @@ use sala::engine::state_file::{self, StateFile};
 use sala::engine::device::{self, DeviceKind};
 use sala::engine::model::{LanguageModel, Logits};
 use sala::engine::ops::to_vec_f32;
-use sala::eval::synthetic::SyntheticModel;
+use sala::store::synthetic::SyntheticModel;
 use sala::load::{load_source, LoadOptions};
 use std::sync::Mutex;
 

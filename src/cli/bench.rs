@@ -2,19 +2,18 @@
 
 use super::{RuntimeArgs, TpArgs};
 use crate::engine::distributed::TensorParallel;
-use crate::load::{compute_dtype, file_label, load, load_source, preflight, LoadOptions, LoadedModel};
-use crate::progress::{bytes_progress, note, print_above, work_bar};
+use crate::load::{file_label, load, load_synthetic, LoadOptions, LoadedModel};
+use crate::progress::{note, print_above, work_bar};
 use crate::engine::device::{self, DeviceKind};
 use crate::engine::generate::Draft;
 use crate::engine::weights::dtype_name;
 use crate::eval::bench::{run_follow_up, run_test, BenchPlan, FollowUpPlan, ModelMeta, Test};
 use crate::eval::bench_report::{self, Columns, Format, RowStream};
 use crate::eval::quality;
-use crate::eval::synthetic::SyntheticModel;
+use crate::store::synthetic::SyntheticModel;
 use crate::engine::memory;
 use crate::engine::tokenizer::TextTokenizer;
 use anyhow::Context;
-use mlx_rs::Dtype;
 use clap::Args;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -109,7 +108,20 @@ pub enum Suite {
 
 enum ModelChoice {
     Path(PathBuf),
-    Synthetic(String),
+    Synthetic(Box<SyntheticModel>),
+}
+
+impl ModelChoice {
+    /// What reports call it (a synthetic model's folder: the model's name, as `--synthetic` gives).
+    fn name(&self) -> anyhow::Result<String> {
+        Ok(match self {
+            ModelChoice::Path(path) => match SyntheticModel::in_folder(path)? {
+                Some(synthetic) => synthetic.name,
+                None => file_label(path),
+            },
+            ModelChoice::Synthetic(synthetic) => synthetic.name.clone(),
+        })
+    }
 }
 
 /// Loads (or builds) one model to measure, checking that `tokens` of context fit; returns it with
@@ -117,26 +129,15 @@ enum ModelChoice {
 fn load_choice(choice: ModelChoice, args: &BenchArgs, tokens: usize, tp: &TensorParallel) -> anyhow::Result<(LoadedModel, String)> {
     // The prefix-cache suite writes and reads a prompt cache file.
     let keeps_states = args.suite == Suite::PrefixCache;
-    match choice {
-        ModelChoice::Path(path) => {
-            let name = file_label(&path);
-            Ok((load(&LoadOptions { tp: tp.clone(), keeps_states, ..args.runtime.options(Some(path)) }, tokens)?, name))
-        }
-        ModelChoice::Synthetic(preset) => {
-            let synthetic = SyntheticModel::new(&preset, args.bits)?;
+    let loaded = match choice {
+        ModelChoice::Path(path) => load(&LoadOptions { tp: tp.clone(), keeps_states, ..args.runtime.options(Some(path)) }, tokens)?,
+        ModelChoice::Synthetic(synthetic) => {
             let options = LoadOptions { tp: tp.clone(), keeps_states, ..args.runtime.options(None) };
-            let device = device::select(options.device)?;
-            let dtype = compute_dtype(options.dtype, device, Some(Dtype::Bfloat16));
-            // Each rank draws the whole model and keeps its part.
-            preflight(&synthetic.name, &synthetic.cfg, dtype, synthetic.weights_bytes(dtype), (None, options.kv_bits), tokens, device, tp.size)
-                .map_err(|e| anyhow::anyhow!("{e}; for a synthetic model, --bits 8 or 4 quantizes it"))?;
-            let build = bytes_progress(&format!("building {}", synthetic.name), synthetic.weights_bytes(dtype));
-            let source = synthetic.build(dtype, |bytes| build.inc(bytes))?;
-            build.finish_and_clear();
-            let name = synthetic.name.clone();
-            Ok((load_source(source, PathBuf::from(&name), device, &options, tokens)?, name))
+            load_synthetic(&synthetic, &options, tokens)?
         }
-    }
+    };
+    let name = loaded.label.clone();
+    Ok((loaded, name))
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -177,7 +178,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let test_time = bench_report::iso8601(crate::server::openai::now());
     // Only the leader of a tensor-parallel group reports; every rank measures.
     let leader = tp.is_leader();
-    let names: Vec<String> = args.models.iter().map(|p| file_label(p)).chain(args.synthetic.iter().cloned()).collect();
+    let mut choices: Vec<ModelChoice> = args.models.iter().map(|p| ModelChoice::Path(p.clone())).collect();
+    for preset in &args.synthetic {
+        choices.push(ModelChoice::Synthetic(Box::new(SyntheticModel::new(preset, args.bits)?)));
+    }
+    let names = choices.iter().map(ModelChoice::name).collect::<anyhow::Result<Vec<String>>>()?;
     let test_names: Vec<String> = tests.iter().map(|&(t, d)| t.name(d)).collect();
     let file = args.output_file.clone().filter(|_| leader);
     let mut stream = RowStream::new(args.output, file, &test_time, Columns::of_plan(&plan), &names, &test_names)?;
@@ -193,9 +198,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Ok(())
     };
     let measured = (|| -> anyhow::Result<()> {
-        let sources = args.models.iter().map(|p| ModelChoice::Path(p.clone()));
-        let sources = sources.chain(args.synthetic.iter().map(|s| ModelChoice::Synthetic(s.clone())));
-        for choice in sources {
+        for choice in choices {
             // Refuses up front when the deepest test will not fit in memory.
             let (loaded, name) = load_choice(choice, &args, plan.max_cached_tokens(), &tp)?;
             let info = loaded.model.info();
@@ -270,6 +273,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 fn run_quality(args: BenchArgs) -> anyhow::Result<()> {
     if !args.synthetic.is_empty() {
         anyhow::bail!("--suite quality needs trained weights: a --synthetic model has random ones");
+    }
+    if let Some(path) = args.models.iter().find(|p| crate::store::synthetic::is_synthetic(p)) {
+        anyhow::bail!("--suite quality needs trained weights: {} is a synthetic model (random weights)", path.display());
     }
     let mut items = quality::items()?;
     if let Some(limit) = args.limit {

@@ -66,7 +66,9 @@ pub fn run(args: ShowArgs) -> anyhow::Result<()> {
     }
     println!("quantization {}", s.quantization);
     let dtypes: Vec<String> = s.dtypes.iter().map(|(d, n)| format!("{d} ×{n}")).collect();
-    println!("tensors      {} in the file ({})", s.tensors, dtypes.join(", "));
+    // A synthetic model's tensors are drawn when it is loaded, not read from a file.
+    let held_in = if s.layout.starts_with("synthetic") { "drawn at load" } else { "in the file" };
+    println!("tensors      {} {held_in} ({})", s.tensors, dtypes.join(", "));
     for (i, t) in s.gguf_types.iter().enumerate() {
         let label = if i == 0 { "gguf types" } else { "" };
         println!("{label:<12} {} ×{}: {}", t.ggml_type, t.tensors, t.stored);

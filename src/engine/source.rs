@@ -27,6 +27,26 @@ pub struct ModelSource {
     pub weights: Weights,
 }
 
+/// Every small UTF-8 file of model directory `dir` but its weights, by name.
+pub fn side_files(dir: &Path) -> Result<BTreeMap<String, String>> {
+    let mut files = BTreeMap::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        // Follows symlinks: hub-cache snapshots link every file into blobs/.
+        let meta = std::fs::metadata(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
+        if !meta.is_file() || name.starts_with('.') || name.ends_with(".safetensors") || name == INDEX_FILE || meta.len() > MAX_SIDE_FILE {
+            continue;
+        }
+        let bytes = std::fs::read(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
+        if let Ok(text) = String::from_utf8(bytes) {
+            files.insert(name, text);
+        }
+    }
+    Ok(files)
+}
+
 impl ModelSource {
     /// A model directory: safetensors + every small UTF-8 side file.
     pub fn from_dir(dir: &Path) -> Result<Self> {
@@ -37,22 +57,7 @@ impl ModelSource {
                 dir.display()
             )));
         }
-        let mut files = BTreeMap::new();
-        let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io(dir, e))?;
-            let name = entry.file_name().to_string_lossy().to_string();
-            // Follows symlinks: hub-cache snapshots link every file into blobs/.
-            let meta = std::fs::metadata(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
-            if !meta.is_file() || name.starts_with('.') || name.ends_with(".safetensors") || name == INDEX_FILE || meta.len() > MAX_SIDE_FILE {
-                continue;
-            }
-            let bytes = std::fs::read(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
-            if let Ok(text) = String::from_utf8(bytes) {
-                files.insert(name, text);
-            }
-        }
-        Ok(Self { path: dir.into(), weights: Weights::open(dir)?, files })
+        Ok(Self { path: dir.into(), weights: Weights::open(dir)?, files: side_files(dir)? })
     }
 
     /// A single safetensors file whose metadata holds the side files (`sala pack`).

@@ -9,4 +9,3 @@ pub mod pypi;
 pub mod quality;
 pub mod quant_report;
 pub mod report;
-pub mod synthetic;

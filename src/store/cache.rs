@@ -307,7 +307,16 @@ fn is_model_file_name(name: &Path) -> bool {
 
 /// Opens the model that `name` names: a path, or a store name resolved to its snapshot.
 pub fn open(name: &Path) -> Result<ModelSource> {
-    crate::models::open(&resolve(name)?)
+    let path = resolve(name)?;
+    if super::synthetic::is_synthetic(&path) {
+        return Err(Error::Usage(format!(
+            "{}: a synthetic model ({}: random weights, drawn when it is loaded); this needs weights on disk \
+             (`sala run`, `chat`, `serve`, `bench` and `show` take a synthetic model)",
+            path.display(),
+            super::synthetic::SYNTHETIC_FILE
+        )));
+    }
+    crate::models::open(&path)
 }
 
 /// Deletes a cached model; returns the bytes freed.

@@ -9,6 +9,7 @@ use crate::engine::source::{ModelSource, CONFIG_FILE};
 use crate::engine::tokenizer::TokenizerFiles;
 use crate::engine::memory;
 use crate::models;
+use super::synthetic::{SyntheticModel, SYNTHETIC_FILE};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -16,7 +17,7 @@ use std::path::Path;
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelSummary {
     pub path: String,
-    /// `directory`, `single file` (`.sala`) or `GGUF`.
+    /// `directory`, `single file` (`.sala`), `GGUF` or `synthetic (random weights …)`.
     pub layout: String,
     pub model_type: String,
     pub parameters: usize,
@@ -95,6 +96,9 @@ pub struct MemoryEstimate {
 /// Describes the model at `path` (or store name); the memory estimate is for `context` tokens
 /// (default: the model's context length, at most 4096).
 pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, ModelSource)> {
+    if let Some(synthetic) = SyntheticModel::in_folder(path)? {
+        return summarize_synthetic(&synthetic, context);
+    }
     let mut source = super::cache::open(path)?;
     let path = &source.path.clone();
     let layout = if path.is_dir() {
@@ -191,8 +195,8 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
     let completed = models::complete_config(&cfg)?;
     let key = |k: &str| completed.opt(k).and_then(|v| v.as_u64());
     let device = device::or_default(None);
-    let dtype = device::compute_dtype(None, device, weights.storage_dtype());
     let context = context.unwrap_or_else(|| key("max_position_embeddings").map_or(4096, |m| m.min(4096) as usize));
+    let dtype = device::compute_dtype(None, device, weights.storage_dtype());
     let quantized_parts = |name: &str| {
         let module = name.rsplit_once('.').map_or(name, |(m, _)| m);
         weights.quantized(module).is_some()
@@ -237,6 +241,84 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
         memory,
         config_defaults: completed.defaulted.clone(),
         skipped_buffers: weights.skipped_buffers().to_vec(),
+        config_eos_token_ids: match completed.opt("eos_token_id") {
+            Some(_) => completed.token_ids("eos_token_id")?,
+            None => Vec::new(),
+        },
+        generation: source.generation_defaults()?,
+        stored,
+    };
+    Ok((summary, source))
+}
+
+/// [`summarize`] for a synthetic model's folder: the model as it will be drawn (nothing is).
+fn summarize_synthetic(synthetic: &SyntheticModel, context: Option<usize>) -> Result<(ModelSummary, ModelSource)> {
+    let source = synthetic.described()?;
+    let dir = &source.path;
+    let completed = models::complete_config(&synthetic.cfg)?;
+    let key = |k: &str| completed.opt(k).and_then(|v| v.as_u64());
+    let context = context.unwrap_or_else(|| key("max_position_embeddings").map_or(4096, |m| m.min(4096) as usize));
+    let device = device::or_default(None);
+    let dtype = device::compute_dtype(None, device, Some(mlx_rs::Dtype::Bfloat16));
+    let formats = synthetic.formats();
+    let quantization = if formats.is_empty() {
+        "none".to_string()
+    } else {
+        formats.iter().map(|((b, g), n)| format!("{b}-bit group {g} ×{n}")).collect::<Vec<_>>().join(", ")
+    };
+    let stored: Vec<StoredTensor> = synthetic
+        .built_tensors(dtype)
+        .into_iter()
+        .map(|(name, dtype, shape)| StoredTensor { name, dtype: dtype.into(), shape: shape.iter().map(|&d| d as i64).collect() })
+        .collect();
+    let mut dtypes: BTreeMap<String, usize> = BTreeMap::new();
+    for t in &stored {
+        *dtypes.entry(t.dtype.clone()).or_default() += 1;
+    }
+    let plain = stored.len() - 3 * formats.values().sum::<usize>();
+    let mut held: Vec<String> = formats.iter().map(|((b, g), n)| format!("{b}-bit affine group {g} ×{n}")).collect();
+    if plain > 0 {
+        held.push(format!("{dtype:?} ×{plain}"));
+    }
+    let tokenizer = source.tokenizer_files()?;
+    let has_chat_template = tokenizer.as_ref().is_some_and(|t| t.chat_template.is_some() || t.config.get("chat_template").is_some());
+    let summary = ModelSummary {
+        path: dir.display().to_string(),
+        layout: format!("synthetic (random weights drawn when loaded, from {})", synthetic.origin),
+        model_type: synthetic.cfg.str("model_type")?.to_string(),
+        parameters: synthetic.n_params(),
+        layers: key("num_hidden_layers"),
+        hidden_size: key("hidden_size"),
+        vocab_size: key("vocab_size"),
+        context_length: key("max_position_embeddings"),
+        quantization,
+        dtypes,
+        gguf_types: Vec::new(),
+        tensors: stored.len(),
+        disk_bytes: crate::store::cache::dir_size(dir),
+        files: files_in(dir)?,
+        config_source: SYNTHETIC_FILE.into(),
+        has_tokenizer: tokenizer.is_some(),
+        has_chat_template,
+        tokenizer_source: tokenizer.as_ref().map(|_| TokenizerFiles::TOKENIZER.to_string()),
+        chat_template_source: tokenizer.as_ref().and_then(|t| match t.chat_template.is_some() {
+            true => Some(TokenizerFiles::TEMPLATE.to_string()),
+            false => t.config.get("chat_template").map(|_| TokenizerFiles::CONFIG.to_string()),
+        }),
+        memory: MemoryEstimate {
+            dtype: format!("{dtype:?}"),
+            device: match device {
+                device::DeviceKind::Cpu => "cpu",
+                device::DeviceKind::Gpu => "gpu",
+            }
+            .into(),
+            held: held.join(", "),
+            weights_bytes: synthetic.weights_bytes(dtype),
+            context,
+            cache_bytes: models::cache_bytes(&synthetic.cfg, context, memory::dtype_bytes(dtype), None)?,
+        },
+        config_defaults: completed.defaulted.clone(),
+        skipped_buffers: Vec::new(),
         config_eos_token_ids: match completed.opt("eos_token_id") {
             Some(_) => completed.token_ids("eos_token_id")?,
             None => Vec::new(),
