@@ -1074,3 +1074,46 @@ fn broken_kernels_are_switched_off_and_the_mlx_ops_version_runs() {
     let err = rel_err(&norm_gate(&o, &src, 3 * 4096, &weight, 1e-6).unwrap(), &norm_gate_mlx(&o, &src, 3 * 4096, &weight, 1e-6).unwrap());
     assert!(err < 1e-2, "norm_gate after a failed compile: relative error {err}");
 }
+
+/// Tokens drawn on the GPU are the CPU's, seed for seed: every filter alone and combined, with
+/// penalties, a logit bias and a grammar mask, over SALA-sized rows (the CPU run of the same MLX
+/// ops is the reference, as the distribution tests check it on the CPU).
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn device_draws_on_the_gpu_equal_the_cpus() {
+    use sala::engine::device_sampler::{draw_key, draw_rows, DrawRow, SequenceDraws};
+    use sala::engine::sampler::SamplingParams;
+    let (rows, vocab) = (48usize, 73448usize);
+    let base = SamplingParams { temperature: 0.8, seed: Some(1), ..Default::default() };
+    let settings = [
+        SamplingParams { temperature: 0.0, ..base.clone() },
+        base.clone(),
+        SamplingParams { top_k: 40, ..base.clone() },
+        SamplingParams { top_p: 0.9, ..base.clone() },
+        SamplingParams { min_p: 0.05, ..base.clone() },
+        SamplingParams { temperature: 1.3, top_k: 100, top_p: 0.95, min_p: 0.01, ..base.clone() },
+        SamplingParams { repetition_penalty: 1.3, frequency_penalty: 0.5, presence_penalty: 0.4, logit_bias: vec![(7, 3.0), (70000, -5.0)], top_p: 0.95, ..base.clone() },
+    ];
+    let history: Vec<u32> = (0..64).map(|i| (i * 977 % vocab) as u32).collect();
+    // Every other row under a mask allowing one token in three.
+    let mask: Vec<u32> = (0..vocab.div_ceil(32)).map(|w| 0x4924_9249u32.rotate_left(w as u32 % 3)).collect();
+    let draw = |logits: &Array| -> Vec<u32> {
+        let mut states: Vec<SequenceDraws> = (0..rows).map(|r| SequenceDraws::new(&settings[r % settings.len()], &history, vocab).unwrap()).collect();
+        let mut batch: Vec<DrawRow> = states
+            .iter_mut()
+            .enumerate()
+            .map(|(r, state)| DrawRow { state, key: draw_key(r as u64, 3), mask: (r % 2 == 1).then_some(mask.as_slice()), leaving: None })
+            .collect();
+        draw_rows(logits, &mut batch).unwrap().as_slice::<u32>().to_vec()
+    };
+    use_gpu();
+    let logits = randn(&[rows as i32, vocab as i32], 9, Dtype::Float32).multiply(Array::from_f32(3.0)).unwrap();
+    let gpu = draw(&logits);
+    select(Some(DeviceKind::Cpu)).unwrap();
+    let cpu = draw(&logits);
+    select(Some(DeviceKind::Gpu)).unwrap();
+    assert_eq!(gpu, cpu);
+    for (r, &t) in gpu.iter().enumerate().filter(|(r, _)| r % 2 == 1) {
+        assert_eq!(mask[t as usize / 32] >> (t % 32) & 1, 1, "row {r} drew {t}, which its mask forbids");
+    }
+}

@@ -280,12 +280,19 @@ impl Encoder {
 
     /// The values of the integer array `a`, evaluated after every step queued before it.
     pub fn read_i32(&self, a: &Array) -> Result<Vec<i32>> {
+        self.request_i32(a)?.wait()
+    }
+
+    /// [`Encoder::read_i32`] asked for now and taken later: the evaluator reads `a` before it
+    /// encodes what is queued after this, so a value computed already comes back without waiting
+    /// for the next step's encoding (which the builder would otherwise sit through).
+    pub fn request_i32(&self, a: &Array) -> Result<PendingRead> {
         let Some(evaluator) = &self.evaluator else {
-            return crate::engine::ops::to_vec_i32(a);
+            return Ok(PendingRead::Here(a.clone()));
         };
         let (reply, answer) = sync_channel(1);
         evaluator.send(Work::Read(a.clone(), reply))?;
-        answer.recv().map_err(|_| error("the decode evaluator thread stopped"))?
+        Ok(PendingRead::Queued(answer))
     }
 
     /// Waits until everything queued is on the device's queue; the first error met doing it.
@@ -294,6 +301,22 @@ impl Encoder {
         match &self.evaluator {
             Some(evaluator) => evaluator.wait(),
             None => Ok(()),
+        }
+    }
+}
+
+/// A read asked of the evaluator ([`Encoder::request_i32`]).
+pub enum PendingRead {
+    Queued(Receiver<Result<Vec<i32>>>),
+    /// No evaluator: read on this thread when waited for.
+    Here(Array),
+}
+
+impl PendingRead {
+    pub fn wait(self) -> Result<Vec<i32>> {
+        match self {
+            PendingRead::Queued(answer) => answer.recv().map_err(|_| error("the decode evaluator thread stopped"))?,
+            PendingRead::Here(a) => crate::engine::ops::to_vec_i32(&a),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! conditions, timing and (optionally) every distribution the tokens were drawn from.
 
 use super::cache::{Checkpoint, ModelCache};
-use super::encoder::Encoder;
+use super::encoder::{Encoder, PendingRead};
 use super::prefix_cache::Trail;
 use super::error::{Error, Result};
 use super::logprobs::TokenLogprobs;
@@ -653,6 +653,18 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
         }
     }
 
+    // The tokens to hand out that are computed already (drawn a step or more ago, not under a
+    // grammar) are asked for before this round's step is queued, so reading them never waits for
+    // that step's encoding.
+    let mut reads = Reads::default();
+    for &i in &live {
+        if !steps[i].sampler.is_constrained() {
+            if let Some(front) = steps[i].decoding.in_flight.front() {
+                reads.request(&encoder, front)?;
+            }
+        }
+    }
+
     let drawing: Vec<usize> = live.iter().copied().filter(|&i| steps[i].decoding.undrawn.is_some() && steps[i].decoding.in_flight.is_empty()).collect();
     if !drawing.is_empty() {
         let masks = drawing.iter().map(|&i| steps[i].sampler.take_mask()).collect::<Result<Vec<_>>>()?;
@@ -706,20 +718,13 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
     }
 
     let mut tokens = vec![None; steps.len()];
-    let mut read: Vec<(Rc<Array>, Vec<i32>)> = Vec::new();
     for &i in &live {
         let Step { decoding, cache, sampler } = &mut *steps[i];
         let front = decoding.in_flight.pop_front().ok_or_else(|| Error::Usage("internal: no token in flight".into()))?;
-        let at = match read.iter().position(|(batch, _)| Rc::ptr_eq(batch, &front.token.batch)) {
-            Some(at) => at,
-            None => {
-                read.push((front.token.batch.clone(), encoder.read_i32(&front.token.batch)?));
-                read.len() - 1
-            }
-        };
-        let token = read[at].1[front.token.row] as u32;
+        reads.request(&encoder, &front)?;
+        let token = reads.take(&front.token.batch)?[front.token.row] as u32;
         let logprobs = match &front.logprobs {
-            Some(queued) => Some(queued.unpack(token, &encoder.read_i32(queued.array())?)),
+            Some(queued) => Some(queued.unpack(token, reads.take(queued.array())?)),
             None => None,
         };
         sampler.commit(token)?;
@@ -728,6 +733,35 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
         tokens[i] = decoding.hand_out(model, cache, token, in_cache, logprobs)?;
     }
     Ok(tokens)
+}
+
+/// Reads asked of the evaluator, one per array (a batch's draws are read once for all its rows).
+#[derive(Default)]
+struct Reads(Vec<(Rc<Array>, Option<PendingRead>, Vec<i32>)>);
+
+impl Reads {
+    /// Asks for `token`'s draws (and its log-probabilities) unless that was done already.
+    fn request(&mut self, encoder: &Encoder, token: &InFlight) -> Result<()> {
+        let mut arrays = vec![token.token.batch.clone()];
+        arrays.extend(token.logprobs.as_ref().map(|q| q.array().clone()));
+        for array in arrays {
+            if !self.0.iter().any(|(a, _, _)| Rc::ptr_eq(a, &array)) {
+                let pending = encoder.request_i32(&array)?;
+                self.0.push((array, Some(pending), Vec::new()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The values of `array`, asked for before.
+    fn take(&mut self, array: &Rc<Array>) -> Result<&[i32]> {
+        let at = self.0.iter().position(|(a, _, _)| Rc::ptr_eq(a, array)).ok_or_else(|| Error::Usage("internal: a read never asked for".into()))?;
+        let entry = &mut self.0[at];
+        if let Some(pending) = entry.1.take() {
+            entry.2 = pending.wait()?;
+        }
+        Ok(&entry.2)
+    }
 }
 
 /// Draws a token for each sequence `which[r]` from row r of `logits` under its settings (and
@@ -769,7 +803,7 @@ fn draw_into(model: &dyn LanguageModel, steps: &mut [&mut Step], which: &[usize]
             Some(top) => {
                 use mlx_rs::ops::indexing::TryIndexOp;
                 let queued = Queued::new(&logits.try_index(row as i32..row as i32 + 1)?, &token.single()?, top)?;
-                outputs.push(queued.array().clone());
+                outputs.push((**queued.array()).clone());
                 Some(queued)
             }
             None => None,

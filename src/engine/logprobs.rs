@@ -90,7 +90,8 @@ pub fn for_rows(logits: &Array, next: &[u32], top: usize) -> Result<Vec<TokenLog
 /// the token: one int32 array `[1 + 2·top]` (the chosen token's log-probability, the `top` ids,
 /// their log-probabilities; floats carried bit for bit), so the row never comes to the host.
 pub struct Queued {
-    packed: Array,
+    /// Shared, so a read of it can be matched to the token it belongs to.
+    packed: std::rc::Rc<Array>,
     top: usize,
 }
 
@@ -110,11 +111,11 @@ impl Queued {
             parts.push(ids.as_dtype(Dtype::Int32)?.reshape(&[top as i32])?);
             parts.push(values.view::<i32>()?.reshape(&[top as i32])?);
         }
-        Ok(Self { packed: mlx_rs::ops::concatenate(&parts, 0)?, top })
+        Ok(Self { packed: std::rc::Rc::new(mlx_rs::ops::concatenate(&parts, 0)?), top })
     }
 
     /// The array to evaluate (and read) with the draw.
-    pub fn array(&self) -> &Array {
+    pub fn array(&self) -> &std::rc::Rc<Array> {
         &self.packed
     }
 

@@ -57,7 +57,7 @@ def main():
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--formats", default="free,json", help="comma-separated: " + ", ".join(FORMATS))
-    ap.add_argument("--warmup", type=int, default=1, help="untimed requests before each format")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds at each stream count before each format")
     ap.add_argument("--label", default="", help="the model column (default: the served model's id)")
     ap.add_argument("--csv", help="append the rows to this CSV file")
     ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
@@ -142,8 +142,11 @@ def main():
     print("| model | format | streams | requests | tokens | short | tok/s per stream (median, min) | aggregate tok/s | wall tok/s | TTFT p50 |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for fmt in formats:
+        # Untimed rounds at every stream count first: a GPU build compiles kernels for each batch
+        # size at its first use (seconds each), which is no part of the rate.
         for w in range(args.warmup):
-            round_of(fmt, 1, 1000 + w)
+            for streams in args.streams:
+                round_of(fmt, streams, 1000 + 100 * w)
         for streams, n_rounds in zip(args.streams, rounds):
             done, aggregates, walls = [], [], []
             for r in range(n_rounds):
