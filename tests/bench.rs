@@ -257,7 +257,9 @@ fn batched_and_speculative_generation_tests() {
         "-m", path(&sala), "-p", "0", "-n", "6", "-d", "0,300", "--n-seq", "1,3", "--draft-layers", "0,3", "--num-draft", "2", "-r", "1", "-o", "jsonl",
     ]));
     let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let got: Vec<(u64, u64, Option<bool>, Option<u64>, Option<u64>)> = rows
+    // (depth, sequences, grammar: served rows false, draft layers, draft tokens)
+    type Shape = (u64, u64, Option<bool>, Option<u64>, Option<u64>);
+    let got: Vec<Shape> = rows
         .iter()
         .map(|r| (r["n_depth"].as_u64().unwrap(), r["n_seq"].as_u64().unwrap(), r["grammar"].as_bool(), r["draft_layers"].as_u64(), r["n_draft"].as_u64()))
         .collect();
