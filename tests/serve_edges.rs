@@ -559,3 +559,21 @@ fn sala_required_calls_come_back_from_its_xml_syntax() {
     server.terminate();
     assert!(server.stderr().contains("tool calls: minicpm4_xml"));
 }
+
+/// vLLM's `ignore_eos`: with the end token forced by `logit_bias`, an answer stops at once, unless
+/// the request says to go on past it to `max_tokens` (chat and completions).
+#[test]
+fn ignore_eos_goes_on_to_max_tokens() {
+    let model = common::golden_with_tokenizer("A_dense_f32", "ignore-eos", Some(7));
+    let server = Server::start(&model, &["--device", "cpu"], 200);
+    let forced = r#", "max_tokens": 12, "logit_bias": {"7": 100}"#;
+    let r = post(server.port, &chat(HI, forced));
+    assert_eq!((r.json()["usage"]["completion_tokens"].as_u64(), r.json()["choices"][0]["finish_reason"].as_str()), (Some(1), Some("stop")), "{}", r.body);
+    let r = post(server.port, &chat(HI, &format!("{forced}, \"ignore_eos\": true")));
+    assert_eq!((r.json()["usage"]["completion_tokens"].as_u64(), r.json()["choices"][0]["finish_reason"].as_str()), (Some(12), Some("length")), "{}", r.body);
+    let body = format!(r#"{{"prompt": "hi"{forced}, "ignore_eos": true}}"#);
+    let r = request(server.port, "POST", "/v1/completions", Some(&body), &[]).expect("an answer");
+    assert_eq!(r.json()["usage"]["completion_tokens"].as_u64(), Some(12), "{}", r.body);
+    let r = post(server.port, &chat(HI, r#", "ignore_eos": "yes""#));
+    assert!(r.status == 400 && r.body.contains("ignore_eos"), "{} {}", r.status, r.body);
+}
