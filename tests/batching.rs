@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use mlx_rs::Dtype;
 use sala::engine::cache::ModelCache;
-use sala::engine::generate::{next_batch, Decoding, GenerateOptions, Step};
+use sala::engine::generate::{Decoding, GenerateOptions};
 use sala::engine::model::LanguageModel;
 use sala::engine::sampler::{Sampler, SamplingParams};
 
@@ -48,17 +48,7 @@ fn batched(model: &dyn LanguageModel, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, Ve
         prompts.iter().zip(&caches).map(|(p, c)| Decoding::begin(model, c, p, &opts).unwrap()).collect();
     let mut rounds = 0;
     loop {
-        if let Some(i) = decodings.iter().position(|d| !d.is_prefilled()) {
-            decodings[i].prefill_step(model, &mut caches[i]).unwrap();
-        }
-        let mut steps: Vec<Step> = decodings
-            .iter_mut()
-            .zip(caches.iter_mut())
-            .zip(samplers.iter_mut())
-            .filter(|((d, _), _)| d.is_prefilled())
-            .map(|((decoding, cache), sampler)| Step { decoding, cache, sampler })
-            .collect();
-        let got = next_batch(model, &mut steps).unwrap();
+        let got = server_round(model, &mut decodings, &mut caches, &mut samplers);
         rounds += 1;
         if decodings.iter().all(Decoding::is_prefilled) && got.iter().all(Option::is_none) {
             break;

@@ -381,11 +381,11 @@ fn progress_on_a_terminal_and_rows_as_they_finish() {
     for part in ["bench", "runs", "elapsed", "eta", "SmolLM2-135M-Instruct.Q4_1.gguf tg24"] {
         assert!(shown.contains(part), "no `{part}` on the terminal: {shown:?}");
     }
-    assert!(shown.contains("/6 runs"), "runs done of all six (two tests, a warm-up and two timed each): {shown:?}");
+    assert!(shown.contains("/9 runs"), "runs done of all nine (three tests, a warm-up and two timed each): {shown:?}");
 
     // To a pipe: the same results and no bar.
     let out = bench(&args[1..]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && !err.contains('\x1b') && !err.contains("elapsed"), "{err:?}");
-    assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 3);
+    assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 4);
 }

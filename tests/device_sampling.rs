@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use mlx_rs::{Array, Dtype};
 use sala::engine::cache::ModelCache;
-use sala::engine::generate::{generate, next_batch, Decoding, Flow, GenerateOptions, Generation, LogprobOptions, Step};
+use sala::engine::generate::{generate, Decoding, GenerateOptions, Generation, LogprobOptions};
 use sala::engine::grammar::{Constraint, Grammar, Reasoning};
 use sala::engine::model::{LanguageModel, Logits};
 use sala::engine::ops::to_vec_f32;
@@ -130,17 +130,7 @@ fn batched(model: &dyn LanguageModel, runs: Vec<(Vec<u32>, Sampler)>, steps: usi
     let mut caches: Vec<ModelCache> = prompts.iter().map(|_| model.new_cache()).collect();
     let mut decodings: Vec<Decoding> = prompts.iter().zip(&caches).map(|(p, c)| Decoding::begin(model, c, p, &opts).unwrap()).collect();
     while decodings.iter().any(|d| !d.is_done()) {
-        if let Some(i) = decodings.iter().position(|d| !d.is_prefilled()) {
-            decodings[i].prefill_step(model, &mut caches[i]).unwrap();
-        }
-        let mut batch: Vec<Step> = decodings
-            .iter_mut()
-            .zip(caches.iter_mut())
-            .zip(samplers.iter_mut())
-            .filter(|((d, _), _)| d.is_prefilled())
-            .map(|((decoding, cache), sampler)| Step { decoding, cache, sampler })
-            .collect();
-        next_batch(model, &mut batch).unwrap();
+        server_round(model, &mut decodings, &mut caches, &mut samplers);
     }
     decodings.into_iter().map(|d| d.finish().tokens).collect()
 }
@@ -180,16 +170,7 @@ fn a_sampled_generation_stopped_mid_flight_leaves_the_cache_plain_decoding_leave
     for cancel_after in [1, 5, 9] {
         let mut cache = model.new_cache();
         let opts = GenerateOptions { max_tokens: 40, ignore_eos: true, prefill_step: 512, keep_logits: false, draft: None };
-        let mut seen = 0;
-        let on_token = |_| {
-            seen += 1;
-            if seen >= cancel_after {
-                Flow::Stop
-            } else {
-                Flow::Continue
-            }
-        };
-        let g = generate(model, &mut cache, &prompt, &mut Sampler::new(sampled(2)), &opts, |_, _| {}, on_token).unwrap();
+        let g = generate(model, &mut cache, &prompt, &mut Sampler::new(sampled(2)), &opts, |_, _| {}, stop_after(cancel_after)).unwrap();
         assert_eq!(g.tokens.len(), cancel_after);
         let fed: Vec<u32> = prompt.iter().chain(&g.tokens[..cancel_after - 1]).copied().collect();
         assert_eq!(cache.len(), fed.len(), "cancel after {cancel_after}");

@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use mlx_rs::{Array, Dtype};
 use sala::engine::cache::{LayerCache, ModelCache};
-use sala::engine::generate::{generate, Draft, Flow, GenerateOptions, Generation};
+use sala::engine::generate::{generate, Draft, GenerateOptions, Generation};
 use sala::engine::model::{LanguageModel, Logits};
 use sala::engine::ops::to_vec_f32;
 use sala::engine::sampler::{Sampler, SamplingParams};
@@ -29,16 +29,7 @@ fn decode(model: &dyn LanguageModel, prompt: &[u32], steps: usize, draft: Option
 /// [`decode`] with any options, the caller cancelling after `cancel_after` tokens.
 fn decode_with(model: &dyn LanguageModel, prompt: &[u32], opts: &GenerateOptions, temperature: f32, cancel_after: usize) -> (Generation, ModelCache) {
     let mut cache = model.new_cache();
-    let mut seen = 0;
-    let on_token = |_| {
-        seen += 1;
-        if seen >= cancel_after {
-            Flow::Stop
-        } else {
-            Flow::Continue
-        }
-    };
-    let g = generate(model, &mut cache, prompt, &mut sampler(temperature), opts, |_, _| {}, on_token).unwrap();
+    let g = generate(model, &mut cache, prompt, &mut sampler(temperature), opts, |_, _| {}, stop_after(cancel_after)).unwrap();
     (g, cache)
 }
 

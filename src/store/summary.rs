@@ -1,6 +1,6 @@
 //! What a model on disk is: architecture, size, quantization, files — for `sala show`.
 
-use crate::engine::config::DefaultedKey;
+use crate::engine::config::{ConfigFile, DefaultedKey};
 use crate::engine::device;
 use crate::engine::error::{Error, Result};
 use crate::engine::generation_config::GenerationDefaults;
@@ -91,6 +91,25 @@ pub struct MemoryEstimate {
     pub weights_bytes: u64,
     pub context: usize,
     pub cache_bytes: u64,
+}
+
+impl MemoryEstimate {
+    /// For weights of `weights_bytes` held as `held` in `dtype` on `device`, with a cache of
+    /// `context` tokens for `cfg`.
+    fn new(cfg: &ConfigFile, dtype: mlx_rs::Dtype, device: device::DeviceKind, held: &[String], weights_bytes: u64, context: usize) -> Result<Self> {
+        Ok(Self {
+            dtype: format!("{dtype:?}"),
+            device: match device {
+                device::DeviceKind::Cpu => "cpu",
+                device::DeviceKind::Gpu => "gpu",
+            }
+            .into(),
+            held: held.join(", "),
+            weights_bytes,
+            context,
+            cache_bytes: models::cache_bytes(cfg, context, memory::dtype_bytes(dtype), None)?,
+        })
+    }
 }
 
 /// Describes the model at `path` (or store name); the memory estimate is for `context` tokens
@@ -206,18 +225,7 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
     if plain > 0 {
         held.push(format!("{dtype:?} ×{plain}"));
     }
-    let memory = MemoryEstimate {
-        dtype: format!("{dtype:?}"),
-        device: match device {
-            device::DeviceKind::Cpu => "cpu",
-            device::DeviceKind::Gpu => "gpu",
-        }
-        .into(),
-        held: held.join(", "),
-        weights_bytes: memory::weights_bytes(&source, dtype),
-        context,
-        cache_bytes: models::cache_bytes(&cfg, context, memory::dtype_bytes(dtype), None)?,
-    };
+    let memory = MemoryEstimate::new(&cfg, dtype, device, &held, memory::weights_bytes(&source, dtype), context)?;
     let summary = ModelSummary {
         path: path.display().to_string(),
         layout: layout.label().into(),
@@ -305,18 +313,7 @@ fn summarize_synthetic(synthetic: &SyntheticModel, context: Option<usize>) -> Re
             true => Some(TokenizerFiles::TEMPLATE.to_string()),
             false => t.config.get("chat_template").map(|_| TokenizerFiles::CONFIG.to_string()),
         }),
-        memory: MemoryEstimate {
-            dtype: format!("{dtype:?}"),
-            device: match device {
-                device::DeviceKind::Cpu => "cpu",
-                device::DeviceKind::Gpu => "gpu",
-            }
-            .into(),
-            held: held.join(", "),
-            weights_bytes: synthetic.weights_bytes(dtype),
-            context,
-            cache_bytes: models::cache_bytes(&synthetic.cfg, context, memory::dtype_bytes(dtype), None)?,
-        },
+        memory: MemoryEstimate::new(&synthetic.cfg, dtype, device, &held, synthetic.weights_bytes(dtype), context)?,
         config_defaults: completed.defaulted.clone(),
         skipped_buffers: Vec::new(),
         config_eos_token_ids: match completed.opt("eos_token_id") {

@@ -262,3 +262,39 @@ pub fn tiny_sala_minicpm4(label: &str) -> PathBuf {
     }
     dir
 }
+
+/// One round of the server's scheduling: a prefill chunk for the oldest sequence whose prompt is
+/// not in yet, then one batched step for every sequence whose prompt is in; each sequence's token
+/// (`None` for those done or not in yet).
+pub fn server_round(
+    model: &dyn sala::engine::model::LanguageModel,
+    decodings: &mut [sala::engine::generate::Decoding],
+    caches: &mut [sala::engine::cache::ModelCache],
+    samplers: &mut [sala::engine::sampler::Sampler],
+) -> Vec<Option<u32>> {
+    use sala::engine::generate::{next_batch, Step};
+    if let Some(i) = decodings.iter().position(|d| !d.is_prefilled()) {
+        decodings[i].prefill_step(model, &mut caches[i]).unwrap();
+    }
+    let mut steps: Vec<Step> = decodings
+        .iter_mut()
+        .zip(caches.iter_mut())
+        .zip(samplers.iter_mut())
+        .filter(|((d, _), _)| d.is_prefilled())
+        .map(|((decoding, cache), sampler)| Step { decoding, cache, sampler })
+        .collect();
+    next_batch(model, &mut steps).unwrap()
+}
+
+/// A token callback that asks to stop at the `n`-th token.
+pub fn stop_after(n: usize) -> impl FnMut(u32) -> sala::engine::generate::Flow {
+    let mut seen = 0;
+    move |_| {
+        seen += 1;
+        if seen >= n {
+            sala::engine::generate::Flow::Stop
+        } else {
+            sala::engine::generate::Flow::Continue
+        }
+    }
+}
