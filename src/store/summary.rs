@@ -159,11 +159,7 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
             *formats.entry((f.bits, f.group_size)).or_default() += 1;
         }
     }
-    let quantization = if formats.is_empty() {
-        "none".to_string()
-    } else {
-        formats.iter().map(|((b, g), n)| format!("{b}-bit group {g} ×{n}")).collect::<Vec<_>>().join(", ")
-    };
+    let quantization = quantization_label(&formats);
     let gguf_types = match &gguf {
         Some(file) => file
             .type_counts()
@@ -189,7 +185,7 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
         _ => name.to_string(),
     };
     let tokenizer = source.tokenizer_files()?;
-    let has_chat_template = tokenizer.as_ref().is_some_and(|t| t.chat_template.is_some() || t.config.get("chat_template").is_some());
+    let has_chat_template = tokenizer.as_ref().and_then(template_file).is_some();
     let (config_source, tokenizer_source, chat_template_source) = match &gguf {
         Some(file) => (
             "GGUF metadata".to_string(),
@@ -202,29 +198,20 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
         None => (
             side(CONFIG_FILE),
             tokenizer.as_ref().map(|_| side(TokenizerFiles::TOKENIZER)),
-            tokenizer.as_ref().and_then(|t| {
-                if t.chat_template.is_some() {
-                    Some(side(TokenizerFiles::TEMPLATE))
-                } else {
-                    t.config.get("chat_template").map(|_| side(TokenizerFiles::CONFIG))
-                }
-            }),
+            tokenizer.as_ref().and_then(template_file).map(side),
         ),
     };
     let completed = models::complete_config(&cfg)?;
-    let key = |k: &str| completed.opt(k).and_then(|v| v.as_u64());
+    let key = |k: &str| config_number(&completed, k);
     let device = device::or_default(None);
-    let context = context.unwrap_or_else(|| key("max_position_embeddings").map_or(4096, |m| m.min(4096) as usize));
+    let context = estimate_context(&completed, context);
     let dtype = device::compute_dtype(None, device, weights.storage_dtype());
     let quantized_parts = |name: &str| {
         let module = name.rsplit_once('.').map_or(name, |(m, _)| m);
         weights.quantized(module).is_some()
     };
     let plain = weights.infos().keys().filter(|n| !quantized_parts(n)).count();
-    let mut held: Vec<String> = formats.iter().map(|((b, g), n)| format!("{b}-bit affine group {g} ×{n}")).collect();
-    if plain > 0 {
-        held.push(format!("{dtype:?} ×{plain}"));
-    }
+    let held = held_as(&formats, dtype, plain);
     let memory = MemoryEstimate::new(&cfg, dtype, device, &held, memory::weights_bytes(&source, dtype), context)?;
     let summary = ModelSummary {
         path: path.display().to_string(),
@@ -249,10 +236,7 @@ pub fn summarize(path: &Path, context: Option<usize>) -> Result<(ModelSummary, M
         memory,
         config_defaults: completed.defaulted.clone(),
         skipped_buffers: weights.skipped_buffers().to_vec(),
-        config_eos_token_ids: match completed.opt("eos_token_id") {
-            Some(_) => completed.token_ids("eos_token_id")?,
-            None => Vec::new(),
-        },
+        config_eos_token_ids: config_eos(&completed)?,
         generation: source.generation_defaults()?,
         stored,
     };
@@ -264,16 +248,12 @@ fn summarize_synthetic(synthetic: &SyntheticModel, context: Option<usize>) -> Re
     let source = synthetic.described()?;
     let dir = &source.path;
     let completed = models::complete_config(&synthetic.cfg)?;
-    let key = |k: &str| completed.opt(k).and_then(|v| v.as_u64());
-    let context = context.unwrap_or_else(|| key("max_position_embeddings").map_or(4096, |m| m.min(4096) as usize));
+    let key = |k: &str| config_number(&completed, k);
+    let context = estimate_context(&completed, context);
     let device = device::or_default(None);
     let dtype = device::compute_dtype(None, device, Some(mlx_rs::Dtype::Bfloat16));
     let formats = synthetic.formats();
-    let quantization = if formats.is_empty() {
-        "none".to_string()
-    } else {
-        formats.iter().map(|((b, g), n)| format!("{b}-bit group {g} ×{n}")).collect::<Vec<_>>().join(", ")
-    };
+    let quantization = quantization_label(&formats);
     let stored: Vec<StoredTensor> = synthetic
         .built_tensors(dtype)
         .into_iter()
@@ -284,12 +264,9 @@ fn summarize_synthetic(synthetic: &SyntheticModel, context: Option<usize>) -> Re
         *dtypes.entry(t.dtype.clone()).or_default() += 1;
     }
     let plain = stored.len() - 3 * formats.values().sum::<usize>();
-    let mut held: Vec<String> = formats.iter().map(|((b, g), n)| format!("{b}-bit affine group {g} ×{n}")).collect();
-    if plain > 0 {
-        held.push(format!("{dtype:?} ×{plain}"));
-    }
+    let held = held_as(&formats, dtype, plain);
     let tokenizer = source.tokenizer_files()?;
-    let has_chat_template = tokenizer.as_ref().is_some_and(|t| t.chat_template.is_some() || t.config.get("chat_template").is_some());
+    let has_chat_template = tokenizer.as_ref().and_then(template_file).is_some();
     let summary = ModelSummary {
         path: dir.display().to_string(),
         layout: format!("synthetic (random weights drawn when loaded, from {})", synthetic.origin),
@@ -309,21 +286,60 @@ fn summarize_synthetic(synthetic: &SyntheticModel, context: Option<usize>) -> Re
         has_tokenizer: tokenizer.is_some(),
         has_chat_template,
         tokenizer_source: tokenizer.as_ref().map(|_| TokenizerFiles::TOKENIZER.to_string()),
-        chat_template_source: tokenizer.as_ref().and_then(|t| match t.chat_template.is_some() {
-            true => Some(TokenizerFiles::TEMPLATE.to_string()),
-            false => t.config.get("chat_template").map(|_| TokenizerFiles::CONFIG.to_string()),
-        }),
+        chat_template_source: tokenizer.as_ref().and_then(template_file).map(str::to_string),
         memory: MemoryEstimate::new(&synthetic.cfg, dtype, device, &held, synthetic.weights_bytes(dtype), context)?,
         config_defaults: completed.defaulted.clone(),
         skipped_buffers: Vec::new(),
-        config_eos_token_ids: match completed.opt("eos_token_id") {
-            Some(_) => completed.token_ids("eos_token_id")?,
-            None => Vec::new(),
-        },
+        config_eos_token_ids: config_eos(&completed)?,
         generation: source.generation_defaults()?,
         stored,
     };
     Ok((summary, source))
+}
+
+/// `none`, or each quantized format (bits, group size) with how many matrices use it.
+fn quantization_label(formats: &BTreeMap<(i32, i32), usize>) -> String {
+    if formats.is_empty() {
+        return "none".to_string();
+    }
+    formats.iter().map(|((b, g), n)| format!("{b}-bit group {g} ×{n}")).collect::<Vec<_>>().join(", ")
+}
+
+/// How the weights are held once loaded: each quantized format, then the `plain` other tensors in
+/// `dtype`.
+fn held_as(formats: &BTreeMap<(i32, i32), usize>, dtype: mlx_rs::Dtype, plain: usize) -> Vec<String> {
+    let mut held: Vec<String> = formats.iter().map(|((b, g), n)| format!("{b}-bit affine group {g} ×{n}")).collect();
+    if plain > 0 {
+        held.push(format!("{dtype:?} ×{plain}"));
+    }
+    held
+}
+
+/// The side file the chat template comes from, if the tokenizer has one.
+fn template_file(tokenizer: &TokenizerFiles) -> Option<&'static str> {
+    if tokenizer.chat_template.is_some() {
+        Some(TokenizerFiles::TEMPLATE)
+    } else {
+        tokenizer.config.get("chat_template").map(|_| TokenizerFiles::CONFIG)
+    }
+}
+
+/// A number the completed config gives.
+fn config_number(completed: &ConfigFile, key: &str) -> Option<u64> {
+    completed.opt(key).and_then(|v| v.as_u64())
+}
+
+/// The context a memory estimate is for: the one asked, else the model's up to 4096 tokens.
+fn estimate_context(completed: &ConfigFile, asked: Option<usize>) -> usize {
+    asked.unwrap_or_else(|| config_number(completed, "max_position_embeddings").map_or(4096, |m| m.min(4096) as usize))
+}
+
+/// The end-of-sequence ids the completed config names.
+fn config_eos(completed: &ConfigFile) -> Result<Vec<u32>> {
+    match completed.opt("eos_token_id") {
+        Some(_) => completed.token_ids("eos_token_id"),
+        None => Ok(Vec::new()),
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
