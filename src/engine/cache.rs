@@ -1031,6 +1031,9 @@ impl ModelCache {
             *r = RecurrentState { state, batch_row: None, len: r.len, record_replay: false, replay: None };
         }
         let arrays: Vec<Array> = checkpoint.recurrent.iter().flatten().filter_map(|r| r.state.clone()).collect();
+        // Other sequences' decode steps may still be encoding (a server round): this thread
+        // evaluates only once the evaluator is idle.
+        super::encoder::Encoder::for_this_thread().wait()?;
         mlx_rs::transforms::eval(&arrays)?;
         Ok(checkpoint)
     }

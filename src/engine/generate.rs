@@ -343,9 +343,6 @@ impl Decoding {
     fn prefill_until(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, until: usize) -> Result<bool> {
         let total = self.generation.stats.prompt_tokens;
         if self.prefilled < total {
-            // Other sequences' steps may still be encoding (a server round): this thread
-            // evaluates only once the evaluator is idle.
-            Encoder::for_this_thread().wait()?;
             let start = Instant::now();
             let end = (self.prefilled + self.opts.prefill_step.max(1)).min(total).min(until.max(self.prefilled + 1));
             let logits = match self.logprobs.prompt {
@@ -950,6 +947,9 @@ fn forward_queued(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u
 /// [`forward_eval`] for a batch: `input` `[B, T]`, row b on `caches[b]`.
 fn forward_eval_batch(model: &dyn LanguageModel, input: &Array, caches: &mut [&mut ModelCache], which: Logits) -> Result<Array> {
     let (logits, state) = forward_batch_lazy(model, input, caches, which)?;
+    // Other sequences' decode steps may still be encoding (a server round): this thread
+    // evaluates only once the evaluator is idle.
+    Encoder::for_this_thread().wait()?;
     eval(std::iter::once(&logits).chain(state.iter()))?;
     Ok(logits)
 }

@@ -397,7 +397,6 @@ pub fn run(
                         // The answer is over: keep the conversation so far for its next turn.
                         let a = &mut active[i];
                         let _ = a.decoding.cancel(model, &mut a.cache);
-                        let _ = Encoder::for_this_thread().wait();
                         let generated = a.decoding.tokens();
                         let held: Vec<u32> = a.job.prompt.iter().chain(&generated[..generated.len().saturating_sub(1)]).copied().collect();
                         if let Err(e) = prefixes.insert(&held, &a.cache, &mut a.trail) {
