@@ -127,7 +127,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__bench)
-            opts="-m -p -n -d -r -o -h -V --model --synthetic --bits --n-prompt --n-gen --n-depth --n-seq --draft-layers --num-draft --repetitions --output --output-file --suite --cache-dir --cache-memory --tokenizer --max-tokens --no-think --limit --samples --device --dtype --prefill-step --kv-bits --tp --tp-backend --help --version"
+            opts="-m -p -n -d -r -o -h -V --model --synthetic --bits --n-prompt --n-gen --n-depth --n-seq --draft-layers --num-draft --repetitions --profile --output --output-file --suite --cache-dir --cache-memory --tokenizer --max-tokens --no-think --limit --samples --device --dtype --prefill-step --kv-bits --tp --tp-backend --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -186,7 +186,7 @@ csv\t''
 json\t''
 jsonl\t''"
 complete -c sala -n "__fish_sala_using_subcommand bench" -l output-file -d 'Append the results to this file (in the --output format) and print the table' -r -F
-complete -c sala -n "__fish_sala_using_subcommand bench" -l suite -d 'What to measure: `speed` (the test matrix above), `prefix-cache` (time to first token of a -p-token follow-up after a -d-token prefix: cold, kept in memory, read from a prompt cache file), `grammar` (-n tokens for each --n-seq, drawn on the host free and under a JSON grammar: what the token masks cost) or `quality` (math and reasoning questions from eval/quality.jsonl, greedy, answered / correct / think loops per category)' -r -f -a "speed\t''
+complete -c sala -n "__fish_sala_using_subcommand bench" -l suite -d 'What to measure: `speed` (the test matrix above), `prefix-cache` (time to first token of a -p-token follow-up after a -d-token prefix: cold, kept in memory, read from a prompt cache file), `grammar` (-n tokens for each --n-seq, decoded as the server does, free and under a JSON grammar: what the token masks cost) or `quality` (math and reasoning questions from eval/quality.jsonl, greedy, answered / correct / think loops per category)' -r -f -a "speed\t''
 prefix-cache\t''
 grammar\t''
 quality\t''"
@@ -207,6 +207,7 @@ complete -c sala -n "__fish_sala_using_subcommand bench" -l tp -d 'Tensor parall
 complete -c sala -n "__fish_sala_using_subcommand bench" -l tp-backend -d 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl' -r -f -a "auto\t''
 ring\t''
 nccl\t''"
+complete -c sala -n "__fish_sala_using_subcommand bench" -l profile -d 'Generation tests also give, per step, where the host\'s time went (building the graph, encoding it, other work, blocked) and the operations in its graph'
 complete -c sala -n "__fish_sala_using_subcommand bench" -l no-think -d 'Quality suite: answer without thinking (enable_thinking=false in the chat template)'
 complete -c sala -n "__fish_sala_using_subcommand bench" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand bench" -s V -l version -d 'Print version'

@@ -242,8 +242,11 @@ fn grammar_suite_times_decoding_with_and_without_masks() {
     let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let got: Vec<(u64, u64, bool)> = rows.iter().map(|r| (r["n_gen"].as_u64().unwrap(), r["n_seq"].as_u64().unwrap(), r["grammar"].as_bool().unwrap())).collect();
     assert_eq!(got, [(6, 1, false), (6, 1, true), (6, 2, false), (6, 2, true)], "{out}");
-    let table = ok(&bench(&["--suite", "grammar", "-m", path(&smol), "-n", "4", "-r", "1"]));
+    // Without --profile the host's times are not measured.
+    assert!(rows.iter().all(|r| r["build_ms"].is_null() && r["ops"].is_null()), "{out}");
+    let table = ok(&bench(&["--suite", "grammar", "-m", path(&smol), "-n", "4", "-r", "1", "--profile"]));
     assert!(table.contains("time vs free") && table.contains("tg4 served") && table.contains("tg4 grammar"), "{table}");
+    assert!(table.contains("| step ms |") && table.contains("| read wait |") && table.contains("| ops |"), "{table}");
     // A synthetic model has no tokenizer to compile the grammar with unless given one.
     let out = bench(&["--suite", "grammar", "--synthetic", "qwen3-8b", "--bits", "4", "-n", "4"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -254,7 +257,7 @@ fn grammar_suite_times_decoding_with_and_without_masks() {
 fn batched_and_speculative_generation_tests() {
     let sala = common::golden("C_sparse_prefill");
     let out = ok(&bench(&[
-        "-m", path(&sala), "-p", "0", "-n", "6", "-d", "0,300", "--n-seq", "1,3", "--draft-layers", "0,3", "--num-draft", "2", "-r", "1", "-o", "jsonl",
+        "-m", path(&sala), "-p", "0", "-n", "6", "-d", "0,300", "--n-seq", "1,3", "--draft-layers", "0,3", "--num-draft", "2", "-r", "1", "-o", "jsonl", "--profile",
     ]));
     let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     // (depth, sequences, grammar: served rows false, draft layers, draft tokens)
@@ -275,6 +278,9 @@ fn batched_and_speculative_generation_tests() {
         // t/s counts every sequence's tokens.
         let tokens = 6.0 * r["n_seq"].as_f64().unwrap();
         assert!((ts - tokens * 1e9 / ns).abs() < 1e-6 * ts, "{r}");
+        // --profile: where each step's host time went, and its graph's operations.
+        let ms = |f: &str| r[f].as_f64().unwrap_or_else(|| panic!("{f} in {r}"));
+        assert!(ms("build_ms") > 0.0 && ms("encode_ms") > 0.0 && ms("other_ms") >= 0.0 && ms("blocked_ms") >= 0.0 && ms("ops") > 10.0, "{r}");
         match r["draft_layers"].as_u64() {
             Some(l) if l > 0 => {
                 let a = r["acceptance"].as_f64().unwrap();
@@ -282,6 +288,12 @@ fn batched_and_speculative_generation_tests() {
             }
             _ => assert!(r["acceptance"].is_null(), "{r}"),
         }
+    }
+    // A served step also draws its tokens: more operations than the pipelined step beside it.
+    for served in rows.iter().filter(|r| r["grammar"] == false) {
+        let same = |r: &&serde_json::Value| r["grammar"].is_null() && r["draft_layers"].is_null() && r["n_depth"] == served["n_depth"] && r["n_seq"] == served["n_seq"];
+        let pipelined = rows.iter().find(same).unwrap();
+        assert!(served["ops"].as_f64() > pipelined["ops"].as_f64(), "{served}\n{pipelined}");
     }
     // A draft as deep as the model is refused before anything runs.
     let out = bench(&["-m", path(&sala), "-p", "0", "-n", "4", "--draft-layers", "4"]);

@@ -1107,12 +1107,18 @@ fn device_draws_on_the_gpu_equal_the_cpus() {
         draw_rows(logits, &mut batch).unwrap().as_slice::<u32>().to_vec()
     };
     use_gpu();
+    // Through the fused kernel (kernels::draw) on the GPU, its MLX operations on the CPU.
+    sala::engine::device_sampler::use_draw_kernel(sala::kernels::draw::draw);
+    for (dtype, scale) in [(Dtype::Bfloat16, 3.0), (Dtype::Bfloat16, 12.0)] {
+        let logits = randn(&[rows as i32, vocab as i32], 9, Dtype::Float32).multiply(Array::from_f32(scale)).unwrap().as_dtype(dtype).unwrap();
+        let gpu = draw(&logits);
+        select(Some(DeviceKind::Cpu)).unwrap();
+        let cpu = draw(&logits);
+        select(Some(DeviceKind::Gpu)).unwrap();
+        assert_eq!(gpu, cpu, "{dtype:?} logits, scale {scale}");
+    }
     let logits = randn(&[rows as i32, vocab as i32], 9, Dtype::Float32).multiply(Array::from_f32(3.0)).unwrap();
     let gpu = draw(&logits);
-    select(Some(DeviceKind::Cpu)).unwrap();
-    let cpu = draw(&logits);
-    select(Some(DeviceKind::Gpu)).unwrap();
-    assert_eq!(gpu, cpu);
     for (r, &t) in gpu.iter().enumerate().filter(|(r, _)| r % 2 == 1) {
         assert_eq!(mask[t as usize / 32] >> (t % 32) & 1, 1, "row {r} drew {t}, which its mask forbids");
     }

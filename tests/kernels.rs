@@ -525,6 +525,7 @@ mod self_check {
         assert_eq!(
             names,
             [
+                "draw",
                 "gla_decode",
                 "lightning_decode",
                 "norm_gate",

@@ -54,6 +54,10 @@ pub struct BenchArgs {
     /// Timed runs per test (after one warm-up run)
     #[arg(short = 'r', long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub repetitions: u32,
+    /// Generation tests also give, per step, where the host's time went (building the graph,
+    /// encoding it, other work, blocked) and the operations in its graph
+    #[arg(long)]
+    pub profile: bool,
     /// Output format
     #[arg(short = 'o', long, value_enum, default_value = "md")]
     pub output: Format,
@@ -62,8 +66,8 @@ pub struct BenchArgs {
     pub output_file: Option<PathBuf>,
     /// What to measure: `speed` (the test matrix above), `prefix-cache` (time to first token of a
     /// -p-token follow-up after a -d-token prefix: cold, kept in memory, read from a prompt cache
-    /// file), `grammar` (-n tokens for each --n-seq, drawn on the host free and under a JSON
-    /// grammar: what the token masks cost) or `quality` (math and reasoning questions from
+    /// file), `grammar` (-n tokens for each --n-seq, decoded as the server does, free and under
+    /// a JSON grammar: what the token masks cost) or `quality` (math and reasoning questions from
     /// eval/quality.jsonl, greedy, answered / correct / think loops per category)
     #[arg(long, value_enum, default_value = "speed")]
     pub suite: Suite,
@@ -159,6 +163,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         num_draft: args.num_draft,
         follow_ups: args.suite == Suite::PrefixCache,
         grammar: args.suite == Suite::Grammar,
+        profile: args.profile,
     };
     let follow_ups = plan.follow_ups;
     let tests = plan.tests();

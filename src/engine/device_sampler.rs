@@ -59,9 +59,9 @@ pub fn draw(logits: &Array, rows: &[RowDraw]) -> Result<Array> {
         let kth = Array::from_slice(&rows.iter().map(kth).collect::<Vec<i32>>(), &[n, 1]);
         let floor_k = descending.take_along_axis(&kth, -1)?;
         // Top-p over what top-k kept, as the host sampler renormalises: the probabilities of the
-        // sorted row with everything past k removed.
-        let positions = Array::arange::<i32, i32>(None, vocab, None)?.reshape(&[1, vocab])?;
-        let within_k = positions.le(&kth)?;
+        // sorted row with everything below the k-th value removed.
+        // Ties with the k-th value are kept, here as in the final filter.
+        let within_k = descending.ge(&floor_k)?;
         let kept = mlx_rs::ops::select(&within_k, &descending, &neg_inf)?;
         let probs = mlx_rs::ops::softmax_axis(&kept, -1, None)?;
         let before = mlx_rs::ops::cumsum(&probs, -1, None, None)?.subtract(&probs)?;
@@ -209,6 +209,17 @@ impl SequenceDraws {
     }
 }
 
+/// [`draw`] of the logits under a packed mask (`words`, as [`adjust`] takes it), computed some
+/// faster way: the fused kernel of `kernels::draw`, which the engine cannot name (it sits above).
+pub type DrawKernel = fn(&Array, Option<&Array>, &[RowDraw]) -> Result<Array>;
+
+static DRAW_KERNEL: std::sync::OnceLock<DrawKernel> = std::sync::OnceLock::new();
+
+/// Makes [`draw_rows`] draw through `kernel` from now on (set once, at load).
+pub fn use_draw_kernel(kernel: DrawKernel) {
+    let _ = DRAW_KERNEL.set(kernel);
+}
+
 /// One row of [`draw_rows`].
 pub struct DrawRow<'a> {
     pub state: &'a mut SequenceDraws,
@@ -256,9 +267,19 @@ pub fn draw_rows(logits: &Array, rows: &mut [DrawRow]) -> Result<Array> {
     let generated = stack(&|r| r.state.generated.clone())?;
     let seen = stack(&|r| r.state.seen.clone())?;
     let penalties: Vec<RowPenalties> = rows.iter().map(|r| r.state.penalties).collect();
-    let adjusted = adjust(logits, words.as_ref(), bias.as_ref(), generated.as_ref(), seen.as_ref(), &penalties)?;
     let settings: Vec<RowDraw> = rows.iter().map(|r| RowDraw { key: r.key, ..r.state.settings }).collect();
-    let tokens = draw(&adjusted, &settings)?;
+    let tokens = match DRAW_KERNEL.get() {
+        // The kernel applies the mask itself and takes the logits in their own dtype.
+        Some(kernel) => {
+            let adjusted = if bias.is_some() || generated.is_some() || seen.is_some() {
+                adjust(logits, None, bias.as_ref(), generated.as_ref(), seen.as_ref(), &penalties)?
+            } else {
+                logits.clone()
+            };
+            kernel(&adjusted, words.as_ref(), &settings)?
+        }
+        None => draw(&adjust(logits, words.as_ref(), bias.as_ref(), generated.as_ref(), seen.as_ref(), &penalties)?, &settings)?,
+    };
     for (i, row) in rows.iter_mut().enumerate() {
         if row.state.generated.is_none() && row.state.seen.is_none() {
             continue;

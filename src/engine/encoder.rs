@@ -19,6 +19,7 @@
 //! On Metal (not tested there) and with `SALA_ENCODER=off` the same interface encodes on the
 //! calling thread, as before.
 
+use super::step_profile::{self, timed, Part};
 use mlx_rs::{error::Exception, Array};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -188,7 +189,8 @@ impl Evaluator {
 
     /// Waits until every job sent is done, then reports a failure once.
     fn wait(&self) -> Result<()> {
-        self.report(&mut self.idle().1)
+        let mut idle = timed(Part::Blocked, || self.idle());
+        self.report(&mut idle.1)
     }
 
     /// A failure not yet reported, as an error; the run it ended is over.
@@ -205,7 +207,7 @@ impl Evaluator {
     fn send(&self, work: Work) -> Result<()> {
         self.report(&mut self.progress.state.lock().expect("encoder progress lock").1)?;
         let jobs = self.jobs.as_ref().expect("the job channel lives as long as the evaluator");
-        jobs.send(Job { run: self.run.get(), work }).map_err(|_| error("the decode evaluator thread stopped"))?;
+        timed(Part::Blocked, || jobs.send(Job { run: self.run.get(), work })).map_err(|_| error("the decode evaluator thread stopped"))?;
         self.sent.set(self.sent.get() + 1);
         Ok(())
     }
@@ -254,7 +256,7 @@ impl Encoder {
             }
         }
         let Some(evaluator) = self.evaluator.as_ref().filter(|_| !self.here.get()) else {
-            return build();
+            return timed(Part::Build, build);
         };
         let restore = if BUILDING.with(|b| b.get()).is_some() {
             Restore(None)
@@ -264,7 +266,7 @@ impl Encoder {
             unsafe { mlx_sys::mlx_set_default_stream(evaluator.shared.stream) };
             Restore(Some(own))
         };
-        let result = build();
+        let result = timed(Part::Build, build);
         drop(restore);
         result
     }
@@ -274,7 +276,7 @@ impl Encoder {
     pub fn queue(&self, arrays: Vec<Array>) -> Result<()> {
         match self.evaluator.as_ref().filter(|_| !self.here.replace(false)) {
             Some(evaluator) => evaluator.send(Work::Eval(arrays)),
-            None => mlx_rs::transforms::async_eval(&arrays),
+            None => step_profile::encode(&arrays),
         }
     }
 
@@ -315,8 +317,8 @@ pub enum PendingRead {
 impl PendingRead {
     pub fn wait(self) -> Result<Vec<i32>> {
         match self {
-            PendingRead::Queued(answer) => answer.recv().map_err(|_| error("the decode evaluator thread stopped"))?,
-            PendingRead::Here(a) => crate::engine::ops::to_vec_i32(&a),
+            PendingRead::Queued(answer) => timed(Part::Blocked, || answer.recv()).map_err(|_| error("the decode evaluator thread stopped"))?,
+            PendingRead::Here(a) => timed(Part::Blocked, || crate::engine::ops::to_vec_i32(&a)),
         }
     }
 }
@@ -337,33 +339,115 @@ impl Drop for Evaluator {
     }
 }
 
-/// The evaluator thread: does the jobs in order, skipping the rest of a run after a failure.
+/// The evaluator thread: does the jobs in order, skipping the rest of a run after a failure. A
+/// read is queued like a step and answered once the device has computed its array, while the
+/// steps sent after it go on being encoded: waiting for the device here would leave the next step
+/// unencoded while the device runs out of work.
 fn evaluate(jobs: Receiver<Job>, progress: &Progress) {
+    use std::sync::mpsc::RecvTimeoutError;
+    // How long the thread sleeps between looks at the reads it holds when no job comes.
+    const POLL: std::time::Duration = std::time::Duration::from_micros(20);
+    #[cfg(target_os = "linux")]
+    unsafe {
+        // Wake from those sleeps on time rather than up to the default 50 µs late.
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong);
+    }
+    step_profile::on_evaluator_thread();
     let mut failed_run = None;
-    for Job { run, work } in jobs {
-        let skipped = failed_run == Some(run);
-        let outcome = match work {
-            Work::Eval(_) if skipped => Ok(()),
-            Work::Eval(arrays) => mlx_rs::transforms::async_eval(&arrays),
-            Work::Read(_, reply) if skipped => {
-                let _ = reply.send(Err(error("an earlier decode step failed")));
-                Ok(())
+    let mut reads: Vec<PendingValue> = Vec::new();
+    loop {
+        let job = if reads.is_empty() {
+            match jobs.recv() {
+                Ok(job) => job,
+                Err(_) => break,
             }
-            Work::Read(a, reply) => {
-                let values = crate::engine::ops::to_vec_i32(&a);
-                let outcome = values.as_ref().map(|_| ()).map_err(|e| error(e.to_string()));
-                let _ = reply.send(values);
-                outcome
+        } else {
+            answer_available(&mut reads, progress, &mut failed_run);
+            if reads.is_empty() {
+                continue;
+            }
+            match timed(Part::DeviceWait, || jobs.recv_timeout(POLL)) {
+                Ok(job) => job,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => {
+                    for read in reads.drain(..) {
+                        let outcome = read.answer();
+                        done(progress, read.run, outcome, &mut failed_run);
+                    }
+                    break;
+                }
             }
         };
-        let mut state = progress.state.lock().expect("encoder progress lock");
-        state.0 += 1;
-        if let Err(e) = outcome {
-            failed_run = Some(run);
-            state.1.get_or_insert_with(|| e.to_string());
+        let Job { run, work } = job;
+        let skipped = failed_run == Some(run);
+        match work {
+            Work::Eval(_) if skipped => done(progress, run, Ok(()), &mut failed_run),
+            Work::Eval(arrays) => {
+                let outcome = step_profile::encode(&arrays).map_err(|e| e.to_string());
+                done(progress, run, outcome, &mut failed_run);
+            }
+            Work::Read(_, reply) if skipped => {
+                let _ = reply.send(Err(error("an earlier decode step failed")));
+                done(progress, run, Ok(()), &mut failed_run);
+            }
+            Work::Read(a, reply) => match queue_read(&a) {
+                Ok(flat) => reads.push(PendingValue { run, flat, reply }),
+                Err(e) => {
+                    let message = e.to_string();
+                    let _ = reply.send(Err(e));
+                    done(progress, run, Err(message), &mut failed_run);
+                }
+            },
         }
-        progress.changed.notify_all();
     }
+}
+
+/// A read whose array is queued on the device, waiting to be computed.
+struct PendingValue {
+    run: u64,
+    flat: Array,
+    reply: SyncSender<Result<Vec<i32>>>,
+}
+
+impl PendingValue {
+    /// Sends the values back (waiting for them if need be); the failure to report, if any.
+    fn answer(&self) -> std::result::Result<(), String> {
+        let values = timed(Part::DeviceWait, || self.flat.try_as_slice::<i32>().map(<[i32]>::to_vec).map_err(|e| error(e.to_string())));
+        let outcome = values.as_ref().map(|_| ()).map_err(|e| e.to_string());
+        let _ = self.reply.send(values);
+        outcome
+    }
+}
+
+/// `a` as a flat int32 array, queued for the device behind everything queued before it.
+fn queue_read(a: &Array) -> Result<Array> {
+    let flat = a.as_dtype(mlx_rs::Dtype::Int32)?.reshape(&[-1])?;
+    step_profile::encode(std::slice::from_ref(&flat))?;
+    Ok(flat)
+}
+
+/// Answers the reads whose arrays the device has computed.
+fn answer_available(reads: &mut Vec<PendingValue>, progress: &Progress, failed_run: &mut Option<u64>) {
+    reads.retain(|read| {
+        let mut available = false;
+        unsafe { mlx_sys::_mlx_array_is_available(&mut available, read.flat.as_ptr()) };
+        if available {
+            let outcome = read.answer();
+            done(progress, read.run, outcome, failed_run);
+        }
+        !available
+    });
+}
+
+/// Marks a job done, keeping the first failure of its run for the builder.
+fn done(progress: &Progress, run: u64, outcome: std::result::Result<(), String>, failed_run: &mut Option<u64>) {
+    let mut state = progress.state.lock().expect("encoder progress lock");
+    state.0 += 1;
+    if let Err(e) = outcome {
+        *failed_run = Some(run);
+        state.1.get_or_insert(e);
+    }
+    progress.changed.notify_all();
 }
 
 /// Runs `f` on the calling thread's own stream: an evaluation made while a step is being built

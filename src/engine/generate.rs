@@ -3,6 +3,7 @@
 
 use super::cache::{Checkpoint, ModelCache};
 use super::encoder::{Encoder, PendingRead};
+use super::step_profile::{self, timed, Part};
 use super::prefix_cache::Trail;
 use super::error::{Error, Result};
 use super::logprobs::TokenLogprobs;
@@ -417,7 +418,7 @@ impl Decoding {
                         }
                         None => self.undrawn.take().ok_or_else(|| Error::Usage("internal: no logits to draw from".into()))?,
                     };
-                    let logits = to_vec_f32(&row)?;
+                    let logits = timed(Part::Blocked, || to_vec_f32(&row))?;
                     let token = sampler.sample_with(&logits, &self.history, self.generation.tokens.len())?;
                     self.ready.push_back(Drawn { token, in_cache: false, logits });
                 }
@@ -537,7 +538,8 @@ impl Decoding {
 
         let mut input: Vec<u32> = vec![first];
         input.extend(&guessed);
-        let rows = to_vec_f32(&with_replay(cache, |cache| forward_eval(model, cache, &input, Logits::All))?)?;
+        let rows = with_replay(cache, |cache| forward_eval(model, cache, &input, Logits::All))?;
+        let rows = timed(Part::Blocked, || to_vec_f32(&rows))?;
         let vocab = rows.len() / input.len();
 
         // Draw from the full model position by position; the guess at i+1 stands while it equals
@@ -664,6 +666,16 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
 
     let drawing: Vec<usize> = live.iter().copied().filter(|&i| steps[i].decoding.undrawn.is_some() && steps[i].decoding.in_flight.is_empty()).collect();
     if !drawing.is_empty() {
+        // The masks are independent: worked out at once on a pool, or sixteen sequences under
+        // grammars would take sixteen masks' time while the device waits for the draw.
+        {
+            use rayon::prelude::*;
+            let mut samplers: Vec<&mut Sampler> =
+                steps.iter_mut().enumerate().filter(|(i, s)| drawing.contains(i) && s.sampler.is_constrained()).map(|(_, s)| &mut *s.sampler).collect();
+            if samplers.len() > 1 {
+                samplers.par_iter_mut().try_for_each(|s| s.prepare())?;
+            }
+        }
         let masks = drawing.iter().map(|&i| steps[i].sampler.take_mask()).collect::<Result<Vec<_>>>()?;
         let rows: Vec<Array> = drawing.iter().filter_map(|&i| steps[i].decoding.undrawn.take()).collect();
         let outputs = encoder.build(|| -> Result<Vec<Array>> {
@@ -830,11 +842,12 @@ fn draft_guesses(model: &dyn LanguageModel, cache: &mut ModelCache, first: u32, 
     let mut token = Array::from_slice(&[first as i32], &[1, 1]);
     let mut guesses = Vec::with_capacity(count);
     for _ in 0..count {
-        token = queue_argmax(&model.forward_draft(&token, cache, layers)?, &cache.arrays())?;
+        let logits = timed(Part::Build, || model.forward_draft(&token, cache, layers))?;
+        token = queue_argmax(&logits, &cache.arrays())?;
         guesses.push(token.clone());
     }
     let guesses = mlx_rs::ops::concatenate(&guesses, 1)?;
-    eval([&guesses])?;
+    timed(Part::Blocked, || eval([&guesses]))?;
     let ids = guesses.as_slice::<i32>().iter().map(|&t| t as u32).collect();
     cache.restore(checkpoint);
     Ok(ids)
@@ -849,7 +862,7 @@ fn argmax_token(logits: &Array) -> Result<Array> {
 /// the device computes it while the host goes on.
 fn queue_argmax(logits: &Array, state: &[Array]) -> Result<Array> {
     let token = argmax_token(logits)?;
-    mlx_rs::transforms::async_eval(std::iter::once(&token).chain(state))?;
+    step_profile::encode(&std::iter::once(token.clone()).chain(state.iter().cloned()).collect::<Vec<_>>())?;
     Ok(token)
 }
 
@@ -939,17 +952,19 @@ fn forward_eval(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32
 /// the host can do other work before reading the logits.
 fn forward_queued(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32]) -> Result<Array> {
     let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-    let (logits, state) = forward_batch_lazy(model, &Array::from_slice(&ids, &[1, ids.len() as i32]), &mut [cache], Logits::Last)?;
-    mlx_rs::transforms::async_eval(std::iter::once(&logits).chain(state.iter()))?;
+    let (logits, state) = timed(Part::Build, || forward_batch_lazy(model, &Array::from_slice(&ids, &[1, ids.len() as i32]), &mut [cache], Logits::Last))?;
+    step_profile::encode(&std::iter::once(logits.clone()).chain(state).collect::<Vec<_>>())?;
     Ok(logits)
 }
 
 /// [`forward_eval`] for a batch: `input` `[B, T]`, row b on `caches[b]`.
 fn forward_eval_batch(model: &dyn LanguageModel, input: &Array, caches: &mut [&mut ModelCache], which: Logits) -> Result<Array> {
-    let (logits, state) = forward_batch_lazy(model, input, caches, which)?;
+    let (logits, state) = timed(Part::Build, || forward_batch_lazy(model, input, caches, which))?;
     // Other sequences' decode steps may still be encoding (a server round): this thread
     // evaluates only once the evaluator is idle.
     Encoder::for_this_thread().wait()?;
-    eval(std::iter::once(&logits).chain(state.iter()))?;
+    let outputs: Vec<Array> = std::iter::once(logits.clone()).chain(state).collect();
+    step_profile::encode(&outputs)?;
+    timed(Part::Blocked, || eval(&outputs))?;
     Ok(logits)
 }

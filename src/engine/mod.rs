@@ -25,6 +25,7 @@ pub mod sampler;
 pub mod session;
 pub mod source;
 pub mod state_file;
+pub mod step_profile;
 pub mod tensor_digests;
 pub mod tokenizer;
 pub mod tools;

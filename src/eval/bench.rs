@@ -20,6 +20,7 @@
 
 use crate::engine::error::{Error, Result};
 use crate::engine::cache::ModelCache;
+use crate::engine::step_profile::{self, HostTimes};
 use crate::engine::generate::{decode_pipelined, extend, generate, next_batch, Decoding, Draft, Flow, GenerateOptions, Step};
 use crate::engine::grammar::{Grammar, GrammarCompiler, Reasoning};
 use crate::engine::prefix_cache::{PrefixCache, Start, Trail};
@@ -107,6 +108,8 @@ pub struct BenchPlan {
     /// The grammar suite: each generation length and sequence count decoded as the server does,
     /// free and under a grammar (instead of the pp/tg matrix).
     pub grammar: bool,
+    /// Generation tests also report where the host's time went per step ([`StepHost`]).
+    pub profile: bool,
 }
 
 impl BenchPlan {
@@ -210,6 +213,43 @@ pub struct BenchRow {
     pub acceptance: Option<f64>,
     /// Follow-up tests: prompt tokens taken from the kept state, and what keeping it costs.
     pub reuse: Option<Reuse>,
+    /// Profiled generation tests: the host's time per step.
+    pub host: Option<StepHost>,
+}
+
+/// Where one decode step's time went on the host (a step advances every sequence of the test by
+/// a token), over the timed runs; see `engine::step_profile`. The builder thread's time is its
+/// building, its encoding where it encodes itself (included in `encode`), its other work
+/// (drawing on the host, handing tokens out, grammar masks) and its waits, so `build + other`
+/// near the wall time means the builder bounds the step, `encode` near it the evaluator, and
+/// otherwise the device does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepHost {
+    pub build_ms: f64,
+    pub encode_ms: f64,
+    pub other_ms: f64,
+    pub blocked_ms: f64,
+    /// The evaluator (or, without one, the builder) waiting for the device to finish a read.
+    pub device_wait_ms: f64,
+    /// Operations in a step's graphs, counted in the warm-up run.
+    pub ops: f64,
+}
+
+impl StepHost {
+    /// `spent` over `steps` steps of `wall_ns` in all; `counted` the warm-up run's totals over
+    /// `warm_steps`.
+    fn new(spent: HostTimes, wall_ns: u64, steps: usize, counted: HostTimes, warm_steps: usize) -> Self {
+        let ms = |ns: u64| ns as f64 / 1e6 / steps.max(1) as f64;
+        let other = wall_ns.saturating_sub(spent.build_ns + spent.blocked_ns + spent.builder_encode_ns);
+        StepHost {
+            build_ms: ms(spent.build_ns),
+            encode_ms: ms(spent.encode_ns),
+            other_ms: ms(other),
+            blocked_ms: ms(spent.blocked_ns),
+            device_wait_ms: ms(spent.device_wait_ns),
+            ops: counted.ops as f64 / warm_steps.max(1) as f64,
+        }
+    }
 }
 
 /// What a follow-up reused.
@@ -339,6 +379,8 @@ pub fn run_test(
     let mut samples_ns = Vec::with_capacity(plan.repetitions);
     let mut peak_mem = 0u64;
     let (mut drafted, mut accepted) = (0, 0);
+    let profiled = plan.profile && matches!(test, Test::Generate(..));
+    let (mut spent, mut counted) = (HostTimes::default(), HostTimes::default());
     for run in 0..=plan.repetitions {
         let mut caches = Vec::with_capacity(test.seqs());
         for _ in 0..test.seqs() {
@@ -350,6 +392,9 @@ pub fn run_test(
         }
         let tokens = random((needed - depth) * test.seqs());
         let _ = mlx_rs::memory::reset_peak_memory();
+        // The warm-up run counts its graphs' operations (slow), the timed runs only time.
+        step_profile::count_ops(profiled && run == 0);
+        let before = step_profile::totals();
         let start = Instant::now();
         match test {
             Test::Prompt(_) => extend(model, &mut caches[0], &tokens, plan.prefill_step)?,
@@ -376,15 +421,22 @@ pub fn run_test(
             Test::FollowUp(..) => return Err(Error::Usage("internal: a follow-up test runs through run_follow_up".into())),
         }
         let elapsed = start.elapsed().as_nanos() as u64;
+        step_profile::count_ops(false);
+        let host = step_profile::totals() - before;
         // Run 0 warms up (kernel compilation, allocator) and is not counted.
-        if run > 0 {
+        if run == 0 {
+            counted = host;
+        } else {
+            spent = spent + host;
             samples_ns.push(elapsed);
             peak_mem = peak_mem.max(mlx_rs::memory::peak_memory().unwrap_or(0) as u64);
         }
         on_run();
     }
     let acceptance = (drafted > 0).then(|| accepted as f64 / drafted as f64);
-    Ok(BenchRow { model: meta.clone(), test, depth, n_batch: plan.prefill_step, samples_ns, peak_mem, acceptance, reuse: None })
+    let steps = test.tokens();
+    let host = profiled.then(|| StepHost::new(spent, samples_ns.iter().sum(), steps * samples_ns.len(), counted, steps));
+    Ok(BenchRow { model: meta.clone(), test, depth, n_batch: plan.prefill_step, samples_ns, peak_mem, acceptance, reuse: None, host })
 }
 
 /// What the grammar suite's constrained tests generate: JSON objects (strings, integers, lists),
@@ -499,6 +551,7 @@ pub fn run_follow_up(
         peak_mem: timings.peak_mem,
         acceptance: None,
         reuse: Some(Reuse { cached_tokens: timings.cached_tokens, kept_bytes, measured_bytes }),
+        host: None,
     };
 
     let (mut cold, mut before) = (Timings::default(), 0);

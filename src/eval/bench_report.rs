@@ -16,6 +16,7 @@ pub const FIELDS: &[&str] = &[
     "model_filename", "model_type", "model_size", "n_params", "backend", "dtype", "n_batch", "n_prompt", "n_gen", "n_depth",
     "n_seq", "draft_layers", "n_draft", "acceptance", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts", "peak_mem",
     "prefix", "n_cached", "prefix_bytes", "prefix_mem", "grammar",
+    "build_ms", "encode_ms", "other_ms", "blocked_ms", "device_wait_ms", "ops",
 ];
 
 /// One row as `FIELDS` → value.
@@ -29,6 +30,8 @@ pub fn record(row: &BenchRow, test_time: &str) -> Vec<(&'static str, Value)> {
         json!(row.samples_ns), json!(row.samples_ts()), json!(row.peak_mem),
         json!(row.prefix().map(|p| p.name())), json!(row.reuse.map(|r| r.cached_tokens)), json!(row.reuse.map(|r| r.kept_bytes)),
         json!(row.reuse.and_then(|r| r.measured_bytes)), json!(row.grammar()),
+        json!(row.host.map(|h| h.build_ms)), json!(row.host.map(|h| h.encode_ms)), json!(row.host.map(|h| h.other_ms)),
+        json!(row.host.map(|h| h.blocked_ms)), json!(row.host.map(|h| h.device_wait_ms)), json!(row.host.map(|h| h.ops)),
     ];
     FIELDS.iter().copied().zip(values).collect()
 }
@@ -51,6 +54,8 @@ pub struct Columns {
     pub constrained: bool,
     /// Served rows beside pipelined ones (the speed suite): each served row's share of them.
     pub served: bool,
+    /// `--profile`: the host's time per step of generation tests, and its graphs' operations.
+    pub profile: bool,
 }
 
 impl Columns {
@@ -61,6 +66,7 @@ impl Columns {
             speculative: !plan.follow_ups && !plan.grammar && generates && plan.draft_layers.iter().any(|&l| l > 0),
             constrained: !plan.follow_ups && plan.grammar && generates,
             served: !plan.follow_ups && !plan.grammar && generates && !plan.seqs.is_empty(),
+            profile: !plan.follow_ups && plan.profile && generates,
         }
     }
 }
@@ -70,7 +76,7 @@ impl Columns {
 /// table ([`follow_up_table`]). A row's cells depend only on it and the rows before it (a
 /// follow-up's cold run, a grammar test's free run come first), so the last row of a growing
 /// table is final when printed.
-fn table(rows: &[BenchRow], Columns { follow_up, speculative, constrained, served }: Columns) -> Report {
+fn table(rows: &[BenchRow], Columns { follow_up, speculative, constrained, served, profile }: Columns) -> Report {
     if follow_up {
         return follow_up_table(rows);
     }
@@ -83,6 +89,9 @@ fn table(rows: &[BenchRow], Columns { follow_up, speculative, constrained, serve
     }
     if served {
         headers.push("of pipelined");
+    }
+    if profile {
+        headers.extend(["step ms", "build", "encode", "other", "blocked", "read wait", "ops"]);
     }
     let mut report = Report::new(&headers);
     for r in rows {
@@ -103,6 +112,16 @@ fn table(rows: &[BenchRow], Columns { follow_up, speculative, constrained, serve
             (Some(false), Some(p)) => format!("{:.2}×", r.avg_ts() / p.avg_ts()),
             _ => String::new(),
         };
+        let host = match (profile, r.host) {
+            (false, _) => vec![],
+            (true, None) => vec![String::new(); 7],
+            (true, Some(h)) => {
+                let step_ms = r.avg_ns() / 1e6 / r.n_gen().max(1) as f64;
+                let mut cells: Vec<String> = [step_ms, h.build_ms, h.encode_ms, h.other_ms, h.blocked_ms, h.device_wait_ms].iter().map(|ms| format!("{ms:.2}")).collect();
+                cells.push(format!("{:.0}", h.ops));
+                cells
+            }
+        };
         report.push([vec![
             r.model.model_filename.clone(),
             human(r.model.model_size),
@@ -112,7 +131,7 @@ fn table(rows: &[BenchRow], Columns { follow_up, speculative, constrained, serve
             r.name(),
             format!("{:.2} ± {:.2}", r.avg_ts(), r.stddev_ts()),
             human(r.peak_mem),
-        ], if speculative { vec![accepted] } else { vec![] }, if constrained { vec![vs_free] } else { vec![] }, if served { vec![of_pipelined] } else { vec![] }]
+        ], if speculative { vec![accepted] } else { vec![] }, if constrained { vec![vs_free] } else { vec![] }, if served { vec![of_pipelined] } else { vec![] }, host]
         .concat());
     }
     report
@@ -328,7 +347,7 @@ mod tests {
             backend: "cpu".into(),
             dtype: "f32".into(),
         };
-        BenchRow { model, test, depth, n_batch: 512, samples_ns, peak_mem: 4096, acceptance: None, reuse: None }
+        BenchRow { model, test, depth, n_batch: 512, samples_ns, peak_mem: 4096, acceptance: None, reuse: None, host: None }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! (docs/architecture.md, Kernels; docs/adding-a-kernel.md.)
 
 pub mod custom;
+pub mod draw;
 pub mod gla;
 pub mod kv;
 pub mod lightning;
@@ -16,7 +17,8 @@ pub mod sparse;
 
 /// The self-checks of the kernels whose MLX-ops versions are here (InfLLM-V2's are in
 /// `models::sala::infllm`; `models::kernel_checks` lists all).
-pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 11] = [
+pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 12] = [
+    &draw::DRAW_CHECK,
     &gla::GLA_DECODE_CHECK,
     &lightning::DECODE_STEP_CHECK,
     &lightning::NORM_GATE_CHECK,
