@@ -699,7 +699,7 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
             inputs.push(back.token.clone());
         }
         let constrained: Vec<bool> = feeding.iter().map(|&i| steps[i].sampler.is_constrained()).collect();
-        let outputs = encoder.build(|| -> Result<Vec<Array>> {
+        let step = || -> Result<Vec<Array>> {
             let input = batch_input(&inputs)?;
             let mut caches: Vec<&mut ModelCache> =
                 steps.iter_mut().enumerate().filter(|(i, _)| feeding.contains(i)).map(|(_, s)| &mut *s.cache).collect();
@@ -722,13 +722,15 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
                 outputs.extend(draw_into(model, steps, &free, &rows, &masks)?);
             }
             Ok(outputs)
-        })?;
+        };
+        // Nothing runs ahead of a grammar row's step: its encoding starts while it is built.
+        let outputs = if constrained.contains(&true) { encoder.build_early(step) } else { encoder.build(step) }?;
         encoder.queue(outputs)?;
     }
 
-    let mut tokens = vec![None; steps.len()];
+    let mut fronts = Vec::with_capacity(live.len());
     for &i in &live {
-        let Step { decoding, cache, sampler } = &mut *steps[i];
+        let decoding = &mut *steps[i].decoding;
         let front = decoding.in_flight.pop_front().ok_or_else(|| Error::Usage("internal: no token in flight".into()))?;
         reads.request(&encoder, &front)?;
         let token = reads.take(&front.token.batch)?[front.token.row] as u32;
@@ -736,12 +738,35 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
             Some(queued) => Some(queued.unpack(token, reads.take(queued.array())?)),
             None => None,
         };
-        sampler.commit(token)?;
-        let in_cache = front.fed.is_some();
-        decoding.rewind = front.fed;
+        fronts.push((i, token, front.fed, logprobs));
+    }
+    commit_tokens(steps, fronts.iter().map(|&(i, token, ..)| (i, token)))?;
+    let mut tokens = vec![None; steps.len()];
+    for (i, token, fed, logprobs) in fronts {
+        let Step { decoding, cache, .. } = &mut *steps[i];
+        let in_cache = fed.is_some();
+        decoding.rewind = fed;
         tokens[i] = decoding.hand_out(model, cache, token, in_cache, logprobs)?;
     }
     Ok(tokens)
+}
+
+/// Records each sequence's token in its constraint (`tokens`: step index, token); a batch's
+/// grammar matchers take theirs at once on a pool, as their masks are worked out.
+fn commit_tokens(steps: &mut [&mut Step], tokens: impl Iterator<Item = (usize, u32)>) -> Result<()> {
+    use rayon::prelude::*;
+    let tokens: Vec<(usize, u32)> = tokens.collect();
+    let mut constrained: Vec<(&mut Sampler, u32)> = steps
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(i, s)| tokens.iter().find(|(at, _)| *at == i).map(|&(_, token)| (&mut *s.sampler, token)))
+        .filter(|(sampler, _)| sampler.is_constrained())
+        .collect();
+    if constrained.len() > 1 {
+        constrained.par_iter_mut().map(|(sampler, token)| sampler.commit(*token)).collect::<Vec<_>>().into_iter().collect()
+    } else {
+        constrained.into_iter().try_for_each(|(sampler, token)| sampler.commit(token))
+    }
 }
 
 /// Reads asked of the evaluator, one per array (a batch's draws are read once for all its rows).
