@@ -6,7 +6,8 @@
 #                thread waiting for each read (engine/encoder.rs as of 6905448, with the profile's timers)
 #   sala-kernel  the draw kernel, the evaluator still waiting for each read
 #   sala         both changes (the tree as committed)
-# Then the GPU tests of the draw (TESTS; none with TESTS=).
+# Any other name in BINS is taken as another build to set beside them (say sala-7bf0f66 for that
+# commit's tree). Then the GPU tests of the draw (TESTS; none with TESTS=).
 # Prepare (repo root, git-ignored paths): the binaries and the gpu_kernels test binary (as
 # gpu_kernels) in .device/bin, stripped; tar cJf .device/bin.tar.xz -C .device bin; the MLX CUDA
 # bundle in .device/mlx-cuda and the MiniCPM4 tokenizer in .device/tokenizer (eval/device-served.sh).
