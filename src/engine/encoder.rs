@@ -448,7 +448,7 @@ impl PendingValue {
 /// `a` as a flat int32 array, queued for the device behind everything queued before it.
 fn queue_read(a: &Array) -> Result<Array> {
     let flat = a.as_dtype(mlx_rs::Dtype::Int32)?.reshape(&[-1])?;
-    step_profile::encode(std::slice::from_ref(&flat))?;
+    step_profile::encode([&flat])?;
     Ok(flat)
 }
 

@@ -666,16 +666,9 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
 
     let drawing: Vec<usize> = live.iter().copied().filter(|&i| steps[i].decoding.undrawn.is_some() && steps[i].decoding.in_flight.is_empty()).collect();
     if !drawing.is_empty() {
-        // The masks are independent: worked out at once on a pool, or sixteen sequences under
-        // grammars would take sixteen masks' time while the device waits for the draw.
-        {
-            use rayon::prelude::*;
-            let mut samplers: Vec<&mut Sampler> =
-                steps.iter_mut().enumerate().filter(|(i, s)| drawing.contains(i) && s.sampler.is_constrained()).map(|(_, s)| &mut *s.sampler).collect();
-            if samplers.len() > 1 {
-                samplers.par_iter_mut().try_for_each(|s| s.prepare())?;
-            }
-        }
+        // The masks are independent: worked out at once, or sixteen sequences under grammars
+        // would take sixteen masks' time while the device waits for the draw.
+        for_constrained(steps, &drawing, |sampler, _| sampler.prepare())?;
         let masks = drawing.iter().map(|&i| steps[i].sampler.take_mask()).collect::<Result<Vec<_>>>()?;
         let rows: Vec<Array> = drawing.iter().filter_map(|&i| steps[i].decoding.undrawn.take()).collect();
         let outputs = encoder.build(|| -> Result<Vec<Array>> {
@@ -740,7 +733,8 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
         };
         fronts.push((i, token, front.fed, logprobs));
     }
-    commit_tokens(steps, fronts.iter().map(|&(i, token, ..)| (i, token)))?;
+    let (rows, drawn): (Vec<usize>, Vec<u32>) = fronts.iter().map(|&(i, token, ..)| (i, token)).unzip();
+    for_constrained(steps, &rows, |sampler, at| sampler.commit(drawn[at]))?;
     let mut tokens = vec![None; steps.len()];
     for (i, token, fed, logprobs) in fronts {
         let Step { decoding, cache, .. } = &mut *steps[i];
@@ -751,21 +745,21 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
     Ok(tokens)
 }
 
-/// Records each sequence's token in its constraint (`tokens`: step index, token); a batch's
-/// grammar matchers take theirs at once on a pool, as their masks are worked out.
-fn commit_tokens(steps: &mut [&mut Step], tokens: impl Iterator<Item = (usize, u32)>) -> Result<()> {
+/// `work` for the sampler of each sequence `rows[at]` that is under a grammar (given `at`), on
+/// rayon's pool when there are several: llguidance's matchers are independent. The first error
+/// in the steps' order is returned.
+fn for_constrained(steps: &mut [&mut Step], rows: &[usize], work: impl Fn(&mut Sampler, usize) -> Result<()> + Sync) -> Result<()> {
     use rayon::prelude::*;
-    let tokens: Vec<(usize, u32)> = tokens.collect();
-    let mut constrained: Vec<(&mut Sampler, u32)> = steps
+    let mut constrained: Vec<(usize, &mut Sampler)> = steps
         .iter_mut()
         .enumerate()
-        .filter_map(|(i, s)| tokens.iter().find(|(at, _)| *at == i).map(|&(_, token)| (&mut *s.sampler, token)))
-        .filter(|(sampler, _)| sampler.is_constrained())
+        .filter_map(|(i, s)| rows.iter().position(|&r| r == i).map(|at| (at, &mut *s.sampler)))
+        .filter(|(_, sampler)| sampler.is_constrained())
         .collect();
     if constrained.len() > 1 {
-        constrained.par_iter_mut().map(|(sampler, token)| sampler.commit(*token)).collect::<Vec<_>>().into_iter().collect()
+        constrained.par_iter_mut().map(|(at, sampler)| work(sampler, *at)).collect::<Vec<_>>().into_iter().collect()
     } else {
-        constrained.into_iter().try_for_each(|(sampler, token)| sampler.commit(token))
+        constrained.into_iter().try_for_each(|(at, sampler)| work(sampler, at))
     }
 }
 
@@ -887,7 +881,7 @@ fn argmax_token(logits: &Array) -> Result<Array> {
 /// the device computes it while the host goes on.
 fn queue_argmax(logits: &Array, state: &[Array]) -> Result<Array> {
     let token = argmax_token(logits)?;
-    step_profile::encode(&std::iter::once(token.clone()).chain(state.iter().cloned()).collect::<Vec<_>>())?;
+    step_profile::encode(std::iter::once(&token).chain(state))?;
     Ok(token)
 }
 
@@ -978,7 +972,7 @@ fn forward_eval(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32
 fn forward_queued(model: &dyn LanguageModel, cache: &mut ModelCache, tokens: &[u32]) -> Result<Array> {
     let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
     let (logits, state) = timed(Part::Build, || forward_batch_lazy(model, &Array::from_slice(&ids, &[1, ids.len() as i32]), &mut [cache], Logits::Last))?;
-    step_profile::encode(&std::iter::once(logits.clone()).chain(state).collect::<Vec<_>>())?;
+    step_profile::encode(std::iter::once(&logits).chain(state.iter()))?;
     Ok(logits)
 }
 
@@ -988,8 +982,7 @@ fn forward_eval_batch(model: &dyn LanguageModel, input: &Array, caches: &mut [&m
     // Other sequences' decode steps may still be encoding (a server round): this thread
     // evaluates only once the evaluator is idle.
     Encoder::for_this_thread().wait()?;
-    let outputs: Vec<Array> = std::iter::once(logits.clone()).chain(state).collect();
-    step_profile::encode(&outputs)?;
-    timed(Part::Blocked, || eval(&outputs))?;
+    step_profile::encode(std::iter::once(&logits).chain(state.iter()))?;
+    timed(Part::Blocked, || eval(std::iter::once(&logits).chain(state.iter())))?;
     Ok(logits)
 }

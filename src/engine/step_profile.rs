@@ -1,7 +1,8 @@
 //! Where the host's time goes while decoding, summed over the process so `sala bench --profile`
 //! can report it per step: building graphs (the builder thread), encoding them for the device
-//! (the evaluator thread, `engine::encoder`), the builder blocked on the evaluator, and the
-//! evaluator blocked on the device for a value read back. With the wall time beside them they
+//! (the evaluator thread, `engine::encoder`), the builder blocked (on the evaluator, or on the
+//! device where it evaluates itself), and the evaluator blocked on the device for a value read
+//! back. With the wall time beside them they
 //! say what bounds decode: a builder never blocked is the limit itself, an evaluator encoding
 //! the whole step is, and otherwise the device is. Counting a graph's operations (MLX's printed
 //! graph, one line per operation) is slow, so it is done only while asked ([`count_ops`]).
@@ -30,31 +31,31 @@ pub struct HostTimes {
     pub ops: u64,
 }
 
+impl HostTimes {
+    /// `f` of each field of the two.
+    fn combine(self, other: HostTimes, f: fn(u64, u64) -> u64) -> HostTimes {
+        HostTimes {
+            build_ns: f(self.build_ns, other.build_ns),
+            encode_ns: f(self.encode_ns, other.encode_ns),
+            builder_encode_ns: f(self.builder_encode_ns, other.builder_encode_ns),
+            blocked_ns: f(self.blocked_ns, other.blocked_ns),
+            device_wait_ns: f(self.device_wait_ns, other.device_wait_ns),
+            ops: f(self.ops, other.ops),
+        }
+    }
+}
+
 impl std::ops::Add for HostTimes {
     type Output = HostTimes;
     fn add(self, other: HostTimes) -> HostTimes {
-        HostTimes {
-            build_ns: self.build_ns + other.build_ns,
-            encode_ns: self.encode_ns + other.encode_ns,
-            builder_encode_ns: self.builder_encode_ns + other.builder_encode_ns,
-            blocked_ns: self.blocked_ns + other.blocked_ns,
-            device_wait_ns: self.device_wait_ns + other.device_wait_ns,
-            ops: self.ops + other.ops,
-        }
+        self.combine(other, |a, b| a + b)
     }
 }
 
 impl std::ops::Sub for HostTimes {
     type Output = HostTimes;
     fn sub(self, before: HostTimes) -> HostTimes {
-        HostTimes {
-            build_ns: self.build_ns - before.build_ns,
-            encode_ns: self.encode_ns - before.encode_ns,
-            builder_encode_ns: self.builder_encode_ns - before.builder_encode_ns,
-            blocked_ns: self.blocked_ns - before.blocked_ns,
-            device_wait_ns: self.device_wait_ns - before.device_wait_ns,
-            ops: self.ops - before.ops,
-        }
+        self.combine(before, |a, b| a - b)
     }
 }
 
@@ -122,16 +123,17 @@ pub fn count_ops(on: bool) {
 
 /// Queues `arrays`' computation on the device (`async_eval`), timed as encoding, their graph's
 /// operations counted first when asked.
-pub fn encode(arrays: &[Array]) -> Result<(), Exception> {
+pub fn encode<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<(), Exception> {
+    let arrays: Vec<&Array> = arrays.into_iter().collect();
     if COUNTING.load(Relaxed) {
-        OPS.fetch_add(graph_operations(arrays), Relaxed);
+        OPS.fetch_add(graph_operations(&arrays), Relaxed);
     }
     timed(Part::Encode, || mlx_rs::transforms::async_eval(arrays))
 }
 
 /// The operations not yet evaluated behind `arrays`: the lines of MLX's printed graph, less its
 /// "Inputs:" and "Outputs:" lines.
-fn graph_operations(arrays: &[Array]) -> u64 {
+fn graph_operations(arrays: &[&Array]) -> u64 {
     let mut buffer: *mut libc::c_char = std::ptr::null_mut();
     let mut size: libc::size_t = 0;
     unsafe {
@@ -163,17 +165,17 @@ mod tests {
     fn counts_the_operations_of_an_unevaluated_graph_and_times_its_encoding() {
         let a = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3]);
         let b = a.multiply(&a).unwrap().add(&a).unwrap().exp().unwrap();
-        assert_eq!(graph_operations(std::slice::from_ref(&b)), 3);
+        assert_eq!(graph_operations(&[&b]), 3);
         mlx_rs::transforms::eval([&b]).unwrap();
         // Evaluated: nothing is left to encode.
-        assert_eq!(graph_operations(std::slice::from_ref(&b)), 0);
+        assert_eq!(graph_operations(&[&b]), 0);
         let before = totals();
         let c = b.sqrt().unwrap();
         count_ops(true);
-        encode(std::slice::from_ref(&c)).unwrap();
+        encode([&c]).unwrap();
         count_ops(false);
         let d = c.sqrt().unwrap();
-        encode(std::slice::from_ref(&d)).unwrap();
+        encode([&d]).unwrap();
         let spent = totals() - before;
         // Other tests encode in parallel: at least this test's one counted operation.
         assert!(spent.ops >= 1 && spent.encode_ns > 0, "{spent:?}");

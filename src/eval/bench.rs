@@ -229,7 +229,8 @@ pub struct StepHost {
     pub encode_ms: f64,
     pub other_ms: f64,
     pub blocked_ms: f64,
-    /// The evaluator (or, without one, the builder) waiting for the device to finish a read.
+    /// The evaluator waiting for the device to compute a read (without one, the builder's
+    /// waits are in `blocked_ms`).
     pub device_wait_ms: f64,
     /// Operations in a step's graphs, counted in the warm-up run.
     pub ops: f64,
