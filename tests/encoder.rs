@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use mlx_rs::{Array, Dtype, Stream};
-use sala::engine::encoder::{own_stream, parts_handed_early, Encoder};
+use sala::engine::encoder::{own_stream, Encoder};
 use sala::engine::generate::{decode_pipelined, extend};
 use sala::engine::model::{LanguageModel, Logits};
 use sala::engine::ops::to_vec_f32;
@@ -61,44 +61,6 @@ fn dense_steps_on_the_evaluator_thread_match_steps_on_this_thread() {
     let prompt: Vec<u32> = (300..340).collect();
     assert_pipelined_matches(model.as_ref(), &[], &[17, 900, 4, 4], "smollm2, its first step");
     assert_pipelined_matches(model.as_ref(), &prompt, &[17, 900, 4, 4, 31, 2000, 5, 8], "smollm2");
-}
-
-/// `steps` run on top of `prompt`, each step built with its parts handed to the evaluator as they
-/// are built (`Encoder::build_early`, as under a grammar) and queued: the cache continues as one
-/// evaluated forward call per token leaves it, and the step's logits are the same.
-fn assert_early_matches(model: &dyn LanguageModel, prompt: &[u32], steps: &[u32], label: &str) {
-    use sala::engine::model::Logits;
-    let mut early = model.new_cache();
-    extend(model, &mut early, prompt, 512).unwrap();
-    let mut plain = early.clone();
-    for &t in steps {
-        let encoder = Encoder::for_this_thread();
-        let before = parts_handed_early();
-        let outputs = encoder.build_early(|| {
-            let logits = model.forward(&Array::from_slice(&[t as i32], &[1, 1]), &mut early, Logits::Last, None).unwrap();
-            std::iter::once(logits).chain(early.arrays()).collect::<Vec<_>>()
-        });
-        // A step goes over in four parts as its layers are built.
-        assert_eq!(parts_handed_early() - before, 4, "{label}");
-        encoder.queue(outputs.clone()).unwrap();
-        encoder.wait().unwrap();
-        let want = model.forward(&Array::from_slice(&[t as i32], &[1, 1]), &mut plain, Logits::Last, None).unwrap();
-        let (a, b) = (to_vec_f32(&outputs[0]).unwrap(), to_vec_f32(&want).unwrap());
-        assert_eq!(a, b, "{label}: the logits of the step built early");
-    }
-    let (a, b) = (next_logits(model, &early, 7), next_logits(model, &plain, 7));
-    assert_eq!(a, b, "{label}: the caches after steps built early");
-}
-
-#[test]
-fn steps_encoded_while_they_are_built_match_steps_built_whole() {
-    let case = "C_sparse_prefill";
-    let model = sala::models::load(&golden(case), Some(Dtype::Float32)).unwrap();
-    let prompt = ids(&tokens(case), "prompt_ids");
-    assert_early_matches(model.as_ref(), &prompt[..40], &prompt[40..46], "sala, dense");
-    assert_early_matches(model.as_ref(), &prompt[..1490], &prompt[1490..1494], "sala, sparse");
-    let smol = sala::models::load(&smollm2_gguf(), Some(Dtype::Float32)).unwrap();
-    assert_early_matches(smol.as_ref(), &(300..340).collect::<Vec<u32>>(), &[17, 900, 4, 31], "smollm2");
 }
 
 #[test]

@@ -77,15 +77,6 @@ thread_local! {
     static EVALUATOR: RefCell<Option<Rc<Evaluator>>> = const { RefCell::new(None) };
     /// Set while [`Encoder::build`] runs: the thread's own default stream, to return to.
     static BUILDING: Cell<Option<mlx_sys::mlx_stream>> = const { Cell::new(None) };
-    /// Set while [`Encoder::build_early`] runs.
-    static EARLY: Cell<bool> = const { Cell::new(false) };
-    /// Parts this thread has handed over early ([`parts_handed_early`]).
-    static EARLY_PARTS: Cell<u64> = const { Cell::new(0) };
-}
-
-/// How many parts of steps this thread has handed to its evaluator before their builds ended.
-pub fn parts_handed_early() -> u64 {
-    EARLY_PARTS.with(Cell::get)
 }
 
 /// Set by [`keep_on_calling_thread`].
@@ -280,23 +271,6 @@ impl Encoder {
         result
     }
 
-    /// [`Encoder::build`], handing parts of the step to the evaluator as they are built
-    /// ([`queue_early`], from the model's layers), so that it encodes the step's first layers
-    /// while its last are built. For a step the next one cannot be built before it is read (under
-    /// a grammar): its building and its encoding would otherwise follow one another while the
-    /// device waits.
-    pub fn build_early<T>(&self, build: impl FnOnce() -> T) -> T {
-        struct Off;
-        impl Drop for Off {
-            fn drop(&mut self) {
-                EARLY.with(|e| e.set(false));
-            }
-        }
-        EARLY.with(|e| e.set(true));
-        let _off = Off;
-        self.build(build)
-    }
-
     /// Queues the computation of `arrays` (a step's outputs and the caches it leaves) on the
     /// device, through the evaluator, which may be [`QUEUE_DEPTH`] steps behind before this waits.
     pub fn queue(&self, arrays: Vec<Array>) -> Result<()> {
@@ -474,21 +448,6 @@ fn done(progress: &Progress, run: u64, outcome: std::result::Result<(), String>,
         state.1.get_or_insert(e);
     }
     progress.changed.notify_all();
-}
-
-/// Inside [`Encoder::build_early`], on a thread whose steps go to the evaluator: queues
-/// `arrays()` (part of the step built so far) now. Anywhere else it does nothing.
-pub fn queue_early(arrays: impl FnOnce() -> Vec<Array>) -> Result<()> {
-    if !EARLY.with(Cell::get) || BUILDING.with(Cell::get).is_none() {
-        return Ok(());
-    }
-    match EVALUATOR.with(|slot| slot.borrow().clone()) {
-        Some(evaluator) => {
-            EARLY_PARTS.with(|n| n.set(n.get() + 1));
-            evaluator.send(Work::Eval(arrays()))
-        }
-        None => Ok(()),
-    }
 }
 
 /// Runs `f` on the calling thread's own stream: an evaluation made while a step is being built

@@ -692,7 +692,7 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
             inputs.push(back.token.clone());
         }
         let constrained: Vec<bool> = feeding.iter().map(|&i| steps[i].sampler.is_constrained()).collect();
-        let step = || -> Result<Vec<Array>> {
+        let outputs = encoder.build(|| -> Result<Vec<Array>> {
             let input = batch_input(&inputs)?;
             let mut caches: Vec<&mut ModelCache> =
                 steps.iter_mut().enumerate().filter(|(i, _)| feeding.contains(i)).map(|(_, s)| &mut *s.cache).collect();
@@ -715,9 +715,7 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
                 outputs.extend(draw_into(model, steps, &free, &rows, &masks)?);
             }
             Ok(outputs)
-        };
-        // Nothing runs ahead of a grammar row's step: its encoding starts while it is built.
-        let outputs = if constrained.contains(&true) { encoder.build_early(step) } else { encoder.build(step) }?;
+        })?;
         encoder.queue(outputs)?;
     }
 

@@ -115,14 +115,9 @@ pub fn to_bytes(a: &Array) -> Result<Vec<u8>> {
 /// before the device finishes; so without a wait every layer's temporaries — a prefill chunk's
 /// dequantized weights above all — were alive at once. Pacing per branch keeps the least alive,
 /// for little prefill speed (eval/results/kernel-notes.md).
-/// A decode step (fewer rows) is not paced, but when it is built for the evaluator thread to
-/// encode early (`encoder::Encoder::build_early`) its parts go to it as they are built.
 pub struct Pacer {
     queued: Vec<Array>,
     on: bool,
-    branches: usize,
-    /// Branches a decode step encoded early hands over at a time (0: none).
-    early_every: usize,
 }
 
 impl Pacer {
@@ -130,36 +125,19 @@ impl Pacer {
     /// working memory, and a decode step must not wait for the one before it.
     pub const FROM_ROWS: usize = 256;
 
-    /// Parts a decode step encoded early is handed over in: a part's encoding overlaps the next
-    /// part's building, and each part costs the evaluator a call into MLX.
-    const EARLY_PARTS: usize = 4;
-
     pub fn new(rows: usize) -> Self {
-        Self { queued: Vec::new(), on: rows >= Self::FROM_ROWS, branches: 0, early_every: 0 }
-    }
-
-    /// For a forward call of `branches` steps (two a layer): a decode step built to be encoded
-    /// early hands over its parts after each [`Self::EARLY_PARTS`]th of them.
-    pub fn with_branches(mut self, branches: usize) -> Self {
-        self.early_every = branches.div_ceil(Self::EARLY_PARTS);
-        self
+        Self { queued: Vec::new(), on: rows >= Self::FROM_ROWS }
     }
 
     /// Queues the arrays `outputs` lists (a branch's output and its layer's cache) for the device
-    /// and waits for the previous step's. Listed only when pacing, or at the end of each part of a
-    /// decode step encoded early: a decode step would pay for the copies of every handle twice a
-    /// layer.
+    /// and waits for the previous step's. Listed only when pacing: a decode step would pay for
+    /// the copies of every handle twice a layer.
     pub fn step(&mut self, outputs: impl FnOnce() -> Vec<Array>) -> Result<()> {
         if self.on {
             let arrays = outputs();
             mlx_rs::transforms::async_eval(&arrays)?;
             mlx_rs::transforms::eval(&self.queued)?;
             self.queued = arrays;
-        } else {
-            self.branches += 1;
-            if self.early_every > 0 && self.branches.is_multiple_of(self.early_every) {
-                super::encoder::queue_early(outputs)?;
-            }
         }
         Ok(())
     }

@@ -409,7 +409,7 @@ impl DecoderModel {
         if let Some(t) = trace.as_deref_mut() {
             t.record("hidden.embeddings", &h);
         }
-        let mut pacer = Pacer::new(tokens.size()).with_branches(2 * depth.min(self.layers.len()));
+        let mut pacer = Pacer::new(tokens.size());
         for (i, layer) in self.layers.iter().enumerate().take(depth) {
             let mut kv = layer_caches(caches, i, LayerCache::as_attention)?;
             // x = RMSNorm(h), applied inside the products that read x (layers::Input).

@@ -382,7 +382,7 @@ impl SalaModel {
         if let Some(t) = trace.as_deref_mut() {
             t.record("hidden.embeddings", &h);
         }
-        let mut pacer = Pacer::new(tokens.size()).with_branches(2 * depth.min(self.layers.len()));
+        let mut pacer = Pacer::new(tokens.size());
         for (i, layer) in self.layers.iter().enumerate().take(depth) {
             // x = RMSNorm(h), applied inside the products that read x (layers::Input).
             let x = Input::Normed(&h, &layer.input_norm);
