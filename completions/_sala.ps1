@@ -237,7 +237,7 @@ Register-ArgumentCompleter -Native -CommandName 'sala' -ScriptBlock {
             [CompletionResult]::new('--kv-bits', '--kv-bits', [CompletionResultType]::ParameterName, 'Keep the KV cache''s keys and values quantized to 8 bits (as llama.cpp''s -ctk/-ctv q8_0): about half the memory of a long context; logits stay within the tolerance the README states')
             [CompletionResult]::new('--tp', '--tp', [CompletionResultType]::ParameterName, 'Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs, MLX''s ring backend on CPUs and Macs)')
             [CompletionResult]::new('--tp-backend', '--tp-backend', [CompletionResultType]::ParameterName, 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl')
-            [CompletionResult]::new('--profile', '--profile', [CompletionResultType]::ParameterName, 'Generation tests also give, per step, where the host''s time went (building the graph, encoding it, other work, blocked) and the operations in its graph')
+            [CompletionResult]::new('--profile', '--profile', [CompletionResultType]::ParameterName, 'Generation tests also give, per step, where the host''s time went (building the graph, encoding it, other work, blocked), the operations in its graph and, on CUDA, the GPU''s own time (busy, and idle between steps)')
             [CompletionResult]::new('--no-think', '--no-think', [CompletionResultType]::ParameterName, 'Quality suite: answer without thinking (enable_thinking=false in the chat template)')
             [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')

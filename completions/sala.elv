@@ -224,7 +224,7 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --kv-bits 'Keep the KV cache''s keys and values quantized to 8 bits (as llama.cpp''s -ctk/-ctv q8_0): about half the memory of a long context; logits stay within the tolerance the README states'
             cand --tp 'Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs, MLX''s ring backend on CPUs and Macs)'
             cand --tp-backend 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl'
-            cand --profile 'Generation tests also give, per step, where the host''s time went (building the graph, encoding it, other work, blocked) and the operations in its graph'
+            cand --profile 'Generation tests also give, per step, where the host''s time went (building the graph, encoding it, other work, blocked), the operations in its graph and, on CUDA, the GPU''s own time (busy, and idle between steps)'
             cand --no-think 'Quality suite: answer without thinking (enable_thinking=false in the chat template)'
             cand -h 'Print help'
             cand --help 'Print help'

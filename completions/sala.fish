@@ -207,7 +207,7 @@ complete -c sala -n "__fish_sala_using_subcommand bench" -l tp -d 'Tensor parall
 complete -c sala -n "__fish_sala_using_subcommand bench" -l tp-backend -d 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl' -r -f -a "auto\t''
 ring\t''
 nccl\t''"
-complete -c sala -n "__fish_sala_using_subcommand bench" -l profile -d 'Generation tests also give, per step, where the host\'s time went (building the graph, encoding it, other work, blocked) and the operations in its graph'
+complete -c sala -n "__fish_sala_using_subcommand bench" -l profile -d 'Generation tests also give, per step, where the host\'s time went (building the graph, encoding it, other work, blocked), the operations in its graph and, on CUDA, the GPU\'s own time (busy, and idle between steps)'
 complete -c sala -n "__fish_sala_using_subcommand bench" -l no-think -d 'Quality suite: answer without thinking (enable_thinking=false in the chat template)'
 complete -c sala -n "__fish_sala_using_subcommand bench" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand bench" -s V -l version -d 'Print version'

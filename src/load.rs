@@ -201,6 +201,7 @@ pub fn load_synthetic(synthetic: &SyntheticModel, options: &LoadOptions, tokens:
 /// `path` is what the user named it.
 pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, options: &LoadOptions, tokens: usize) -> anyhow::Result<LoadedModel> {
     crate::engine::device_sampler::use_draw_kernel(crate::kernels::draw::draw);
+    crate::engine::step_profile::use_stamp_kernel(crate::kernels::stamp::stamp);
     let cfg = source.config()?;
     let dtype = compute_dtype(options.dtype, device, source.weights.storage_dtype());
     let tp = &options.tp;

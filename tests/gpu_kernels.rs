@@ -1123,3 +1123,31 @@ fn device_draws_on_the_gpu_equal_the_cpus() {
         assert_eq!(mask[t as usize / 32] >> (t % 32) & 1, 1, "row {r} drew {t}, which its mask forbids");
     }
 }
+
+/// Marks of the device's clock bracket the work queued between them (`sala bench --profile`'s
+/// device column): a mark after eight large products reads a later clock than the one before
+/// them, by at least what the products take at the H200's peak. Off CUDA there is no clock.
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn clock_marks_bracket_the_device_work_between_them() {
+    use sala::engine::ops::depends;
+    use sala::kernels::stamp::stamp;
+    use_gpu();
+    let x = random::normal::<f32>(&[4096, 4096], None, None, None).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
+    x.eval().unwrap();
+    let Some(before) = stamp(&x).unwrap() else {
+        assert_ne!(backend(), Backend::Cuda, "CUDA has a clock to read");
+        return;
+    };
+    let mut y = depends(&x, &before).unwrap();
+    for _ in 0..8 {
+        y = ops::matmul(&y, &x).unwrap().multiply(Array::from_f32(1e-2)).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
+    }
+    let after = stamp(&y).unwrap().expect("a second mark");
+    mlx_rs::transforms::eval([&after, &before, &y]).unwrap();
+    let read = |a: &Array| u64::from_le_bytes(sala::engine::ops::to_bytes(a).unwrap()[..8].try_into().unwrap());
+    let (t0, t1) = (read(&before), read(&after));
+    // 8 × 2 × 4096³ flops = 1.1 TFLOP: at least ~1.1 ms at 1 PFLOP/s of bf16, and well under a
+    // minute.
+    assert!(t1 > t0 + 1_000_000 && t1 < t0 + 60_000_000_000, "marks {t0} and {t1}");
+}

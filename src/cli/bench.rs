@@ -55,7 +55,8 @@ pub struct BenchArgs {
     #[arg(short = 'r', long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub repetitions: u32,
     /// Generation tests also give, per step, where the host's time went (building the graph,
-    /// encoding it, other work, blocked) and the operations in its graph
+    /// encoding it, other work, blocked), the operations in its graph and, on CUDA, the GPU's
+    /// own time (busy, and idle between steps)
     #[arg(long)]
     pub profile: bool,
     /// Output format

@@ -673,7 +673,9 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
         let rows: Vec<Array> = drawing.iter().filter_map(|&i| steps[i].decoding.undrawn.take()).collect();
         let outputs = encoder.build(|| -> Result<Vec<Array>> {
             let logits = if rows.len() == 1 { rows[0].clone() } else { mlx_rs::ops::concatenate(&rows, 0)? };
-            draw_into(model, steps, &drawing, &logits, &masks)
+            let mut outputs = draw_into(model, steps, &drawing, &step_profile::stretch_start(&logits)?, &masks)?;
+            outputs.extend(step_profile::stretch_end(&outputs[0])?);
+            Ok(outputs)
         })?;
         encoder.queue(outputs)?;
     }
@@ -693,10 +695,12 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
         }
         let constrained: Vec<bool> = feeding.iter().map(|&i| steps[i].sampler.is_constrained()).collect();
         let outputs = encoder.build(|| -> Result<Vec<Array>> {
-            let input = batch_input(&inputs)?;
+            let input = step_profile::stretch_start(&batch_input(&inputs)?)?;
             let mut caches: Vec<&mut ModelCache> =
                 steps.iter_mut().enumerate().filter(|(i, _)| feeding.contains(i)).map(|(_, s)| &mut *s.cache).collect();
             let (logits, mut outputs) = forward_batch_lazy(model, &input, &mut caches, Logits::Last)?;
+            // What the step computes last: its draws, else its logits (a grammar row's).
+            let mut last = logits.clone();
             use mlx_rs::ops::indexing::TryIndexOp;
             for (row, &i) in feeding.iter().enumerate().filter(|(row, _)| constrained[*row]) {
                 let undrawn = logits.try_index(row as i32..row as i32 + 1)?;
@@ -712,8 +716,11 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
                     logits.take_axis(Array::from_slice(&at, &[at.len() as i32]), 0)?
                 };
                 let masks: Vec<Option<TokenMask>> = free.iter().map(|_| None).collect();
-                outputs.extend(draw_into(model, steps, &free, &rows, &masks)?);
+                let drawn = draw_into(model, steps, &free, &rows, &masks)?;
+                last = drawn[0].clone();
+                outputs.extend(drawn);
             }
+            outputs.extend(step_profile::stretch_end(&last)?);
             Ok(outputs)
         })?;
         encoder.queue(outputs)?;
@@ -937,8 +944,13 @@ pub fn decode_pipelined(model: &dyn LanguageModel, caches: &mut [&mut ModelCache
     let queued = steps.iter().try_for_each(|step| -> Result<()> {
         let ids: Vec<i32> = step.iter().map(|&t| t as i32).collect();
         let input = Array::from_slice(&ids, &[ids.len() as i32, 1]);
-        let (logits, state) = encoder.build(|| forward_batch_lazy(model, &input, caches, Logits::Last))?;
-        encoder.queue(std::iter::once(logits.clone()).chain(state.iter().cloned()).collect())?;
+        let (logits, state, end) = encoder.build(|| -> Result<_> {
+            let input = step_profile::stretch_start(&input)?;
+            let (logits, state) = forward_batch_lazy(model, &input, caches, Logits::Last)?;
+            let end = step_profile::stretch_end(&logits)?;
+            Ok((logits, state, end))
+        })?;
+        encoder.queue(std::iter::once(logits.clone()).chain(state.iter().cloned()).chain(end).collect())?;
         last = Some((logits, state));
         Ok(())
     });

@@ -109,6 +109,28 @@ pub fn to_bytes(a: &Array) -> Result<Vec<u8>> {
     Ok(flat.as_slice::<u8>().to_vec())
 }
 
+/// `input`, computed only after `on` (MLX's `depends`): for ordering work whose result does not
+/// feed into it, such as a mark on the device's timeline.
+pub fn depends(input: &Array, on: &Array) -> Result<Array> {
+    unsafe {
+        let (inputs, on_vector) = (mlx_sys::mlx_vector_array_new(), mlx_sys::mlx_vector_array_new());
+        mlx_sys::mlx_vector_array_append_value(inputs, input.as_ptr());
+        mlx_sys::mlx_vector_array_append_value(on_vector, on.as_ptr());
+        let mut result = mlx_sys::mlx_vector_array_new();
+        let status = mlx_sys::mlx_depends(&mut result, inputs, on_vector);
+        let mut out = None;
+        if status == 0 && mlx_sys::mlx_vector_array_size(result) == 1 {
+            let mut array = mlx_sys::mlx_array_new();
+            mlx_sys::mlx_vector_array_get(&mut array, result, 0);
+            out = Some(Array::from_ptr(array));
+        }
+        mlx_sys::mlx_vector_array_free(inputs);
+        mlx_sys::mlx_vector_array_free(on_vector);
+        mlx_sys::mlx_vector_array_free(result);
+        out.ok_or_else(|| mlx_rs::error::Exception::custom("MLX refused `depends`"))
+    }
+}
+
 /// Keeps a long multi-token forward call (a prefill chunk) at most two residual branches (a
 /// mixer or an MLP) ahead of the device. MLX allocates each operation's output when the host
 /// encodes it and frees it when the device has run it, and the host encodes a whole chunk long
@@ -140,5 +162,23 @@ impl Pacer {
             self.queued = arrays;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depends_gives_the_input_computed_after_what_it_waits_for() {
+        let x = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3]);
+        let waited = x.multiply(&x).unwrap();
+        let y = depends(&x.add(&x).unwrap(), &waited).unwrap();
+        mlx_rs::transforms::eval([&y]).unwrap();
+        assert_eq!(y.as_slice::<f32>(), &[2.0, 4.0, 6.0]);
+        // `waited` was computed on the way.
+        let mut available = false;
+        unsafe { mlx_sys::_mlx_array_is_available(&mut available, waited.as_ptr()) };
+        assert!(available);
     }
 }

@@ -131,6 +131,115 @@ pub fn encode<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<(), Exc
     timed(Part::Encode, || mlx_rs::transforms::async_eval(arrays))
 }
 
+/// A mark on the device's timeline once an array is computed: the GPU's clock in nanoseconds
+/// (`[1]` uint64), or `None` where the backend has no clock to read. The engine cannot name the
+/// kernel that does it (`kernels::stamp`, above it), so it is handed over at load.
+pub type StampKernel = fn(&Array) -> Result<Option<Array>, Exception>;
+
+static STAMP_KERNEL: std::sync::OnceLock<StampKernel> = std::sync::OnceLock::new();
+static TIMING_DEVICE: AtomicBool = AtomicBool::new(false);
+
+/// Whether a mark opens or closes a stretch of the device's work.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mark {
+    Start,
+    End,
+}
+
+thread_local! {
+    /// The marks asked for on this (builder) thread since [`device_times`] last took them.
+    static MARKS: std::cell::RefCell<Vec<(Mark, Array)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Makes [`stretch_start`] and [`stretch_end`] mark through `kernel` (set once, at load).
+pub fn use_stamp_kernel(kernel: StampKernel) {
+    let _ = STAMP_KERNEL.set(kernel);
+}
+
+/// Marks the device's timeline around each stretch of decode work from now until called with
+/// `false`.
+pub fn time_device(on: bool) {
+    TIMING_DEVICE.store(on, Relaxed);
+}
+
+fn mark(kind: Mark, after: &Array) -> Result<Option<Array>, Exception> {
+    let Some(kernel) = STAMP_KERNEL.get().filter(|_| TIMING_DEVICE.load(Relaxed)) else { return Ok(None) };
+    let stamp = kernel(after)?;
+    if let Some(stamp) = &stamp {
+        MARKS.with(|m| m.borrow_mut().push((kind, stamp.clone())));
+    }
+    Ok(stamp)
+}
+
+/// `input` of a stretch of device work (a decode step, a draw), made to wait for a mark of the
+/// clock when the device is being timed, so the stretch's work starts after it.
+pub fn stretch_start(input: &Array) -> Result<Array, Exception> {
+    match mark(Mark::Start, input)? {
+        Some(stamp) => super::ops::depends(input, &stamp),
+        None => Ok(input.clone()),
+    }
+}
+
+/// The mark closing a stretch whose last result is `last`, to evaluate with the stretch's other
+/// outputs; `None` when the device is not being timed.
+pub fn stretch_end(last: &Array) -> Result<Option<Array>, Exception> {
+    mark(Mark::End, last)
+}
+
+/// The device's time over the stretches marked since the last call, from its own clock.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DeviceTimes {
+    /// From each stretch's start mark to its end mark, summed.
+    pub busy_ns: u64,
+    /// From each stretch's end mark to the next one's start mark, summed: the device idle, or
+    /// running work outside the marked stretches.
+    pub gaps_ns: u64,
+    pub stretches: usize,
+}
+
+impl std::ops::Add for DeviceTimes {
+    type Output = DeviceTimes;
+    fn add(self, other: DeviceTimes) -> DeviceTimes {
+        DeviceTimes { busy_ns: self.busy_ns + other.busy_ns, gaps_ns: self.gaps_ns + other.gaps_ns, stretches: self.stretches + other.stretches }
+    }
+}
+
+/// Reads and forgets this thread's marks (every stretch marked must have been queued for the
+/// device); `None` when none was marked.
+pub fn device_times() -> Result<Option<DeviceTimes>, Exception> {
+    let marks = MARKS.with(|m| std::mem::take(&mut *m.borrow_mut()));
+    let mut read = Vec::with_capacity(marks.len());
+    for (kind, stamp) in marks {
+        let bytes = super::ops::to_bytes(&stamp)?;
+        let at = bytes.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+        read.push((kind, at.ok_or_else(|| Exception::custom("a clock mark is not 8 bytes"))?));
+    }
+    Ok(times_between(&read))
+}
+
+/// The busy stretches and the gaps between them of clock readings in the order they were asked
+/// for; a start without its end (a step that failed) is dropped.
+fn times_between(marks: &[(Mark, u64)]) -> Option<DeviceTimes> {
+    let mut times = DeviceTimes::default();
+    let (mut open, mut last_end): (Option<u64>, Option<u64>) = (None, None);
+    for &(kind, at) in marks {
+        match kind {
+            Mark::Start => open = Some(at),
+            Mark::End => {
+                if let Some(start) = open.take() {
+                    times.busy_ns += at.saturating_sub(start);
+                    if let Some(end) = last_end {
+                        times.gaps_ns += start.saturating_sub(end);
+                    }
+                    times.stretches += 1;
+                    last_end = Some(at);
+                }
+            }
+        }
+    }
+    (times.stretches > 0).then_some(times)
+}
+
 /// The operations not yet evaluated behind `arrays`: the lines of MLX's printed graph, less its
 /// "Inputs:" and "Outputs:" lines.
 fn graph_operations(arrays: &[&Array]) -> u64 {
@@ -181,5 +290,29 @@ mod tests {
         assert!(spent.ops >= 1 && spent.encode_ns > 0, "{spent:?}");
         mlx_rs::transforms::eval([&d]).unwrap();
         assert!((d.as_slice::<f32>()[1] - 6f32.exp().sqrt().sqrt()).abs() < 1e-3);
+    }
+
+    #[test]
+    fn device_time_is_each_stretch_from_start_to_end_and_the_gaps_between() {
+        use Mark::{End, Start};
+        // Two steps, a failed one (no end) between them, then a third.
+        let marks = [(Start, 100), (End, 160), (Start, 170), (Start, 200), (End, 250), (Start, 255), (End, 300)];
+        let times = times_between(&marks).unwrap();
+        assert_eq!(times, DeviceTimes { busy_ns: 60 + 50 + 45, gaps_ns: 40 + 5, stretches: 3 });
+        assert_eq!(times_between(&[(Start, 5)]), None);
+        assert_eq!(times_between(&[]), None);
+    }
+
+    #[test]
+    fn without_a_clock_a_stretch_is_its_input_and_nothing_is_marked() {
+        // The CPU has no clock to read (and the library's tests install no stamp kernel).
+        time_device(true);
+        let x = Array::from_slice(&[1.0f32, 2.0], &[2]);
+        let started = stretch_start(&x).unwrap();
+        let end = stretch_end(&started).unwrap();
+        time_device(false);
+        assert!(end.is_none());
+        assert_eq!(started.as_slice::<f32>(), &[1.0, 2.0]);
+        assert_eq!(device_times().unwrap(), None);
     }
 }

@@ -20,7 +20,7 @@
 
 use crate::engine::error::{Error, Result};
 use crate::engine::cache::ModelCache;
-use crate::engine::step_profile::{self, HostTimes};
+use crate::engine::step_profile::{self, DeviceTimes, HostTimes};
 use crate::engine::generate::{decode_pipelined, extend, generate, next_batch, Decoding, Draft, Flow, GenerateOptions, Step};
 use crate::engine::grammar::{Grammar, GrammarCompiler, Reasoning};
 use crate::engine::prefix_cache::{PrefixCache, Start, Trail};
@@ -234,12 +234,17 @@ pub struct StepHost {
     pub device_wait_ms: f64,
     /// Operations in a step's graphs, counted in the warm-up run.
     pub ops: f64,
+    /// The device's own clock (CUDA; `None` elsewhere): its time a step from the step's first
+    /// kernel to its last, and between one step's last kernel and the next one's first (idle,
+    /// or running work outside the steps).
+    pub device_ms: Option<f64>,
+    pub device_gaps_ms: Option<f64>,
 }
 
 impl StepHost {
     /// `spent` over `steps` steps of `wall_ns` in all; `counted` the warm-up run's totals over
     /// `warm_steps`.
-    fn new(spent: HostTimes, wall_ns: u64, steps: usize, counted: HostTimes, warm_steps: usize) -> Self {
+    fn new(spent: HostTimes, device: Option<DeviceTimes>, wall_ns: u64, steps: usize, counted: HostTimes, warm_steps: usize) -> Self {
         let ms = |ns: u64| ns as f64 / 1e6 / steps.max(1) as f64;
         let other = wall_ns.saturating_sub(spent.build_ns + spent.blocked_ns + spent.builder_encode_ns);
         StepHost {
@@ -249,6 +254,8 @@ impl StepHost {
             blocked_ms: ms(spent.blocked_ns),
             device_wait_ms: ms(spent.device_wait_ns),
             ops: counted.ops as f64 / warm_steps.max(1) as f64,
+            device_ms: device.map(|d| ms(d.busy_ns)),
+            device_gaps_ms: device.map(|d| ms(d.gaps_ns)),
         }
     }
 }
@@ -382,6 +389,7 @@ pub fn run_test(
     let (mut drafted, mut accepted) = (0, 0);
     let profiled = plan.profile && matches!(test, Test::Generate(..));
     let (mut spent, mut counted) = (HostTimes::default(), HostTimes::default());
+    let mut device: Option<DeviceTimes> = None;
     for run in 0..=plan.repetitions {
         let mut caches = Vec::with_capacity(test.seqs());
         for _ in 0..test.seqs() {
@@ -395,6 +403,9 @@ pub fn run_test(
         let _ = mlx_rs::memory::reset_peak_memory();
         // The warm-up run counts its graphs' operations (slow), the timed runs only time.
         step_profile::count_ops(profiled && run == 0);
+        // The timed runs mark the device's clock around each step (a kernel launch before and
+        // after one, on CUDA).
+        step_profile::time_device(profiled && run > 0);
         let before = step_profile::totals();
         let start = Instant::now();
         match test {
@@ -423,7 +434,15 @@ pub fn run_test(
         }
         let elapsed = start.elapsed().as_nanos() as u64;
         step_profile::count_ops(false);
+        step_profile::time_device(false);
         let host = step_profile::totals() - before;
+        if profiled {
+            // Every marked step is queued by now; the marks are read once the evaluator is idle.
+            crate::engine::encoder::Encoder::for_this_thread().wait()?;
+            if let Some(t) = step_profile::device_times()? {
+                device = Some(device.unwrap_or_default() + t);
+            }
+        }
         // Run 0 warms up (kernel compilation, allocator) and is not counted.
         if run == 0 {
             counted = host;
@@ -436,7 +455,7 @@ pub fn run_test(
     }
     let acceptance = (drafted > 0).then(|| accepted as f64 / drafted as f64);
     let steps = test.tokens();
-    let host = profiled.then(|| StepHost::new(spent, samples_ns.iter().sum(), steps * samples_ns.len(), counted, steps));
+    let host = profiled.then(|| StepHost::new(spent, device, samples_ns.iter().sum(), steps * samples_ns.len(), counted, steps));
     Ok(BenchRow { model: meta.clone(), test, depth, n_batch: plan.prefill_step, samples_ns, peak_mem, acceptance, reuse: None, host })
 }
 

@@ -14,6 +14,7 @@ pub mod qmv;
 pub mod rope;
 pub mod selfcheck;
 pub mod sparse;
+pub mod stamp;
 
 /// The self-checks of the kernels whose MLX-ops versions are here (InfLLM-V2's are in
 /// `models::sala::infllm`; `models::kernel_checks` lists all).
