@@ -378,7 +378,8 @@ pub fn run_test(
     mut on_run: impl FnMut(),
 ) -> Result<BenchRow> {
     let info = model.info();
-    let needed = depth + test.tokens();
+    // A served sequence also holds its one-token prompt.
+    let needed = depth + test.tokens() + usize::from(matches!(test, Test::Generate(_, Decode::Served { .. })));
     if needed > info.max_context {
         return Err(Error::ContextOverflow { prompt_tokens: needed, limit: info.max_context });
     }
@@ -400,6 +401,20 @@ pub fn run_test(
             caches.push(cache);
         }
         let tokens = random((needed - depth) * test.seqs());
+        // Served sequences start (their prompts prefilled, their grammars compiled) before the
+        // clock does: prompt processing is the pp tests' business, and the rate is the one a
+        // client sees from the first token on.
+        let mut served = match test {
+            Test::Generate(n, Decode::Served { seqs, constrained }) => {
+                let grammar = match (constrained, grammar) {
+                    (false, _) => None,
+                    (true, Some(g)) => Some(g),
+                    (true, None) => return Err(Error::Usage("the grammar suite needs a tokenizer to compile its grammar with".into())),
+                };
+                Some(ServedStart::new(model, &mut caches, &tokens[..seqs], n, grammar)?)
+            }
+            _ => None,
+        };
         let _ = mlx_rs::memory::reset_peak_memory();
         // The warm-up run counts its graphs' operations (slow), the timed runs only time.
         step_profile::count_ops(profiled && run == 0);
@@ -422,13 +437,8 @@ pub fn run_test(
                     (drafted, accepted) = (drafted + d, accepted + a);
                 }
             }
-            Test::Generate(n, Decode::Served { seqs, constrained }) => {
-                let grammar = match (constrained, grammar) {
-                    (false, _) => None,
-                    (true, Some(g)) => Some(g),
-                    (true, None) => return Err(Error::Usage("the grammar suite needs a tokenizer to compile its grammar with".into())),
-                };
-                decode_served(model, &mut caches, &tokens[..seqs], n, grammar)?;
+            Test::Generate(_, Decode::Served { .. }) => {
+                decode_served(model, &mut caches, served.take().ok_or_else(|| Error::Usage("internal: a served test not started".into()))?)?;
             }
             Test::FollowUp(..) => return Err(Error::Usage("internal: a follow-up test runs through run_follow_up".into())),
         }
@@ -470,24 +480,37 @@ pub fn bench_grammar() -> Grammar {
 /// How the served rows draw: `sala run`'s default temperature with a common top-p.
 pub const SERVED_SAMPLING: (f32, f32) = (0.8, 0.95);
 
-/// `n` tokens after each of `firsts` (one sequence each, decoded together) as the server's
-/// rounds decode them ([`next_batch`], [`SERVED_SAMPLING`], a seed each), under
-/// [`bench_grammar`] when `grammar` is given.
-fn decode_served(model: &dyn LanguageModel, caches: &mut [ModelCache], firsts: &[u32], n: usize, grammar: Option<&GrammarCompiler>) -> Result<()> {
-    let opts = GenerateOptions { max_tokens: n, ignore_eos: true, ..Default::default() };
-    let mut decodings = Vec::with_capacity(firsts.len());
-    let mut samplers = Vec::with_capacity(firsts.len());
-    let (temperature, top_p) = SERVED_SAMPLING;
-    for (seed, (cache, &first)) in caches.iter_mut().zip(firsts).enumerate() {
-        let mut decoding = Decoding::begin(model, cache, &[first], &opts)?;
-        decoding.prefill_step(model, cache)?;
-        decodings.push(decoding);
-        let sampler = Sampler::new(SamplingParams { temperature, top_p, seed: Some(seed as u64), ..Default::default() });
-        samplers.push(match grammar {
-            Some(g) => sampler.constrained(g.compile(&bench_grammar(), Reasoning::Off)?),
-            None => sampler,
-        });
+/// Sequences started as the server starts requests, for [`decode_served`]: each of `firsts` its
+/// one-token prompt, prefilled, with its sampler ([`SERVED_SAMPLING`], a seed each, under
+/// [`bench_grammar`] when `grammar` is given). They are to generate `n` tokens after the one the
+/// prompt gives, so that decoding them runs `n` forward steps as `tg n` does.
+struct ServedStart {
+    decodings: Vec<Decoding>,
+    samplers: Vec<Sampler>,
+}
+
+impl ServedStart {
+    fn new(model: &dyn LanguageModel, caches: &mut [ModelCache], firsts: &[u32], n: usize, grammar: Option<&GrammarCompiler>) -> Result<Self> {
+        let opts = GenerateOptions { max_tokens: n + 1, ignore_eos: true, ..Default::default() };
+        let (temperature, top_p) = SERVED_SAMPLING;
+        let mut start = ServedStart { decodings: Vec::with_capacity(firsts.len()), samplers: Vec::with_capacity(firsts.len()) };
+        for (seed, (cache, &first)) in caches.iter_mut().zip(firsts).enumerate() {
+            let mut decoding = Decoding::begin(model, cache, &[first], &opts)?;
+            decoding.prefill_step(model, cache)?;
+            start.decodings.push(decoding);
+            let sampler = Sampler::new(SamplingParams { temperature, top_p, seed: Some(seed as u64), ..Default::default() });
+            start.samplers.push(match grammar {
+                Some(g) => sampler.constrained(g.compile(&bench_grammar(), Reasoning::Off)?),
+                None => sampler,
+            });
+        }
+        Ok(start)
     }
+}
+
+/// Decodes the started sequences together to the end as the server's rounds do ([`next_batch`]).
+fn decode_served(model: &dyn LanguageModel, caches: &mut [ModelCache], start: ServedStart) -> Result<()> {
+    let ServedStart { mut decodings, mut samplers } = start;
     while decodings.iter().any(|d| !d.is_done()) {
         let mut steps: Vec<Step> = decodings
             .iter_mut()
