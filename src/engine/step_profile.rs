@@ -208,12 +208,14 @@ impl std::ops::Add for DeviceTimes {
 /// device); `None` when none was marked.
 pub fn device_times() -> Result<Option<DeviceTimes>, Exception> {
     let marks = MARKS.with(|m| std::mem::take(&mut *m.borrow_mut()));
-    let mut read = Vec::with_capacity(marks.len());
-    for (kind, stamp) in marks {
-        let bytes = super::ops::to_bytes(&stamp)?;
-        let at = bytes.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
-        read.push((kind, at.ok_or_else(|| Exception::custom("a clock mark is not 8 bytes"))?));
+    if marks.is_empty() {
+        return Ok(None);
     }
+    // One read for all of them.
+    let stamps: Vec<&Array> = marks.iter().map(|(_, stamp)| stamp).collect();
+    let clock = mlx_rs::ops::concatenate(&stamps, 0)?;
+    clock.eval()?;
+    let read: Vec<(Mark, u64)> = marks.iter().map(|(kind, _)| *kind).zip(clock.as_slice::<u64>().iter().copied()).collect();
     Ok(times_between(&read))
 }
 
@@ -301,6 +303,17 @@ mod tests {
         assert_eq!(times, DeviceTimes { busy_ns: 60 + 50 + 45, gaps_ns: 40 + 5, stretches: 3 });
         assert_eq!(times_between(&[(Start, 5)]), None);
         assert_eq!(times_between(&[]), None);
+    }
+
+    #[test]
+    fn marks_are_read_back_in_the_order_they_were_made() {
+        use Mark::{End, Start};
+        // As a stamp kernel leaves them: `[1]` uint64 readings, here made on the host.
+        let readings = [(Start, 100u64), (End, 160), (Start, 170), (End, 200)];
+        MARKS.with(|m| m.borrow_mut().extend(readings.map(|(kind, at)| (kind, Array::from_slice(&[at], &[1])))));
+        assert_eq!(device_times().unwrap(), Some(DeviceTimes { busy_ns: 90, gaps_ns: 10, stretches: 2 }));
+        // Taken: a second read finds none.
+        assert_eq!(device_times().unwrap(), None);
     }
 
     #[test]
