@@ -611,7 +611,7 @@ fn block_sparse_attention_kernel_matches_mlx() {
         let ((kh, kr), (vh, vr)) = (split(&k), split(&v));
         let views = [
             KvParts::history(&k, &v, kv_len),
-            KvParts { keys: kh, values: vh, recent: Some((kr, vr)), settled, len: kv_len, scales: None },
+            KvParts { keys: kh, values: vh, recent: Some((kr, vr)), settled, len: kv_len, scales: None, recent_filled: None },
         ];
         for (layout, kv) in ["history", "history + recent"].iter().zip(&views) {
             let got = block_sparse_attention(&q, kv, &blocks, first, sel.block, scale, gate.as_ref()).unwrap();
@@ -746,6 +746,7 @@ fn decode_attention_of_a_batch_matches_mlx() {
                 settled: *settled,
                 len: *len,
                 scales: None,
+                recent_filled: None,
             })
             .collect();
         let scale = (d as f32).powf(-0.5);
@@ -838,10 +839,8 @@ fn kv_append_matches_slice_updates() {
         let slots: Vec<RecentSlot> = positions
             .iter()
             .enumerate()
-            .map(|(j, &at)| RecentSlot {
-                keys: randn(&[1, hkv, capacity, d], seed + 1 + 2 * j as u64, dtype),
-                values: randn(&[1, hkv, capacity, d], seed + 2 + 2 * j as u64, dtype),
-                at,
+            .map(|(j, &at)| {
+                RecentSlot::at(randn(&[1, hkv, capacity, d], seed + 1 + 2 * j as u64, dtype), randn(&[1, hkv, capacity, d], seed + 2 + 2 * j as u64, dtype), at)
             })
             .collect();
         let got = append_token(&rows, columns, &slots).unwrap();
@@ -897,7 +896,7 @@ fn rope_append_matches_mlx_operations() {
             .enumerate()
             .map(|(j, &at)| {
                 let buffer = |s| randn(&[1, hkv, CAPACITY as i32, d], s, dtype);
-                RecentSlot { keys: buffer(seed + 3 + 2 * j as u64), values: buffer(seed + 4 + 2 * j as u64), at }
+                RecentSlot::at(buffer(seed + 3 + 2 * j as u64), buffer(seed + 4 + 2 * j as u64), at)
             })
             .collect();
         let heads = QkHeads { heads: hq, kv_heads: hkv, head_dim: d, norms: normed.then_some((&qn, &kn, 1e-6)) };

@@ -90,7 +90,7 @@ fn append_decoded(cache: &mut KvCache, position: usize) {
     // The projection's row: an unrelated column, then the key, then the value.
     let row = Array::from_slice(&[-1.0f32, position as f32, position as f32], &[1, 1, 3]);
     let columns = KvColumns { keys: 1, values: 2, kv_heads: 1, head_dim: 1 };
-    let written = append_token_mlx(&row, columns, &[RecentSlot { keys, values, at }]).unwrap();
+    let written = append_token_mlx(&row, columns, &[RecentSlot::at(keys, values, at)]).unwrap();
     let (keys, values) = written.into_iter().next().unwrap();
     cache.commit_recent(keys, values).unwrap();
 }

@@ -204,6 +204,19 @@ impl SeqBuffer {
     fn arrays(&self) -> impl Iterator<Item = Array> + '_ {
         self.data.iter().chain(&self.recent).cloned()
     }
+
+    /// The history, the recent-token buffer and the history's length, readied for a decode step
+    /// that writes at a place the device holds ([`StepCounts`]): the recent tokens go to the
+    /// history first when their buffer is full. `None` while empty.
+    fn fixed_step_parts(&mut self) -> Result<Option<(Array, Array, usize)>> {
+        let Some((recent, _)) = self.recent_slot()? else { return Ok(None) };
+        Ok(Some((self.data.clone().expect("a non-empty history after recent_slot"), recent, self.len)))
+    }
+
+    /// This buffer holding `history` and `recent` in place of its own arrays (same shapes).
+    fn with_arrays(&self, history: Array, recent: Array) -> SeqBuffer {
+        SeqBuffer { data: Some(history), recent: Some(recent), ..self.clone() }
+    }
 }
 
 /// A [`SeqBuffer`] of rows quantized when appended, in MLX's affine format (as mlx-lm's quantized
@@ -610,6 +623,21 @@ pub struct KvParts {
     pub settled: usize,
     pub len: usize,
     pub scales: Option<KvScales>,
+    /// In a fixed decode step: how many of the recent buffers' positions are filled, as the
+    /// device holds it (`len` is then the host's count when the step was traced: not to be read).
+    pub recent_filled: Option<Array>,
+}
+
+/// The integers of one sequence's decode step that the device holds instead of the host, so
+/// that the step's graph is the same at every token (engine::fixed_step): `[1]` int32 each.
+#[derive(Clone)]
+pub struct StepCounts {
+    /// The new token's position.
+    pub position: Array,
+    /// Where in the recent-token buffers the new token goes (the tokens there before it).
+    pub recent_at: Array,
+    /// Tokens in the recent-token buffers with the new one.
+    pub recent_filled: Array,
 }
 
 /// The scales and biases of a quantized cache's codes ([`QuantizedSeqBuffer`]), buffer by buffer
@@ -627,12 +655,15 @@ pub struct KvScales {
 impl KvParts {
     /// Buffers `[B, Hkv, capacity, d]` holding all `len` positions (no recent tokens).
     pub fn history(keys: &Array, values: &Array, len: usize) -> Self {
-        Self { keys: keys.clone(), values: values.clone(), recent: None, settled: len, len, scales: None }
+        Self { keys: keys.clone(), values: values.clone(), recent: None, settled: len, len, scales: None, recent_filled: None }
     }
 
     /// The filled keys and values `[B, Hkv, len, d]` as contiguous arrays (a copy when there
     /// are recent tokens, or the codes dequantized).
     pub fn filled(&self) -> Result<(Array, Array)> {
+        if self.recent_filled.is_some() {
+            return Err(mlx_rs::error::Exception::custom("a fixed step's cache has no host length: read it with a mask"));
+        }
         let join = |history: &Array, recent: Option<&Array>| -> Result<Array> {
             let settled = history.try_index((.., .., ..self.settled as i32, ..))?;
             match recent {
@@ -667,6 +698,8 @@ pub struct KvCache {
     window: Option<Window>,
     /// Tokens dropped by the window so far (positions keep counting past them).
     evicted: usize,
+    /// Set in a fixed decode step's view of the cache ([`KvCache::fixed_step_view`]).
+    counts: Option<StepCounts>,
 }
 
 impl KvCache {
@@ -788,7 +821,8 @@ impl KvCache {
                     return Ok(None);
                 };
                 let recent = recent_keys.zip(recent_values).map(|(k, v)| (k.clone(), v.clone()));
-                Ok(Some(KvParts { keys: keys.clone(), values: values.clone(), recent, settled, len, scales: None }))
+                let recent_filled = self.counts.as_ref().map(|c| c.recent_filled.clone());
+                Ok(Some(KvParts { keys: keys.clone(), values: values.clone(), recent, settled, len, scales: None, recent_filled }))
             }
             (Rows::Quantized(keys), Rows::Quantized(values)) => {
                 let (Some([codes_k, scales_k, biases_k]), Some([codes_v, scales_v, biases_v])) = (keys.parts()?, values.parts()?) else {
@@ -806,7 +840,7 @@ impl KvCache {
                     history: [scales_k.0, biases_k.0, scales_v.0, biases_v.0],
                     recent: recent_scales,
                 };
-                Ok(Some(KvParts { keys: codes_k.0, values: codes_v.0, recent, settled, len, scales: Some(scales) }))
+                Ok(Some(KvParts { keys: codes_k.0, values: codes_v.0, recent, settled, len, scales: Some(scales), recent_filled: None }))
             }
             (keys, values) => Ok(Some(KvParts::history(&keys.range(0, len)?, &values.range(0, len)?, len))),
         }
@@ -829,6 +863,48 @@ impl KvCache {
             self.pooled[i].update(&self.keys, len, summarize)?;
         }
         self.pooled[i].view()
+    }
+
+    /// In a fixed decode step's view, the step's counts on the device.
+    pub fn step_counts(&self) -> Option<&StepCounts> {
+        self.counts.as_ref()
+    }
+
+    /// Readies the cache for a fixed decode step and gives what the step reads: the history
+    /// and recent buffers of keys and values (in that order) and the history's length. `None`
+    /// where such a step does not apply yet: an empty, quantized or windowed cache, or one with
+    /// pooled key windows.
+    pub fn fixed_step_inputs(&mut self) -> Result<Option<([Array; 4], usize)>> {
+        if self.window.is_some() || !self.pooled.is_empty() || self.is_empty() {
+            return Ok(None);
+        }
+        let (Rows::Plain(keys), Rows::Plain(values)) = (&mut self.keys, &mut self.values) else { return Ok(None) };
+        let (Some((hk, rk, settled)), Some((hv, rv, _))) = (keys.fixed_step_parts()?, values.fixed_step_parts()?) else {
+            return Ok(None);
+        };
+        Ok(Some(([hk, hv, rk, rv], settled)))
+    }
+
+    /// This cache holding `arrays` (as [`KvCache::fixed_step_inputs`] gave them) with the step's
+    /// `counts`: what a fixed step's forward runs on while it is traced.
+    pub fn fixed_step_view(&self, arrays: &[Array], counts: StepCounts) -> KvCache {
+        let (Rows::Plain(keys), Rows::Plain(values)) = (&self.keys, &self.values) else {
+            unreachable!("fixed_step_inputs takes plain rows only")
+        };
+        KvCache {
+            keys: Rows::Plain(keys.with_arrays(arrays[0].clone(), arrays[2].clone())),
+            values: Rows::Plain(values.with_arrays(arrays[1].clone(), arrays[3].clone())),
+            counts: Some(counts),
+            ..self.clone()
+        }
+    }
+
+    /// The recent buffers of keys and values of a fixed step's view after its forward.
+    pub fn fixed_step_outputs(&self) -> [Array; 2] {
+        let (Rows::Plain(keys), Rows::Plain(values)) = (&self.keys, &self.values) else {
+            unreachable!("fixed_step_inputs takes plain rows only")
+        };
+        [keys.recent.clone().expect("written"), values.recent.clone().expect("written")]
     }
 
     /// Whether it keeps a StreamingLLM window (and may drop tokens).
@@ -1114,6 +1190,59 @@ impl ModelCache {
 
     pub fn nbytes(&self) -> usize {
         self.layers.iter().map(LayerCache::nbytes).sum()
+    }
+
+    /// Readies every layer for a fixed decode step (engine::fixed_step) and gives the arrays the
+    /// step reads, four per layer, with the history length they all share; `None` where such a
+    /// step does not apply (see [`KvCache::fixed_step_inputs`]; recurrent layers not yet).
+    pub fn fixed_step_inputs(&mut self) -> Result<Option<(Vec<Array>, usize)>> {
+        let mut arrays = Vec::with_capacity(4 * self.layers.len());
+        let mut shared = None;
+        for layer in &mut self.layers {
+            let LayerCache::Attention(kv) = layer else { return Ok(None) };
+            let Some((four, settled)) = kv.fixed_step_inputs()? else { return Ok(None) };
+            if *shared.get_or_insert(settled) != settled {
+                return Ok(None);
+            }
+            arrays.extend(four);
+        }
+        Ok(shared.map(|settled| (arrays, settled)))
+    }
+
+    /// This cache holding `arrays` ([`ModelCache::fixed_step_inputs`]'s) with `counts` in every
+    /// layer.
+    pub fn fixed_step_view(&self, arrays: &[Array], counts: &StepCounts) -> ModelCache {
+        let layers = self
+            .layers
+            .iter()
+            .zip(arrays.chunks(4))
+            .map(|(layer, four)| match layer {
+                LayerCache::Attention(kv) => LayerCache::Attention(kv.fixed_step_view(four, counts.clone())),
+                LayerCache::Recurrent(_) => unreachable!("fixed_step_inputs takes attention layers only"),
+            })
+            .collect();
+        ModelCache { layers }
+    }
+
+    /// What a fixed step's view holds after its forward: two recent buffers per layer.
+    pub fn fixed_step_outputs(&self) -> Vec<Array> {
+        self.layers
+            .iter()
+            .flat_map(|layer| match layer {
+                LayerCache::Attention(kv) => kv.fixed_step_outputs(),
+                LayerCache::Recurrent(_) => unreachable!("fixed_step_inputs takes attention layers only"),
+            })
+            .collect()
+    }
+
+    /// Takes a fixed step's [`ModelCache::fixed_step_outputs`]: one token more in every layer.
+    pub fn finish_fixed_step(&mut self, outputs: &[Array]) -> Result<()> {
+        for (layer, two) in self.layers.iter_mut().zip(outputs.chunks(2)) {
+            if let LayerCache::Attention(kv) = layer {
+                kv.commit_recent(two[0].clone(), two[1].clone())?;
+            }
+        }
+        Ok(())
     }
 
     /// Every array the cache holds, for evaluating them together with the logits.

@@ -4,6 +4,7 @@
 
 pub mod cache;
 pub mod checkpoint;
+pub mod compiled;
 pub mod config;
 pub mod contain;
 pub mod device;
@@ -11,6 +12,7 @@ pub mod device_sampler;
 pub mod distributed;
 pub mod encoder;
 pub mod error;
+pub mod fixed_step;
 pub mod generate;
 pub mod generation_config;
 pub mod gguf;

@@ -108,6 +108,15 @@ pub trait LanguageModel: Send {
         Err(Error::Usage(format!("{}: self-speculative decoding (--draft-layers) is not supported for this model", self.info().model_type)))
     }
 
+    /// Whether a decode step of this model can keep its per-token integers (positions, write
+    /// places) on the device, so that the step's graph is the same at every token
+    /// (`engine::fixed_step`), and if so which variant of the step `caches` need: steps of one
+    /// variant share a graph. `None`: it cannot (the default).
+    fn fixed_step_variant(&self, caches: &[&mut ModelCache]) -> Option<u64> {
+        let _ = caches;
+        None
+    }
+
     /// Rolls `cache` back to its first `len` tokens (speculative decoding drops rejected draft
     /// tokens). Attention layers keep every key, so any shorter length works; a recurrent layer
     /// can only go back inside the forward call it recorded (see [`ModelCache::record_replay`]).

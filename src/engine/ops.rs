@@ -112,22 +112,123 @@ pub fn to_bytes(a: &Array) -> Result<Vec<u8>> {
 /// `input`, computed only after `on` (MLX's `depends`): for ordering work whose result does not
 /// feed into it, such as a mark on the device's timeline.
 pub fn depends(input: &Array, on: &Array) -> Result<Array> {
-    unsafe {
-        let (inputs, on_vector) = (mlx_sys::mlx_vector_array_new(), mlx_sys::mlx_vector_array_new());
-        mlx_sys::mlx_vector_array_append_value(inputs, input.as_ptr());
-        mlx_sys::mlx_vector_array_append_value(on_vector, on.as_ptr());
-        let mut result = mlx_sys::mlx_vector_array_new();
-        let status = mlx_sys::mlx_depends(&mut result, inputs, on_vector);
-        let mut out = None;
-        if status == 0 && mlx_sys::mlx_vector_array_size(result) == 1 {
-            let mut array = mlx_sys::mlx_array_new();
-            mlx_sys::mlx_vector_array_get(&mut array, result, 0);
-            out = Some(Array::from_ptr(array));
+    let (inputs, on) = (ArrayList::of(&[input]), ArrayList::of(&[on]));
+    let mut result = ArrayList::empty();
+    // SAFETY: three live vectors; `result` is filled by the call.
+    let status = unsafe { mlx_sys::mlx_depends(result.as_mut_ptr(), inputs.as_ptr(), on.as_ptr()) };
+    match (status, result.into_arrays().pop()) {
+        (0, Some(out)) => Ok(out),
+        _ => Err(mlx_rs::error::Exception::custom("MLX refused `depends`")),
+    }
+}
+
+/// MLX's C vector of arrays (`mlx_vector_array`), freed on drop: how mlx-c takes and gives
+/// several arrays at once.
+pub struct ArrayList(mlx_sys::mlx_vector_array);
+
+impl ArrayList {
+    pub fn empty() -> Self {
+        // SAFETY: a fresh, empty vector this value owns.
+        Self(unsafe { mlx_sys::mlx_vector_array_new() })
+    }
+
+    /// A vector holding (new references to) `arrays`.
+    pub fn of(arrays: &[&Array]) -> Self {
+        let list = Self::empty();
+        for a in arrays {
+            // SAFETY: `list` and `a` are live; the vector takes its own reference.
+            unsafe { mlx_sys::mlx_vector_array_append_value(list.0, a.as_ptr()) };
         }
-        mlx_sys::mlx_vector_array_free(inputs);
-        mlx_sys::mlx_vector_array_free(on_vector);
-        mlx_sys::mlx_vector_array_free(result);
-        out.ok_or_else(|| mlx_rs::error::Exception::custom("MLX refused `depends`"))
+        list
+    }
+
+    pub fn as_ptr(&self) -> mlx_sys::mlx_vector_array {
+        self.0
+    }
+
+    /// For an mlx-c call that fills the vector in place (its output arguments).
+    pub fn as_mut_ptr(&mut self) -> *mut mlx_sys::mlx_vector_array {
+        &mut self.0
+    }
+
+    pub fn len(&self) -> usize {
+        // SAFETY: a live vector.
+        unsafe { mlx_sys::mlx_vector_array_size(self.0) }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The arrays, as new references (the vector is freed).
+    pub fn into_arrays(self) -> Vec<Array> {
+        (0..self.len())
+            .map(|i| {
+                // SAFETY: `i` is in range; `get` fills a fresh handle that the `Array` then owns.
+                unsafe {
+                    let mut out = mlx_sys::mlx_array_new();
+                    mlx_sys::mlx_vector_array_get(&mut out, self.0, i);
+                    Array::from_ptr(out)
+                }
+            })
+            .collect()
+    }
+}
+
+impl Drop for ArrayList {
+    fn drop(&mut self) {
+        // SAFETY: the vector is owned by this value and freed once.
+        unsafe { mlx_sys::mlx_vector_array_free(self.0) };
+    }
+}
+
+/// `a[start : start + size]` along `axes`, with `start` an int32 array (one entry per axis)
+/// that the device reads: the slice's place can change from call to call without changing the
+/// graph (MLX's `slice_dynamic`; mlx-rs does not wrap it).
+pub fn slice_dynamic(a: &Array, start: &Array, axes: &[i32], size: &[i32]) -> Result<Array> {
+    let stream = mlx_rs::Stream::thread_local_or_default();
+    // SAFETY: as in `integer_op`; `axes` and `size` outlive the call.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlx_slice_dynamic(
+            &mut res,
+            a.as_ptr(),
+            start.as_ptr(),
+            axes.as_ptr(),
+            axes.len(),
+            size.as_ptr(),
+            size.len(),
+            stream.as_ptr(),
+        );
+        if status != 0 {
+            mlx_sys::mlx_array_free(res);
+            return Err(mlx_rs::error::Exception::custom("MLX slice_dynamic failed"));
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
+/// `a` with `update` written at `start` along `axes` (`start` an int32 array, one entry per
+/// axis, read by the device; see [`slice_dynamic`]).
+pub fn slice_update_dynamic(a: &Array, update: &Array, start: &Array, axes: &[i32]) -> Result<Array> {
+    let stream = mlx_rs::Stream::thread_local_or_default();
+    // SAFETY: as in `integer_op`; `axes` outlives the call.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlx_slice_update_dynamic(
+            &mut res,
+            a.as_ptr(),
+            update.as_ptr(),
+            start.as_ptr(),
+            axes.as_ptr(),
+            axes.len(),
+            stream.as_ptr(),
+        );
+        if status != 0 {
+            mlx_sys::mlx_array_free(res);
+            return Err(mlx_rs::error::Exception::custom("MLX slice_update_dynamic failed"));
+        }
+        Ok(Array::from_ptr(res))
     }
 }
 
@@ -180,5 +281,31 @@ mod tests {
         let mut available = false;
         unsafe { mlx_sys::_mlx_array_is_available(&mut available, waited.as_ptr()) };
         assert!(available);
+    }
+
+    #[test]
+    fn dynamic_slices_read_and_write_where_the_device_array_says() {
+        let a = Array::from_slice(&(0..12).map(|i| i as f32).collect::<Vec<_>>(), &[3, 4]);
+        let start = Array::from_slice(&[2i32], &[1]);
+        let column = slice_dynamic(&a, &start, &[1], &[3, 1]).unwrap();
+        assert_eq!(to_vec_f32(&column).unwrap(), vec![2.0, 6.0, 10.0]);
+        let written = slice_update_dynamic(&a, &Array::from_slice(&[-1.0f32; 3], &[3, 1]), &Array::from_slice(&[1i32], &[1]), &[1]).unwrap();
+        let mut want: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        for row in 0..3 {
+            want[row * 4 + 1] = -1.0;
+        }
+        assert_eq!(to_vec_f32(&written).unwrap(), want);
+        // The source is unchanged: a write makes a new array.
+        assert_eq!(to_vec_f32(&a).unwrap()[1], 1.0);
+    }
+
+    #[test]
+    fn array_lists_hand_back_what_they_were_given() {
+        let (a, b) = (Array::from_slice(&[1i32, 2], &[2]), Array::from_slice(&[3.5f32], &[1]));
+        let list = ArrayList::of(&[&a, &b]);
+        assert_eq!(list.len(), 2);
+        let back = list.into_arrays();
+        assert_eq!(to_vec_i32(&back[0]).unwrap(), vec![1, 2]);
+        assert_eq!(to_vec_f32(&back[1]).unwrap(), vec![3.5]);
     }
 }

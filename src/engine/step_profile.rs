@@ -252,14 +252,10 @@ fn graph_operations(arrays: &[&Array]) -> u64 {
         if file.is_null() {
             return 0;
         }
-        let outputs = mlx_sys::mlx_vector_array_new();
-        for a in arrays {
-            mlx_sys::mlx_vector_array_append_value(outputs, a.as_ptr());
-        }
+        let outputs = crate::engine::ops::ArrayList::of(arrays);
         let namer = mlx_sys::mlx_node_namer_new();
-        mlx_sys::mlx_print_graph(file.cast(), namer, outputs);
+        mlx_sys::mlx_print_graph(file.cast(), namer, outputs.as_ptr());
         mlx_sys::mlx_node_namer_free(namer);
-        mlx_sys::mlx_vector_array_free(outputs);
         libc::fclose(file);
         let text = std::slice::from_raw_parts(buffer as *const u8, size);
         let lines = text.split(|&b| b == b'\n').filter(|l| !l.is_empty() && !l.starts_with(b"Inputs:") && !l.starts_with(b"Outputs:")).count();

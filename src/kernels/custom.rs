@@ -411,41 +411,29 @@ unsafe fn run(
             }
         };
     }
-    let input_vector = mlx_vector_array_new();
-    for input in inputs {
-        mlx_vector_array_append_value(input_vector, input.as_ptr());
-    }
-    let mut outputs = mlx_vector_array_new();
+    let input_vector = crate::engine::ops::ArrayList::of(inputs);
+    let mut outputs = crate::engine::ops::ArrayList::empty();
     let stream = StreamOrDevice::default();
     if status == 0 {
         status = if cuda {
             mlx_fast_cuda_kernel_apply(
-                &mut outputs,
+                outputs.as_mut_ptr(),
                 mlx_fast_cuda_kernel { ctx: compiled.handle },
-                input_vector,
+                input_vector.as_ptr(),
                 cuda_cfg,
                 stream.as_ref().as_ptr(),
             )
         } else {
             mlx_fast_metal_kernel_apply(
-                &mut outputs,
+                outputs.as_mut_ptr(),
                 mlx_fast_metal_kernel { ctx: compiled.handle },
-                input_vector,
+                input_vector.as_ptr(),
                 metal_cfg,
                 stream.as_ref().as_ptr(),
             )
         };
     }
-    let mut result = Vec::new();
-    if status == 0 {
-        for i in 0..mlx_vector_array_size(outputs) {
-            let mut out = mlx_array_new();
-            mlx_vector_array_get(&mut out, outputs, i);
-            result.push(Array::from_ptr(out));
-        }
-    }
-    mlx_vector_array_free(input_vector);
-    mlx_vector_array_free(outputs);
+    let result = if status == 0 { outputs.into_arrays() } else { Vec::new() };
     if cuda {
         mlx_fast_cuda_kernel_config_free(cuda_cfg);
     } else {

@@ -8,7 +8,7 @@
 
 use super::custom::{apply, backend, in_pieces, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
-use crate::engine::cache::KvCache;
+use crate::engine::cache::{KvCache, StepCounts};
 use mlx_rs::{error::Result, ops::indexing::TryIndexMutOp, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// Where a token's keys and values are in the stacked projection's rows, and how many there are.
@@ -23,11 +23,20 @@ pub struct KvColumns {
 }
 
 /// One sequence's recent-token buffers `[1, Hkv, capacity, d]` (whole, contiguous arrays) and
-/// the position in them the token goes to.
+/// the position in them the token goes to: `at`, or in a fixed decode step the device's
+/// `counts` (then `at` is the host's count when the step was traced, not to be read).
 pub struct RecentSlot {
     pub keys: Array,
     pub values: Array,
     pub at: usize,
+    pub counts: Option<StepCounts>,
+}
+
+impl RecentSlot {
+    /// A slot written at `at`, known on the host.
+    pub fn at(keys: Array, values: Array, at: usize) -> Self {
+        Self { keys, values, at, counts: None }
+    }
 }
 
 /// The buffers of every slot with row b's keys and values (`rows` `[B, 1, W]`, a view of the
@@ -49,6 +58,7 @@ pub fn append_token(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> R
                 && s.keys.shape()[1] == columns.kv_heads
                 && s.keys.shape()[3] == columns.head_dim
                 && s.at < s.keys.shape()[2] as usize
+                && s.counts.is_none()
         })
         && selfcheck::enabled(&APPEND_CHECK);
     if !fits {
@@ -72,7 +82,7 @@ pub fn append_with<T>(caches: &mut [&mut KvCache], write: impl FnOnce(&[RecentSl
         .iter_mut()
         .map(|c| {
             let (keys, values, at) = c.recent_slot()?.expect("the caller checks that every cache holds tokens");
-            Ok(RecentSlot { keys, values, at })
+            Ok(RecentSlot { keys, values, at, counts: c.step_counts().cloned() })
         })
         .collect::<Result<Vec<_>>>()?;
     let (result, written) = write(&slots)?;
@@ -93,6 +103,10 @@ pub fn append_token_mlx(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) 
             let token = |col: i32| -> Result<Array> {
                 rows.try_index((b..b + 1, .., col..col + h * d))?.reshape(&[1, 1, h, d])?.swap_axes(1, 2)
             };
+            if let Some(counts) = &slot.counts {
+                let write = |buffer: &Array, col: i32| crate::engine::ops::slice_update_dynamic(buffer, &token(col)?, &counts.recent_at, &[2]);
+                return Ok((write(&slot.keys, keys)?, write(&slot.values, values)?));
+            }
             let at = slot.at as i32;
             let mut k = slot.keys.clone();
             k.try_index_mut((.., .., at..at + 1, ..), &token(keys)?)?;
@@ -127,7 +141,7 @@ fn check_append() -> Verdict {
             let slots = (0..2)
                 .map(|i| {
                     let buffer = |seed| sample(&[1, hkv, capacity, d], seed, bf16);
-                    Ok(RecentSlot { keys: buffer(32 + 2 * i as u64)?, values: buffer(33 + 2 * i as u64)?, at: at[i] })
+                    Ok(RecentSlot::at(buffer(32 + 2 * i as u64)?, buffer(33 + 2 * i as u64)?, at[i]))
                 })
                 .collect::<Result<Vec<_>>>()?;
             Ok((rows, slots))

@@ -38,6 +38,13 @@ impl RopeAngles {
             many => fast::rope_dynamic(&x, self.dims, false, base, self.position_scale, positions_array(many), self.periods.as_ref()),
         }
     }
+
+    /// [`RopeAngles::apply`] with the offsets in a device array `[B]` (int32; one entry for all).
+    pub fn apply_at(&self, x: &Array, offsets: &Array) -> Result<Array> {
+        let x = if self.mscale != 1.0 { x.multiply(scalar(self.mscale, x.dtype())?)? } else { x.clone() };
+        let base = if self.periods.is_some() { None } else { Some(self.base) };
+        fast::rope_dynamic(&x, self.dims, false, base, self.position_scale, offsets, self.periods.as_ref())
+    }
 }
 
 /// Where the heads are in the stacked projection's row `[q | k | v]` (each head `head_dim` wide),
@@ -80,6 +87,7 @@ pub fn rope_append(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions:
                 && s.keys.shape() == s.values.shape()
                 && s.keys.shape() == [1, heads.kv_heads, s.keys.shape()[2], d]
                 && s.at < s.keys.shape()[2] as usize
+                && s.counts.is_none()
         })
         && selfcheck::enabled(&ROPE_APPEND_CHECK);
     if !fits {
@@ -98,6 +106,12 @@ pub fn rope_append(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions:
 /// The MLX-ops version of [`rope_append`].
 pub fn rope_append_mlx(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[usize], slots: &[RecentSlot]) -> Result<(Array, Vec<(Array, Array)>)> {
     let (b, d) = (rows.shape()[0], heads.head_dim);
+    // In a fixed decode step the positions are the device's.
+    let device_positions = match slots.iter().map(|s| s.counts.as_ref().map(|c| &c.position)).collect::<Option<Vec<_>>>() {
+        Some(one) if one.len() == 1 => Some(one[0].clone()),
+        Some(many) if many.len() > 1 => Some(ops::concatenate(&many.into_iter().cloned().collect::<Vec<_>>(), 0)?),
+        _ => None,
+    };
     // Heads `[B, n, 1, d]` from column `start · d`, normed and rotated.
     let part = |start: i32, n: i32, norm: Option<&Array>| -> Result<Array> {
         let x = rows.try_index((.., .., start * d..(start + n) * d))?.reshape(&[b, 1, n, d])?;
@@ -105,7 +119,11 @@ pub fn rope_append_mlx(rows: &Array, heads: QkHeads, angles: &RopeAngles, positi
             (Some(w), Some((_, _, eps))) => fast::rms_norm(&x, Some(w), eps)?,
             _ => x,
         };
-        angles.apply(&x.swap_axes(1, 2)?, positions)
+        let x = x.swap_axes(1, 2)?;
+        match &device_positions {
+            Some(at) => angles.apply_at(&x, at),
+            None => angles.apply(&x, positions),
+        }
     };
     let q = part(0, heads.heads, heads.norms.map(|n| n.0))?.swap_axes(1, 2)?.reshape(&[b, 1, heads.heads * d])?;
     let k = part(heads.heads, heads.kv_heads, heads.norms.map(|n| n.1))?.reshape(&[b, 1, heads.kv_heads * d])?;
@@ -144,7 +162,7 @@ fn check_rope_append() -> Verdict {
                 let slots = (0..2)
                     .map(|i| {
                         let buffer = |seed| sample(&[1, hkv, capacity, d], seed, bf16);
-                        Ok(RecentSlot { keys: buffer(74 + 2 * i as u64)?, values: buffer(75 + 2 * i as u64)?, at: at[i] })
+                        Ok(RecentSlot::at(buffer(74 + 2 * i as u64)?, buffer(75 + 2 * i as u64)?, at[i]))
                     })
                     .collect::<Result<Vec<_>>>()?;
                 Ok((rows, norm(72)?, norm(73)?, slots))

@@ -633,7 +633,7 @@ pub fn decode_attention(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Res
         && rows.shape()[0] as usize == kvs.len()
         && rows.shape()[2] >= query.q_col + hq * d
         && query.gate_col.is_none_or(|c| rows.shape()[2] >= c + hq * d)
-        && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && row_dtype(kv) == rows.dtype());
+        && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && row_dtype(kv) == rows.dtype() && kv.recent_filled.is_none());
     if kvs.iter().any(|kv| kv.scales.is_some()) {
         let group = kvs.first().and_then(|kv| kv.scales.as_ref()).map(|s| s.group);
         let in_place = fits
@@ -677,8 +677,18 @@ pub fn decode_attention_mlx(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Ar
         .iter()
         .enumerate()
         .map(|(i, kv)| {
-            let (k, v) = kv.filled()?;
             let qi = q.try_index(i as i32..i as i32 + 1)?;
+            if let (Some(filled), Some((recent_k, recent_v))) = (&kv.recent_filled, &kv.recent) {
+                // A fixed step: the whole recent buffer, its unfilled positions masked by the
+                // device's count.
+                let join = |history: &Array, recent: &Array| ops::concatenate(&[history.try_index((.., .., ..kv.settled as i32, ..))?, recent.clone()], 2);
+                let (k, v) = (join(&kv.keys, recent_k)?, join(&kv.values, recent_v)?);
+                let width = k.shape()[2];
+                let recent_index = crate::engine::ops::arange_i32(0, width as usize)?.subtract(Array::from_int(kv.settled as i32))?;
+                let mask = recent_index.lt(filled)?.reshape(&[1, 1, 1, width])?;
+                return mlx_rs::fast::scaled_dot_product_attention(&qi, &k, &v, scale, &mask, None);
+            }
+            let (k, v) = kv.filled()?;
             mlx_rs::fast::scaled_dot_product_attention(&qi, &k, &v, scale, None, None)
         })
         .collect::<Result<Vec<_>>>()?;
@@ -756,14 +766,14 @@ fn check_parts(buffers: &[[Array; 4]], caches: &[(i32, usize, usize)], quantized
 pub fn check_kv_parts([k, v, kr, vr]: [&Array; 4], settled: usize, len: usize, quantized: bool) -> Result<KvParts> {
     let recent = settled < len;
     if !quantized {
-        return Ok(KvParts { keys: k.clone(), values: v.clone(), recent: recent.then(|| (kr.clone(), vr.clone())), settled, len, scales: None });
+        return Ok(KvParts { keys: k.clone(), values: v.clone(), recent: recent.then(|| (kr.clone(), vr.clone())), settled, len, scales: None, recent_filled: None });
     }
     let (group, bits) = (32, 8);
     let quantize = |x: &Array| ops::quantize(x, group, bits);
     let ((k, ks, kb), (v, vs, vb)) = (quantize(k)?, quantize(v)?);
     let ((kr, krs, krb), (vr, vrs, vrb)) = (quantize(kr)?, quantize(vr)?);
     let scales = KvScales { bits, group, history: [ks, kb, vs, vb], recent: recent.then_some([krs, krb, vrs, vrb]) };
-    Ok(KvParts { keys: k, values: v, recent: recent.then_some((kr, vr)), settled, len, scales: Some(scales) })
+    Ok(KvParts { keys: k, values: v, recent: recent.then_some((kr, vr)), settled, len, scales: Some(scales), recent_filled: None })
 }
 
 /// Sequences per launch of the decode attention kernel: each brings four buffers as kernel

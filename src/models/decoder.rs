@@ -321,6 +321,8 @@ pub struct DecoderModel {
     head: LmHead,
     window: Option<Window>,
     kv_format: KvFormat,
+    /// This rank's part under tensor parallelism.
+    tensor_parallel: bool,
 }
 
 impl DecoderModel {
@@ -359,6 +361,7 @@ impl DecoderModel {
             info,
             window: None,
             kv_format: KvFormat::Plain,
+            tensor_parallel: tp.size > 1,
         })
     }
 }
@@ -394,6 +397,17 @@ impl LanguageModel for DecoderModel {
 
     fn forward_draft(&self, tokens: &Array, cache: &mut ModelCache, layers: usize) -> Result<Array> {
         self.run(tokens, &mut [cache], Logits::Last, None, layers)
+    }
+
+    /// One sequence with plain, unwindowed caches on one device; the variant is the RoPE table
+    /// the next position takes (longrope switches tables past the original context).
+    fn fixed_step_variant(&self, caches: &[&mut ModelCache]) -> Option<u64> {
+        let [cache] = caches else { return None };
+        if self.tensor_parallel || self.window.is_some() || self.kv_format != KvFormat::Plain {
+            return None;
+        }
+        let rope = &self.config.rope;
+        Some(u64::from(!std::ptr::eq(rope.angles(cache.len() + 1), rope.angles(0))))
     }
 }
 
