@@ -63,6 +63,11 @@ fn main() {
         host_cost_per_operation();
         return;
     }
+    // `kernels fixed-step [CONTEXT]`: a decode step built afresh against a fixed step replayed.
+    if std::env::args().skip(1).any(|a| a == "fixed-step") {
+        fixed_step_against_afresh();
+        return;
+    }
     if !gpu {
         println!("no GPU backend in this MLX build: nothing to time");
         return;
@@ -793,6 +798,52 @@ fn prefill_random(model: &dyn sala::engine::model::LanguageModel, cache: &mut sa
         let ids = random::randint::<_, i32>(0, 1000, &[1, chunk], &key).unwrap();
         let logits = model.forward(&ids, cache, sala::engine::model::Logits::Last, None).unwrap();
         eval(std::iter::once(&logits).chain(cache.arrays().iter())).unwrap();
+    }
+}
+
+/// Decode steps of the synthetic model (`SALA_KERNELS_MODEL`, a preset or a config.json) after
+/// CONTEXT tokens (default 512), one sequence: each step built and evaluated before the next, as
+/// the model builds it at every token and as `engine::fixed_step` replays it. Per step, the
+/// host's time to build it and the whole step's, medians of 5 rounds of 32 steps; the tokens
+/// are checked to agree.
+fn fixed_step_against_afresh() {
+    use sala::engine::fixed_step::FixedSteps;
+    use sala::engine::model::Logits;
+    let context = numbers_after("fixed-step", "[CONTEXT]").first().copied().unwrap_or(512);
+    let model = synthetic_9b();
+    let (mut afresh, mut fixed) = (model.new_cache(), model.new_cache());
+    prefill_random(model.as_ref(), &mut afresh, context, 5);
+    prefill_random(model.as_ref(), &mut fixed, context, 5);
+    let mut steps = FixedSteps::new();
+    const STEPS: usize = 32;
+    let mut rounds = vec![Vec::new(), Vec::new()];
+    let mut tokens = [7i32, 7];
+    for round in 0..6 {
+        for (which, cache) in [&mut afresh, &mut fixed].into_iter().enumerate() {
+            let (mut build, start) = (0.0, Instant::now());
+            for _ in 0..STEPS {
+                let input = Array::from_slice(&[tokens[which]], &[1, 1]);
+                let t0 = Instant::now();
+                let logits = match which {
+                    0 => model.forward(&input, cache, Logits::Last, None).unwrap(),
+                    _ => steps.decode(model.as_ref(), &input, cache).unwrap().expect("this model takes fixed steps"),
+                };
+                build += t0.elapsed().as_secs_f64();
+                let next = ops::indexing::argmax_axis(&logits, -1, None).unwrap();
+                eval(std::iter::once(&next).chain(cache.arrays().iter())).unwrap();
+                tokens[which] = next.as_slice::<u32>()[0] as i32;
+            }
+            if round > 0 {
+                rounds[which].push((build / STEPS as f64, start.elapsed().as_secs_f64() / STEPS as f64));
+            }
+        }
+        assert_eq!(tokens[0], tokens[1], "round {round}: the fixed step drew another token");
+    }
+    println!("context {context}, {} steps a round\n\n| step | build µs | step µs |\n|---|---:|---:|", STEPS);
+    for (name, mut r) in ["built afresh", "fixed, replayed"].into_iter().zip(rounds) {
+        r.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let (build, step) = r[r.len() / 2];
+        println!("| {name} | {:.0} | {:.0} |", build * 1e6, step * 1e6);
     }
 }
 

@@ -611,7 +611,7 @@ fn block_sparse_attention_kernel_matches_mlx() {
         let ((kh, kr), (vh, vr)) = (split(&k), split(&v));
         let views = [
             KvParts::history(&k, &v, kv_len),
-            KvParts { keys: kh, values: vh, recent: Some((kr, vr)), settled, len: kv_len, scales: None, recent_filled: None },
+            KvParts { keys: kh, values: vh, recent: Some((kr, vr)), settled, len: kv_len, scales: None, counts: None },
         ];
         for (layout, kv) in ["history", "history + recent"].iter().zip(&views) {
             let got = block_sparse_attention(&q, kv, &blocks, first, sel.block, scale, gate.as_ref()).unwrap();
@@ -746,7 +746,7 @@ fn decode_attention_of_a_batch_matches_mlx() {
                 settled: *settled,
                 len: *len,
                 scales: None,
-                recent_filled: None,
+                counts: None,
             })
             .collect();
         let scale = (d as f32).powf(-0.5);

@@ -623,9 +623,9 @@ pub struct KvParts {
     pub settled: usize,
     pub len: usize,
     pub scales: Option<KvScales>,
-    /// In a fixed decode step: how many of the recent buffers' positions are filled, as the
-    /// device holds it (`len` is then the host's count when the step was traced: not to be read).
-    pub recent_filled: Option<Array>,
+    /// In a fixed decode step, the device's counts (`len` is then the host's count when the
+    /// step was traced: not to be read; `settled` holds for the step's graph).
+    pub counts: Option<StepCounts>,
 }
 
 /// The integers of one sequence's decode step that the device holds instead of the host, so
@@ -638,6 +638,8 @@ pub struct StepCounts {
     pub recent_at: Array,
     /// Tokens in the recent-token buffers with the new one.
     pub recent_filled: Array,
+    /// Tokens in the cache with the new one (the next token's position).
+    pub len: Array,
 }
 
 /// The scales and biases of a quantized cache's codes ([`QuantizedSeqBuffer`]), buffer by buffer
@@ -655,13 +657,13 @@ pub struct KvScales {
 impl KvParts {
     /// Buffers `[B, Hkv, capacity, d]` holding all `len` positions (no recent tokens).
     pub fn history(keys: &Array, values: &Array, len: usize) -> Self {
-        Self { keys: keys.clone(), values: values.clone(), recent: None, settled: len, len, scales: None, recent_filled: None }
+        Self { keys: keys.clone(), values: values.clone(), recent: None, settled: len, len, scales: None, counts: None }
     }
 
     /// The filled keys and values `[B, Hkv, len, d]` as contiguous arrays (a copy when there
     /// are recent tokens, or the codes dequantized).
     pub fn filled(&self) -> Result<(Array, Array)> {
-        if self.recent_filled.is_some() {
+        if self.counts.is_some() {
             return Err(mlx_rs::error::Exception::custom("a fixed step's cache has no host length: read it with a mask"));
         }
         let join = |history: &Array, recent: Option<&Array>| -> Result<Array> {
@@ -821,8 +823,7 @@ impl KvCache {
                     return Ok(None);
                 };
                 let recent = recent_keys.zip(recent_values).map(|(k, v)| (k.clone(), v.clone()));
-                let recent_filled = self.counts.as_ref().map(|c| c.recent_filled.clone());
-                Ok(Some(KvParts { keys: keys.clone(), values: values.clone(), recent, settled, len, scales: None, recent_filled }))
+                Ok(Some(KvParts { keys: keys.clone(), values: values.clone(), recent, settled, len, scales: None, counts: self.counts.clone() }))
             }
             (Rows::Quantized(keys), Rows::Quantized(values)) => {
                 let (Some([codes_k, scales_k, biases_k]), Some([codes_v, scales_v, biases_v])) = (keys.parts()?, values.parts()?) else {
@@ -840,7 +841,7 @@ impl KvCache {
                     history: [scales_k.0, biases_k.0, scales_v.0, biases_v.0],
                     recent: recent_scales,
                 };
-                Ok(Some(KvParts { keys: codes_k.0, values: codes_v.0, recent, settled, len, scales: Some(scales), recent_filled: None }))
+                Ok(Some(KvParts { keys: codes_k.0, values: codes_v.0, recent, settled, len, scales: Some(scales), counts: None }))
             }
             (keys, values) => Ok(Some(KvParts::history(&keys.range(0, len)?, &values.range(0, len)?, len))),
         }

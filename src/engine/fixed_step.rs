@@ -55,11 +55,11 @@ impl FixedSteps {
             let (position, arrays) = (&inputs[1], &inputs[2..]);
             let recent_at = position.subtract(Array::from_int(settled as i32))?;
             let recent_filled = recent_at.add(Array::from_int(1))?;
-            let counts = StepCounts { position: position.clone(), recent_at, recent_filled };
+            let len = position.add(Array::from_int(1))?;
+            let counts = StepCounts { position: position.clone(), recent_at, recent_filled, len: len.clone() };
             let mut view = view_of.fixed_step_view(arrays, &counts);
             let logits = model.forward_batch(&inputs[0], &mut [&mut view], Logits::Last, None).map_err(|e| Exception::custom(e.to_string()))?;
-            let next = position.add(Array::from_int(1))?;
-            Ok([logits, next].into_iter().chain(view.fixed_step_outputs()).collect())
+            Ok([logits, len].into_iter().chain(view.fixed_step_outputs()).collect())
         };
         let inputs: Vec<Array> = [token.clone(), position].into_iter().chain(arrays).collect();
         let outputs = if *ran {

@@ -142,6 +142,18 @@ pub fn slot_source(
     &sources[n - 1]
 }
 
+/// A per-sequence integer that the device holds (`engine::cache::StepCounts`, a fixed decode
+/// step), one `[1]` int32 array per sequence, as one `[n]` array for a kernel that reads it in
+/// place of [`shape_args`]: `None` when the sequences' integers are the host's (any is `None`).
+pub fn device_counts<'a>(counts: impl Iterator<Item = Option<&'a Array>>) -> mlx_rs::error::Result<Option<Array>> {
+    let Some(all) = counts.collect::<Option<Vec<&Array>>>() else { return Ok(None) };
+    match all.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some((*one).clone())),
+        many => Ok(Some(mlx_rs::ops::concatenate(&many.iter().map(|a| (*a).clone()).collect::<Vec<_>>(), 0)?)),
+    }
+}
+
 /// Integers one [`shape_args`] array carries (MLX's CUDA kernels take shapes of up to 10 axes).
 pub const MAX_SHAPE_ARGS: usize = 8;
 

@@ -6,7 +6,7 @@
 //! the values of every sequence; a decode step is bound by the host's work per operation, and
 //! a batch of 8 made 112 of them per sparse layer.
 
-use super::custom::{apply, backend, in_pieces, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
+use super::custom::{apply, backend, device_counts, in_pieces, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
 use crate::engine::cache::{KvCache, StepCounts};
 use mlx_rs::{error::Result, ops::indexing::TryIndexMutOp, ops::indexing::TryIndexOp, Array, Dtype};
@@ -58,7 +58,7 @@ pub fn append_token(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> R
                 && s.keys.shape()[1] == columns.kv_heads
                 && s.keys.shape()[3] == columns.head_dim
                 && s.at < s.keys.shape()[2] as usize
-                && s.counts.is_none()
+                && s.counts.is_some() == slots[0].counts.is_some()
         })
         && selfcheck::enabled(&APPEND_CHECK);
     if !fits {
@@ -118,7 +118,8 @@ pub fn append_token_mlx(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) 
 }
 
 /// The append kernel against [`append_token_mlx`] in bfloat16: two sequences at different fills,
-/// their rows a view of wider ones. Positions after each token's are not compared (unspecified).
+/// their rows a view of wider ones, the places given by the host and by the device. Positions
+/// after each token's are not compared (unspecified).
 pub static APPEND_CHECK: KernelCheck = KernelCheck { name: "kv_append", backends: CUDA_ONLY, run: check_append };
 
 fn check_append() -> Verdict {
@@ -146,9 +147,33 @@ fn check_append() -> Verdict {
                 .collect::<Result<Vec<_>>>()?;
             Ok((rows, slots))
         },
-        |(rows, slots)| filled(append_token_cuda(rows, columns, slots)?),
-        |(rows, slots)| filled(append_token_mlx(rows, columns, slots)?),
+        // Each place given as host integers, then as the device's counts (a fixed step).
+        |(rows, slots)| {
+            let mut out = filled(append_token_cuda(rows, columns, slots)?)?;
+            out.extend(filled(append_token_cuda(rows, columns, &with_device_places(slots, &[0; 2]))?)?);
+            Ok(out)
+        },
+        |(rows, slots)| {
+            let once = filled(append_token_mlx(rows, columns, slots)?)?;
+            Ok(once.iter().chain(&once).cloned().collect())
+        },
     )
+}
+
+/// `slots` with their places `at`, and the tokens' `positions`, as a fixed step's device counts
+/// (for the kernels' checks; the host's `at` is then wrong on purpose).
+pub fn with_device_places(slots: &[RecentSlot], positions: &[usize]) -> Vec<RecentSlot> {
+    let int = |v: usize| Array::from_slice(&[v as i32], &[1]);
+    slots
+        .iter()
+        .zip(positions)
+        .map(|(s, &p)| RecentSlot {
+            keys: s.keys.clone(),
+            values: s.values.clone(),
+            at: 0,
+            counts: Some(StepCounts { position: int(p), recent_at: int(s.at), recent_filled: int(s.at + 1), len: int(p + 1) }),
+        })
+        .collect()
 }
 
 /// At most [`MAX_SHAPE_ARGS`] slots: thread block row y = slot, z = keys (0) or values (1).
@@ -158,10 +183,18 @@ fn append_token_cuda(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> 
     let shape = slots[0].keys.shape().to_vec();
     let dtype = rows.dtype();
     let vec = 16 / rows.item_size() as i32;
-    let longest = slots.iter().map(|s| s.at).max().unwrap_or(0) as i32 + 1;
+    // A fixed step's places are the device's: its grid covers the whole buffer.
+    let device = device_counts(slots.iter().map(|s| s.counts.as_ref().map(|c| &c.recent_at)))?;
+    let longest = match device {
+        Some(_) => shape[2],
+        None => slots.iter().map(|s| s.at).max().unwrap_or(0) as i32 + 1,
+    };
     let pieces = columns.kv_heads * longest * columns.head_dim / vec;
     let blocks = ((pieces + THREADS - 1) / THREADS).clamp(1, 32);
-    let at = shape_args(&slots.iter().map(|s| s.at).collect::<Vec<_>>())?;
+    let at = match &device {
+        Some(at) => at.clone(),
+        None => shape_args(&slots.iter().map(|s| s.at).collect::<Vec<_>>())?,
+    };
     let mut inputs: Vec<&Array> = vec![rows];
     inputs.extend(slots.iter().map(|s| &s.keys));
     inputs.extend(slots.iter().map(|s| &s.values));
@@ -179,6 +212,7 @@ fn append_token_cuda(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> 
                 ("D", TemplateArg::Int(columns.head_dim)),
                 ("K_OFF", TemplateArg::Int(columns.keys)),
                 ("V_OFF", TemplateArg::Int(columns.values)),
+                ("COUNTS_IN_DATA", TemplateArg::Bool(device.is_some())),
             ],
             init: None,
         },
@@ -189,8 +223,9 @@ fn append_token_cuda(rows: &Array, columns: KvColumns, slots: &[RecentSlot]) -> 
 
 /// The kernel for `n` slots (1 ..= [`MAX_SHAPE_ARGS`]): inputs rows, k0 … k(n−1), v0 … v(n−1),
 /// at; outputs ko0 …, vo0 …. CUDA only, as the batched decode attention it feeds (Metal takes at
-/// most 31 buffers a kernel): Metal runs the slice updates. `at` is a shape_args broadcast and the
-/// rows are read through their strides; the buffers are whole arrays.
+/// most 31 buffers a kernel): Metal runs the slice updates. `at` is a shape_args broadcast, or with
+/// `COUNTS_IN_DATA` the device's places (a fixed step); the rows are read through their strides;
+/// the buffers are whole arrays.
 fn append_source(n: usize) -> &'static KernelSource {
     static SOURCES: std::sync::OnceLock<Vec<KernelSource>> = std::sync::OnceLock::new();
     slot_source(&SOURCES, n, |n| {
@@ -210,7 +245,7 @@ fn append_source(n: usize) -> &'static KernelSource {
             cuda_body: format!(
                 "const T* recent = k0; T* out = ko0; switch (blockIdx.y) {{ {cases}}} \
                  sala_kv_append_seq<T, HKV, D>(rows + blockIdx.y * rows_strides[0], rows_strides[2], \
-                 blockIdx.z ? V_OFF : K_OFF, recent, out, k0_shape[2], at_shape[blockIdx.y] - 1);"
+                 blockIdx.z ? V_OFF : K_OFF, recent, out, k0_shape[2], COUNTS_IN_DATA ? at[blockIdx.y] : at_shape[blockIdx.y] - 1);"
             ),
         }
     })

@@ -6,8 +6,8 @@
 //! values, of every sequence, and a decode step is bound by the host's work per operation.
 //! Elsewhere (the CPU, Metal) and as the test oracle the same runs in MLX operations.
 
-use super::custom::{apply, backend, in_pieces, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
-use super::kv::{append_token_mlx, KvColumns, RecentSlot};
+use super::custom::{apply, backend, device_counts, in_pieces, shape_args, slot_source, Backend, KernelSource, Launch, SlotKernel, TemplateArg, MAX_SHAPE_ARGS};
+use super::kv::{append_token_mlx, with_device_places, KvColumns, RecentSlot};
 use super::lightning::positions_array;
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
 use crate::engine::ops::scalar;
@@ -87,7 +87,7 @@ pub fn rope_append(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions:
                 && s.keys.shape() == s.values.shape()
                 && s.keys.shape() == [1, heads.kv_heads, s.keys.shape()[2], d]
                 && s.at < s.keys.shape()[2] as usize
-                && s.counts.is_none()
+                && s.counts.is_some() == slots[0].counts.is_some()
         })
         && selfcheck::enabled(&ROPE_APPEND_CHECK);
     if !fits {
@@ -167,13 +167,17 @@ fn check_rope_append() -> Verdict {
                     .collect::<Result<Vec<_>>>()?;
                 Ok((rows, norm(72)?, norm(73)?, slots))
             },
+            // Positions and places given by the host, then as the device's counts (a fixed step).
             |(rows, qn, kn, slots)| {
                 let heads = QkHeads { heads: hq, kv_heads: hkv, head_dim: d, norms: normed.then_some((qn, kn, 1e-6)) };
-                outputs(rope_append_cuda(rows, heads, angles, &positions, slots)?)
+                let mut out = outputs(rope_append_cuda(rows, heads, angles, &positions, slots)?)?;
+                out.extend(outputs(rope_append_cuda(rows, heads, angles, &[0; 2], &with_device_places(slots, &positions))?)?);
+                Ok(out)
             },
             |(rows, qn, kn, slots)| {
                 let heads = QkHeads { heads: hq, kv_heads: hkv, head_dim: d, norms: normed.then_some((qn, kn, 1e-6)) };
-                outputs(rope_append_mlx(rows, heads, angles, &positions, slots)?)
+                let once = outputs(rope_append_mlx(rows, heads, angles, &positions, slots)?)?;
+                Ok(once.iter().chain(&once).cloned().collect())
             },
         )
         .map_err(|e| if normed { format!("with QK-norm: {e}") } else { format!("with a period table: {e}") })?;
@@ -187,12 +191,22 @@ fn rope_append_cuda(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions
     let (n, b, d) = (slots.len(), rows.shape()[0], heads.head_dim);
     let (hq, hkv) = (heads.heads, heads.kv_heads);
     let buffer = slots[0].keys.shape().to_vec();
-    let longest = slots.iter().map(|s| s.at).max().unwrap_or(0) as i32;
+    // A fixed step's positions and places are the device's: its grid covers the whole buffer.
+    let device_at = device_counts(slots.iter().map(|s| s.counts.as_ref().map(|c| &c.recent_at)))?;
+    let device_positions = device_counts(slots.iter().map(|s| s.counts.as_ref().map(|c| &c.position)))?;
+    let longest = match device_at {
+        Some(_) => buffer[2],
+        None => slots.iter().map(|s| s.at).max().unwrap_or(0) as i32,
+    };
     let pieces = 2 * hkv * longest * d / (16 / rows.item_size() as i32);
     let copy_blocks = ((pieces + THREADS - 1) / THREADS).clamp(1, 32);
     // As `sala_rope_head_blocks` in cuda/rope.cu: a warp per q, k and v head, 4 warps a block.
     let head_blocks = (hq + 2 * hkv + 3) / 4;
-    let (positions, at) = (shape_args(positions)?, shape_args(&slots.iter().map(|s| s.at).collect::<Vec<_>>())?);
+    let in_data = device_at.is_some();
+    let (positions, at) = match (device_positions, device_at) {
+        (Some(positions), Some(at)) => (positions, at),
+        _ => (shape_args(positions)?, shape_args(&slots.iter().map(|s| s.at).collect::<Vec<_>>())?),
+    };
     let unused = scalar(0.0, Dtype::Float32)?;
     let (q_norm, k_norm, eps) = heads.norms.unwrap_or((rows, rows, 0.0));
     let mut inputs = vec![rows, q_norm, k_norm, angles.periods.as_ref().unwrap_or(&unused), &positions, &at];
@@ -221,6 +235,7 @@ fn rope_append_cuda(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions
                 ("POS_SCALE_BITS", bits(angles.position_scale)),
                 // As MLX's RoPE: inv_freq = 2^(−(i/(dims/2))·log₂base), log₂base computed on the host.
                 ("LOG2_BASE_BITS", bits(if angles.periods.is_some() { 0.0 } else { (angles.base as f64).log2() as f32 })),
+                ("COUNTS_IN_DATA", TemplateArg::Bool(in_data)),
             ],
             init: None,
         },
@@ -232,7 +247,8 @@ fn rope_append_cuda(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions
 }
 
 /// The kernel for `n` sequences (1 ..= [`MAX_SHAPE_ARGS`]): inputs rows, the norms, the period
-/// table, positions and fills (shape_args broadcasts), k0 … k(n−1), v0 … v(n−1); outputs q,
+/// table, positions and fills (shape_args broadcasts, or with `COUNTS_IN_DATA` the device's),
+/// k0 … k(n−1), v0 … v(n−1); outputs q,
 /// ko0 …, vo0 …. CUDA only, as the decode attention it feeds: Metal runs the MLX operations. The
 /// rows are read through their strides; the norms, the table and the buffers are whole arrays.
 fn rope_append_source(n: usize) -> &'static KernelSource {
@@ -254,7 +270,8 @@ fn rope_append_source(n: usize) -> &'static KernelSource {
                 "const T *kr = k0, *vr = v0; T *ko = ko0, *vo = vo0; switch (blockIdx.y) {{ {cases}}} \
                  sala_rope_append<T, D, DIMS, HQ, HKV, NORM, TABLE, EPS_BITS, MSCALE_BITS, POS_SCALE_BITS, LOG2_BASE_BITS>(\
                  rows + blockIdx.y * rows_strides[0], rows_strides[2], q_norm, k_norm, periods, \
-                 positions_shape[blockIdx.y] - 1, kr, vr, k0_shape[2], at_shape[blockIdx.y] - 1, \
+                 COUNTS_IN_DATA ? positions[blockIdx.y] : positions_shape[blockIdx.y] - 1, kr, vr, k0_shape[2], \
+                 COUNTS_IN_DATA ? at[blockIdx.y] : at_shape[blockIdx.y] - 1, \
                  q + (size_t)blockIdx.y * HQ * D, ko, vo);"
             ),
         }

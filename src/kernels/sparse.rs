@@ -9,11 +9,11 @@
 //! a KV group share one block selection.
 
 use super::custom::{
-    apply, backend, in_pieces, pow2_floor, shape_args, slot_source, with_setting, Backend, KernelSource, Launch, SlotKernel, TemplateArg,
+    apply, backend, device_counts, in_pieces, pow2_floor, shape_args, slot_source, with_setting, Backend, KernelSource, Launch, SlotKernel, TemplateArg,
     MAX_SHAPE_ARGS,
 };
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
-use crate::engine::cache::{KvParts, KvScales};
+use crate::engine::cache::{KvParts, KvScales, StepCounts};
 use crate::engine::device;
 use mlx_rs::{error::Result, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
@@ -633,7 +633,7 @@ pub fn decode_attention(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Res
         && rows.shape()[0] as usize == kvs.len()
         && rows.shape()[2] >= query.q_col + hq * d
         && query.gate_col.is_none_or(|c| rows.shape()[2] >= c + hq * d)
-        && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && row_dtype(kv) == rows.dtype() && kv.recent_filled.is_none());
+        && kvs.iter().all(|kv| kv.len > 0 && kv.keys.shape()[1] == hkv && row_dtype(kv) == rows.dtype() && kv.counts.is_some() == kvs[0].counts.is_some());
     if kvs.iter().any(|kv| kv.scales.is_some()) {
         let group = kvs.first().and_then(|kv| kv.scales.as_ref()).map(|s| s.group);
         let in_place = fits
@@ -678,14 +678,14 @@ pub fn decode_attention_mlx(q: &Array, kvs: &[KvParts], scale: f32) -> Result<Ar
         .enumerate()
         .map(|(i, kv)| {
             let qi = q.try_index(i as i32..i as i32 + 1)?;
-            if let (Some(filled), Some((recent_k, recent_v))) = (&kv.recent_filled, &kv.recent) {
+            if let (Some(counts), Some((recent_k, recent_v))) = (&kv.counts, &kv.recent) {
                 // A fixed step: the whole recent buffer, its unfilled positions masked by the
                 // device's count.
                 let join = |history: &Array, recent: &Array| ops::concatenate(&[history.try_index((.., .., ..kv.settled as i32, ..))?, recent.clone()], 2);
                 let (k, v) = (join(&kv.keys, recent_k)?, join(&kv.values, recent_v)?);
                 let width = k.shape()[2];
                 let recent_index = crate::engine::ops::arange_i32(0, width as usize)?.subtract(Array::from_int(kv.settled as i32))?;
-                let mask = recent_index.lt(filled)?.reshape(&[1, 1, 1, width])?;
+                let mask = recent_index.lt(&counts.recent_filled)?.reshape(&[1, 1, 1, width])?;
                 return mlx_rs::fast::scaled_dot_product_attention(&qi, &k, &v, scale, &mask, None);
             }
             let (k, v) = kv.filled()?;
@@ -730,9 +730,15 @@ fn check_decode_attention(mma: bool, quantized: bool) -> Verdict {
             }
             Ok((projected, buffers))
         },
+        // Plain caches' lengths given by the host, then as a fixed step's device counts.
         |(projected, buffers)| {
             let parts = check_parts(buffers, &caches, quantized)?;
-            Ok(vec![decode_attention_cuda(&check_query(projected, hq, d), &parts, scale, mma)?])
+            let query = check_query(projected, hq, d);
+            let mut out = vec![decode_attention_cuda(&query, &parts, scale, mma)?];
+            if !quantized {
+                out.push(decode_attention_cuda(&query, &with_device_lens(&parts), scale, mma)?);
+            }
+            Ok(out)
         },
         |(projected, buffers)| {
             let query = check_query(projected, hq, d);
@@ -741,9 +747,24 @@ fn check_decode_attention(mma: bool, quantized: bool) -> Verdict {
             let filled = check_parts(buffers, &caches, quantized)?.iter().map(|p| p.filled()).collect::<Result<Vec<_>>>()?;
             let filled = filled.iter().map(|(k, v)| Ok((f(k)?, f(v)?))).collect::<Result<Vec<_>>>()?;
             let parts: Vec<_> = filled.iter().zip(&caches).map(|((k, v), &(_, len, _))| KvParts::history(k, v, len)).collect();
-            Ok(vec![heads_to_rows(&decode_attention_mlx(&f(&q)?, &parts, scale)?, Some(&f(&gate)?))?])
+            let rows = heads_to_rows(&decode_attention_mlx(&f(&q)?, &parts, scale)?, Some(&f(&gate)?))?;
+            Ok(if quantized { vec![rows] } else { vec![rows.clone(), rows] })
         },
     )
+}
+
+/// `parts` with their lengths as a fixed step's device counts (for the kernels' checks; the
+/// host's `len` is then wrong on purpose).
+pub fn with_device_lens(parts: &[KvParts]) -> Vec<KvParts> {
+    let int = |v: usize| Array::from_slice(&[v as i32], &[1]);
+    parts
+        .iter()
+        .map(|p| {
+            let (position, recent_at) = (p.len - 1, p.len - 1 - p.settled.min(p.len - 1));
+            let counts = StepCounts { position: int(position), recent_at: int(recent_at), recent_filled: int(recent_at + 1), len: int(p.len) };
+            KvParts { len: 1, counts: Some(counts), ..p.clone() }
+        })
+        .collect()
 }
 
 /// q and the gate in the projection's rows `[q | k | gate]`.
@@ -766,14 +787,14 @@ fn check_parts(buffers: &[[Array; 4]], caches: &[(i32, usize, usize)], quantized
 pub fn check_kv_parts([k, v, kr, vr]: [&Array; 4], settled: usize, len: usize, quantized: bool) -> Result<KvParts> {
     let recent = settled < len;
     if !quantized {
-        return Ok(KvParts { keys: k.clone(), values: v.clone(), recent: recent.then(|| (kr.clone(), vr.clone())), settled, len, scales: None, recent_filled: None });
+        return Ok(KvParts { keys: k.clone(), values: v.clone(), recent: recent.then(|| (kr.clone(), vr.clone())), settled, len, scales: None, counts: None });
     }
     let (group, bits) = (32, 8);
     let quantize = |x: &Array| ops::quantize(x, group, bits);
     let ((k, ks, kb), (v, vs, vb)) = (quantize(k)?, quantize(v)?);
     let ((kr, krs, krb), (vr, vrs, vrb)) = (quantize(kr)?, quantize(vr)?);
     let scales = KvScales { bits, group, history: [ks, kb, vs, vb], recent: recent.then_some([krs, krb, vrs, vrb]) };
-    Ok(KvParts { keys: k, values: v, recent: recent.then_some((kr, vr)), settled, len, scales: Some(scales), recent_filled: None })
+    Ok(KvParts { keys: k, values: v, recent: recent.then_some((kr, vr)), settled, len, scales: Some(scales), counts: None })
 }
 
 /// Sequences per launch of the decode attention kernel: each brings four buffers as kernel
@@ -877,7 +898,14 @@ fn decode_attention_cuda(query: &DecodeQuery, kvs: &[KvParts], scale: f32, mma: 
     // Splits: enough thread blocks for four per compute unit (each holds few registers' worth of
     // loads in flight), at least one unit of `block` tokens each; a power of two (few compiled
     // variants, as the lengths change every step).
-    let longest = kvs.iter().map(|kv| kv.len).max().unwrap_or(1) as i32;
+    // A fixed step's lengths are the device's: its splits are those of the longest its graph
+    // can reach (the recent buffers full).
+    let device_lens = device_counts(kvs.iter().map(|kv| kv.counts.as_ref().map(|c| &c.len)))?;
+    let longest = match device_lens {
+        Some(_) => kvs.iter().map(|kv| kv.settled + kv.recent.as_ref().map_or(0, |r| r.0.shape()[2] as usize)).max(),
+        None => kvs.iter().map(|kv| kv.len).max(),
+    }
+    .unwrap_or(1) as i32;
     let room = (2 * fill_blocks() / (b * hq / gb)).max(1);
     let nsplit = pow2_floor(DECODE_SPLITS_OVERRIDE.with(|o| o.get()).unwrap_or(room).min((longest + block - 1) / block));
     let lens: Vec<usize> = kvs.iter().map(|kv| kv.len).collect();
@@ -890,7 +918,8 @@ fn decode_attention_cuda(query: &DecodeQuery, kvs: &[KvParts], scale: f32, mma: 
             kv_buffers(kv).into_iter().chain(scales.into_iter().flatten())
         })
         .collect();
-    let (lens, settled) = (shape_args(&lens)?, shape_args(&settled)?);
+    let in_data = device_lens.is_some();
+    let (lens, settled) = (device_lens.map_or_else(|| shape_args(&lens), Ok)?, shape_args(&settled)?);
     let mut inputs: Vec<&Array> = vec![rows];
     inputs.extend(buffers.iter());
     inputs.extend([&lens, &settled]);
@@ -902,6 +931,7 @@ fn decode_attention_cuda(query: &DecodeQuery, kvs: &[KvParts], scale: f32, mma: 
         ("NSPLIT", TemplateArg::Int(nsplit)),
         ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
         ("Q_COL", TemplateArg::Int(query.q_col)),
+        ("COUNTS_IN_DATA", TemplateArg::Bool(in_data)),
     ];
     if !mma {
         template.push(("GB", TemplateArg::Int(gb)));
@@ -962,7 +992,7 @@ fn decode_attention_source(n: usize) -> &'static KernelSource {
         kernel.cuda_body = format!(
             "{} const int hq = gridDim.z * GB; \
              sala_decode_attention_split<T, D, G, GB, NSPLIT, SCALE_BITS>(row + Q_COL * rows_strides[2], \
-             rows_strides[2], k, v, kr, vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, cap, rcap, \
+             rows_strides[2], k, v, kr, vr, (COUNTS_IN_DATA ? lens[blockIdx.y] : lens_shape[blockIdx.y] - 1), settled_shape[blockIdx.y] - 1, cap, rcap, \
              out + (size_t)blockIdx.y * hq * NSPLIT * D, lse + (size_t)blockIdx.y * hq * NSPLIT);",
             kernel.cuda_body
         );
@@ -980,7 +1010,7 @@ fn decode_attention_q8_source(n: usize) -> &'static KernelSource {
         kernel.cuda_body = format!(
             "{} const int hq = gridDim.z * GB; \
              sala_decode_attention_split_q8<T, D, G, GB, NSPLIT, SCALE_BITS, QGROUP>(row + Q_COL * rows_strides[2], \
-             rows_strides[2], k, v, kr, vr, qsb, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, cap, rcap, \
+             rows_strides[2], k, v, kr, vr, qsb, (COUNTS_IN_DATA ? lens[blockIdx.y] : lens_shape[blockIdx.y] - 1), settled_shape[blockIdx.y] - 1, cap, rcap, \
              out + (size_t)blockIdx.y * hq * NSPLIT * D, lse + (size_t)blockIdx.y * hq * NSPLIT);",
             kernel.cuda_body
         );
@@ -1034,7 +1064,7 @@ fn decode_attention_mma_source(n: usize) -> &'static KernelSource {
         kernel.cuda_body = format!(
             "{} const int hq = gridDim.z * G; \
              sala_decode_attention_mma<T, D, G, NSPLIT, SCALE_BITS>(row + Q_COL * rows_strides[2], rows_strides[2], \
-             k, v, kr, vr, lens_shape[blockIdx.y] - 1, settled_shape[blockIdx.y] - 1, cap, rcap, (const int32_t*)nullptr, 0, \
+             k, v, kr, vr, (COUNTS_IN_DATA ? lens[blockIdx.y] : lens_shape[blockIdx.y] - 1), settled_shape[blockIdx.y] - 1, cap, rcap, (const int32_t*)nullptr, 0, \
              out + (size_t)blockIdx.y * hq * NSPLIT * D, lse + (size_t)blockIdx.y * hq * NSPLIT);",
             kernel.cuda_body
         );
