@@ -946,9 +946,16 @@ pub struct RecurrentState {
     /// The last forward call's starting point and inputs (only while `record_replay`; a call
     /// without it clears this, so a replay never describes anything but the last call).
     pub replay: Option<Replay>,
+    /// Set in a fixed decode step's view of the state ([`ModelCache::fixed_step_view`]).
+    counts: Option<StepCounts>,
 }
 
 impl RecurrentState {
+    /// In a fixed decode step's view, the step's counts on the device.
+    pub fn step_counts(&self) -> Option<&StepCounts> {
+        self.counts.as_ref()
+    }
+
     /// The state `[1, …]`, None before the first token (a row of a stacked state is sliced out).
     pub fn state(&self) -> Result<Option<Array>> {
         match &self.batch_row {
@@ -1105,7 +1112,7 @@ impl ModelCache {
                 Some(s) if r.batch_row.is_some() => Some(s.multiply(scalar(1.0, s.dtype())?)?),
                 s => s,
             };
-            *r = RecurrentState { state, batch_row: None, len: r.len, record_replay: false, replay: None };
+            *r = RecurrentState { state, batch_row: None, len: r.len, record_replay: false, replay: None, counts: None };
         }
         let arrays: Vec<Array> = checkpoint.recurrent.iter().flatten().filter_map(|r| r.state.clone()).collect();
         // Other sequences' decode steps may still be encoding (a server round): this thread
@@ -1194,18 +1201,26 @@ impl ModelCache {
     }
 
     /// Readies every layer for a fixed decode step (engine::fixed_step) and gives the arrays the
-    /// step reads, four per layer, with the history length they all share; `None` where such a
-    /// step does not apply (see [`KvCache::fixed_step_inputs`]; recurrent layers not yet).
+    /// step reads (an attention layer's four, [`KvCache::fixed_step_inputs`]; a recurrent layer's
+    /// state), with the history length every attention layer shares; `None` where such a step
+    /// does not apply (an empty state, or one recording for speculative decoding, too).
     pub fn fixed_step_inputs(&mut self) -> Result<Option<(Vec<Array>, usize)>> {
         let mut arrays = Vec::with_capacity(4 * self.layers.len());
         let mut shared = None;
         for layer in &mut self.layers {
-            let LayerCache::Attention(kv) = layer else { return Ok(None) };
-            let Some((four, settled)) = kv.fixed_step_inputs()? else { return Ok(None) };
-            if *shared.get_or_insert(settled) != settled {
-                return Ok(None);
+            match layer {
+                LayerCache::Attention(kv) => {
+                    let Some((four, settled)) = kv.fixed_step_inputs()? else { return Ok(None) };
+                    if *shared.get_or_insert(settled) != settled {
+                        return Ok(None);
+                    }
+                    arrays.extend(four);
+                }
+                LayerCache::Recurrent(r) => {
+                    let (false, Some(state)) = (r.record_replay, r.state()?) else { return Ok(None) };
+                    arrays.push(state);
+                }
             }
-            arrays.extend(four);
         }
         Ok(shared.map(|settled| (arrays, settled)))
     }
@@ -1213,34 +1228,54 @@ impl ModelCache {
     /// This cache holding `arrays` ([`ModelCache::fixed_step_inputs`]'s) with `counts` in every
     /// layer.
     pub fn fixed_step_view(&self, arrays: &[Array], counts: &StepCounts) -> ModelCache {
+        let mut arrays = arrays.iter();
         let layers = self
             .layers
             .iter()
-            .zip(arrays.chunks(4))
-            .map(|(layer, four)| match layer {
-                LayerCache::Attention(kv) => LayerCache::Attention(kv.fixed_step_view(four, counts.clone())),
-                LayerCache::Recurrent(_) => unreachable!("fixed_step_inputs takes attention layers only"),
+            .map(|layer| match layer {
+                LayerCache::Attention(kv) => {
+                    let four: Vec<Array> = arrays.by_ref().take(4).cloned().collect();
+                    LayerCache::Attention(kv.fixed_step_view(&four, counts.clone()))
+                }
+                LayerCache::Recurrent(r) => LayerCache::Recurrent(RecurrentState {
+                    state: arrays.next().cloned(),
+                    batch_row: None,
+                    len: r.len,
+                    record_replay: false,
+                    replay: None,
+                    counts: Some(counts.clone()),
+                }),
             })
             .collect();
         ModelCache { layers }
     }
 
-    /// What a fixed step's view holds after its forward: two recent buffers per layer.
+    /// What a fixed step's view holds after its forward: an attention layer's two recent
+    /// buffers, a recurrent layer's state.
     pub fn fixed_step_outputs(&self) -> Vec<Array> {
         self.layers
             .iter()
             .flat_map(|layer| match layer {
-                LayerCache::Attention(kv) => kv.fixed_step_outputs(),
-                LayerCache::Recurrent(_) => unreachable!("fixed_step_inputs takes attention layers only"),
+                LayerCache::Attention(kv) => kv.fixed_step_outputs().to_vec(),
+                LayerCache::Recurrent(r) => vec![r.state.clone().expect("a fixed step's state")],
             })
             .collect()
     }
 
     /// Takes a fixed step's [`ModelCache::fixed_step_outputs`]: one token more in every layer.
     pub fn finish_fixed_step(&mut self, outputs: &[Array]) -> Result<()> {
-        for (layer, two) in self.layers.iter_mut().zip(outputs.chunks(2)) {
-            if let LayerCache::Attention(kv) = layer {
-                kv.commit_recent(two[0].clone(), two[1].clone())?;
+        let mut outputs = outputs.iter();
+        for layer in &mut self.layers {
+            match layer {
+                LayerCache::Attention(kv) => {
+                    let (Some(keys), Some(values)) = (outputs.next(), outputs.next()) else { break };
+                    kv.commit_recent(keys.clone(), values.clone())?;
+                }
+                LayerCache::Recurrent(r) => {
+                    r.set_state(outputs.next().cloned());
+                    r.len += 1;
+                    r.replay = None;
+                }
             }
         }
         Ok(())

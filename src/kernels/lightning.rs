@@ -38,37 +38,57 @@ pub struct StepOutput {
 /// from column 0; more columns may follow), `positions` is one shared position or one per
 /// sequence, `state` the float32 states `[B, H, d, d]`.
 pub fn decode_step(p: &StepParams, qkv: &Array, positions: &[usize], state: &Array, keep_kv: bool) -> Result<StepOutput> {
-    let b = qkv.shape()[0];
-    let d = p.head_dim;
-    let dtype = qkv.dtype();
-    let fits = backend() != Backend::Cpu
+    if !decode_kernel_fits(p, qkv, positions.len(), state) {
+        return decode_step_mlx(p, qkv, &positions_array(positions), state, keep_kv);
+    }
+    decode_step_kernel(p, qkv, StepPositions::Host(positions), state, keep_kv)
+}
+
+/// [`decode_step`] with the positions held by the device (`[B]` int32, or `[1]` for all): a
+/// fixed decode step's (`engine::fixed_step`).
+pub fn decode_step_at(p: &StepParams, qkv: &Array, positions: &Array, state: &Array, keep_kv: bool) -> Result<StepOutput> {
+    if !decode_kernel_fits(p, qkv, positions.size(), state) {
+        return decode_step_mlx(p, qkv, positions, state, keep_kv);
+    }
+    decode_step_kernel(p, qkv, StepPositions::Device(positions), state, keep_kv)
+}
+
+/// Whether [`decode_step`]'s kernel takes this step (`n` positions).
+fn decode_kernel_fits(p: &StepParams, qkv: &Array, n: usize, state: &Array) -> bool {
+    let (b, d, dtype) = (qkv.shape()[0], p.head_dim, qkv.dtype());
+    backend() != Backend::Cpu
         && qkv.shape()[1] == 1
         && p.qk_norm.is_some_and(|(q, k, _)| q.dtype() == dtype && k.dtype() == dtype)
         && p.slopes.dtype() == Dtype::Float32
         && state.dtype() == Dtype::Float32
         && (2..=1024).contains(&d)
         && d % 2 == 0
-        && (positions.len() == 1 || positions.len() == b as usize)
+        && (n == 1 || n == b as usize)
         && p.rope_theta.is_some()
-        && selfcheck::enabled(&DECODE_STEP_CHECK);
-    if !fits {
-        return decode_step_mlx(p, qkv, &positions_array(positions), state, keep_kv);
-    }
-    decode_step_kernel(p, qkv, positions, state, keep_kv)
+        && selfcheck::enabled(&DECODE_STEP_CHECK)
+}
+
+/// Where a decode step's positions are.
+enum StepPositions<'a> {
+    Host(&'a [usize]),
+    Device(&'a Array),
 }
 
 /// [`decode_step`]'s kernel, for a layer with QK-norm (weights in qkv's dtype) and RoPE.
-fn decode_step_kernel(p: &StepParams, qkv: &Array, positions: &[usize], state: &Array, keep_kv: bool) -> Result<StepOutput> {
+fn decode_step_kernel(p: &StepParams, qkv: &Array, positions: StepPositions, state: &Array, keep_kv: bool) -> Result<StepOutput> {
     let (Some((q_norm, k_norm, eps)), Some(theta)) = (p.qk_norm, p.rope_theta) else {
         return Err(mlx_rs::error::Exception::custom("the lightning decode kernel needs QK-norm and RoPE"));
     };
     let b = qkv.shape()[0];
     let d = p.head_dim;
     let dtype = qkv.dtype();
-    // Up to MAX_SHAPE_ARGS positions travel as a shape (nothing for the GPU to fetch); more as an
-    // array the host writes.
-    let (in_shape, per_seq) = (positions.len() <= MAX_SHAPE_ARGS, positions.len() > 1);
-    let positions = if in_shape { shape_args(positions)? } else { positions_array(positions) };
+    // Up to MAX_SHAPE_ARGS positions from the host travel as a shape (nothing for the GPU to
+    // fetch); more as an array the host writes; the device's as they are.
+    let (positions, in_shape, per_seq) = match positions {
+        StepPositions::Host(host) if host.len() <= MAX_SHAPE_ARGS => (shape_args(host)?, true, host.len() > 1),
+        StepPositions::Host(host) => (positions_array(host), false, true),
+        StepPositions::Device(device) => (device.clone(), false, device.size() > 1),
+    };
     let h = p.heads;
     let mut outputs = vec![(vec![b, 1, h * d], dtype), (vec![b, h, d, d], Dtype::Float32)];
     if keep_kv {
@@ -107,7 +127,8 @@ fn decode_step_kernel(p: &StepParams, qkv: &Array, positions: &[usize], state: &
 }
 
 /// The decode step's kernel (and the form keeping the rotated keys and values) against
-/// [`decode_step_mlx`], in bfloat16, for two sequences at their own positions.
+/// [`decode_step_mlx`], in bfloat16, for two sequences at their own positions, given by the
+/// host and by the device.
 pub static DECODE_STEP_CHECK: KernelCheck = KernelCheck { name: "lightning_decode", backends: CUDA_AND_METAL, run: check_decode_step };
 
 fn check_decode_step() -> Verdict {
@@ -124,11 +145,14 @@ fn check_decode_step() -> Verdict {
             },
             |(qkv, q_norm, k_norm, slopes, state)| {
                 let p = check_params(h, d, q_norm, k_norm, slopes);
-                outputs(decode_step_kernel(&p, qkv, &positions, state, keep_kv)?)
+                let mut out = outputs(decode_step_kernel(&p, qkv, StepPositions::Host(&positions), state, keep_kv)?)?;
+                out.extend(outputs(decode_step_kernel(&p, qkv, StepPositions::Device(&positions_array(&positions)), state, keep_kv)?)?);
+                Ok(out)
             },
             |(qkv, q_norm, k_norm, slopes, state)| {
                 let p = check_params(h, d, q_norm, k_norm, slopes);
-                outputs(decode_step_mlx(&p, qkv, &positions_array(&positions), state, keep_kv)?)
+                let once = outputs(decode_step_mlx(&p, qkv, &positions_array(&positions), state, keep_kv)?)?;
+                Ok(once.iter().chain(&once).cloned().collect())
             },
         )
         .map_err(|e| if keep_kv { format!("keeping the keys and values: {e}") } else { e })?;

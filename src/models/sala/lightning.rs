@@ -185,7 +185,11 @@ impl LightningAttention {
             None => ops::concatenate(&states.iter().map(|s| own(s)).collect::<std::result::Result<Vec<_>, _>>()?, 0)?,
         };
         let keep_kv = states.iter().any(|s| s.record_replay);
-        let step = lightning::decode_step(&self.step_params(), qkvz, &positions.host, &state, keep_kv)?;
+        // A fixed decode step's position is the device's.
+        let step = match states.first().and_then(|s| s.step_counts()) {
+            Some(counts) if states.len() == 1 => lightning::decode_step_at(&self.step_params(), qkvz, &counts.position, &state, keep_kv)?,
+            _ => lightning::decode_step(&self.step_params(), qkvz, &positions.host, &state, keep_kv)?,
+        };
         let several = states.len() > 1;
         for (i, s) in states.iter_mut().enumerate() {
             let row = |a: &Array| if several { a.try_index(i as i32..i as i32 + 1) } else { Ok(a.clone()) };

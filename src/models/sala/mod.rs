@@ -253,6 +253,8 @@ pub struct SalaModel {
     layers: Vec<DecoderLayer>,
     head: LmHead,
     kv_format: KvFormat,
+    /// This rank's part under tensor parallelism.
+    tensor_parallel: bool,
 }
 
 impl SalaModel {
@@ -299,6 +301,7 @@ impl SalaModel {
             config,
             info,
             kv_format: KvFormat::Plain,
+            tensor_parallel: tp.size > 1,
         })
     }
 }
@@ -352,6 +355,14 @@ impl LanguageModel for SalaModel {
 
     fn forward_draft(&self, tokens: &Array, cache: &mut ModelCache, layers: usize) -> Result<Array> {
         self.run(tokens, &mut [cache], Logits::Last, None, layers)
+    }
+
+    /// One sequence with plain caches on one device, while the sparse layers attend densely: a
+    /// step that reaches `dense_len` (InfLLM-V2 from there) is built afresh.
+    fn fixed_step_variant(&self, caches: &[&mut ModelCache]) -> Option<u64> {
+        let [cache] = caches else { return None };
+        let dense = cache.len() + 1 < self.config.sparse.dense_len;
+        (dense && !self.tensor_parallel && self.kv_format == KvFormat::Plain).then_some(0)
     }
 
     fn truncate_cache(&self, cache: &mut ModelCache, len: usize) -> Result<()> {
