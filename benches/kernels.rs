@@ -804,8 +804,8 @@ fn prefill_random(model: &dyn sala::engine::model::LanguageModel, cache: &mut sa
 /// Decode steps of the synthetic model (`SALA_KERNELS_MODEL`, a preset or a config.json) after
 /// CONTEXT tokens (default 512), one sequence: each step built and evaluated before the next, as
 /// the model builds it at every token and as `engine::fixed_step` replays it. Per step, the
-/// host's time to build it and the whole step's, medians of 5 rounds of 32 steps; the tokens
-/// are checked to agree.
+/// host's time to build it, to hand it to the device (MLX's encoding) and the whole step's,
+/// medians of 5 rounds of 32 steps; the tokens are checked to agree.
 fn fixed_step_against_afresh() {
     use sala::engine::fixed_step::FixedSteps;
     use sala::engine::model::Logits;
@@ -820,7 +820,7 @@ fn fixed_step_against_afresh() {
     let mut tokens = [7i32, 7];
     for round in 0..6 {
         for (which, cache) in [&mut afresh, &mut fixed].into_iter().enumerate() {
-            let (mut build, start) = (0.0, Instant::now());
+            let (mut build, mut encode, start) = (0.0, 0.0, Instant::now());
             for _ in 0..STEPS {
                 let input = Array::from_slice(&[tokens[which]], &[1, 1]);
                 let t0 = Instant::now();
@@ -828,22 +828,28 @@ fn fixed_step_against_afresh() {
                     0 => model.forward(&input, cache, Logits::Last, None).unwrap(),
                     _ => steps.decode(model.as_ref(), &input, cache).unwrap().expect("this model takes fixed steps"),
                 };
-                build += t0.elapsed().as_secs_f64();
                 let next = ops::indexing::argmax_axis(&logits, -1, None).unwrap();
-                eval(std::iter::once(&next).chain(cache.arrays().iter())).unwrap();
+                let outputs: Vec<Array> = std::iter::once(next.clone()).chain(cache.arrays()).collect();
+                let t1 = Instant::now();
+                mlx_rs::transforms::async_eval(&outputs).unwrap();
+                let t2 = Instant::now();
+                eval(&outputs).unwrap();
+                build += (t1 - t0).as_secs_f64();
+                encode += (t2 - t1).as_secs_f64();
                 tokens[which] = next.as_slice::<u32>()[0] as i32;
             }
             if round > 0 {
-                rounds[which].push((build / STEPS as f64, start.elapsed().as_secs_f64() / STEPS as f64));
+                let per = |t: f64| t / STEPS as f64;
+                rounds[which].push((per(build), per(encode), per(start.elapsed().as_secs_f64())));
             }
         }
         assert_eq!(tokens[0], tokens[1], "round {round}: the fixed step drew another token");
     }
-    println!("context {context}, {} steps a round\n\n| step | build µs | step µs |\n|---|---:|---:|", STEPS);
+    println!("context {context}, {STEPS} steps a round\n\n| step | build µs | encode µs | step µs |\n|---|---:|---:|---:|");
     for (name, mut r) in ["built afresh", "fixed, replayed"].into_iter().zip(rounds) {
-        r.sort_by(|a, b| a.1.total_cmp(&b.1));
-        let (build, step) = r[r.len() / 2];
-        println!("| {name} | {:.0} | {:.0} |", build * 1e6, step * 1e6);
+        r.sort_by(|a, b| a.2.total_cmp(&b.2));
+        let (build, encode, step) = r[r.len() / 2];
+        println!("| {name} | {:.0} | {:.0} | {:.0} |", build * 1e6, encode * 1e6, step * 1e6);
     }
 }
 
