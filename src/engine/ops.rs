@@ -63,12 +63,18 @@ pub fn right_shift(a: &Array, b: &Array) -> Result<Array> {
 type BinaryOp = unsafe extern "C" fn(*mut mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_stream) -> std::os::raw::c_int;
 
 fn integer_op(op: BinaryOp, name: &str, a: &Array, b: &Array) -> Result<Array> {
+    // SAFETY: `a`, `b` and the stream outlive the call.
+    mlx_op(name, |res, stream| unsafe { op(res, a.as_ptr(), b.as_ptr(), stream) })
+}
+
+/// The array an mlx-c operation writes into a fresh handle (`call` gets it and the thread's
+/// stream, and returns mlx-c's status); freed here if the operation fails.
+fn mlx_op(name: &str, call: impl FnOnce(*mut mlx_sys::mlx_array, mlx_sys::mlx_stream) -> std::os::raw::c_int) -> Result<Array> {
     let stream = mlx_rs::Stream::thread_local_or_default();
-    // SAFETY: `res` is a fresh array handle the op fills (freed here if it fails); `a`, `b` and
-    // the stream outlive the call.
+    // SAFETY: `res` is a fresh handle that the `Array` owns on success and that is freed on failure.
     unsafe {
         let mut res = mlx_sys::mlx_array_new();
-        if op(&mut res, a.as_ptr(), b.as_ptr(), stream.as_ptr()) != 0 {
+        if call(&mut res, stream.as_ptr()) != 0 {
             mlx_sys::mlx_array_free(res);
             return Err(mlx_rs::error::Exception::custom(format!("MLX {name} failed")));
         }
@@ -186,50 +192,19 @@ impl Drop for ArrayList {
 /// that the device reads: the slice's place can change from call to call without changing the
 /// graph (MLX's `slice_dynamic`; mlx-rs does not wrap it).
 pub fn slice_dynamic(a: &Array, start: &Array, axes: &[i32], size: &[i32]) -> Result<Array> {
-    let stream = mlx_rs::Stream::thread_local_or_default();
-    // SAFETY: as in `integer_op`; `axes` and `size` outlive the call.
-    unsafe {
-        let mut res = mlx_sys::mlx_array_new();
-        let status = mlx_sys::mlx_slice_dynamic(
-            &mut res,
-            a.as_ptr(),
-            start.as_ptr(),
-            axes.as_ptr(),
-            axes.len(),
-            size.as_ptr(),
-            size.len(),
-            stream.as_ptr(),
-        );
-        if status != 0 {
-            mlx_sys::mlx_array_free(res);
-            return Err(mlx_rs::error::Exception::custom("MLX slice_dynamic failed"));
-        }
-        Ok(Array::from_ptr(res))
-    }
+    mlx_op("slice_dynamic", |res, stream| {
+        // SAFETY: the arrays and slices outlive the call.
+        unsafe { mlx_sys::mlx_slice_dynamic(res, a.as_ptr(), start.as_ptr(), axes.as_ptr(), axes.len(), size.as_ptr(), size.len(), stream) }
+    })
 }
 
 /// `a` with `update` written at `start` along `axes` (`start` an int32 array, one entry per
 /// axis, read by the device; see [`slice_dynamic`]).
 pub fn slice_update_dynamic(a: &Array, update: &Array, start: &Array, axes: &[i32]) -> Result<Array> {
-    let stream = mlx_rs::Stream::thread_local_or_default();
-    // SAFETY: as in `integer_op`; `axes` outlives the call.
-    unsafe {
-        let mut res = mlx_sys::mlx_array_new();
-        let status = mlx_sys::mlx_slice_update_dynamic(
-            &mut res,
-            a.as_ptr(),
-            update.as_ptr(),
-            start.as_ptr(),
-            axes.as_ptr(),
-            axes.len(),
-            stream.as_ptr(),
-        );
-        if status != 0 {
-            mlx_sys::mlx_array_free(res);
-            return Err(mlx_rs::error::Exception::custom("MLX slice_update_dynamic failed"));
-        }
-        Ok(Array::from_ptr(res))
-    }
+    mlx_op("slice_update_dynamic", |res, stream| {
+        // SAFETY: the arrays and `axes` outlive the call.
+        unsafe { mlx_sys::mlx_slice_update_dynamic(res, a.as_ptr(), update.as_ptr(), start.as_ptr(), axes.as_ptr(), axes.len(), stream) }
+    })
 }
 
 /// Keeps a long multi-token forward call (a prefill chunk) at most two residual branches (a
