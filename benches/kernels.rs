@@ -824,12 +824,15 @@ fn fixed_step_against_afresh() {
             for _ in 0..STEPS {
                 let input = Array::from_slice(&[tokens[which]], &[1, 1]);
                 let t0 = Instant::now();
-                let logits = match which {
-                    0 => model.forward(&input, cache, Logits::Last, None).unwrap(),
-                    _ => steps.decode(model.as_ref(), &input, cache).unwrap().expect("this model takes fixed steps"),
+                let (logits, position) = match which {
+                    0 => (model.forward(&input, cache, Logits::Last, None).unwrap(), None),
+                    _ => {
+                        let (logits, position) = steps.decode(model.as_ref(), &input, cache).unwrap().expect("this model takes fixed steps");
+                        (logits, Some(position))
+                    }
                 };
                 let next = ops::indexing::argmax_axis(&logits, -1, None).unwrap();
-                let outputs: Vec<Array> = std::iter::once(next.clone()).chain(cache.arrays()).collect();
+                let outputs: Vec<Array> = std::iter::once(next.clone()).chain(cache.arrays()).chain(position).collect();
                 let t1 = Instant::now();
                 mlx_rs::transforms::async_eval(&outputs).unwrap();
                 let t2 = Instant::now();

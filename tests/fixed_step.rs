@@ -8,7 +8,8 @@ mod common;
 
 use common::*;
 use mlx_rs::{Array, Dtype};
-use sala::engine::fixed_step::FixedSteps;
+use sala::engine::fixed_step::{taken_on_this_thread, FixedSteps};
+use sala::engine::generate::decode_pipelined;
 use sala::engine::model::{LanguageModel, Logits};
 use sala::engine::ops::to_vec_f32;
 
@@ -33,7 +34,7 @@ fn compare(model: &dyn LanguageModel, prompt_len: usize, steps: usize, tolerance
         let input = Array::from_slice(&[token as i32], &[1, 1]);
         let want = to_vec_f32(&model.forward(&input, &mut afresh, Logits::Last, None).unwrap()).unwrap();
         let got = match fixed_steps.decode(model, &input, &mut fixed).unwrap() {
-            Some(logits) => {
+            Some((logits, _position)) => {
                 taken += 1;
                 logits
             }
@@ -88,4 +89,30 @@ fn caches_a_fixed_step_cannot_take_are_left_to_the_forward() {
     let ids: Vec<i32> = (0..300).map(|i| i % 200).collect();
     sala.forward(&Array::from_slice(&ids, &[1, 300]), &mut cache, Logits::Last, None).unwrap();
     assert!(steps.decode(sala.as_ref(), &input, &mut cache).unwrap().is_none());
+}
+
+#[test]
+fn sala_bench_pipelined_steps_are_fixed_steps_when_asked() {
+    // SALA_FIXED_STEP=on (read by decode_pipelined only; no other test here runs it).
+    let model = sala::models::load(&golden("A_dense_f32"), Some(Dtype::Float32)).unwrap();
+    let prompt = Array::from_slice(&[3i32, 1, 4, 1, 5, 9, 2, 6], &[1, 8]);
+    let (mut afresh, mut fixed) = (model.new_cache(), model.new_cache());
+    model.forward(&prompt, &mut afresh, Logits::Last, None).unwrap();
+    model.forward(&prompt, &mut fixed, Logits::Last, None).unwrap();
+    let known: Vec<Vec<u32>> = (0..40u32).map(|i| vec![(i * 37 + 11) % 512]).collect();
+    let steps: Vec<&[u32]> = known.iter().map(Vec::as_slice).collect();
+    decode_pipelined(model.as_ref(), &mut [&mut afresh], &steps).unwrap();
+    let before = taken_on_this_thread();
+    std::env::set_var("SALA_FIXED_STEP", "on");
+    let run = decode_pipelined(model.as_ref(), &mut [&mut fixed], &steps);
+    std::env::remove_var("SALA_FIXED_STEP");
+    run.unwrap();
+    assert_eq!(taken_on_this_thread() - before, 40, "every step was a fixed one");
+    assert_eq!(fixed.len(), afresh.len());
+    // The caches the two made give the next token the same logits.
+    let next = Array::from_slice(&[7i32], &[1, 1]);
+    let want = to_vec_f32(&model.forward(&next, &mut afresh, Logits::Last, None).unwrap()).unwrap();
+    let got = to_vec_f32(&model.forward(&next, &mut fixed, Logits::Last, None).unwrap()).unwrap();
+    let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(diff < 1e-4, "after pipelined fixed steps the logits differ by {diff}");
 }

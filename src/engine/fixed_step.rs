@@ -34,10 +34,12 @@ impl FixedSteps {
         Self::default()
     }
 
-    /// One decode step of `token` (`[1, 1]` int32) on `cache`: the float32 logits `[1, vocab]`,
-    /// with the cache one token longer. `None` (nothing done) where the model or the cache cannot
-    /// take a fixed step; the caller then runs the forward as usual.
-    pub fn decode(&mut self, model: &dyn LanguageModel, token: &Array, cache: &mut ModelCache) -> Result<Option<Array>> {
+    /// One decode step of `token` (`[1, 1]` int32) on `cache`: the float32 logits `[1, vocab]`
+    /// and the device's position for the next step, with the cache one token longer. The caller
+    /// evaluates the position with the logits and the cache (the next step reads it, perhaps on
+    /// another thread). `None` (nothing done) where the model or the cache cannot take a fixed
+    /// step; the caller then runs the forward as usual.
+    pub fn decode(&mut self, model: &dyn LanguageModel, token: &Array, cache: &mut ModelCache) -> Result<Option<(Array, Array)>> {
         let Some(variant) = model.fixed_step_variant(&[&mut *cache]) else { return Ok(None) };
         let Some((arrays, settled)) = cache.fixed_step_inputs()? else { return Ok(None) };
         let len = cache.len();
@@ -70,6 +72,16 @@ impl FixedSteps {
         };
         cache.finish_fixed_step(&outputs[2..])?;
         self.position = Some((outputs[1].clone(), len + 1));
-        Ok(Some(outputs[0].clone()))
+        TAKEN.with(|t| t.set(t.get() + 1));
+        Ok(Some((outputs[0].clone(), outputs[1].clone())))
     }
+}
+
+thread_local! {
+    static TAKEN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many fixed steps this thread has run: for tests that a path takes them.
+pub fn taken_on_this_thread() -> u64 {
+    TAKEN.with(|t| t.get())
 }

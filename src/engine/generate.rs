@@ -6,6 +6,7 @@ use super::encoder::{Encoder, PendingRead};
 use super::step_profile::{self, timed, Part};
 use super::prefix_cache::Trail;
 use super::error::{Error, Result};
+use super::fixed_step::FixedSteps;
 use super::logprobs::TokenLogprobs;
 use super::model::{LanguageModel, Logits};
 use super::ops::to_vec_f32;
@@ -941,12 +942,25 @@ pub fn extend_along(
 pub fn decode_pipelined(model: &dyn LanguageModel, caches: &mut [&mut ModelCache], steps: &[&[u32]]) -> Result<()> {
     let encoder = Encoder::for_this_thread().starting()?;
     let mut last = None;
+    // SALA_FIXED_STEP=on: one sequence's steps as fixed steps where they apply (engine::fixed_step),
+    // for measuring them against steps built afresh while they are not yet what users run.
+    let mut fixed = (caches.len() == 1 && std::env::var("SALA_FIXED_STEP").is_ok_and(|v| v == "on")).then(FixedSteps::new);
     let queued = steps.iter().try_for_each(|step| -> Result<()> {
         let ids: Vec<i32> = step.iter().map(|&t| t as i32).collect();
         let input = Array::from_slice(&ids, &[ids.len() as i32, 1]);
         let (logits, state, end) = encoder.build(|| -> Result<_> {
             let input = step_profile::stretch_start(&input)?;
-            let (logits, state) = forward_batch_lazy(model, &input, caches, Logits::Last)?;
+            let stepped = match (&mut fixed, &mut *caches) {
+                (Some(fixed), [cache]) => fixed.decode(model, &input, cache)?.map(|(logits, position)| {
+                    let state: Vec<Array> = cache.arrays().into_iter().chain([position]).collect();
+                    (logits, state)
+                }),
+                _ => None,
+            };
+            let (logits, state) = match stepped {
+                Some(done) => done,
+                None => forward_batch_lazy(model, &input, caches, Logits::Last)?,
+            };
             let end = step_profile::stretch_end(&logits)?;
             Ok((logits, state, end))
         })?;
