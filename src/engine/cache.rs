@@ -642,6 +642,16 @@ pub struct StepCounts {
     pub len: Array,
 }
 
+impl StepCounts {
+    /// The counts of a step at `position` (`[1]` int32) on a cache whose history holds `settled`
+    /// tokens (the rest are recent tokens).
+    pub fn new(position: &Array, settled: usize) -> Result<Self> {
+        let recent_at = position.subtract(Array::from_int(settled as i32))?;
+        let one = Array::from_int(1);
+        Ok(Self { recent_filled: recent_at.add(&one)?, recent_at, len: position.add(&one)?, position: position.clone() })
+    }
+}
+
 /// The scales and biases of a quantized cache's codes ([`QuantizedSeqBuffer`]), buffer by buffer
 /// as [`KvParts`] holds the codes: `[B, Hkv, capacity, d / group]` each, in the rows' dtype.
 #[derive(Clone)]

@@ -7,7 +7,7 @@
 //! array, or the replay computes with the value of the trace. Host-side effects inside the
 //! function (a counter bumped, a cache entry replaced) happen only when it is traced.
 
-use crate::engine::ops::ArrayList;
+use crate::engine::ops::{arrays_of, ArrayList};
 use mlx_rs::{error::Exception, Array};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -85,13 +85,8 @@ impl Drop for Compiled {
 unsafe extern "C" fn trampoline(res: *mut mlx_sys::mlx_vector_array, input: mlx_sys::mlx_vector_array, payload: *mut std::ffi::c_void) -> std::os::raw::c_int {
     // SAFETY: `payload` is the `Payload` that `Compiled::call` lent for the duration of the call.
     let payload = unsafe { &mut *(payload as *mut Payload) };
-    let inputs: Vec<Array> = (0..unsafe { mlx_sys::mlx_vector_array_size(input) })
-        .map(|i| unsafe {
-            let mut a = mlx_sys::mlx_array_new();
-            mlx_sys::mlx_vector_array_get(&mut a, input, i);
-            Array::from_ptr(a)
-        })
-        .collect();
+    // SAFETY: MLX's vector of the tracer inputs, live for the call.
+    let inputs = unsafe { arrays_of(input) };
     let body = &mut payload.body;
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&inputs))) {
         Ok(Ok(outputs)) => {

@@ -40,7 +40,7 @@ impl FixedSteps {
     /// another thread). `None` (nothing done) where the model or the cache cannot take a fixed
     /// step; the caller then runs the forward as usual.
     pub fn decode(&mut self, model: &dyn LanguageModel, token: &Array, cache: &mut ModelCache) -> Result<Option<(Array, Array)>> {
-        let Some(variant) = model.fixed_step_variant(&[&mut *cache]) else { return Ok(None) };
+        let Some(variant) = model.fixed_step_variant(&[&*cache]) else { return Ok(None) };
         let Some((arrays, settled)) = cache.fixed_step_inputs()? else { return Ok(None) };
         let len = cache.len();
         let position = match &self.position {
@@ -54,14 +54,10 @@ impl FixedSteps {
         let (_, compiled, ran) = self.graph.as_mut().expect("set above");
         let view_of: &ModelCache = cache;
         let body = |inputs: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
-            let (position, arrays) = (&inputs[1], &inputs[2..]);
-            let recent_at = position.subtract(Array::from_int(settled as i32))?;
-            let recent_filled = recent_at.add(Array::from_int(1))?;
-            let len = position.add(Array::from_int(1))?;
-            let counts = StepCounts { position: position.clone(), recent_at, recent_filled, len: len.clone() };
-            let mut view = view_of.fixed_step_view(arrays, &counts);
+            let counts = StepCounts::new(&inputs[1], settled)?;
+            let mut view = view_of.fixed_step_view(&inputs[2..], &counts);
             let logits = model.forward_batch(&inputs[0], &mut [&mut view], Logits::Last, None).map_err(|e| Exception::custom(e.to_string()))?;
-            Ok([logits, len].into_iter().chain(view.fixed_step_outputs()).collect())
+            Ok([logits, counts.len].into_iter().chain(view.fixed_step_outputs()).collect())
         };
         let inputs: Vec<Array> = [token.clone(), position].into_iter().chain(arrays).collect();
         let outputs = if *ran {

@@ -112,7 +112,7 @@ pub trait LanguageModel: Send {
     /// places) on the device, so that the step's graph is the same at every token
     /// (`engine::fixed_step`), and if so which variant of the step `caches` need: steps of one
     /// variant share a graph. `None`: it cannot (the default).
-    fn fixed_step_variant(&self, caches: &[&mut ModelCache]) -> Option<u64> {
+    fn fixed_step_variant(&self, caches: &[&ModelCache]) -> Option<u64> {
         let _ = caches;
         None
     }

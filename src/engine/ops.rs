@@ -168,17 +168,27 @@ impl ArrayList {
 
     /// The arrays, as new references (the vector is freed).
     pub fn into_arrays(self) -> Vec<Array> {
-        (0..self.len())
-            .map(|i| {
-                // SAFETY: `i` is in range; `get` fills a fresh handle that the `Array` then owns.
-                unsafe {
-                    let mut out = mlx_sys::mlx_array_new();
-                    mlx_sys::mlx_vector_array_get(&mut out, self.0, i);
-                    Array::from_ptr(out)
-                }
-            })
-            .collect()
+        // SAFETY: a live vector this value owns.
+        unsafe { arrays_of(self.0) }
     }
+}
+
+/// New references to the arrays of an mlx-c vector that someone else owns (one MLX hands a
+/// callback, say).
+///
+/// # Safety
+/// `vector` must be a live `mlx_vector_array`.
+pub unsafe fn arrays_of(vector: mlx_sys::mlx_vector_array) -> Vec<Array> {
+    (0..unsafe { mlx_sys::mlx_vector_array_size(vector) })
+        .map(|i| {
+            // SAFETY: `i` is in range; `get` fills a fresh handle that the `Array` then owns.
+            unsafe {
+                let mut out = mlx_sys::mlx_array_new();
+                mlx_sys::mlx_vector_array_get(&mut out, vector, i);
+                Array::from_ptr(out)
+            }
+        })
+        .collect()
 }
 
 impl Drop for ArrayList {

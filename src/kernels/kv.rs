@@ -150,7 +150,7 @@ fn check_append() -> Verdict {
         // Each place given as host integers, then as the device's counts (a fixed step).
         |(rows, slots)| {
             let mut out = filled(append_token_cuda(rows, columns, slots)?)?;
-            out.extend(filled(append_token_cuda(rows, columns, &with_device_places(slots, &[0; 2]))?)?);
+            out.extend(filled(append_token_cuda(rows, columns, &with_device_places(slots, &at)?)?)?);
             Ok(out)
         },
         |(rows, slots)| {
@@ -160,18 +160,15 @@ fn check_append() -> Verdict {
     )
 }
 
-/// `slots` with their places `at`, and the tokens' `positions`, as a fixed step's device counts
-/// (for the kernels' checks; the host's `at` is then wrong on purpose).
-pub fn with_device_places(slots: &[RecentSlot], positions: &[usize]) -> Vec<RecentSlot> {
-    let int = |v: usize| Array::from_slice(&[v as i32], &[1]);
+/// `slots` with their places `at`, and the tokens' `positions` (each at least its `at`), as a
+/// fixed step's device counts (for the kernels' checks; the host's `at` is then wrong on purpose).
+pub fn with_device_places(slots: &[RecentSlot], positions: &[usize]) -> Result<Vec<RecentSlot>> {
     slots
         .iter()
         .zip(positions)
-        .map(|(s, &p)| RecentSlot {
-            keys: s.keys.clone(),
-            values: s.values.clone(),
-            at: 0,
-            counts: Some(StepCounts { position: int(p), recent_at: int(s.at), recent_filled: int(s.at + 1), len: int(p + 1) }),
+        .map(|(s, &p)| {
+            let counts = StepCounts::new(&Array::from_slice(&[p as i32], &[1]), p - s.at)?;
+            Ok(RecentSlot { keys: s.keys.clone(), values: s.values.clone(), at: 0, counts: Some(counts) })
         })
         .collect()
 }

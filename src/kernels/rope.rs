@@ -107,11 +107,7 @@ pub fn rope_append(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions:
 pub fn rope_append_mlx(rows: &Array, heads: QkHeads, angles: &RopeAngles, positions: &[usize], slots: &[RecentSlot]) -> Result<(Array, Vec<(Array, Array)>)> {
     let (b, d) = (rows.shape()[0], heads.head_dim);
     // In a fixed decode step the positions are the device's.
-    let device_positions = match slots.iter().map(|s| s.counts.as_ref().map(|c| &c.position)).collect::<Option<Vec<_>>>() {
-        Some(one) if one.len() == 1 => Some(one[0].clone()),
-        Some(many) if many.len() > 1 => Some(ops::concatenate(&many.into_iter().cloned().collect::<Vec<_>>(), 0)?),
-        _ => None,
-    };
+    let device_positions = device_counts(slots.iter().map(|s| s.counts.as_ref().map(|c| &c.position)))?;
     // Heads `[B, n, 1, d]` from column `start · d`, normed and rotated.
     let part = |start: i32, n: i32, norm: Option<&Array>| -> Result<Array> {
         let x = rows.try_index((.., .., start * d..(start + n) * d))?.reshape(&[b, 1, n, d])?;
@@ -171,7 +167,7 @@ fn check_rope_append() -> Verdict {
             |(rows, qn, kn, slots)| {
                 let heads = QkHeads { heads: hq, kv_heads: hkv, head_dim: d, norms: normed.then_some((qn, kn, 1e-6)) };
                 let mut out = outputs(rope_append_cuda(rows, heads, angles, &positions, slots)?)?;
-                out.extend(outputs(rope_append_cuda(rows, heads, angles, &[0; 2], &with_device_places(slots, &positions))?)?);
+                out.extend(outputs(rope_append_cuda(rows, heads, angles, &[0; 2], &with_device_places(slots, &positions)?)?)?);
                 Ok(out)
             },
             |(rows, qn, kn, slots)| {

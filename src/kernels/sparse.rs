@@ -736,7 +736,7 @@ fn check_decode_attention(mma: bool, quantized: bool) -> Verdict {
             let query = check_query(projected, hq, d);
             let mut out = vec![decode_attention_cuda(&query, &parts, scale, mma)?];
             if !quantized {
-                out.push(decode_attention_cuda(&query, &with_device_lens(&parts), scale, mma)?);
+                out.push(decode_attention_cuda(&query, &with_device_lens(&parts)?, scale, mma)?);
             }
             Ok(out)
         },
@@ -755,14 +755,13 @@ fn check_decode_attention(mma: bool, quantized: bool) -> Verdict {
 
 /// `parts` with their lengths as a fixed step's device counts (for the kernels' checks; the
 /// host's `len` is then wrong on purpose).
-pub fn with_device_lens(parts: &[KvParts]) -> Vec<KvParts> {
-    let int = |v: usize| Array::from_slice(&[v as i32], &[1]);
+pub fn with_device_lens(parts: &[KvParts]) -> Result<Vec<KvParts>> {
     parts
         .iter()
         .map(|p| {
-            let (position, recent_at) = (p.len - 1, p.len - 1 - p.settled.min(p.len - 1));
-            let counts = StepCounts { position: int(position), recent_at: int(recent_at), recent_filled: int(recent_at + 1), len: int(p.len) };
-            KvParts { len: 1, counts: Some(counts), ..p.clone() }
+            let position = p.len - 1;
+            let counts = StepCounts::new(&Array::from_slice(&[position as i32], &[1]), p.settled.min(position))?;
+            Ok(KvParts { len: 1, counts: Some(counts), ..p.clone() })
         })
         .collect()
 }

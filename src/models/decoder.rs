@@ -401,7 +401,7 @@ impl LanguageModel for DecoderModel {
 
     /// One sequence with plain, unwindowed caches on one device; the variant is the RoPE table
     /// the next position takes (longrope switches tables past the original context).
-    fn fixed_step_variant(&self, caches: &[&mut ModelCache]) -> Option<u64> {
+    fn fixed_step_variant(&self, caches: &[&ModelCache]) -> Option<u64> {
         let [cache] = caches else { return None };
         if self.tensor_parallel || self.window.is_some() || self.kv_format != KvFormat::Plain {
             return None;

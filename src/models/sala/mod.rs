@@ -359,7 +359,7 @@ impl LanguageModel for SalaModel {
 
     /// One sequence with plain caches on one device, while the sparse layers attend densely: a
     /// step that reaches `dense_len` (InfLLM-V2 from there) is built afresh.
-    fn fixed_step_variant(&self, caches: &[&mut ModelCache]) -> Option<u64> {
+    fn fixed_step_variant(&self, caches: &[&ModelCache]) -> Option<u64> {
         let [cache] = caches else { return None };
         let dense = cache.len() + 1 < self.config.sparse.dense_len;
         (dense && !self.tensor_parallel && self.kv_format == KvFormat::Plain).then_some(0)
