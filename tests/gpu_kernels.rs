@@ -280,8 +280,9 @@ fn qmv_with_rms_norm_folded_in_matches_mlx_operations() {
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
     let mut seed = 900;
     for bits in [8, 4] {
-        // (8704 rows: the 4-bit tiling of larger matrices.)
-        for (n, k) in [(2 * 2048, 4096), (8704, 4096), (2 * 136, 384)] {
+        // (8704 and 16384 rows: the 4-bit tilings of larger matrices, through a cp.async ring
+        // where the staged input leaves room for one.)
+        for (n, k) in [(2 * 2048, 4096), (8704, 4096), (16384, 4096), (2 * 136, 384)] {
             // The general kernel with the norm folded in: one row in bf16 and f32, two and four
             // in f32 (the largest staged input). Half-precision batches (3, 8 and 16 rows) take a
             // separate norm and the tensor-core kernel.

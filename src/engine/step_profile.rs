@@ -157,9 +157,23 @@ pub fn use_stamp_kernel(kernel: StampKernel) {
 }
 
 /// Marks the device's timeline around each stretch of decode work from now until called with
-/// `false`.
-pub fn time_device(on: bool) {
+/// `false`. The first call compiles the stamp kernel for each type a stretch starts or ends on
+/// (MLX compiles a kernel per input type), so that no compilation falls in a timed stretch: it
+/// had cost a bench's first timed run seconds.
+pub fn time_device(on: bool) -> Result<(), Exception> {
+    static COMPILED: AtomicBool = AtomicBool::new(false);
+    if on && !COMPILED.swap(true, Relaxed) {
+        if let Some(kernel) = STAMP_KERNEL.get() {
+            use mlx_rs::Dtype::*;
+            for dtype in [Uint32, Int32, Bfloat16, Float16, Float32] {
+                if let Some(stamp) = kernel(&Array::from_int(0).as_dtype(dtype)?)? {
+                    stamp.eval()?;
+                }
+            }
+        }
+    }
     TIMING_DEVICE.store(on, Relaxed);
+    Ok(())
 }
 
 fn mark(kind: Mark, after: &Array) -> Result<Option<Array>, Exception> {
@@ -315,11 +329,11 @@ mod tests {
     #[test]
     fn without_a_clock_a_stretch_is_its_input_and_nothing_is_marked() {
         // The CPU has no clock to read (and the library's tests install no stamp kernel).
-        time_device(true);
+        time_device(true).unwrap();
         let x = Array::from_slice(&[1.0f32, 2.0], &[2]);
         let started = stretch_start(&x).unwrap();
         let end = stretch_end(&started).unwrap();
-        time_device(false);
+        time_device(false).unwrap();
         assert!(end.is_none());
         assert_eq!(started.as_slice::<f32>(), &[1.0, 2.0]);
         assert_eq!(device_times().unwrap(), None);

@@ -420,7 +420,7 @@ pub fn run_test(
         step_profile::count_ops(profiled && run == 0);
         // The timed runs mark the device's clock around each step (a kernel launch before and
         // after one, on CUDA).
-        step_profile::time_device(profiled && run > 0);
+        step_profile::time_device(profiled && run > 0)?;
         let before = step_profile::totals();
         let start = Instant::now();
         match test {
@@ -444,7 +444,7 @@ pub fn run_test(
         }
         let elapsed = start.elapsed().as_nanos() as u64;
         step_profile::count_ops(false);
-        step_profile::time_device(false);
+        step_profile::time_device(false)?;
         let host = step_profile::totals() - before;
         if profiled {
             // Every marked step is queued by now; the marks are read once the evaluator is idle.

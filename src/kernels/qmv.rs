@@ -437,7 +437,7 @@ impl QmvTiling {
 pub const MMA_ROWS_PER_WARP: i32 = 16;
 
 /// The general kernel's tiling for `n` weight rows of `chunks` 16-byte chunks.
-fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
+fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usize) -> QmvTiling {
     // 4 bits on CUDA: more rows a warp (x loaded once for all) and more loads in flight were the
     // fastest (eval/results/kernel-notes.md).
     if bits == 4 && backend() == Backend::Cuda {
@@ -445,6 +445,12 @@ fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool) -> QmvTiling {
             return QmvTiling { warps: WARPS, outputs_per_warp: 4, split: 1, in_flight: 2, async_copy: false };
         }
         if n >= 8192 {
+            // Through a cp.async ring of 2 slots where it fits beside the staged input: faster on
+            // an H200 (SALA's qkvz 27.1 → 22.7 µs, qkvg 18.5 → 17.3: eval/results/kernel-notes.md).
+            let ring = QmvTiling { warps: WARPS, outputs_per_warp: if n >= 16384 { 4 } else { 2 }, split: 1, in_flight: 2, async_copy: true };
+            if ring.ring_fits(swiglu, staged) {
+                return ring;
+            }
             return QmvTiling { warps: WARPS, outputs_per_warp: 2, split: 1, in_flight: 4, async_copy: false };
         }
     }
@@ -527,10 +533,10 @@ fn quantized_matmul_t_general(
         // Epsilon as its bit pattern: a compile-time constant.
         template.push(("EPS_BITS", TemplateArg::Int(norm.eps.to_bits() as i32)));
     }
-    let t = TILING_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| general_tiling(n, packed.shape()[1] / 4, bits, swiglu));
+    let staged = if norm.is_some() { rows as usize * x.shape()[last] as usize * x.item_size() } else { 0 };
+    let t = TILING_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| general_tiling(n, packed.shape()[1] / 4, bits, swiglu, staged));
     // Weight rows per warp (SwiGLU: gate rows and as many up rows).
     let per_warp = if swiglu { 2 * t.outputs_per_warp } else { t.outputs_per_warp };
-    let staged = if norm.is_some() { rows as usize * x.shape()[last] as usize * x.item_size() } else { 0 };
     let async_copy = t.async_copy && backend() == Backend::Cuda && t.ring_fits(swiglu, staged);
     let groups_per_block = t.warps / t.split;
     let n_blocks = (shape[last] + groups_per_block * t.outputs_per_warp - 1) / (groups_per_block * t.outputs_per_warp);
