@@ -12,7 +12,7 @@ use sala::kernels::custom::{backend, Backend};
 use sala::kernels::gla::{alibi_slopes, simple_gla, simple_gla_recurrent, simple_gla_step};
 use sala::kernels::qmv::{
     quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
-    MmaTiling, QmvTiling, RmsNormIn, MMA_ROWS_PER_WARP,
+    general_tiling, MmaTiling, QmvTiling, RmsNormIn, MMA_ROWS_PER_WARP,
 };
 use sala::kernels::sparse::{
     decode_attention, decode_attention_mlx, with_decode_kernel, with_decode_splits, with_window_tiles, BlockSelection, DecodeKernel, DecodeQuery,
@@ -563,7 +563,7 @@ fn qmv_tiling_sweep() {
         ("down", 4096, 16384, Product::Residual),
         ("head", 73448, 4096, Product::Plain),
     ];
-    let general = |w, o, s, u, a| QmvTiling { warps: w, outputs_per_warp: o, split: s, in_flight: u, async_copy: a };
+    let general = |w, o, s, u, a| QmvTiling { warps: w, outputs_per_warp: o, split: s, in_flight: u, async_copy: a, prefetch_l2: false };
     let mma = |t, u, g, a| MmaTiling { out_tiles: t, in_flight: u, grid_warps: g, async_copy: a };
     // `qmv-tiling 8` or `qmv-tiling 4`: one width only; `qmv-tiling 8 o_proj`: one product too
     // (`all`: every product); `qmv-tiling 8 all 8`: one count of input rows (1, 8 or 16) too;
@@ -582,6 +582,9 @@ fn qmv_tiling_sweep() {
     let async_only = args.get(3).is_some_and(|a| a == "async");
     // `qmv-tiling 4 all 1 tc`: the default and the tensor-core tilings only.
     let tensor_cores_only = args.get(3).is_some_and(|a| a == "tc");
+    // `qmv-tiling 8 all 1 prefetch`: the normed products' default tiling without and with its
+    // weight rows asked of L2 before the norm.
+    let prefetch_only = args.get(3).is_some_and(|a| a == "prefetch");
     let start = Instant::now();
     for bits in [8, 4].into_iter().filter(|b| only.is_none_or(|o| o == *b)) {
         for &(name, n, k, product) in cases.iter().filter(|c| product_filter.as_ref().is_none_or(|p| c.0.contains(p.as_str()))) {
@@ -627,7 +630,16 @@ fn qmv_tiling_sweep() {
                 let base = format!("q{bits} {name} {n}x{k} rows {rows}");
                 profile(format!("{base} | mlx"), &|| run(true));
                 let swiglu = matches!(product, Product::NormedSwiGlu);
-                if rows == 1 {
+                let normed = matches!(product, Product::Normed | Product::NormedSwiGlu);
+                if rows == 1 && prefetch_only {
+                    if normed {
+                        let staged = k as usize * 2;
+                        let default = general_tiling(n, k * bits / 128, bits, swiglu, staged);
+                        let prefetched = QmvTiling { prefetch_l2: true, ..default };
+                        profile(format!("{base} | default"), &|| run(false));
+                        profile(format!("{base} | default, L2 prefetch"), &|| with_tiling(Some(prefetched), None, || run(false)));
+                    }
+                } else if rows == 1 {
                     let chunks = k * bits / 128;
                     let mut tilings = vec![None];
                     // At 4 bits, 16 weight rows a warp is the tensor-core form.

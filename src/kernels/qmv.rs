@@ -110,12 +110,12 @@ const fn qmv_normed_source(name: &'static str, cuda_body: &'static str) -> Kerne
 
 static QMV_NORMED: KernelSource = qmv_normed_source(
     "sala_qmv_normed",
-    "sala_qmv_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0]);",
+    "sala_qmv_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, K, EPS_BITS, PREFETCH>(x, norm, w, scales, biases, y, w_shape[0]);",
 );
 
 static QMV_SWIGLU_NORMED: KernelSource = qmv_normed_source(
     "sala_qmv_swiglu_normed",
-    "sala_qmv_swiglu_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0] / 2);",
+    "sala_qmv_swiglu_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, K, EPS_BITS, PREFETCH>(x, norm, w, scales, biases, y, w_shape[0] / 2);",
 );
 
 static QMV_RESIDUAL_NORM_GATED: KernelSource = KernelSource {
@@ -123,7 +123,7 @@ static QMV_RESIDUAL_NORM_GATED: KernelSource = KernelSource {
     inputs: &["x", "norm", "gate_src", "w", "scales", "biases", "residual"],
     outputs: &["y"],
     cuda_header: QMV_HEADER,
-    cuda_body: "sala_qmv_residual_norm_gated<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, ALPHA_BITS, K, EPS_BITS, Z_OFF>(x, \
+    cuda_body: "sala_qmv_residual_norm_gated<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, ALPHA_BITS, K, EPS_BITS, Z_OFF, PREFETCH>(x, \
                 norm, gate_src, gate_src_shape[gate_src_ndim - 1], w, scales, biases, residual, y, w_shape[0]);",
     metal_header: "",
     metal_body: "",
@@ -417,6 +417,9 @@ pub struct QmvTiling {
     pub in_flight: i32,
     /// Whether the chunks land in shared memory through cp.async (CUDA) rather than in registers.
     pub async_copy: bool,
+    /// Whether a thread block of a normed product (CUDA) first asks L2 for all of its weight rows,
+    /// so that they stream in while it normalises x; other products ignore it.
+    pub prefetch_l2: bool,
 }
 
 impl QmvTiling {
@@ -436,22 +439,24 @@ impl QmvTiling {
 /// one machine (eval/results/2026-11-27-h100-sala-decode).
 pub const MMA_ROWS_PER_WARP: i32 = 16;
 
-/// The general kernel's tiling for `n` weight rows of `chunks` 16-byte chunks.
-fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usize) -> QmvTiling {
+/// The general kernel's tiling for `n` weight rows of `chunks` 16-byte chunks, beside `staged`
+/// bytes of normalised input (public for the kernel benchmark's sweep).
+#[doc(hidden)]
+pub fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usize) -> QmvTiling {
     // 4 bits on CUDA: more rows a warp (x loaded once for all) and more loads in flight were the
     // fastest (eval/results/kernel-notes.md).
     if bits == 4 && backend() == Backend::Cuda {
         if swiglu || n > 16384 {
-            return QmvTiling { warps: WARPS, outputs_per_warp: 4, split: 1, in_flight: 2, async_copy: false };
+            return QmvTiling { warps: WARPS, outputs_per_warp: 4, split: 1, in_flight: 2, async_copy: false, prefetch_l2: false };
         }
         if n >= 8192 {
             // Through a cp.async ring of 2 slots where it fits beside the staged input: faster on
             // an H200 (SALA's qkvz 27.1 → 22.7 µs, qkvg 18.5 → 17.3: eval/results/kernel-notes.md).
-            let ring = QmvTiling { warps: WARPS, outputs_per_warp: if n >= 16384 { 4 } else { 2 }, split: 1, in_flight: 2, async_copy: true };
+            let ring = QmvTiling { warps: WARPS, outputs_per_warp: if n >= 16384 { 4 } else { 2 }, split: 1, in_flight: 2, async_copy: true, prefetch_l2: false };
             if ring.ring_fits(swiglu, staged) {
                 return ring;
             }
-            return QmvTiling { warps: WARPS, outputs_per_warp: 2, split: 1, in_flight: 4, async_copy: false };
+            return QmvTiling { warps: WARPS, outputs_per_warp: 2, split: 1, in_flight: 4, async_copy: false, prefetch_l2: false };
         }
     }
     // 8 bits on CUDA: the weights through a cp.async ring of 2 slots, with fewer warps than the
@@ -459,7 +464,7 @@ fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usize) -
     // a row): the faster in a sweep but for the head, which keeps register loads
     // (eval/results/kernel-notes.md).
     if bits == 8 && backend() == Backend::Cuda && (swiglu || n <= 16384) {
-        let ring = |outputs_per_warp, split| QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2, async_copy: true };
+        let ring = |outputs_per_warp, split| QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2, async_copy: true, prefetch_l2: false };
         if swiglu {
             return ring(1, 1);
         }
@@ -487,7 +492,7 @@ fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usize) -
     } else {
         1
     };
-    QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2, async_copy: false }
+    QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2, async_copy: false, prefetch_l2: false }
 }
 
 thread_local! {
@@ -535,6 +540,9 @@ fn quantized_matmul_t_general(
     }
     let staged = if norm.is_some() { rows as usize * x.shape()[last] as usize * x.item_size() } else { 0 };
     let t = TILING_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| general_tiling(n, packed.shape()[1] / 4, bits, swiglu, staged));
+    if norm.is_some() {
+        template.push(("PREFETCH", TemplateArg::Bool(t.prefetch_l2)));
+    }
     // Weight rows per warp (SwiGLU: gate rows and as many up rows).
     let per_warp = if swiglu { 2 * t.outputs_per_warp } else { t.outputs_per_warp };
     let async_copy = t.async_copy && backend() == Backend::Cuda && t.ring_fits(swiglu, staged);
