@@ -563,7 +563,7 @@ fn qmv_tiling_sweep() {
         ("down", 4096, 16384, Product::Residual),
         ("head", 73448, 4096, Product::Plain),
     ];
-    let general = |w, o, s, u, a| QmvTiling { warps: w, outputs_per_warp: o, split: s, in_flight: u, async_copy: a, prefetch_l2: false };
+    let general = |w, o, s, u, a| QmvTiling { warps: w, outputs_per_warp: o, split: s, in_flight: u, async_copy: a, prefetch_l2: false, half_pairs: false };
     let mma = |t, u, g, a| MmaTiling { out_tiles: t, in_flight: u, grid_warps: g, async_copy: a };
     // `qmv-tiling 8` or `qmv-tiling 4`: one width only; `qmv-tiling 8 o_proj`: one product too
     // (`all`: every product); `qmv-tiling 8 all 8`: one count of input rows (1, 8 or 16) too;
@@ -582,9 +582,9 @@ fn qmv_tiling_sweep() {
     let async_only = args.get(3).is_some_and(|a| a == "async");
     // `qmv-tiling 4 all 1 tc`: the default and the tensor-core tilings only.
     let tensor_cores_only = args.get(3).is_some_and(|a| a == "tc");
-    // `qmv-tiling 8 all 1 prefetch`: the normed products' default tiling without and with its
-    // weight rows asked of L2 before the norm.
-    let prefetch_only = args.get(3).is_some_and(|a| a == "prefetch");
+    // `qmv-tiling 8 all 1 options`: each product's default tiling alone, with its weight rows
+    // asked of L2 before the norm (normed products), and with 4-bit weights unpacked in pairs.
+    let options_only = args.get(3).is_some_and(|a| a == "options");
     let start = Instant::now();
     for bits in [8, 4].into_iter().filter(|b| only.is_none_or(|o| o == *b)) {
         for &(name, n, k, product) in cases.iter().filter(|c| product_filter.as_ref().is_none_or(|p| c.0.contains(p.as_str()))) {
@@ -631,13 +631,16 @@ fn qmv_tiling_sweep() {
                 profile(format!("{base} | mlx"), &|| run(true));
                 let swiglu = matches!(product, Product::NormedSwiGlu);
                 let normed = matches!(product, Product::Normed | Product::NormedSwiGlu);
-                if rows == 1 && prefetch_only {
-                    if normed {
-                        let staged = k as usize * 2;
-                        let default = general_tiling(n, k * bits / 128, bits, swiglu, staged);
-                        let prefetched = QmvTiling { prefetch_l2: true, ..default };
-                        profile(format!("{base} | default"), &|| run(false));
-                        profile(format!("{base} | default, L2 prefetch"), &|| with_tiling(Some(prefetched), None, || run(false)));
+                if rows == 1 && options_only {
+                    let default = general_tiling(n, k * bits / 128, bits, swiglu, if normed { k as usize * 2 } else { 0 });
+                    let options = [
+                        ("default", true, default),
+                        ("default, L2 prefetch", normed, QmvTiling { prefetch_l2: true, ..default }),
+                        ("default, half pairs", bits == 4, QmvTiling { half_pairs: true, ..default }),
+                        ("default, both", normed && bits == 4, QmvTiling { prefetch_l2: true, half_pairs: true, ..default }),
+                    ];
+                    for (label, _, t) in options.into_iter().filter(|o| o.1) {
+                        profile(format!("{base} | {label}"), &|| with_tiling(Some(t), None, || run(false)));
                     }
                 } else if rows == 1 {
                     let chunks = k * bits / 128;

@@ -93,12 +93,39 @@ __device__ __forceinline__ float sala_q_plus_2p23(const uint32_t* words, int i) 
   }
 }
 
+// The 8 values of a word of 4-bit weights as exact floats, two at a time (PAIRS). One LOP3 puts
+// the nibbles i and i + 4 into the low mantissa bits of a half2 whose exponent makes each
+// (B + q) exact: nibbles at bits 0-3 of each half over B = 1024 (ulp 1), at bits 4-7 over B = 64
+// (ulp 1/16, so 16q reads as q); one shift by 8 brings nibbles 2, 3, 6, 7 there. A half2
+// subtraction leaves (q_i, q_{i+4}) exactly, and each half converts to float. About 0.6 ALU
+// instructions a weight where sala_q_plus_2p23's shift, mask and or take two, and the 4-bit
+// products are bound by the ALU pipe (eval/results/2026-11-29-h200-decode-bound); the values,
+// so the sums, are the same bits.
+template <uint32_t MASK, uint32_t BASE>
+__device__ __forceinline__ void sala_q4_pair(uint32_t bits, float& lo, float& hi) {
+  // (bits & MASK) | BASE in one LOP3 (truth table 0xEA); the compiler otherwise makes it two.
+  uint32_t v;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(bits), "n"(MASK), "n"(BASE));
+  const uint32_t base = BASE;
+  const __half2 q = __hsub2(*reinterpret_cast<const __half2*>(&v), *reinterpret_cast<const __half2*>(&base));
+  lo = __low2float(q);
+  hi = __high2float(q);
+}
+
+__device__ __forceinline__ void sala_q4_unpack_word(uint32_t word, float* q) {
+  const uint32_t upper = word >> 8;
+  sala_q4_pair<0x000F000Fu, 0x64006400u>(word, q[0], q[4]);
+  sala_q4_pair<0x00F000F0u, 0x54005400u>(word, q[1], q[5]);
+  sala_q4_pair<0x000F000Fu, 0x64006400u>(upper, q[2], q[6]);
+  sala_q4_pair<0x00F000F0u, 0x54005400u>(upper, q[3], q[7]);
+}
+
 // The warp's sums over the 16-byte chunks [c_begin, c_end) of the NR output rows n[0..NR) of
 // every input row, reduced into every lane's acc, on the CUDA cores. Each x chunk is loaded once
 // for all NR rows (x traffic from L1/L2 had capped the one-row form below the memory bandwidth:
 // q4 ran no faster than q8). prepare() runs once before x is read (the normed products write x there; every thread
 // of the block calls it), after the first copies are on their way when ASYNC.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U, bool ASYNC, typename Prepare>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U, bool ASYNC, bool PAIRS, typename Prepare>
 __device__ __forceinline__ void sala_qmv_rows_fma(
     const T* x, const uint32_t* w, const T* scales, const T* biases, const int (&n)[NR], int K,
     int c_begin, int c_end, Prepare prepare, float (&acc)[NR][ROWS]) {
@@ -122,9 +149,14 @@ __device__ __forceinline__ void sala_qmv_rows_fma(
 #pragma unroll
     for (int m = 0; m < NR; ++m) {
       const uint32_t words[4] = {packed[m].x, packed[m].y, packed[m].z, packed[m].w};
+      if constexpr (BITS == 4 && PAIRS) {
 #pragma unroll
-      for (int i = 0; i < PER_CHUNK; ++i) {
-        q[m][i] = sala_q_plus_2p23<BITS>(words, i) - 8388608.f;
+        for (int v = 0; v < 4; ++v) sala_q4_unpack_word(words[v], q[m] + 8 * v);
+      } else {
+#pragma unroll
+        for (int i = 0; i < PER_CHUNK; ++i) {
+          q[m][i] = sala_q_plus_2p23<BITS>(words, i) - 8388608.f;
+        }
       }
     }
 #pragma unroll
@@ -207,14 +239,14 @@ __device__ __forceinline__ void sala_qmv_rows_fma(
 
 // The core every form below calls: 4-bit warps of 16 weight rows in 16-bit types take the
 // tensor cores (qmv_rows_mma.cu), the rest the CUDA cores' multiply-adds above.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U, bool ASYNC, typename Prepare>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int U, bool ASYNC, bool PAIRS, typename Prepare>
 __device__ __forceinline__ void sala_qmv_rows(
     const T* x, const uint32_t* w, const T* scales, const T* biases, const int (&n)[NR], int K,
     int c_begin, int c_end, Prepare prepare, float (&acc)[NR][ROWS]) {
   if constexpr (BITS == 4 && NR % 16 == 0 && sizeof(T) == 2) {
     sala_qmv_rows_mma<T, GROUP, ROWS, NR, U>(x, w, scales, biases, n, K, c_begin, c_end, prepare, acc);
   } else {
-    sala_qmv_rows_fma<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC>(x, w, scales, biases, n, K, c_begin, c_end, prepare, acc);
+    sala_qmv_rows_fma<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC, PAIRS>(x, w, scales, biases, n, K, c_begin, c_end, prepare, acc);
   }
 }
 
@@ -248,14 +280,14 @@ __device__ __forceinline__ int sala_qmv_first_row() { return (blockIdx.x * (WARP
 // (their sums meet in shared memory): a matrix of few rows then still has enough warps, each
 // with few loads one after another, to keep the memory busy. The warp's output rows are n[];
 // returns whether this warp holds the whole sums (the first of its SPLIT).
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, typename Prepare>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, bool PAIRS, typename Prepare>
 __device__ __forceinline__ bool sala_qmv_rows_split(
     const T* x, const uint32_t* w, const T* scales, const T* biases, const int (&n)[NR], int K, Prepare prepare,
     float (&acc)[NR][ROWS]) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int part = warp % SPLIT;
   const int chunks = K / (128 / BITS), per = (chunks + SPLIT - 1) / SPLIT;
-  sala_qmv_rows<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC>(
+  sala_qmv_rows<T, BITS, GROUP, ROWS, WARPS, NR, U, ASYNC, PAIRS>(
       x, w, scales, biases, n, K, part * per, min(chunks, (part + 1) * per), prepare, acc);
   if (SPLIT > 1) {
     __shared__ float partial[WARPS][NR][ROWS];
@@ -281,7 +313,7 @@ __device__ __forceinline__ bool sala_qmv_rows_split(
 // residual is null. alpha comes as the bit pattern of its value in T (a model constant: read
 // from an array the host wrote, it cost the GPU a managed-memory fault per launch). SPLIT warps
 // share each group of NR output rows (sala_qmv_rows_split).
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, int ALPHA_BITS,
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, bool PAIRS, int ALPHA_BITS,
           typename Prepare = sala_qmv_ready>
 __device__ __forceinline__ void sala_qmv_residual(
     const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, T* y, int N, int K,
@@ -291,7 +323,7 @@ __device__ __forceinline__ void sala_qmv_residual(
 #pragma unroll
   for (int m = 0; m < NR; ++m) n[m] = min(n0 + m, N - 1);
   float acc[NR][ROWS];
-  const bool whole = sala_qmv_rows_split<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC>(x, w, scales, biases, n, K, prepare, acc);
+  const bool whole = sala_qmv_rows_split<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS>(x, w, scales, biases, n, K, prepare, acc);
   if (!whole || n0 >= N || (threadIdx.x & 31) != 0) return;
   const float a = __int_as_float(ALPHA_BITS);
 #pragma unroll
@@ -308,16 +340,16 @@ __device__ __forceinline__ void sala_qmv_residual(
 }
 
 // y = x · Wᵀ, W [N, K]: the residual form above without a residual.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, bool PAIRS>
 __device__ __forceinline__ void sala_qmv(
     const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int N, int K) {
-  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, 0>(x, w, scales, biases, nullptr, y, N, K);
+  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, 0>(x, w, scales, biases, nullptr, y, N, K);
 }
 
 // SwiGLU of a stacked [gate; up] matrix W [2F, K]: y[r, n] = silu(g) · u for g, u the products with
 // rows n and F + n, each intermediate rounded to T as the separate operations round it. A warp
 // takes NR / 2 gate rows and their up rows; SPLIT warps share them (sala_qmv_rows_split).
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC,
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, bool PAIRS,
           typename Prepare = sala_qmv_ready>
 __device__ __forceinline__ void sala_qmv_swiglu(
     const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int F, int K, Prepare prepare = {}) {
@@ -332,7 +364,7 @@ __device__ __forceinline__ void sala_qmv_swiglu(
     n[HALF + m] = F + n[m];
   }
   float acc[NR][ROWS];
-  const bool whole = sala_qmv_rows_split<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC>(x, w, scales, biases, n, K, prepare, acc);
+  const bool whole = sala_qmv_rows_split<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS>(x, w, scales, biases, n, K, prepare, acc);
   if (!whole || (threadIdx.x & 31) != 0) return;
 #pragma unroll
   for (int m = 0; m < HALF; ++m) {
@@ -417,18 +449,18 @@ __device__ __forceinline__ void sala_rms_norm_stage(
 }
 
 // y = RMSNorm(x) · Wᵀ (the plain product of sala_qmv_residual on the normalised rows).
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, int K, int EPS_BITS,
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, bool PAIRS, int K, int EPS_BITS,
           bool PREFETCH>
 __device__ void sala_qmv_normed(
     const T* x, const T* norm, const uint32_t* w, const T* scales, const T* biases, T* y, int N) {
   __shared__ __align__(16) T xs[ROWS * K];
   if constexpr (PREFETCH) sala_qmv_prefetch_block<T, BITS, GROUP, WARPS, NR, SPLIT>(w, scales, biases, N, K);
   auto prepare = [&] { sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs); };
-  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, 0>(xs, w, scales, biases, nullptr, y, N, K, prepare);
+  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, 0>(xs, w, scales, biases, nullptr, y, N, K, prepare);
 }
 
 // y = SwiGLU of RMSNorm(x) · [W_gate; W_up]ᵀ.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, int K, int EPS_BITS,
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, bool PAIRS, int K, int EPS_BITS,
           bool PREFETCH>
 __device__ void sala_qmv_swiglu_normed(
     const T* x, const T* norm, const uint32_t* w, const T* scales, const T* biases, T* y, int F) {
@@ -440,13 +472,13 @@ __device__ void sala_qmv_swiglu_normed(
     sala_qmv_prefetch_rows(w, scales, biases, F + first, count, K * BITS / 32, K / GROUP);
   }
   auto prepare = [&] { sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs); };
-  sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC>(xs, w, scales, biases, y, F, K, prepare);
+  sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS>(xs, w, scales, biases, y, F, K, prepare);
 }
 
 // y = residual + alpha · (RMSNorm(x) ⊙ σ(z)) · Wᵀ: a lightning layer's output norm and gate folded
 // into its o_proj (one small kernel fewer per layer and step); z is the K columns at Z_OFF of each
 // row of gate_src, W wide.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, int ALPHA_BITS, int K,
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, bool PAIRS, int ALPHA_BITS, int K,
           int EPS_BITS, int Z_OFF, bool PREFETCH>
 __device__ void sala_qmv_residual_norm_gated(
     const T* x, const T* norm, const T* gate_src, int W, const uint32_t* w, const T* scales, const T* biases,
@@ -454,5 +486,5 @@ __device__ void sala_qmv_residual_norm_gated(
   __shared__ __align__(16) T xs[ROWS * K];
   if constexpr (PREFETCH) sala_qmv_prefetch_block<T, BITS, GROUP, WARPS, NR, SPLIT>(w, scales, biases, N, K);
   auto prepare = [&] { sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs, gate_src + Z_OFF, W); };
-  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, ALPHA_BITS>(xs, w, scales, biases, residual, y, N, K, prepare);
+  sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, ALPHA_BITS>(xs, w, scales, biases, residual, y, N, K, prepare);
 }

@@ -187,7 +187,7 @@ fn qmv_tilings_match_mlx_quantized_matmul(bits: i32, n: i32, k: i32, seed: u64) 
                 .into_iter()
                 .chain(tensor_cores.iter().copied());
         let tilings: Vec<(Option<QmvTiling>, Option<MmaTiling>)> = if rows == 1 {
-            general.map(|(o, split, u)| (Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: false, prefetch_l2: false }), None)).collect()
+            general.map(|(o, split, u)| (Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: false, prefetch_l2: false, half_pairs: false }), None)).collect()
         } else {
             // (The last four through the cp.async ring, (2, 3) the 16-row sweep's best for down;
             // the 4 × 4 one takes fewer warps to fit it.)
@@ -249,7 +249,7 @@ fn qmv_async_copies_match_mlx_operations() {
                 let normed = mlx_rs::fast::rms_norm(&x, Some(&weight), 1e-6).unwrap();
                 let normed_product = quantized_matmul_t_mlx(&f(&normed), &packed, &f(&s), &f(&b), 64, bits).unwrap();
                 for (o, split, u) in tilings {
-                    let t = Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: true, prefetch_l2: false });
+                    let t = Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: true, prefetch_l2: false, half_pairs: false });
                     let what = format!("q{bits} {n}x{k} rows {rows} {dtype:?} {t:?}");
                     let got = with_tiling(t, None, || quantized_matmul_t(&x, &packed, &s, &b, 64, bits).unwrap());
                     let err = rel_err(&got, &product);
@@ -374,69 +374,86 @@ fn qmv_with_norm_gate_folded_in_matches_mlx_operations() {
     }
 }
 
-/// The normed products with their weight rows asked of L2 first (`prefetch_l2`): the same bits as
-/// without, and MLX's operations' values, for each normed form, through registers and a ring,
-/// with K split, and with a last thread block that holds fewer rows than the others.
+/// Two options of the general kernel that must not change a bit: 4-bit weights unpacked two at a
+/// time through half2 (`half_pairs`, every form), and a normed product's weight rows asked of L2
+/// before its norm (`prefetch_l2`). Each form's result with the option on equals the result
+/// without, bit for bit, and MLX's operations' values; through registers and a ring, with K split,
+/// and with a last thread block that holds fewer rows than the others (1030 rows).
 #[test]
 #[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
-fn qmv_l2_prefetch_leaves_the_normed_products_unchanged() {
+fn qmv_half_pairs_and_l2_prefetch_keep_the_bits() {
     use_gpu();
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
-    let mut seed = 2100;
-    for bits in [8, 4] {
-        // (rows of W: 1030 leaves the last block short; K)
-        for (n, k) in [(1030, 4096), (2 * 2048, 1024)] {
-            seed += 7;
-            let w = randn(&[n, k], seed, Dtype::Float32);
-            let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
-            let (s, b) = (scales.as_dtype(Dtype::Bfloat16).unwrap(), biases.as_dtype(Dtype::Bfloat16).unwrap());
-            let x = randn(&[1, 1, k], seed + 1, Dtype::Float32).multiply(Array::from_f32(3.0)).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
-            let weight = randn(&[k], seed + 2, Dtype::Float32).multiply(Array::from_f32(0.5)).unwrap().add(Array::from_f32(1.0)).unwrap();
-            let weight = weight.as_dtype(Dtype::Bfloat16).unwrap();
-            let src = randn(&[1, 1, 2 * k], seed + 3, Dtype::Bfloat16);
-            let residual = randn(&[1, 1, n], seed + 4, Dtype::Bfloat16);
-            let normed = mlx_rs::fast::rms_norm(&x, Some(&weight), 1e-6).unwrap();
-            let product = quantized_matmul_t_mlx(&f(&normed), &packed, &f(&s), &f(&b), 64, bits).unwrap();
-            let gated = norm_gate_mlx(&x, &src, k, &weight, 1e-6).unwrap();
-            let gated_product = quantized_matmul_t_mlx(&f(&gated), &packed, &f(&s), &f(&b), 64, bits).unwrap();
-            let residual_epilogue = Epilogue::Residual { residual: &residual, alpha: 0.5 };
-            // (form, its result under a tiling, MLX's)
-            type Form<'a> = (&'a str, Box<dyn Fn() -> Array + 'a>, Array);
-            let forms: [Form; 3] = [
-                (
-                    "normed",
-                    Box::new(|| {
-                        let rms = RmsNormIn { weight: &weight, eps: 1e-6, gate: None };
-                        quantized_matmul_t_normed(&x, rms, &packed, &s, &b, 64, bits, Epilogue::Plain).unwrap()
-                    }),
-                    product.clone(),
-                ),
-                (
-                    "swiglu normed",
-                    Box::new(|| {
-                        let rms = RmsNormIn { weight: &weight, eps: 1e-6, gate: None };
-                        quantized_matmul_t_normed(&x, rms, &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap()
-                    }),
-                    epilogue_mlx(&product, Epilogue::SwiGlu).unwrap(),
-                ),
-                (
-                    "norm-gated residual",
-                    Box::new(|| {
-                        let rms = RmsNormIn { weight: &weight, eps: 1e-6, gate: Some(GateIn { src: &src, offset: k }) };
-                        quantized_matmul_t_normed(&x, rms, &packed, &s, &b, 64, bits, residual_epilogue).unwrap()
-                    }),
-                    epilogue_mlx(&gated_product, Epilogue::Residual { residual: &f(&residual), alpha: 0.5 }).unwrap(),
-                ),
-            ];
-            // (outputs per warp, split, in flight, ring)
-            for (o, split, u, ring) in [(2, 1, 2, true), (1, 2, 2, false), (4, 1, 2, false)] {
-                let tiling = |prefetch_l2| Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: ring, prefetch_l2 });
-                for (name, run, want) in &forms {
-                    let what = format!("{name} q{bits} {n}x{k} o{o} s{split} u{u} ring {ring}");
-                    let plain = with_tiling(tiling(false), None, run);
-                    let prefetched = with_tiling(tiling(true), None, run);
-                    assert_eq!(to_vec_f32(&plain).unwrap(), to_vec_f32(&prefetched).unwrap(), "{what}: the prefetch changed the result");
-                    let err = rel_err(&prefetched, want);
+    let (n, k) = (1030, 4096);
+    for (bits, seed) in [(8, 2100), (4, 2110)] {
+        let w = randn(&[n, k], seed, Dtype::Float32);
+        let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
+        let (s, b) = (scales.as_dtype(Dtype::Bfloat16).unwrap(), biases.as_dtype(Dtype::Bfloat16).unwrap());
+        let x = randn(&[1, 1, k], seed + 1, Dtype::Float32).multiply(Array::from_f32(3.0)).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
+        let weight = randn(&[k], seed + 2, Dtype::Float32).multiply(Array::from_f32(0.5)).unwrap().add(Array::from_f32(1.0)).unwrap();
+        let weight = weight.as_dtype(Dtype::Bfloat16).unwrap();
+        let src = randn(&[1, 1, 2 * k], seed + 3, Dtype::Bfloat16);
+        let residual = randn(&[1, 1, n], seed + 4, Dtype::Bfloat16);
+        let product = quantized_matmul_t_mlx(&f(&x), &packed, &f(&s), &f(&b), 64, bits).unwrap();
+        let normed = mlx_rs::fast::rms_norm(&x, Some(&weight), 1e-6).unwrap();
+        let normed_product = quantized_matmul_t_mlx(&f(&normed), &packed, &f(&s), &f(&b), 64, bits).unwrap();
+        let gated = norm_gate_mlx(&x, &src, k, &weight, 1e-6).unwrap();
+        let gated_product = quantized_matmul_t_mlx(&f(&gated), &packed, &f(&s), &f(&b), 64, bits).unwrap();
+        let residual_epilogue = Epilogue::Residual { residual: &residual, alpha: 0.5 };
+        let with_residual = |p: &Array| epilogue_mlx(p, Epilogue::Residual { residual: &f(&residual), alpha: 0.5 }).unwrap();
+        let rms = || RmsNormIn { weight: &weight, eps: 1e-6, gate: None };
+        // (form, whether the norm is folded in, its result under the tiling in force, MLX's)
+        type Form<'a> = (&'a str, bool, Box<dyn Fn() -> Array + 'a>, Array);
+        let forms: [Form; 6] = [
+            ("plain", false, Box::new(|| quantized_matmul_t(&x, &packed, &s, &b, 64, bits).unwrap()), product.clone()),
+            (
+                "residual",
+                false,
+                Box::new(|| quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, residual_epilogue).unwrap()),
+                with_residual(&product),
+            ),
+            (
+                "swiglu",
+                false,
+                Box::new(|| quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap()),
+                epilogue_mlx(&product, Epilogue::SwiGlu).unwrap(),
+            ),
+            (
+                "normed",
+                true,
+                Box::new(|| quantized_matmul_t_normed(&x, rms(), &packed, &s, &b, 64, bits, Epilogue::Plain).unwrap()),
+                normed_product.clone(),
+            ),
+            (
+                "swiglu normed",
+                true,
+                Box::new(|| quantized_matmul_t_normed(&x, rms(), &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap()),
+                epilogue_mlx(&normed_product, Epilogue::SwiGlu).unwrap(),
+            ),
+            (
+                "norm-gated residual",
+                true,
+                Box::new(|| {
+                    let norm = RmsNormIn { weight: &weight, eps: 1e-6, gate: Some(GateIn { src: &src, offset: k }) };
+                    quantized_matmul_t_normed(&x, norm, &packed, &s, &b, 64, bits, residual_epilogue).unwrap()
+                }),
+                with_residual(&gated_product),
+            ),
+        ];
+        // (outputs per warp, split, in flight, ring)
+        for (o, split, u, ring) in [(2, 1, 2, true), (1, 2, 2, false), (4, 1, 2, false)] {
+            let base = QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: ring, prefetch_l2: false, half_pairs: false };
+            for (name, normed, run, want) in &forms {
+                let plain = with_tiling(Some(base), None, run);
+                let options = [
+                    ("half pairs", bits == 4, QmvTiling { half_pairs: true, ..base }),
+                    ("L2 prefetch", *normed, QmvTiling { prefetch_l2: true, ..base }),
+                ];
+                for (option, _, tiling) in options.into_iter().filter(|o| o.1) {
+                    let what = format!("{name} q{bits} {n}x{k} o{o} s{split} u{u} ring {ring}, {option}");
+                    let got = with_tiling(Some(tiling), None, run);
+                    assert_eq!(to_vec_f32(&plain).unwrap(), to_vec_f32(&got).unwrap(), "{what}: not the same bits as without");
+                    let err = rel_err(&got, want);
                     assert!(err < 1e-2, "{what}: relative error {err}");
                 }
             }

@@ -71,7 +71,7 @@ const fn qmv_source(
 static QMV: KernelSource = qmv_source(
     "sala_qmv",
     &["x", "w", "scales", "biases"],
-    "sala_qmv<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC>(x, w, scales, biases, y, w_shape[0], w_shape[1] * 32 / BITS);",
+    "sala_qmv<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS>(x, w, scales, biases, y, w_shape[0], w_shape[1] * 32 / BITS);",
     "sala_qmv<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, y, int(w_shape[0]), int(w_shape[1]) * 32 / BITS, \
      thread_index_in_simdgroup, threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
 );
@@ -79,7 +79,7 @@ static QMV: KernelSource = qmv_source(
 static QMV_SWIGLU: KernelSource = qmv_source(
     "sala_qmv_swiglu",
     &["x", "w", "scales", "biases"],
-    "sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC>(x, w, scales, biases, y, w_shape[0] / 2, w_shape[1] * 32 / BITS);",
+    "sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS>(x, w, scales, biases, y, w_shape[0] / 2, w_shape[1] * 32 / BITS);",
     "sala_qmv_swiglu<T, BITS, GROUP, ROWS, NR>(x, w, scales, biases, y, int(w_shape[0]) / 2, int(w_shape[1]) * 32 / BITS, \
      thread_index_in_simdgroup, threadgroup_position_in_grid.x * WARPS + simdgroup_index_in_threadgroup);",
 );
@@ -87,7 +87,7 @@ static QMV_SWIGLU: KernelSource = qmv_source(
 static QMV_RESIDUAL: KernelSource = qmv_source(
     "sala_qmv_residual",
     &["x", "w", "scales", "biases", "residual"],
-    "sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, ALPHA_BITS>(x, w, scales, biases, residual, y, w_shape[0], \
+    "sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, ALPHA_BITS>(x, w, scales, biases, residual, y, w_shape[0], \
      w_shape[1] * 32 / BITS);",
     "sala_qmv_residual<T, BITS, GROUP, ROWS, NR, ALPHA_BITS>(x, w, scales, biases, residual, y, int(w_shape[0]), \
      int(w_shape[1]) * 32 / BITS, thread_index_in_simdgroup, \
@@ -110,12 +110,12 @@ const fn qmv_normed_source(name: &'static str, cuda_body: &'static str) -> Kerne
 
 static QMV_NORMED: KernelSource = qmv_normed_source(
     "sala_qmv_normed",
-    "sala_qmv_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, K, EPS_BITS, PREFETCH>(x, norm, w, scales, biases, y, w_shape[0]);",
+    "sala_qmv_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, K, EPS_BITS, PREFETCH>(x, norm, w, scales, biases, y, w_shape[0]);",
 );
 
 static QMV_SWIGLU_NORMED: KernelSource = qmv_normed_source(
     "sala_qmv_swiglu_normed",
-    "sala_qmv_swiglu_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, K, EPS_BITS, PREFETCH>(x, norm, w, scales, biases, y, w_shape[0] / 2);",
+    "sala_qmv_swiglu_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, K, EPS_BITS, PREFETCH>(x, norm, w, scales, biases, y, w_shape[0] / 2);",
 );
 
 static QMV_RESIDUAL_NORM_GATED: KernelSource = KernelSource {
@@ -123,7 +123,7 @@ static QMV_RESIDUAL_NORM_GATED: KernelSource = KernelSource {
     inputs: &["x", "norm", "gate_src", "w", "scales", "biases", "residual"],
     outputs: &["y"],
     cuda_header: QMV_HEADER,
-    cuda_body: "sala_qmv_residual_norm_gated<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, ALPHA_BITS, K, EPS_BITS, Z_OFF, PREFETCH>(x, \
+    cuda_body: "sala_qmv_residual_norm_gated<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, ALPHA_BITS, K, EPS_BITS, Z_OFF, PREFETCH>(x, \
                 norm, gate_src, gate_src_shape[gate_src_ndim - 1], w, scales, biases, residual, y, w_shape[0]);",
     metal_header: "",
     metal_body: "",
@@ -420,6 +420,9 @@ pub struct QmvTiling {
     /// Whether a thread block of a normed product (CUDA) first asks L2 for all of its weight rows,
     /// so that they stream in while it normalises x; other products ignore it.
     pub prefetch_l2: bool,
+    /// Whether 4-bit weights on the CUDA cores are unpacked two at a time through half2 (the same
+    /// values in fewer ALU instructions); other widths and the tensor-core form ignore it.
+    pub half_pairs: bool,
 }
 
 impl QmvTiling {
@@ -447,16 +450,16 @@ pub fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usiz
     // fastest (eval/results/kernel-notes.md).
     if bits == 4 && backend() == Backend::Cuda {
         if swiglu || n > 16384 {
-            return QmvTiling { warps: WARPS, outputs_per_warp: 4, split: 1, in_flight: 2, async_copy: false, prefetch_l2: false };
+            return QmvTiling { warps: WARPS, outputs_per_warp: 4, split: 1, in_flight: 2, async_copy: false, prefetch_l2: false, half_pairs: false };
         }
         if n >= 8192 {
             // Through a cp.async ring of 2 slots where it fits beside the staged input: faster on
             // an H200 (SALA's qkvz 27.1 → 22.7 µs, qkvg 18.5 → 17.3: eval/results/kernel-notes.md).
-            let ring = QmvTiling { warps: WARPS, outputs_per_warp: if n >= 16384 { 4 } else { 2 }, split: 1, in_flight: 2, async_copy: true, prefetch_l2: false };
+            let ring = QmvTiling { warps: WARPS, outputs_per_warp: if n >= 16384 { 4 } else { 2 }, split: 1, in_flight: 2, async_copy: true, prefetch_l2: false, half_pairs: false };
             if ring.ring_fits(swiglu, staged) {
                 return ring;
             }
-            return QmvTiling { warps: WARPS, outputs_per_warp: 2, split: 1, in_flight: 4, async_copy: false, prefetch_l2: false };
+            return QmvTiling { warps: WARPS, outputs_per_warp: 2, split: 1, in_flight: 4, async_copy: false, prefetch_l2: false, half_pairs: false };
         }
     }
     // 8 bits on CUDA: the weights through a cp.async ring of 2 slots, with fewer warps than the
@@ -464,7 +467,7 @@ pub fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usiz
     // a row): the faster in a sweep but for the head, which keeps register loads
     // (eval/results/kernel-notes.md).
     if bits == 8 && backend() == Backend::Cuda && (swiglu || n <= 16384) {
-        let ring = |outputs_per_warp, split| QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2, async_copy: true, prefetch_l2: false };
+        let ring = |outputs_per_warp, split| QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2, async_copy: true, prefetch_l2: false, half_pairs: false };
         if swiglu {
             return ring(1, 1);
         }
@@ -492,7 +495,7 @@ pub fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usiz
     } else {
         1
     };
-    QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2, async_copy: false, prefetch_l2: false }
+    QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2, async_copy: false, prefetch_l2: false, half_pairs: false }
 }
 
 thread_local! {
@@ -565,6 +568,7 @@ fn quantized_matmul_t_general(
                 ("SPLIT", TemplateArg::Int(t.split)),
                 ("U", TemplateArg::Int(t.in_flight)),
                 ("ASYNC", TemplateArg::Bool(async_copy)),
+                ("PAIRS", TemplateArg::Bool(t.half_pairs)),
             ]
             .into_iter()
             .chain(template)
