@@ -12,6 +12,8 @@
 
 mod common;
 
+use common::fixed_steps::compare_fixed_steps;
+
 use mlx_rs::Array;
 use sala::engine::device::DeviceKind;
 use sala::engine::model::{LanguageModel, Logits};
@@ -475,4 +477,28 @@ fn keys_left_out_take_the_class_defaults() {
     v5["rope_parameters"] = json!({ "rope_type": "default", "rope_theta": 1000000.0 });
     let logits = |cfg: &Value| common::config_defaults::outcome(&dir.0, cfg, &prompt(70)).unwrap();
     assert_eq!(logits(&v4), logits(&v5), "rope_parameters.rope_theta is not read as rope_theta");
+}
+
+/// Decode steps traced once and replayed (`engine::fixed_step`) give each family's logits of the
+/// same steps built afresh: plain RoPE past a flush of the recent-token buffer (256 tokens), the
+/// llama3 and YaRN scalings, Qwen2's biases, Qwen3's q/k norms, MiniCPM's scaled residuals (its
+/// longrope keeps one set of factors), and a Llama's longrope, which switches from the short to
+/// the long factors once the sequence passes position 16 (a new graph there).
+#[test]
+fn fixed_steps_match_steps_built_afresh_in_every_family() {
+    let long = json!({ "max_position_embeddings": 512 });
+    let switching = with(base("llama"), json!({ "rope_scaling": minicpm_longrope()["rope_scaling"].clone() }));
+    let cases = [
+        ("fixed_llama", with(base("llama"), long.clone()), 40, 300),
+        ("fixed_llama3", with(with(base("llama"), llama3_scaling(64)), long.clone()), 40, 300),
+        ("fixed_qwen2", with(qwen2(), long), 40, 300),
+        ("fixed_qwen3_yarn", qwen3_yarn(), 8, 56),
+        ("fixed_minicpm_longrope", minicpm_longrope(), 8, 56),
+        ("fixed_llama_longrope", switching, 8, 56),
+    ];
+    for (name, cfg, prompt, steps) in cases {
+        let dir = write_model(name, &cfg, 11);
+        let model = load(&dir.0);
+        assert_eq!(compare_fixed_steps(model.as_ref(), prompt, steps, 1e-4), steps, "{name}: every step a fixed one");
+    }
 }

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod config_defaults;
+pub mod fixed_steps;
 pub mod gguf_file;
 pub mod hub;
 pub mod server;
