@@ -563,7 +563,6 @@ fn qmv_tiling_sweep() {
         ("down", 4096, 16384, Product::Residual),
         ("head", 73448, 4096, Product::Plain),
     ];
-    let general = |w, o, s, u, a| QmvTiling { warps: w, outputs_per_warp: o, split: s, in_flight: u, async_copy: a, prefetch_l2: false, half_pairs: false };
     let mma = |t, u, g, a| MmaTiling { out_tiles: t, in_flight: u, grid_warps: g, async_copy: a };
     // `qmv-tiling 8` or `qmv-tiling 4`: one width only; `qmv-tiling 8 o_proj`: one product too
     // (`all`: every product); `qmv-tiling 8 all 8`: one count of input rows (1, 8 or 16) too;
@@ -654,7 +653,7 @@ fn qmv_tiling_sweep() {
                             let register = [1, 2, 4, 8].map(|u| (u, false));
                             let ring = [2, 3, 4, 6].map(|u| (u, true));
                             for (u, a) in register.into_iter().filter(|_| !async_only).chain(ring) {
-                                let t = general(8, o, split, u, a);
+                                let t = QmvTiling::new(8, o, split, u, a);
                                 let tensor_cores = bits == 4 && (if swiglu { 2 * o } else { o }) % MMA_ROWS_PER_WARP == 0;
                                 // Every lane of a warp gets U chunks (the tensor-core form: the 4
                                 // lanes of a row take 4 a step).

@@ -395,11 +395,13 @@ __device__ __forceinline__ void sala_qmv_prefetch_rows(
   lines(biases + (size_t)first * groups, (size_t)count * groups * sizeof(T));
 }
 
-// The rows of this thread block in the plain and residual forms (sala_qmv_first_row's block).
+// This thread block's rows (sala_qmv_first_row's block, NR a warp) of the N rows from `offset`:
+// the plain and residual forms' rows, or a SwiGLU's gate rows (offset 0) and up rows (F).
 template <typename T, int BITS, int GROUP, int WARPS, int NR, int SPLIT>
-__device__ __forceinline__ void sala_qmv_prefetch_block(const uint32_t* w, const T* scales, const T* biases, int N, int K) {
+__device__ __forceinline__ void sala_qmv_prefetch_block(
+    const uint32_t* w, const T* scales, const T* biases, int N, int K, int offset = 0) {
   const int first = blockIdx.x * (WARPS / SPLIT) * NR;
-  sala_qmv_prefetch_rows(w, scales, biases, first, min((WARPS / SPLIT) * NR, N - first), K * BITS / 32, K / GROUP);
+  sala_qmv_prefetch_rows(w, scales, biases, offset + first, min((WARPS / SPLIT) * NR, N - first), K * BITS / 32, K / GROUP);
 }
 
 // RMSNorm of the ROWS input rows (K wide) folded into the product: the thread block normalises x
@@ -467,9 +469,8 @@ __device__ void sala_qmv_swiglu_normed(
   __shared__ __align__(16) T xs[ROWS * K];
   if constexpr (PREFETCH) {
     // The block's gate rows and their up rows (sala_qmv_swiglu's rows).
-    const int first = blockIdx.x * (WARPS / SPLIT) * (NR / 2), count = min((WARPS / SPLIT) * (NR / 2), F - first);
-    sala_qmv_prefetch_rows(w, scales, biases, first, count, K * BITS / 32, K / GROUP);
-    sala_qmv_prefetch_rows(w, scales, biases, F + first, count, K * BITS / 32, K / GROUP);
+    sala_qmv_prefetch_block<T, BITS, GROUP, WARPS, NR / 2, SPLIT>(w, scales, biases, F, K);
+    sala_qmv_prefetch_block<T, BITS, GROUP, WARPS, NR / 2, SPLIT>(w, scales, biases, F, K, F);
   }
   auto prepare = [&] { sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs); };
   sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS>(xs, w, scales, biases, y, F, K, prepare);

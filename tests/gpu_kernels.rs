@@ -187,7 +187,7 @@ fn qmv_tilings_match_mlx_quantized_matmul(bits: i32, n: i32, k: i32, seed: u64) 
                 .into_iter()
                 .chain(tensor_cores.iter().copied());
         let tilings: Vec<(Option<QmvTiling>, Option<MmaTiling>)> = if rows == 1 {
-            general.map(|(o, split, u)| (Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: false, prefetch_l2: false, half_pairs: false }), None)).collect()
+            general.map(|(o, split, u)| (Some(QmvTiling::new(8, o, split, u, false)), None)).collect()
         } else {
             // (The last four through the cp.async ring, (2, 3) the 16-row sweep's best for down;
             // the 4 × 4 one takes fewer warps to fit it.)
@@ -249,7 +249,7 @@ fn qmv_async_copies_match_mlx_operations() {
                 let normed = mlx_rs::fast::rms_norm(&x, Some(&weight), 1e-6).unwrap();
                 let normed_product = quantized_matmul_t_mlx(&f(&normed), &packed, &f(&s), &f(&b), 64, bits).unwrap();
                 for (o, split, u) in tilings {
-                    let t = Some(QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: true, prefetch_l2: false, half_pairs: false });
+                    let t = Some(QmvTiling::new(8, o, split, u, true));
                     let what = format!("q{bits} {n}x{k} rows {rows} {dtype:?} {t:?}");
                     let got = with_tiling(t, None, || quantized_matmul_t(&x, &packed, &s, &b, 64, bits).unwrap());
                     let err = rel_err(&got, &product);
@@ -442,7 +442,7 @@ fn qmv_half_pairs_and_l2_prefetch_keep_the_bits() {
         ];
         // (outputs per warp, split, in flight, ring)
         for (o, split, u, ring) in [(2, 1, 2, true), (1, 2, 2, false), (4, 1, 2, false)] {
-            let base = QmvTiling { warps: 8, outputs_per_warp: o, split, in_flight: u, async_copy: ring, prefetch_l2: false, half_pairs: false };
+            let base = QmvTiling::new(8, o, split, u, ring);
             for (name, normed, run, want) in &forms {
                 let plain = with_tiling(Some(base), None, run);
                 let options = [

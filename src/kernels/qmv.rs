@@ -426,6 +426,11 @@ pub struct QmvTiling {
 }
 
 impl QmvTiling {
+    /// A tiling with neither option (`prefetch_l2`, `half_pairs`) on.
+    pub fn new(warps: i32, outputs_per_warp: i32, split: i32, in_flight: i32, async_copy: bool) -> Self {
+        Self { warps, outputs_per_warp, split, in_flight, async_copy, prefetch_l2: false, half_pairs: false }
+    }
+
     /// Whether this tiling's cp.async ring (16 bytes per lane, weight row and slot) fits a thread
     /// block's static shared memory beside `staged` bytes of normalised input and 1 KB for the
     /// kernel's other arrays; a tiling whose ring does not takes register loads.
@@ -450,16 +455,16 @@ pub fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usiz
     // fastest (eval/results/kernel-notes.md).
     if bits == 4 && backend() == Backend::Cuda {
         if swiglu || n > 16384 {
-            return QmvTiling { warps: WARPS, outputs_per_warp: 4, split: 1, in_flight: 2, async_copy: false, prefetch_l2: false, half_pairs: false };
+            return QmvTiling::new(WARPS, 4, 1, 2, false);
         }
         if n >= 8192 {
             // Through a cp.async ring of 2 slots where it fits beside the staged input: faster on
             // an H200 (SALA's qkvz 27.1 → 22.7 µs, qkvg 18.5 → 17.3: eval/results/kernel-notes.md).
-            let ring = QmvTiling { warps: WARPS, outputs_per_warp: if n >= 16384 { 4 } else { 2 }, split: 1, in_flight: 2, async_copy: true, prefetch_l2: false, half_pairs: false };
+            let ring = QmvTiling::new(WARPS, if n >= 16384 { 4 } else { 2 }, 1, 2, true);
             if ring.ring_fits(swiglu, staged) {
                 return ring;
             }
-            return QmvTiling { warps: WARPS, outputs_per_warp: 2, split: 1, in_flight: 4, async_copy: false, prefetch_l2: false, half_pairs: false };
+            return QmvTiling::new(WARPS, 2, 1, 4, false);
         }
     }
     // 8 bits on CUDA: the weights through a cp.async ring of 2 slots, with fewer warps than the
@@ -467,7 +472,7 @@ pub fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usiz
     // a row): the faster in a sweep but for the head, which keeps register loads
     // (eval/results/kernel-notes.md).
     if bits == 8 && backend() == Backend::Cuda && (swiglu || n <= 16384) {
-        let ring = |outputs_per_warp, split| QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2, async_copy: true, prefetch_l2: false, half_pairs: false };
+        let ring = |outputs_per_warp, split| QmvTiling::new(WARPS, outputs_per_warp, split, 2, true);
         if swiglu {
             return ring(1, 1);
         }
@@ -495,7 +500,7 @@ pub fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usiz
     } else {
         1
     };
-    QmvTiling { warps: WARPS, outputs_per_warp, split, in_flight: 2, async_copy: false, prefetch_l2: false, half_pairs: false }
+    QmvTiling::new(WARPS, outputs_per_warp, split, 2, false)
 }
 
 thread_local! {
