@@ -6,6 +6,8 @@
 use mlx_rs::{ops, random, transforms::eval, Array, Dtype};
 use sala::engine::cache::{KvCache, KvParts};
 use sala::engine::device::{select, DeviceKind};
+use sala::engine::device_sampler::{DrawKey, RowDraw};
+use sala::kernels::draw::{draw, draw_mlx};
 use sala::engine::quant::{QuantFormat, QuantizedMatrix};
 use sala::models::layers::Matrix;
 use sala::kernels::custom::{backend, Backend};
@@ -113,6 +115,12 @@ fn main() {
     // `kernels decode-attention`: dense decode attention over a whole cache, Qwen3-8B's heads.
     if std::env::args().skip(1).any(|a| a == "decode-attention") {
         decode_attention_by_depth();
+        return;
+    }
+    // `kernels draw [TEXT]`: the draw kernel on decode-sized logits, as `serve` and a sampled `run`
+    // draw (only the cases whose name holds TEXT).
+    if std::env::args().skip(1).any(|a| a == "draw") {
+        draw_on_decode_logits();
         return;
     }
     // `kernels qmv` times only the quantized GEMV kernel on the 9B's decode shapes.
@@ -224,6 +232,38 @@ fn decode_attention_by_depth() {
                         row(&format!("{name}, {label}, ≤{splits} splits"), t, mlx, &format!("{:.0} GB/s", bytes / t / 1e9));
                     }
                 });
+            }
+        }
+    }
+}
+
+/// The draw kernel against its MLX-ops version on logits of SALA's and Qwen3's vocabularies, one
+/// row and 16, under each setting a client sends (the served bench's temperature 0.8 and top-p
+/// 0.95 among them), on logits spread as a trained model's (σ 3) and as random weights' (σ 0.3).
+fn draw_on_decode_logits() {
+    let only: Option<String> = std::env::args().skip_while(|a| a != "draw").nth(1);
+    let base = RowDraw { temperature: 0.8, top_k: 0, top_p: 1.0, min_p: 0.0, key: DrawKey::default() };
+    let settings = [
+        ("t 0.8", base),
+        ("t 0.8 top-p 0.95", RowDraw { top_p: 0.95, ..base }),
+        ("t 0.8 top-k 40", RowDraw { top_k: 40, ..base }),
+        ("t 0.7 top-k 20 top-p 0.8 min-p 0.05", RowDraw { temperature: 0.7, top_k: 20, top_p: 0.8, min_p: 0.05, ..base }),
+    ];
+    for (model, vocab) in [("SALA-9B", 73448), ("Qwen3-8B", 151936)] {
+        for rows in [1, 16] {
+            for (spread, sigma) in [("trained", 3.0f32), ("random", 0.3)] {
+                let logits = randn(&[rows, vocab], 77, Dtype::Float32).multiply(Array::from_f32(sigma)).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
+                eval([&logits]).unwrap();
+                for (label, setting) in settings {
+                    let name = format!("draw {model} {rows}×{vocab} {spread} logits, {label}");
+                    if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+                        continue;
+                    }
+                    let draws: Vec<RowDraw> = (0..rows).map(|r| RowDraw { key: DrawKey::new(5, r as u64), ..setting }).collect();
+                    let kernel = time(|| vec![draw(&logits, None, &draws).unwrap()]);
+                    let mlx = time(|| vec![draw_mlx(&logits, None, &draws).unwrap()]);
+                    row(&name, kernel, mlx, "");
+                }
             }
         }
     }
@@ -581,8 +621,8 @@ fn qmv_tiling_sweep() {
     let async_only = args.get(3).is_some_and(|a| a == "async");
     // `qmv-tiling 4 all 1 tc`: the default and the tensor-core tilings only.
     let tensor_cores_only = args.get(3).is_some_and(|a| a == "tc");
-    // `qmv-tiling 8 all 1 options`: each product's default tiling alone, with its weight rows
-    // asked of L2 before the norm (normed products), and with 4-bit weights unpacked in pairs.
+    // `qmv-tiling 4 all 1 options`: each product's default tiling alone, and with its 4-bit
+    // weights' unpacking in pairs switched the other way.
     let options_only = args.get(3).is_some_and(|a| a == "options");
     let start = Instant::now();
     for bits in [8, 4].into_iter().filter(|b| only.is_none_or(|o| o == *b)) {
@@ -632,12 +672,8 @@ fn qmv_tiling_sweep() {
                 let normed = matches!(product, Product::Normed | Product::NormedSwiGlu);
                 if rows == 1 && options_only {
                     let default = general_tiling(n, k * bits / 128, bits, swiglu, if normed { k as usize * 2 } else { 0 });
-                    let options = [
-                        ("default", true, default),
-                        ("default, L2 prefetch", normed, QmvTiling { prefetch_l2: true, ..default }),
-                        ("default, half pairs", bits == 4, QmvTiling { half_pairs: true, ..default }),
-                        ("default, both", normed && bits == 4, QmvTiling { prefetch_l2: true, half_pairs: true, ..default }),
-                    ];
+                    let flipped = if default.half_pairs { "default, without half pairs" } else { "default, half pairs" };
+                    let options = [("default", true, default), (flipped, bits == 4, QmvTiling { half_pairs: !default.half_pairs, ..default })];
                     for (label, _, t) in options.into_iter().filter(|o| o.1) {
                         profile(format!("{base} | {label}"), &|| with_tiling(Some(t), None, || run(false)));
                     }

@@ -1,4 +1,4 @@
-// One token drawn per row of logits, in one launch: a thread block per row.
+// One token drawn per row of logits, the row's work spread over the GPU:
 //   s_i = logits_i / temperature                   (−∞ where the grammar's mask clears bit i)
 //   t_k = the k-th largest s                       (top-k; none when k is 0 or ≥ vocab)
 //   K   = { i : s_i ≥ t_k },  w_i = exp(s_i − max s)
@@ -16,11 +16,30 @@
 // left (at most four more). A bin that fits in shared memory is gathered there and narrowed without
 // reading the row again. Masses are summed as fixed-point integers (w · 2^40), so no sum depends
 // on the order threads add in, and a seeded row draws the same token every run.
+//
+// A row is SALA_DRAW_SLICES slices, a thread block each, in three of the five launches
+// (eval/results/kernel-notes.md):
+//   sala_draw_keys    a thread per row: its key, from parameters that stay on the device;
+//   sala_draw_scan    each slice's maximum and its first index;
+//   sala_draw_bins    each slice's values into the row's first histogram (global atomics);
+//   sala_draw_floor   a block per row: the thresholds from the histogram (the narrowing reads
+//                     the row again only inside the bins where a target is crossed);
+//   sala_draw_pick    each slice's best kept s + g, the last slice of a row to finish merging
+//                     them into the token.
+// The third and fourth run only when a row asks for top-k or top-p.
 
 #define SALA_DRAW_BINS 256
 #define SALA_DRAW_SPREAD 1024
 #define SALA_DRAW_PER_NAT 32.0f
 #define SALA_DRAW_LIST 4096
+#define SALA_DRAW_SLICES 32
+
+// A block's reductions.
+struct SalaDrawReduce {
+  unsigned long long scratch[33];
+  float vs[32];
+  int is[32];
+};
 
 struct SalaDrawShared {
   // The first histogram (by distance from the maximum), kept while the narrowing reuses `count` and `mass`.
@@ -28,9 +47,7 @@ struct SalaDrawShared {
   unsigned long long bin_mass[SALA_DRAW_SPREAD + 1];
   unsigned int count[SALA_DRAW_BINS];
   unsigned long long mass[SALA_DRAW_BINS];
-  unsigned long long scratch[33];
-  float vs[32];
-  int is[32];
+  SalaDrawReduce red;
   float list[SALA_DRAW_LIST];
   unsigned int listed;
 };
@@ -74,21 +91,55 @@ struct SalaDrawRow {
   }
 };
 
-// f(value, index) for every element of the row, spread over the block, 16 bytes a load where the
-// row allows it.
+// Words of a row's parameters: temperature's bits, top_k, top_p's bits, ln(min_p)'s bits (−∞:
+// off), then the seed and the draw, each as its low and high 32 bits.
+#define SALA_DRAW_PARAMS 8
+
+// A row's settings.
+struct SalaDrawParams {
+  float temperature;
+  int top_k;
+  float top_p;
+  float ln_min_p;
+  __device__ SalaDrawParams(const uint32_t* params, int r) {
+    const uint32_t* p = params + r * SALA_DRAW_PARAMS;
+    temperature = __uint_as_float(p[0]);
+    top_k = (int)p[1];
+    top_p = __uint_as_float(p[2]);
+    ln_min_p = __uint_as_float(p[3]);
+  }
+  __device__ bool greedy() const { return temperature == 0.0f; }
+  __device__ bool top_k_on(int vocab) const { return top_k > 0 && top_k < vocab; }
+  __device__ bool top_p_on() const { return top_p < 1.0f; }
+  // Whether the row needs the histogram and the thresholds of sala_draw_floor.
+  __device__ bool thresholds(int vocab) const { return !greedy() && (top_k_on(vocab) || top_p_on()); }
+  template <typename T, bool MASK>
+  __device__ SalaDrawRow<T, MASK> row(const T* logits, const uint32_t* words, int r, int vocab, int width) const {
+    return SalaDrawRow<T, MASK>{logits + (size_t)r * vocab, words + (size_t)r * width, greedy() ? 1.0f : temperature, vocab};
+  }
+};
+
+// Slice p of a row, [begin, end): whole 16-byte pieces but for the row's end.
+__device__ __forceinline__ void sala_draw_slice(int vocab, int p, int& begin, int& end) {
+  const int length = ((vocab + SALA_DRAW_SLICES - 1) / SALA_DRAW_SLICES + 7) & ~7;
+  begin = min(p * length, vocab);
+  end = min(begin + length, vocab);
+}
+
+// f(value, index) for every element of [begin, end) of the row, spread over the block, 16 bytes a
+// load where the range allows it.
 template <typename T, bool MASK, int THREADS, typename F>
-__device__ __forceinline__ void sala_draw_each(const SalaDrawRow<T, MASK>& row, F f) {
+__device__ __forceinline__ void sala_draw_each(const SalaDrawRow<T, MASK>& row, int begin, int end, F f) {
   constexpr int VEC = 16 / sizeof(T);
-  if (row.vocab % VEC == 0 && (reinterpret_cast<size_t>(row.logits) & 15) == 0) {
-    const int vectors = row.vocab / VEC;
-    for (int v = threadIdx.x; v < vectors; v += THREADS) {
+  if (begin % VEC == 0 && end % VEC == 0 && (reinterpret_cast<size_t>(row.logits) & 15) == 0) {
+    for (int v = begin / VEC + threadIdx.x; v < end / VEC; v += THREADS) {
       uint4 raw = reinterpret_cast<const uint4*>(row.logits)[v];
       const T* x = reinterpret_cast<const T*>(&raw);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) f(row.value(x[e], v * VEC + e), v * VEC + e);
     }
   } else {
-    for (int i = threadIdx.x; i < row.vocab; i += THREADS) f(row.value(row.logits[i], i), i);
+    for (int i = begin + threadIdx.x; i < end; i += THREADS) f(row.value(row.logits[i], i), i);
   }
 }
 
@@ -98,51 +149,55 @@ __device__ __forceinline__ void sala_draw_visit(const SalaDrawRow<T, MASK>& row,
   if (listed >= 0) {
     for (int j = threadIdx.x; j < listed; j += THREADS) f(sh.list[j]);
   } else {
-    sala_draw_each<T, MASK, THREADS>(row, [&](float v, int) { f(v); });
+    sala_draw_each<T, MASK, THREADS>(row, 0, row.vocab, [&](float v, int) { f(v); });
   }
 }
 
 template <int THREADS>
-__device__ unsigned long long sala_draw_sum(unsigned long long v, SalaDrawShared& sh) {
+__device__ unsigned long long sala_draw_sum(unsigned long long v, SalaDrawReduce& red) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
-  if (lane == 0) sh.scratch[warp] = v;
+  if (lane == 0) red.scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    v = lane < THREADS / 32 ? sh.scratch[lane] : 0ull;
+    v = lane < THREADS / 32 ? red.scratch[lane] : 0ull;
     for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    if (lane == 0) sh.scratch[32] = v;
+    if (lane == 0) red.scratch[32] = v;
   }
   __syncthreads();
-  return sh.scratch[32];
+  return red.scratch[32];
+}
+
+// Takes (ov, oi) into (v, i) when it has the larger value, or the same value and a smaller index.
+__device__ __forceinline__ void sala_draw_better(float& v, int& i, float ov, int oi) {
+  if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
 }
 
 // (value, index) with the larger value, the smaller index on a tie; to every thread.
 template <int THREADS>
-__device__ void sala_draw_argmax(float& v, int& i, SalaDrawShared& sh) {
-  for (int o = 16; o > 0; o >>= 1) {
-    float ov = __shfl_down_sync(0xffffffffu, v, o);
-    int oi = __shfl_down_sync(0xffffffffu, i, o);
-    if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
-  }
+__device__ void sala_draw_argmax(float& v, int& i, SalaDrawReduce& red) {
+  for (int o = 16; o > 0; o >>= 1) sala_draw_better(v, i, __shfl_down_sync(0xffffffffu, v, o), __shfl_down_sync(0xffffffffu, i, o));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
-  if (lane == 0) { sh.vs[warp] = v; sh.is[warp] = i; }
+  if (lane == 0) { red.vs[warp] = v; red.is[warp] = i; }
   __syncthreads();
   if (warp == 0) {
-    v = lane < THREADS / 32 ? sh.vs[lane] : -INFINITY;
-    i = lane < THREADS / 32 ? sh.is[lane] : 0x7fffffff;
-    for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_down_sync(0xffffffffu, v, o);
-      int oi = __shfl_down_sync(0xffffffffu, i, o);
-      if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
-    }
-    if (lane == 0) { sh.vs[0] = v; sh.is[0] = i; }
+    v = lane < THREADS / 32 ? red.vs[lane] : -INFINITY;
+    i = lane < THREADS / 32 ? red.is[lane] : 0x7fffffff;
+    for (int o = 16; o > 0; o >>= 1) sala_draw_better(v, i, __shfl_down_sync(0xffffffffu, v, o), __shfl_down_sync(0xffffffffu, i, o));
+    if (lane == 0) { red.vs[0] = v; red.is[0] = i; }
   }
   __syncthreads();
-  v = sh.vs[0];
-  i = sh.is[0];
+  v = red.vs[0];
+  i = red.is[0];
+}
+
+// The row's maximum and its first index, from its slices' (sala_draw_scan).
+__device__ __forceinline__ void sala_draw_row_max(const float* part_v, const int* part_i, int r, float& m, int& mi) {
+  m = -INFINITY;
+  mi = 0x7fffffff;
+  for (int p = 0; p < SALA_DRAW_SLICES; ++p) sala_draw_better(m, mi, part_v[r * SALA_DRAW_SLICES + p], part_i[r * SALA_DRAW_SLICES + p]);
 }
 
 // Gathers bin `bin`'s values into the list (if they fit) and finds their smallest and largest keys;
@@ -153,7 +208,7 @@ __device__ int sala_draw_gather(const SalaDrawRow<T, MASK>& row, SalaDrawShared&
   if (threadIdx.x == 0) sh.listed = 0;
   __syncthreads();
   unsigned int mine_lo = 0xffffffffu, mine_hi = 0;
-  sala_draw_each<T, MASK, THREADS>(row, [&](float v, int) {
+  sala_draw_each<T, MASK, THREADS>(row, 0, row.vocab, [&](float v, int) {
     if (sala_draw_bin(v, m) != bin) return;
     unsigned int k = sala_draw_key(v);
     mine_lo = min(mine_lo, k);
@@ -170,19 +225,19 @@ __device__ int sala_draw_gather(const SalaDrawRow<T, MASK>& row, SalaDrawShared&
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
-  if (lane == 0) sh.scratch[warp] = (h << 32) | l;
+  if (lane == 0) sh.red.scratch[warp] = (h << 32) | l;
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned long long hh = 0, ll = 0;
     for (int w = 0; w < THREADS / 32; ++w) {
-      hh = max(hh, sh.scratch[w] >> 32);
-      ll = max(ll, sh.scratch[w] & 0xffffffffull);
+      hh = max(hh, sh.red.scratch[w] >> 32);
+      ll = max(ll, sh.red.scratch[w] & 0xffffffffull);
     }
-    sh.scratch[32] = (hh << 32) | ll;
+    sh.red.scratch[32] = (hh << 32) | ll;
   }
   __syncthreads();
-  hi = (unsigned int)(sh.scratch[32] >> 32);
-  lo = 0xffffffffu - (unsigned int)(sh.scratch[32] & 0xffffffffull);
+  hi = (unsigned int)(sh.red.scratch[32] >> 32);
+  lo = 0xffffffffu - (unsigned int)(sh.red.scratch[32] & 0xffffffffull);
   const unsigned int n = sh.listed;
   return n <= SALA_DRAW_LIST ? (int)n : -1;
 }
@@ -223,51 +278,120 @@ __device__ unsigned int sala_draw_refine(const SalaDrawRow<T, MASK>& row, SalaDr
   return lo;
 }
 
-// params per row: temperature's bits, top_k, top_p's bits, ln(min_p)'s bits (−∞: off), key.
-template <typename T, bool MASK, int THREADS>
-__device__ void sala_draw(const T* logits, const uint32_t* words, const uint32_t* params, uint32_t* token, int vocab, int width) {
-  __shared__ SalaDrawShared sh;
-  const int r = blockIdx.x;
-  const uint32_t* p = params + r * 5;
-  const float temperature = __uint_as_float(p[0]);
-  const int top_k = (int)p[1];
-  const float top_p = __uint_as_float(p[2]);
-  const float ln_min_p = __uint_as_float(p[3]);
-  const unsigned int key = p[4];
-  const bool greedy = temperature == 0.0f;
-  SalaDrawRow<T, MASK> row{logits + (size_t)r * vocab, words + (size_t)r * width, greedy ? 1.0f : temperature, vocab};
+// splitmix64's finaliser (device_sampler::draw_key's).
+__device__ __forceinline__ unsigned long long sala_draw_mix(unsigned long long x) {
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
 
-  // The maximum (and, for a greedy row, its first index).
+// Launch 0, a thread per row: the row's key, draw_key(seed, draw + advance). The parameters stay
+// on the device from draw to draw while only `advance` changes, and it comes as a shape: an
+// array the host writes costs the GPU a page fault where a kernel first reads it.
+__device__ void sala_draw_keys(const uint32_t* params, uint32_t* keys, int rows, unsigned int advance) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const uint32_t* p = params + r * SALA_DRAW_PARAMS;
+  const unsigned long long seed = ((unsigned long long)p[5] << 32) | p[4];
+  const unsigned long long draw = (((unsigned long long)p[7] << 32) | p[6]) + advance;
+  const unsigned long long h = sala_draw_mix(seed + sala_draw_mix(draw + 0x9E3779B97F4A7C15ull));
+  keys[r] = (uint32_t)(h ^ (h >> 32));
+}
+
+// Launch 1, a block per slice: the slice's maximum and its first index.
+template <typename T, bool MASK, int THREADS>
+__device__ void sala_draw_scan(const T* logits, const uint32_t* words, const uint32_t* params, float* part_v, int* part_i, int vocab,
+                               int width) {
+  __shared__ SalaDrawReduce red;
+  const int r = blockIdx.x / SALA_DRAW_SLICES, p = blockIdx.x % SALA_DRAW_SLICES;
+  const SalaDrawParams q(params, r);
+  const SalaDrawRow<T, MASK> row = q.row<T, MASK>(logits, words, r, vocab, width);
+  int begin, end;
+  sala_draw_slice(vocab, p, begin, end);
   float m = -INFINITY;
   int mi = 0x7fffffff;
-  sala_draw_each<T, MASK, THREADS>(row, [&](float v, int i) {
-    if (v > m || (v == m && i < mi)) { m = v; mi = i; }
-  });
-  sala_draw_argmax<THREADS>(m, mi, sh);
-  if (greedy || m == -INFINITY) {
-    if (threadIdx.x == 0) token[r] = (uint32_t)(mi == 0x7fffffff ? 0 : mi);
-    return;
+  sala_draw_each<T, MASK, THREADS>(row, begin, end, [&](float v, int i) { sala_draw_better(m, mi, v, i); });
+  sala_draw_argmax<THREADS>(m, mi, red);
+  if (threadIdx.x == 0) {
+    part_v[blockIdx.x] = m;
+    part_i[blockIdx.x] = mi;
   }
+}
 
+// Row r's first histogram in `hist` ([rows, 3 · (SALA_DRAW_SPREAD + 1)] uint32, zeroed): each
+// bin's count, then the low and the high 32 bits of its fixed-point mass.
+#define SALA_DRAW_HIST (3 * (SALA_DRAW_SPREAD + 1))
+
+// Adds w to a mass kept as 32-bit halves, the carry of the low half into the high: exact, so the
+// sum does not depend on the order of the additions.
+__device__ __forceinline__ void sala_draw_add_mass(unsigned int* lo, unsigned int* hi, unsigned long long w) {
+  const unsigned int l = (unsigned int)w, h = (unsigned int)(w >> 32);
+  const unsigned int before = atomicAdd(lo, l);
+  const unsigned int carried = h + (before + l < before ? 1u : 0u);
+  if (carried) atomicAdd(hi, carried);
+}
+
+// Launch 2, a block per slice of a row with top-k or top-p: the slice's values into the row's
+// first histogram.
+template <typename T, bool MASK, int THREADS>
+__device__ void sala_draw_bins(const T* logits, const uint32_t* words, const uint32_t* params, const float* part_v, const int* part_i,
+                               uint32_t* hist, int vocab, int width) {
+  __shared__ unsigned int count[SALA_DRAW_SPREAD + 1], lo[SALA_DRAW_SPREAD + 1], hi[SALA_DRAW_SPREAD + 1];
+  const int r = blockIdx.x / SALA_DRAW_SLICES, p = blockIdx.x % SALA_DRAW_SLICES;
+  const SalaDrawParams q(params, r);
+  if (!q.thresholds(vocab)) return;
+  float m;
+  int mi;
+  sala_draw_row_max(part_v, part_i, r, m, mi);
+  if (m == -INFINITY) return;
+  const SalaDrawRow<T, MASK> row = q.row<T, MASK>(logits, words, r, vocab, width);
+  int begin, end;
+  sala_draw_slice(vocab, p, begin, end);
+  for (int b = threadIdx.x; b <= SALA_DRAW_SPREAD; b += THREADS) { count[b] = 0; lo[b] = 0; hi[b] = 0; }
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  sala_draw_each<T, MASK, THREADS>(row, begin, end, [&](float v, int) {
+    int b = sala_draw_bin(v, m);
+    // Most of a row is far below the maximum or masked: counted a warp at a time.
+    const unsigned int active = __activemask();
+    const unsigned int far = __ballot_sync(active, b == SALA_DRAW_SPREAD);
+    if (lane == __ffs(active) - 1 && far) atomicAdd(&count[SALA_DRAW_SPREAD], (unsigned int)__popc(far));
+    if (b < SALA_DRAW_SPREAD) {
+      atomicAdd(&count[b], 1u);
+      sala_draw_add_mass(&lo[b], &hi[b], sala_draw_weight(v, m));
+    }
+  });
+  __syncthreads();
+  uint32_t* h = hist + (size_t)r * SALA_DRAW_HIST;
+  for (int b = threadIdx.x; b <= SALA_DRAW_SPREAD; b += THREADS) {
+    if (count[b]) atomicAdd(&h[b], count[b]);
+    const unsigned long long mass = ((unsigned long long)hi[b] << 32) | lo[b];
+    if (mass) sala_draw_add_mass(&h[SALA_DRAW_SPREAD + 1 + b], &h[2 * (SALA_DRAW_SPREAD + 1) + b], mass);
+  }
+}
+
+// Launch 3, a block per row: the key every kept value reaches, max(t_k, t_p) (0 without top-k
+// and top-p, min-p aside).
+template <typename T, bool MASK, int THREADS>
+__device__ void sala_draw_floor(const T* logits, const uint32_t* words, const uint32_t* params, const float* part_v, const int* part_i,
+                                const uint32_t* hist, uint32_t* floors, int vocab, int width) {
+  __shared__ SalaDrawShared sh;
+  const int r = blockIdx.x;
+  const SalaDrawParams q(params, r);
+  float m;
+  int mi;
+  sala_draw_row_max(part_v, part_i, r, m, mi);
   unsigned int floor = 0;  // every key is ≥ 0
-  const bool use_k = top_k > 0 && top_k < vocab;
-  const bool use_p = top_p < 1.0f;
-  if (use_k || use_p) {
-    for (int b = threadIdx.x; b <= SALA_DRAW_SPREAD; b += THREADS) { sh.bin_count[b] = 0; sh.bin_mass[b] = 0; }
+  if (q.thresholds(vocab) && m != -INFINITY) {
+    const SalaDrawRow<T, MASK> row = q.row<T, MASK>(logits, words, r, vocab, width);
+    const uint32_t* h = hist + (size_t)r * SALA_DRAW_HIST;
+    for (int b = threadIdx.x; b <= SALA_DRAW_SPREAD; b += THREADS) {
+      sh.bin_count[b] = h[b];
+      sh.bin_mass[b] = ((unsigned long long)h[2 * (SALA_DRAW_SPREAD + 1) + b] << 32) | h[SALA_DRAW_SPREAD + 1 + b];
+    }
     __syncthreads();
-    const int lane = threadIdx.x & 31;
-    sala_draw_each<T, MASK, THREADS>(row, [&](float v, int) {
-      int b = sala_draw_bin(v, m);
-      // Most of a row is far below the maximum or masked: counted a warp at a time.
-      const unsigned int active = __activemask();
-      const unsigned int far = __ballot_sync(active, b == SALA_DRAW_SPREAD);
-      if (lane == __ffs(active) - 1 && far) atomicAdd(&sh.bin_count[SALA_DRAW_SPREAD], (unsigned int)__popc(far));
-      if (b < SALA_DRAW_SPREAD) {
-        atomicAdd(&sh.bin_count[b], 1u);
-        atomicAdd(&sh.bin_mass[b], sala_draw_weight(v, m));
-      }
-    });
-    __syncthreads();
+    const bool use_k = q.top_k_on(vocab), use_p = q.top_p_on();
+    const int top_k = q.top_k;
     // Walked from the top by every thread: the same answer everywhere.
     int kept_bin = SALA_DRAW_SPREAD + 1;  // bins before it are wholly in K
     unsigned long long kept_mass = 0;   // and their mass
@@ -292,11 +416,11 @@ __device__ void sala_draw(const T* logits, const uint32_t* words, const uint32_t
             if (k >= floor && k >= k_lo && k <= k_hi) part += sala_draw_weight(v, m);
           });
         }
-        total = kept_mass + sala_draw_sum<THREADS>(part, sh);
+        total = kept_mass + sala_draw_sum<THREADS>(part, sh.red);
       } else {
         for (int b = 0; b < SALA_DRAW_SPREAD; ++b) total += sh.bin_mass[b];
       }
-      const double target = (double)top_p * (double)total;
+      const double target = (double)q.top_p * (double)total;
       unsigned long long above = 0;
       int b = 0;
       while (b < SALA_DRAW_SPREAD - 1 && b < kept_bin && (double)(above + sh.bin_mass[b]) < target) { above += sh.bin_mass[b]; ++b; }
@@ -312,15 +436,54 @@ __device__ void sala_draw(const T* logits, const uint32_t* words, const uint32_t
       floor = max(floor, t_p);
     }
   }
-  if (ln_min_p > -INFINITY) floor = max(floor, sala_draw_key(m + ln_min_p));
+  if (threadIdx.x == 0) floors[r] = floor;
+}
 
+// Launch 4, a block per slice: the slice's best kept s + g, g from the row's key (`best_v`,
+// `best_i`); the row's last slice to finish (counted in `done`, zeroed) merges them into its token. A greedy row's token is
+// its first argmax. FLOORED: `floors` holds sala_draw_floor's keys (else no row has top-k or top-p).
+template <typename T, bool MASK, int THREADS, bool FLOORED>
+__device__ void sala_draw_pick(const T* logits, const uint32_t* words, const uint32_t* params, const uint32_t* keys, const float* part_v,
+                               const int* part_i, const uint32_t* floors, uint32_t* token, float* best_v, int* best_i, unsigned int* done, int vocab,
+                               int width) {
+  __shared__ SalaDrawReduce red;
+  __shared__ bool last;
+  const int r = blockIdx.x / SALA_DRAW_SLICES, p = blockIdx.x % SALA_DRAW_SLICES;
+  const SalaDrawParams q(params, r);
+  float m;
+  int mi;
+  sala_draw_row_max(part_v, part_i, r, m, mi);
+  if (q.greedy() || m == -INFINITY) {
+    if (p == 0 && threadIdx.x == 0) token[r] = (uint32_t)(mi == 0x7fffffff ? 0 : mi);
+    return;
+  }
+  unsigned int floor = FLOORED ? floors[r] : 0u;
+  if (q.ln_min_p > -INFINITY) floor = max(floor, sala_draw_key(m + q.ln_min_p));
+  const SalaDrawRow<T, MASK> row = q.row<T, MASK>(logits, words, r, vocab, width);
+  int begin, end;
+  sala_draw_slice(vocab, p, begin, end);
   float best = -INFINITY;
   int at = 0x7fffffff;
-  sala_draw_each<T, MASK, THREADS>(row, [&](float v, int j) {
+  sala_draw_each<T, MASK, THREADS>(row, begin, end, [&](float v, int j) {
     if (sala_draw_key(v) < floor) return;
-    float c = v + sala_draw_gumbel(key, (unsigned int)j);
-    if (c > best || (c == best && j < at)) { best = c; at = j; }
+    sala_draw_better(best, at, v + sala_draw_gumbel(keys[r], (unsigned int)j), j);
   });
-  sala_draw_argmax<THREADS>(best, at, sh);
-  if (threadIdx.x == 0) token[r] = (uint32_t)(at == 0x7fffffff ? 0 : at);
+  sala_draw_argmax<THREADS>(best, at, red);
+  if (threadIdx.x == 0) {
+    best_v[blockIdx.x] = best;
+    best_i[blockIdx.x] = at;
+    __threadfence();
+    last = atomicAdd(&done[r], 1u) == SALA_DRAW_SLICES - 1;
+  }
+  __syncthreads();
+  if (last && threadIdx.x == 0) {
+    __threadfence();
+    best = -INFINITY;
+    at = 0x7fffffff;
+    for (int s = 0; s < SALA_DRAW_SLICES; ++s) {
+      const int at_s = r * SALA_DRAW_SLICES + s;
+      sala_draw_better(best, at, ((volatile float*)best_v)[at_s], ((volatile int*)best_i)[at_s]);
+    }
+    token[r] = (uint32_t)(at == 0x7fffffff ? 0 : at);
+  }
 }

@@ -377,33 +377,6 @@ __device__ __forceinline__ void sala_qmv_swiglu(
 }
 
 
-// With PREFETCH, a normed product's thread block first asks L2 for all of its weight rows, their
-// scales and biases (prefetch.global.L2, one 128-byte line a thread at a time): the norm's
-// loads and barriers come before the first weight load, and the memory would idle meanwhile.
-// The rows [first, first + count) of a matrix of `words` uint32 words and `groups` scales a row.
-template <typename T>
-__device__ __forceinline__ void sala_qmv_prefetch_rows(
-    const uint32_t* w, const T* scales, const T* biases, int first, int count, int words, int groups) {
-  auto lines = [](const void* p, size_t bytes) {
-    const size_t begin = reinterpret_cast<size_t>(p) & ~size_t(127), end = reinterpret_cast<size_t>(p) + bytes;
-    for (size_t a = begin + (size_t)threadIdx.x * 128; a < end; a += (size_t)blockDim.x * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-  };
-  if (count <= 0) return;
-  lines(w + (size_t)first * words, (size_t)count * words * 4);
-  lines(scales + (size_t)first * groups, (size_t)count * groups * sizeof(T));
-  lines(biases + (size_t)first * groups, (size_t)count * groups * sizeof(T));
-}
-
-// This thread block's rows (sala_qmv_first_row's block, NR a warp) of the N rows from `offset`:
-// the plain and residual forms' rows, or a SwiGLU's gate rows (offset 0) and up rows (F).
-template <typename T, int BITS, int GROUP, int WARPS, int NR, int SPLIT>
-__device__ __forceinline__ void sala_qmv_prefetch_block(
-    const uint32_t* w, const T* scales, const T* biases, int N, int K, int offset = 0) {
-  const int first = blockIdx.x * (WARPS / SPLIT) * NR;
-  sala_qmv_prefetch_rows(w, scales, biases, offset + first, min((WARPS / SPLIT) * NR, N - first), K * BITS / 32, K / GROUP);
-}
-
 // RMSNorm of the ROWS input rows (K wide) folded into the product: the thread block normalises x
 // into shared memory once, rounded as MLX's rms_norm rounds it, w · T(x · rsqrt(mean(x²) + eps)),
 // and its warps read x from there (a decode step had one small normalisation kernel before each
@@ -451,27 +424,19 @@ __device__ __forceinline__ void sala_rms_norm_stage(
 }
 
 // y = RMSNorm(x) · Wᵀ (the plain product of sala_qmv_residual on the normalised rows).
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, bool PAIRS, int K, int EPS_BITS,
-          bool PREFETCH>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, bool PAIRS, int K, int EPS_BITS>
 __device__ void sala_qmv_normed(
     const T* x, const T* norm, const uint32_t* w, const T* scales, const T* biases, T* y, int N) {
   __shared__ __align__(16) T xs[ROWS * K];
-  if constexpr (PREFETCH) sala_qmv_prefetch_block<T, BITS, GROUP, WARPS, NR, SPLIT>(w, scales, biases, N, K);
   auto prepare = [&] { sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs); };
   sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, 0>(xs, w, scales, biases, nullptr, y, N, K, prepare);
 }
 
 // y = SwiGLU of RMSNorm(x) · [W_gate; W_up]ᵀ.
-template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, bool PAIRS, int K, int EPS_BITS,
-          bool PREFETCH>
+template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, bool PAIRS, int K, int EPS_BITS>
 __device__ void sala_qmv_swiglu_normed(
     const T* x, const T* norm, const uint32_t* w, const T* scales, const T* biases, T* y, int F) {
   __shared__ __align__(16) T xs[ROWS * K];
-  if constexpr (PREFETCH) {
-    // The block's gate rows and their up rows (sala_qmv_swiglu's rows).
-    sala_qmv_prefetch_block<T, BITS, GROUP, WARPS, NR / 2, SPLIT>(w, scales, biases, F, K);
-    sala_qmv_prefetch_block<T, BITS, GROUP, WARPS, NR / 2, SPLIT>(w, scales, biases, F, K, F);
-  }
   auto prepare = [&] { sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs); };
   sala_qmv_swiglu<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS>(xs, w, scales, biases, y, F, K, prepare);
 }
@@ -480,12 +445,11 @@ __device__ void sala_qmv_swiglu_normed(
 // into its o_proj (one small kernel fewer per layer and step); z is the K columns at Z_OFF of each
 // row of gate_src, W wide.
 template <typename T, int BITS, int GROUP, int ROWS, int WARPS, int NR, int SPLIT, int U, bool ASYNC, bool PAIRS, int ALPHA_BITS, int K,
-          int EPS_BITS, int Z_OFF, bool PREFETCH>
+          int EPS_BITS, int Z_OFF>
 __device__ void sala_qmv_residual_norm_gated(
     const T* x, const T* norm, const T* gate_src, int W, const uint32_t* w, const T* scales, const T* biases,
     const T* residual, T* y, int N) {
   __shared__ __align__(16) T xs[ROWS * K];
-  if constexpr (PREFETCH) sala_qmv_prefetch_block<T, BITS, GROUP, WARPS, NR, SPLIT>(w, scales, biases, N, K);
   auto prepare = [&] { sala_rms_norm_stage<T, ROWS, K>(x, norm, __int_as_float(EPS_BITS), xs, gate_src + Z_OFF, W); };
   sala_qmv_residual<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, ALPHA_BITS>(xs, w, scales, biases, residual, y, N, K, prepare);
 }

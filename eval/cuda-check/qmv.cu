@@ -15,10 +15,10 @@ constexpr int EPS = 0x358637bd;  // 1e-6
 constexpr int HALF_ALPHA = 0x3f000000;
 
 extern "C" __global__ void q4_gate_up(const T* x, const T* norm, const uint32_t* w, const T* s, const T* b, T* y, int F) {
-  sala_qmv_swiglu_normed<T, 4, 64, 1, 8, 8, 1, 2, false, false, 4096, EPS, false>(x, norm, w, s, b, y, F);
+  sala_qmv_swiglu_normed<T, 4, 64, 1, 8, 8, 1, 2, false, true, 4096, EPS>(x, norm, w, s, b, y, F);
 }
 extern "C" __global__ void q4_qkvz(const T* x, const T* norm, const uint32_t* w, const T* s, const T* b, T* y, int N) {
-  sala_qmv_normed<T, 4, 64, 1, 8, 4, 1, 2, true, false, 4096, EPS, false>(x, norm, w, s, b, y, N);
+  sala_qmv_normed<T, 4, 64, 1, 8, 4, 1, 2, true, true, 4096, EPS>(x, norm, w, s, b, y, N);
 }
 extern "C" __global__ void q4_down(const T* x, const uint32_t* w, const T* s, const T* b, const T* res, T* y, int N, int K) {
   sala_qmv_residual<T, 4, 64, 1, 8, 2, 8, 2, false, false, HALF_ALPHA>(x, w, s, b, res, y, N, K);
@@ -28,34 +28,13 @@ extern "C" __global__ void q4_head(const T* x, const uint32_t* w, const T* s, co
 }
 extern "C" __global__ void q4_o_proj_gated(const T* x, const T* norm, const T* g, int W, const uint32_t* w, const T* s, const T* b,
                                            const T* res, T* y, int N) {
-  sala_qmv_residual_norm_gated<T, 4, 64, 1, 8, 2, 2, 2, false, false, HALF_ALPHA, 4096, EPS, 12288, false>(x, norm, g, W, w, s, b, res, y, N);
+  sala_qmv_residual_norm_gated<T, 4, 64, 1, 8, 2, 2, 2, false, false, HALF_ALPHA, 4096, EPS, 12288>(x, norm, g, W, w, s, b, res, y, N);
 }
 extern "C" __global__ void q8_gate_up(const T* x, const T* norm, const uint32_t* w, const T* s, const T* b, T* y, int F) {
-  sala_qmv_swiglu_normed<T, 8, 64, 1, 8, 2, 1, 2, true, false, 4096, EPS, false>(x, norm, w, s, b, y, F);
-}
-// The normed forms with their weight rows asked of L2 first (PREFETCH).
-extern "C" __global__ void q8_qkvz_prefetch(const T* x, const T* norm, const uint32_t* w, const T* s, const T* b, T* y, int N) {
-  sala_qmv_normed<T, 8, 64, 1, 8, 2, 1, 2, true, false, 4096, EPS, true>(x, norm, w, s, b, y, N);
-}
-extern "C" __global__ void q8_gate_up_prefetch(const T* x, const T* norm, const uint32_t* w, const T* s, const T* b, T* y, int F) {
-  sala_qmv_swiglu_normed<T, 8, 64, 1, 8, 2, 1, 2, true, false, 4096, EPS, true>(x, norm, w, s, b, y, F);
-}
-extern "C" __global__ void q4_o_proj_gated_prefetch(const T* x, const T* norm, const T* g, int W, const uint32_t* w, const T* s,
-                                                    const T* b, const T* res, T* y, int N) {
-  sala_qmv_residual_norm_gated<T, 4, 64, 1, 8, 2, 2, 2, false, false, HALF_ALPHA, 4096, EPS, 12288, true>(x, norm, g, W, w, s, b, res, y, N);
-}
-// The 4-bit forms with their weights unpacked two at a time through half2 (PAIRS).
-extern "C" __global__ void q4_gate_up_pairs(const T* x, const T* norm, const uint32_t* w, const T* s, const T* b, T* y, int F) {
-  sala_qmv_swiglu_normed<T, 4, 64, 1, 8, 8, 1, 2, false, true, 4096, EPS, false>(x, norm, w, s, b, y, F);
-}
-extern "C" __global__ void q4_qkvz_pairs(const T* x, const T* norm, const uint32_t* w, const T* s, const T* b, T* y, int N) {
-  sala_qmv_normed<T, 4, 64, 1, 8, 4, 1, 2, true, true, 4096, EPS, false>(x, norm, w, s, b, y, N);
-}
-extern "C" __global__ void q4_down_pairs(const T* x, const uint32_t* w, const T* s, const T* b, const T* res, T* y, int N, int K) {
-  sala_qmv_residual<T, 4, 64, 1, 8, 2, 8, 2, false, true, HALF_ALPHA>(x, w, s, b, res, y, N, K);
+  sala_qmv_swiglu_normed<T, 8, 64, 1, 8, 2, 1, 2, true, false, 4096, EPS>(x, norm, w, s, b, y, F);
 }
 extern "C" __global__ void q4_tensor_cores_gate_up(const T* x, const T* norm, const uint32_t* w, const T* s, const T* b, T* y, int F) {
-  sala_qmv_swiglu_normed<T, 4, 64, 1, 8, 16, 8, 2, false, false, 4096, EPS, false>(x, norm, w, s, b, y, F);
+  sala_qmv_swiglu_normed<T, 4, 64, 1, 8, 16, 8, 2, false, false, 4096, EPS>(x, norm, w, s, b, y, F);
 }
 extern "C" __global__ void q4_tensor_cores_down(const T* x, const uint32_t* w, const T* s, const T* b, const T* res, T* y, int N, int K) {
   sala_qmv_residual<T, 4, 64, 1, 8, 16, 8, 2, false, false, HALF_ALPHA>(x, w, s, b, res, y, N, K);

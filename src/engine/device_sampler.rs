@@ -21,8 +21,27 @@ pub struct RowDraw {
     pub top_p: f32,
     /// Drop tokens less likely than min_p × the most likely one (0 = off).
     pub min_p: f32,
-    /// This row's noise for this step: [`draw_key`] of its seed and step.
-    pub key: u32,
+    /// This row's noise for this step.
+    pub key: DrawKey,
+}
+
+/// A sequence's `draw`-th draw: its noise comes from [`draw_key`] of the two. Kept apart (not
+/// hashed) so a kernel can work out the keys of later draws itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DrawKey {
+    pub seed: u64,
+    pub draw: u64,
+}
+
+impl DrawKey {
+    pub fn new(seed: u64, draw: u64) -> Self {
+        Self { seed, draw }
+    }
+
+    /// [`draw_key`] of the seed and the draw.
+    pub fn value(self) -> u32 {
+        draw_key(self.seed, self.draw)
+    }
 }
 
 /// The key of a sequence's `step`-th draw: a hash of its seed and the step, so a draw depends
@@ -79,7 +98,7 @@ pub fn draw(logits: &Array, rows: &[RowDraw]) -> Result<Array> {
         let floor = filtered.max_axis(-1, true)?.add(&offset)?;
         filtered = mlx_rs::ops::select(filtered.lt(&floor)?, &neg_inf, &filtered)?;
     }
-    let keys = Array::from_slice(&rows.iter().map(|r| r.key).collect::<Vec<u32>>(), &[n, 1]);
+    let keys = Array::from_slice(&rows.iter().map(|r| r.key.value()).collect::<Vec<u32>>(), &[n, 1]);
     let noise = gumbel(&keys, vocab)?.multiply(Array::from_f32(1.0).subtract(&greedy)?)?;
     // Greedy rows take the argmax of their logits unfiltered.
     let choice = mlx_rs::ops::select(greedy.gt(Array::from_f32(0.5))?, &scaled, &filtered.add(&noise)?)?;
@@ -194,7 +213,7 @@ impl SequenceDraws {
         let generated = (penalties.frequency != 0.0 || penalties.presence != 0.0).then(|| counts(&[&[]], vocab)).transpose()?;
         let window = params.repetition_window;
         let seen = (penalties.repetition != 1.0).then(|| counts(&[&history[history.len().saturating_sub(window)..]], vocab)).transpose()?;
-        let settings = RowDraw { temperature: params.temperature, top_k: params.top_k, top_p: params.top_p, min_p: params.min_p, key: 0 };
+        let settings = RowDraw { temperature: params.temperature, top_k: params.top_k, top_p: params.top_p, min_p: params.min_p, key: DrawKey::default() };
         Ok(Self { settings, penalties, bias, generated, seen, window })
     }
 
@@ -223,8 +242,8 @@ pub fn use_draw_kernel(kernel: DrawKernel) {
 /// One row of [`draw_rows`].
 pub struct DrawRow<'a> {
     pub state: &'a mut SequenceDraws,
-    /// [`draw_key`] of the sequence's seed and draw.
-    pub key: u32,
+    /// The sequence's seed and draw.
+    pub key: DrawKey,
     /// The grammar's allowed tokens.
     pub mask: Option<&'a [u32]>,
     /// `[1]` uint32: the token leaving the repetition window as this draw's enters it.
@@ -338,8 +357,8 @@ mod tests {
         t.as_slice::<u32>().to_vec()
     }
 
-    fn row(temperature: f32, key: u32) -> RowDraw {
-        RowDraw { temperature, top_k: 0, top_p: 1.0, min_p: 0.0, key }
+    fn row(temperature: f32, seed: u64) -> RowDraw {
+        RowDraw { temperature, top_k: 0, top_p: 1.0, min_p: 0.0, key: DrawKey::new(seed, 0) }
     }
 
     #[test]
@@ -362,7 +381,7 @@ mod tests {
     #[test]
     fn filters_keep_the_head() {
         let logits = [0.0, 2.0, 1.9, -5.0];
-        let draws = |r: RowDraw| -> Vec<u32> { (0..64).map(|k| drawn(&logits, &[RowDraw { key: draw_key(1, k), ..r }])[0]).collect() };
+        let draws = |r: RowDraw| -> Vec<u32> { (0..64).map(|k| drawn(&logits, &[RowDraw { key: DrawKey::new(1, k), ..r }])[0]).collect() };
         assert!(draws(RowDraw { top_k: 1, ..row(1.0, 0) }).iter().all(|&t| t == 1));
         assert!(draws(RowDraw { top_p: 0.3, ..row(1.0, 0) }).iter().all(|&t| t == 1));
         let two = draws(RowDraw { top_k: 2, ..row(5.0, 0) });
@@ -490,7 +509,7 @@ mod tests {
         let critical = [10.83, 13.82, 16.27, 18.47, 20.52];
         let n = 20_000;
         for (case, setting) in settings.iter().enumerate() {
-            let rows: Vec<RowDraw> = (0..n).map(|k| RowDraw { key: draw_key(case as u64, k as u64), ..*setting }).collect();
+            let rows: Vec<RowDraw> = (0..n).map(|k| RowDraw { key: DrawKey::new(case as u64, k as u64), ..*setting }).collect();
             let all: Vec<f32> = (0..n).flat_map(|_| logits).collect();
             let mut counts = [0usize; 6];
             for t in drawn(&all, &rows) {

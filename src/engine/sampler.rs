@@ -2,7 +2,7 @@
 //! frequency/presence penalties (OpenAI style) over the generated tokens, then greedy
 //! (temperature 0) or temperature + top-k + top-p + min-p, drawn from a seeded generator.
 
-use super::device_sampler::draw_key;
+use super::device_sampler::DrawKey;
 use super::error::Result;
 use super::grammar::{Constraint, TokenMask};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -114,11 +114,11 @@ impl Sampler {
         &self.params
     }
 
-    /// The key of the next draw on the device ([`draw_key`] of the seed and the draws made), so
-    /// a seeded sampler draws the same tokens from the same logits in any batch.
-    pub fn next_key(&mut self) -> u32 {
+    /// The next draw on the device (the seed and the draws made; its key is their hash), so a
+    /// seeded sampler draws the same tokens from the same logits in any batch.
+    pub fn next_key(&mut self) -> DrawKey {
         self.draws += 1;
-        draw_key(self.seed, self.draws - 1)
+        DrawKey::new(self.seed, self.draws - 1)
     }
 
     pub fn is_constrained(&self) -> bool {

@@ -1,29 +1,72 @@
-//! A token drawn for every row of a batch's logits in one launch (`cuda/draw.cu`): the grammar's
-//! mask, temperature, top-k, top-p, min-p and the Gumbel-max draw of `engine::device_sampler`.
-//! In MLX operations that draw is a sort, a softmax, a cumulative sum and some fifty small
-//! operations a step, each costing the host its building and encoding while a decode step is
-//! bound by that work; the kernel finds the thresholds without sorting. Elsewhere (the CPU,
-//! Metal) and as the test oracle the MLX operations run ([`draw_mlx`]).
+//! A token drawn for every row of a batch's logits (`cuda/draw.cu`): the grammar's mask,
+//! temperature, top-k, top-p, min-p and the Gumbel-max draw of `engine::device_sampler`. In MLX
+//! operations that draw is a sort, a softmax, a cumulative sum and some fifty small operations a
+//! step; the kernels find the thresholds without sorting, each row's work spread over slices of
+//! the vocabulary (two launches, four with top-k or top-p). Elsewhere (the CPU, Metal) and as the
+//! test oracle the MLX operations run ([`draw_mlx`]).
 
-use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
+use super::custom::{apply, backend, shape_args, Backend, KernelSource, Launch, TemplateArg};
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
 use crate::engine::device_sampler::{self, RowDraw};
 use crate::engine::error::Result;
 use mlx_rs::{Array, Dtype};
+use std::cell::RefCell;
 
-static DRAW: KernelSource = KernelSource {
-    name: "sala_draw",
-    inputs: &["logits", "words", "params"],
-    outputs: &["token"],
+/// One of the draw's kernels: every one reads the logits, the mask's words and the rows' settings.
+const fn draw_kernel(name: &'static str, inputs: &'static [&'static str], outputs: &'static [&'static str], cuda_body: &'static str) -> KernelSource {
+    KernelSource { name, inputs, outputs, cuda_header: include_str!("../../cuda/draw.cu"), cuda_body, metal_header: "", metal_body: "", contiguous_inputs: true }
+}
+
+static KEYS: KernelSource = KernelSource {
+    name: "sala_draw_keys",
+    inputs: &["params", "advance"],
+    outputs: &["keys"],
     cuda_header: include_str!("../../cuda/draw.cu"),
-    cuda_body: "sala_draw<T, MASK, THREADS>(logits, words, params, token, logits_shape[1], words_shape[1]);",
+    cuda_body: "sala_draw_keys(params, keys, params_shape[0], advance_shape[0] - 1);",
     metal_header: "",
     metal_body: "",
-    contiguous_inputs: true,
+    // `advance` is a shape_args broadcast (a copy would write it out).
+    contiguous_inputs: false,
 };
 
-/// Threads of the block that draws one row.
-const THREADS: i32 = 1024;
+static SCAN: KernelSource = draw_kernel(
+    "sala_draw_scan",
+    &["logits", "words", "params"],
+    &["part_v", "part_i"],
+    "sala_draw_scan<T, MASK, THREADS>(logits, words, params, part_v, part_i, logits_shape[1], words_shape[1]);",
+);
+
+static BINS: KernelSource = draw_kernel(
+    "sala_draw_bins",
+    &["logits", "words", "params", "part_v", "part_i"],
+    &["hist"],
+    "sala_draw_bins<T, MASK, THREADS>(logits, words, params, part_v, part_i, hist, logits_shape[1], words_shape[1]);",
+);
+
+static FLOOR: KernelSource = draw_kernel(
+    "sala_draw_floor",
+    &["logits", "words", "params", "part_v", "part_i", "hist"],
+    &["floors"],
+    "sala_draw_floor<T, MASK, THREADS>(logits, words, params, part_v, part_i, hist, floors, logits_shape[1], words_shape[1]);",
+);
+
+static PICK: KernelSource = draw_kernel(
+    "sala_draw_pick",
+    &["logits", "words", "params", "keys", "part_v", "part_i", "floors"],
+    &["token", "best_v", "best_i", "done"],
+    "sala_draw_pick<T, MASK, THREADS, FLOORED>(logits, words, params, keys, part_v, part_i, floors, token, best_v, best_i, done, \
+     logits_shape[1], words_shape[1]);",
+);
+
+/// Slices a row is cut into (`SALA_DRAW_SLICES`), a thread block of [`SLICE_THREADS`] each.
+const SLICES: i32 = 32;
+const SLICE_THREADS: i32 = 256;
+/// Threads of the block that finds a row's thresholds.
+const ROW_THREADS: i32 = 1024;
+/// Words of a row's parameters (`SALA_DRAW_PARAMS`).
+const PARAM_WORDS: i32 = 8;
+/// Words of a row's first histogram (`SALA_DRAW_HIST`: 1025 bins' counts and masses' halves).
+const HIST_WORDS: i32 = 3 * 1025;
 
 /// One token per row of `logits` `[rows, vocab]` (float32, bfloat16 or float16) under the packed
 /// mask `words` `[rows, ⌈vocab/32⌉]` (if any) and each row's settings: `[rows]` uint32 on the
@@ -31,6 +74,7 @@ const THREADS: i32 = 1024;
 pub fn draw(logits: &Array, words: Option<&Array>, rows: &[RowDraw]) -> Result<Array> {
     let shape = logits.shape();
     let fits = backend() == Backend::Cuda
+        && !rows.is_empty()
         && shape.len() == 2
         && shape[0] as usize == rows.len()
         && matches!(logits.dtype(), Dtype::Float32 | Dtype::Bfloat16 | Dtype::Float16)
@@ -48,36 +92,82 @@ pub fn draw_mlx(logits: &Array, words: Option<&Array>, rows: &[RowDraw]) -> Resu
     device_sampler::draw(&masked, rows)
 }
 
-/// Each row's settings as the kernel reads them: temperature's bits, top-k, top-p's bits,
-/// ln(min-p)'s bits (−∞ when off, as the MLX ops compute it) and the key.
-fn params(rows: &[RowDraw]) -> Array {
-    let values: Vec<u32> = rows
+/// The rows' parameters as the kernels read them (`SALA_DRAW_PARAMS` words a row: temperature's
+/// bits, top-k, top-p's bits, ln(min-p)'s bits (−∞ when off, as the MLX ops compute it), the seed
+/// and the draw), and how many draws every row has made since they were written, as a
+/// [`shape_args`] array. The last array stays in use while the rows keep their settings and seeds
+/// and advance together, as a batch's rows do from step to step: an array the host writes would
+/// cost the GPU a page fault each step (eval/results/kernel-notes.md).
+fn params(rows: &[RowDraw]) -> mlx_rs::error::Result<(Array, Array)> {
+    struct Kept {
+        fixed: Vec<u32>,
+        draws: Vec<u64>,
+        array: Array,
+    }
+    thread_local! {
+        static KEPT: RefCell<Option<Kept>> = const { RefCell::new(None) };
+    }
+    let fixed: Vec<u32> = rows
         .iter()
         .flat_map(|r| {
             let ln_min_p = if r.min_p > 0.0 { r.min_p.ln() } else { f32::NEG_INFINITY };
-            [r.temperature.to_bits(), r.top_k.min(u32::MAX as usize) as u32, r.top_p.to_bits(), ln_min_p.to_bits(), r.key]
+            let top_k = r.top_k.min(u32::MAX as usize) as u32;
+            [r.temperature.to_bits(), top_k, r.top_p.to_bits(), ln_min_p.to_bits(), r.key.seed as u32, (r.key.seed >> 32) as u32]
         })
         .collect();
-    Array::from_slice(&values, &[rows.len() as i32, 5])
+    let draws: Vec<u64> = rows.iter().map(|r| r.key.draw).collect();
+    let kept = KEPT.with(|k| {
+        let k = k.borrow();
+        let k = k.as_ref().filter(|k| k.fixed == fixed)?;
+        let advance = draws.first()?.checked_sub(*k.draws.first()?)?;
+        let together = draws.iter().zip(&k.draws).all(|(now, then)| now.checked_sub(*then) == Some(advance));
+        (together && advance < 1 << 30).then(|| (k.array.clone(), advance))
+    });
+    let (array, advance) = match kept {
+        Some(kept) => kept,
+        None => {
+            let words: Vec<u32> = fixed.chunks(6).zip(&draws).flat_map(|(f, &d)| f.iter().copied().chain([d as u32, (d >> 32) as u32])).collect();
+            let array = Array::from_slice(&words, &[rows.len() as i32, PARAM_WORDS]);
+            KEPT.with(|k| *k.borrow_mut() = Some(Kept { fixed, draws, array: array.clone() }));
+            (array, 0)
+        }
+    };
+    Ok((array, shape_args(&[advance as usize])?))
 }
 
 fn draw_cuda(logits: &Array, words: Option<&Array>, rows: &[RowDraw]) -> mlx_rs::error::Result<Array> {
     let n = rows.len() as i32;
-    let params = params(rows);
-    // Without a mask the kernel never reads `words`: the parameters stand in.
+    let vocab = logits.shape()[1];
+    let (params, advance) = params(rows)?;
+    let keys = apply(&KEYS, &[&params, &advance], Launch { grid: ((n + 31) / 32 * 32, 1, 1), threads: (32, 1, 1), outputs: vec![(vec![n], Dtype::Uint32)], template: vec![], init: None })?;
+    // Without a mask the kernels never read `words`: the parameters stand in.
     let words_in = words.unwrap_or(&params);
-    let out = apply(
-        &DRAW,
-        &[logits, words_in, &params],
-        Launch {
-            grid: (n * THREADS, 1, 1),
-            threads: (THREADS, 1, 1),
-            outputs: vec![(vec![n], Dtype::Uint32)],
-            template: vec![("T", TemplateArg::Type(logits.dtype())), ("MASK", TemplateArg::Bool(words.is_some())), ("THREADS", TemplateArg::Int(THREADS))],
-            init: None,
-        },
-    )?;
-    out.into_iter().next().ok_or_else(|| mlx_rs::error::Exception::custom("the draw kernel gave no output"))
+    let types = |threads: i32| vec![("T", TemplateArg::Type(logits.dtype())), ("MASK", TemplateArg::Bool(words.is_some())), ("THREADS", TemplateArg::Int(threads))];
+    let sliced = (n * SLICES * SLICE_THREADS, 1, 1);
+    let run = |source: &'static KernelSource, inputs: &[&Array], grid, threads, outputs, template, init| {
+        apply(source, inputs, Launch { grid, threads: (threads, 1, 1), outputs, template, init })
+    };
+    let scan_outputs = vec![(vec![n * SLICES], Dtype::Float32), (vec![n * SLICES], Dtype::Int32)];
+    let parts = run(&SCAN, &[logits, words_in, &params], sliced, SLICE_THREADS, scan_outputs, types(SLICE_THREADS), None)?;
+    let (part_v, part_i) = (&parts[0], &parts[1]);
+    let thresholds = rows.iter().any(|r| r.temperature > 0.0 && ((r.top_k > 0 && r.top_k < vocab as usize) || r.top_p < 1.0));
+    let floors = if thresholds {
+        // The histogram is summed into from zero.
+        let hist_output = vec![(vec![n, HIST_WORDS], Dtype::Uint32)];
+        let hist = run(&BINS, &[logits, words_in, &params, part_v, part_i], sliced, SLICE_THREADS, hist_output, types(SLICE_THREADS), Some(0.0))?;
+        let inputs = [logits, words_in, &params, part_v, part_i, &hist[0]];
+        let floors = run(&FLOOR, &inputs, (n * ROW_THREADS, 1, 1), ROW_THREADS, vec![(vec![n], Dtype::Uint32)], types(ROW_THREADS), None)?;
+        floors.into_iter().next()
+    } else {
+        None
+    };
+    let mut template = types(SLICE_THREADS);
+    template.push(("FLOORED", TemplateArg::Bool(floors.is_some())));
+    let outputs = vec![(vec![n], Dtype::Uint32), (vec![n * SLICES], Dtype::Float32), (vec![n * SLICES], Dtype::Int32), (vec![n], Dtype::Uint32)];
+    // `done` counts each row's finished slices from zero.
+    let inputs = [logits, words_in, &params, &keys[0], part_v, part_i, floors.as_ref().unwrap_or(&params)];
+    let picked = run(&PICK, &inputs, sliced, SLICE_THREADS, outputs, template, Some(0.0))?;
+    picked.into_iter().next().ok_or_else(|| mlx_rs::error::Exception::custom("the draw kernel gave no output"))
 }
 
 /// The draw kernel against [`draw_mlx`] on bfloat16 logits spread over ±8 (vocabulary 3000, so
@@ -87,7 +177,7 @@ pub static DRAW_CHECK: KernelCheck = KernelCheck { name: "draw", backends: CUDA_
 
 fn check_draw() -> Verdict {
     let vocab = 3000;
-    let base = RowDraw { temperature: 0.8, top_k: 0, top_p: 1.0, min_p: 0.0, key: 0 };
+    let base = RowDraw { temperature: 0.8, top_k: 0, top_p: 1.0, min_p: 0.0, key: device_sampler::DrawKey::default() };
     let rows: Vec<RowDraw> = [
         RowDraw { temperature: 0.0, ..base },
         base,
@@ -98,7 +188,7 @@ fn check_draw() -> Verdict {
     ]
     .into_iter()
     .enumerate()
-    .map(|(i, r)| RowDraw { key: device_sampler::draw_key(11, i as u64), ..r })
+    .map(|(i, r)| RowDraw { key: device_sampler::DrawKey::new(11, i as u64), ..r })
     .collect();
     let n = rows.len() as i32;
     let width = (vocab + 31) / 32;

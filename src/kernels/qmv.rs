@@ -110,12 +110,12 @@ const fn qmv_normed_source(name: &'static str, cuda_body: &'static str) -> Kerne
 
 static QMV_NORMED: KernelSource = qmv_normed_source(
     "sala_qmv_normed",
-    "sala_qmv_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, K, EPS_BITS, PREFETCH>(x, norm, w, scales, biases, y, w_shape[0]);",
+    "sala_qmv_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0]);",
 );
 
 static QMV_SWIGLU_NORMED: KernelSource = qmv_normed_source(
     "sala_qmv_swiglu_normed",
-    "sala_qmv_swiglu_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, K, EPS_BITS, PREFETCH>(x, norm, w, scales, biases, y, w_shape[0] / 2);",
+    "sala_qmv_swiglu_normed<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, K, EPS_BITS>(x, norm, w, scales, biases, y, w_shape[0] / 2);",
 );
 
 static QMV_RESIDUAL_NORM_GATED: KernelSource = KernelSource {
@@ -123,7 +123,7 @@ static QMV_RESIDUAL_NORM_GATED: KernelSource = KernelSource {
     inputs: &["x", "norm", "gate_src", "w", "scales", "biases", "residual"],
     outputs: &["y"],
     cuda_header: QMV_HEADER,
-    cuda_body: "sala_qmv_residual_norm_gated<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, ALPHA_BITS, K, EPS_BITS, Z_OFF, PREFETCH>(x, \
+    cuda_body: "sala_qmv_residual_norm_gated<T, BITS, GROUP, ROWS, WARPS, NR, SPLIT, U, ASYNC, PAIRS, ALPHA_BITS, K, EPS_BITS, Z_OFF>(x, \
                 norm, gate_src, gate_src_shape[gate_src_ndim - 1], w, scales, biases, residual, y, w_shape[0]);",
     metal_header: "",
     metal_body: "",
@@ -417,18 +417,15 @@ pub struct QmvTiling {
     pub in_flight: i32,
     /// Whether the chunks land in shared memory through cp.async (CUDA) rather than in registers.
     pub async_copy: bool,
-    /// Whether a thread block of a normed product (CUDA) first asks L2 for all of its weight rows,
-    /// so that they stream in while it normalises x; other products ignore it.
-    pub prefetch_l2: bool,
     /// Whether 4-bit weights on the CUDA cores are unpacked two at a time through half2 (the same
     /// values in fewer ALU instructions); other widths and the tensor-core form ignore it.
     pub half_pairs: bool,
 }
 
 impl QmvTiling {
-    /// A tiling with neither option (`prefetch_l2`, `half_pairs`) on.
+    /// A tiling with 4-bit weights unpacked one at a time (`half_pairs` off).
     pub fn new(warps: i32, outputs_per_warp: i32, split: i32, in_flight: i32, async_copy: bool) -> Self {
-        Self { warps, outputs_per_warp, split, in_flight, async_copy, prefetch_l2: false, half_pairs: false }
+        Self { warps, outputs_per_warp, split, in_flight, async_copy, half_pairs: false }
     }
 
     /// Whether this tiling's cp.async ring (16 bytes per lane, weight row and slot) fits a thread
@@ -454,7 +451,14 @@ pub fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usiz
     // 4 bits on CUDA: more rows a warp (x loaded once for all) and more loads in flight were the
     // fastest (eval/results/kernel-notes.md).
     if bits == 4 && backend() == Backend::Cuda {
-        if swiglu || n > 16384 {
+        // The SwiGLU and the products of 8192–16384 rows are bound by unpacking 4-bit weights, and
+        // faster with them unpacked two at a time; the others are slower so (SALA's gate/up
+        // 40.3 → 33.6 µs, qkvz 22.7 → 19.2, head 76.4 → 94.7 on an H200: eval/results/kernel-notes.md).
+        let pairs = |t: QmvTiling| QmvTiling { half_pairs: true, ..t };
+        if swiglu {
+            return pairs(QmvTiling::new(WARPS, 4, 1, 2, false));
+        }
+        if n > 16384 {
             return QmvTiling::new(WARPS, 4, 1, 2, false);
         }
         if n >= 8192 {
@@ -462,9 +466,9 @@ pub fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usiz
             // an H200 (SALA's qkvz 27.1 → 22.7 µs, qkvg 18.5 → 17.3: eval/results/kernel-notes.md).
             let ring = QmvTiling::new(WARPS, if n >= 16384 { 4 } else { 2 }, 1, 2, true);
             if ring.ring_fits(swiglu, staged) {
-                return ring;
+                return pairs(ring);
             }
-            return QmvTiling::new(WARPS, 2, 1, 4, false);
+            return pairs(QmvTiling::new(WARPS, 2, 1, 4, false));
         }
     }
     // 8 bits on CUDA: the weights through a cp.async ring of 2 slots, with fewer warps than the
@@ -548,9 +552,6 @@ fn quantized_matmul_t_general(
     }
     let staged = if norm.is_some() { rows as usize * x.shape()[last] as usize * x.item_size() } else { 0 };
     let t = TILING_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| general_tiling(n, packed.shape()[1] / 4, bits, swiglu, staged));
-    if norm.is_some() {
-        template.push(("PREFETCH", TemplateArg::Bool(t.prefetch_l2)));
-    }
     // Weight rows per warp (SwiGLU: gate rows and as many up rows).
     let per_warp = if swiglu { 2 * t.outputs_per_warp } else { t.outputs_per_warp };
     let async_copy = t.async_copy && backend() == Backend::Cuda && t.ring_fits(swiglu, staged);
