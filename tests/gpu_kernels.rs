@@ -273,55 +273,65 @@ fn qmv_async_copies_match_mlx_operations() {
     }
 }
 
-#[test]
-#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
-fn qmv_with_rms_norm_folded_in_matches_mlx_operations() {
+/// The general kernel with an RMSNorm folded in, at `bits`, against MLX's norm and product; each
+/// width a test of its own, since every case compiles a kernel (NVRTC) and together they outlast
+/// a device call.
+fn qmv_with_rms_norm_folded_in(bits: i32, mut seed: u64) {
     use_gpu();
     let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
-    let mut seed = 900;
-    for bits in [8, 4] {
-        // (8704 and 16384 rows: the 4-bit tilings of larger matrices, through a cp.async ring
-        // where the staged input leaves room for one.)
-        for (n, k) in [(2 * 2048, 4096), (8704, 4096), (16384, 4096), (2 * 136, 384)] {
-            // The general kernel with the norm folded in: one row in bf16 and f32, two and four
-            // in f32 (the largest staged input). Half-precision batches (3, 8 and 16 rows) take a
-            // separate norm and the tensor-core kernel.
-            let cases = [
-                (1, Dtype::Bfloat16),
-                (1, Dtype::Float32),
-                (2, Dtype::Float32),
-                (4, Dtype::Float32),
-                (3, Dtype::Bfloat16),
-                (8, Dtype::Bfloat16),
-                (16, Dtype::Float16),
-            ];
-            for (rows, dtype) in cases {
-                seed += 5;
-                let w = randn(&[n, k], seed, Dtype::Float32);
-                let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
-                let (s, b) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
-                // Inputs far from unit RMS and a norm weight far from 1, so that a norm left out or
-                // applied twice shows.
-                let x = randn(&[rows, k], seed + 1, Dtype::Float32).multiply(Array::from_f32(7.0)).unwrap().as_dtype(dtype).unwrap();
-                let weight = randn(&[k], seed + 2, Dtype::Float32).multiply(Array::from_f32(0.5)).unwrap().add(Array::from_f32(1.0)).unwrap();
-                let weight = weight.as_dtype(dtype).unwrap();
-                let eps = 1e-6;
-                let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
-                // The oracle: MLX's RMSNorm in x's dtype, then MLX's product in float32.
-                let normed = mlx_rs::fast::rms_norm(&x, Some(&weight), eps).unwrap();
-                for (name, epilogue, width) in [("plain", Epilogue::Plain, n), ("swiglu", Epilogue::SwiGlu, n / 2)] {
-                    let norm = RmsNormIn { weight: &weight, eps, gate: None };
-                    let got = quantized_matmul_t_normed(&x, norm, &packed, &s, &b, 64, bits, epilogue).unwrap();
-                    let product = quantized_matmul_t_mlx(&f(&normed), &packed, &f(&s), &f(&b), 64, bits).unwrap();
-                    let want = epilogue_mlx(&product, epilogue).unwrap();
-                    assert_eq!(got.shape(), &[rows, width]);
-                    assert_eq!(got.dtype(), dtype);
-                    let err = rel_err(&got, &want);
-                    assert!(err < tol, "{name} q{bits} {n}x{k} rows {rows} {dtype:?}: relative error {err}");
-                }
+    // (8704 and 16384 rows: the 4-bit tilings of larger matrices, through a cp.async ring where
+    // the staged input leaves room for one.)
+    for (n, k) in [(2 * 2048, 4096), (8704, 4096), (16384, 4096), (2 * 136, 384)] {
+        // The general kernel with the norm folded in: one row in bf16 and f32, two and four
+        // in f32 (the largest staged input). Half-precision batches (3, 8 and 16 rows) take a
+        // separate norm and the tensor-core kernel.
+        let cases = [
+            (1, Dtype::Bfloat16),
+            (1, Dtype::Float32),
+            (2, Dtype::Float32),
+            (4, Dtype::Float32),
+            (3, Dtype::Bfloat16),
+            (8, Dtype::Bfloat16),
+            (16, Dtype::Float16),
+        ];
+        for (rows, dtype) in cases {
+            seed += 5;
+            let w = randn(&[n, k], seed, Dtype::Float32);
+            let (packed, scales, biases) = ops::quantize(&w, 64, bits).unwrap();
+            let (s, b) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
+            // Inputs far from unit RMS and a norm weight far from 1, so that a norm left out or
+            // applied twice shows.
+            let x = randn(&[rows, k], seed + 1, Dtype::Float32).multiply(Array::from_f32(7.0)).unwrap().as_dtype(dtype).unwrap();
+            let weight = randn(&[k], seed + 2, Dtype::Float32).multiply(Array::from_f32(0.5)).unwrap().add(Array::from_f32(1.0)).unwrap();
+            let weight = weight.as_dtype(dtype).unwrap();
+            let eps = 1e-6;
+            let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
+            // The oracle: MLX's RMSNorm in x's dtype, then MLX's product in float32.
+            let normed = mlx_rs::fast::rms_norm(&x, Some(&weight), eps).unwrap();
+            for (name, epilogue, width) in [("plain", Epilogue::Plain, n), ("swiglu", Epilogue::SwiGlu, n / 2)] {
+                let norm = RmsNormIn { weight: &weight, eps, gate: None };
+                let got = quantized_matmul_t_normed(&x, norm, &packed, &s, &b, 64, bits, epilogue).unwrap();
+                let product = quantized_matmul_t_mlx(&f(&normed), &packed, &f(&s), &f(&b), 64, bits).unwrap();
+                let want = epilogue_mlx(&product, epilogue).unwrap();
+                assert_eq!(got.shape(), &[rows, width]);
+                assert_eq!(got.dtype(), dtype);
+                let err = rel_err(&got, &want);
+                assert!(err < tol, "{name} q{bits} {n}x{k} rows {rows} {dtype:?}: relative error {err}");
             }
         }
     }
+}
+
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn qmv_with_rms_norm_folded_in_matches_mlx_operations_q8() {
+    qmv_with_rms_norm_folded_in(8, 900);
+}
+
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn qmv_with_rms_norm_folded_in_matches_mlx_operations_q4() {
+    qmv_with_rms_norm_folded_in(4, 1040);
 }
 
 /// A lightning layer's output norm and gate folded into its o_proj (residual form): against MLX's
