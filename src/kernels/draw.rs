@@ -205,3 +205,55 @@ fn check_draw() -> Verdict {
         |(logits, words)| Ok(vec![oracle(None, logits)?, oracle(Some(words), logits)?]),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{params, PARAM_WORDS};
+    use crate::engine::device_sampler::{DrawKey, RowDraw};
+
+    /// The parameters' array as written (`PARAM_WORDS` a row) and the draws since, from the shape
+    /// of `advance`.
+    fn written(rows: &[RowDraw]) -> (Vec<u32>, usize) {
+        let (array, advance) = params(rows).unwrap();
+        assert_eq!(array.shape(), [rows.len() as i32, PARAM_WORDS]);
+        (array.as_slice::<u32>().to_vec(), advance.shape()[0] as usize - 1)
+    }
+
+    /// Each row's draw as written (its last two words).
+    fn draws(words: &[u32]) -> Vec<u64> {
+        words.chunks(PARAM_WORDS as usize).map(|w| (w[7] as u64) << 32 | w[6] as u64).collect()
+    }
+
+    #[test]
+    fn parameters_stay_while_rows_advance_together() {
+        let base = RowDraw { temperature: 0.7, top_k: 5, top_p: 0.9, min_p: 0.0, key: DrawKey::default() };
+        let mut rows = vec![RowDraw { key: DrawKey::new(3, 0), ..base }, RowDraw { key: DrawKey::new(u64::MAX, 1 << 40), ..base }];
+        let (first, advance) = written(&rows);
+        assert_eq!((draws(&first), advance), (vec![0, 1 << 40], 0));
+        // Each row's settings and seed where the kernels read them.
+        assert_eq!(&first[..6], &[0.7f32.to_bits(), 5, 0.9f32.to_bits(), f32::NEG_INFINITY.to_bits(), 3, 0]);
+        assert_eq!(&first[8 + 4..8 + 6], &[u32::MAX, u32::MAX]);
+        // Every row one draw further, twice: the same array, so many draws on.
+        for step in 1..=2 {
+            rows.iter_mut().for_each(|r| r.key.draw += 1);
+            assert_eq!(written(&rows), (first.clone(), step));
+        }
+        // A row ahead of the others, a seed or a setting changed, draws going back, fewer rows:
+        // written anew.
+        rows[0].key.draw += 2;
+        rows[1].key.draw += 1;
+        let (words, advance) = written(&rows);
+        assert_eq!((draws(&words), advance), (vec![4, (1 << 40) + 3], 0));
+        rows[1].key.seed = 9;
+        let (words, advance) = written(&rows);
+        assert_eq!((&words[8 + 4..8 + 6], advance), (&[9, 0][..], 0));
+        rows[0].top_p = 0.8;
+        let (words, advance) = written(&rows);
+        assert_eq!((words[2], advance), (0.8f32.to_bits(), 0));
+        rows.iter_mut().for_each(|r| r.key.draw -= 1);
+        let (words, advance) = written(&rows);
+        assert_eq!((draws(&words), advance), (vec![3, (1 << 40) + 2], 0));
+        let (words, advance) = written(&rows[..1]);
+        assert_eq!((draws(&words), advance), (vec![3], 0));
+    }
+}
