@@ -318,9 +318,19 @@ __device__ void sala_draw_scan(const T* logits, const uint32_t* words, const uin
   }
 }
 
-// Row r's first histogram in `hist` ([rows, 3 · (SALA_DRAW_SPREAD + 1)] uint32, zeroed): each
-// bin's count, then the low and the high 32 bits of its fixed-point mass.
+// Row r's first histogram in `hist` ([rows, SALA_DRAW_HIST] uint32, zeroed): each bin's count,
+// then the low and the high 32 bits of its fixed-point mass.
 #define SALA_DRAW_HIST (3 * (SALA_DRAW_SPREAD + 1))
+struct SalaDrawHist {
+  uint32_t* count;
+  uint32_t* lo;
+  uint32_t* hi;
+  __device__ SalaDrawHist(const uint32_t* hist, int r) {
+    count = const_cast<uint32_t*>(hist) + (size_t)r * SALA_DRAW_HIST;
+    lo = count + SALA_DRAW_SPREAD + 1;
+    hi = lo + SALA_DRAW_SPREAD + 1;
+  }
+};
 
 // Adds w to a mass kept as 32-bit halves, the carry of the low half into the high: exact, so the
 // sum does not depend on the order of the additions.
@@ -362,11 +372,11 @@ __device__ void sala_draw_bins(const T* logits, const uint32_t* words, const uin
     }
   });
   __syncthreads();
-  uint32_t* h = hist + (size_t)r * SALA_DRAW_HIST;
+  const SalaDrawHist h(hist, r);
   for (int b = threadIdx.x; b <= SALA_DRAW_SPREAD; b += THREADS) {
-    if (count[b]) atomicAdd(&h[b], count[b]);
+    if (count[b]) atomicAdd(&h.count[b], count[b]);
     const unsigned long long mass = ((unsigned long long)hi[b] << 32) | lo[b];
-    if (mass) sala_draw_add_mass(&h[SALA_DRAW_SPREAD + 1 + b], &h[2 * (SALA_DRAW_SPREAD + 1) + b], mass);
+    if (mass) sala_draw_add_mass(&h.lo[b], &h.hi[b], mass);
   }
 }
 
@@ -384,10 +394,10 @@ __device__ void sala_draw_floor(const T* logits, const uint32_t* words, const ui
   unsigned int floor = 0;  // every key is ≥ 0
   if (q.thresholds(vocab) && m != -INFINITY) {
     const SalaDrawRow<T, MASK> row = q.row<T, MASK>(logits, words, r, vocab, width);
-    const uint32_t* h = hist + (size_t)r * SALA_DRAW_HIST;
+    const SalaDrawHist h(hist, r);
     for (int b = threadIdx.x; b <= SALA_DRAW_SPREAD; b += THREADS) {
-      sh.bin_count[b] = h[b];
-      sh.bin_mass[b] = ((unsigned long long)h[2 * (SALA_DRAW_SPREAD + 1) + b] << 32) | h[SALA_DRAW_SPREAD + 1 + b];
+      sh.bin_count[b] = h.count[b];
+      sh.bin_mass[b] = ((unsigned long long)h.hi[b] << 32) | h.lo[b];
     }
     __syncthreads();
     const bool use_k = q.top_k_on(vocab), use_p = q.top_p_on();
@@ -440,8 +450,9 @@ __device__ void sala_draw_floor(const T* logits, const uint32_t* words, const ui
 }
 
 // Launch 4, a block per slice: the slice's best kept s + g, g from the row's key (`best_v`,
-// `best_i`); the row's last slice to finish (counted in `done`, zeroed) merges them into its token. A greedy row's token is
-// its first argmax. FLOORED: `floors` holds sala_draw_floor's keys (else no row has top-k or top-p).
+// `best_i`); the row's last slice to finish (counted in `done`, zeroed) merges them into its
+// token. A greedy row's token is its first argmax. FLOORED: `floors` holds sala_draw_floor's keys
+// (else no row has top-k or top-p).
 template <typename T, bool MASK, int THREADS, bool FLOORED>
 __device__ void sala_draw_pick(const T* logits, const uint32_t* words, const uint32_t* params, const uint32_t* keys, const float* part_v,
                                const int* part_i, const uint32_t* floors, uint32_t* token, float* best_v, int* best_i, unsigned int* done, int vocab,

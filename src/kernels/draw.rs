@@ -2,7 +2,7 @@
 //! temperature, top-k, top-p, min-p and the Gumbel-max draw of `engine::device_sampler`. In MLX
 //! operations that draw is a sort, a softmax, a cumulative sum and some fifty small operations a
 //! step; the kernels find the thresholds without sorting, each row's work spread over slices of
-//! the vocabulary (two launches, four with top-k or top-p). Elsewhere (the CPU, Metal) and as the
+//! the vocabulary (three launches, five with top-k or top-p). Elsewhere (the CPU, Metal) and as the
 //! test oracle the MLX operations run ([`draw_mlx`]).
 
 use super::custom::{apply, backend, shape_args, Backend, KernelSource, Launch, TemplateArg};
@@ -99,17 +99,19 @@ pub fn draw_mlx(logits: &Array, words: Option<&Array>, rows: &[RowDraw]) -> Resu
 /// and advance together, as a batch's rows do from step to step: an array the host writes would
 /// cost the GPU a page fault each step (eval/results/kernel-notes.md).
 fn params(rows: &[RowDraw]) -> mlx_rs::error::Result<(Array, Array)> {
+    // A row's words but its draw's two.
+    type Fixed = [u32; PARAM_WORDS as usize - 2];
     struct Kept {
-        fixed: Vec<u32>,
+        fixed: Vec<Fixed>,
         draws: Vec<u64>,
         array: Array,
     }
     thread_local! {
         static KEPT: RefCell<Option<Kept>> = const { RefCell::new(None) };
     }
-    let fixed: Vec<u32> = rows
+    let fixed: Vec<Fixed> = rows
         .iter()
-        .flat_map(|r| {
+        .map(|r| {
             let ln_min_p = if r.min_p > 0.0 { r.min_p.ln() } else { f32::NEG_INFINITY };
             let top_k = r.top_k.min(u32::MAX as usize) as u32;
             [r.temperature.to_bits(), top_k, r.top_p.to_bits(), ln_min_p.to_bits(), r.key.seed as u32, (r.key.seed >> 32) as u32]
@@ -126,7 +128,7 @@ fn params(rows: &[RowDraw]) -> mlx_rs::error::Result<(Array, Array)> {
     let (array, advance) = match kept {
         Some(kept) => kept,
         None => {
-            let words: Vec<u32> = fixed.chunks(6).zip(&draws).flat_map(|(f, &d)| f.iter().copied().chain([d as u32, (d >> 32) as u32])).collect();
+            let words: Vec<u32> = fixed.iter().zip(&draws).flat_map(|(f, &d)| f.iter().copied().chain([d as u32, (d >> 32) as u32])).collect();
             let array = Array::from_slice(&words, &[rows.len() as i32, PARAM_WORDS]);
             KEPT.with(|k| *k.borrow_mut() = Some(Kept { fixed, draws, array: array.clone() }));
             (array, 0)
@@ -138,15 +140,15 @@ fn params(rows: &[RowDraw]) -> mlx_rs::error::Result<(Array, Array)> {
 fn draw_cuda(logits: &Array, words: Option<&Array>, rows: &[RowDraw]) -> mlx_rs::error::Result<Array> {
     let n = rows.len() as i32;
     let vocab = logits.shape()[1];
+    let run = |source: &'static KernelSource, inputs: &[&Array], grid, threads, outputs, template, init| {
+        apply(source, inputs, Launch { grid, threads: (threads, 1, 1), outputs, template, init })
+    };
     let (params, advance) = params(rows)?;
-    let keys = apply(&KEYS, &[&params, &advance], Launch { grid: ((n + 31) / 32 * 32, 1, 1), threads: (32, 1, 1), outputs: vec![(vec![n], Dtype::Uint32)], template: vec![], init: None })?;
+    let keys = run(&KEYS, &[&params, &advance], ((n + 31) / 32 * 32, 1, 1), 32, vec![(vec![n], Dtype::Uint32)], vec![], None)?;
     // Without a mask the kernels never read `words`: the parameters stand in.
     let words_in = words.unwrap_or(&params);
     let types = |threads: i32| vec![("T", TemplateArg::Type(logits.dtype())), ("MASK", TemplateArg::Bool(words.is_some())), ("THREADS", TemplateArg::Int(threads))];
     let sliced = (n * SLICES * SLICE_THREADS, 1, 1);
-    let run = |source: &'static KernelSource, inputs: &[&Array], grid, threads, outputs, template, init| {
-        apply(source, inputs, Launch { grid, threads: (threads, 1, 1), outputs, template, init })
-    };
     let scan_outputs = vec![(vec![n * SLICES], Dtype::Float32), (vec![n * SLICES], Dtype::Int32)];
     let parts = run(&SCAN, &[logits, words_in, &params], sliced, SLICE_THREADS, scan_outputs, types(SLICE_THREADS), None)?;
     let (part_v, part_i) = (&parts[0], &parts[1]);

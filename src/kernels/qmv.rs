@@ -452,8 +452,8 @@ pub fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usiz
     // fastest (eval/results/kernel-notes.md).
     if bits == 4 && backend() == Backend::Cuda {
         // The SwiGLU and the products of 8192–16384 rows are bound by unpacking 4-bit weights, and
-        // faster with them unpacked two at a time; the others are slower so (SALA's gate/up
-        // 40.3 → 33.6 µs, qkvz 22.7 → 19.2, head 76.4 → 94.7 on an H200: eval/results/kernel-notes.md).
+        // faster with them unpacked two at a time; the others are slower so
+        // (eval/results/kernel-notes.md).
         let pairs = |t: QmvTiling| QmvTiling { half_pairs: true, ..t };
         if swiglu {
             return pairs(QmvTiling::new(WARPS, 4, 1, 2, false));
@@ -462,8 +462,8 @@ pub fn general_tiling(n: i32, chunks: i32, bits: i32, swiglu: bool, staged: usiz
             return QmvTiling::new(WARPS, 4, 1, 2, false);
         }
         if n >= 8192 {
-            // Through a cp.async ring of 2 slots where it fits beside the staged input: faster on
-            // an H200 (SALA's qkvz 27.1 → 22.7 µs, qkvg 18.5 → 17.3: eval/results/kernel-notes.md).
+            // Through a cp.async ring of 2 slots where it fits beside the staged input: faster
+            // there (eval/results/kernel-notes.md).
             let ring = QmvTiling::new(WARPS, if n >= 16384 { 4 } else { 2 }, 1, 2, true);
             if ring.ring_fits(swiglu, staged) {
                 return pairs(ring);
