@@ -6,5 +6,6 @@ tar xJf .device/bin.tar.xz -C .device
 BIN=.device/bin
 source "${MLX_BUNDLE:-.device/mlx-cuda}/activate.sh"
 OUT=${OUT:-/tmp}
-export XDG_CACHE_HOME=$OUT/cache
+# DEVICE_CACHE keeps compiled kernels and self-check memos for a later call on a warm machine.
+export XDG_CACHE_HOME=${DEVICE_CACHE:-$OUT/cache}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"

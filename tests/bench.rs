@@ -283,6 +283,7 @@ fn batched_and_speculative_generation_tests() {
         assert!(ms("build_ms") > 0.0 && ms("encode_ms") > 0.0 && ms("other_ms") >= 0.0 && ms("blocked_ms") >= 0.0 && ms("ops") > 10.0, "{r}");
         // The CPU has no clock of its own to mark: the device's columns stay empty.
         assert!(r["device_ms"].is_null() && r["device_gaps_ms"].is_null() && r.get("device_ms").is_some(), "{r}");
+        assert!(r["device_draw_ms"].is_null() && r.get("device_draw_ms").is_some(), "{r}");
         match r["draft_layers"].as_u64() {
             Some(l) if l > 0 => {
                 let a = r["acceptance"].as_f64().unwrap();

@@ -717,6 +717,7 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
                     logits.take_axis(Array::from_slice(&at, &[at.len() as i32]), 0)?
                 };
                 let masks: Vec<Option<TokenMask>> = free.iter().map(|_| None).collect();
+                let rows = step_profile::stretch_tail(&rows)?;
                 let drawn = draw_into(model, steps, &free, &rows, &masks)?;
                 last = drawn[0].clone();
                 outputs.extend(drawn);

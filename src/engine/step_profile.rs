@@ -139,10 +139,12 @@ pub type StampKernel = fn(&Array) -> Result<Option<Array>, Exception>;
 static STAMP_KERNEL: std::sync::OnceLock<StampKernel> = std::sync::OnceLock::new();
 static TIMING_DEVICE: AtomicBool = AtomicBool::new(false);
 
-/// Whether a mark opens or closes a stretch of the device's work.
+/// Whether a mark opens a stretch of the device's work, opens its tail (a decode step's draw), or
+/// closes it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Mark {
     Start,
+    Tail,
     End,
 }
 
@@ -194,6 +196,15 @@ pub fn stretch_start(input: &Array) -> Result<Array, Exception> {
     }
 }
 
+/// `input` of a stretch's tail (a step's draw, after its forward), made to wait for a mark of the
+/// clock when the device is being timed, so the tail's time is told apart from the rest.
+pub fn stretch_tail(input: &Array) -> Result<Array, Exception> {
+    match mark(Mark::Tail, input)? {
+        Some(stamp) => super::ops::depends(input, &stamp),
+        None => Ok(input.clone()),
+    }
+}
+
 /// The mark closing a stretch whose last result is `last`, to evaluate with the stretch's other
 /// outputs; `None` when the device is not being timed.
 pub fn stretch_end(last: &Array) -> Result<Option<Array>, Exception> {
@@ -208,13 +219,23 @@ pub struct DeviceTimes {
     /// From each stretch's end mark to the next one's start mark, summed: the device idle, or
     /// running work outside the marked stretches.
     pub gaps_ns: u64,
+    /// The part of `busy_ns` from each stretch's tail mark to its end mark (a step's draw).
+    pub tail_ns: u64,
     pub stretches: usize,
+    /// Stretches with a tail.
+    pub tails: usize,
 }
 
 impl std::ops::Add for DeviceTimes {
     type Output = DeviceTimes;
     fn add(self, other: DeviceTimes) -> DeviceTimes {
-        DeviceTimes { busy_ns: self.busy_ns + other.busy_ns, gaps_ns: self.gaps_ns + other.gaps_ns, stretches: self.stretches + other.stretches }
+        DeviceTimes {
+            busy_ns: self.busy_ns + other.busy_ns,
+            gaps_ns: self.gaps_ns + other.gaps_ns,
+            tail_ns: self.tail_ns + other.tail_ns,
+            stretches: self.stretches + other.stretches,
+            tails: self.tails + other.tails,
+        }
     }
 }
 
@@ -233,17 +254,22 @@ pub fn device_times() -> Result<Option<DeviceTimes>, Exception> {
     Ok(times_between(&read))
 }
 
-/// The busy stretches and the gaps between them of clock readings in the order they were asked
-/// for; a start without its end (a step that failed) is dropped.
+/// The busy stretches, their tails and the gaps between them of clock readings in the order they
+/// were asked for; a start without its end (a step that failed) is dropped, with its tail.
 fn times_between(marks: &[(Mark, u64)]) -> Option<DeviceTimes> {
     let mut times = DeviceTimes::default();
-    let (mut open, mut last_end): (Option<u64>, Option<u64>) = (None, None);
+    let (mut open, mut tail, mut last_end): (Option<u64>, Option<u64>, Option<u64>) = (None, None, None);
     for &(kind, at) in marks {
         match kind {
-            Mark::Start => open = Some(at),
+            Mark::Start => (open, tail) = (Some(at), None),
+            Mark::Tail => tail = open.map(|_| at),
             Mark::End => {
                 if let Some(start) = open.take() {
                     times.busy_ns += at.saturating_sub(start);
+                    if let Some(tail) = tail.take() {
+                        times.tail_ns += at.saturating_sub(tail);
+                        times.tails += 1;
+                    }
                     if let Some(end) = last_end {
                         times.gaps_ns += start.saturating_sub(end);
                     }
@@ -306,11 +332,15 @@ mod tests {
 
     #[test]
     fn device_time_is_each_stretch_from_start_to_end_and_the_gaps_between() {
-        use Mark::{End, Start};
+        use Mark::{End, Start, Tail};
         // Two steps, a failed one (no end) between them, then a third.
         let marks = [(Start, 100), (End, 160), (Start, 170), (Start, 200), (End, 250), (Start, 255), (End, 300)];
         let times = times_between(&marks).unwrap();
-        assert_eq!(times, DeviceTimes { busy_ns: 60 + 50 + 45, gaps_ns: 40 + 5, stretches: 3 });
+        assert_eq!(times, DeviceTimes { busy_ns: 60 + 50 + 45, gaps_ns: 40 + 5, stretches: 3, ..Default::default() });
+        // Tails (a step's draw) inside their stretches; a failed step's tail goes with it.
+        let marks = [(Start, 100), (Tail, 150), (End, 160), (Start, 170), (Tail, 180), (Start, 200), (End, 250), (Start, 255), (Tail, 290), (End, 300)];
+        let times = times_between(&marks).unwrap();
+        assert_eq!(times, DeviceTimes { busy_ns: 60 + 50 + 45, gaps_ns: 40 + 5, tail_ns: 10 + 10, stretches: 3, tails: 2 });
         assert_eq!(times_between(&[(Start, 5)]), None);
         assert_eq!(times_between(&[]), None);
     }
@@ -321,7 +351,7 @@ mod tests {
         // As a stamp kernel leaves them: `[1]` uint64 readings, here made on the host.
         let readings = [(Start, 100u64), (End, 160), (Start, 170), (End, 200)];
         MARKS.with(|m| m.borrow_mut().extend(readings.map(|(kind, at)| (kind, Array::from_slice(&[at], &[1])))));
-        assert_eq!(device_times().unwrap(), Some(DeviceTimes { busy_ns: 90, gaps_ns: 10, stretches: 2 }));
+        assert_eq!(device_times().unwrap(), Some(DeviceTimes { busy_ns: 90, gaps_ns: 10, stretches: 2, ..Default::default() }));
         // Taken: a second read finds none.
         assert_eq!(device_times().unwrap(), None);
     }
@@ -332,10 +362,12 @@ mod tests {
         time_device(true).unwrap();
         let x = Array::from_slice(&[1.0f32, 2.0], &[2]);
         let started = stretch_start(&x).unwrap();
-        let end = stretch_end(&started).unwrap();
+        let tail = stretch_tail(&started).unwrap();
+        let end = stretch_end(&tail).unwrap();
         time_device(false).unwrap();
         assert!(end.is_none());
         assert_eq!(started.as_slice::<f32>(), &[1.0, 2.0]);
+        assert_eq!(tail.as_slice::<f32>(), &[1.0, 2.0]);
         assert_eq!(device_times().unwrap(), None);
     }
 }

@@ -239,6 +239,8 @@ pub struct StepHost {
     /// or running work outside the steps).
     pub device_ms: Option<f64>,
     pub device_gaps_ms: Option<f64>,
+    /// The part of `device_ms` spent drawing tokens (served rows; `None` where nothing is drawn).
+    pub device_draw_ms: Option<f64>,
 }
 
 impl StepHost {
@@ -256,6 +258,7 @@ impl StepHost {
             ops: counted.ops as f64 / warm_steps.max(1) as f64,
             device_ms: device.map(|d| ms(d.busy_ns)),
             device_gaps_ms: device.map(|d| ms(d.gaps_ns)),
+            device_draw_ms: device.filter(|d| d.tails > 0).map(|d| ms(d.tail_ns)),
         }
     }
 }

@@ -16,7 +16,7 @@ pub const FIELDS: &[&str] = &[
     "model_filename", "model_type", "model_size", "n_params", "backend", "dtype", "n_batch", "n_prompt", "n_gen", "n_depth",
     "n_seq", "draft_layers", "n_draft", "acceptance", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts", "peak_mem",
     "prefix", "n_cached", "prefix_bytes", "prefix_mem", "grammar",
-    "build_ms", "encode_ms", "other_ms", "blocked_ms", "device_wait_ms", "ops", "device_ms", "device_gaps_ms",
+    "build_ms", "encode_ms", "other_ms", "blocked_ms", "device_wait_ms", "ops", "device_ms", "device_gaps_ms", "device_draw_ms",
 ];
 
 /// One row as `FIELDS` → value.
@@ -33,6 +33,7 @@ pub fn record(row: &BenchRow, test_time: &str) -> Vec<(&'static str, Value)> {
         json!(row.host.map(|h| h.build_ms)), json!(row.host.map(|h| h.encode_ms)), json!(row.host.map(|h| h.other_ms)),
         json!(row.host.map(|h| h.blocked_ms)), json!(row.host.map(|h| h.device_wait_ms)), json!(row.host.map(|h| h.ops)),
         json!(row.host.and_then(|h| h.device_ms)), json!(row.host.and_then(|h| h.device_gaps_ms)),
+        json!(row.host.and_then(|h| h.device_draw_ms)),
     ];
     FIELDS.iter().copied().zip(values).collect()
 }
@@ -92,7 +93,7 @@ fn table(rows: &[BenchRow], Columns { follow_up, speculative, constrained, serve
         headers.push("of pipelined");
     }
     if profile {
-        headers.extend(["step ms", "build", "encode", "other", "blocked", "read wait", "ops", "device", "gaps"]);
+        headers.extend(["step ms", "build", "encode", "other", "blocked", "read wait", "ops", "device", "gaps", "draw"]);
     }
     let mut report = Report::new(&headers);
     for r in rows {
@@ -115,12 +116,12 @@ fn table(rows: &[BenchRow], Columns { follow_up, speculative, constrained, serve
         };
         let host = match (profile, r.host) {
             (false, _) => vec![],
-            (true, None) => vec![String::new(); 9],
+            (true, None) => vec![String::new(); 10],
             (true, Some(h)) => {
                 let step_ms = r.avg_ns() / 1e6 / r.n_gen().max(1) as f64;
                 let mut cells: Vec<String> = [step_ms, h.build_ms, h.encode_ms, h.other_ms, h.blocked_ms, h.device_wait_ms].iter().map(|ms| format!("{ms:.2}")).collect();
                 cells.push(format!("{:.0}", h.ops));
-                cells.extend([h.device_ms, h.device_gaps_ms].map(|ms| ms.map_or_else(String::new, |ms| format!("{ms:.2}"))));
+                cells.extend([h.device_ms, h.device_gaps_ms, h.device_draw_ms].map(|ms| ms.map_or_else(String::new, |ms| format!("{ms:.2}"))));
                 cells
             }
         };
