@@ -14,7 +14,7 @@ use sala::kernels::custom::{backend, Backend};
 use sala::kernels::gla::{alibi_slopes, simple_gla, simple_gla_recurrent, simple_gla_step};
 use sala::kernels::qmv::{
     quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
-    general_tiling, MmaTiling, QmvTiling, RmsNormIn, MMA_ROWS_PER_WARP,
+    general_tiling, GateIn, MmaTiling, QmvTiling, RmsNormIn, MMA_ROWS_PER_WARP,
 };
 use sala::kernels::sparse::{
     decode_attention, decode_attention_mlx, with_decode_kernel, with_decode_splits, with_window_tiles, BlockSelection, DecodeKernel, DecodeQuery,
@@ -590,6 +590,8 @@ fn qmv_tiling_sweep() {
     enum Product {
         Normed,
         NormedSwiGlu,
+        /// A lightning layer's o_proj: its output norm and σ-gate folded in, then the residual.
+        NormGatedResidual,
         Residual,
         Plain,
     }
@@ -599,6 +601,7 @@ fn qmv_tiling_sweep() {
         ("lightning qkvz", 16384, 4096, Product::Normed),
         ("sparse qkvg", 8704, 4096, Product::Normed),
         ("o_proj", 4096, 4096, Product::Residual),
+        ("lightning o_proj", 4096, 4096, Product::NormGatedResidual),
         ("gate/up", 32768, 4096, Product::NormedSwiGlu),
         ("down", 4096, 16384, Product::Residual),
         ("head", 73448, 4096, Product::Plain),
@@ -634,9 +637,13 @@ fn qmv_tiling_sweep() {
             for rows in [1, 8, 16].into_iter().filter(|r| rows_filter.map_or(*r < 16, |o| o == *r)) {
                 let x = randn(&[rows, 1, k], 7, Dtype::Bfloat16);
                 let residual = randn(&[rows, 1, n], 8, Dtype::Bfloat16);
+                // The gate's source as a lightning layer's qkvz output, z its last quarter.
+                let gate_src = randn(&[rows, 1, 4 * k], 9, Dtype::Bfloat16);
+                let gate = || GateIn { src: &gate_src, offset: 3 * k };
                 // Several rows: the model normalises them first (the tensor-core kernel has no norm folded in).
                 let xn = mlx_rs::fast::rms_norm(&x, Some(&norm), 1e-6).unwrap();
-                eval([&x, &xn, &residual, &norm]).unwrap();
+                let xg = RmsNormIn { weight: &norm, eps: 1e-6, gate: Some(gate()) }.apply(&x).unwrap();
+                eval([&x, &xn, &xg, &residual, &norm]).unwrap();
                 let run = |mlx: bool| -> Vec<Array> {
                     (0..ROUNDS)
                         .flat_map(|_| sets.iter())
@@ -652,6 +659,13 @@ fn qmv_tiling_sweep() {
                                 Product::NormedSwiGlu => quantized_matmul_t_normed(&x, rms, p, s, b, 64, bits, Epilogue::SwiGlu),
                                 Product::Residual => {
                                     quantized_matmul_t_then(&x, p, s, b, 64, bits, Epilogue::Residual { residual: &residual, alpha: 0.5 })
+                                }
+                                Product::NormGatedResidual if rows > 1 => {
+                                    quantized_matmul_t_then(&xg, p, s, b, 64, bits, Epilogue::Residual { residual: &residual, alpha: 0.5 })
+                                }
+                                Product::NormGatedResidual => {
+                                    let gated = RmsNormIn { gate: Some(gate()), ..rms };
+                                    quantized_matmul_t_normed(&x, gated, p, s, b, 64, bits, Epilogue::Residual { residual: &residual, alpha: 0.5 })
                                 }
                                 Product::Plain => quantized_matmul_t(&x, p, s, b, 64, bits),
                             }
@@ -669,7 +683,7 @@ fn qmv_tiling_sweep() {
                 let base = format!("q{bits} {name} {n}x{k} rows {rows}");
                 profile(format!("{base} | mlx"), &|| run(true));
                 let swiglu = matches!(product, Product::NormedSwiGlu);
-                let normed = matches!(product, Product::Normed | Product::NormedSwiGlu);
+                let normed = matches!(product, Product::Normed | Product::NormedSwiGlu | Product::NormGatedResidual);
                 if rows == 1 && options_only {
                     let default = general_tiling(n, k * bits / 128, bits, swiglu, if normed { k as usize * 2 } else { 0 });
                     let flipped = if default.half_pairs { "default, without half pairs" } else { "default, half pairs" };
@@ -698,7 +712,7 @@ fn qmv_tiling_sweep() {
                                 let fits = chunks / split >= per_round
                                     && !(tensor_cores && a)
                                     && (tensor_cores || (o <= 4 && u <= 4 && !tensor_cores_only));
-                                let staged = if matches!(product, Product::Normed | Product::NormedSwiGlu) { k as usize * 2 } else { 0 };
+                                let staged = if normed { k as usize * 2 } else { 0 };
                                 let ring_fits = !a || t.ring_fits(swiglu, staged);
                                 // Enough warps to fill the GPU.
                                 let warps_total = n / if swiglu { 2 } else { 1 } / o * split;

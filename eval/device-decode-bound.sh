@@ -9,17 +9,18 @@
 #   (target/release/deps/gpu_kernels-*), kernels, SALA_OPENBLAS=off release builds, stripped;
 #   tar cJf .device/bin.tar.xz -C .device bin.
 # On the device: carry [".device/bin.tar.xz", ".device/mlx-cuda"]; bash eval/device-decode-bound.sh
-# BITS ("4 8") picks the widths; TESTS=0 leaves the tests out (eval/device-tests.sh runs them in
-# parallel, which a call's time allows).
+# BITS ("4 8") picks the widths; BINS ("sala-base sala") the binaries, alternating; BENCH_FLAGS
+# adds to every bench (e.g. --profile); TESTS=0 leaves the tests out (eval/device-tests.sh runs
+# them in parallel, which a call's time allows).
 set -u
 source eval/device-setup.sh
 if [ "${TESTS:-1}" != 0 ]; then
   MLX_ENABLE_TF32=0 timeout 120 $BIN/gpu_kernels --include-ignored qmv_with_ 2>&1 | grep -E "^test |test result|panicked|relative error" | tee "$OUT/tests.log"
 fi
 for bits in ${BITS:-4 8}; do
-  for bin in sala-base sala; do
+  for bin in ${BINS:-sala-base sala}; do
     echo "== $bin $bits-bit" | tee -a "$OUT/results.md"
-    timeout 120 $BIN/$bin bench --synthetic minicpm-sala-9b --bits $bits -p 0 -n 128 -d 4096 -r 3 --n-seq 1 -o md 2>>"$OUT/errors.log" \
+    timeout 120 $BIN/$bin bench --synthetic minicpm-sala-9b --bits $bits -p 0 -n 128 -d 4096 -r 3 --n-seq 1 -o md ${BENCH_FLAGS:-} 2>>"$OUT/errors.log" \
       | grep "tg128" | tee -a "$OUT/results.md"
   done
 done
