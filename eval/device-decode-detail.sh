@@ -7,7 +7,8 @@
 #     warm machine.
 #  1. Then Nsight Compute's sections (occupancy, warp stalls, scheduler, memory) on the quantized
 #     products of one SALA-9B decode step at 4096 tokens (the first NCU_COUNT launches: a
-#     lightning and a sparse layer's products), each width in BITS_NCU ("4").
+#     lightning and a sparse layer's products), each width in BITS_NCU ("4"), SEQS sequences a
+#     step (1; 16 takes the tensor-core batch products, sala_qmm).
 # Prepare: as eval/device-decode-bound.sh. Carry [".device/bin.tar.xz", ".device/mlx-cuda"].
 set -u
 export DEVICE_CACHE=${DEVICE_CACHE:-/tmp/sala-device-cache}
@@ -29,7 +30,7 @@ for bits in ${BITS_NCU:-4}; do
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --metrics smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio,smsp__average_warps_issue_stalled_drain_per_issue_active.ratio,smsp__average_warps_issue_stalled_imc_miss_per_issue_active.ratio,smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio \
-    -k regex:sala_qmv -c "${NCU_COUNT:-10}" "$BIN/kernels" decode-profile 4096 > "$OUT/ncu-q$bits.txt" 2>&1
+    -k regex:sala_qm -c "${NCU_COUNT:-10}" "$BIN/kernels" decode-profile 4096 "${SEQS:-1}" > "$OUT/ncu-q$bits.txt" 2>&1
   python3 - "$OUT/ncu-q$bits.txt" <<'PY'
 import re, sys
 # One line a launch: the kernel, its duration, occupancy, registers and the top stall reasons.
