@@ -639,10 +639,11 @@ fn qmv_tiling_sweep() {
                 let residual = randn(&[rows, 1, n], 8, Dtype::Bfloat16);
                 // The gate's source as a lightning layer's qkvz output, z its last quarter.
                 let gate_src = randn(&[rows, 1, 4 * k], 9, Dtype::Bfloat16);
-                let gate = || GateIn { src: &gate_src, offset: 3 * k };
+                let rms = RmsNormIn { weight: &norm, eps: 1e-6, gate: None };
+                let gated = RmsNormIn { gate: Some(GateIn { src: &gate_src, offset: 3 * k }), ..rms };
                 // Several rows: the model normalises them first (the tensor-core kernel has no norm folded in).
                 let xn = mlx_rs::fast::rms_norm(&x, Some(&norm), 1e-6).unwrap();
-                let xg = RmsNormIn { weight: &norm, eps: 1e-6, gate: Some(gate()) }.apply(&x).unwrap();
+                let xg = gated.apply(&x).unwrap();
                 eval([&x, &xn, &xg, &residual, &norm]).unwrap();
                 let run = |mlx: bool| -> Vec<Array> {
                     (0..ROUNDS)
@@ -651,7 +652,6 @@ fn qmv_tiling_sweep() {
                             if mlx {
                                 return quantized_matmul_t_mlx(&x, p, s, b, 64, bits).unwrap();
                             }
-                            let rms = RmsNormIn { weight: &norm, eps: 1e-6, gate: None };
                             match product {
                                 Product::Normed if rows > 1 => quantized_matmul_t(&xn, p, s, b, 64, bits),
                                 Product::NormedSwiGlu if rows > 1 => quantized_matmul_t_then(&xn, p, s, b, 64, bits, Epilogue::SwiGlu),
@@ -664,7 +664,6 @@ fn qmv_tiling_sweep() {
                                     quantized_matmul_t_then(&xg, p, s, b, 64, bits, Epilogue::Residual { residual: &residual, alpha: 0.5 })
                                 }
                                 Product::NormGatedResidual => {
-                                    let gated = RmsNormIn { gate: Some(gate()), ..rms };
                                     quantized_matmul_t_normed(&x, gated, p, s, b, 64, bits, Epilogue::Residual { residual: &residual, alpha: 0.5 })
                                 }
                                 Product::Plain => quantized_matmul_t(&x, p, s, b, 64, bits),

@@ -190,16 +190,18 @@ fn mark(kind: Mark, after: &Array) -> Result<Option<Array>, Exception> {
 /// `input` of a stretch of device work (a decode step, a draw), made to wait for a mark of the
 /// clock when the device is being timed, so the stretch's work starts after it.
 pub fn stretch_start(input: &Array) -> Result<Array, Exception> {
-    match mark(Mark::Start, input)? {
-        Some(stamp) => super::ops::depends(input, &stamp),
-        None => Ok(input.clone()),
-    }
+    after_mark(Mark::Start, input)
 }
 
 /// `input` of a stretch's tail (a step's draw, after its forward), made to wait for a mark of the
 /// clock when the device is being timed, so the tail's time is told apart from the rest.
 pub fn stretch_tail(input: &Array) -> Result<Array, Exception> {
-    match mark(Mark::Tail, input)? {
+    after_mark(Mark::Tail, input)
+}
+
+/// `input`, made to wait for a mark of `kind` when the device is being timed.
+fn after_mark(kind: Mark, input: &Array) -> Result<Array, Exception> {
+    match mark(kind, input)? {
         Some(stamp) => super::ops::depends(input, &stamp),
         None => Ok(input.clone()),
     }
