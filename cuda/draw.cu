@@ -12,21 +12,26 @@
 // No sort here. Values are compared through an order-preserving 32-bit key, and a threshold (the
 // largest key whose count or mass from the top reaches a target) is narrowed by histograms: first
 // 1024 bins of 1/32 nat below the maximum (one more for everything further, or masked), then,
-// inside the bin where the target is crossed, 256 equal ranges of keys at a time until one key is
-// left (at most four more). A bin that fits in shared memory is gathered there and narrowed without
+// inside the bin where the target is crossed, 256 equal ranges of keys at a time, each narrowed to
+// the smallest and largest key it holds, until one key is left (at most four more; logits of 16
+// bits are seldom more than one). The walks through the bins to the crossing are prefix sums over
+// the block's threads. A bin that fits in shared memory is gathered there and narrowed without
 // reading the row again. Masses are summed as fixed-point integers (w · 2^40), so no sum depends
 // on the order threads add in, and a seeded row draws the same token every run.
 //
 // A row is SALA_DRAW_SLICES slices, a thread block each, in three of the five launches
 // (eval/results/kernel-notes.md):
-//   sala_draw_keys    a thread per row: its key, from parameters that stay on the device;
+//   sala_draw_keys    a thread per row: its key, from parameters that stay on the device, and a
+//                     zeroed count of the row's finished slices for sala_draw_pick;
 //   sala_draw_scan    each slice's maximum and its first index;
-//   sala_draw_bins    each slice's values into the row's first histogram (global atomics);
-//   sala_draw_floor   a block per row: the thresholds from the histogram (the narrowing reads
-//                     the row again only inside the bins where a target is crossed);
+//   sala_draw_bins    each slice's values into a histogram of the slice's own;
+//   sala_draw_floor   a block per row: the thresholds from the slices' histograms summed (the
+//                     narrowing reads the row again only inside the bins where a target is crossed);
 //   sala_draw_pick    each slice's best kept s + g, the last slice of a row to finish merging
 //                     them into the token.
-// The third and fourth run only when a row asks for top-k or top-p.
+// The third and fourth run only when a row asks for top-k or top-p. No output needs zeroing
+// before a launch: MLX zeroes one with a fill from a scalar the host writes into managed memory,
+// and the GPU's first read of it waits on a page fault.
 
 #define SALA_DRAW_BINS 256
 #define SALA_DRAW_SPREAD 1024
@@ -47,6 +52,9 @@ struct SalaDrawShared {
   unsigned long long bin_mass[SALA_DRAW_SPREAD + 1];
   unsigned int count[SALA_DRAW_BINS];
   unsigned long long mass[SALA_DRAW_BINS];
+  // Each range's smallest and largest key.
+  unsigned int key_lo[SALA_DRAW_BINS];
+  unsigned int key_hi[SALA_DRAW_BINS];
   SalaDrawReduce red;
   float list[SALA_DRAW_LIST];
   unsigned int listed;
@@ -169,6 +177,54 @@ __device__ unsigned long long sala_draw_sum(unsigned long long v, SalaDrawReduce
   return red.scratch[32];
 }
 
+// The first i < limit with  above + Σ_{j ≤ i} h(j) ≥ target  (limit if none), and in `before`
+// above + Σ_{j < i} h(j): a walk through the bins from the first, the block's threads each summing
+// a run of them, then a prefix sum over the threads. The sums are integers, so they equal the
+// walk's; to every thread. (Not inlined, nor is sala_draw_refine: inlined, they took the masked
+// forms of sala_draw_floor to the 64 registers a thread that its block of 1024 threads allows.)
+template <int THREADS, typename H>
+__device__ __noinline__ int sala_draw_reach(H h, int limit, unsigned long long above, double target, SalaDrawReduce& red, unsigned long long& before) {
+  constexpr int WARPS = THREADS / 32;
+  const int per = (limit + THREADS - 1) / THREADS;
+  const int first = min((int)threadIdx.x * per, limit), last = min(first + per, limit);
+  unsigned long long mine = 0;
+  for (int i = first; i < last; ++i) mine += h(i);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  unsigned long long upto = mine;  // the threads' sums up to this one's, within the warp
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long v = __shfl_up_sync(0xffffffffu, upto, o);
+    if (lane >= o) upto += v;
+  }
+  __syncthreads();
+  if (lane == 31) red.scratch[warp] = upto;
+  if (threadIdx.x == 0) red.is[0] = limit;
+  __syncthreads();
+  if (warp == 0) {
+    unsigned long long w = lane < WARPS ? red.scratch[lane] : 0ull;
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned long long v = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += v;
+    }
+    if (lane < WARPS) red.scratch[lane] = w;
+  }
+  __syncthreads();
+  unsigned long long run = above + (warp > 0 ? red.scratch[warp - 1] : 0ull) + upto - mine;
+  int found = limit;
+  for (int i = first; i < last; ++i) {
+    const unsigned long long hi = h(i);
+    if ((double)(run + hi) >= target) { found = i; break; }
+    run += hi;
+  }
+  if (found < limit) atomicMin(&red.is[0], found);
+  __syncthreads();
+  const int at = red.is[0];
+  if (at < limit && found == at) red.scratch[32] = run;
+  if (at == limit && threadIdx.x == THREADS - 1) red.scratch[32] = run;
+  __syncthreads();
+  before = red.scratch[32];
+  return at;
+}
+
 // Takes (ov, oi) into (v, i) when it has the larger value, or the same value and a smaller index.
 __device__ __forceinline__ void sala_draw_better(float& v, int& i, float ov, int oi) {
   if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
@@ -246,13 +302,18 @@ __device__ int sala_draw_gather(const SalaDrawRow<T, MASK>& row, SalaDrawShared&
 // w : 1) ≥ target,  given that the range holds the crossing (above < target ≤ above + the range's
 // total at or above floor). The source is the gathered list, or the row when `listed` < 0.
 template <typename T, bool MASK, int THREADS, bool MASS>
-__device__ unsigned int sala_draw_refine(const SalaDrawRow<T, MASK>& row, SalaDrawShared& sh, int listed, float m,
+__device__ __noinline__ unsigned int sala_draw_refine(const SalaDrawRow<T, MASK>& row, SalaDrawShared& sh, int listed, float m,
                                          unsigned int lo, unsigned int hi, unsigned int floor, unsigned long long above, double target) {
   if (lo < floor) lo = floor;
   while (lo < hi) {
     const unsigned long long width = (unsigned long long)(hi - lo) + 1;
     __syncthreads();
-    for (int b = threadIdx.x; b < SALA_DRAW_BINS; b += THREADS) { sh.count[b] = 0; sh.mass[b] = 0; }
+    for (int b = threadIdx.x; b < SALA_DRAW_BINS; b += THREADS) {
+      sh.count[b] = 0;
+      sh.mass[b] = 0;
+      sh.key_lo[b] = 0xffffffffu;
+      sh.key_hi[b] = 0;
+    }
     __syncthreads();
     sala_draw_visit<T, MASK, THREADS>(row, sh, listed, [&](float v) {
       unsigned int k = sala_draw_key(v);
@@ -260,20 +321,24 @@ __device__ unsigned int sala_draw_refine(const SalaDrawRow<T, MASK>& row, SalaDr
       int sub = (int)(((unsigned long long)(k - lo) * SALA_DRAW_BINS) / width);
       if (MASS) atomicAdd(&sh.mass[sub], sala_draw_weight(v, m));
       else atomicAdd(&sh.count[sub], 1u);
+      atomicMin(&sh.key_lo[sub], k);
+      atomicMax(&sh.key_hi[sub], k);
     });
     __syncthreads();
-    // Every thread walks the ranges from the top to the one the target is crossed in.
-    int j = SALA_DRAW_BINS - 1;
-    for (; j > 0; --j) {
-      unsigned long long h = MASS ? sh.mass[j] : (unsigned long long)sh.count[j];
-      if ((double)(above + h) >= target) break;
-      above += h;
+    // The ranges from the top down to the one the target is crossed in (range 0 if no other).
+    auto from_top = [&](int i) { return MASS ? sh.mass[SALA_DRAW_BINS - 1 - i] : (unsigned long long)sh.count[SALA_DRAW_BINS - 1 - i]; };
+    const int j = SALA_DRAW_BINS - 1 - sala_draw_reach<THREADS>(from_top, SALA_DRAW_BINS - 1, above, target, sh.red, above);
+    if (sh.key_lo[j] <= sh.key_hi[j]) {
+      // The answer is one of the keys range j holds.
+      lo = sh.key_lo[j];
+      hi = sh.key_hi[j];
+    } else {
+      // Range j holds the keys lo + ⌈j·width/256⌉ … lo + ⌈(j+1)·width/256⌉ − 1.
+      const unsigned long long first = ((unsigned long long)j * width + SALA_DRAW_BINS - 1) / SALA_DRAW_BINS;
+      const unsigned long long next = ((unsigned long long)(j + 1) * width + SALA_DRAW_BINS - 1) / SALA_DRAW_BINS;
+      hi = lo + (unsigned int)(next - 1);
+      lo = lo + (unsigned int)first;
     }
-    // Range j holds the keys lo + ⌈j·width/256⌉ … lo + ⌈(j+1)·width/256⌉ − 1.
-    const unsigned long long first = ((unsigned long long)j * width + SALA_DRAW_BINS - 1) / SALA_DRAW_BINS;
-    const unsigned long long next = ((unsigned long long)(j + 1) * width + SALA_DRAW_BINS - 1) / SALA_DRAW_BINS;
-    hi = lo + (unsigned int)(next - 1);
-    lo = lo + (unsigned int)first;
   }
   return lo;
 }
@@ -285,6 +350,11 @@ __device__ __forceinline__ unsigned long long sala_draw_mix(unsigned long long x
   return x ^ (x >> 31);
 }
 
+// Words a row of sala_draw_keys's output: the key, then the count of the row's slices that
+// sala_draw_pick has finished (zeroed here), then two unused words, so that even one row is more
+// than the 8 bytes MLX keeps in its managed-memory pool.
+#define SALA_DRAW_KEY_WORDS 4
+
 // Launch 0, a thread per row: the row's key, draw_key(seed, draw + advance). The parameters stay
 // on the device from draw to draw while only `advance` changes, and it comes as a shape: an
 // array the host writes costs the GPU a page fault where a kernel first reads it.
@@ -295,7 +365,9 @@ __device__ void sala_draw_keys(const uint32_t* params, uint32_t* keys, int rows,
   const unsigned long long seed = ((unsigned long long)p[5] << 32) | p[4];
   const unsigned long long draw = (((unsigned long long)p[7] << 32) | p[6]) + advance;
   const unsigned long long h = sala_draw_mix(seed + sala_draw_mix(draw + 0x9E3779B97F4A7C15ull));
-  keys[r] = (uint32_t)(h ^ (h >> 32));
+  uint32_t* row = keys + r * SALA_DRAW_KEY_WORDS;
+  row[0] = (uint32_t)(h ^ (h >> 32));
+  row[1] = 0;
 }
 
 // Launch 1, a block per slice: the slice's maximum and its first index.
@@ -318,15 +390,15 @@ __device__ void sala_draw_scan(const T* logits, const uint32_t* words, const uin
   }
 }
 
-// Row r's first histogram in `hist` ([rows, SALA_DRAW_HIST] uint32, zeroed): each bin's count,
-// then the low and the high 32 bits of its fixed-point mass.
+// Slice p of row r's first histogram in `hist` ([rows, SALA_DRAW_SLICES, SALA_DRAW_HIST]
+// uint32): each bin's count, then the low and the high 32 bits of its fixed-point mass.
 #define SALA_DRAW_HIST (3 * (SALA_DRAW_SPREAD + 1))
 struct SalaDrawHist {
   uint32_t* count;
   uint32_t* lo;
   uint32_t* hi;
-  __device__ SalaDrawHist(const uint32_t* hist, int r) {
-    count = const_cast<uint32_t*>(hist) + (size_t)r * SALA_DRAW_HIST;
+  __device__ SalaDrawHist(const uint32_t* hist, int r, int p) {
+    count = const_cast<uint32_t*>(hist) + ((size_t)r * SALA_DRAW_SLICES + p) * SALA_DRAW_HIST;
     lo = count + SALA_DRAW_SPREAD + 1;
     hi = lo + SALA_DRAW_SPREAD + 1;
   }
@@ -341,8 +413,8 @@ __device__ __forceinline__ void sala_draw_add_mass(unsigned int* lo, unsigned in
   if (carried) atomicAdd(hi, carried);
 }
 
-// Launch 2, a block per slice of a row with top-k or top-p: the slice's values into the row's
-// first histogram.
+// Launch 2, a block per slice of a row with top-k or top-p: the slice's values into its
+// histogram (every word written, so nothing needs zeroing first).
 template <typename T, bool MASK, int THREADS>
 __device__ void sala_draw_bins(const T* logits, const uint32_t* words, const uint32_t* params, const float* part_v, const int* part_i,
                                uint32_t* hist, int vocab, int width) {
@@ -372,11 +444,11 @@ __device__ void sala_draw_bins(const T* logits, const uint32_t* words, const uin
     }
   });
   __syncthreads();
-  const SalaDrawHist h(hist, r);
+  const SalaDrawHist h(hist, r, p);
   for (int b = threadIdx.x; b <= SALA_DRAW_SPREAD; b += THREADS) {
-    if (count[b]) atomicAdd(&h.count[b], count[b]);
-    const unsigned long long mass = ((unsigned long long)hi[b] << 32) | lo[b];
-    if (mass) sala_draw_add_mass(&h.lo[b], &h.hi[b], mass);
+    h.count[b] = count[b];
+    h.lo[b] = lo[b];
+    h.hi[b] = hi[b];
   }
 }
 
@@ -394,23 +466,33 @@ __device__ void sala_draw_floor(const T* logits, const uint32_t* words, const ui
   unsigned int floor = 0;  // every key is ≥ 0
   if (q.thresholds(vocab) && m != -INFINITY) {
     const SalaDrawRow<T, MASK> row = q.row<T, MASK>(logits, words, r, vocab, width);
-    const SalaDrawHist h(hist, r);
+    // The slices' histograms summed (integers: the order does not matter).
     for (int b = threadIdx.x; b <= SALA_DRAW_SPREAD; b += THREADS) {
-      sh.bin_count[b] = h.count[b];
-      sh.bin_mass[b] = ((unsigned long long)h.hi[b] << 32) | h.lo[b];
+      unsigned int count = 0;
+      unsigned long long mass = 0;
+      for (int p = 0; p < SALA_DRAW_SLICES; ++p) {
+        const SalaDrawHist h(hist, r, p);
+        count += h.count[b];
+        mass += ((unsigned long long)h.hi[b] << 32) | h.lo[b];
+      }
+      sh.bin_count[b] = count;
+      sh.bin_mass[b] = mass;
     }
     __syncthreads();
     const bool use_k = q.top_k_on(vocab), use_p = q.top_p_on();
     const int top_k = q.top_k;
-    // Walked from the top by every thread: the same answer everywhere.
+    auto bin_count = [&](int b) { return (unsigned long long)sh.bin_count[b]; };
+    auto bin_mass = [&](int b) { return sh.bin_mass[b]; };
     int kept_bin = SALA_DRAW_SPREAD + 1;  // bins before it are wholly in K
     unsigned long long kept_mass = 0;   // and their mass
     unsigned int k_lo = 0, k_hi = 0;
     int k_listed = -1;
     if (use_k) {
-      unsigned long long above = 0;
-      int b = 0;
-      while (b < SALA_DRAW_SPREAD && above + sh.bin_count[b] < (unsigned long long)top_k) { above += sh.bin_count[b]; kept_mass += sh.bin_mass[b]; ++b; }
+      unsigned long long above;
+      const int b = sala_draw_reach<THREADS>(bin_count, SALA_DRAW_SPREAD, 0ull, (double)top_k, sh.red, above);
+      unsigned long long mine = 0;
+      for (int i = threadIdx.x; i < b; i += THREADS) mine += sh.bin_mass[i];
+      kept_mass = sala_draw_sum<THREADS>(mine, sh.red);
       k_listed = sala_draw_gather<T, MASK, THREADS>(row, sh, m, b, k_lo, k_hi);
       floor = sala_draw_refine<T, MASK, THREADS, false>(row, sh, k_listed, m, k_lo, k_hi, 0u, above, (double)top_k);
       kept_bin = b;
@@ -428,12 +510,13 @@ __device__ void sala_draw_floor(const T* logits, const uint32_t* words, const ui
         }
         total = kept_mass + sala_draw_sum<THREADS>(part, sh.red);
       } else {
-        for (int b = 0; b < SALA_DRAW_SPREAD; ++b) total += sh.bin_mass[b];
+        unsigned long long mine = 0;
+        for (int i = threadIdx.x; i < SALA_DRAW_SPREAD; i += THREADS) mine += sh.bin_mass[i];
+        total = sala_draw_sum<THREADS>(mine, sh.red);
       }
       const double target = (double)q.top_p * (double)total;
-      unsigned long long above = 0;
-      int b = 0;
-      while (b < SALA_DRAW_SPREAD - 1 && b < kept_bin && (double)(above + sh.bin_mass[b]) < target) { above += sh.bin_mass[b]; ++b; }
+      unsigned long long above;
+      const int b = sala_draw_reach<THREADS>(bin_mass, min(SALA_DRAW_SPREAD - 1, kept_bin), 0ull, target, sh.red, above);
       unsigned int t_p;
       if (b == kept_bin) {
         // The crossing is in the bin top-k ended in: its values are still where they were gathered.
@@ -450,13 +533,12 @@ __device__ void sala_draw_floor(const T* logits, const uint32_t* words, const ui
 }
 
 // Launch 4, a block per slice: the slice's best kept s + g, g from the row's key (`best_v`,
-// `best_i`); the row's last slice to finish (counted in `done`, zeroed) merges them into its
-// token. A greedy row's token is its first argmax. FLOORED: `floors` holds sala_draw_floor's keys
-// (else no row has top-k or top-p).
+// `best_i`); the row's last slice to finish (counted in the word after its key, which
+// sala_draw_keys zeroed) merges them into its token. A greedy row's token is its first argmax.
+// FLOORED: `floors` holds sala_draw_floor's keys (else no row has top-k or top-p).
 template <typename T, bool MASK, int THREADS, bool FLOORED>
 __device__ void sala_draw_pick(const T* logits, const uint32_t* words, const uint32_t* params, const uint32_t* keys, const float* part_v,
-                               const int* part_i, const uint32_t* floors, uint32_t* token, float* best_v, int* best_i, unsigned int* done, int vocab,
-                               int width) {
+                               const int* part_i, const uint32_t* floors, uint32_t* token, float* best_v, int* best_i, int vocab, int width) {
   __shared__ SalaDrawReduce red;
   __shared__ bool last;
   const int r = blockIdx.x / SALA_DRAW_SLICES, p = blockIdx.x % SALA_DRAW_SLICES;
@@ -477,14 +559,15 @@ __device__ void sala_draw_pick(const T* logits, const uint32_t* words, const uin
   int at = 0x7fffffff;
   sala_draw_each<T, MASK, THREADS>(row, begin, end, [&](float v, int j) {
     if (sala_draw_key(v) < floor) return;
-    sala_draw_better(best, at, v + sala_draw_gumbel(keys[r], (unsigned int)j), j);
+    sala_draw_better(best, at, v + sala_draw_gumbel(keys[r * SALA_DRAW_KEY_WORDS], (unsigned int)j), j);
   });
   sala_draw_argmax<THREADS>(best, at, red);
   if (threadIdx.x == 0) {
     best_v[blockIdx.x] = best;
     best_i[blockIdx.x] = at;
     __threadfence();
-    last = atomicAdd(&done[r], 1u) == SALA_DRAW_SLICES - 1;
+    unsigned int* done = const_cast<unsigned int*>(keys) + r * SALA_DRAW_KEY_WORDS + 1;
+    last = atomicAdd(done, 1u) == SALA_DRAW_SLICES - 1;
   }
   __syncthreads();
   if (last && threadIdx.x == 0) {

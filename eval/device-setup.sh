@@ -2,7 +2,10 @@
 # .device/bin ($BIN), puts the carried MLX CUDA runtime on the path (MLX_BUNDLE, default
 # .device/mlx-cuda; eval/device-compare.sh's --with-python bundle serves as well), keeps the
 # kernels' self-check memo under $OUT, and records the GPU in $OUT/device.txt.
-tar xJf .device/bin.tar.xz -C .device
+# Once a tarball: a script sourcing this beside another leaves the running binaries alone.
+if [ ! .device/bin/.unpacked -nt .device/bin.tar.xz ]; then
+  tar xJf .device/bin.tar.xz -C .device && touch .device/bin/.unpacked
+fi
 BIN=.device/bin
 source "${MLX_BUNDLE:-.device/mlx-cuda}/activate.sh"
 OUT=${OUT:-/tmp}

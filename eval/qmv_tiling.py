@@ -9,7 +9,12 @@ rows = list(csv.reader(open(sys.argv[2])))
 hdr_i = next(i for i, r in enumerate(rows) if 'Kernel Name' in r)
 hdr = rows[hdr_i]
 ki, vi = hdr.index('Kernel Name'), hdr.index('Metric Value')
-launches = [(r[ki], float(r[vi].replace(',', ''))) for r in rows[hdr_i + 1:] if len(r) > vi and r[vi]]
+mi = hdr.index('Metric Name') if 'Metric Name' in hdr else None
+def metric(name):
+    return [(r[ki], float(r[vi].replace(',', ''))) for r in rows[hdr_i + 1:]
+            if len(r) > vi and r[vi] and (mi is None or r[mi] == name)]
+launches = metric('gpu__time_duration.sum')
+registers = [int(v) for _, v in metric('launch__registers_per_thread')] if mi is not None else []
 by_product = collections.defaultdict(list)
 at = 0
 for label, n in labels:
@@ -20,12 +25,14 @@ for label, n in labels:
     if len(names) != 1:
         sys.exit(f'{label}: expected one kernel per product, got {sorted(names)}')
     product, tiling = label.split(' | ')
+    if len(registers) == len(launches):
+        tiling += f' [{registers[at - n]} regs]'
     by_product[product].append((statistics.median(d for _, d in chunk) / 1e3, tiling))
 if at != len(launches):
     print(f'warning: {len(launches)} launches, labels account for {at}')
 for product, results in by_product.items():
-    default = next(t for t, name in results if name == 'default')
+    default = next(t for t, name in results if name.split(' [')[0] == 'default')
     print(f'## {product}: default {default:.1f} us')
     best = sorted(results)[:6]
-    for t, name in best + [r for r in results if r[1] == 'mlx' and r not in best]:
+    for t, name in best + [r for r in results if r[1].split(' [')[0] == 'mlx' and r not in best]:
         print(f'  {t:7.1f} us  {default / t:5.2f}x  {name}')

@@ -53,8 +53,8 @@ static FLOOR: KernelSource = draw_kernel(
 static PICK: KernelSource = draw_kernel(
     "sala_draw_pick",
     &["logits", "words", "params", "keys", "part_v", "part_i", "floors"],
-    &["token", "best_v", "best_i", "done"],
-    "sala_draw_pick<T, MASK, THREADS, FLOORED>(logits, words, params, keys, part_v, part_i, floors, token, best_v, best_i, done, \
+    &["token", "best_v", "best_i"],
+    "sala_draw_pick<T, MASK, THREADS, FLOORED>(logits, words, params, keys, part_v, part_i, floors, token, best_v, best_i, \
      logits_shape[1], words_shape[1]);",
 );
 
@@ -65,8 +65,14 @@ const SLICE_THREADS: i32 = 256;
 const ROW_THREADS: i32 = 1024;
 /// Words of a row's parameters (`SALA_DRAW_PARAMS`).
 const PARAM_WORDS: i32 = 8;
-/// Words of a row's first histogram (`SALA_DRAW_HIST`: 1025 bins' counts and masses' halves).
+/// Words of a slice's first histogram (`SALA_DRAW_HIST`: 1025 bins' counts and masses' halves).
 const HIST_WORDS: i32 = 3 * 1025;
+/// Words a row of the keys' output (`SALA_DRAW_KEY_WORDS`: the key, the pick's count of finished
+/// slices, two unused).
+const KEY_WORDS: i32 = 4;
+/// Rows the floors' output has at least: MLX on CUDA keeps arrays of 8 bytes or less in a pool of
+/// managed memory, which the host's writes of other small arrays move off the GPU.
+const MIN_ROWS: i32 = 4;
 
 /// One token per row of `logits` `[rows, vocab]` (float32, bfloat16 or float16) under the packed
 /// mask `words` `[rows, ⌈vocab/32⌉]` (if any) and each row's settings: `[rows]` uint32 on the
@@ -144,7 +150,7 @@ fn draw_cuda(logits: &Array, words: Option<&Array>, rows: &[RowDraw]) -> mlx_rs:
         apply(source, inputs, Launch { grid, threads: (threads, 1, 1), outputs, template, init })
     };
     let (params, advance) = params(rows)?;
-    let keys = run(&KEYS, &[&params, &advance], ((n + 31) / 32 * 32, 1, 1), 32, vec![(vec![n], Dtype::Uint32)], vec![], None)?;
+    let keys = run(&KEYS, &[&params, &advance], ((n + 31) / 32 * 32, 1, 1), 32, vec![(vec![n, KEY_WORDS], Dtype::Uint32)], vec![], None)?;
     // Without a mask the kernels never read `words`: the parameters stand in.
     let words_in = words.unwrap_or(&params);
     let types = |threads: i32| vec![("T", TemplateArg::Type(logits.dtype())), ("MASK", TemplateArg::Bool(words.is_some())), ("THREADS", TemplateArg::Int(threads))];
@@ -154,21 +160,21 @@ fn draw_cuda(logits: &Array, words: Option<&Array>, rows: &[RowDraw]) -> mlx_rs:
     let (part_v, part_i) = (&parts[0], &parts[1]);
     let thresholds = rows.iter().any(|r| r.temperature > 0.0 && ((r.top_k > 0 && r.top_k < vocab as usize) || r.top_p < 1.0));
     let floors = if thresholds {
-        // The histogram is summed into from zero.
-        let hist_output = vec![(vec![n, HIST_WORDS], Dtype::Uint32)];
-        let hist = run(&BINS, &[logits, words_in, &params, part_v, part_i], sliced, SLICE_THREADS, hist_output, types(SLICE_THREADS), Some(0.0))?;
+        let hist_output = vec![(vec![n, SLICES, HIST_WORDS], Dtype::Uint32)];
+        let hist = run(&BINS, &[logits, words_in, &params, part_v, part_i], sliced, SLICE_THREADS, hist_output, types(SLICE_THREADS), None)?;
         let inputs = [logits, words_in, &params, part_v, part_i, &hist[0]];
-        let floors = run(&FLOOR, &inputs, (n * ROW_THREADS, 1, 1), ROW_THREADS, vec![(vec![n], Dtype::Uint32)], types(ROW_THREADS), None)?;
+        let floors_output = vec![(vec![n.max(MIN_ROWS)], Dtype::Uint32)];
+        let floors = run(&FLOOR, &inputs, (n * ROW_THREADS, 1, 1), ROW_THREADS, floors_output, types(ROW_THREADS), None)?;
         floors.into_iter().next()
     } else {
         None
     };
     let mut template = types(SLICE_THREADS);
     template.push(("FLOORED", TemplateArg::Bool(floors.is_some())));
-    let outputs = vec![(vec![n], Dtype::Uint32), (vec![n * SLICES], Dtype::Float32), (vec![n * SLICES], Dtype::Int32), (vec![n], Dtype::Uint32)];
-    // `done` counts each row's finished slices from zero.
+    let outputs = vec![(vec![n], Dtype::Uint32), (vec![n * SLICES], Dtype::Float32), (vec![n * SLICES], Dtype::Int32)];
+    // The pick counts each row's finished slices in `keys`, where the keys' launch zeroed them.
     let inputs = [logits, words_in, &params, &keys[0], part_v, part_i, floors.as_ref().unwrap_or(&params)];
-    let picked = run(&PICK, &inputs, sliced, SLICE_THREADS, outputs, template, Some(0.0))?;
+    let picked = run(&PICK, &inputs, sliced, SLICE_THREADS, outputs, template, None)?;
     picked.into_iter().next().ok_or_else(|| mlx_rs::error::Exception::custom("the draw kernel gave no output"))
 }
 
