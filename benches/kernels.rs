@@ -645,6 +645,7 @@ fn qmv_tiling_sweep() {
                 let xn = mlx_rs::fast::rms_norm(&x, Some(&norm), 1e-6).unwrap();
                 let xg = gated.apply(&x).unwrap();
                 eval([&x, &xn, &xg, &residual, &norm]).unwrap();
+                let add_residual = Epilogue::Residual { residual: &residual, alpha: 0.5 };
                 let run = |mlx: bool| -> Vec<Array> {
                     (0..ROUNDS)
                         .flat_map(|_| sets.iter())
@@ -657,15 +658,9 @@ fn qmv_tiling_sweep() {
                                 Product::NormedSwiGlu if rows > 1 => quantized_matmul_t_then(&xn, p, s, b, 64, bits, Epilogue::SwiGlu),
                                 Product::Normed => quantized_matmul_t_normed(&x, rms, p, s, b, 64, bits, Epilogue::Plain),
                                 Product::NormedSwiGlu => quantized_matmul_t_normed(&x, rms, p, s, b, 64, bits, Epilogue::SwiGlu),
-                                Product::Residual => {
-                                    quantized_matmul_t_then(&x, p, s, b, 64, bits, Epilogue::Residual { residual: &residual, alpha: 0.5 })
-                                }
-                                Product::NormGatedResidual if rows > 1 => {
-                                    quantized_matmul_t_then(&xg, p, s, b, 64, bits, Epilogue::Residual { residual: &residual, alpha: 0.5 })
-                                }
-                                Product::NormGatedResidual => {
-                                    quantized_matmul_t_normed(&x, gated, p, s, b, 64, bits, Epilogue::Residual { residual: &residual, alpha: 0.5 })
-                                }
+                                Product::Residual => quantized_matmul_t_then(&x, p, s, b, 64, bits, add_residual),
+                                Product::NormGatedResidual if rows > 1 => quantized_matmul_t_then(&xg, p, s, b, 64, bits, add_residual),
+                                Product::NormGatedResidual => quantized_matmul_t_normed(&x, gated, p, s, b, 64, bits, add_residual),
                                 Product::Plain => quantized_matmul_t(&x, p, s, b, 64, bits),
                             }
                             .unwrap()

@@ -2,9 +2,12 @@
 # .device/bin ($BIN), puts the carried MLX CUDA runtime on the path (MLX_BUNDLE, default
 # .device/mlx-cuda; eval/device-compare.sh's --with-python bundle serves as well), keeps the
 # kernels' self-check memo under $OUT, and records the GPU in $OUT/device.txt.
-# Once a tarball: a script sourcing this beside another leaves the running binaries alone.
-if [ ! .device/bin/.unpacked -nt .device/bin.tar.xz ]; then
-  tar xJf .device/bin.tar.xz -C .device && touch .device/bin/.unpacked
+# Once a tarball (by its checksum, not its time: a warm machine keeps .device/bin between calls
+# and its clock is not this one's): a script sourcing this beside another leaves the running
+# binaries alone.
+TARBALL_SUM=$(md5sum < .device/bin.tar.xz)
+if [ "$(cat .device/bin/.unpacked 2>/dev/null)" != "$TARBALL_SUM" ]; then
+  tar xJf .device/bin.tar.xz -C .device && echo "$TARBALL_SUM" > .device/bin/.unpacked
 fi
 BIN=.device/bin
 source "${MLX_BUNDLE:-.device/mlx-cuda}/activate.sh"

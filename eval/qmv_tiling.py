@@ -25,14 +25,13 @@ for label, n in labels:
     if len(names) != 1:
         sys.exit(f'{label}: expected one kernel per product, got {sorted(names)}')
     product, tiling = label.split(' | ')
-    if len(registers) == len(launches):
-        tiling += f' [{registers[at - n]} regs]'
-    by_product[product].append((statistics.median(d for _, d in chunk) / 1e3, tiling))
+    regs = f' [{registers[at - n]} regs]' if len(registers) == len(launches) else ''
+    by_product[product].append((statistics.median(d for _, d in chunk) / 1e3, tiling, regs))
 if at != len(launches):
     print(f'warning: {len(launches)} launches, labels account for {at}')
 for product, results in by_product.items():
-    default = next(t for t, name in results if name.split(' [')[0] == 'default')
+    default = next(t for t, name, _ in results if name == 'default')
     print(f'## {product}: default {default:.1f} us')
     best = sorted(results)[:6]
-    for t, name in best + [r for r in results if r[1].split(' [')[0] == 'mlx' and r not in best]:
-        print(f'  {t:7.1f} us  {default / t:5.2f}x  {name}')
+    for t, name, regs in best + [r for r in results if r[1] == 'mlx' and r not in best]:
+        print(f'  {t:7.1f} us  {default / t:5.2f}x  {name}{regs}')

@@ -1177,12 +1177,13 @@ fn draws_step_after_step_keep_their_keys() {
         RowDraw { top_k: 30, min_p: 0.02, key: DrawKey::new(7 << 40, 1 << 33), ..base },
     ];
     let logits = randn(&[rows.len() as i32, vocab], 31, Dtype::Float32).multiply(Array::from_f32(2.0)).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
-    let check = |rows: &[RowDraw], what: &str| {
-        let got = draw(&logits, None, rows).unwrap().as_slice::<u32>().to_vec();
-        let want = draw_mlx(&logits, None, rows).unwrap().as_slice::<u32>().to_vec();
+    let check_on = |logits: &Array, rows: &[RowDraw], what: &str| {
+        let got = draw(logits, None, rows).unwrap().as_slice::<u32>().to_vec();
+        let want = draw_mlx(logits, None, rows).unwrap().as_slice::<u32>().to_vec();
         assert_eq!(got, want, "{what}");
         got
     };
+    let check = |rows: &[RowDraw], what: &str| check_on(&logits, rows, what);
     let mut drawn = Vec::new();
     for step in 0..6 {
         drawn.push(check(&rows, &format!("step {step}")));
@@ -1200,10 +1201,7 @@ fn draws_step_after_step_keep_their_keys() {
     check(&rows, "the rows in another order");
     // One row a draw, as one served stream draws: every array of one value a row.
     for (r, row) in rows.iter().enumerate() {
-        let logits = logits.try_index(r as i32..r as i32 + 1).unwrap();
-        let got = draw(&logits, None, std::slice::from_ref(row)).unwrap().as_slice::<u32>().to_vec();
-        let want = draw_mlx(&logits, None, std::slice::from_ref(row)).unwrap().as_slice::<u32>().to_vec();
-        assert_eq!(got, want, "row {r} alone");
+        check_on(&logits.try_index(r as i32..r as i32 + 1).unwrap(), std::slice::from_ref(row), &format!("row {r} alone"));
     }
 }
 
