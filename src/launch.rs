@@ -35,6 +35,10 @@ const STDERR_LINES: usize = 20;
 const KILL_AFTER: Duration = Duration::from_secs(5);
 /// Followers still running this long after rank 0 finished are stopped as hung.
 const FOLLOWERS_AFTER_LEADER: Duration = Duration::from_secs(30);
+/// How long a rank's plain failure waits for a rank killed by a signal to be reaped: a killed
+/// process closes its sockets before its parent can reap it, so its peer may exit of the lost
+/// connection first, and would be taken for the cause.
+const CAUSE_SETTLES: Duration = Duration::from_secs(2);
 
 /// Starts `tp` ranks (this process supervises them and returns `Finished` when they end) or, when
 /// this process is a rank, joins the group. `backend`: `None` picks nccl on a CUDA GPU, else ring;
@@ -364,7 +368,8 @@ fn stop(rank: &mut Rank) {
 }
 
 /// Waits for every rank; on the first failure (or hang after rank 0 ended) reports it and stops
-/// the others. A signal to the supervisor goes to every rank; a rank ending of it (or with
+/// the others. A failure by exit code waits up to [`CAUSE_SETTLES`] for a rank killed by a
+/// signal, which is then named first. A signal to the supervisor goes to every rank; a rank ending of it (or with
 /// 128 + it) is no failure. Returns the failed rank's code, else rank 0's.
 fn watch(ranks: &mut [Rank]) -> i32 {
     use std::os::unix::process::ExitStatusExt;
@@ -373,6 +378,8 @@ fn watch(ranks: &mut [Rank]) -> i32 {
     let mut passed_on: Vec<i32> = Vec::new();
     let mut kill_at: Option<Instant> = None;
     let mut leader_done: Option<Instant> = None;
+    let mut ended_badly: Vec<usize> = Vec::new();
+    let mut first_failure: Option<Instant> = None;
     loop {
         let signal = SIGNALLED.swap(0, Ordering::SeqCst);
         if signal != 0 {
@@ -382,7 +389,6 @@ fn watch(ranks: &mut [Rank]) -> i32 {
                 kill_at.get_or_insert(Instant::now() + KILL_AFTER);
             }
         }
-        let mut ended_badly = Vec::new();
         for (r, rank) in ranks.iter_mut().enumerate() {
             if rank.status.is_some() {
                 continue;
@@ -391,12 +397,17 @@ fn watch(ranks: &mut [Rank]) -> i32 {
                 rank.status = Some(status);
                 if !status.success() {
                     ended_badly.push(r);
+                    first_failure.get_or_insert_with(Instant::now);
                 } else if r == 0 {
                     leader_done = Some(Instant::now());
                 }
             }
         }
-        if !ended_badly.is_empty() && failed.is_none() && kill_at.is_none() {
+        let cause_known = ended_badly.iter().any(|&r| ranks[r].status.is_some_and(|s| s.signal().is_some_and(|g| g != libc::SIGPIPE)))
+            || ranks.iter().all(|r| r.status.is_some())
+            || first_failure.is_some_and(|at| at.elapsed() >= CAUSE_SETTLES);
+        if !ended_badly.is_empty() && cause_known && failed.is_none() && kill_at.is_none() {
+            let ended_badly = std::mem::take(&mut ended_badly);
             let stopped_by_user = |status: ExitStatus| {
                 passed_on.iter().any(|&s| status.signal() == Some(s) || status.code() == Some(128 + s))
             };
@@ -619,4 +630,32 @@ fn time_chain(tp: &TensorParallel, shape: &[i32], dtype: Dtype, count: usize) ->
         tp.rank
     );
     Ok(Chain { count, bytes: ones.nbytes(), dtype, total })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank_running(script: &str) -> Rank {
+        let child = Command::new("sh").args(["-c", script]).stderr(Stdio::null()).spawn().unwrap();
+        Rank { child, status: None, stderr: None }
+    }
+
+    /// A killed rank's peer may exit of the lost connection before the killed one can be reaped:
+    /// the killed rank is still the cause, and its code the group's.
+    #[test]
+    fn a_rank_killed_after_its_peer_failed_is_still_the_cause() {
+        let mut ranks = [rank_running("exit 1"), rank_running("sleep 0.5; kill -9 $$")];
+        assert_eq!(watch(&mut ranks), 128 + libc::SIGKILL);
+    }
+
+    /// A plain failure with nothing else ending is reported once it has settled.
+    #[test]
+    fn a_lone_failure_stops_the_others() {
+        let started = Instant::now();
+        let mut ranks = [rank_running("exit 3"), rank_running("exec sleep 60")];
+        assert_eq!(watch(&mut ranks), 3);
+        assert!(ranks[1].status.is_some_and(|s| !s.success()), "the sleeping rank was stopped");
+        assert!(started.elapsed() < CAUSE_SETTLES + KILL_AFTER, "took {:?}", started.elapsed());
+    }
 }
