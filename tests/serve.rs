@@ -25,6 +25,8 @@ fn openai_client_against_sala_serve() {
     // /health says 503 while loading, then 200.
     let before_ready = server.wait_for_health(200);
     assert!(before_ready.contains(&503), "/health never reported loading: {before_ready:?}");
+    let health = request(port, "GET", "/health", None, &[]).unwrap().json();
+    assert!(health["status"] == "ok" && health.get("synthetic").is_none(), "trained weights are not called synthetic: {health}");
     let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/openai_client.py");
     let out = Command::new(&python).arg(script).arg(format!("http://127.0.0.1:{port}")).arg("test-key").output().unwrap();
     let transcript = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);

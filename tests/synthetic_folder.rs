@@ -107,6 +107,10 @@ fn serve_answers_a_chat_completion() {
     let projections = golden.iter().filter(|(n, t)| t.shape.len() == 2 && t.shape[1] % 64 == 0 && !n.contains("embed_tokens")).count();
     let models = request(server.port, "GET", "/v1/models", None, &[]).unwrap().json();
     assert_eq!(models["data"][0]["quantization"], format!("8-bit group 64 ×{projections}"), "{models}");
+    // Random weights are said to be so where clients and probes look.
+    assert_eq!(models["data"][0]["synthetic"], true, "{models}");
+    let health = request(server.port, "GET", "/health", None, &[]).unwrap().json();
+    assert_eq!((health["status"].as_str(), health["synthetic"].as_bool()), (Some("ok"), Some(true)), "{health}");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -451,7 +451,12 @@ async fn health(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
     let slot = state.pool.only();
     let model = slot.id.clone();
     if slot.ready.get().is_some() {
-        (StatusCode::OK, Json(json!({"status": "ok", "model": model}))).into_response()
+        let mut body = json!({"status": "ok", "model": model});
+        // Random weights answer, but nothing they say means anything: a probe should know.
+        if crate::store::synthetic::is_synthetic(&slot.path) {
+            body["synthetic"] = json!(true);
+        }
+        (StatusCode::OK, Json(body)).into_response()
     } else if let Some(e) = slot.load_error.get() {
         let error = if state.api_key.is_some() && authorized(&state, &headers).is_ok() {
             e.clone()

@@ -103,6 +103,9 @@ fn describe(id: &str, path: &std::path::Path, size: u64) -> Value {
             v["quantization"] = json!(s.quantization);
             v["architecture"] = json!(s.model_type);
             v["context_length"] = json!(s.context_length);
+            if crate::store::synthetic::is_synthetic(path) {
+                v["synthetic"] = json!(true);
+            }
             if size == 0 {
                 v["size"] = json!(s.disk_bytes);
             }

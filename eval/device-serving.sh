@@ -1,0 +1,147 @@
+#!/bin/bash
+# Issue 59 on one lent H200: `sala serve` against llama.cpp's `llama-server`, both driven over HTTP
+# by guidellm (vLLM's load generator, unchanged; 0.3.1, the last release that needs no PyTorch,
+# which keeps its CPU test in CI light). Random weights with the released shapes, the MiniCPM4
+# tokenizer in both servers (eval/serving/gguf_with_tokenizer.py writes it into the GGUF), fixed
+# output lengths (guidellm sends ignore_eos), `--parallel` matched.
+#
+# STEPS, in the order given (default "build sala-9b"); each step is skipped once BUDGET_S is near:
+#   build      llama-server for sm_90 from llamacpp-bench's source (~4 min on 16 cores, niced, so a
+#              sala step may run beside it: BUILD_BG=1 leaves it in the background), and the Q8_0
+#              GGUF of Qwen3-8B's shape with the MiniCPM4 tokenizer
+#   llama      the workloads on llama-server, Qwen3-8B Q8_0 (waits for the build)
+#   sala-qwen  the workloads on sala serve, synthetic qwen3-8b at 8 bits
+#   sala-9b    the workloads on sala serve, synthetic minicpm-sala-9b at 8 bits, and prefix128k
+# WORKLOADS (default "random prompt4k prefix32k mixed"; sala-9b adds prefix128k): as
+#   eval/serving/workloads.sh describes them (1K in / 256 out at 1, 4, 16, 64; 4K in at 16; 16
+#   questions over a 32K-token shared prefix; 64 streams while 32K-token prompts arrive every 5 s).
+#
+# Prepare in the checkout the device call sends (every path here is git-ignored):
+#   SALA_OPENBLAS=off cargo build --release
+#   rm -rf .device/bin && mkdir -p .device/bin && cp target/release/sala .device/bin/ && strip .device/bin/sala \
+#     && tar cJf .device/bin.tar.xz -C .device bin && rm -r .device/bin
+#   ../shared/tools/mlx-cuda-bundle                                          # -> .device/mlx-cuda
+#   mkdir -p .device/tokenizer && cp ../shared/assets/minicpm4-tokenizer/{tokenizer.json,tokenizer.model,\
+#     tokenizer_config.json,special_tokens_map.json,added_tokens.json,generation_config.json} .device/tokenizer/
+#   ../shared/tools/llamacpp-bench/prepare .llamacpp-bench                  # llama.cpp's source, ~9 MiB
+#   bash eval/serving/wheels.sh                                             # -> .whl: guidellm and what the image lacks
+# On the device: carry [".device/bin.tar.xz", ".device/mlx-cuda", ".device/tokenizer", ".llamacpp-bench", ".whl"];
+#   STEPS="build sala-9b" bash eval/device-serving.sh; then STEPS="llama sala-qwen" on the same warm machine.
+# Back in $OUT: summary.md (eval/serving/summary.py over every result so far on this machine),
+# phases.txt, device.txt, and serving-STEPS.tar.xz (guidellm's JSON files and the servers' logs).
+set -u
+STARTED=$(date +%s)
+OUT=${OUT:-/tmp/device-serving-out}
+STEPS=${STEPS:-"build sala-9b"}
+WORKLOADS=${WORKLOADS:-"random prompt4k prefix32k mixed"}
+BUDGET_S=${BUDGET_S:-570}
+PARALLEL=${PARALLEL:-80}          # both servers: the most requests decoded at once
+LLAMA_CTX=${LLAMA_CTX:-262144}    # llama-server's one KV cache, shared by its slots (-kvu)
+BITS=${BITS:-8}
+BUILD_BG=${BUILD_BG:-1}
+KEEP=/tmp/device-serving          # kept on a warm machine: build, models, results
+RESULTS=$KEEP/results
+LOGS=$KEEP/logs
+SRC=$KEEP/llama.cpp
+BUILD=$KEEP/build
+GGUF=$KEEP/qwen3-8b-q8_0-minicpm4-tokenizer.gguf
+mkdir -p "$OUT" "$RESULTS" "$LOGS"
+
+for f in .device/bin.tar.xz .device/mlx-cuda/activate.sh .device/tokenizer/tokenizer.model .llamacpp-bench/llama.cpp-src.tar.xz; do
+  [ -e "$f" ] || { echo "device-serving: no $f: prepare it as this script's header says, and carry it" >&2; exit 1; }
+done
+ls .whl/guidellm-*.whl > /dev/null 2>&1 || { echo "device-serving: no .whl/guidellm-*.whl: run eval/serving/wheels.sh here and carry .whl" >&2; exit 1; }
+source eval/device-setup.sh
+export XDG_CACHE_HOME=$KEEP/cache HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$KEEP/site" .whl/*.whl \
+  || { echo "device-serving: the wheels did not install" >&2; exit 1; }
+export PYTHONPATH=$KEEP/site
+TOKENIZER=$PWD/.device/tokenizer
+
+phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
+pack() {
+  python3 eval/serving/summary.py "$RESULTS" --markdown "$OUT/summary.md" > /dev/null 2> "$OUT/summary-errors.txt"
+  cat "$OUT/summary.md" "$OUT/summary-errors.txt" 2> /dev/null
+  tar cJf "$OUT/serving-$(echo $STEPS | tr ' ' '-').tar.xz" -C "$KEEP" results logs 2> /dev/null
+}
+SERVER_PID=""
+stop_server() {
+  [ -n "$SERVER_PID" ] || return 0
+  kill -INT "$SERVER_PID" 2> /dev/null
+  for _ in $(seq 100); do kill -0 "$SERVER_PID" 2> /dev/null || break; sleep 0.2; done
+  kill -9 "$SERVER_PID" 2> /dev/null
+  SERVER_PID=""
+}
+trap 'stop_server; pack' EXIT
+
+# ---- llama-server: build (in the background, niced, while a sala step may run) and the GGUF ----
+BUILD_PID=""
+build() {
+  if [ -x "$BUILD/bin/llama-server" ] && [ -s "$GGUF" ]; then phase "build: present"; return 0; fi
+  phase "build: start"
+  (
+    set -e
+    [ -f "$SRC/CMakeLists.txt" ] || { tar xJf .llamacpp-bench/llama.cpp-src.tar.xz -C "$KEEP"; rm -f "$SRC/.git"; }
+    [ -s "$GGUF" ] || python3 eval/serving/gguf_with_tokenizer.py "$GGUF.partial" --type q8_0 --tokenizer "$TOKENIZER" \
+      --kit .llamacpp-bench --gguf-py "$SRC/gguf-py" > "$LOGS/make-gguf.log" 2>&1
+    [ -s "$GGUF" ] || mv "$GGUF.partial" "$GGUF"
+    # The web UI is not built (no network, no npm): the server embeds an empty asset table.
+    [ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+      -DGGML_CCACHE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
+      -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=ON -DGGML_CUDA_NCCL=OFF \
+      -DGGML_CUDA_COMPRESSION_MODE=none > "$LOGS/llama-configure.log" 2>&1
+    nice -n 19 cmake --build "$BUILD" --target llama-server -j "$(($(nproc) - 3))" > "$LOGS/llama-build.log" 2>&1
+  ) &
+  BUILD_PID=$!
+  if [ "$BUILD_BG" != 1 ]; then wait_build; fi
+}
+wait_build() {
+  [ -n "$BUILD_PID" ] || return 0
+  wait "$BUILD_PID"; local rc=$?
+  BUILD_PID=""
+  phase "build: end rc=$rc"
+  [ "$rc" = 0 ] || { tail -30 "$LOGS/llama-build.log" "$LOGS/llama-configure.log" "$LOGS/make-gguf.log" 2> /dev/null; return 1; }
+}
+
+# ---- servers ----
+PORT=8400
+up() {  # up NAME: waits for /health to answer 200 (a model loads in ~10-60 s)
+  for _ in $(seq 600); do
+    kill -0 "$SERVER_PID" 2> /dev/null || { echo "device-serving: $1 exited"; tail -20 "$LOGS/$1.log"; return 1; }
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health")" = 200 ] && { phase "$1 up"; return 0; }
+    sleep 0.5
+  done
+  return 1
+}
+start_llama() {
+  "$BUILD/bin/llama-server" -m "$GGUF" -ngl 99 -fa on -np "$PARALLEL" -kvu -c "$LLAMA_CTX" --no-webui \
+    --host 127.0.0.1 --port "$PORT" > "$LOGS/llama-qwen3-8b.log" 2>&1 &
+  SERVER_PID=$!
+  up llama-qwen3-8b
+}
+start_sala() {  # start_sala PRESET: a synthetic model's folder (synthetic.json beside the tokenizer)
+  local dir=$KEEP/models/$1-q$BITS
+  bash eval/synthetic-folder.sh "$1" "$BITS" "$TOKENIZER" "$dir" || return 1
+  "$BIN/sala" serve -m "$dir" --parallel "$PARALLEL" --port "$PORT" > "$LOGS/sala-$1.log" 2>&1 &
+  SERVER_PID=$!
+  up "sala-$1"
+}
+
+# ---- workloads: eval/serving/workloads.sh, stopped at the budget ----
+workloads() {  # workloads SERVER MODEL [EXTRA_WORKLOAD]
+  phase "workloads $1 $2"
+  TOKENIZER=$TOKENIZER LOGS=$LOGS DEADLINE=$((STARTED + BUDGET_S - 20)) \
+    bash eval/serving/workloads.sh "http://127.0.0.1:$PORT" "$1" "$2" "$RESULTS" $WORKLOADS ${3:-} | tee -a "$OUT/phases.txt"
+}
+
+for step in $STEPS; do
+  case $step in
+    build) build ;;
+    llama) wait_build && start_llama && workloads llama qwen3-8b; stop_server ;;
+    sala-qwen) start_sala qwen3-8b && workloads sala qwen3-8b; stop_server ;;
+    sala-9b) start_sala minicpm-sala-9b && workloads sala minicpm-sala-9b prefix128k; stop_server ;;
+    *) echo "device-serving: unknown step $step" >&2 ;;
+  esac
+done
+wait_build
