@@ -85,8 +85,11 @@ build() {
     [ -s "$GGUF" ] || python3 eval/serving/gguf_with_tokenizer.py "$GGUF.partial" --type q8_0 --tokenizer "$TOKENIZER" \
       --kit .llamacpp-bench --gguf-py "$SRC/gguf-py" > "$LOGS/make-gguf.log" 2>&1
     [ -s "$GGUF" ] || mv "$GGUF.partial" "$GGUF"
-    # The web UI is not built (no network, no npm): the server embeds an empty asset table.
-    [ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    # The web UI is not built (no network, no npm): the server embeds an empty asset table. The
+    # CPU code is AVX2, not native: a native build here, on a CPU whose flags list AMX, died of an
+    # illegal instruction (the GPU does the model's work either way).
+    [ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+      -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
       -DGGML_CCACHE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
       -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
       -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=ON -DGGML_CUDA_NCCL=OFF \
