@@ -39,6 +39,7 @@ PARALLEL=${PARALLEL:-80}          # both servers: the most requests decoded at o
 LLAMA_CTX=${LLAMA_CTX:-262144}    # llama-server's one KV cache, shared by its slots (-kvu)
 BITS=${BITS:-8}
 BUILD_BG=${BUILD_BG:-1}
+SALA=${SALA:-sala}                # the binary in .device/bin the sala steps serve with, and their rows' server name
 KEEP=/tmp/device-serving          # kept on a warm machine: build, models, results
 RESULTS=$KEEP/results
 LOGS=$KEEP/logs
@@ -126,9 +127,9 @@ start_llama() {
 start_sala() {  # start_sala PRESET: a synthetic model's folder (synthetic.json beside the tokenizer)
   local dir=$KEEP/models/$1-q$BITS
   bash eval/synthetic-folder.sh "$1" "$BITS" "$TOKENIZER" "$dir" || return 1
-  "$BIN/sala" serve -m "$dir" --parallel "$PARALLEL" --port "$PORT" > "$LOGS/sala-$1.log" 2>&1 &
+  "$BIN/$SALA" serve -m "$dir" --parallel "$PARALLEL" --port "$PORT" > "$LOGS/$SALA-$1.log" 2>&1 &
   SERVER_PID=$!
-  up "sala-$1"
+  up "$SALA-$1"
 }
 
 # ---- workloads: eval/serving/workloads.sh, stopped at the budget ----
@@ -142,8 +143,8 @@ for step in $STEPS; do
   case $step in
     build) build ;;
     llama) wait_build && start_llama && workloads llama qwen3-8b; stop_server ;;
-    sala-qwen) start_sala qwen3-8b && workloads sala qwen3-8b; stop_server ;;
-    sala-9b) start_sala minicpm-sala-9b && workloads sala minicpm-sala-9b prefix128k; stop_server ;;
+    sala-qwen) start_sala qwen3-8b && workloads "$SALA" qwen3-8b; stop_server ;;
+    sala-9b) start_sala minicpm-sala-9b && workloads "$SALA" minicpm-sala-9b prefix128k; stop_server ;;
     *) echo "device-serving: unknown step $step" >&2 ;;
   esac
 done
