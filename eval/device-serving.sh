@@ -5,7 +5,7 @@
 # tokenizer in both servers (eval/serving/gguf_with_tokenizer.py writes it into the GGUF), fixed
 # output lengths (guidellm sends ignore_eos), `--parallel` matched.
 #
-# STEPS, in the order given (default "build sala-9b"); each step is skipped once BUDGET_S is near:
+# STEPS, in the order given (default "build sala-9b"); workloads stop 20 s before BUDGET_S:
 #   build      llama-server for sm_90 from llamacpp-bench's source (~4 min on 16 cores, niced, so a
 #              sala step may run beside it: BUILD_BG=1 leaves it in the background), and the Q8_0
 #              GGUF of Qwen3-8B's shape with the MiniCPM4 tokenizer

@@ -369,8 +369,8 @@ fn stop(rank: &mut Rank) {
 
 /// Waits for every rank; on the first failure (or hang after rank 0 ended) reports it and stops
 /// the others. A failure by exit code waits up to [`CAUSE_SETTLES`] for a rank killed by a
-/// signal, which is then named first. A signal to the supervisor goes to every rank; a rank ending of it (or with
-/// 128 + it) is no failure. Returns the failed rank's code, else rank 0's.
+/// signal, which is then named first. A signal to the supervisor goes to every rank; a rank
+/// ending of it (or with 128 + it) is no failure. Returns the failed rank's code, else rank 0's.
 fn watch(ranks: &mut [Rank]) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     let size = ranks.len();

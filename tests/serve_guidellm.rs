@@ -16,15 +16,7 @@ const GUIDELLM: &[&str] = &["guidellm==0.3.1"];
 /// A synthetic model's folder: golden case A's layers at 8 bits, the MiniCPM4 tokenizer.
 fn tiny_folder(dir: &Path) -> PathBuf {
     let model = dir.join("tiny");
-    std::fs::create_dir_all(&model).unwrap();
-    let text = std::fs::read_to_string(common::golden("A_dense_f32").join("config.json")).unwrap();
-    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
-    config["vocab_size"] = 73_472.into();
-    std::fs::write(model.join("synthetic.json"), serde_json::json!({"config": config, "bits": 8}).to_string()).unwrap();
-    let tokenizer = common::shared().join("assets/minicpm4-tokenizer");
-    for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"] {
-        std::fs::copy(tokenizer.join(f), model.join(f)).unwrap();
-    }
+    common::synthetic_folder(&model, &serde_json::json!({"config": common::tiny_synthetic_config(73_472), "bits": 8}), true);
     model
 }
 

@@ -27,10 +27,7 @@ fn failed(out: &Output) -> String {
 }
 
 fn tiny_config() -> serde_json::Value {
-    let text = std::fs::read_to_string(common::golden("A_dense_f32").join("config.json")).unwrap();
-    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
-    config["vocab_size"] = VOCAB.into();
-    config
+    common::tiny_synthetic_config(VOCAB)
 }
 
 /// A folder `label` with `synthetic` as its synthetic.json and, with `tokenizer`, the MiniCPM4
@@ -38,14 +35,7 @@ fn tiny_config() -> serde_json::Value {
 fn folder(label: &str, synthetic: &serde_json::Value, tokenizer: bool) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sala-synthetic-{label}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("synthetic.json"), synthetic.to_string()).unwrap();
-    if tokenizer {
-        let from = common::shared().join("assets/minicpm4-tokenizer");
-        for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"] {
-            std::fs::copy(from.join(f), dir.join(f)).unwrap();
-        }
-    }
+    common::synthetic_folder(&dir, synthetic, tokenizer);
     dir
 }
 

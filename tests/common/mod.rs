@@ -21,6 +21,27 @@ pub fn shared() -> PathBuf {
     dir
 }
 
+/// Golden case A's config with `vocab_size` rows: a tiny SALA for synthetic folders.
+pub fn tiny_synthetic_config(vocab_size: u64) -> serde_json::Value {
+    let text = std::fs::read_to_string(golden("A_dense_f32").join("config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    config["vocab_size"] = vocab_size.into();
+    config
+}
+
+/// Fills `dir` as a synthetic model's folder: `synthetic` as its synthetic.json and, with
+/// `tokenizer`, the MiniCPM4 tokenizer's files.
+pub fn synthetic_folder(dir: &std::path::Path, synthetic: &serde_json::Value, tokenizer: bool) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("synthetic.json"), synthetic.to_string()).unwrap();
+    if tokenizer {
+        let from = shared().join("assets/minicpm4-tokenizer");
+        for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"] {
+            std::fs::copy(from.join(f), dir.join(f)).unwrap();
+        }
+    }
+}
+
 pub fn golden(case: &str) -> PathBuf {
     shared().join("golden").join(case)
 }
