@@ -86,6 +86,20 @@ fn guidellm_runs_every_workload_against_the_server_and_the_summary_reads_them() 
         assert!(row["output_tok_s"].as_f64().unwrap() > 0.0 && row["ttft_p50_ms"].as_f64().unwrap() > 0.0, "{table}");
     }
     assert!(rows[2]["first_over_later"].as_f64().unwrap() > 0.0, "the prefix row compares its first request with the rest: {table}");
+    // eval/results keeps the reports xz-compressed: the summary reads them the same.
+    let packed = dir.path().join("packed");
+    std::fs::create_dir(&packed).unwrap();
+    for f in std::fs::read_dir(&results).unwrap().flatten().filter(|f| f.path().extension().is_some_and(|e| e == "json")) {
+        let mut xz = f.path().into_os_string();
+        xz.push(".xz");
+        let to = packed.join(Path::new(&xz).file_name().unwrap());
+        let ok = Command::new("python3").args(["-c", "import lzma, sys; open(sys.argv[2], 'wb').write(lzma.compress(open(sys.argv[1], 'rb').read()))"]).arg(f.path()).arg(&to).status().unwrap();
+        assert!(ok.success());
+    }
+    let again = Command::new("python3").arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("eval/serving/summary.py")).arg(&packed).arg("--json").arg(dir.path().join("rows-xz.json")).output().unwrap();
+    assert!(again.status.success(), "summary of .json.xz: {}", String::from_utf8_lossy(&again.stderr));
+    let rows_xz: Vec<serde_json::Value> = serde_json::from_slice(&std::fs::read(dir.path().join("rows-xz.json")).unwrap()).unwrap();
+    assert_eq!(rows_xz, rows);
 
     // The server answered every request guidellm made (its probes of one token aside), the
     // warm-up's 16 included.

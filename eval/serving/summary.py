@@ -3,8 +3,8 @@
 
     summary.py DIR [--markdown OUT.md] [--json OUT.json]
 
-DIR holds `SERVER__MODEL__WORKLOAD.json`, each written by `guidellm benchmark run --output-path`
-(one or more benchmarks in it, one per rate). A row per benchmark: requests that succeeded, failed
+DIR holds `SERVER__MODEL__WORKLOAD.json` (or `.json.xz`, as eval/results keeps them), each written
+by `guidellm benchmark run --output-path` (one or more benchmarks in it, one per rate). A row per benchmark: requests that succeeded, failed
 or were cut off, output tokens per second, time to first token and inter-token latency (median
 and 99th percentile, guidellm's own statistics over the successful requests). For a workload whose
 name starts with `prefix` it adds the first request's time to first token against the median of
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import os
 import statistics
 import sys
@@ -26,8 +27,9 @@ def stat(metrics: dict, name: str, which: str) -> float:
 
 
 def rows_of(path: str) -> list[dict]:
-    server, model, workload = os.path.basename(path)[: -len(".json")].split("__")
-    with open(path) as f:
+    name = os.path.basename(path)
+    server, model, workload = name[: name.rindex(".json")].split("__")
+    with (lzma.open(path, "rt") if name.endswith(".xz") else open(path)) as f:
         report = json.load(f)
     benchmarks = report.get("benchmarks") or []
     if not benchmarks:
@@ -84,7 +86,7 @@ def main() -> int:
     ap.add_argument("--markdown")
     ap.add_argument("--json")
     args = ap.parse_args()
-    files = sorted(f for f in os.listdir(args.dir) if f.endswith(".json") and f.count("__") == 2)
+    files = sorted(f for f in os.listdir(args.dir) if f.endswith((".json", ".json.xz")) and f.count("__") == 2)
     if not files:
         print(f"summary: no SERVER__MODEL__WORKLOAD.json in {args.dir}", file=sys.stderr)
         return 1
@@ -92,7 +94,7 @@ def main() -> int:
     for f in files:
         try:
             rows += rows_of(os.path.join(args.dir, f))
-        except (ValueError, KeyError, json.JSONDecodeError) as e:
+        except (ValueError, KeyError, json.JSONDecodeError, lzma.LZMAError) as e:
             bad.append(f"{f}: {e!r}")
     table = markdown(rows)
     print(table, end="")
