@@ -577,3 +577,46 @@ fn ignore_eos_goes_on_to_max_tokens() {
     let r = post(server.port, &chat(HI, r#", "ignore_eos": "yes""#));
     assert!(r.status == 400 && r.body.contains("ignore_eos"), "{} {}", r.status, r.body);
 }
+
+/// A value of the server's `/metrics` (0 when not there yet).
+fn metric(port: u16, name: &str) -> f64 {
+    let text = request(port, "GET", "/metrics", None, &[]).expect("metrics").body;
+    text.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).map(|v| v.trim().parse().unwrap())).unwrap_or(0.0)
+}
+
+fn greedy_completion(port: u16, prompt: &str, max_tokens: usize) -> Value {
+    let body = json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true}).to_string();
+    let r = request(port, "POST", "/v1/completions", Some(&body), &[]).expect("an answer");
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()
+}
+
+/// A long prompt arriving while another request decodes goes in chunks paced to the decode
+/// steps beside it (several, though it fits one `--prefill-step`), and answers as it does alone.
+#[test]
+fn a_long_prompt_beside_a_stream_goes_in_paced_chunks_and_answers_as_alone() {
+    // No prefix cache: the second time the prompt runs whole again.
+    let server = Server::start(&model(), &["--device", "cpu", "--prefill-step", "4096", "--cache-memory", "0", "--parallel", "4"], 200);
+    let port = server.port;
+    let long: String = (0..3000).map(|i| char::from(b'a' + (i * 7 % 26) as u8)).collect();
+    let alone = greedy_completion(port, &long, 8);
+    // Alone it goes in whole, but for the restart point the trail keeps before its last token.
+    let chunks_alone = metric(port, "sala_prefill_chunk_tokens_count");
+    assert!(chunks_alone <= 2.0, "with nothing decoding a prompt under the step goes in whole: {chunks_alone} chunks");
+
+    let stream = std::thread::spawn(move || greedy_completion(port, "tell me a long story", 2000));
+    let started = Instant::now();
+    while metric(port, "sala_batch_size") < 1.0 {
+        assert!(started.elapsed() < Duration::from_secs(60), "the stream never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Its short prompt is in after a few rounds of milliseconds.
+    std::thread::sleep(Duration::from_millis(500));
+    let before = metric(port, "sala_prefill_chunk_tokens_count");
+    let beside = greedy_completion(port, &long, 8);
+    let chunks = metric(port, "sala_prefill_chunk_tokens_count") - before;
+    let tokens = alone["usage"]["prompt_tokens"].as_f64().unwrap();
+    assert!(chunks > chunks_alone + 1.0, "{chunks} chunk(s) for {tokens} prompt tokens beside a decoding stream, {chunks_alone} alone");
+    assert_eq!(beside["choices"][0]["text"], alone["choices"][0]["text"], "{beside} vs {alone}");
+    assert_eq!(stream.join().unwrap()["usage"]["completion_tokens"], 2000);
+}

@@ -331,11 +331,12 @@ impl Decoding {
         self.prefill_until(model, cache, usize::MAX)
     }
 
-    /// [`Decoding::prefill_step`] along `trail`: the chunk ends at the trail's next stop, and the
-    /// trail keeps its point after it.
-    pub fn prefill_along(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, trail: &mut Trail) -> Result<bool> {
+    /// [`Decoding::prefill_step`] along `trail`, at most `budget` tokens: the chunk ends at the
+    /// trail's next stop, and the trail keeps its point after it.
+    pub fn prefill_along(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, trail: &mut Trail, budget: usize) -> Result<bool> {
         // The cache held `cache.len() - self.prefilled` tokens before the prompt.
-        let until = trail.chunk_end(cache.len(), self.opts.prefill_step) - (cache.len() - self.prefilled);
+        let step = self.opts.prefill_step.min(budget).max(1);
+        let until = trail.chunk_end(cache.len(), step) - (cache.len() - self.prefilled);
         let done = self.prefill_until(model, cache, until)?;
         trail.observe(cache)?;
         Ok(done)

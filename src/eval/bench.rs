@@ -698,7 +698,7 @@ fn first_token(
     // token is, not run ahead on the device.
     let opts = GenerateOptions { max_tokens: 1, ignore_eos: true, prefill_step: step, keep_logits: true, ..Default::default() };
     let mut decoding = Decoding::begin(model, &cache, &prompt[cached..], &opts)?;
-    while !decoding.prefill_along(model, &mut cache, &mut trail)? {}
+    while !decoding.prefill_along(model, &mut cache, &mut trail, usize::MAX)? {}
     if let Some(prefixes) = prefixes {
         prefixes.insert(prompt, &cache, &mut trail)?;
     }

@@ -19,6 +19,7 @@ pub struct Metrics {
     pub generated_tokens: IntCounter,
     pub time_to_first_token: Histogram,
     pub request_duration: Histogram,
+    pub prefill_chunk_tokens: Histogram,
     pub queue_depth: IntGauge,
     pub batch_size: IntGauge,
     pub prefix_cache_lookups: IntCounter,
@@ -32,6 +33,8 @@ pub struct Metrics {
 const TTFT_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 /// Request latency buckets (seconds).
 const LATENCY_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
+/// Prompt tokens in one chunk: the paced sizes while others decode up to the largest step.
+const CHUNK_BUCKETS: &[f64] = &[64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0];
 
 impl Metrics {
     pub fn new() -> Self {
@@ -51,6 +54,7 @@ impl Metrics {
             generated_tokens: counter("sala_generated_tokens_total", "Tokens generated for finished requests (as their usage reports)"),
             time_to_first_token: histogram("sala_time_to_first_token_seconds", "From a request's arrival to its first generated token", TTFT_BUCKETS),
             request_duration: histogram("sala_request_duration_seconds", "From a request's arrival to its last token", LATENCY_BUCKETS),
+            prefill_chunk_tokens: histogram("sala_prefill_chunk_tokens", "Prompt tokens run in one forward pass (fewer while other requests decode)", CHUNK_BUCKETS),
             queue_depth: gauge("sala_queue_depth", "Requests waiting for a slot in the batch"),
             batch_size: gauge("sala_batch_size", "Requests being prefilled or decoded together"),
             prefix_cache_lookups: counter("sala_prefix_cache_lookups_total", "Prompts looked up in the prefix cache"),

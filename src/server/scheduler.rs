@@ -111,6 +111,59 @@ pub struct Batching {
     pub parallel: usize,
 }
 
+/// Paces prompt chunks against the decode steps beside them. While requests decode, a round is
+/// a prompt chunk and then a step for every decoding request, so a chunk delays each of their
+/// next tokens by its whole time: a chunk is sized to cost three quarters of a decode step, so
+/// the streams' time between tokens grows by at most 1.75× while a long prompt goes in (the
+/// field's mark is 2×, with room left for noise). With nothing decoding, a prompt goes in at the
+/// full `--prefill-step`. Both costs are measured as the server runs.
+#[derive(Debug, Default)]
+struct Pace {
+    /// Seconds of a round with a decode step and no chunk (a moving average).
+    decode: Option<f64>,
+    /// Seconds a prompt token adds to a round (a moving average).
+    token: Option<f64>,
+}
+
+impl Pace {
+    /// The smallest paced chunk: below it a chunk's fixed cost would starve the prompt.
+    const MIN_CHUNK: usize = 256;
+    /// Paced chunks are whole attention blocks.
+    const ALIGN: usize = 64;
+    /// Weight of the newest round in the moving averages.
+    const NEWEST: f64 = 0.25;
+    /// A paced chunk's cost, in decode steps.
+    const SHARE: f64 = 0.75;
+
+    /// Prompt tokens for the next chunk, of at most `step`.
+    fn chunk(&self, decoding: bool, step: usize) -> usize {
+        if !decoding {
+            return step;
+        }
+        let paced = match (self.decode, self.token) {
+            (Some(decode), Some(token)) if token > 0.0 => (Self::SHARE * decode / token) as usize / Self::ALIGN * Self::ALIGN,
+            // Not measured yet: a small chunk measures it at little cost to the streams.
+            _ => Self::MIN_CHUNK,
+        };
+        paced.clamp(Self::MIN_CHUNK.min(step), step)
+    }
+
+    /// Takes one round's time: `chunk` prompt tokens run, and whether a decode step ran.
+    fn observe(&mut self, seconds: f64, chunk: usize, decoded: bool) {
+        let average = |old: Option<f64>, new: f64| Some(old.map_or(new, |old| old + Self::NEWEST * (new - old)));
+        match (chunk, decoded) {
+            (0, true) => self.decode = average(self.decode, seconds),
+            (0, false) => {}
+            (n, false) => self.token = average(self.token, seconds / n as f64),
+            (n, true) => {
+                if let Some(decode) = self.decode {
+                    self.token = average(self.token, (seconds - decode).max(0.0) / n as f64);
+                }
+            }
+        }
+    }
+}
+
 /// Where each round's new requests, cancellations and shutdown come from.
 pub enum Intake {
     /// The server's channel (one device).
@@ -302,6 +355,7 @@ pub fn run(
     let mut active: Vec<Active> = Vec::new();
     let mut waiting: VecDeque<(u64, Job)> = VecDeque::new();
     let mut next_id = 0u64;
+    let mut pace = Pace::default();
     loop {
         metrics.observe_memory();
         // Take what is queued; block for the next request only when there is nothing to do.
@@ -348,16 +402,24 @@ pub fn run(
         }
         metrics.queue_depth.set(waiting.len() as i64);
         metrics.batch_size.set(active.len() as i64);
+        let round = std::time::Instant::now();
+        let mut chunk = 0;
         // One prefill chunk per round (the oldest waiting prompt), so a long prompt delays the
         // others' next tokens by a chunk at a time instead of all at once.
         if let Some(i) = active.iter().position(|a| !a.decoding.is_prefilled()) {
+            let decoding = active.iter().any(|a| a.decoding.is_prefilled());
             let a = &mut active[i];
-            let step = a.decoding.prefill_along(model, &mut a.cache, &mut a.trail).and_then(|done| {
+            let before = a.cache.len();
+            let step = a.decoding.prefill_along(model, &mut a.cache, &mut a.trail, pace.chunk(decoding, prefill_step)).and_then(|done| {
                 if done {
                     prefixes.insert(&a.job.prompt, &a.cache, &mut a.trail)?;
                 }
                 Ok(done)
             });
+            chunk = a.cache.len().saturating_sub(before);
+            if chunk > 0 {
+                metrics.prefill_chunk_tokens.observe(chunk as f64);
+            }
             match step {
                 Ok(done) => {
                     if done && a.job.logprobs.prompt.is_some() {
@@ -378,6 +440,7 @@ pub fn run(
         // One batched step for every request whose prompt is in.
         let ready: Vec<usize> = (0..active.len()).filter(|&i| active[i].decoding.is_prefilled()).collect();
         if ready.is_empty() {
+            pace.observe(round.elapsed().as_secs_f64(), chunk, false);
             continue;
         }
         let tokens = {
@@ -415,6 +478,7 @@ pub fn run(
         let mut keep = keep.into_iter();
         active.retain(|_| keep.next().unwrap_or(true));
         metrics.batch_size.set(active.len() as i64);
+        pace.observe(round.elapsed().as_secs_f64(), chunk, true);
     }
 }
 
@@ -554,4 +618,53 @@ fn finish(a: &mut Active, finish_reason: &'static str, stop_sequence: Option<Str
     metrics.generated_tokens.inc_by(completion_tokens as u64);
     metrics.request_duration.observe(a.job.received.elapsed().as_secs_f64());
     let _ = a.job.events.send(Event::Done { finish_reason, stop_sequence, prompt_tokens, completion_tokens, cached_tokens: a.cached_tokens, first_token: a.answered });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pace;
+
+    #[test]
+    fn a_chunk_beside_decoding_costs_about_one_decode_step() {
+        let mut pace = Pace::default();
+        // Nothing decoding: the whole step; decoding but nothing measured: the smallest chunk.
+        assert_eq!(pace.chunk(false, 2048), 2048);
+        assert_eq!(pace.chunk(true, 2048), Pace::MIN_CHUNK);
+        // A decode step of 20 ms; a round with a 256-token chunk took 30 ms: 10 ms for 256 tokens,
+        // so a chunk of 15 ms (3/4 of a step) is 384 tokens.
+        pace.observe(0.020, 0, true);
+        pace.observe(0.030, 256, true);
+        assert_eq!(pace.chunk(true, 2048), 384);
+        // Never more than the step, never fewer than the smallest chunk (nor than a smaller step).
+        assert_eq!(pace.chunk(true, 300), 300);
+        pace.observe(0.5, 0, true);
+        assert!(pace.chunk(true, 2048) > 384);
+        let mut slow = Pace::default();
+        slow.observe(0.001, 0, true);
+        slow.observe(1.0, 256, false);
+        assert_eq!(slow.chunk(true, 2048), Pace::MIN_CHUNK);
+        assert_eq!(slow.chunk(true, 100), 100);
+        // Chunks come in whole blocks of 64.
+        let mut odd = Pace::default();
+        odd.observe(0.0333, 0, true);
+        odd.observe(0.0001, 1, false);
+        assert_eq!(odd.chunk(true, 4096) % Pace::ALIGN, 0);
+    }
+
+    #[test]
+    fn the_averages_follow_the_rounds() {
+        let mut pace = Pace::default();
+        pace.observe(0.010, 0, true);
+        for _ in 0..40 {
+            pace.observe(0.040, 0, true);
+        }
+        assert!((pace.decode.unwrap() - 0.040).abs() < 1e-4, "{pace:?}");
+        // A chunk round before any decode step cannot be split, so it teaches nothing but the
+        // time of a prompt token with no decode beside it.
+        let mut fresh = Pace::default();
+        fresh.observe(0.5, 1000, true);
+        assert_eq!((fresh.decode, fresh.token), (None, None));
+        fresh.observe(0.5, 1000, false);
+        assert_eq!(fresh.token, Some(0.0005));
+    }
 }
