@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::server::{raw, request, Server};
+use common::server::{raw, raw_in_pieces, request, Server};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -66,8 +66,9 @@ fn every_error_is_openai_json_and_names_the_field() {
         (b"GARBAGE\r\n\r\n".to_vec(), 400),
         (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n".to_vec(), 400),
     ] {
-        let r = raw(port, &bytes).unwrap();
-        assert!(r.status == status && r.is_api_error(), "{} {:?} {}", r.status, r.header("content-type"), r.body);
+        let r = raw_in_pieces(port, &bytes, 16 << 10).unwrap();
+        let head = String::from_utf8_lossy(&bytes[..bytes.len().min(40)]).to_string();
+        assert!(r.status == status && r.is_api_error(), "{head:?} ({} bytes): {} {:?} {}", bytes.len(), r.status, r.header("content-type"), r.body);
     }
     // Sampling errors name the request field (were `--top-p` and param "sampling").
     for (extra, field) in [(", \"top_p\": -0.5", "top_p"), (", \"temperature\": 9", "temperature"), (", \"min_p\": 2", "min_p")] {
@@ -619,4 +620,46 @@ fn a_long_prompt_beside_a_stream_goes_in_paced_chunks_and_answers_as_alone() {
     assert!(chunks > chunks_alone + 1.0, "{chunks} chunk(s) for {tokens} prompt tokens beside a decoding stream, {chunks_alone} alone");
     assert_eq!(beside["choices"][0]["text"], alone["choices"][0]["text"], "{beside} vs {alone}");
     assert_eq!(stream.join().unwrap()["usage"]["completion_tokens"], 2000);
+}
+
+/// A short prompt sent while a long one goes in (in paced chunks, beside a stream) is admitted at
+/// once, not after the long one is in: it answers before the long prompt's first token, and as it
+/// answers alone.
+#[test]
+fn a_short_prompt_is_not_held_behind_a_long_one_going_in() {
+    let server = Server::start(&model(), &["--device", "cpu", "--prefill-step", "4096", "--cache-memory", "0", "--parallel", "4"], 200);
+    let port = server.port;
+    let alone = greedy_completion(port, "hi there", 4);
+    let stream = std::thread::spawn(move || greedy_completion(port, "tell me a long story", 1500));
+    let started = Instant::now();
+    while metric(port, "sala_batch_size") < 1.0 {
+        assert!(started.elapsed() < Duration::from_secs(60), "the stream never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let (done, finished) = std::sync::mpsc::channel();
+    let chunks = metric(port, "sala_prefill_chunk_tokens_count");
+    let long: String = (0..12000).map(|i| char::from(b'a' + (i * 7 % 26) as u8)).collect();
+    let long_done = done.clone();
+    let long = std::thread::spawn(move || {
+        let r = greedy_completion(port, &long, 1);
+        long_done.send("long").unwrap();
+        r
+    });
+    // Once the long prompt's first chunk has run, the short one arrives.
+    while metric(port, "sala_prefill_chunk_tokens_count") <= chunks {
+        assert!(started.elapsed() < Duration::from_secs(120), "the long prompt never went in");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let short = std::thread::spawn(move || {
+        let r = greedy_completion(port, "hi there", 4);
+        done.send("short").unwrap();
+        r
+    });
+    assert_eq!(finished.recv().unwrap(), "short", "the short prompt waited for the long one to go in");
+    let short = short.join().unwrap();
+    assert_eq!(short["choices"][0]["text"], alone["choices"][0]["text"], "{short} vs {alone}");
+    let long = long.join().unwrap();
+    assert!(long["usage"]["prompt_tokens"].as_u64().unwrap() > 4000, "{long}");
+    assert_eq!(stream.join().unwrap()["usage"]["completion_tokens"], 1500);
 }

@@ -5,9 +5,10 @@
 //! one; a request whose client went away is dropped before the next round, freeing its slot and
 //! cache at once. A [`PrefixCache`] keeps the state of each prompt and each answer with restart
 //! points along it, so a request that shares the start of an earlier one (a document asked again,
-//! a conversation's next turn) prefills only what is new. A request is started (its kept state
-//! looked up) only once the prompt before it is in, so requests arriving together over one
-//! document prefill it once.
+//! a conversation's next turn) prefills only what is new. A request that shares its start with a
+//! prompt still going in waits for it (its kept state is looked up once that one is in), so
+//! requests arriving together over one document prefill it once; any other goes in beside it, so a
+//! short prompt is not held behind a long one.
 
 use super::metrics::Metrics;
 use crate::engine::cache::ModelCache;
@@ -356,6 +357,7 @@ pub fn run(
     let mut waiting: VecDeque<(u64, Job)> = VecDeque::new();
     let mut next_id = 0u64;
     let mut pace = Pace::default();
+    let mut prefill_turn = false;
     loop {
         metrics.observe_memory();
         // Take what is queued; block for the next request only when there is nothing to do.
@@ -386,10 +388,12 @@ pub fn run(
         }
         waiting.retain(|(id, _)| !round.gone.contains(id));
         active.retain(|a| !round.gone.contains(&a.id));
-        // Prompts go in one at a time, oldest first: the next request starts once the one before
-        // it is in, from the state that one left if they share a start.
-        while active.len() < parallel.max(1) && active.iter().all(|a| a.decoding.is_prefilled()) {
-            let Some((id, job)) = waiting.pop_front() else { break };
+        // Oldest first, but one that shares its start with a prompt still going in waits for it
+        // (then starts from the state it leaves) while later ones that share none go in.
+        while active.len() < parallel.max(1) {
+            let going_in: Vec<&[u32]> = active.iter().filter(|a| !a.decoding.is_prefilled()).map(|a| a.job.prompt.as_slice()).collect();
+            let Some(next) = waiting.iter().position(|(_, job)| !going_in.iter().any(|p| shares_start(p, &job.prompt))) else { break };
+            let Some((id, job)) = waiting.remove(next) else { break };
             // The running requests' steps may still be encoding; a kept state is read on this
             // thread only once the evaluator is idle (engine::encoder).
             if let Err(e) = Encoder::for_this_thread().wait() {
@@ -404,9 +408,11 @@ pub fn run(
         metrics.batch_size.set(active.len() as i64);
         let round = std::time::Instant::now();
         let mut chunk = 0;
-        // One prefill chunk per round (the oldest waiting prompt), so a long prompt delays the
-        // others' next tokens by a chunk at a time instead of all at once.
-        if let Some(i) = active.iter().position(|a| !a.decoding.is_prefilled()) {
+        // One prefill chunk per round, so a long prompt delays the others' next tokens by a chunk
+        // at a time instead of all at once; of several prompts going in, rounds alternate between
+        // the one with the fewest tokens left (a short prompt answers at once) and the oldest.
+        prefill_turn = !prefill_turn;
+        if let Some(i) = next_prefill(&active, prefill_turn) {
             let decoding = active.iter().any(|a| a.decoding.is_prefilled());
             let a = &mut active[i];
             let before = a.cache.len();
@@ -479,6 +485,27 @@ pub fn run(
         active.retain(|_| keep.next().unwrap_or(true));
         metrics.batch_size.set(active.len() as i64);
         pace.observe(round.elapsed().as_secs_f64(), chunk, true);
+    }
+}
+
+/// Prompt tokens two prompts must share at their start for the later one to wait for the
+/// earlier's state rather than prefill them again beside it (a chat template's opening is shorter).
+const SHARED_START: usize = 64;
+
+/// Whether `b` starts with at least [`SHARED_START`] tokens of `a` (or all of a shorter `b`'s).
+fn shares_start(a: &[u32], b: &[u32]) -> bool {
+    let common = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    common >= SHARED_START.min(b.len()).max(1)
+}
+
+/// The request whose prompt gets this round's chunk: on a `shortest` turn the one with the fewest
+/// prompt tokens left, else the oldest (the first in `active` still going in).
+fn next_prefill(active: &[Active], shortest: bool) -> Option<usize> {
+    let going_in = (0..active.len()).filter(|&i| !active[i].decoding.is_prefilled());
+    if shortest {
+        going_in.min_by_key(|&i| active[i].job.prompt.len().saturating_sub(active[i].cache.len()))
+    } else {
+        going_in.min()
     }
 }
 
@@ -622,7 +649,25 @@ fn finish(a: &mut Active, finish_reason: &'static str, stop_sequence: Option<Str
 
 #[cfg(test)]
 mod tests {
-    use super::Pace;
+    use super::{shares_start, Pace, SHARED_START};
+
+    #[test]
+    fn a_prompt_waits_only_for_one_it_shares_a_real_start_with() {
+        let document: Vec<u32> = (0..500).collect();
+        let question = |q: u32| document.iter().copied().chain([10_000 + q]).collect::<Vec<_>>();
+        assert!(shares_start(&question(1), &question(2)));
+        assert!(shares_start(&document, &question(2)));
+        // A chat template's opening in common is not a reason to wait.
+        let opening: Vec<u32> = (0..20).collect();
+        let other: Vec<u32> = opening.iter().copied().chain(1000..1400).collect();
+        assert!(!shares_start(&question(1), &other));
+        let just: Vec<u32> = (0..SHARED_START as u32).chain([7, 7]).collect();
+        assert!(shares_start(&document, &just));
+        assert!(!shares_start(&document, &just[1..]));
+        // A prompt shorter than the mark that is all a start of the other waits for it.
+        assert!(shares_start(&document, &document[..10]));
+        assert!(!shares_start(&document, &[]));
+    }
 
     #[test]
     fn a_chunk_beside_decoding_costs_about_one_decode_step() {

@@ -183,6 +183,24 @@ pub fn raw(port: u16, bytes: &[u8]) -> Option<Response> {
     parse(&response)
 }
 
+/// [`raw`] written in pieces of `piece` bytes a millisecond apart, as a slow client sends: the
+/// server reads what has come so far each time, so a limit on what it buffers is met before the
+/// request ends (sent at once, a request over the limit may arrive in one read and pass). Writing
+/// stops when the server closes; what it answered before closing is read all the same.
+pub fn raw_in_pieces(port: u16, bytes: &[u8], piece: usize) -> Option<Response> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(120))).ok()?;
+    for part in bytes.chunks(piece) {
+        if s.write_all(part).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut response = Vec::new();
+    let _ = s.read_to_end(&mut response);
+    parse(&response)
+}
+
 pub fn parse(response: &[u8]) -> Option<Response> {
     let text = String::from_utf8_lossy(response);
     let (head, body) = text.split_once("\r\n\r\n")?;
