@@ -12,7 +12,10 @@
 #   mixed       $MIXED_STREAMS streams (256 in, $MIXED_OUTPUT out, 2 requests a stream) while
 #               prompts of $MIXED_PROMPT tokens ($MIXED_LONG of them, 16 out) arrive every
 #               $MIXED_EVERY s: two guidellm processes at once, `mixed-streams` and `mixed-long`
-# A warm-up (16 requests of $PROMPT in, 32 out, at 16) runs first and is not kept.
+# A warm-up runs first and is not kept: $PROMPT in, 32 out, at the most streams any run holds (16
+# at least), as many requests as streams, so the batch sizes the runs meet have all been met once
+# (sala compiles kernel variants as batch sizes first appear in a process: what that costs cold is
+# in eval/results/2026-11-30-h200-serving).
 # Sizes come from the environment (the defaults are the issue's; tests/serve_guidellm.rs runs every
 # workload at small sizes on the CPU). GUIDELLM is the command (default `python3 -m guidellm`),
 # TOKENIZER the tokenizer folder guidellm counts with (default: MODEL's folder under MODELS),
@@ -66,7 +69,9 @@ run() {
 
 per_stream() { local n=$((2 * $1)); echo $((n < 8 ? 8 : n)); }
 
-run warmup "prompt_tokens=$PROMPT,output_tokens=32,samples=16" --rate-type concurrent --rate 16 --max-requests 16
+widest=16
+for c in $CONCURRENCY $STREAMS $MIXED_STREAMS; do [ "$c" -gt "$widest" ] && widest=$c; done
+run warmup "prompt_tokens=$PROMPT,output_tokens=32,samples=$widest" --rate-type concurrent --rate "$widest" --max-requests "$widest"
 rm -f "$RESULTS/${SERVER}__${MODEL}__warmup.json"
 for w in $WORKLOADS; do
   case $w in

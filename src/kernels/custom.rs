@@ -207,6 +207,50 @@ pub enum TemplateArg {
     Type(Dtype),
 }
 
+/// The kernel variants (a kernel with its template arguments) this process has launched, in the
+/// order first met: MLX compiles each at its first launch, in every process (1.5–2 s on CUDA; it
+/// keeps no disk cache of custom kernels), and the evaluation that meets it waits.
+static VARIANTS: std::sync::Mutex<(Vec<String>, Option<std::collections::HashSet<u64>>)> = std::sync::Mutex::new((Vec::new(), None));
+
+/// Records `kernel` with `template` as launched; true the first time.
+fn note_variant(kernel: &str, template: &[(&str, TemplateArg)]) -> bool {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    kernel.hash(&mut h);
+    for (name, arg) in template {
+        name.hash(&mut h);
+        match arg {
+            TemplateArg::Int(v) => (0u8, *v).hash(&mut h),
+            TemplateArg::Bool(v) => (1u8, *v as i32).hash(&mut h),
+            TemplateArg::Type(d) => (2u8, *d as i32).hash(&mut h),
+        }
+    }
+    let mut seen = VARIANTS.lock().unwrap_or_else(|e| e.into_inner());
+    if !seen.1.get_or_insert_with(Default::default).insert(h.finish()) {
+        return false;
+    }
+    let args: Vec<String> = template
+        .iter()
+        .map(|(name, arg)| match arg {
+            TemplateArg::Int(v) => format!("{name}={v}"),
+            TemplateArg::Bool(v) => format!("{name}={v}"),
+            TemplateArg::Type(d) => format!("{name}={d:?}"),
+        })
+        .collect();
+    seen.0.push(format!("{kernel}<{}>", args.join(",")));
+    true
+}
+
+/// How many kernel variants this process has launched (see [`variants_from`]).
+pub fn variants_launched() -> usize {
+    VARIANTS.lock().unwrap_or_else(|e| e.into_inner()).0.len()
+}
+
+/// The variants first launched after the first `first`, named `kernel<ARG=value,…>`.
+pub fn variants_from(first: usize) -> Vec<String> {
+    VARIANTS.lock().unwrap_or_else(|e| e.into_inner()).0.get(first..).map(<[String]>::to_vec).unwrap_or_default()
+}
+
 /// How one call runs: the grid and thread group are counted in threads (as in Metal), the
 /// outputs are allocated with the given shapes and types (uninitialised unless `init` is set).
 pub struct Launch<'a> {
@@ -350,6 +394,7 @@ pub fn apply(source: &'static KernelSource, inputs: &[&Array], launch: Launch) -
     if inputs.len() != source.inputs.len() || launch.outputs.len() != source.outputs.len() {
         return Err(launch_error(source, "wrong number of inputs or outputs"));
     }
+    note_variant(source.name, &launch.template);
     KERNELS.with(|kernels| {
         let mut kernels = kernels.borrow_mut();
         let compiled = kernels.entry((source.name, backend as u8)).or_insert_with(|| compile(source, backend));
@@ -460,6 +505,24 @@ unsafe fn run(
 #[cfg(test)]
 mod tests {
     use mlx_rs::Array;
+
+    #[test]
+    fn each_kernel_variant_is_counted_once_and_named_with_its_arguments() {
+        use super::{note_variant, variants_from, variants_launched, TemplateArg};
+        let before = variants_launched();
+        let rows = |n| [("ROWS", TemplateArg::Int(n)), ("HI", TemplateArg::Bool(n > 8)), ("T", TemplateArg::Type(mlx_rs::Dtype::Bfloat16))];
+        assert!(note_variant("test_variant_qmv", &rows(4)));
+        assert!(!note_variant("test_variant_qmv", &rows(4)));
+        assert!(note_variant("test_variant_qmv", &rows(16)));
+        assert!(note_variant("test_variant_other", &rows(4)));
+        assert!(!note_variant("test_variant_qmv", &rows(16)));
+        let met = variants_from(before);
+        let ours: Vec<&String> = met.iter().filter(|v| v.starts_with("test_variant_")).collect();
+        assert_eq!(ours.len(), 3, "{met:?}");
+        assert_eq!(ours[0], "test_variant_qmv<ROWS=4,HI=false,T=Bfloat16>");
+        assert_eq!(ours[1], "test_variant_qmv<ROWS=16,HI=true,T=Bfloat16>");
+        assert!(variants_launched() >= before + 3);
+    }
 
     #[test]
     fn pieces_pair_items_with_their_rows() {

@@ -27,6 +27,7 @@ pub struct Metrics {
     pub prefix_cache_hit_tokens: IntCounter,
     pub memory_active: IntGauge,
     pub memory_peak: IntGauge,
+    pub kernel_variants: IntGauge,
 }
 
 /// Time-to-first-token buckets (seconds): a short prompt on a GPU to a long one on a CPU.
@@ -62,6 +63,7 @@ impl Metrics {
             prefix_cache_hit_tokens: counter("sala_prefix_cache_hit_tokens_total", "Prompt tokens taken from kept states instead of being run"),
             memory_active: gauge("sala_memory_active_bytes", "Memory MLX holds in arrays now"),
             memory_peak: gauge("sala_memory_peak_bytes", "Most memory MLX has held in arrays since the server started"),
+            kernel_variants: gauge("sala_kernel_variants", "Variants of our GPU kernels launched so far, each compiled at its first launch (0 on the CPU)"),
             registry,
         }
     }

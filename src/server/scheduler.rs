@@ -358,8 +358,19 @@ pub fn run(
     let mut next_id = 0u64;
     let mut pace = Pace::default();
     let mut prefill_turn = false;
+    let (mut variants, mut last_round) = (crate::kernels::custom::variants_launched(), Instant::now());
     loop {
         metrics.observe_memory();
+        // Kernel variants met for the first time are compiled as the round that met them runs
+        // (seconds on CUDA, every stream waits): the log names them beside that round's time.
+        let launched = crate::kernels::custom::variants_launched();
+        if launched > variants {
+            let met = crate::kernels::custom::variants_from(variants).join(" ");
+            let round_ms = last_round.elapsed().as_secs_f64() * 1e3;
+            tracing::info!(new = launched - variants, round_ms, variants = met, "kernel variants compiled at their first launch");
+            metrics.kernel_variants.set(launched as i64);
+            variants = launched;
+        }
         // Take what is queued; block for the next request only when there is nothing to do.
         let idle = active.is_empty() && waiting.is_empty();
         if idle {
@@ -376,6 +387,8 @@ pub fn run(
                 return prefixes;
             }
         };
+        // The round's work starts once its intake is in (an idle server blocks there).
+        last_round = Instant::now();
         if round.end {
             return prefixes;
         }
