@@ -212,21 +212,39 @@ pub enum TemplateArg {
 /// keeps no disk cache of custom kernels), and the evaluation that meets it waits.
 static VARIANTS: std::sync::Mutex<(Vec<String>, Option<std::collections::HashSet<u64>>)> = std::sync::Mutex::new((Vec::new(), None));
 
-/// Records `kernel` with `template` as launched; true the first time.
+thread_local! {
+    // The variants this thread has launched: a launch takes no lock unless its variant is new here.
+    static SEEN_HERE: RefCell<std::collections::HashSet<u64>> = RefCell::new(std::collections::HashSet::new());
+}
+
+/// A variant's key, cheap enough for every launch (a decode step makes ~300).
+fn variant_key(kernel: &str, template: &[(&str, TemplateArg)]) -> u64 {
+    let mix = |h: u64, x: u64| (h.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95);
+    let text = |h: u64, s: &str| {
+        s.as_bytes().chunks(8).fold(mix(h, s.len() as u64), |h, c| {
+            let mut word = [0u8; 8];
+            word[..c.len()].copy_from_slice(c);
+            mix(h, u64::from_le_bytes(word))
+        })
+    };
+    template.iter().fold(text(0, kernel), |h, (name, arg)| {
+        let value = match arg {
+            TemplateArg::Int(v) => *v as u32 as u64,
+            TemplateArg::Bool(v) => 1 << 32 | *v as u64,
+            TemplateArg::Type(d) => 2 << 32 | *d as u32 as u64,
+        };
+        mix(text(h, name), value)
+    })
+}
+
+/// Records `kernel` with `template` as launched; true the first time in the process.
 fn note_variant(kernel: &str, template: &[(&str, TemplateArg)]) -> bool {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    kernel.hash(&mut h);
-    for (name, arg) in template {
-        name.hash(&mut h);
-        match arg {
-            TemplateArg::Int(v) => (0u8, *v).hash(&mut h),
-            TemplateArg::Bool(v) => (1u8, *v as i32).hash(&mut h),
-            TemplateArg::Type(d) => (2u8, *d as i32).hash(&mut h),
-        }
+    let key = variant_key(kernel, template);
+    if !SEEN_HERE.with(|seen| seen.borrow_mut().insert(key)) {
+        return false;
     }
     let mut seen = VARIANTS.lock().unwrap_or_else(|e| e.into_inner());
-    if !seen.1.get_or_insert_with(Default::default).insert(h.finish()) {
+    if !seen.1.get_or_insert_with(Default::default).insert(key) {
         return false;
     }
     let args: Vec<String> = template
@@ -516,6 +534,9 @@ mod tests {
         assert!(note_variant("test_variant_qmv", &rows(16)));
         assert!(note_variant("test_variant_other", &rows(4)));
         assert!(!note_variant("test_variant_qmv", &rows(16)));
+        // Another thread's first launch of a variant already met compiles nothing.
+        assert!(!std::thread::spawn(move || note_variant("test_variant_qmv", &rows(4))).join().unwrap());
+        assert_ne!(super::variant_key("test_variant_qmv", &rows(4)), super::variant_key("test_variant_qmw", &rows(4)));
         let met = variants_from(before);
         let ours: Vec<&String> = met.iter().filter(|v| v.starts_with("test_variant_")).collect();
         assert_eq!(ours.len(), 3, "{met:?}");
