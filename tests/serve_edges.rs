@@ -592,20 +592,15 @@ fn greedy_completion(port: u16, prompt: &str, max_tokens: usize) -> Value {
     r.json()
 }
 
-/// A long prompt arriving while another request decodes goes in chunks paced to the decode
-/// steps beside it (several, though it fits one `--prefill-step`), and answers as it does alone.
-#[test]
-fn a_long_prompt_beside_a_stream_goes_in_paced_chunks_and_answers_as_alone() {
-    // No prefix cache: the second time the prompt runs whole again.
-    let server = Server::start(&model(), &["--device", "cpu", "--prefill-step", "4096", "--cache-memory", "0", "--parallel", "4"], 200);
-    let port = server.port;
-    let long: String = (0..3000).map(|i| char::from(b'a' + (i * 7 % 26) as u8)).collect();
-    let alone = greedy_completion(port, &long, 8);
-    // Alone it goes in whole, but for the restart point the trail keeps before its last token.
-    let chunks_alone = metric(port, "sala_prefill_chunk_tokens_count");
-    assert!(chunks_alone <= 2.0, "with nothing decoding a prompt under the step goes in whole: {chunks_alone} chunks");
+/// A server that chunks prompts of up to 4096 tokens whole when nothing decodes, keeps no prompt
+/// states (a prompt sent again runs whole), and takes 4 requests at once.
+fn chunking_server() -> Server {
+    Server::start(&model(), &["--device", "cpu", "--prefill-step", "4096", "--cache-memory", "0", "--parallel", "4"], 200)
+}
 
-    let stream = std::thread::spawn(move || greedy_completion(port, "tell me a long story", 2000));
+/// A greedy stream of `tokens` tokens on `port`, started and past its short prompt on return.
+fn stream_decoding(port: u16, tokens: usize) -> std::thread::JoinHandle<Value> {
+    let stream = std::thread::spawn(move || greedy_completion(port, "tell me a long story", tokens));
     let started = Instant::now();
     while metric(port, "sala_batch_size") < 1.0 {
         assert!(started.elapsed() < Duration::from_secs(60), "the stream never started");
@@ -613,6 +608,28 @@ fn a_long_prompt_beside_a_stream_goes_in_paced_chunks_and_answers_as_alone() {
     }
     // Its short prompt is in after a few rounds of milliseconds.
     std::thread::sleep(Duration::from_millis(500));
+    stream
+}
+
+/// A prompt of `n` letters with no run the tokenizer merges much.
+fn letters(n: usize) -> String {
+    (0..n).map(|i| char::from(b'a' + (i * 7 % 26) as u8)).collect()
+}
+
+/// A long prompt arriving while another request decodes goes in chunks paced to the decode
+/// steps beside it (several, though it fits one `--prefill-step`), and answers as it does alone.
+#[test]
+fn a_long_prompt_beside_a_stream_goes_in_paced_chunks_and_answers_as_alone() {
+    // No prefix cache: the second time the prompt runs whole again.
+    let server = chunking_server();
+    let port = server.port;
+    let long = letters(3000);
+    let alone = greedy_completion(port, &long, 8);
+    // Alone it goes in whole, but for the restart point the trail keeps before its last token.
+    let chunks_alone = metric(port, "sala_prefill_chunk_tokens_count");
+    assert!(chunks_alone <= 2.0, "with nothing decoding a prompt under the step goes in whole: {chunks_alone} chunks");
+
+    let stream = stream_decoding(port, 2000);
     let before = metric(port, "sala_prefill_chunk_tokens_count");
     let beside = greedy_completion(port, &long, 8);
     let chunks = metric(port, "sala_prefill_chunk_tokens_count") - before;
@@ -627,19 +644,14 @@ fn a_long_prompt_beside_a_stream_goes_in_paced_chunks_and_answers_as_alone() {
 /// answers alone.
 #[test]
 fn a_short_prompt_is_not_held_behind_a_long_one_going_in() {
-    let server = Server::start(&model(), &["--device", "cpu", "--prefill-step", "4096", "--cache-memory", "0", "--parallel", "4"], 200);
+    let server = chunking_server();
     let port = server.port;
     let alone = greedy_completion(port, "hi there", 4);
-    let stream = std::thread::spawn(move || greedy_completion(port, "tell me a long story", 1500));
     let started = Instant::now();
-    while metric(port, "sala_batch_size") < 1.0 {
-        assert!(started.elapsed() < Duration::from_secs(60), "the stream never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(500));
+    let stream = stream_decoding(port, 1500);
     let (done, finished) = std::sync::mpsc::channel();
     let chunks = metric(port, "sala_prefill_chunk_tokens_count");
-    let long: String = (0..12000).map(|i| char::from(b'a' + (i * 7 % 26) as u8)).collect();
+    let long = letters(12000);
     let long_done = done.clone();
     let long = std::thread::spawn(move || {
         let r = greedy_completion(port, &long, 1);

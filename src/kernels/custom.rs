@@ -210,7 +210,7 @@ pub enum TemplateArg {
 /// The kernel variants (a kernel with its template arguments) this process has launched, in the
 /// order first met: MLX compiles each at its first launch, in every process (1.5–2 s on CUDA; it
 /// keeps no disk cache of custom kernels), and the evaluation that meets it waits.
-static VARIANTS: std::sync::Mutex<(Vec<String>, Option<std::collections::HashSet<u64>>)> = std::sync::Mutex::new((Vec::new(), None));
+static VARIANTS: std::sync::LazyLock<std::sync::Mutex<(Vec<String>, std::collections::HashSet<u64>)>> = std::sync::LazyLock::new(Default::default);
 
 thread_local! {
     // The variants this thread has launched: a launch takes no lock unless its variant is new here.
@@ -244,7 +244,7 @@ fn note_variant(kernel: &str, template: &[(&str, TemplateArg)]) -> bool {
         return false;
     }
     let mut seen = VARIANTS.lock().unwrap_or_else(|e| e.into_inner());
-    if !seen.1.get_or_insert_with(Default::default).insert(key) {
+    if !seen.1.insert(key) {
         return false;
     }
     let args: Vec<String> = template

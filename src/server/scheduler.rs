@@ -419,7 +419,8 @@ pub fn run(
         }
         metrics.queue_depth.set(waiting.len() as i64);
         metrics.batch_size.set(active.len() as i64);
-        let round = std::time::Instant::now();
+        // The pace's costs are of the chunk and the decode step alone (not of admissions).
+        let stepped = Instant::now();
         let mut chunk = 0;
         // One prefill chunk per round, so a long prompt delays the others' next tokens by a chunk
         // at a time instead of all at once; of several prompts going in, rounds alternate between
@@ -459,7 +460,7 @@ pub fn run(
         // One batched step for every request whose prompt is in.
         let ready: Vec<usize> = (0..active.len()).filter(|&i| active[i].decoding.is_prefilled()).collect();
         if ready.is_empty() {
-            pace.observe(round.elapsed().as_secs_f64(), chunk, false);
+            pace.observe(stepped.elapsed().as_secs_f64(), chunk, false);
             continue;
         }
         let tokens = {
@@ -497,7 +498,7 @@ pub fn run(
         let mut keep = keep.into_iter();
         active.retain(|_| keep.next().unwrap_or(true));
         metrics.batch_size.set(active.len() as i64);
-        pace.observe(round.elapsed().as_secs_f64(), chunk, true);
+        pace.observe(stepped.elapsed().as_secs_f64(), chunk, true);
     }
 }
 
