@@ -651,7 +651,7 @@ fn a_short_prompt_is_not_held_behind_a_long_one_going_in() {
     let stream = stream_decoding(port, 1500);
     let (done, finished) = std::sync::mpsc::channel();
     let chunks = metric(port, "sala_prefill_chunk_tokens_count");
-    let long = letters(12000);
+    let long = letters(4800);
     let long_done = done.clone();
     let long = std::thread::spawn(move || {
         let r = greedy_completion(port, &long, 1);
