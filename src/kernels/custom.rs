@@ -208,7 +208,7 @@ pub enum TemplateArg {
 }
 
 /// The kernel variants (a kernel with its template arguments) this process has launched, in the
-/// order first met: MLX compiles each at its first launch, in every process (1.5–2 s on CUDA; it
+/// order first met: MLX compiles each at its first launch, in every process (seconds on CUDA; it
 /// keeps no disk cache of custom kernels), and the evaluation that meets it waits.
 static VARIANTS: std::sync::LazyLock<std::sync::Mutex<(Vec<String>, std::collections::HashSet<u64>)>> = std::sync::LazyLock::new(Default::default);
 
