@@ -12,6 +12,10 @@
 #   llama      the workloads on llama-server, Qwen3-8B Q8_0 (waits for the build)
 #   sala-qwen  the workloads on sala serve, synthetic qwen3-8b at 8 bits
 #   sala-9b    the workloads on sala serve, synthetic minicpm-sala-9b at 8 bits, and prefix128k
+#   coldstart  sala serve on qwen3-8b twice, MLX's disk cache emptied before the first: each
+#              start's time to ready, its first request (1K in, 64 out) and then 16 at once
+#   gputests   GPU_TESTS (default: the kernel disk cache's and every kernel's self-check) of
+#              tests/gpu_kernels.rs, the test binary carried as .device/bin/gpu_kernels
 # WORKLOADS (default "random prompt4k prefix32k mixed"; sala-9b adds prefix128k): as
 #   eval/serving/workloads.sh describes them (1K in / 256 out at 1, 4, 16, 64; 4K in at 16; 16
 #   questions over a 32K-token shared prefix; 64 streams while 32K-token prompts arrive every 5 s).
@@ -139,8 +143,41 @@ workloads() {  # workloads SERVER MODEL [EXTRA_WORKLOAD]
     bash eval/serving/workloads.sh "http://127.0.0.1:$PORT" "$1" "$2" "$RESULTS" $WORKLOADS ${3:-} | tee -a "$OUT/phases.txt"
 }
 
+# ---- cold and warm starts: the kernels compiled in the first, read from MLX's disk cache in the second ----
+completion() {  # completion N: N requests at once of ~1K tokens in, 64 out
+  local body model
+  model=$(curl -s "http://127.0.0.1:$PORT/v1/models" | python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])')
+  body=$(python3 -c 'import json, sys; print(json.dumps({"model": sys.argv[1], "prompt": "the quick brown fox " * 256, "max_tokens": 64, "ignore_eos": True}))' "$model")
+  seq "$1" | xargs -P "$1" -I{} curl -s -o /dev/null -w '%{http_code}\n' "http://127.0.0.1:$PORT/v1/completions" \
+    -H 'Content-Type: application/json' -d "$body" | sort | uniq -c | tr '\n' ' '
+}
+coldstart() {
+  rm -rf "${TMPDIR:-/tmp}/mlx"    # MLX's disk cache of compiled kernels, as on a fresh machine
+  local run t0 t1 t2 t3 codes1 codes16
+  for run in cold warm; do
+    t0=$(date +%s.%N)
+    start_sala qwen3-8b || return 1
+    t1=$(date +%s.%N); codes1=$(completion 1)
+    t2=$(date +%s.%N); codes16=$(completion 16)
+    t3=$(date +%s.%N)
+    phase "coldstart $run: ready $(awk "BEGIN{print $t1 - $t0}") s; first request $(awk "BEGIN{print $t2 - $t1}") s ($codes1); 16 at once $(awk "BEGIN{print $t3 - $t2}") s ($codes16)"
+    grep "kernel variants met" "$LOGS/$SALA-qwen3-8b.log" | tail -1 | cut -c1-400 | tee -a "$OUT/phases.txt"
+    cp "$LOGS/$SALA-qwen3-8b.log" "$LOGS/$SALA-qwen3-8b-coldstart-$run.log"
+    stop_server
+  done
+}
+gputests() {
+  local t
+  for t in ${GPU_TESTS:-a_kernel_variant_is_compiled_once_into_mlx_disk_cache every_kernel_passes_its_self_check}; do
+    timeout 120 "$BIN/gpu_kernels" --include-ignored --exact "$t" > "$LOGS/gputest-$t.log" 2>&1
+    phase "gputest $t rc=$? $(grep -E '^test result' "$LOGS/gputest-$t.log")"
+  done
+}
+
 for step in $STEPS; do
   case $step in
+    coldstart) coldstart ;;
+    gputests) gputests ;;
     build) build ;;
     llama) wait_build && start_llama && workloads llama qwen3-8b; stop_server ;;
     sala-qwen) start_sala qwen3-8b && workloads "$SALA" qwen3-8b; stop_server ;;

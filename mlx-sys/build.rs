@@ -90,6 +90,7 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/compat");
+    println!("cargo:rerun-if-changed=src/custom_kernel_module.cpp");
 
     if let Err(message) = run() {
         panic!("\n\nmlx-sys build failed: {message}\n\n");
@@ -424,6 +425,9 @@ fn compile_mlx_c(target: &Target, mlx_c: &Path, prefix: &Path) -> Result<()> {
     build
         .cpp(true)
         .files(mlx_c_sources(mlx_c)?)
+        // Ours: names the disk-cache entry MLX's CUDA backend looks for before compiling a
+        // custom kernel (see the file).
+        .file(compat.parent().expect("src").join("custom_kernel_module.cpp"))
         .include(mlx_c)
         .flag("-isystem")
         .flag(prefix.join("include").display().to_string())

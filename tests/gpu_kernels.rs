@@ -1282,3 +1282,67 @@ fn clock_marks_bracket_the_device_work_between_them() {
     // minute.
     assert!(t1 > t0 + 1_000_000 && t1 < t0 + 60_000_000_000, "marks {t0} and {t1}");
 }
+
+/// A kernel of its own for the disk cache's test: y = K·x over N values.
+static SCALED: KernelSource = KernelSource {
+    name: "test_module_cache_scaled",
+    inputs: &["x"],
+    outputs: &["y"],
+    cuda_header: "",
+    cuda_body: "int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < N) { y[i] = x[i] * (float)K; }",
+    metal_header: "",
+    metal_body: "uint i = thread_position_in_grid.x; if (i < N) { y[i] = x[i] * float(K); }",
+    contiguous_inputs: true,
+};
+
+/// A kernel variant is compiled once per machine: its first launch in a process has the module
+/// compiled (in the background) where MLX's disk cache looks (the same source, NVRTC and GPU as
+/// MLX's own compile), its values are right, and MLX loads it from there: a module made unloadable there stops the evaluation
+/// with MLX's own error. (CUDA only: Metal compiles in milliseconds and MLX keeps no such cache.)
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn a_kernel_variant_is_compiled_once_into_mlx_disk_cache() {
+    use sala::kernels::module_cache::{counts, settle, Module};
+    // Not `use_gpu`: its self-checks would compile every kernel first, for nothing here.
+    assert!(select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu, "{NEEDS_GPU}");
+    if backend() != Backend::Cuda {
+        eprintln!("skipped: only CUDA keeps compiled kernels on disk");
+        return;
+    }
+    // A template argument no earlier run has used: a variant that cannot be in the cache yet.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let unique = 1000 + ((nanos ^ std::process::id()) % 1_000_000) as i32 * 2;
+    let x = Array::from_slice(&[1.0f32, 2.0, -3.0], &[3]);
+    let launch = |k: i32| {
+        let launch = Launch {
+            grid: (32, 1, 1),
+            threads: (32, 1, 1),
+            outputs: vec![(vec![3], Dtype::Float32)],
+            template: vec![("N", TemplateArg::Int(3)), ("K", TemplateArg::Int(k))],
+            init: None,
+        };
+        apply(&SCALED, &[&x], launch).unwrap().remove(0)
+    };
+    let (_, compiled_before, left_before) = counts();
+    let y = launch(unique);
+    settle();
+    let module = Module::of(&y).expect("the output of a custom kernel");
+    let image = module.image_path();
+    assert!(image.is_file(), "{} was not written", image.display());
+    let names = std::fs::read_to_string(image.with_extension("txt")).unwrap();
+    assert!(names.starts_with(&format!("mlx::core::cu::custom_kernel_test_module_cache_scaled_3_{unique}\t")), "{names}");
+    let (_, compiled, left) = counts();
+    assert_eq!((compiled, left), (compiled_before + 1, left_before), "compiled here once, nothing left to MLX");
+    let k = unique as f32;
+    assert_eq!(to_vec_f32(&y).unwrap(), [k, 2.0 * k, -3.0 * k]);
+
+    let z = launch(unique + 1);
+    settle();
+    let image_z = Module::of(&z).unwrap().image_path();
+    std::fs::write(&image_z, b"not a module").unwrap();
+    let error = z.eval().expect_err("MLX loaded the module from the cache file");
+    assert!(error.to_string().contains("Failed to load compiled"), "{error}");
+    for path in [image.clone(), image.with_extension("txt"), image_z.clone(), image_z.with_extension("txt")] {
+        std::fs::remove_file(path).unwrap();
+    }
+}

@@ -19,3 +19,15 @@ pub extern "C" fn mach_approximate_time() -> u64 {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
 }
+
+/// Receives one string of [`mlx_sys_custom_kernel_module`]'s: `which` 0 the module's name, 1 the
+/// kernel's name, 2 its generated source, 3 MLX's cache folder ("" when MLX has none), 4 the
+/// MLX library's path.
+pub type mlx_sys_put_string = Option<unsafe extern "C" fn(ctx: *mut std::ffi::c_void, which: i32, data: *const std::ffi::c_char, len: usize)>;
+
+extern "C" {
+    /// Ours (`src/custom_kernel_module.cpp`): for the output of a custom kernel MLX compiles
+    /// itself, the name, source and folder of the module MLX's CUDA backend looks for on disk
+    /// before compiling it. 0 given, 1 not such an output, 2 an error.
+    pub fn mlx_sys_custom_kernel_module(out: mlx_array, put: mlx_sys_put_string, ctx: *mut std::ffi::c_void) -> i32;
+}

@@ -151,21 +151,37 @@ pub fn gpu_compute_units() -> Option<u32> {
     })
 }
 
-/// CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT of device 0, through the driver library that is
-/// always beside an NVIDIA driver (and already loaded by MLX).
+/// CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT of device 0.
 fn cuda_multiprocessors() -> Option<u32> {
     const MULTIPROCESSOR_COUNT: i32 = 16;
+    cuda_device_attribute(MULTIPROCESSOR_COUNT).and_then(|n| u32::try_from(n).ok()).filter(|&n| n > 0)
+}
+
+/// Device 0's compute capability (major, minor), e.g. (9, 0) on Hopper; `None` off CUDA.
+pub fn cuda_compute_capability() -> Option<(i32, i32)> {
+    const MAJOR: i32 = 75;
+    const MINOR: i32 = 76;
+    if gpu_backend() != Some("cuda") {
+        return None;
+    }
+    static CAPABILITY: std::sync::OnceLock<Option<(i32, i32)>> = std::sync::OnceLock::new();
+    *CAPABILITY.get_or_init(|| Some((cuda_device_attribute(MAJOR)?, cuda_device_attribute(MINOR)?)))
+}
+
+/// A CU_DEVICE_ATTRIBUTE of device 0, through the driver library that is always beside an NVIDIA
+/// driver (and already loaded by MLX).
+fn cuda_device_attribute(attribute_id: i32) -> Option<i32> {
     // SAFETY: the CUDA driver API's C signatures; each call is checked for CUDA_SUCCESS (0).
     unsafe {
         let lib = libloading::Library::new("libcuda.so.1").ok()?;
         let init = lib.get::<unsafe extern "C" fn(u32) -> i32>(b"cuInit\0").ok()?;
         let device_get = lib.get::<unsafe extern "C" fn(*mut i32, i32) -> i32>(b"cuDeviceGet\0").ok()?;
         let attribute = lib.get::<unsafe extern "C" fn(*mut i32, i32, i32) -> i32>(b"cuDeviceGetAttribute\0").ok()?;
-        let (mut device, mut count) = (0, 0);
-        if init(0) != 0 || device_get(&mut device, 0) != 0 || attribute(&mut count, MULTIPROCESSOR_COUNT, device) != 0 {
+        let (mut device, mut value) = (0, 0);
+        if init(0) != 0 || device_get(&mut device, 0) != 0 || attribute(&mut value, attribute_id, device) != 0 {
             return None;
         }
-        u32::try_from(count).ok().filter(|&n| n > 0)
+        Some(value)
     }
 }
 

@@ -208,8 +208,9 @@ pub enum TemplateArg {
 }
 
 /// The kernel variants (a kernel with its template arguments) this process has launched, in the
-/// order first met: MLX compiles each at its first launch, in every process (seconds on CUDA; it
-/// keeps no disk cache of custom kernels), and the evaluation that meets it waits.
+/// order first met: MLX compiles each at its first launch (seconds on CUDA, where
+/// [`super::module_cache`] keeps the result for later processes), and the evaluation that meets
+/// it waits.
 static VARIANTS: std::sync::LazyLock<std::sync::Mutex<(Vec<String>, std::collections::HashSet<u64>)>> = std::sync::LazyLock::new(Default::default);
 
 thread_local! {
@@ -218,7 +219,7 @@ thread_local! {
 }
 
 /// A variant's key, cheap enough for every launch (a decode step makes ~300).
-fn variant_key(kernel: &str, template: &[(&str, TemplateArg)]) -> u64 {
+fn variant_key(kernel: &str, template: &[(&str, TemplateArg)], types: impl Iterator<Item = Dtype>) -> u64 {
     let mix = |h: u64, x: u64| (h.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95);
     let text = |h: u64, s: &str| {
         s.as_bytes().chunks(8).fold(mix(h, s.len() as u64), |h, c| {
@@ -227,19 +228,21 @@ fn variant_key(kernel: &str, template: &[(&str, TemplateArg)]) -> u64 {
             mix(h, u64::from_le_bytes(word))
         })
     };
-    template.iter().fold(text(0, kernel), |h, (name, arg)| {
+    let h = template.iter().fold(text(0, kernel), |h, (name, arg)| {
         let value = match arg {
             TemplateArg::Int(v) => *v as u32 as u64,
             TemplateArg::Bool(v) => 1 << 32 | *v as u64,
             TemplateArg::Type(d) => 2 << 32 | *d as u32 as u64,
         };
         mix(text(h, name), value)
-    })
+    });
+    types.fold(h, |h, d| mix(h, 3 << 32 | d as u32 as u64))
 }
 
-/// Records `kernel` with `template` as launched; true the first time in the process.
-fn note_variant(kernel: &str, template: &[(&str, TemplateArg)]) -> bool {
-    let key = variant_key(kernel, template);
+/// Records `kernel` with `template` (and its inputs' and outputs' `types`) as launched; true the
+/// first time in the process.
+fn note_variant(kernel: &str, template: &[(&str, TemplateArg)], types: impl Iterator<Item = Dtype>) -> bool {
+    let key = variant_key(kernel, template, types);
     if !SEEN_HERE.with(|seen| seen.borrow_mut().insert(key)) {
         return false;
     }
@@ -412,15 +415,21 @@ pub fn apply(source: &'static KernelSource, inputs: &[&Array], launch: Launch) -
     if inputs.len() != source.inputs.len() || launch.outputs.len() != source.outputs.len() {
         return Err(launch_error(source, "wrong number of inputs or outputs"));
     }
-    note_variant(source.name, &launch.template);
-    KERNELS.with(|kernels| {
+    // The types of the inputs and outputs are in the generated signature: part of the variant.
+    let types = inputs.iter().map(|a| a.dtype()).chain(launch.outputs.iter().map(|o| o.1));
+    let first = note_variant(source.name, &launch.template, types);
+    let outputs = KERNELS.with(|kernels| {
         let mut kernels = kernels.borrow_mut();
         let compiled = kernels.entry((source.name, backend as u8)).or_insert_with(|| compile(source, backend));
         if compiled.handle.is_null() {
             return Err(launch_error(source, "MLX could not create the kernel"));
         }
         unsafe { run(compiled, source, inputs, &launch) }
-    })
+    })?;
+    if first && backend == Backend::Cuda {
+        super::module_cache::prepare(&outputs[0]);
+    }
+    Ok(outputs)
 }
 
 unsafe fn run(
@@ -526,7 +535,9 @@ mod tests {
 
     #[test]
     fn each_kernel_variant_is_counted_once_and_named_with_its_arguments() {
-        use super::{note_variant, variants_from, variants_launched, TemplateArg};
+        use super::{variants_from, variants_launched, TemplateArg};
+        use mlx_rs::Dtype::{Bfloat16, Float32};
+        let note_variant = |k: &str, t: &[(&str, TemplateArg)]| super::note_variant(k, t, [Bfloat16, Float32].into_iter());
         let before = variants_launched();
         let rows = |n| [("ROWS", TemplateArg::Int(n)), ("HI", TemplateArg::Bool(n > 8)), ("T", TemplateArg::Type(mlx_rs::Dtype::Bfloat16))];
         assert!(note_variant("test_variant_qmv", &rows(4)));
@@ -535,14 +546,17 @@ mod tests {
         assert!(note_variant("test_variant_other", &rows(4)));
         assert!(!note_variant("test_variant_qmv", &rows(16)));
         // Another thread's first launch of a variant already met compiles nothing.
-        assert!(!std::thread::spawn(move || note_variant("test_variant_qmv", &rows(4))).join().unwrap());
-        assert_ne!(super::variant_key("test_variant_qmv", &rows(4)), super::variant_key("test_variant_qmw", &rows(4)));
+        assert!(!std::thread::spawn(move || super::note_variant("test_variant_qmv", &rows(4), [Bfloat16, Float32].into_iter())).join().unwrap());
+        // Other input or output types generate another signature: another variant.
+        assert!(super::note_variant("test_variant_qmv", &rows(4), [Float32, Float32].into_iter()));
+        let key = |k: &str| super::variant_key(k, &rows(4), std::iter::empty());
+        assert_ne!(key("test_variant_qmv"), key("test_variant_qmw"));
         let met = variants_from(before);
         let ours: Vec<&String> = met.iter().filter(|v| v.starts_with("test_variant_")).collect();
-        assert_eq!(ours.len(), 3, "{met:?}");
+        assert_eq!(ours.len(), 4, "{met:?}");
         assert_eq!(ours[0], "test_variant_qmv<ROWS=4,HI=false,T=Bfloat16>");
         assert_eq!(ours[1], "test_variant_qmv<ROWS=16,HI=true,T=Bfloat16>");
-        assert!(variants_launched() >= before + 3);
+        assert!(variants_launched() >= before + 4);
     }
 
     #[test]

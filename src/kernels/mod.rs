@@ -10,6 +10,7 @@ pub mod draw;
 pub mod gla;
 pub mod kv;
 pub mod lightning;
+pub mod module_cache;
 pub mod qmv;
 pub mod rope;
 pub mod selfcheck;

@@ -63,7 +63,7 @@ impl Metrics {
             prefix_cache_hit_tokens: counter("sala_prefix_cache_hit_tokens_total", "Prompt tokens taken from kept states instead of being run"),
             memory_active: gauge("sala_memory_active_bytes", "Memory MLX holds in arrays now"),
             memory_peak: gauge("sala_memory_peak_bytes", "Most memory MLX has held in arrays since the server started"),
-            kernel_variants: gauge("sala_kernel_variants", "Variants of our GPU kernels launched so far, each compiled at its first launch (0 on the CPU)"),
+            kernel_variants: gauge("sala_kernel_variants", "Variants of our GPU kernels launched so far, each compiled or loaded from the disk cache at its first launch (0 on the CPU)"),
             registry,
         }
     }

@@ -362,12 +362,14 @@ pub fn run(
     loop {
         metrics.observe_memory();
         // Kernel variants met for the first time are compiled as the round that met them runs
-        // (seconds on CUDA, every stream waits): the log names them beside that round's time.
+        // unless an earlier process left them on disk (seconds each on CUDA, every stream
+        // waits): the log names them beside that round's time and where their code came from.
         let launched = crate::kernels::custom::variants_launched();
         if launched > variants {
             let met = crate::kernels::custom::variants_from(variants).join(" ");
             let round_ms = last_round.elapsed().as_secs_f64() * 1e3;
-            tracing::info!(new = launched - variants, round_ms, variants = met, "kernel variants compiled at their first launch");
+            let (from_disk, compiled, left_to_mlx) = crate::kernels::module_cache::counts();
+            tracing::info!(new = launched - variants, round_ms, from_disk, compiled, left_to_mlx, variants = met, "kernel variants met for the first time");
             metrics.kernel_variants.set(launched as i64);
             variants = launched;
         }
