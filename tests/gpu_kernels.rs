@@ -1297,8 +1297,9 @@ static SCALED: KernelSource = KernelSource {
 
 /// A kernel variant is compiled once per machine: its first launch in a process has the module
 /// compiled (in the background) where MLX's disk cache looks (the same source, NVRTC and GPU as
-/// MLX's own compile), its values are right, and MLX loads it from there: a module made unloadable there stops the evaluation
-/// with MLX's own error. (CUDA only: Metal compiles in milliseconds and MLX keeps no such cache.)
+/// MLX's own compile), its values are right, and MLX loads it from there: a module made
+/// unloadable there stops the evaluation with MLX's own error. (CUDA only: Metal compiles in
+/// milliseconds and MLX keeps no such cache.)
 #[test]
 #[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn a_kernel_variant_is_compiled_once_into_mlx_disk_cache() {

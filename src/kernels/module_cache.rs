@@ -8,6 +8,7 @@
 //! Anything missing (no NVRTC, a compile error, a folder not writable) leaves MLX to compile the
 //! kernel as before (a warning, the first time).
 
+use crate::engine::checkpoint;
 use mlx_rs::Array;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -167,8 +168,9 @@ impl Pool {
 
 /// Stores `compile(module)` (the image and the kernel's lowered name) unless the image is there
 /// already; true when it compiled. The list of names goes first and the image last, each
-/// written aside and renamed into place: MLX takes an image without its list for a module with
-/// no kernels, and another process may be reading either.
+/// written aside and renamed into place (`engine::checkpoint`'s partial files): MLX takes an
+/// image without its list for a module with no kernels, and another process may be reading
+/// either.
 pub fn store_compiled(module: &Module, compile: impl FnOnce(&Module) -> Result<(Vec<u8>, String), String>) -> Result<bool, String> {
     let image = module.image_path();
     if image.is_file() {
@@ -176,15 +178,15 @@ pub fn store_compiled(module: &Module, compile: impl FnOnce(&Module) -> Result<(
     }
     let (bytes, lowered) = compile(module)?;
     let names = image.with_extension("txt");
-    let write = |path: &Path, content: &[u8]| -> std::io::Result<()> {
-        let kind = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-        let aside = path.with_extension(format!("{kind}.{}.part", std::process::id()));
-        std::fs::write(&aside, content)?;
-        std::fs::rename(&aside, path)
+    let write = |path: &Path, content: &[u8]| -> crate::engine::error::Result<()> {
+        use std::io::Write;
+        let mut aside = checkpoint::partial_file(path)?;
+        aside.write_all(content).map_err(|e| crate::engine::error::Error::io(aside.path(), e))?;
+        checkpoint::persist(aside, path)
     };
     let folder = image.parent().unwrap_or(&module.folder);
-    std::fs::create_dir_all(folder)
-        .and_then(|()| write(&names, format!("{}\t{lowered}\n", module.entry()).as_bytes()))
+    std::fs::create_dir_all(folder).map_err(|e| format!("cannot make {}: {e}", folder.display()))?;
+    write(&names, format!("{}\t{lowered}\n", module.entry()).as_bytes())
         .and_then(|()| write(&image, &bytes))
         .map_err(|e| format!("cannot write {}: {e}", image.display()))?;
     Ok(true)
