@@ -247,12 +247,14 @@ fn ctrl_c_in_a_real_terminal_stops_the_answer_and_keeps_it() {
     t.send(&format!("/save {}\r", saved.display()));
     t.expect("saved 4 messages");
     t.send("/help\r");
-    t.expect(r"/bye, /quit +leave");
+    // Each key below waits for the prompt: the line editor turns the terminal raw before it
+    // prints one, and a Ctrl-C or Ctrl-D sent earlier is taken by the cooked terminal instead.
+    t.expect(r"/bye, /quit +leave(?s).*>>> ");
     // Ctrl-C at the prompt does not leave; a second one in a row says more.
     t.send("\u{3}");
-    t.expect(r"\(Ctrl-D or /bye leaves\)");
+    t.expect(r"\(Ctrl-D or /bye leaves\)(?s).*>>> ");
     t.send("\u{3}");
-    t.expect(r"Ctrl-C does not leave the chat.*press Ctrl-D on an empty line or type /bye");
+    t.expect(r"Ctrl-C does not leave the chat.*press Ctrl-D on an empty line or type /bye\)(?s).*>>> ");
     t.send("\u{4}");
     t.session.exp_eof().unwrap();
     assert!(matches!(t.session.process().wait().unwrap(), rexpect::process::WaitStatus::Exited(_, 0)));
