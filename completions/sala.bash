@@ -1027,7 +1027,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__serve)
-            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --context-size --num-sink-tokens --no-pull --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --prompt-cache-dir --tool-call-parser --max-models --keep-alive --alias --log-format --log-level --tp --tp-backend --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --context-size --num-sink-tokens --no-pull --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --kv-memory --prompt-cache-dir --tool-call-parser --max-models --keep-alive --alias --log-format --log-level --tp --tp-backend --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1094,6 +1094,10 @@ _sala() {
                     return 0
                     ;;
                 --cache-memory)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-memory)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -120,6 +120,7 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --timeout 'Seconds a client may take to send a request''s headers, and then its body'
             cand --shutdown-timeout 'At SIGINT/SIGTERM, seconds running requests may take to finish before they are ended'
             cand --cache-memory 'Memory for prompt states kept for reuse across requests, e.g. 8GB or 512MiB (0 = off; default: a quarter of the memory free once the model is loaded)'
+            cand --kv-memory 'Memory the running requests'' caches share, e.g. 40GB: a request waits until its cache, grown to its prompt and max_tokens, fits beside theirs (default: the memory free once the model is loaded, less --cache-memory and an eighth for the forward passes)'
             cand --prompt-cache-dir 'Keep prompt states across restarts: those the prefix cache holds are saved in DIR at shutdown (one prompt cache file each) and read back at start, up to --cache-memory'
             cand --tool-call-parser 'The model''s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family''s)'
             cand --max-models 'Without --model (serving every model of the store): the most models loaded at once; the least recently used idle one is unloaded to make room'

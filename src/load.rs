@@ -118,11 +118,16 @@ pub fn preflight(
     device: DeviceKind,
     ranks: usize,
 ) -> anyhow::Result<()> {
-    // A StreamingLLM window caps what the cache holds.
-    let held = window.map_or(tokens, |w| tokens.min(w.capacity + w.capacity / 8));
-    let cache = models::cache_bytes(cfg, held, memory::dtype_bytes(dtype), kv_bits)? / ranks as u64;
+    let cache = sequence_cache_bytes(cfg, dtype, (window, kv_bits), tokens, ranks)?;
     memory::check_fits(what, weights_bytes, cache, tokens, device)?;
     Ok(())
+}
+
+/// Bytes one sequence's cache of `tokens` tokens takes on one of `ranks` devices.
+fn sequence_cache_bytes(cfg: &ConfigFile, dtype: Dtype, (window, kv_bits): (Option<Window>, Option<i32>), tokens: usize, ranks: usize) -> anyhow::Result<u64> {
+    // A StreamingLLM window caps what the cache holds.
+    let held = window.map_or(tokens, |w| tokens.min(w.capacity + w.capacity / 8));
+    Ok(models::cache_bytes(cfg, held, memory::dtype_bytes(dtype), kv_bits)? / ranks as u64)
 }
 
 /// A model ready to run, with what later memory checks need.
@@ -152,6 +157,12 @@ impl LoadedModel {
     /// Bytes of the weights as loaded.
     pub fn weights_bytes(&self) -> u64 {
         self.weights_bytes
+    }
+
+    /// Bytes one sequence's cache of `tokens` tokens takes on this process's device (a bound: the
+    /// size the cache has once it holds them).
+    pub fn cache_bytes(&self, tokens: usize) -> u64 {
+        sequence_cache_bytes(&self.cfg, self.dtype, (self.window, self.kv_bits), tokens, self.ranks).unwrap_or(u64::MAX)
     }
 
     /// Refuses when weights + a cache of `tokens` tokens will not fit in memory.

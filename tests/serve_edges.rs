@@ -675,3 +675,77 @@ fn a_short_prompt_is_not_held_behind_a_long_one_going_in() {
     assert!(long["usage"]["prompt_tokens"].as_u64().unwrap() > 4000, "{long}");
     assert_eq!(stream.join().unwrap()["usage"]["completion_tokens"], 1500);
 }
+
+/// `ttft_ms` and `total_ms` of each finished completion in a server's request log.
+fn completion_times(log: &str) -> Vec<(f64, f64)> {
+    let field = |line: &str, name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name)).and_then(|v| v.parse::<f64>().ok());
+    log.lines()
+        .filter(|l| l.contains("path=/v1/completions") && l.contains("status=200"))
+        .filter_map(|l| Some((field(l, "ttft_ms=")?, field(l, "total_ms=")?)))
+        .collect()
+}
+
+/// Requests whose caches do not fit together in `--kv-memory` take turns: with room for one and a
+/// half, of two sent at once the second reaches its first token only after the first is done,
+/// while with room for both they run together; one that could not fit even alone is refused
+/// with the sizes and what to change. The gauges show the budget and what a request holds.
+#[test]
+fn requests_whose_caches_do_not_fit_together_take_turns() {
+    let (prompts, max_tokens) = ([letters(400), (0..400).map(|i| char::from(b'a' + (i * 11 % 26) as u8)).collect::<String>()], 48);
+    let args = |memory: &str| -> Vec<String> {
+        ["--device", "cpu", "--cache-memory", "0", "--parallel", "4", "--kv-memory", memory].iter().map(|s| s.to_string()).collect()
+    };
+    let start = |memory: &str| {
+        let args = args(memory);
+        Server::start(&model(), &args.iter().map(String::as_str).collect::<Vec<_>>(), 200)
+    };
+    // What one request's cache takes, read while it runs alone.
+    let probe = start("100GB");
+    assert_eq!(metric(probe.port, "sala_kv_budget_bytes"), 100e9);
+    let need = {
+        let (port, prompt) = (probe.port, prompts[0].clone());
+        let answer = std::thread::spawn(move || greedy_completion(port, &prompt, max_tokens));
+        let (mut need, started) = (0.0, Instant::now());
+        while need == 0.0 && !answer.is_finished() {
+            assert!(started.elapsed() < Duration::from_secs(120), "the request never ran");
+            need = metric(port, "sala_kv_reserved_bytes");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        answer.join().unwrap();
+        need as u64
+    };
+    assert!(need > 0, "no cache memory was held for the request");
+    drop(probe);
+    let both = |server: &Server| {
+        let runs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let (port, prompt) = (server.port, p.clone());
+                std::thread::spawn(move || greedy_completion(port, &prompt, max_tokens))
+            })
+            .collect();
+        for run in runs {
+            assert_eq!(run.join().unwrap()["usage"]["completion_tokens"], max_tokens);
+        }
+        let mut times = completion_times(&server.log_so_far());
+        assert_eq!(times.len(), 2, "{}", server.log_so_far());
+        times.sort_by(|a, b| a.1.total_cmp(&b.1));
+        (times[0], times[1])
+    };
+    // Room for one and a half: the second goes in once the first is done (both were sent at
+    // once, so the first's whole time is the least the second waits, less their arrivals' gap).
+    let tight = start(&(need * 3 / 2).to_string());
+    let (first, second) = both(&tight);
+    assert!(second.0 + 100.0 >= first.1, "the second started beside the first: {first:?} {second:?}");
+    // Alone too big: refused, naming the sizes and what to change.
+    let body = json!({"prompt": prompts[0], "max_tokens": 40000, "ignore_eos": true}).to_string();
+    let r = request(tight.port, "POST", "/v1/completions", Some(&body), &[]).expect("an answer");
+    assert_eq!(r.status, 400, "{}", r.body);
+    let message = r.json()["error"]["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("max_tokens 40000") && message.contains("more than the") && message.contains("fewer tokens"), "{message}");
+    drop(tight);
+    // Room for both: they run side by side.
+    let roomy = start(&(need * 3).to_string());
+    let (first, second) = both(&roomy);
+    assert!(second.0 < first.1, "with room for both, the second still waited: {first:?} {second:?}");
+}

@@ -35,6 +35,11 @@ pub struct ServeArgs {
     /// default: a quarter of the memory free once the model is loaded)
     #[arg(long, value_name = "SIZE", value_parser = super::parse_byte_size)]
     pub cache_memory: Option<u64>,
+    /// Memory the running requests' caches share, e.g. 40GB: a request waits until its cache,
+    /// grown to its prompt and max_tokens, fits beside theirs (default: the memory free once the
+    /// model is loaded, less --cache-memory and an eighth for the forward passes)
+    #[arg(long, value_name = "SIZE", value_parser = super::parse_byte_size)]
+    pub kv_memory: Option<u64>,
     /// Keep prompt states across restarts: those the prefix cache holds are saved in DIR at
     /// shutdown (one prompt cache file each) and read back at start, up to --cache-memory
     #[arg(long, value_name = "DIR")]
@@ -120,6 +125,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         read_timeout: std::time::Duration::from_secs(args.timeout),
         shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
         cache_memory: args.cache_memory,
+        kv_memory: args.kv_memory,
         prompt_cache_dir: args.prompt_cache_dir,
         tool_format: args.tool_calls.tool_call_parser,
         prefill_step: args.load.runtime.prefill_step,

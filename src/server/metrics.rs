@@ -28,6 +28,8 @@ pub struct Metrics {
     pub memory_active: IntGauge,
     pub memory_peak: IntGauge,
     pub kernel_variants: IntGauge,
+    pub kv_reserved: IntGauge,
+    pub kv_budget: IntGauge,
 }
 
 /// Time-to-first-token buckets (seconds): a short prompt on a GPU to a long one on a CPU.
@@ -64,6 +66,8 @@ impl Metrics {
             memory_active: gauge("sala_memory_active_bytes", "Memory MLX holds in arrays now"),
             memory_peak: gauge("sala_memory_peak_bytes", "Most memory MLX has held in arrays since the server started"),
             kernel_variants: gauge("sala_kernel_variants", "Variants of our GPU kernels launched so far, each compiled or loaded from the disk cache at its first launch (0 on the CPU)"),
+            kv_reserved: gauge("sala_kv_reserved_bytes", "Cache memory held for the running requests, each at its prompt and max_tokens"),
+            kv_budget: gauge("sala_kv_budget_bytes", "Cache memory the running requests may hold together (--kv-memory; 0 where unknown)"),
             registry,
         }
     }

@@ -98,6 +98,9 @@ pub struct ServerOptions {
     /// Bytes of prompt states kept for reuse; `None`: a quarter of the memory free once the
     /// model is loaded.
     pub cache_memory: Option<u64>,
+    /// Bytes the running requests' caches share; `None`: what is free once the model is loaded,
+    /// less the prefix cache and an eighth.
+    pub kv_memory: Option<u64>,
     /// Where kept prompt states are saved at shutdown and read back at start.
     pub prompt_cache_dir: Option<std::path::PathBuf>,
     /// The tool-call syntax, when not the model's own.
@@ -126,6 +129,7 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
         read_timeout,
         shutdown_timeout,
         cache_memory,
+        kv_memory,
         prompt_cache_dir,
         tool_format,
         prefill_step,
@@ -161,7 +165,7 @@ pub fn serve(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> {
              Model downloads and deletions are refused and paths are hidden; pass --api-key KEY to allow them."
         );
     }
-    let settings = pool::WorkerSettings { load: model, default_max_tokens, prefill_step, parallel, cache_memory, prompt_cache_dir, tool_format };
+    let settings = pool::WorkerSettings { load: model, default_max_tokens, prefill_step, parallel, cache_memory, kv_memory, prompt_cache_dir, tool_format };
     let pool = match &fixed {
         // Clients name the model by a short id (or its path, as llama.cpp's server does); a
         // public server takes no path.
@@ -282,14 +286,16 @@ pub fn follow(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> 
         libc::signal(libc::SIGTERM, libc::SIG_IGN);
     }
     let tp = model.tp.clone();
-    let loaded = crate::load::load(&model, options.default_max_tokens)?;
-    let tokenizer = loaded.tokenizer.ok_or_else(|| anyhow::anyhow!("the model has no tokenizer, which the chat API needs"))?;
+    let mut loaded = crate::load::load(&model, options.default_max_tokens)?;
+    let tokenizer = loaded.tokenizer.take().ok_or_else(|| anyhow::anyhow!("the model has no tokenizer, which the chat API needs"))?;
     let budget = pool::shared_budget(&tp, options.cache_memory)?;
+    let per_request = |tokens: usize| loaded.cache_bytes(tokens);
+    let memory = pool::shared_cache_memory(&tp, loaded.device, budget, options.kv_memory)?.map(|budget| scheduler::CacheMemory { budget, per_request: &per_request });
     let metrics = metrics::Metrics::new();
     scheduler::run(
         loaded.model.as_ref(),
         Arc::new(tokenizer),
-        scheduler::Batching { prefill_step: options.prefill_step, parallel: options.parallel },
+        scheduler::Batching { prefill_step: options.prefill_step, parallel: options.parallel, memory },
         scheduler::Intake::Follower(scheduler::Follower::new(tp)),
         Arc::new(AtomicBool::new(false)),
         PrefixCache::new(budget),

@@ -31,6 +31,7 @@ pub struct WorkerSettings {
     pub prefill_step: usize,
     pub parallel: usize,
     pub cache_memory: Option<u64>,
+    pub kv_memory: Option<u64>,
     pub prompt_cache_dir: Option<PathBuf>,
     pub tool_format: Option<ToolFormat>,
 }
@@ -488,7 +489,7 @@ fn serve_model(state: &Arc<AppState>, slot: &Slot) {
     let settings = &state.pool.settings;
     let options = LoadOptions { model: Some(slot.path.clone()), ..settings.load.clone() };
     let tp = options.tp.clone();
-    let loaded = match load(&options, settings.default_max_tokens) {
+    let mut loaded = match load(&options, settings.default_max_tokens) {
         Ok(l) => l,
         Err(e) if !tp.is_single() => {
             // The other ranks wait for this one: end, and the supervisor stops them.
@@ -501,13 +502,21 @@ fn serve_model(state: &Arc<AppState>, slot: &Slot) {
             return;
         }
     };
-    let Some(tokenizer) = loaded.tokenizer else {
+    let Some(tokenizer) = loaded.tokenizer.take() else {
         let _ = slot.load_error.set("the model has no tokenizer, which the chat API needs".into());
         return;
     };
     let tokenizer = Arc::new(tokenizer);
     let cache_budget = match shared_budget(&tp, settings.cache_memory) {
         Ok(budget) => budget,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    };
+    let per_request = |tokens: usize| loaded.cache_bytes(tokens);
+    let memory = match shared_cache_memory(&tp, loaded.device, cache_budget, settings.kv_memory) {
+        Ok(budget) => budget.map(|budget| scheduler::CacheMemory { budget, per_request: &per_request }),
         Err(e) => {
             eprintln!("error: {e}");
             std::process::exit(1);
@@ -543,9 +552,10 @@ fn serve_model(state: &Arc<AppState>, slot: &Slot) {
         slot.ready.get().map(|r| r.jobs.lock().expect("jobs lock").take());
     }
     eprintln!(
-        "model ready: {} (prefix cache: up to {}; tool calls: {})",
+        "model ready: {} (prefix cache: up to {}; requests' caches: up to {}; tool calls: {})",
         slot.id,
         crate::engine::memory::human(cache_budget),
+        memory.map_or_else(|| "unknown memory".into(), |m| crate::engine::memory::human(m.budget)),
         tool_format.name()
     );
     let metrics: &metrics::Metrics = &state.metrics;
@@ -553,7 +563,7 @@ fn serve_model(state: &Arc<AppState>, slot: &Slot) {
     let prefixes = scheduler::run(
         model,
         tokenizer,
-        scheduler::Batching { prefill_step: settings.prefill_step, parallel: settings.parallel },
+        scheduler::Batching { prefill_step: settings.prefill_step, parallel: settings.parallel, memory },
         intake,
         state.abort.clone(),
         prefixes,
@@ -562,6 +572,26 @@ fn serve_model(state: &Arc<AppState>, slot: &Slot) {
     if let Some((dir, store)) = &store {
         write_kept_states(store, dir, &prefixes);
     }
+}
+
+/// The memory the requests' caches share (see [`scheduler::CacheMemory`]): `asked`, else what the
+/// device has free with the model loaded, less the prefix cache's `prefix_budget` and an eighth
+/// kept for the forward passes' working memory; rank 0's under tensor parallelism, so that every
+/// rank admits the same requests. `None` where the free memory is unknown.
+pub fn shared_cache_memory(
+    tp: &crate::engine::distributed::TensorParallel,
+    device: crate::engine::device::DeviceKind,
+    prefix_budget: u64,
+    asked: Option<u64>,
+) -> crate::engine::error::Result<Option<u64>> {
+    if let Some(asked) = asked {
+        return Ok(Some(asked));
+    }
+    let free = tp.share_u64(|| Ok::<_, crate::engine::error::Error>(crate::engine::memory::available_bytes(device).unwrap_or(u64::MAX)))?;
+    Ok((free != u64::MAX).then(|| {
+        let free = free.saturating_sub(prefix_budget);
+        free - free / 8
+    }))
 }
 
 /// The prefix cache's budget: `asked`, else a share of the free memory; under tensor parallelism

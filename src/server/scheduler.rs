@@ -1,5 +1,6 @@
 //! The worker that owns the model and serves every request (continuous batching): new requests
-//! are admitted between decode steps (up to `parallel` at once, the rest wait in order), their
+//! are admitted between decode steps (up to `parallel` at once, and while their caches, grown to
+//! the prompt and `max_tokens`, fit in the memory the requests share: the rest wait in order), their
 //! prompts go in a chunk per round, and every round runs one batched forward that advances each
 //! request whose prompt is in by a token, whatever its length. A long answer never blocks a short
 //! one; a request whose client went away is dropped before the next round, freeing its slot and
@@ -97,6 +98,8 @@ struct Active {
     /// Log-probabilities of tokens whose text is not all sent yet, with where it starts and
     /// ends in the answer (bytes).
     pending: VecDeque<(TokenLogprobs, usize, usize)>,
+    /// Bytes of cache memory held for it (see [`CacheMemory`]).
+    reserved: u64,
     /// Prompt tokens taken from the prefix cache.
     cached_tokens: usize,
     /// When the first token came (time to first token is measured once).
@@ -104,12 +107,32 @@ struct Active {
 }
 
 /// How the worker batches.
-#[derive(Debug, Clone, Copy)]
-pub struct Batching {
+#[derive(Clone, Copy)]
+pub struct Batching<'a> {
     /// Prompt tokens per forward pass during prefill.
     pub prefill_step: usize,
     /// Requests decoded together.
     pub parallel: usize,
+    /// The memory the requests' caches share; `None` where the device's is unknown.
+    pub memory: Option<CacheMemory<'a>>,
+}
+
+/// The memory the requests' caches may take together. A request is admitted only while its cache,
+/// grown to its prompt and `max_tokens`, fits beside those of the requests already in; else it
+/// waits in order (one that could not fit alone is refused).
+#[derive(Clone, Copy)]
+pub struct CacheMemory<'a> {
+    /// Bytes for all the requests' caches together.
+    pub budget: u64,
+    /// Bytes one request's cache of so many tokens takes.
+    pub per_request: &'a dyn Fn(usize) -> u64,
+}
+
+impl CacheMemory<'_> {
+    /// What a request of `prompt` tokens and `max_tokens` more reserves.
+    fn need(&self, prompt: usize, max_tokens: usize) -> u64 {
+        (self.per_request)(prompt.saturating_add(max_tokens))
+    }
 }
 
 /// Paces prompt chunks against the decode steps beside them. While requests decode, a round is
@@ -352,7 +375,8 @@ pub fn run(
     mut prefixes: PrefixCache,
     metrics: &Metrics,
 ) -> PrefixCache {
-    let Batching { prefill_step, parallel } = batching;
+    let Batching { prefill_step, parallel, memory } = batching;
+    metrics.kv_budget.set(memory.map_or(0, |m| m.budget.min(i64::MAX as u64) as i64));
     let mut active: Vec<Active> = Vec::new();
     let mut waiting: VecDeque<(u64, Job)> = VecDeque::new();
     let mut next_id = 0u64;
@@ -378,6 +402,7 @@ pub fn run(
         if idle {
             metrics.queue_depth.set(0);
             metrics.batch_size.set(0);
+            metrics.kv_reserved.set(0);
         }
         let closed: Vec<u64> =
             waiting.iter().filter(|(_, j)| j.events.is_closed()).map(|(id, _)| *id).chain(active.iter().filter(|a| a.job.events.is_closed()).map(|a| a.id)).collect();
@@ -409,6 +434,19 @@ pub fn run(
             let going_in: Vec<&[u32]> = active.iter().filter(|a| !a.decoding.is_prefilled()).map(|a| a.job.prompt.as_slice()).collect();
             let Some(next) = waiting.iter().position(|(_, job)| !going_in.iter().any(|p| shares_start(p, &job.prompt))) else { break };
             let Some((id, job)) = waiting.remove(next) else { break };
+            let reserved = memory.map_or(0, |m| m.need(job.prompt.len(), job.max_tokens));
+            if let Some(m) = memory {
+                if reserved > m.budget {
+                    let _ = job.events.send(Event::Error(too_big_alone(&job, reserved, m.budget)));
+                    continue;
+                }
+                let held: u64 = active.iter().map(|a| a.reserved).sum();
+                if held.saturating_add(reserved) > m.budget {
+                    // Its turn stays: it goes in once enough of the others are done.
+                    waiting.insert(next, (id, job));
+                    break;
+                }
+            }
             // The running requests' steps may still be encoding; a kept state is read on this
             // thread only once the evaluator is idle (engine::encoder).
             if let Err(e) = Encoder::for_this_thread().wait() {
@@ -416,11 +454,12 @@ pub fn run(
                 continue;
             }
             if let Some(a) = admit(model, id, job, prefill_step, &mut prefixes, metrics) {
-                active.push(a);
+                active.push(Active { reserved, ..a });
             }
         }
         metrics.queue_depth.set(waiting.len() as i64);
         metrics.batch_size.set(active.len() as i64);
+        metrics.kv_reserved.set(active.iter().map(|a| a.reserved).sum::<u64>().min(i64::MAX as u64) as i64);
         // The pace's costs are of the chunk and the decode step alone (not of admissions).
         let stepped = Instant::now();
         let mut chunk = 0;
@@ -508,6 +547,19 @@ pub fn run(
 /// earlier's state rather than prefill them again beside it (a chat template's opening is shorter).
 const SHARED_START: usize = 64;
 
+/// Why a request that cannot fit even alone is refused, and what would let it.
+fn too_big_alone(job: &Job, need: u64, budget: u64) -> String {
+    use crate::engine::memory::human;
+    format!(
+        "the prompt ({} tokens) with max_tokens {} needs {} of cache, more than the {} this server's requests share: \
+         ask for fewer tokens or a shorter prompt (or serve with --kv-bits 8, which halves the cache)",
+        job.prompt.len(),
+        job.max_tokens,
+        human(need),
+        human(budget)
+    )
+}
+
 /// Whether `b` starts with at least [`SHARED_START`] tokens of `a` (or all of a shorter `b`'s).
 fn shares_start(a: &[u32], b: &[u32]) -> bool {
     let common = a.iter().zip(b).take_while(|(x, y)| x == y).count();
@@ -562,6 +614,7 @@ fn admit(model: &dyn LanguageModel, id: u64, mut job: Job, prefill_step: usize, 
             job,
             cache: start.cache,
             trail: start.trail,
+            reserved: 0,
             cached_tokens: start.tokens,
             decoding,
             decoder: StreamDecoder::default(),

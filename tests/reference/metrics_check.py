@@ -107,7 +107,8 @@ kinds = {"sala_requests": "counter", "sala_prompt_tokens": "counter", "sala_gene
          "sala_queue_depth": "gauge", "sala_batch_size": "gauge", "sala_prefix_cache_lookups": "counter",
          "sala_prefix_cache_hits": "counter", "sala_prefix_cache_hit_tokens": "counter",
          "sala_memory_active_bytes": "gauge", "sala_memory_peak_bytes": "gauge",
-         "sala_prefill_chunk_tokens": "histogram", "sala_kernel_variants": "gauge"}
+         "sala_prefill_chunk_tokens": "histogram", "sala_kernel_variants": "gauge",
+         "sala_kv_reserved_bytes": "gauge", "sala_kv_budget_bytes": "gauge"}
 for name, kind in kinds.items():
     check(f"{name} is a {kind}", name in families and families[name].type == kind and families[name].documentation, str(families.get(name)))
 
@@ -134,6 +135,8 @@ for name in ["sala_time_to_first_token_seconds", "sala_request_duration_seconds"
 ttft, latency = value("sala_time_to_first_token_seconds", "_sum"), value("sala_request_duration_seconds", "_sum")
 check("first tokens come before the last", ttft <= latency, f"{ttft} vs {latency}")
 check("idle: nothing queued or running", value("sala_queue_depth") == 0 and value("sala_batch_size") == 0)
+check("idle: no cache memory held, some to hold", value("sala_kv_reserved_bytes") == 0 and value("sala_kv_budget_bytes") > 0,
+      f"{value('sala_kv_reserved_bytes')} {value('sala_kv_budget_bytes')}")
 active, peak = value("sala_memory_active_bytes"), value("sala_memory_peak_bytes")
 check("memory", 0 < active <= peak, f"{active} {peak}")
 # The tests serve on the CPU, where no GPU kernel is launched (none is compiled).
