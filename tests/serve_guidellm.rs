@@ -112,14 +112,17 @@ fn guidellm_runs_every_workload_against_the_server_and_the_summary_reads_them() 
         logged = completions_logged(&server.log_so_far());
     }
     assert_eq!(measured(&logged), 16 + 8 + 8 + 8 + 4 + 8 + 2, "{logged:?}");
-    // The model has recurrent layers, so a state restarts only where the first question left a
-    // point (every 2048 tokens); the second question leaves one where it parts from the first,
-    // and the questions after it restart past the whole prefix.
+    // The model has recurrent layers, so a state restarts only at a point: every 2048 tokens,
+    // and where a prompt parts from a kept one. guidellm opens each question with a token taken
+    // from the vocabulary in the tokenizer's hash order (another in every process), which the
+    // server's tokenizer may merge with the prefix's last token: such a question shares a little
+    // less than the whole prefix and restarts at the point 2048 (CI met one; tests/prefix_cache.rs
+    // checks the restarts where prompts part). Every question after the first restarts at 2048
+    // at least; the first pays the prefix.
     let prefix: Vec<_> = logged.iter().filter(|(prompt, _, generated)| *generated == 4 && *prompt > 2100).collect();
     assert_eq!(prefix.len(), 4, "{logged:?}");
     assert!(prefix[0].1 < 16, "the first question pays the prefix: {prefix:?}");
-    assert!(prefix[1].1 >= 2048, "the second restarts at the first's point: {prefix:?}");
-    for (_, cached, _) in &prefix[2..] {
-        assert!(*cached >= 2100, "a later question reuses the whole prefix: {prefix:?}");
+    for (_, cached, _) in &prefix[1..] {
+        assert!(*cached >= 2048, "a later question restarts at the first's point at least: {prefix:?}");
     }
 }
