@@ -208,11 +208,31 @@ pub fn load_synthetic(synthetic: &SyntheticModel, options: &LoadOptions, tokens:
     Ok(loaded)
 }
 
+/// Compiles, side by side, the GPU kernels whose self-checks this process will run, instead of one
+/// by one at the first request (kernels::selfcheck::compile_ahead); a bar when there are any.
+fn compile_kernels_ahead(show: bool) {
+    let began = std::time::Instant::now();
+    let mut bar: Option<indicatif::ProgressBar> = None;
+    crate::kernels::selfcheck::compile_ahead(&models::kernel_checks(), false, |done, total| {
+        if show && total > 0 {
+            let bar = bar.get_or_insert_with(|| crate::progress::work_bar(total as u64, "compiling GPU kernels for this machine", "kernels"));
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        }
+    });
+    if let Some(bar) = bar {
+        let line = format!("compiled {} GPU kernels for this machine in {:.1} s (once: later starts load them)", bar.length().unwrap_or(0), began.elapsed().as_secs_f64());
+        bar.finish_and_clear();
+        eprintln!("{line}");
+    }
+}
+
 /// [`load`] for a model already opened (or built in memory) on `device`, which is selected;
 /// `path` is what the user named it.
 pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, options: &LoadOptions, tokens: usize) -> anyhow::Result<LoadedModel> {
     crate::engine::device_sampler::use_draw_kernel(crate::kernels::draw::draw);
     crate::engine::step_profile::use_stamp_kernel(crate::kernels::stamp::stamp);
+    crate::engine::device::use_kernel_compile_wait(crate::kernels::module_cache::settle);
     let cfg = source.config()?;
     let dtype = compute_dtype(options.dtype, device, source.weights.storage_dtype());
     let tp = &options.tp;
@@ -232,6 +252,7 @@ pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, o
         bar.finish_and_clear();
     }
     let mut model = built.map_err(|e| naming(e, "loading", &path))?;
+    compile_kernels_ahead(tp.is_leader());
     model.info_mut().add_eos_tokens(&generation.eos_token_ids);
     if let Some(window) = options.window {
         model.set_window(window)?;

@@ -1028,6 +1028,38 @@ fn every_kernel_passes_its_self_check() {
     }
 }
 
+/// Compiling the checks' kernels ahead reaches every variant their full runs launch: after it,
+/// the checks (all passing) launch no variant for the first time, so none waits for a compile of
+/// its own. Meaningful in a process of its own (eval/device-serving.sh's gputests step): one
+/// that has launched every check's kernels before reports itself skipped.
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn compiling_ahead_reaches_every_kernel_variant_the_checks_launch() {
+    use sala::kernels::custom::{variants_from, variants_launched};
+    assert!(select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu, "{NEEDS_GPU}");
+    let checks = sala::models::kernel_checks();
+    let before = variants_launched();
+    let mut reports = 0;
+    let launched = selfcheck::compile_ahead(&checks, true, |_, _| reports += 1);
+    let ahead = variants_launched() - before;
+    if backend() != Backend::Cuda {
+        assert_eq!((launched, ahead), (0, 0), "only CUDA compiles ahead");
+        eprintln!("skipped: only CUDA compiles kernels ahead");
+        return;
+    }
+    assert_eq!(launched, checks.iter().filter(|c| c.backends.contains(&Backend::Cuda)).count());
+    if ahead == 0 {
+        eprintln!("skipped: this process had launched every check's kernels already (run the test alone)");
+        return;
+    }
+    assert!(reports >= 1);
+    for check in &checks {
+        assert!(selfcheck::recheck(check), "{}: {:?}", check.name, selfcheck::status(check));
+    }
+    let during = variants_from(before + ahead);
+    assert!(during.is_empty(), "{ahead} variants launched ahead; the checks then met these too: {during:?}");
+}
+
 /// The norm-gate kernel's source with another body (see `kernels::lightning`'s own).
 const fn norm_gate_variant(name: &'static str, cuda_body: &'static str, metal_body: &'static str) -> KernelSource {
     KernelSource {

@@ -482,6 +482,89 @@ mod self_check {
         assert!(warnings().is_empty(), "{:?}", warnings());
     }
 
+    static AHEAD_REGISTRY: Registry = Registry::new(record);
+    static AHEAD_LAUNCHES: AtomicUsize = AtomicUsize::new(0);
+    static AHEAD_ORACLES: AtomicUsize = AtomicUsize::new(0);
+    static NESTED_RUNS: AtomicUsize = AtomicUsize::new(0);
+    static NESTED_ANSWERS: std::sync::Mutex<Vec<bool>> = std::sync::Mutex::new(Vec::new());
+    /// A wrong kernel (so a comparison would fail) checked on two inputs, whose check also asks
+    /// for another kernel through its public function, as some real checks do.
+    static AHEAD: KernelCheck = KernelCheck {
+        name: "test_ahead",
+        backends: CUDA_ONLY,
+        run: || {
+            NESTED_ANSWERS.lock().unwrap().push(AHEAD_REGISTRY.enabled(&NESTED, Backend::Cuda));
+            for _ in 0..2 {
+                verify(
+                    input,
+                    |x| {
+                        AHEAD_LAUNCHES.fetch_add(1, Ordering::SeqCst);
+                        Ok(vec![wrong(x)?])
+                    },
+                    |x| {
+                        AHEAD_ORACLES.fetch_add(1, Ordering::SeqCst);
+                        Ok(vec![oracle(x)?])
+                    },
+                )?;
+            }
+            Ok(())
+        },
+    };
+    static NESTED: KernelCheck = KernelCheck {
+        name: "test_nested",
+        backends: CUDA_ONLY,
+        run: || {
+            NESTED_RUNS.fetch_add(1, Ordering::SeqCst);
+            check_with(close)
+        },
+    };
+
+    /// Compiling ahead runs each due check launching its kernels only: every launch is reached,
+    /// no oracle runs, nothing is compared, decided, warned or remembered, and a kernel asked for
+    /// meanwhile gets its MLX-ops version without its check running. The full check then runs at
+    /// the kernel's first use as before; a settled or remembered check is not run ahead again
+    /// (unless afresh, as `sala doctor` asks), and only CUDA compiles ahead.
+    #[test]
+    fn checks_run_ahead_only_launch_their_kernels_and_decide_nothing() {
+        let counts = || (AHEAD_LAUNCHES.load(Ordering::SeqCst), AHEAD_ORACLES.load(Ordering::SeqCst), NESTED_RUNS.load(Ordering::SeqCst));
+        let mut progress = Vec::new();
+        assert_eq!(AHEAD_REGISTRY.compile_ahead(&[&AHEAD, &NESTED], Backend::Metal, false, |d, t| progress.push((d, t))), 0);
+        assert_eq!(AHEAD_REGISTRY.compile_ahead(&[&AHEAD], Backend::Cpu, false, |d, t| progress.push((d, t))), 0);
+        assert_eq!((counts(), progress.len()), ((0, 0, 0), 0), "nothing runs off CUDA");
+
+        assert_eq!(AHEAD_REGISTRY.compile_ahead(&[&AHEAD], Backend::Cuda, false, |d, t| progress.push((d, t))), 1);
+        assert_eq!(counts(), (2, 0, 0), "both launches, no oracle, the nested check not run");
+        assert_eq!(*NESTED_ANSWERS.lock().unwrap(), [false], "the nested kernel's MLX-ops version while launching ahead");
+        assert_eq!(AHEAD_REGISTRY.status(&AHEAD, Backend::Cuda), Status::Unchecked);
+        assert_eq!(AHEAD_REGISTRY.status(&NESTED, Backend::Cuda), Status::Unchecked);
+        assert!(warnings().is_empty(), "{:?}", warnings());
+        // Nothing was queued on the pool here (no GPU kernel launched): it reports none to wait for.
+        assert_eq!(progress, [(0, 0)]);
+
+        // The first use runs the check in full: the wrong kernel is caught, the nested one checked.
+        assert!(!AHEAD_REGISTRY.enabled(&AHEAD, Backend::Cuda));
+        assert_eq!(counts(), (3, 1, 1), "stopped at the first comparison; the nested check ran");
+        assert_eq!(*NESTED_ANSWERS.lock().unwrap(), [false, true]);
+        assert!(matches!(AHEAD_REGISTRY.status(&AHEAD, Backend::Cuda), Status::Disabled(_)));
+        assert_eq!(warnings().len(), 1, "{:?}", warnings());
+
+        // Settled checks are not run ahead again, unless afresh.
+        assert_eq!(AHEAD_REGISTRY.compile_ahead(&[&AHEAD, &NESTED], Backend::Cuda, false, |_, _| {}), 0);
+        assert_eq!(counts(), (3, 1, 1));
+        assert_eq!(AHEAD_REGISTRY.compile_ahead(&[&AHEAD, &NESTED], Backend::Cuda, true, |_, _| {}), 2);
+        assert_eq!(counts(), (5, 1, 2), "afresh: both run ahead; the nested one launches its kernel only");
+        assert!(matches!(AHEAD_REGISTRY.status(&AHEAD, Backend::Cuda), Status::Disabled(_)), "still as decided");
+
+        // A check this binary passed here before (the memo) is not run ahead.
+        let dir = std::env::temp_dir().join(format!("sala-kernel-ahead-{}", std::process::id()));
+        let memo = || Memo::new(dir.join("kernel-checks"), "binary=1".into());
+        assert!(Registry::with_memo(record, memo()).enabled(&NESTED, Backend::Cuda));
+        assert_eq!(counts().2, 3);
+        assert_eq!(Registry::with_memo(record, memo()).compile_ahead(&[&NESTED], Backend::Cuda, false, |_, _| {}), 0);
+        assert_eq!(counts().2, 3);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn outputs_are_compared_by_shape_value_and_tolerance() {
         let ints = |v: &[i32]| Array::from_slice(v, &[v.len() as i32]);

@@ -221,6 +221,8 @@ fn kernel_checks() -> Vec<Check> {
         return vec![Check::ok("kernels", format!("not used on cpu, the MLX-ops versions run ({})", names.join(", ")))];
     }
     let gpu = backend().name();
+    // Their kernels compile side by side first, not one check at a time.
+    selfcheck::compile_ahead(&checks, true, |_, _| {});
     checks
         .iter()
         .map(|check| {

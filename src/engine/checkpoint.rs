@@ -195,6 +195,14 @@ pub fn persist(temp: tempfile::NamedTempFile, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Writes `bytes` as the whole of `path` through a [`partial_file`]: a reader (another process
+/// too) sees the old file or the new one, never a part.
+pub fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut temp = partial_file(path)?;
+    temp.write_all(bytes).map_err(|e| Error::io(temp.path(), e))?;
+    persist(temp, path)
+}
+
 /// Removes what interrupted writes (a crash, SIGKILL, a full disk) left in `dir`: the partial
 /// files and folders of `name` (`.NAME.partial-PID…`), or of any name when `None`, whose
 /// process is no longer running and that have not changed for a minute, or that have not

@@ -223,6 +223,24 @@ pub fn on_cpu() -> bool {
         .unwrap_or(true)
 }
 
+/// What [`await_kernel_compiles`] calls (set once, at load): `kernels::module_cache::settle`,
+/// which the engine cannot name (it sits above).
+static KERNEL_COMPILES: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Makes [`await_kernel_compiles`] wait through `wait` from now on.
+pub fn use_kernel_compile_wait(wait: fn()) {
+    let _ = KERNEL_COMPILES.set(wait);
+}
+
+/// Waits for GPU kernels launched in a graph and still compiling side by side elsewhere, before
+/// the graph goes to MLX, which would otherwise compile each one it meets in turn. Cheap when
+/// none is (every step asks).
+pub fn await_kernel_compiles() {
+    if let Some(wait) = KERNEL_COMPILES.get() {
+        wait();
+    }
+}
+
 /// Waits until the default stream's queued work is done, if a device was selected (a command
 /// that never ran a model does not start one here). Called before the process exits: a step
 /// still running on MLX's worker thread (decoding queues steps ahead of the token it hands out)

@@ -243,6 +243,7 @@ impl Pacer {
     pub fn step(&mut self, outputs: impl FnOnce() -> Vec<Array>) -> Result<()> {
         if self.on {
             let arrays = outputs();
+            super::device::await_kernel_compiles();
             mlx_rs::transforms::async_eval(&arrays)?;
             mlx_rs::transforms::eval(&self.queued)?;
             self.queued = arrays;

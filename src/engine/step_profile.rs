@@ -125,6 +125,7 @@ pub fn count_ops(on: bool) {
 /// operations counted first when asked.
 pub fn encode<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<(), Exception> {
     let arrays: Vec<&Array> = arrays.into_iter().collect();
+    super::device::await_kernel_compiles();
     if COUNTING.load(Relaxed) {
         OPS.fetch_add(graph_operations(&arrays), Relaxed);
     }

@@ -150,12 +150,7 @@ fn keep(entry: &Path, value: &Value) {
     if std::fs::create_dir_all(dir).is_err() {
         return;
     }
-    let written = super::checkpoint::partial_file(entry).and_then(|mut temp| {
-        use std::io::Write;
-        temp.write_all(value.to_string().as_bytes()).map_err(|e| Error::io(temp.path(), e))?;
-        super::checkpoint::persist(temp, entry)
-    });
-    if written.is_err() {
+    if super::checkpoint::write_whole(entry, value.to_string().as_bytes()).is_err() {
         return;
     }
     let Ok(listing) = std::fs::read_dir(dir) else { return };

@@ -363,13 +363,9 @@ fn header_include(header: &str) -> Option<String> {
     let dir = std::env::temp_dir().join(format!("sala-cuda-{}", env!("CARGO_PKG_VERSION")));
     let path = dir.join(format!("{:016x}.cuh", h.finish()));
     let quoted = path.to_str().filter(|p| path.is_absolute() && p.chars().all(|c| c.is_ascii_graphic() && c != '"' && c != '\\'))?;
-    let written = std::fs::read_to_string(&path).is_ok_and(|s| s == header) || {
-        // Written under a private name and renamed into place: another process may be reading it.
-        let partial = dir.join(format!("{:016x}.{}.part", h.finish(), std::process::id()));
-        std::fs::create_dir_all(&dir).is_ok()
-            && std::fs::write(&partial, header).is_ok()
-            && std::fs::rename(&partial, &path).is_ok()
-    };
+    // Written whole (aside, then renamed): another process may be reading it.
+    let written = std::fs::read_to_string(&path).is_ok_and(|s| s == header)
+        || (std::fs::create_dir_all(&dir).is_ok() && crate::engine::checkpoint::write_whole(&path, header.as_bytes()).is_ok());
     written.then(|| format!("#include \"{quoted}\"\n"))
 }
 

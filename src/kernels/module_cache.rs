@@ -79,9 +79,9 @@ pub fn counts() -> (usize, usize, usize) {
 
 /// Puts the module of `output`'s kernel into MLX's cache unless it is there: compiled on a pool of
 /// background threads, so that the many variants one step meets at once (a new batch size)
-/// compile side by side. MLX, evaluating them one after another, loads each one the pool has
-/// finished and compiles itself any it reaches first (its copy serves this process, ours the
-/// next ones).
+/// compile side by side. Evaluations wait for the pool first ([`settle`], through
+/// `engine::device::await_kernel_compiles`): MLX, which would compile each kernel it meets in
+/// turn, then loads them all.
 pub fn prepare(output: &Array) {
     let Some(module) = Module::of(output) else {
         return left_to_mlx("MLX names no cache folder for this kernel".into());
@@ -91,16 +91,41 @@ pub fn prepare(output: &Array) {
         return;
     }
     let pool = &*POOL;
-    pool.jobs.lock().unwrap_or_else(|e| e.into_inner()).push_back(module);
+    {
+        let mut jobs = pool.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        jobs.push_back(module);
+        pool.pending.fetch_add(1, Ordering::AcqRel);
+    }
     pool.changed.notify_all();
     pool.start_workers();
 }
 
 /// Waits until the pool has compiled every module given to it so far.
 pub fn settle() {
+    settle_reporting(|_, _| {});
+}
+
+/// [`settle`], calling `progress(done, total)` as modules are done: `total` is what was queued or
+/// compiling when it began, and grows if more come meanwhile.
+pub fn settle_reporting(mut progress: impl FnMut(usize, usize)) {
     let pool = &*POOL;
+    let mut total = 0;
+    let mut report = |left: usize| {
+        total = total.max(left);
+        progress(total - left, total);
+    };
+    // Asked before every evaluation: nothing to wait for is the common case, answered unlocked.
+    if pool.pending.load(Ordering::Acquire) == 0 {
+        return report(0);
+    }
     let mut jobs = pool.jobs.lock().unwrap_or_else(|e| e.into_inner());
-    while !jobs.is_empty() || pool.busy.load(Ordering::Acquire) > 0 {
+    loop {
+        // Changed only under the lock held here.
+        let left = pool.pending.load(Ordering::Acquire);
+        report(left);
+        if left == 0 {
+            return;
+        }
         jobs = pool.changed.wait(jobs).unwrap_or_else(|e| e.into_inner());
     }
 }
@@ -115,15 +140,15 @@ fn left_to_mlx(why: String) {
 struct Pool {
     jobs: std::sync::Mutex<std::collections::VecDeque<Module>>,
     changed: std::sync::Condvar,
-    /// Modules being compiled (taken off the queue, not yet stored).
-    busy: AtomicUsize,
+    /// Modules queued or being compiled; changed under the lock of `jobs`.
+    pending: AtomicUsize,
     started: std::sync::Once,
 }
 
 static POOL: std::sync::LazyLock<Pool> = std::sync::LazyLock::new(|| Pool {
     jobs: Default::default(),
     changed: std::sync::Condvar::new(),
-    busy: AtomicUsize::new(0),
+    pending: AtomicUsize::new(0),
     started: std::sync::Once::new(),
 });
 
@@ -147,7 +172,6 @@ impl Pool {
                 let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
                     if let Some(module) = jobs.pop_front() {
-                        self.busy.fetch_add(1, Ordering::AcqRel);
                         break module;
                     }
                     jobs = self.changed.wait(jobs).unwrap_or_else(|e| e.into_inner());
@@ -160,7 +184,7 @@ impl Pool {
             }
             // Under the lock, so that a waiter in `settle` cannot miss the change.
             let _jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-            self.busy.fetch_sub(1, Ordering::AcqRel);
+            self.pending.fetch_sub(1, Ordering::AcqRel);
             self.changed.notify_all();
         }
     }
@@ -178,16 +202,10 @@ pub fn store_compiled(module: &Module, compile: impl FnOnce(&Module) -> Result<(
     }
     let (bytes, lowered) = compile(module)?;
     let names = image.with_extension("txt");
-    let write = |path: &Path, content: &[u8]| -> crate::engine::error::Result<()> {
-        use std::io::Write;
-        let mut aside = checkpoint::partial_file(path)?;
-        aside.write_all(content).map_err(|e| crate::engine::error::Error::io(aside.path(), e))?;
-        checkpoint::persist(aside, path)
-    };
     let folder = image.parent().unwrap_or(&module.folder);
     std::fs::create_dir_all(folder).map_err(|e| format!("cannot make {}: {e}", folder.display()))?;
-    write(&names, format!("{}\t{lowered}\n", module.entry()).as_bytes())
-        .and_then(|()| write(&image, &bytes))
+    checkpoint::write_whole(&names, format!("{}\t{lowered}\n", module.entry()).as_bytes())
+        .and_then(|()| checkpoint::write_whole(&image, &bytes))
         .map_err(|e| format!("cannot write {}: {e}", image.display()))?;
     Ok(true)
 }

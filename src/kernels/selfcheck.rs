@@ -11,11 +11,17 @@
 //! MLX compiles custom kernels again in every process (seconds each on CUDA), so a check passed by
 //! this very binary on this GPU, driver and MLX is remembered on disk ([`Memo`]) and not run again
 //! by later processes; a failed one is never remembered. `sala doctor` always checks afresh.
+//!
+//! A check evaluates its kernels as soon as it launches them, so on a machine that has compiled
+//! none of them yet the checks would compile one kernel at a time, for minutes.
+//! [`compile_ahead`] first runs the checks a process will need launching their kernels only, so
+//! that the module cache's pool compiles them side by side; each check then loads its kernels.
 
 use super::custom::{backend, Backend};
 use crate::engine::ops::to_vec_f32;
 use mlx_rs::{error::Result, Array, Dtype};
 use rand::{Rng, SeedableRng};
+use std::cell::Cell;
 use std::collections::btree_map::{BTreeMap, Entry};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -109,7 +115,7 @@ impl Memo {
     }
 
     /// Remembers that `kernel` passed on `backend`; a file that cannot be written is left alone
-    /// (later processes check again). Written aside and renamed, so a reader never sees half a file.
+    /// (later processes check again). Written whole, so a reader never sees half a file.
     pub fn record(&self, kernel: &str, backend: Backend) {
         let line = self.line(kernel, backend);
         let old = std::fs::read_to_string(&self.path).unwrap_or_default();
@@ -118,12 +124,8 @@ impl Memo {
         let keep_from = lines.len().saturating_sub(999);
         lines.drain(..keep_from);
         lines.push(&line);
-        let aside = self.path.with_extension(format!("{}.part", std::process::id()));
-        let written = self.path.parent().is_some_and(|dir| std::fs::create_dir_all(dir).is_ok())
-            && std::fs::write(&aside, lines.join("\n") + "\n").is_ok()
-            && std::fs::rename(&aside, &self.path).is_ok();
-        if !written {
-            let _ = std::fs::remove_file(&aside);
+        if self.path.parent().is_some_and(|dir| std::fs::create_dir_all(dir).is_ok()) {
+            let _ = crate::engine::checkpoint::write_whole(&self.path, (lines.join("\n") + "\n").as_bytes());
         }
     }
 }
@@ -178,7 +180,9 @@ impl Registry {
     }
 
     fn decide(&self, check: &KernelCheck, backend: Backend, afresh: bool) -> bool {
-        if !check.backends.contains(&backend) {
+        // A check launching kernels ahead takes the MLX-ops version of any it reaches through
+        // their public functions: no check runs, and nothing is recorded, while it does.
+        if !check.backends.contains(&backend) || LAUNCH_ONLY.get() {
             return false;
         }
         let key = (check.name, backend);
@@ -223,6 +227,29 @@ impl Registry {
         verified
     }
 
+    /// [`compile_ahead`] on `backend`: every check in `checks` when `afresh`, else those not yet
+    /// settled in this process nor passed before in the memo. Returns how many were launched.
+    pub fn compile_ahead(&self, checks: &[&KernelCheck], backend: Backend, afresh: bool, progress: impl FnMut(usize, usize)) -> usize {
+        if backend != Backend::Cuda {
+            // Only CUDA kernels go through the module cache's pool.
+            return 0;
+        }
+        let due: Vec<&KernelCheck> = checks
+            .iter()
+            .copied()
+            .filter(|c| c.backends.contains(&backend))
+            .filter(|c| afresh || (!self.lock().contains_key(&(c.name, backend)) && !self.memo().is_some_and(|m| m.holds(c.name, backend))))
+            .collect();
+        LAUNCH_ONLY.set(true);
+        for check in &due {
+            // What a launch-only run returns or raises says nothing: its real run will say it.
+            let _ = crate::engine::encoder::own_stream(|| std::panic::catch_unwind(check.run));
+        }
+        LAUNCH_ONLY.set(false);
+        super::module_cache::settle_reporting(progress);
+        due.len()
+    }
+
     /// Where `check`'s kernel stands on `backend` (nothing is run).
     pub fn status(&self, check: &KernelCheck, backend: Backend) -> Status {
         if !check.backends.contains(&backend) {
@@ -260,6 +287,21 @@ pub fn status(check: &KernelCheck) -> Status {
     PROCESS.status(check, backend())
 }
 
+thread_local! {
+    /// Set while [`compile_ahead`] runs checks to launch their kernels only.
+    static LAUNCH_ONLY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Compiles the kernels of the checks this process will run (all of `checks` when `afresh`, as
+/// `sala doctor` runs them) side by side before any runs: each check is run once launching its
+/// kernels without evaluating or comparing anything, which queues their compiles on the module
+/// cache's pool, and this waits for the pool, calling `progress(done, total)`. Nothing is
+/// decided: each check still runs in full at its kernel's first use. Only CUDA compiles this way;
+/// elsewhere it does nothing. Returns how many checks it launched.
+pub fn compile_ahead(checks: &[&KernelCheck], afresh: bool, progress: impl FnMut(usize, usize)) -> usize {
+    PROCESS.compile_ahead(checks, backend(), afresh, progress)
+}
+
 /// Makes the inputs, runs `oracle` (the kernel's MLX-ops version) and `kernel` on them, evaluates
 /// each, and compares their outputs pairwise: the same shapes, integer outputs and infinities
 /// equal, float outputs within [`TOLERANCE`]. The oracle may compute in a wider dtype than the
@@ -270,6 +312,11 @@ pub fn verify<I>(
     oracle: impl FnOnce(&I) -> Result<Vec<Array>>,
 ) -> Verdict {
     let inputs = inputs().map_err(|e| format!("its input could not be made: {}", one_line(e.what())))?;
+    if LAUNCH_ONLY.get() {
+        // compile_ahead: launching queues the kernels' compiles; the arrays are dropped unevaluated.
+        kernel(&inputs).map_err(|e| format!("the kernel failed: {}", one_line(e.what())))?;
+        return Ok(());
+    }
     let want = evaluated(oracle(&inputs)).map_err(|e| format!("its MLX-ops version failed: {}", one_line(e.what())))?;
     let got = evaluated(kernel(&inputs)).map_err(|e| format!("the kernel failed: {}", one_line(e.what())))?;
     if got.len() != want.len() {
@@ -283,6 +330,7 @@ pub fn verify<I>(
 
 fn evaluated(outputs: Result<Vec<Array>>) -> Result<Vec<Array>> {
     let outputs = outputs?;
+    super::module_cache::settle();
     mlx_rs::transforms::eval(&outputs)?;
     Ok(outputs)
 }

@@ -618,9 +618,7 @@ fn write_ref(repo_dir: &Path, revision: &str, commit: &str) -> Result<()> {
     let path = repo_dir.join("refs").join(revision);
     let dir = path.parent().ok_or_else(|| Error::Usage(format!("{}: not a ref file", path.display())))?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let mut aside = crate::engine::checkpoint::partial_file(&path)?;
-    aside.write_all(commit.as_bytes()).map_err(|e| Error::io(aside.path(), e))?;
-    crate::engine::checkpoint::persist(aside, &path)
+    crate::engine::checkpoint::write_whole(&path, commit.as_bytes())
 }
 
 /// Checks size and (LFS) sha256; the error says what differs.
