@@ -341,27 +341,27 @@ mod self_check {
         verify(input, |x| Ok(vec![kernel(x)?]), |x| Ok(vec![oracle(x)?]))
     }
 
-    static WRONG_RUNS: AtomicUsize = AtomicUsize::new(0);
-    static WRONG: KernelCheck = KernelCheck {
-        name: "test_wrong",
-        backends: CUDA_AND_METAL,
-        run: || {
-            WRONG_RUNS.fetch_add(1, Ordering::SeqCst);
-            check_with(wrong)
-        },
-    };
+    /// `$check`, a check of the stand-in `$kernel` against the oracle on `$backends`, counting
+    /// its runs in `$runs`.
+    macro_rules! counted_check {
+        ($check:ident, $runs:ident, $name:literal, $backends:expr, $kernel:expr) => {
+            static $runs: AtomicUsize = AtomicUsize::new(0);
+            static $check: KernelCheck = KernelCheck {
+                name: $name,
+                backends: $backends,
+                run: || {
+                    $runs.fetch_add(1, Ordering::SeqCst);
+                    check_with($kernel)
+                },
+            };
+        };
+    }
+
+    counted_check!(WRONG, WRONG_RUNS, "test_wrong", CUDA_AND_METAL, wrong);
     static NOT_COMPILING: KernelCheck = KernelCheck { name: "test_not_compiling", backends: CUDA_AND_METAL, run: || check_with(not_compiling) };
     static NAN: KernelCheck = KernelCheck { name: "test_nan", backends: CUDA_AND_METAL, run: || check_with(nan) };
     static PANICKING: KernelCheck = KernelCheck { name: "test_panicking", backends: CUDA_AND_METAL, run: || panic!("index out of bounds") };
-    static CLOSE_RUNS: AtomicUsize = AtomicUsize::new(0);
-    static CLOSE: KernelCheck = KernelCheck {
-        name: "test_close",
-        backends: CUDA_ONLY,
-        run: || {
-            CLOSE_RUNS.fetch_add(1, Ordering::SeqCst);
-            check_with(close)
-        },
-    };
+    counted_check!(CLOSE, CLOSE_RUNS, "test_close", CUDA_ONLY, close);
 
     /// A kernel's public function as the real ones are written: the kernel once it has passed its
     /// check, the MLX-ops version otherwise.
@@ -404,24 +404,8 @@ mod self_check {
         assert_eq!(warnings().len(), 5);
     }
 
-    static MEMO_GOOD_RUNS: AtomicUsize = AtomicUsize::new(0);
-    static MEMO_GOOD: KernelCheck = KernelCheck {
-        name: "test_memo_good",
-        backends: CUDA_AND_METAL,
-        run: || {
-            MEMO_GOOD_RUNS.fetch_add(1, Ordering::SeqCst);
-            check_with(close)
-        },
-    };
-    static MEMO_BAD_RUNS: AtomicUsize = AtomicUsize::new(0);
-    static MEMO_BAD: KernelCheck = KernelCheck {
-        name: "test_memo_bad",
-        backends: CUDA_AND_METAL,
-        run: || {
-            MEMO_BAD_RUNS.fetch_add(1, Ordering::SeqCst);
-            check_with(wrong)
-        },
-    };
+    counted_check!(MEMO_GOOD, MEMO_GOOD_RUNS, "test_memo_good", CUDA_AND_METAL, close);
+    counted_check!(MEMO_BAD, MEMO_BAD_RUNS, "test_memo_bad", CUDA_AND_METAL, wrong);
 
     /// A check passed is remembered on disk for later processes (registries) of the same binary on
     /// the same GPU, driver and MLX; a failed one never is; another backend or setting, or a
@@ -485,7 +469,7 @@ mod self_check {
     static AHEAD_REGISTRY: Registry = Registry::new(record);
     static AHEAD_LAUNCHES: AtomicUsize = AtomicUsize::new(0);
     static AHEAD_ORACLES: AtomicUsize = AtomicUsize::new(0);
-    static NESTED_RUNS: AtomicUsize = AtomicUsize::new(0);
+    counted_check!(NESTED, NESTED_RUNS, "test_nested", CUDA_ONLY, close);
     static NESTED_ANSWERS: std::sync::Mutex<Vec<bool>> = std::sync::Mutex::new(Vec::new());
     /// A wrong kernel (so a comparison would fail) checked on two inputs, whose check also asks
     /// for another kernel through its public function, as some real checks do.
@@ -508,14 +492,6 @@ mod self_check {
                 )?;
             }
             Ok(())
-        },
-    };
-    static NESTED: KernelCheck = KernelCheck {
-        name: "test_nested",
-        backends: CUDA_ONLY,
-        run: || {
-            NESTED_RUNS.fetch_add(1, Ordering::SeqCst);
-            check_with(close)
         },
     };
 

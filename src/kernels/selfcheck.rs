@@ -312,13 +312,14 @@ pub fn verify<I>(
     oracle: impl FnOnce(&I) -> Result<Vec<Array>>,
 ) -> Verdict {
     let inputs = inputs().map_err(|e| format!("its input could not be made: {}", one_line(e.what())))?;
+    let kernel_failed = |e: mlx_rs::error::Exception| format!("the kernel failed: {}", one_line(e.what()));
     if LAUNCH_ONLY.get() {
         // compile_ahead: launching queues the kernels' compiles; the arrays are dropped unevaluated.
-        kernel(&inputs).map_err(|e| format!("the kernel failed: {}", one_line(e.what())))?;
+        kernel(&inputs).map_err(kernel_failed)?;
         return Ok(());
     }
     let want = evaluated(oracle(&inputs)).map_err(|e| format!("its MLX-ops version failed: {}", one_line(e.what())))?;
-    let got = evaluated(kernel(&inputs)).map_err(|e| format!("the kernel failed: {}", one_line(e.what())))?;
+    let got = evaluated(kernel(&inputs)).map_err(kernel_failed)?;
     if got.len() != want.len() {
         return Err(format!("{} outputs where its MLX-ops version gives {}", got.len(), want.len()));
     }

@@ -522,6 +522,8 @@ fn serve_model(state: &Arc<AppState>, slot: &Slot) {
             std::process::exit(1);
         }
     };
+    // Set before the slot is ready: /metrics answers from then on.
+    state.metrics.kv_budget.set(memory.map_or(0, |m| m.budget.min(i64::MAX as u64) as i64));
     let model = loaded.model.as_ref();
     let mut prefixes = PrefixCache::new(cache_budget);
     let store = settings.prompt_cache_dir.clone().and_then(|dir| match StateDir::new(&dir, &loaded.fingerprint) {

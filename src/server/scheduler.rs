@@ -376,7 +376,6 @@ pub fn run(
     metrics: &Metrics,
 ) -> PrefixCache {
     let Batching { prefill_step, parallel, memory } = batching;
-    metrics.kv_budget.set(memory.map_or(0, |m| m.budget.min(i64::MAX as u64) as i64));
     let mut active: Vec<Active> = Vec::new();
     let mut waiting: VecDeque<(u64, Job)> = VecDeque::new();
     let mut next_id = 0u64;
