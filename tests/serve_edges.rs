@@ -756,3 +756,31 @@ fn requests_whose_caches_do_not_fit_together_take_turns() {
     let (first, second) = both(&roomy);
     assert!(second.0 < first.1, "with room for both, the second still waited: {first:?} {second:?}");
 }
+
+/// Prompts arriving together beside a stream share a round's prompt budget (each its own chunk):
+/// short and long ones, and one only scored (`max_tokens` 0, which leaves as its prompt goes
+/// in), each answer as they do alone, and the stream is not disturbed.
+#[test]
+fn prompts_arriving_together_beside_a_stream_each_answer_as_alone() {
+    let server = Server::start(&model(), &["--device", "cpu", "--prefill-step", "4096", "--cache-memory", "0", "--parallel", "6"], 200);
+    let port = server.port;
+    let scored = |port: u16| {
+        let body = json!({"prompt": "the cat sat on the mat", "max_tokens": 0, "echo": true, "logprobs": 1, "temperature": 0}).to_string();
+        let r = request(port, "POST", "/v1/completions", Some(&body), &[]).expect("an answer");
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["choices"][0]["logprobs"]["token_logprobs"].clone()
+    };
+    let prompts = ["hi there".to_string(), "what is two and two".to_string(), letters(700)];
+    let alone: Vec<Value> = prompts.iter().map(|p| greedy_completion(port, p, 6)["choices"][0]["text"].clone()).collect();
+    let scored_alone = scored(port);
+    assert!(scored_alone.as_array().is_some_and(|l| l.len() > 3), "{scored_alone}");
+
+    let stream = stream_decoding(port, 1500);
+    let together: Vec<_> = prompts.iter().cloned().map(|p| std::thread::spawn(move || greedy_completion(port, &p, 6)["choices"][0]["text"].clone())).collect();
+    let scored_together = std::thread::spawn(move || scored(port));
+    for (i, (answer, alone)) in together.into_iter().zip(&alone).enumerate() {
+        assert_eq!(&answer.join().unwrap(), alone, "prompt {i}");
+    }
+    assert_eq!(scored_together.join().unwrap(), scored_alone);
+    assert_eq!(stream.join().unwrap()["usage"]["completion_tokens"], 1500);
+}

@@ -1,7 +1,7 @@
 //! The worker that owns the model and serves every request (continuous batching): new requests
 //! are admitted between decode steps (up to `parallel` at once, and while their caches, grown to
 //! the prompt and `max_tokens`, fit in the memory the requests share: the rest wait in order), their
-//! prompts go in a chunk per round, and every round runs one batched forward that advances each
+//! prompts go in chunks, sharing a budget of tokens per round, and every round runs one batched forward that advances each
 //! request whose prompt is in by a token, whatever its length. A long answer never blocks a short
 //! one; a request whose client went away is dropped before the next round, freeing its slot and
 //! cache at once. A [`PrefixCache`] keeps the state of each prompt and each answer with restart
@@ -136,8 +136,8 @@ impl CacheMemory<'_> {
 }
 
 /// Paces prompt chunks against the decode steps beside them. While requests decode, a round is
-/// a prompt chunk and then a step for every decoding request, so a chunk delays each of their
-/// next tokens by its whole time: a chunk is sized to cost three quarters of a decode step, so
+/// its prompt chunks and then a step for every decoding request, so the chunks delay each of their
+/// next tokens by their whole time: a round's chunks are sized to cost three quarters of a decode step, so
 /// the streams' time between tokens grows by at most 1.75× while a long prompt goes in (the
 /// field's mark is 2×, with room left for noise). With nothing decoding, a prompt goes in at the
 /// full `--prefill-step`. Both costs are measured as the server runs.
@@ -461,24 +461,28 @@ pub fn run(
         metrics.kv_reserved.set(active.iter().map(|a| a.reserved).sum::<u64>().min(i64::MAX as u64) as i64);
         // The pace's costs are of the chunk and the decode step alone (not of admissions).
         let stepped = Instant::now();
-        let mut chunk = 0;
-        // One prefill chunk per round, so a long prompt delays the others' next tokens by a chunk
-        // at a time instead of all at once; of several prompts going in, rounds alternate between
-        // the one with the fewest tokens left (a short prompt answers at once) and the oldest.
+        // A round's prompt budget is shared by the prompts going in, each a chunk (a forward) of
+        // its own: many short prompts arriving together go in over a few rounds, not one a
+        // round. The order alternates between the fewest tokens left (a short prompt answers at
+        // once) and the oldest, so neither kind starves.
         prefill_turn = !prefill_turn;
-        if let Some(i) = next_prefill(&active, prefill_turn) {
-            let decoding = active.iter().any(|a| a.decoding.is_prefilled());
+        let decoding = active.iter().any(|a| a.decoding.is_prefilled());
+        let mut budget = PromptBudget::new(pace.chunk(decoding, prefill_step));
+        let mut gone = Vec::new();
+        for i in prefill_order(&active, prefill_turn) {
             let a = &mut active[i];
+            let Some(offer) = budget.offer(a.job.prompt.len().saturating_sub(a.cache.len())) else { continue };
             let before = a.cache.len();
-            let step = a.decoding.prefill_along(model, &mut a.cache, &mut a.trail, pace.chunk(decoding, prefill_step)).and_then(|done| {
+            let step = a.decoding.prefill_along(model, &mut a.cache, &mut a.trail, offer).and_then(|done| {
                 if done {
                     prefixes.insert(&a.job.prompt, &a.cache, &mut a.trail)?;
                 }
                 Ok(done)
             });
-            chunk = a.cache.len().saturating_sub(before);
-            if chunk > 0 {
-                metrics.prefill_chunk_tokens.observe(chunk as f64);
+            let ran = a.cache.len().saturating_sub(before);
+            budget.spend(ran);
+            if ran > 0 {
+                metrics.prefill_chunk_tokens.observe(ran as f64);
             }
             match step {
                 Ok(done) => {
@@ -488,14 +492,19 @@ pub fn run(
                     // Scoring only (max_tokens 0): the prompt was all there was to run.
                     if done && a.job.max_tokens == 0 {
                         finish(a, "length", None, metrics);
-                        active.remove(i);
+                        gone.push(i);
                     }
                 }
                 Err(e) => {
                     let _ = a.job.events.send(Event::Error(e.to_string()));
-                    active.remove(i);
+                    gone.push(i);
                 }
             }
+        }
+        let chunk = budget.charged();
+        gone.sort_unstable();
+        for i in gone.into_iter().rev() {
+            active.remove(i);
         }
         // One batched step for every request whose prompt is in.
         let ready: Vec<usize> = (0..active.len()).filter(|&i| active[i].decoding.is_prefilled()).collect();
@@ -565,14 +574,48 @@ fn shares_start(a: &[u32], b: &[u32]) -> bool {
     common >= SHARED_START.min(b.len()).max(1)
 }
 
-/// The request whose prompt gets this round's chunk: on a `shortest` turn the one with the fewest
-/// prompt tokens left, else the oldest (the first in `active` still going in).
-fn next_prefill(active: &[Active], shortest: bool) -> Option<usize> {
-    let going_in = (0..active.len()).filter(|&i| !active[i].decoding.is_prefilled());
+/// The requests whose prompts are going in, in the order this round's budget reaches them: on a
+/// `shortest` turn fewest prompt tokens left first, else oldest first (their order in `active`).
+fn prefill_order(active: &[Active], shortest: bool) -> Vec<usize> {
+    let mut going_in: Vec<usize> = (0..active.len()).filter(|&i| !active[i].decoding.is_prefilled()).collect();
     if shortest {
-        going_in.min_by_key(|&i| active[i].job.prompt.len().saturating_sub(active[i].cache.len()))
-    } else {
-        going_in.min()
+        going_in.sort_by_key(|&i| active[i].job.prompt.len().saturating_sub(active[i].cache.len()));
+    }
+    going_in
+}
+
+/// The prompt tokens one round runs, shared by the prompts going in. Each chunk is a forward of
+/// its own, whose fixed cost is counted as a block of tokens at least, so a crowd of tiny prompts
+/// cannot make a round a crowd of forwards.
+#[derive(Debug)]
+struct PromptBudget {
+    left: usize,
+    charged: usize,
+}
+
+impl PromptBudget {
+    fn new(tokens: usize) -> Self {
+        PromptBudget { left: tokens, charged: 0 }
+    }
+
+    /// The most tokens a prompt with `remaining` still to go in may run now; `None` when the round
+    /// is spent, or when what is left of it is a sliver of a prompt it cannot finish (a forward
+    /// for a few tokens of a long prompt would cost more than it moves it).
+    fn offer(&self, remaining: usize) -> Option<usize> {
+        let sliver = self.charged > 0 && self.left < remaining && self.left < Pace::MIN_CHUNK;
+        (self.left > 0 && remaining > 0 && !sliver).then_some(self.left)
+    }
+
+    /// Takes a chunk of `ran` tokens (none if it failed before running) out of the round.
+    fn spend(&mut self, ran: usize) {
+        let cost = ran.max(Pace::ALIGN);
+        self.left = self.left.saturating_sub(cost);
+        self.charged += cost;
+    }
+
+    /// The tokens the round's chunks count for, as the pace measures them.
+    fn charged(&self) -> usize {
+        self.charged
     }
 }
 
@@ -717,7 +760,7 @@ fn finish(a: &mut Active, finish_reason: &'static str, stop_sequence: Option<Str
 
 #[cfg(test)]
 mod tests {
-    use super::{shares_start, Pace, SHARED_START};
+    use super::{shares_start, Pace, PromptBudget, SHARED_START};
 
     #[test]
     fn a_prompt_waits_only_for_one_it_shares_a_real_start_with() {
@@ -762,6 +805,42 @@ mod tests {
         odd.observe(0.0333, 0, true);
         odd.observe(0.0001, 1, false);
         assert_eq!(odd.chunk(true, 4096) % Pace::ALIGN, 0);
+    }
+
+    #[test]
+    fn a_rounds_prompt_budget_is_shared_until_spent() {
+        // 1000 tokens: three prompts of 100 left go in whole, then the oldest long prompt takes
+        // the rest of the round.
+        let mut budget = PromptBudget::new(1000);
+        for _ in 0..3 {
+            assert_eq!(budget.offer(100), Some(1000 - budget.charged()));
+            budget.spend(100);
+        }
+        assert_eq!(budget.offer(30_000), Some(700));
+        budget.spend(700);
+        assert_eq!(budget.offer(5), None, "the round is spent");
+        assert_eq!(budget.charged(), 1000);
+        // A forward's fixed cost counts a block at least: 1-token prompts take 64 each.
+        let mut tiny = PromptBudget::new(256);
+        let mut forwards = 0;
+        while tiny.offer(1).is_some() {
+            tiny.spend(1);
+            forwards += 1;
+        }
+        assert_eq!(forwards, 256 / Pace::ALIGN);
+        // A sliver left over is not spent on a long prompt it cannot finish, but still finishes
+        // a short one; a round's first chunk is never refused.
+        let mut sliver = PromptBudget::new(1200);
+        sliver.spend(1000);
+        assert_eq!(sliver.offer(30_000), None);
+        assert_eq!(sliver.offer(150), Some(200));
+        assert_eq!(PromptBudget::new(100).offer(30_000), Some(100));
+        // A chunk that failed before running still counts its fixed cost; nothing left to run asks
+        // for nothing.
+        let mut failed = PromptBudget::new(512);
+        failed.spend(0);
+        assert_eq!(failed.offer(1000), Some(512 - Pace::ALIGN));
+        assert_eq!(failed.offer(0), None);
     }
 
     #[test]
