@@ -127,7 +127,7 @@ pub fn preflight(
 fn sequence_cache_bytes(cfg: &ConfigFile, dtype: Dtype, (window, kv_bits): (Option<Window>, Option<i32>), tokens: usize, ranks: usize) -> anyhow::Result<u64> {
     // A StreamingLLM window caps what the cache holds.
     let held = window.map_or(tokens, |w| tokens.min(w.capacity + w.capacity / 8));
-    Ok(models::cache_bytes(cfg, held, memory::dtype_bytes(dtype), kv_bits)? / ranks as u64)
+    Ok(models::cache_bytes_per_rank(cfg, held, memory::dtype_bytes(dtype), kv_bits, ranks)?)
 }
 
 /// A model ready to run, with what later memory checks need.

@@ -1,8 +1,9 @@
 //! Tensor parallelism on this machine's CPU: `sala run --tp N` starts N ranks that talk over MLX's
 //! ring backend on 127.0.0.1, and what they compute together must be what one process computes
 //! alone — the golden SALA cases (dense, chunk boundary, sparse, two-turn) within their float32
-//! tolerance, a quantized model, and SmolLM2 from its GGUF file. Setups that cannot be split are
-//! refused before anything runs.
+//! tolerance, a quantized model, and SmolLM2 from its GGUF file; over more ranks than KV heads
+//! (held whole, one per rank), the sparse golden cases and a small decoder. Setups that cannot be
+//! split are refused before anything runs.
 
 mod common;
 
@@ -76,27 +77,32 @@ fn rows_diff(a: &Tensor, b: &Tensor) -> f64 {
     (0..a.shape[0]).map(|i| max_abs_diff(a.row(i), b.row(i))).fold(0.0, f64::max)
 }
 
-#[test]
-fn golden_cases_over_two_ranks_match_the_reference_and_one_rank() {
-    for case in ["A_dense_f32", "B_chunk_boundary", "C_sparse_prefill", "D_two_turn"] {
+/// Each golden `case` over `ranks` ranks: the reference's greedy ids and logits, and one rank's.
+fn golden_over(ranks: usize, cases: &[&str]) {
+    for &case in cases {
         let toks = tokens(case);
         let exp = read_safetensors(&golden(case).join("expected.safetensors"));
         let (prompt, decode) = (ids(&toks, "prompt_ids"), ids(&toks, "decode_input_ids"));
         let one = run_ids(&golden(case), &prompt, decode.len() + 1, 1, &[]);
-        let two = run_ids(&golden(case), &prompt, decode.len() + 1, 2, &[]);
-        assert_eq!(&two.ids[..decode.len()], &decode[..], "{case}: greedy ids over two ranks");
-        assert_eq!(two.ids, one.ids, "{case}: two ranks generate what one does");
+        let split = run_ids(&golden(case), &prompt, decode.len() + 1, ranks, &[]);
+        assert_eq!(&split.ids[..decode.len()], &decode[..], "{case}: greedy ids over {ranks} ranks");
+        assert_eq!(split.ids, one.ids, "{case}: {ranks} ranks generate what one does");
         // Row 0 is the prefill's last position (the sparse regime in C), the rest decode steps.
-        let prefill = max_abs_diff(two.logits.row(0), &exp["f32.prefill.last_logits"].data);
-        assert!(prefill <= golden_tol(), "{case}: prefill logits over two ranks differ from the reference by {prefill}");
+        let prefill = max_abs_diff(split.logits.row(0), &exp["f32.prefill.last_logits"].data);
+        assert!(prefill <= golden_tol(), "{case}: prefill logits over {ranks} ranks differ from the reference by {prefill}");
         for i in 0..decode.len() {
-            let diff = max_abs_diff(two.logits.row(i + 1), exp["f32.decode.logits"].row(i));
-            assert!(diff <= golden_tol(), "{case}: decode step {i} over two ranks differs from the reference by {diff}");
+            let diff = max_abs_diff(split.logits.row(i + 1), exp["f32.decode.logits"].row(i));
+            assert!(diff <= golden_tol(), "{case}: decode step {i} over {ranks} ranks differs from the reference by {diff}");
         }
-        let vs_one = rows_diff(&two.logits, &one.logits);
-        assert!(vs_one <= golden_tol(), "{case}: two ranks differ from one by {vs_one}");
-        eprintln!("{case}: two ranks vs one: max |Δlogit| {vs_one:.2e}");
+        let vs_one = rows_diff(&split.logits, &one.logits);
+        assert!(vs_one <= golden_tol(), "{case}: {ranks} ranks differ from one by {vs_one}");
+        eprintln!("{case}: {ranks} ranks vs one: max |Δlogit| {vs_one:.2e}");
     }
+}
+
+#[test]
+fn golden_cases_over_two_ranks_match_the_reference_and_one_rank() {
+    golden_over(2, &["A_dense_f32", "B_chunk_boundary", "C_sparse_prefill", "D_two_turn"]);
 }
 
 /// An 8-bit copy of golden A: its packed matrices are split as stored, by rows and by columns.
@@ -142,6 +148,36 @@ fn smollm2_over_three_ranks_matches_one_rank() {
     }
 }
 
+/// Four ranks over SALA's two KV heads: each rank holds one KV head whole and 8 of its 16 query
+/// heads, and the two ranks of a group sum their block-selection scores (the group shares one
+/// selection). The sparse case C (selection in the prefill and in every decode step) and the
+/// dense case A, against the reference and one rank.
+#[test]
+fn golden_cases_over_more_ranks_than_kv_heads_match_the_reference_and_one_rank() {
+    golden_over(4, &["C_sparse_prefill", "A_dense_f32"]);
+}
+
+/// A Qwen3-shaped decoder (8 query heads over 2 KV heads, QK-norm) of random weights over four
+/// ranks: each rank's 2 query heads read its one KV head, held whole on two ranks.
+#[test]
+fn a_decoder_over_more_ranks_than_kv_heads_matches_one_rank() {
+    let dir = std::env::temp_dir().join(format!("sala-tp-kv-replicas-{}", std::process::id()));
+    let config = serde_json::json!({
+        "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 73_472,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 512,
+        "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2
+    });
+    synthetic_folder(&dir, &serde_json::json!({ "config": config }), true);
+    let prompt: Vec<u32> = (3..60).collect();
+    let one = run_ids(&dir, &prompt, 8, 1, &[]);
+    let four = run_ids(&dir, &prompt, 8, 4, &[]);
+    assert_eq!(four.ids, one.ids, "four ranks generate what one does");
+    let diff = rows_diff(&four.logits, &one.logits);
+    assert!(diff <= golden_tol(), "four ranks differ from one by {diff}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn heads_that_do_not_divide_are_refused_before_loading() {
     // SmolLM2 has 9 query heads: two ranks cannot share them.
@@ -149,11 +185,14 @@ fn heads_that_do_not_divide_are_refused_before_loading() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{stderr}");
     assert!(stderr.contains("splits the attention heads (num_attention_heads) between them, and 9 is not divisible by 2"), "{stderr}");
-    // SALA's sparse layers have 2 KV heads: four ranks would have to replicate them.
-    let output = sala_run(&golden("A_dense_f32"), &[1, 2, 3], 1, 4, &[], None);
+    // SALA's sparse layers have 2 KV heads: three ranks can neither split them nor hold one each.
+    let output = sala_run(&golden("A_dense_f32"), &[1, 2, 3], 1, 3, &[], None);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{stderr}");
-    assert!(stderr.contains("(num_key_value_heads; replicating KV heads is not supported) between them, and 2 is not divisible by 4"), "{stderr}");
+    assert!(
+        stderr.contains("and 2 heads over 3 ranks allow neither: choose a --tp that divides 2 or is a multiple of it"),
+        "{stderr}"
+    );
     // Golden A's o_proj has 128 input columns: two ranks get 64 each, half of a 128-wide
     // quantization group, which cannot be split as stored (layer 0's is the first loaded).
     let model = quantized_golden(8, 128);

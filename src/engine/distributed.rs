@@ -79,6 +79,24 @@ impl Drop for Group {
 
 type Collective = unsafe extern "C" fn(*mut mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_distributed_group, mlx_sys::mlx_stream) -> i32;
 
+/// A rank's key-value heads ([`TensorParallel::kv_heads`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvHeads {
+    /// The heads it holds, of all the model's.
+    pub range: Range<usize>,
+    /// Ranks holding each of them: 1 when they are split, more when replicated.
+    pub replicas: usize,
+    /// The model's KV heads.
+    pub total: usize,
+}
+
+impl KvHeads {
+    /// Whether other ranks hold the same heads (their query heads then form one group between them).
+    pub fn replicated(&self) -> bool {
+        self.replicas > 1
+    }
+}
+
 /// This process's place in a tensor-parallel group: which shard of every split matrix it holds
 /// and how it sums partial results with the other ranks. A single device is a group of one, for
 /// which every collective returns its input.
@@ -167,6 +185,8 @@ impl TensorParallel {
 
     /// This rank's equal share of `n` things (heads, rows, columns): refused, naming `what`,
     /// when the ranks cannot share them equally.
+    ///
+    /// Key-value heads go through [`TensorParallel::kv_heads`], which also replicates them.
     pub fn part(&self, n: usize, what: &str) -> Result<Range<usize>> {
         if !n.is_multiple_of(self.size) {
             return Err(Error::Usage(format!(
@@ -177,6 +197,29 @@ impl TensorParallel {
         }
         let share = n / self.size;
         Ok(self.rank * share..(self.rank + 1) * share)
+    }
+
+    /// This rank's key-value heads of `kv_heads`, which `heads` query heads share in equal groups:
+    /// its equal share, or, when the ranks outnumber them, the one head its query heads read
+    /// (each KV head then held whole by `size / kv_heads` ranks, as vLLM does). Refused, naming
+    /// `what`, when neither count divides the other.
+    pub fn kv_heads(&self, kv_heads: usize, heads: usize, what: &str) -> Result<KvHeads> {
+        if kv_heads.is_multiple_of(self.size) {
+            return Ok(KvHeads { range: self.part(kv_heads, what)?, replicas: 1, total: kv_heads });
+        }
+        if kv_heads == 0 || !self.size.is_multiple_of(kv_heads) {
+            return Err(Error::Usage(format!(
+                "tensor parallelism over {} ranks shares {what} equally between them, or gives each rank one of them \
+                 whole where the ranks outnumber them, and {kv_heads} heads over {} ranks allow neither: \
+                 choose a --tp that divides {kv_heads} or is a multiple of it",
+                self.size, self.size
+            )));
+        }
+        let replicas = self.size / kv_heads;
+        // Each rank's query heads (an equal share) then lie in one group: its KV head's.
+        self.part(heads, "the query heads")?;
+        let head = self.rank / replicas;
+        Ok(KvHeads { range: head..head + 1, replicas, total: kv_heads })
     }
 
     /// The element-wise sum of every rank's `x`.

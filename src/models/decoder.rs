@@ -16,7 +16,7 @@ use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::kv::append_with;
 use crate::kernels::rope::{rope_append, QkHeads, RopeAngles};
 use crate::kernels::sparse::{decode_attention, DecodeQuery};
-use crate::models::layers::{per_sequence, scale, Embedding, Input, Linear, LmHead, Mlp, Projections, RmsNorm};
+use crate::models::layers::{per_sequence, scale, Embedding, HeadRows, Input, Linear, LmHead, Mlp, Projections, RmsNorm};
 use crate::models::rope::Rope;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::{ops, ops::indexing::TryIndexOp, Array, Dtype};
@@ -159,10 +159,10 @@ impl DecoderConfig {
         }
     }
 
-    /// Bytes of the per-sequence cache after `context` tokens: keys and values of every layer,
-    /// stored in `format`.
-    pub fn cache_bytes(&self, context: usize, dtype_bytes: usize, format: KvFormat) -> u64 {
-        size_product(&[self.num_layers, 2, self.kv_heads, context]).saturating_mul(format.row_bytes(self.head_dim, dtype_bytes))
+    /// Bytes of the per-sequence cache after `context` tokens on each of `ranks` tensor-parallel
+    /// ranks: keys and values of every layer, stored in `format` (a KV head per rank at least).
+    pub fn cache_bytes(&self, context: usize, dtype_bytes: usize, format: KvFormat, ranks: usize) -> u64 {
+        size_product(&[self.num_layers, 2, self.kv_heads.div_ceil(ranks.max(1)), context]).saturating_mul(format.row_bytes(self.head_dim, dtype_bytes))
     }
 
     pub fn tensor_specs(&self) -> Result<Vec<TensorSpec>> {
@@ -211,14 +211,17 @@ struct Attention {
 }
 
 impl Attention {
-    /// This rank's heads: their q, k, v rows and o_proj columns.
+    /// This rank's heads: their q, k, v rows and o_proj columns (KV heads replicated where the
+    /// ranks outnumber them: each query head's attention needs only its own KV head).
     fn load(weights: &Weights, prefix: &str, c: &DecoderConfig, dtype: Dtype, tp: &TensorParallel) -> Result<Self> {
-        let heads = tp.part(c.heads, "the attention heads (num_attention_heads)")?.len();
-        let kv_heads = tp.part(c.kv_heads, "the key-value heads (num_key_value_heads)")?.len();
+        let heads = tp.part(c.heads, "the attention heads (num_attention_heads)")?;
+        let kv = tp.kv_heads(c.kv_heads, c.heads, "the key-value heads (num_key_value_heads)")?;
+        let rows = HeadRows::of(tp, &heads, &kv.range, c.head_dim);
+        let (heads, kv_heads) = (heads.len(), kv.range.len());
         let name = |n: &str| format!("{prefix}.{n}");
         let norm = |n: &str| RmsNorm::load(weights, &name(n), c.rms_norm_eps, dtype);
         Ok(Self {
-            qkv_proj: Projections::load(weights, ["q_proj", "k_proj", "v_proj"].map(name), dtype, c.qkv_bias, tp)?,
+            qkv_proj: Projections::load_rows(weights, ["q_proj", "k_proj", "v_proj"].map(name), vec![rows.q, rows.kv.clone(), rows.kv], dtype, c.qkv_bias)?,
             o_proj: Linear::row_parallel(weights, &name("o_proj"), dtype, c.o_bias, tp)?,
             q_norm: if c.qk_norm { Some(norm("q_norm")?) } else { None },
             k_norm: if c.qk_norm { Some(norm("k_norm")?) } else { None },

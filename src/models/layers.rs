@@ -9,6 +9,7 @@ use crate::engine::weights::{Part, Weights};
 use crate::engine::device::on_cpu;
 use crate::kernels::qmv::{epilogue_mlx, quantized_matmul_t, quantized_matmul_t_normed, quantized_matmul_t_then, swiglu_mlx, Epilogue, GateIn, RmsNormIn};
 use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
+use std::ops::Range;
 
 /// A projection's input: x itself, or RMSNorm(x) not yet applied, so that the quantized decode
 /// kernel can fold the normalisation into its product (one operation fewer before each of them).
@@ -214,7 +215,14 @@ impl<const N: usize> Projections<N> {
     /// The projections `names` (with their `.bias` vectors, if `bias`), each split by output rows
     /// over the ranks of `tp` (column-parallel).
     pub fn load(weights: &Weights, names: [String; N], dtype: Dtype, bias: bool, tp: &TensorParallel) -> Result<Self> {
-        let parts = names.iter().map(|n| Linear::column_parallel(weights, n, dtype, bias, tp)).collect::<Result<Vec<_>>>()?;
+        let rows = names.iter().map(|n| Linear::share(weights, n, 0, tp)).collect::<Result<Vec<_>>>()?;
+        Self::load_rows(weights, names, rows, dtype, bias)
+    }
+
+    /// The projections `names` (with their `.bias` vectors, if `bias`), each its given block of
+    /// output rows (`None`: all of them).
+    pub fn load_rows(weights: &Weights, names: [String; N], rows: Vec<Option<Range<usize>>>, dtype: Dtype, bias: bool) -> Result<Self> {
+        let parts = names.iter().zip(rows).map(|(n, rows)| Linear::rows_of(weights, n, dtype, bias, rows)).collect::<Result<Vec<_>>>()?;
         let matrices: Vec<&Matrix> = parts.iter().map(|p| &p.weight).collect();
         let Some(stacked) = Matrix::stack(&matrices)? else { return Ok(Self { stacked: None, bias: None, parts }) };
         let bias = bias.then(|| ops::concatenate(&parts.iter().filter_map(|p| p.bias.as_ref()).collect::<Vec<_>>(), 0)).transpose()?;
@@ -267,6 +275,23 @@ impl<const N: usize> Projections<N> {
     }
 }
 
+/// The output rows of a rank's heads in head-major projections: its query heads' (`q`) and its
+/// key-value heads' (`kv`); `None` on one device (all rows).
+#[derive(Debug, Clone)]
+pub struct HeadRows {
+    pub q: Option<Range<usize>>,
+    pub kv: Option<Range<usize>>,
+}
+
+impl HeadRows {
+    /// The query heads `heads` and KV heads `kv` (`TensorParallel::kv_heads`) a rank of `tp`
+    /// holds, of `head_dim` rows each.
+    pub fn of(tp: &TensorParallel, heads: &Range<usize>, kv: &Range<usize>, head_dim: usize) -> Self {
+        let rows = |r: &Range<usize>| (!tp.is_single()).then(|| r.start * head_dim..r.end * head_dim);
+        Self { q: rows(heads), kv: rows(kv) }
+    }
+}
+
 /// An attention layer's q, k, v projections and, when it has one, its output-gate projection —
 /// all of the same input, so stacked into one matrix with them (one launch fewer per layer and
 /// decode step, which is bound by the host's work per operation).
@@ -276,13 +301,14 @@ pub enum QkvGate {
 }
 
 impl QkvGate {
-    /// `{prefix}.q_proj`, `.k_proj`, `.v_proj` and `{prefix}.{gate}` when given, each this rank's
-    /// block of output rows (its heads).
-    pub fn load(weights: &Weights, prefix: &str, gate: Option<&str>, dtype: Dtype, tp: &TensorParallel) -> Result<Self> {
+    /// `{prefix}.q_proj`, `.k_proj`, `.v_proj` and `{prefix}.{gate}` when given: the rows of the
+    /// query heads `heads.q` (and their gate) and of the KV heads `heads.kv`.
+    pub fn load(weights: &Weights, prefix: &str, gate: Option<&str>, dtype: Dtype, heads: &HeadRows) -> Result<Self> {
         let name = |n: &str| format!("{prefix}.{n}");
+        let (q, kv) = (heads.q.clone(), heads.kv.clone());
         Ok(match gate {
-            None => Self::Plain(Projections::load(weights, ["q_proj", "k_proj", "v_proj"].map(name), dtype, false, tp)?),
-            Some(g) => Self::Gated(Projections::load(weights, ["q_proj", "k_proj", "v_proj", g].map(name), dtype, false, tp)?),
+            None => Self::Plain(Projections::load_rows(weights, ["q_proj", "k_proj", "v_proj"].map(name), vec![q, kv.clone(), kv], dtype, false)?),
+            Some(g) => Self::Gated(Projections::load_rows(weights, ["q_proj", "k_proj", "v_proj", g].map(name), vec![q.clone(), kv.clone(), kv, q], dtype, false)?),
         })
     }
 
@@ -324,7 +350,12 @@ impl Linear {
 
     /// This rank's block of output rows of `name` (and of its bias vector `{name}.bias`, if `bias`).
     pub fn column_parallel(weights: &Weights, name: &str, dtype: Dtype, bias: bool, tp: &TensorParallel) -> Result<Self> {
-        let part = Self::share(weights, name, 0, tp)?.map_or(Part::Whole, Part::Rows);
+        Self::rows_of(weights, name, dtype, bias, Self::share(weights, name, 0, tp)?)
+    }
+
+    /// The output rows `rows` of `name` (all when `None`), and of its bias vector if `bias`.
+    pub fn rows_of(weights: &Weights, name: &str, dtype: Dtype, bias: bool, rows: Option<Range<usize>>) -> Result<Self> {
+        let part = rows.map_or(Part::Whole, Part::Rows);
         let bias = bias.then(|| weights.get_part(&format!("{name}.bias"), &part, dtype)).transpose()?;
         Ok(Self { weight: Matrix::load_part(weights, name, dtype, part)?, bias, sum_over: None })
     }

@@ -128,15 +128,21 @@ pub fn tensor_specs(cfg: &ConfigFile) -> Result<Vec<TensorSpec>> {
 /// Bytes of one sequence's cache after `context` tokens, for the architecture `cfg` describes,
 /// its keys and values quantized to `kv_bits` if given (`--kv-bits`).
 pub fn cache_bytes(cfg: &ConfigFile, context: usize, dtype_bytes: usize, kv_bits: Option<i32>) -> Result<u64> {
+    cache_bytes_per_rank(cfg, context, dtype_bytes, kv_bits, 1)
+}
+
+/// [`cache_bytes`] on each of `ranks` tensor-parallel ranks: heads are split between them, and
+/// KV heads fewer than the ranks are held whole, one on each (`TensorParallel::kv_heads`).
+pub fn cache_bytes_per_rank(cfg: &ConfigFile, context: usize, dtype_bytes: usize, kv_bits: Option<i32>, ranks: usize) -> Result<u64> {
     // Heads that cannot be quantized are refused when the model is built; counted plain here.
     let format = |head_dim: usize| kv_bits.and_then(|bits| KvFormat::quantized(bits, head_dim as i32).ok()).unwrap_or_default();
     if let Some(config) = decoder_config(cfg)? {
-        return Ok(config.cache_bytes(context, dtype_bytes, format(config.head_dim)));
+        return Ok(config.cache_bytes(context, dtype_bytes, format(config.head_dim), ranks));
     }
     match cfg.str("model_type")? {
         sala::MODEL_TYPE => {
             let config = sala::SalaConfig::from_file(cfg)?;
-            Ok(config.cache_bytes(context, dtype_bytes, format(config.sparse.head_dim)))
+            Ok(config.cache_bytes(context, dtype_bytes, format(config.sparse.head_dim), ranks))
         }
         other => Err(unsupported(cfg, other)),
     }

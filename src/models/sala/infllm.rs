@@ -64,6 +64,30 @@ pub fn select_blocks(
     Ok(select_blocks_chunked(q, c1, c2, first_pos, kv_len, sel, score_dtype, chunk, false)?.0)
 }
 
+/// Sums a KV group's stage-1 scores `[B, 1, T, windows]` (float32, before their rounding to the
+/// score dtype) over the tensor-parallel ranks that hold its query heads, where the ranks
+/// outnumber the KV heads (`TensorParallel::kv_heads`): the group shares one selection.
+pub type GroupSum<'a> = &'a dyn Fn(&Array) -> Result<Array>;
+
+/// [`select_blocks`] where this rank holds part of its KV head's query heads (`group_sum` adds the
+/// other ranks' share of the scores): the MLX-ops form, whose scores can be summed before the
+/// top-k; the pooled scores kept if `keep_scores`.
+#[allow(clippy::too_many_arguments)]
+pub fn select_blocks_across(
+    q: &Array,
+    c1: &Array,
+    c2: &Array,
+    first_pos: usize,
+    kv_len: usize,
+    sel: &BlockSelection,
+    score_dtype: Dtype,
+    group_sum: GroupSum,
+    keep_scores: bool,
+) -> Result<(Array, Option<Array>)> {
+    let chunk = chunk_of_rows(q.shape()[1] as usize, c1);
+    select_in_chunks(q, first_pos, chunk, keep_scores, |q, first_pos| select_blocks_summed(q, c1, c2, first_pos, kv_len, sel, score_dtype, Some(group_sum)))
+}
+
 /// [`select_blocks`] with the pooled block scores kept (for tracing and tests: at long context
 /// and many queries they are the larger part of the result).
 pub fn select_blocks_scored(
@@ -87,9 +111,14 @@ const SELECTION_CHUNK_BYTES: usize = 1 << 27;
 
 /// Queries per chunk of the selection, within [`SELECTION_CHUNK_BYTES`].
 fn selection_chunk(q: &Array, c1: &Array) -> usize {
-    let (hkv, n1) = (c1.shape()[1] as usize, c1.shape()[2] as usize);
+    let hkv = c1.shape()[1] as usize;
     let rows = if selection_kernel(q, hkv as i32) == Some(SelectionKernel::TensorCores) { hkv } else { q.shape()[1] as usize };
-    (SELECTION_CHUNK_BYTES / (4 * rows * n1.max(1))).clamp(16, 4096)
+    chunk_of_rows(rows, c1)
+}
+
+/// Queries per chunk when each holds `rows` float32 scores per level-1 window of `c1`.
+fn chunk_of_rows(rows: usize, c1: &Array) -> usize {
+    (SELECTION_CHUNK_BYTES / (4 * rows * (c1.shape()[2] as usize).max(1))).clamp(16, 4096)
 }
 
 /// The selection in chunks of `chunk` queries, at most two in flight: the blocks, and the scores
@@ -108,13 +137,18 @@ pub fn select_blocks_chunked(
     chunk: usize,
     keep_scores: bool,
 ) -> Result<(Array, Option<Array>)> {
-    let t = q.shape()[2] as usize;
     let kernel = selection_kernel(q, c1.shape()[1]);
     let one = |q: &Array, first_pos: usize| match kernel {
         Some(SelectionKernel::TensorCores) => sparse::select_blocks_fused(q, c1, c2, first_pos, kv_len, sel, score_dtype),
         Some(SelectionKernel::General) => sparse::select_blocks_gpu(q, c1, c2, first_pos, kv_len, sel, score_dtype),
         None => select_blocks_mlx(q, c1, c2, first_pos, kv_len, sel, score_dtype),
     };
+    select_in_chunks(q, first_pos, chunk, keep_scores, one)
+}
+
+/// `one` over the queries of `q` in chunks of `chunk`, at most two in flight, joined.
+fn select_in_chunks(q: &Array, first_pos: usize, chunk: usize, keep_scores: bool, one: impl Fn(&Array, usize) -> Result<Selected>) -> Result<(Array, Option<Array>)> {
+    let t = q.shape()[2] as usize;
     if t <= chunk {
         let whole = one(q, first_pos)?;
         return Ok((whole.blocks, keep_scores.then_some(whole.scores)));
@@ -230,6 +264,21 @@ pub fn select_blocks_mlx(
     sel: &BlockSelection,
     score_dtype: Dtype,
 ) -> Result<Selected> {
+    select_blocks_summed(q, c1, c2, first_pos, kv_len, sel, score_dtype, None)
+}
+
+/// [`select_blocks_mlx`], the group's scores summed over ranks by `group_sum` when given.
+#[allow(clippy::too_many_arguments)]
+fn select_blocks_summed(
+    q: &Array,
+    c1: &Array,
+    c2: &Array,
+    first_pos: usize,
+    kv_len: usize,
+    sel: &BlockSelection,
+    score_dtype: Dtype,
+    group_sum: Option<GroupSum>,
+) -> Result<Selected> {
     let (b, hq, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let hkv = c1.shape()[1];
     let g = hq / hkv;
@@ -263,6 +312,10 @@ pub fn select_blocks_mlx(
     let has_lse = lse.is_finite()?;
     let p = ops::select(vis1.logical_and(&has_lse)?, p, f32s(0.0)?)?;
     let score = p.sum_axis(2, false)?; // [B,Hkv,T,n1]
+    let score = match group_sum {
+        Some(sum) => sum(&score)?,
+        None => score,
+    };
     let score = ops::select(score.is_nan()?, f32s(0.0)?, &score)?.as_dtype(score_dtype)?.as_dtype(Dtype::Float32)?;
 
     // Max-pool level-1 windows onto blocks: window c overlaps block b iff r·b − (k/s − 1) ≤ c ≤ r·b + r − 1.

@@ -18,7 +18,7 @@ use crate::engine::error::{Error, Result};
 use crate::engine::ops::scalar;
 use crate::engine::weights::{Part, TensorSpec, Weights};
 use crate::kernels::{gla, lightning};
-use crate::models::layers::{per_sequence, sigmoid_gate, Input, Linear, MixerOutput, QkvGate, RmsNorm};
+use crate::models::layers::{per_sequence, sigmoid_gate, Input, Linear, MixerOutput, HeadRows, QkvGate, RmsNorm};
 use mlx_rs::{ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 #[derive(Debug, Clone)]
@@ -136,7 +136,7 @@ impl LightningAttention {
         let d = all.head_dim;
         let o_norm = Part::Rows(heads.start * d..heads.end * d);
         Ok(Self {
-            qkvz_proj: QkvGate::load(weights, prefix, cfg.use_output_gate.then_some("z_proj"), dtype, tp)?,
+            qkvz_proj: QkvGate::load(weights, prefix, cfg.use_output_gate.then_some("z_proj"), dtype, &HeadRows::of(tp, &heads, &heads, d))?,
             o_proj: Linear::row_parallel(weights, &format!("{prefix}.o_proj"), dtype, false, tp)?,
             q_norm: if cfg.qk_norm { Some(norm(weights, "q_norm")?) } else { None },
             k_norm: if cfg.qk_norm { Some(norm(weights, "k_norm")?) } else { None },

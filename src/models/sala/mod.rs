@@ -190,17 +190,19 @@ impl SalaConfig {
         self.scale_depth / (self.num_layers as f32).sqrt()
     }
 
-    /// Bytes of the per-sequence state after `context` tokens: keys and values (stored in
-    /// `format`) and both levels of pooled keys (in the compute dtype) of the sparse layers, plus
-    /// the fixed float32 state of the lightning layers.
-    pub fn cache_bytes(&self, context: usize, dtype_bytes: usize, format: KvFormat) -> u64 {
+    /// Bytes of the per-sequence state after `context` tokens on each of `ranks` tensor-parallel
+    /// ranks: keys and values (stored in `format`) and both levels of pooled keys (in the compute
+    /// dtype) of the sparse layers (a KV head per rank at least), plus the fixed float32 state of
+    /// the lightning layers.
+    pub fn cache_bytes(&self, context: usize, dtype_bytes: usize, format: KvFormat, ranks: usize) -> u64 {
+        let ranks = ranks.max(1);
         let s = &self.sparse;
         let sel = &s.selection;
         let pooled = size_product(&[(context / sel.stride).saturating_add(context / sel.stride2), s.head_dim, dtype_bytes]);
         let rows = size_product(&[2, context]).saturating_mul(format.row_bytes(s.head_dim, dtype_bytes)).saturating_add(pooled);
-        let sparse = rows.saturating_mul(s.kv_heads as u64);
+        let sparse = rows.saturating_mul(s.kv_heads.div_ceil(ranks) as u64);
         let l = &self.lightning;
-        let lightning = size_product(&[l.heads, l.head_dim, l.head_dim, 4]);
+        let lightning = size_product(&[l.heads.div_ceil(ranks), l.head_dim, l.head_dim, 4]);
         self.mixers
             .iter()
             .map(|m| match m {

@@ -21,9 +21,9 @@ use crate::engine::model::Trace;
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::kv::{append_to_caches, KvColumns};
 use crate::kernels::sparse::{decode_attention, heads_to_rows, BlockSelection, DecodeQuery};
-use super::infllm::{block_sparse_attention, compressed_keys, select_blocks, select_blocks_scored};
-use crate::models::layers::{per_sequence, Input, Linear, QkvGate};
-use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, Array, Dtype};
+use super::infllm::{block_sparse_attention, compressed_keys, select_blocks, select_blocks_across, select_blocks_scored};
+use crate::models::layers::{per_sequence, HeadRows, Input, Linear, QkvGate};
+use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// The level-2 compressed keys use 4× the level-1 window and stride (hard-coded in the reference).
 const LEVEL2_FACTOR: usize = 4;
@@ -104,19 +104,47 @@ pub struct SparseAttention {
     /// q, k, v and the output gate in one stacked projection.
     qkv_gate_proj: QkvGate,
     o_proj: Linear,
+    /// Where this rank holds only part of its KV head's query heads (more ranks than KV heads).
+    split_group: Option<SplitGroup>,
+}
+
+/// A KV group whose query heads are shared between ranks, each holding the KV head whole: the
+/// group's one block selection needs the scores of all its heads, summed over those ranks.
+struct SplitGroup {
+    tp: TensorParallel,
+    /// This rank's KV head, of `total`.
+    head: usize,
+    total: usize,
+}
+
+impl SplitGroup {
+    /// This rank's part of its group's scores `[B, 1, T, windows]` plus the other ranks' parts:
+    /// placed at its KV head among all of them, summed over every rank (the ranks of the other
+    /// heads add zeros there), and taken back out.
+    fn sum(&self, score: &Array) -> mlx_rs::error::Result<Array> {
+        let zeros = ops::zeros_like(score)?;
+        let slots: Vec<&Array> = (0..self.total).map(|h| if h == self.head { score } else { &zeros }).collect();
+        let all = self.tp.all_sum(&ops::concatenate(&slots, 1)?).map_err(|e| mlx_rs::error::Exception::custom(e.to_string()))?;
+        let head = self.head as i32;
+        all.try_index((.., head..head + 1, .., ..))
+    }
 }
 
 impl SparseAttention {
     /// The layer, or under tensor parallelism this rank's KV groups of it (their query heads and
-    /// KV heads): block selection is per KV group, so it needs nothing from the other ranks.
+    /// KV heads): block selection is per KV group, so it needs nothing from the other ranks,
+    /// except where the ranks outnumber the KV heads: each rank then holds its KV head whole and
+    /// part of its query heads, and the ranks of a group sum their selection scores.
     pub fn load(weights: &mut Weights, prefix: &str, config: &SalaConfig, dtype: Dtype, tp: &TensorParallel) -> Result<Self> {
         let all = &config.sparse;
-        let kv_heads = tp.part(all.kv_heads, "the sparse layers' key-value heads (num_key_value_heads; replicating KV heads is not supported)")?;
+        let kv = tp.kv_heads(all.kv_heads, all.heads, "the sparse layers' key-value heads (num_key_value_heads)")?;
         let heads = tp.part(all.heads, "the sparse layers' query heads (num_attention_heads)")?;
-        let cfg = SparseConfig { heads: heads.len(), kv_heads: kv_heads.len(), ..all.clone() };
+        let cfg = SparseConfig { heads: heads.len(), kv_heads: kv.range.len(), ..all.clone() };
+        let rows = HeadRows::of(tp, &heads, &kv.range, all.head_dim);
         Ok(Self {
-            qkv_gate_proj: QkvGate::load(weights, prefix, cfg.use_output_gate.then_some("o_gate"), dtype, tp)?,
+            qkv_gate_proj: QkvGate::load(weights, prefix, cfg.use_output_gate.then_some("o_gate"), dtype, &rows)?,
             o_proj: Linear::row_parallel(weights, &format!("{prefix}.o_proj"), dtype, false, tp)?,
+            split_group: kv.replicated().then(|| SplitGroup { tp: tp.clone(), head: kv.range.start, total: kv.total }),
             cfg,
         })
     }
@@ -213,14 +241,24 @@ impl SparseAttention {
         // One call each for all queries (select_blocks bounds its own working memory; attention
         // calls of few queries at a time leave the GPU half idle at long context;
         // eval/results/kernel-notes.md).
-        let blocks = match trace {
-            Some(tr) => {
-                let selected = select_blocks_scored(q, &c1, &c2, past, kv_len, sel, q.dtype())?;
-                tr.record(format!("sparse.layer{layer}.blocks"), &selected.blocks);
-                tr.record(format!("sparse.layer{layer}.block_scores"), &selected.scores);
-                selected.blocks
+        let blocks = match (trace, &self.split_group) {
+            (Some(tr), split) => {
+                let (blocks, scores) = match split {
+                    Some(group) => {
+                        let (blocks, scores) = select_blocks_across(q, &c1, &c2, past, kv_len, sel, q.dtype(), &|s| group.sum(s), true)?;
+                        (blocks, scores.expect("kept"))
+                    }
+                    None => {
+                        let selected = select_blocks_scored(q, &c1, &c2, past, kv_len, sel, q.dtype())?;
+                        (selected.blocks, selected.scores)
+                    }
+                };
+                tr.record(format!("sparse.layer{layer}.blocks"), &blocks);
+                tr.record(format!("sparse.layer{layer}.block_scores"), &scores);
+                blocks
             }
-            None => select_blocks(q, &c1, &c2, past, kv_len, sel, q.dtype())?,
+            (None, Some(group)) => select_blocks_across(q, &c1, &c2, past, kv_len, sel, q.dtype(), &|s| group.sum(s), false)?.0,
+            (None, None) => select_blocks(q, &c1, &c2, past, kv_len, sel, q.dtype())?,
         };
         Ok(block_sparse_attention(q, &kv, &blocks, past, sel.block, scale, gate)?)
     }
