@@ -127,7 +127,7 @@ set edit:completion:arg-completer[sala] = {|@words|
             cand --keep-alive 'Without --model: unload a model after it has been idle this long (e.g. 30s, 5m, 1h; "never" keeps it)'
             cand --alias 'The name clients give the model (`"model"` in a request) and `/v1/models` lists; its short id (file stem, folder or store name) and path are accepted too. Needs --model'
             cand --log-format 'Request log lines on stderr: text, or json (one object a line)'
-            cand --log-level 'Least severe log lines written: info logs every request, warn only failed ones (5xx), debug also each request as it arrives and the /health and /metrics probes'
+            cand --log-level 'Least severe log lines written: info logs every request, warn only failed ones (5xx), debug also each request as it arrives, the /health and /metrics probes and each scheduler round'
             cand --tp 'Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs, MLX''s ring backend on CPUs and Macs)'
             cand --tp-backend 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl'
             cand --no-pull 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'

@@ -130,7 +130,7 @@ complete -c sala -n "__fish_sala_using_subcommand serve" -l keep-alive -d 'Witho
 complete -c sala -n "__fish_sala_using_subcommand serve" -l alias -d 'The name clients give the model (`"model"` in a request) and `/v1/models` lists; its short id (file stem, folder or store name) and path are accepted too. Needs --model' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l log-format -d 'Request log lines on stderr: text, or json (one object a line)' -r -f -a "text\t''
 json\t''"
-complete -c sala -n "__fish_sala_using_subcommand serve" -l log-level -d 'Least severe log lines written: info logs every request, warn only failed ones (5xx), debug also each request as it arrives and the /health and /metrics probes' -r -f -a "error\t''
+complete -c sala -n "__fish_sala_using_subcommand serve" -l log-level -d 'Least severe log lines written: info logs every request, warn only failed ones (5xx), debug also each request as it arrives, the /health and /metrics probes and each scheduler round' -r -f -a "error\t''
 warn\t''
 info\t''
 debug\t''"

@@ -1,7 +1,8 @@
 //! `sala serve`'s request log: one line per request on stderr, as text or JSON
 //! (`--log-format json`), its fields checked against the requests made and their answers
 //! (status, model, prompt/cached/generated tokens, time to first token, total time); a stream's
-//! line when it ends, a stream whose client left marked cancelled; `--log-level warn` quiet.
+//! line when it ends, a stream whose client left marked cancelled; `--log-level warn` quiet, and
+//! `debug` adding a line per scheduler round.
 
 mod common;
 
@@ -138,4 +139,25 @@ fn json_lines_parse_and_warn_level_is_quiet() {
     std::thread::sleep(Duration::from_millis(300));
     let log = server.log_so_far();
     assert!(text_lines(&log).is_empty() && log.contains("listening on"), "{log}");
+}
+
+/// `--log-level debug` adds a line per scheduler round: the prompt tokens the rounds ran add up to
+/// the prompt's (none was cached), and the answer's tokens came from rounds that decoded it (its
+/// first token drawn from the prompt's own logits, in the round its last chunk ran).
+#[test]
+fn debug_level_logs_each_round() {
+    let server = Server::start(&common::smollm2_gguf(), &["--log-level", "debug", "--log-format", "json", "--cache-memory", "0"], 200);
+    let (status, answer) = post(server.port, "/v1/completions", json!({"prompt": "Once upon a time there was", "max_tokens": 4, "temperature": 0}));
+    assert_eq!(status, 200);
+    wait_for(&server, json_lines, "/v1/completions", 1);
+    let log = server.log_so_far();
+    let rounds: Vec<Value> = log.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str::<Value>(l).unwrap()).filter(|v| v["message"] == "round").collect();
+    let sum = |key: &str| rounds.iter().map(|r| r[key].as_u64().unwrap_or_else(|| panic!("no {key} in {r}"))).sum::<u64>();
+    assert_eq!(sum("prompt_tokens"), answer["usage"]["prompt_tokens"].as_u64().unwrap(), "{log}");
+    assert!(sum("decoded") >= answer["usage"]["completion_tokens"].as_u64().unwrap() - 1, "{log}");
+    for r in &rounds {
+        assert_eq!(r["level"], "DEBUG", "{r}");
+        assert!(r["ms"].as_f64().is_some_and(|ms| ms >= 0.0) && r["budget"].as_u64().is_some() && r["waiting"].as_u64().is_some(), "{r}");
+    }
+    assert!(rounds.iter().any(|r| r["chunks"].as_u64() > Some(0) && r["going_in"].as_u64() > Some(0)), "{log}");
 }

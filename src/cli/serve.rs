@@ -62,7 +62,8 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: crate::server::log::LogFormat,
     /// Least severe log lines written: info logs every request, warn only failed ones (5xx), debug
-    /// also each request as it arrives and the /health and /metrics probes
+    /// also each request as it arrives, the /health and /metrics probes and each
+    /// scheduler round
     #[arg(long, value_enum, default_value = "info")]
     pub log_level: crate::server::log::LogLevel,
     #[command(flatten)]

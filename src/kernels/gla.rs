@@ -73,9 +73,15 @@ pub fn simple_gla_step(
     scale: f32,
 ) -> Result<(Array, Array)> {
     if backend() == Backend::Cpu || q.shape()[2] != 1 || !selfcheck::enabled(&GLA_DECODE_CHECK) {
-        return in_float32(q, k, v, |q, k, v| simple_gla_recurrent(q, k, v, slopes, state, scale));
+        return simple_gla_step_mlx(q, k, v, slopes, state, scale);
     }
     simple_gla_step_kernel(q, k, v, slopes, state, scale)
+}
+
+/// [`simple_gla_step`] in MLX operations only, in float32: the CPU path and an oracle (which must
+/// not reach a kernel a check is judging).
+pub fn simple_gla_step_mlx(q: &Array, k: &Array, v: &Array, slopes: &Array, state: Option<&Array>, scale: f32) -> Result<(Array, Array)> {
+    in_float32(q, k, v, |q, k, v| simple_gla_recurrent(q, k, v, slopes, state, scale))
 }
 
 /// [`simple_gla_step`]'s kernel.

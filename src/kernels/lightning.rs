@@ -178,12 +178,14 @@ pub fn positions_array(positions: &[usize]) -> Array {
     }
 }
 
-/// The MLX-ops version of [`decode_step`] (`positions` as [`positions_array`] makes them).
+/// The MLX-ops version of [`decode_step`] (`positions` as [`positions_array`] makes them): no
+/// kernel, as it is the check's oracle (and the GLA kernel's variant it would launch was not
+/// compiled ahead with the checks).
 pub fn decode_step_mlx(p: &StepParams, qkv: &Array, positions: &Array, state: &Array, keep_kv: bool) -> Result<StepOutput> {
     let b = qkv.shape()[0];
     let (q, k, v) = split_heads(p, qkv)?;
     let (q, k) = rotate(p, &q, &k, positions)?;
-    let (o, state) = gla::simple_gla_step(&q, &k, &v, p.slopes, Some(state), p.scale)?;
+    let (o, state) = gla::simple_gla_step_mlx(&q, &k, &v, p.slopes, Some(state), p.scale)?;
     // One token's [B, H, 1, d] is already the memory layout of [B, 1, H·d].
     Ok(StepOutput { o: o.reshape(&[b, 1, p.heads * p.head_dim])?, state, kv: keep_kv.then_some((k, v)) })
 }

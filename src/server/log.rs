@@ -25,7 +25,8 @@ pub enum LogLevel {
     Warn,
     // Every request (the default).
     Info,
-    // Also each request as it arrives, and `/health` and `/metrics` probes.
+    // Also each request as it arrives, `/health` and `/metrics` probes, and each round of the
+    // scheduler (how its prompt budget was shared, and its time).
     Debug,
 }
 

@@ -468,8 +468,11 @@ pub fn run(
         prefill_turn = !prefill_turn;
         let decoding = active.iter().any(|a| a.decoding.is_prefilled());
         let mut budget = PromptBudget::new(pace.chunk(decoding, prefill_step));
+        let given = budget.left;
+        let order = prefill_order(&active, prefill_turn);
+        let (going_in, mut chunks, mut prompt_tokens) = (order.len(), 0, 0);
         let mut gone = Vec::new();
-        for i in prefill_order(&active, prefill_turn) {
+        for i in order {
             let a = &mut active[i];
             let Some(offer) = budget.offer(a.job.prompt.len().saturating_sub(a.cache.len())) else { continue };
             let before = a.cache.len();
@@ -481,6 +484,8 @@ pub fn run(
             });
             let ran = a.cache.len().saturating_sub(before);
             budget.spend(ran);
+            chunks += 1;
+            prompt_tokens += ran;
             if ran > 0 {
                 metrics.prefill_chunk_tokens.observe(ran as f64);
             }
@@ -508,7 +513,13 @@ pub fn run(
         }
         // One batched step for every request whose prompt is in.
         let ready: Vec<usize> = (0..active.len()).filter(|&i| active[i].decoding.is_prefilled()).collect();
+        // What each round did, for `--log-level debug`: how the prompts going in shared it.
+        let round = |decoded: usize| {
+            let ms = stepped.elapsed().as_secs_f64() * 1e3;
+            tracing::debug!(decoded, going_in, waiting = waiting.len(), budget = given, chunks, prompt_tokens, ms, "round");
+        };
         if ready.is_empty() {
+            round(0);
             pace.observe(stepped.elapsed().as_secs_f64(), chunk, false);
             continue;
         }
@@ -547,6 +558,7 @@ pub fn run(
         let mut keep = keep.into_iter();
         active.retain(|_| keep.next().unwrap_or(true));
         metrics.batch_size.set(active.len() as i64);
+        round(ready.len());
         pace.observe(stepped.elapsed().as_secs_f64(), chunk, true);
     }
 }
