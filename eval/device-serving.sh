@@ -6,8 +6,10 @@
 # output lengths (guidellm sends ignore_eos), `--parallel` matched.
 #
 # STEPS, in the order given (default "build sala-9b"); workloads stop 20 s before BUDGET_S:
-#   build      llama-server for sm_90 from llamacpp-bench's source (~4 min on 16 cores, niced, so a
-#              sala step may run beside it: BUILD_BG=1 leaves it in the background), and the Q8_0
+#   build      llama-server for sm_90 from llamacpp-bench's source (~9 min on 16 cores, niced, in the
+#              background while gputests and coldstart run: BUILD_BG=1; a sala workload step waits for
+#              it, so that nothing is measured beside a compiler), or unpacked from a build an earlier
+#              lease sent back (LLAMA_KIT, below), and the Q8_0
 #              GGUF of Qwen3-8B's shape with the MiniCPM4 tokenizer
 #   llama      the workloads on llama-server, Qwen3-8B Q8_0 (waits for the build)
 #   sala-qwen  the workloads on sala serve, synthetic qwen3-8b at 8 bits
@@ -29,6 +31,9 @@
 #   mkdir -p .device/tokenizer && cp ../shared/assets/minicpm4-tokenizer/{tokenizer.json,tokenizer.model,\
 #     tokenizer_config.json,special_tokens_map.json,added_tokens.json,generation_config.json} .device/tokenizer/
 #   ../shared/tools/llamacpp-bench/prepare .llamacpp-bench                  # llama.cpp's source, ~9 MiB
+#   A build made here comes back in $OUT as llama-server-sm90.tar.xz.part-NN (15 MiB parts, with
+#   llama.cpp's gguf-py); put them in $LLAMA_KIT (default .llamacpp-bin) and carry that instead of
+#   the source tarball (move it out of .llamacpp-bench): later leases skip the build.
 #   bash eval/serving/wheels.sh                                             # -> .whl: guidellm and what the image lacks
 # On the device: carry [".device/bin.tar.xz", ".device/mlx-cuda", ".device/tokenizer", ".llamacpp-bench", ".whl"];
 #   STEPS="build sala-9b" bash eval/device-serving.sh; then STEPS="llama sala-qwen" on the same warm machine.
@@ -44,6 +49,7 @@ PARALLEL=${PARALLEL:-80}          # both servers: the most requests decoded at o
 LLAMA_CTX=${LLAMA_CTX:-262144}    # llama-server's one KV cache, shared by its slots (-kvu)
 BITS=${BITS:-8}
 BUILD_BG=${BUILD_BG:-1}
+LLAMA_KIT=${LLAMA_KIT:-.llamacpp-bin}  # an earlier lease's llama-server build, in parts
 SALA=${SALA:-sala}                # the binary in .device/bin the sala steps serve with, and their rows' server name
 KEEP=/tmp/device-serving          # kept on a warm machine: build, models, results
 RESULTS=$KEEP/results
@@ -53,7 +59,10 @@ BUILD=$KEEP/build
 GGUF=$KEEP/qwen3-8b-q8_0-minicpm4-tokenizer.gguf
 mkdir -p "$OUT" "$RESULTS" "$LOGS"
 
-for f in .device/bin.tar.xz .device/mlx-cuda/activate.sh .device/tokenizer/tokenizer.model .llamacpp-bench/llama.cpp-src.tar.xz; do
+prebuilt() { ls "$LLAMA_KIT"/llama-server-sm90.tar.xz.part-* > /dev/null 2>&1; }
+LLAMA_SOURCE=.llamacpp-bench/llama.cpp-src.tar.xz
+prebuilt && LLAMA_SOURCE=""
+for f in .device/bin.tar.xz .device/mlx-cuda/activate.sh .device/tokenizer/tokenizer.model .llamacpp-bench/make_gguf.py $LLAMA_SOURCE; do
   [ -e "$f" ] || { echo "device-serving: no $f: prepare it as this script's header says, and carry it" >&2; exit 1; }
 done
 ls .whl/guidellm-*.whl > /dev/null 2>&1 || { echo "device-serving: no .whl/guidellm-*.whl: run eval/serving/wheels.sh here and carry .whl" >&2; exit 1; }
@@ -80,27 +89,34 @@ stop_server() {
 }
 trap 'stop_server; pack' EXIT
 
-# ---- llama-server: build (in the background, niced, while a sala step may run) and the GGUF ----
+# ---- llama-server: build (in the background, niced, while a step that measures nothing runs) and the GGUF ----
 BUILD_PID=""
 build() {
   if [ -x "$BUILD/bin/llama-server" ] && [ -s "$GGUF" ]; then phase "build: present"; return 0; fi
+  if [ ! -x "$BUILD/bin/llama-server" ] && prebuilt; then
+    cat "$LLAMA_KIT"/llama-server-sm90.tar.xz.part-* | tar xJ -C "$KEEP" && phase "build: llama-server from $LLAMA_KIT"
+  fi
   phase "build: start"
   (
     set -e
-    [ -f "$SRC/CMakeLists.txt" ] || { tar xJf .llamacpp-bench/llama.cpp-src.tar.xz -C "$KEEP"; rm -f "$SRC/.git"; }
+    [ -x "$BUILD/bin/llama-server" ] || [ -f "$SRC/CMakeLists.txt" ] || { tar xJf "$LLAMA_SOURCE" -C "$KEEP"; rm -f "$SRC/.git"; }
     [ -s "$GGUF" ] || python3 eval/serving/gguf_with_tokenizer.py "$GGUF.partial" --type q8_0 --tokenizer "$TOKENIZER" \
       --kit .llamacpp-bench --gguf-py "$SRC/gguf-py" > "$LOGS/make-gguf.log" 2>&1
     [ -s "$GGUF" ] || mv "$GGUF.partial" "$GGUF"
-    # The web UI is not built (no network, no npm): the server embeds an empty asset table. The
-    # CPU code is AVX2, not native: a native build here, on a CPU whose flags list AMX, died of an
-    # illegal instruction (the GPU does the model's work either way).
-    [ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
-      -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
-      -DGGML_CCACHE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-      -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
-      -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=ON -DGGML_CUDA_NCCL=OFF \
-      -DGGML_CUDA_COMPRESSION_MODE=none > "$LOGS/llama-configure.log" 2>&1
-    nice -n 19 cmake --build "$BUILD" --target llama-server -j "$(($(nproc) - 3))" > "$LOGS/llama-build.log" 2>&1
+    if [ ! -x "$BUILD/bin/llama-server" ]; then
+      # The web UI is not built (no network, no npm): the server embeds an empty asset table. The
+      # CPU code is AVX2, not native: a native build here, on a CPU whose flags list AMX, died of an
+      # illegal instruction (the GPU does the model's work either way).
+      [ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+        -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+        -DGGML_CCACHE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
+        -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=ON -DGGML_CUDA_NCCL=OFF \
+        -DGGML_CUDA_COMPRESSION_MODE=none > "$LOGS/llama-configure.log" 2>&1
+      nice -n 19 cmake --build "$BUILD" --target llama-server -j "$(($(nproc) - 3))" > "$LOGS/llama-build.log" 2>&1
+      # Sent back for later leases (files from $OUT: 16 MiB each at most).
+      tar cJf - -C "$KEEP" build/bin llama.cpp/gguf-py | split -b 15M -d - "$OUT/llama-server-sm90.tar.xz.part-"
+    fi
   ) &
   BUILD_PID=$!
   if [ "$BUILD_BG" != 1 ]; then wait_build; fi
@@ -132,7 +148,8 @@ start_llama() {
 start_sala() {  # start_sala PRESET: a synthetic model's folder (synthetic.json beside the tokenizer)
   local dir=$KEEP/models/$1-q$BITS
   bash eval/synthetic-folder.sh "$1" "$BITS" "$TOKENIZER" "$dir" || return 1
-  "$BIN/$SALA" serve -m "$dir" --parallel "$PARALLEL" --port "$PORT" > "$LOGS/$SALA-$1.log" 2>&1 &
+  # At debug level the log has a line per scheduler round (its decode rows, prompt chunks and time).
+  "$BIN/$SALA" serve -m "$dir" --parallel "$PARALLEL" --port "$PORT" --log-level debug > "$LOGS/$SALA-$1.log" 2>&1 &
   SERVER_PID=$!
   up "$SALA-$1"
 }
@@ -183,8 +200,8 @@ for step in $STEPS; do
     gputests) gputests ;;
     build) build ;;
     llama) wait_build && start_llama && workloads llama qwen3-8b; stop_server ;;
-    sala-qwen) start_sala qwen3-8b && workloads "$SALA" qwen3-8b; stop_server ;;
-    sala-9b) start_sala minicpm-sala-9b && workloads "$SALA" minicpm-sala-9b prefix128k; stop_server ;;
+    sala-qwen) wait_build; start_sala qwen3-8b && workloads "$SALA" qwen3-8b; stop_server ;;
+    sala-9b) wait_build; start_sala minicpm-sala-9b && workloads "$SALA" minicpm-sala-9b prefix128k; stop_server ;;
     *) echo "device-serving: unknown step $step" >&2 ;;
   esac
 done
