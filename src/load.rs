@@ -212,18 +212,51 @@ pub fn load_synthetic(synthetic: &SyntheticModel, options: &LoadOptions, tokens:
 /// by one at the first request (kernels::selfcheck::compile_ahead); a bar when there are any.
 fn compile_kernels_ahead(show: bool) {
     let began = std::time::Instant::now();
-    let mut bar: Option<indicatif::ProgressBar> = None;
-    crate::kernels::selfcheck::compile_ahead(&models::kernel_checks(), false, |done, total| {
-        if show && total > 0 {
-            let bar = bar.get_or_insert_with(|| crate::progress::work_bar(total as u64, "compiling GPU kernels for this machine", "kernels"));
+    let mut bar = CompileBar::new(show, "compiling GPU kernels for this machine");
+    crate::kernels::selfcheck::compile_ahead(&models::kernel_checks(), false, |done, total| bar.progress(done, total));
+    bar.finish(|n| format!("compiled {n} GPU kernels for this machine in {:.1} s (once: later starts load them)", began.elapsed().as_secs_f64()));
+}
+
+/// Then the model's own decode kernels, which meet new shapes as batches grow and contexts
+/// lengthen (LanguageModel::launch_kernels_ahead): their checks have run by now, so what they
+/// launch is what requests would meet. Best effort: a failure leaves them to compile when met.
+fn compile_model_kernels_ahead(model: &dyn LanguageModel, show: bool) {
+    let began = std::time::Instant::now();
+    if let Err(e) = model.launch_kernels_ahead() {
+        eprintln!("warning: the model's decode kernels were not compiled ahead ({e}); they compile as requests meet them");
+    }
+    let mut bar = CompileBar::new(show, "compiling this model's decode kernels");
+    crate::kernels::module_cache::settle_reporting(|done, total| bar.progress(done, total));
+    bar.finish(|n| format!("compiled {n} decode kernels for this model in {:.1} s (once per machine)", began.elapsed().as_secs_f64()));
+}
+
+/// A bar over the module cache's compiles, shown once there are any.
+struct CompileBar {
+    show: bool,
+    title: &'static str,
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl CompileBar {
+    fn new(show: bool, title: &'static str) -> Self {
+        CompileBar { show, title, bar: None }
+    }
+
+    fn progress(&mut self, done: usize, total: usize) {
+        if self.show && total > 0 {
+            let bar = self.bar.get_or_insert_with(|| crate::progress::work_bar(total as u64, self.title, "kernels"));
             bar.set_length(total as u64);
             bar.set_position(done as u64);
         }
-    });
-    if let Some(bar) = bar {
-        let line = format!("compiled {} GPU kernels for this machine in {:.1} s (once: later starts load them)", bar.length().unwrap_or(0), began.elapsed().as_secs_f64());
-        bar.finish_and_clear();
-        eprintln!("{line}");
+    }
+
+    /// Clears the bar and prints `line(kernels compiled)` if there was one.
+    fn finish(self, line: impl FnOnce(u64) -> String) {
+        if let Some(bar) = self.bar {
+            let line = line(bar.length().unwrap_or(0));
+            bar.finish_and_clear();
+            eprintln!("{line}");
+        }
     }
 }
 
@@ -260,6 +293,7 @@ pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, o
     if let Some(bits) = options.kv_bits {
         model.set_kv_bits(bits)?;
     }
+    compile_model_kernels_ahead(&*model, tp.is_leader());
     let tokenizer = source.tokenizer(model.info().bos_token_id)?;
     Ok(LoadedModel {
         model,

@@ -1379,3 +1379,47 @@ fn a_kernel_variant_is_compiled_once_into_mlx_disk_cache() {
         std::fs::remove_file(path).unwrap();
     }
 }
+
+/// Launching the decode attention's variants ahead (as a server does at load) reaches every
+/// variant that batches of 1 to 8 sequences at lengths from one token to 64K then meet: after it,
+/// real decode steps at those sizes launch nothing new, and match MLX. Meaningful in a process of
+/// its own (eval/device-serving.sh's gputests step).
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn decode_variants_launched_ahead_are_all_a_server_meets() {
+    use sala::kernels::custom::{variants_from, variants_launched};
+    use sala::kernels::sparse::{launch_decode_variants, DecodeShape};
+    assert!(select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu, "{NEEDS_GPU}");
+    // Qwen3-8B's attention: 32 query heads over 8 KV heads of 128.
+    let (hq, hkv, d, dtype) = (32, 8, 128, Dtype::Bfloat16);
+    let scale = (d as f32).powf(-0.5);
+    let shape = DecodeShape { heads: hq, head_dim: d, q_col: 0, gate_col: None };
+    let new = launch_decode_variants(shape, hq * d, hkv, dtype, scale).unwrap();
+    if backend() != Backend::Cuda {
+        assert_eq!(new, 0, "only CUDA launches ahead");
+        eprintln!("skipped: only CUDA compiles kernels ahead");
+        return;
+    }
+    let after = variants_launched();
+    for (i, lens) in [vec![1], vec![65_536], vec![700, 3], vec![5000, 1, 20_000], (1..=8).map(|j| 900 * j).collect::<Vec<usize>>(), vec![30_000; 8]].iter().enumerate() {
+        let seed = 9000 + 10 * i as u64;
+        let b = lens.len() as i32;
+        let rows = projected_rows(b, hq, d, seed, dtype);
+        let query = DecodeQuery { rows: &rows, heads: hq, head_dim: d, q_col: 0, gate_col: None };
+        let parts: Vec<KvParts> = lens
+            .iter()
+            .enumerate()
+            .map(|(j, &len)| {
+                let keys = randn(&[1, hkv, len as i32, d], seed + 1 + 2 * j as u64, dtype);
+                let values = randn(&[1, hkv, len as i32, d], seed + 2 + 2 * j as u64, dtype);
+                KvParts { keys, values, recent: None, settled: len, len, scales: None, counts: None }
+            })
+            .collect();
+        let got = decode_attention(&query, &parts, scale).unwrap();
+        let want = decode_oracle(&query.heads().unwrap(), None, &parts, scale);
+        let err = rel_err(&got, &want);
+        assert!(err < 1e-2, "lengths {lens:?}: relative error {err}");
+    }
+    let met = variants_from(after);
+    assert!(met.is_empty(), "{new} variants launched ahead; decode steps then met these too: {met:?}");
+}

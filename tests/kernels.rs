@@ -6,6 +6,8 @@
 //! one warning each and their callers get the MLX-ops version's values; every registered check
 //! runs all but its kernel here. (A real broken kernel on a GPU: tests/gpu_kernels.rs.)
 
+mod common;
+
 use mlx_rs::{ops::indexing::TryIndexOp, random, Array, Dtype};
 use sala::engine::cache::KvParts;
 use sala::engine::ops::{to_vec_f32, to_vec_i32};
@@ -612,4 +614,20 @@ mod self_check {
             assert!(reason.contains("the kernel failed: kernel `sala_") && reason.contains("no GPU backend"), "{}: {reason}", check.name);
         }
     }
+}
+
+/// Off CUDA the decode attention's variants are not launched ahead (Metal compiles its kernels
+/// itself, the CPU has none): nothing is launched and the model's load says nothing of it. A
+/// decoder model asks for them with its own attention's shape (the GPU test checks they are all
+/// a server meets).
+#[test]
+fn decode_variants_are_launched_ahead_on_cuda_only() {
+    use sala::kernels::custom::variants_launched;
+    use sala::kernels::sparse::{launch_decode_variants, DecodeShape};
+    let before = variants_launched();
+    let shape = DecodeShape { heads: 32, head_dim: 128, q_col: 0, gate_col: None };
+    assert_eq!(launch_decode_variants(shape, 32 * 128, 8, Dtype::Bfloat16, 0.088).unwrap(), 0);
+    let loaded = sala::load::load(&sala::load::LoadOptions { model: Some(common::smollm2_gguf()), ..Default::default() }, 64).unwrap();
+    assert_eq!(loaded.model.launch_kernels_ahead().unwrap(), 0);
+    assert_eq!(variants_launched(), before);
 }

@@ -108,6 +108,13 @@ pub trait LanguageModel: Send {
         Err(Error::Usage(format!("{}: self-speculative decoding (--draft-layers) is not supported for this model", self.info().model_type)))
     }
 
+    /// Launches, without evaluating, the GPU kernels its decode steps meet as batches grow and
+    /// contexts lengthen, so that they compile together before serving rather than one a step
+    /// while requests wait; how many kernel variants were new. None by default.
+    fn launch_kernels_ahead(&self) -> Result<usize> {
+        Ok(0)
+    }
+
     /// Whether a decode step of this model can keep its per-token integers (positions, write
     /// places) on the device, so that the step's graph is the same at every token
     /// (`engine::fixed_step`), and if so which variant of the step `caches` need: steps of one

@@ -15,7 +15,7 @@ use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace}
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::kv::append_with;
 use crate::kernels::rope::{rope_append, QkHeads, RopeAngles};
-use crate::kernels::sparse::{decode_attention, DecodeQuery};
+use crate::kernels::sparse::{decode_attention, launch_decode_variants, DecodeQuery, DecodeShape};
 use crate::models::layers::{per_sequence, scale, Embedding, HeadRows, Input, Linear, LmHead, Mlp, Projections, RmsNorm};
 use crate::models::rope::Rope;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
@@ -400,6 +400,18 @@ impl LanguageModel for DecoderModel {
 
     fn forward_draft(&self, tokens: &Array, cache: &mut ModelCache, layers: usize) -> Result<Array> {
         self.run(tokens, &mut [cache], Logits::Last, None, layers)
+    }
+
+    /// The decode attention's variants (the rest of a step's kernels meet few shapes, and a
+    /// quantized cache's attention takes other kernels, not launched here).
+    fn launch_kernels_ahead(&self) -> Result<usize> {
+        let Some(layer) = self.layers.first() else { return Ok(0) };
+        if self.kv_format != KvFormat::Plain {
+            return Ok(0);
+        }
+        let a = &layer.attn;
+        let shape = DecodeShape { heads: a.heads, head_dim: a.head_dim, q_col: 0, gate_col: None };
+        Ok(launch_decode_variants(shape, a.heads * a.head_dim, a.kv_heads, self.info.dtype, a.scale())?)
     }
 
     /// One sequence with plain, unwindowed caches on one device; the variant is the RoPE table
