@@ -663,26 +663,26 @@ pub fn decode_attention(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Res
 }
 
 /// Launches, without evaluating, [`decode_attention`] over 1 to [`DECODE_SLOTS`] sequences at every
-/// split count their lengths can reach, queries as `query` lays them out in rows of `width` columns
+/// split count their lengths can reach, queries as `shape` lays them out in rows of `width` columns
 /// of `dtype`, over `kv_heads` KV heads: on CUDA their variants then compile on the module cache's
 /// pool side by side, once per machine, instead of one a round as a server's batch grows and its
 /// contexts lengthen (2-3 s each, every stream waiting). Nothing is evaluated, so the lazily zero
 /// caches are never allocated. Returns how many variants were launched for the first time.
-pub fn launch_decode_variants(query: DecodeShape, width: i32, kv_heads: i32, dtype: Dtype, scale: f32) -> Result<usize> {
+pub fn launch_decode_variants(shape: DecodeShape, width: i32, kv_heads: i32, dtype: Dtype, scale: f32) -> Result<usize> {
     if backend() != Backend::Cuda {
         return Ok(0);
     }
     let before = super::custom::variants_launched();
     for sequences in 1..=DECODE_SLOTS as i32 {
         let rows = ops::zeros_dtype(&[sequences, 1, width], dtype)?;
-        let query = DecodeQuery { rows: &rows, heads: query.heads, head_dim: query.head_dim, q_col: query.q_col, gate_col: query.gate_col };
+        let query = DecodeQuery { rows: &rows, heads: shape.heads, head_dim: shape.head_dim, q_col: shape.q_col, gate_col: shape.gate_col };
         // Lengths of 1, 2, 4, … blocks reach every power-of-two split count up to the most any
         // batch gets (two thread blocks per compute unit over its heads).
         let mut blocks = 1;
         while blocks <= 2 * fill_blocks() {
             let len = blocks as usize * DECODE_BLOCK;
             let kv = || -> Result<KvParts> {
-                let keys = ops::zeros_dtype(&[1, kv_heads, len as i32, query.head_dim], dtype)?;
+                let keys = ops::zeros_dtype(&[1, kv_heads, len as i32, shape.head_dim], dtype)?;
                 Ok(KvParts { values: keys.clone(), keys, recent: None, settled: len, len, scales: None, counts: None })
             };
             let kvs = (0..sequences).map(|_| kv()).collect::<Result<Vec<_>>>()?;

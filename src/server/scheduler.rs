@@ -1,8 +1,8 @@
 //! The worker that owns the model and serves every request (continuous batching): new requests
 //! are admitted between decode steps (up to `parallel` at once, and while their caches, grown to
-//! the prompt and `max_tokens`, fit in the memory the requests share: the rest wait in order), their
-//! prompts go in chunks, sharing a budget of tokens per round, and every round runs one batched forward that advances each
-//! request whose prompt is in by a token, whatever its length. A long answer never blocks a short
+//! the prompt and `max_tokens`, fit in the memory the requests share: the rest wait in order),
+//! their prompts go in chunks that share a budget of tokens per round, and every round runs one
+//! batched forward that advances each request whose prompt is in by a token, whatever its length. A long answer never blocks a short
 //! one; a request whose client went away is dropped before the next round, freeing its slot and
 //! cache at once. A [`PrefixCache`] keeps the state of each prompt and each answer with restart
 //! points along it, so a request that shares the start of an earlier one (a document asked again,
@@ -136,11 +136,11 @@ impl CacheMemory<'_> {
 }
 
 /// Paces prompt chunks against the decode steps beside them. While requests decode, a round is
-/// its prompt chunks and then a step for every decoding request, so the chunks delay each of their
-/// next tokens by their whole time: a round's chunks are sized to cost three quarters of a decode step, so
-/// the streams' time between tokens grows by at most 1.75× while a long prompt goes in (the
-/// field's mark is 2×, with room left for noise). With nothing decoding, a prompt goes in at the
-/// full `--prefill-step`. Both costs are measured as the server runs.
+/// its prompt chunks and then a step for every decoding request, so the chunks delay each of
+/// their next tokens by their whole time: a round's chunks are sized to cost three quarters of a
+/// decode step, so the streams' time between tokens grows by at most 1.75× while a long prompt
+/// goes in (the field's mark is 2×, with room left for noise). With nothing decoding, prompts go
+/// in at the full `--prefill-step`. Both costs are measured as the server runs.
 #[derive(Debug, Default)]
 struct Pace {
     /// Seconds of a round with a decode step and no chunk (a moving average).
@@ -615,7 +615,7 @@ impl PromptBudget {
     /// for a few tokens of a long prompt would cost more than it moves it).
     fn offer(&self, remaining: usize) -> Option<usize> {
         let sliver = self.charged > 0 && self.left < remaining && self.left < Pace::MIN_CHUNK;
-        (self.left > 0 && remaining > 0 && !sliver).then_some(self.left)
+        (self.left > 0 && !sliver).then_some(self.left)
     }
 
     /// Takes a chunk of `ran` tokens (none if it failed before running) out of the round.
@@ -847,12 +847,10 @@ mod tests {
         assert_eq!(sliver.offer(30_000), None);
         assert_eq!(sliver.offer(150), Some(200));
         assert_eq!(PromptBudget::new(100).offer(30_000), Some(100));
-        // A chunk that failed before running still counts its fixed cost; nothing left to run asks
-        // for nothing.
+        // A chunk that failed before running still counts its fixed cost.
         let mut failed = PromptBudget::new(512);
         failed.spend(0);
         assert_eq!(failed.offer(1000), Some(512 - Pace::ALIGN));
-        assert_eq!(failed.offer(0), None);
     }
 
     #[test]
