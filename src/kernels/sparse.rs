@@ -665,8 +665,8 @@ pub fn decode_attention(query: &DecodeQuery, kvs: &[KvParts], scale: f32) -> Res
 /// Launches, without evaluating, [`decode_attention`] over 1 to [`DECODE_SLOTS`] sequences at every
 /// split count their lengths can reach, queries as `shape` lays them out in rows of `width` columns
 /// of `dtype`, over `kv_heads` KV heads: on CUDA their variants then compile on the module cache's
-/// pool side by side, once per machine, instead of one a round as a server's batch grows and its
-/// contexts lengthen (2-3 s each, every stream waiting). Nothing is evaluated, so the lazily zero
+/// pool side by side, once per machine, instead of one a round (every stream waiting) as a
+/// server's batch grows and its contexts lengthen. Nothing is evaluated, so the lazily zero
 /// caches are never allocated. Returns how many variants were launched for the first time.
 pub fn launch_decode_variants(shape: DecodeShape, width: i32, kv_heads: i32, dtype: Dtype, scale: f32) -> Result<usize> {
     if backend() != Backend::Cuda {
