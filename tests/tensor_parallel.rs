@@ -255,7 +255,7 @@ fn serving_over_two_ranks_answers_as_one_rank() {
     use serde_json::json;
     let model = golden_with_tokenizer("A_dense_f32", "tp-serve", None);
     let device = if on_gpu() { "gpu" } else { "cpu" };
-    let args = ["--device", device, "--dtype", "f32"];
+    let args = ["--device", device, "--dtype", "f32", "--log-level", "debug", "--log-format", "json", "--prefill-step", "8192"];
     let start = |tp: &str| {
         let mut cmd = Command::new(sala_bin());
         cmd.env_remove("MLX_RANK");
@@ -299,6 +299,28 @@ fn serving_over_two_ranks_answers_as_one_rank() {
     }
     // And the ranks are still in step afterwards.
     assert_eq!(answer(&two, &greedy).0, answer(&one, &greedy).0);
+    // A long prompt going in beside a stream: its chunks are paced by rank 0's clock, which the
+    // other ranks must follow (by their own, their forwards would differ from rank 0's).
+    let stream = {
+        let body = json!({"prompt": "count on", "max_tokens": 1500, "ignore_eos": true, "temperature": 0}).to_string();
+        let port = two.port;
+        std::thread::spawn(move || common::server::request(port, "POST", "/v1/completions", Some(&body), &[]).expect("the stream's answer"))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let items: Vec<String> = (0..900).map(|i| format!("item {i} is {}", i * 7 % 13)).collect();
+    let long = json!({"messages": [{"role": "user", "content": format!("{} which?", items.join(", "))}], "max_tokens": 6, "temperature": 0, "logprobs": true});
+    let (beside, alone) = (answer(&two, &long), answer(&one, &long));
+    let stream = stream.join().unwrap().json();
+    assert_eq!(stream["usage"]["completion_tokens"], 1500, "{stream}");
+    assert_eq!(beside.0, alone.0, "a long prompt beside a stream over two ranks answers as one rank alone");
+    let diff = beside.1.iter().zip(&alone.1).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    assert!(diff <= golden_tol(), "log-probabilities differ by {diff}");
+    // It went in paced, in rounds that also decoded the stream.
+    let log = two.log_so_far();
+    let rounds: Vec<serde_json::Value> =
+        log.lines().filter(|l| l.starts_with('{')).filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter(|v| v["message"] == "round").collect();
+    let paced = |r: &&serde_json::Value| r["decoded"].as_u64() > Some(0) && r["prompt_tokens"].as_u64() > Some(0) && r["budget"].as_u64() < Some(8192);
+    assert!(rounds.iter().any(|r| paced(&r)), "no paced chunk beside the stream: {log}");
     // SIGTERM drains rank 0; the others end when it says so, and the whole group exits cleanly.
     let mut two = two;
     two.terminate();

@@ -80,6 +80,8 @@ struct Fields {
     streaming: bool,
     /// Every prompt of the request finished (a stream that ends before is cancelled).
     finished: bool,
+    /// What a stream ended in, its status already sent as 200.
+    error: Option<String>,
 }
 
 impl RequestLog {
@@ -132,6 +134,7 @@ impl RequestLog {
                     self.with(|f| f.first_token = Some(f.first_token.map_or(first, |seen| seen.min(first))));
                 }
             }
+            Event::Error(e) => self.with(|f| f.error = Some(e.clone())),
             _ => {}
         }
     }
@@ -152,7 +155,7 @@ impl Drop for Record {
         let f = self.fields.get_mut().unwrap_or_else(|e| e.into_inner());
         // No status: the client went away before the answer (nginx's 499).
         let status = f.status.unwrap_or(499);
-        let cancelled = f.status.is_none() || (f.streaming && !f.finished && status < 400);
+        let cancelled = f.status.is_none() || (f.streaming && !f.finished && status < 400 && f.error.is_none());
         let (method, path) = (tracing::field::display(&self.method), tracing::field::display(&self.path));
         let model = f.model.as_deref().map(tracing::field::display);
         let (prompt_tokens, cached_tokens, generated_tokens) = (f.prompt_tokens, f.cached_tokens, f.generated_tokens);
@@ -161,6 +164,8 @@ impl Drop for Record {
         // Probes come every few seconds from orchestrators and scrapers: only at debug.
         if matches!(self.path.as_str(), "/health" | "/metrics") {
             tracing::debug!(method, path, status, total_ms = total, "request");
+        } else if let Some(error) = f.error.as_deref() {
+            tracing::warn!(method, path, status, model, prompt_tokens, cached_tokens, generated_tokens, ttft_ms, total_ms = total, error, "request");
         } else if status >= 500 {
             tracing::warn!(method, path, status, model, prompt_tokens, cached_tokens, generated_tokens, ttft_ms, total_ms = total, cancelled, "request");
         } else {
@@ -176,4 +181,56 @@ pub async fn log_requests(mut request: axum::extract::Request, next: axum::middl
     let response = next.run(request).await;
     log.status(response.status().as_u16());
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RequestLog;
+    use crate::server::scheduler::Event;
+    use std::sync::{Arc, Mutex};
+
+    /// What the request lines written while `f` runs say.
+    fn lines_of(f: impl FnOnce()) -> String {
+        let written = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let sink = written.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || Sink(sink.clone()))
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = written.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stream_that_ends_in_an_error_is_logged_with_it_not_as_cancelled() {
+        let stream = |event: Option<Event>| {
+            lines_of(|| {
+                let log = RequestLog::new("POST", "/v1/completions");
+                log.status(200);
+                log.streaming();
+                if let Some(event) = event {
+                    log.see(&event);
+                }
+            })
+        };
+        let failed = stream(Some(Event::Error("out of memory".into())));
+        assert!(failed.contains("WARN") && failed.contains("error=\"out of memory\"") && !failed.contains("cancelled"), "{failed}");
+        // A stream cut short by its client is still a cancellation.
+        let cut = stream(None);
+        assert!(cut.contains("INFO") && cut.contains("cancelled=true") && !cut.contains("error"), "{cut}");
+    }
 }

@@ -140,13 +140,33 @@ impl CacheMemory<'_> {
 /// their next tokens by their whole time: a round's chunks are sized to cost three quarters of a
 /// decode step, so the streams' time between tokens grows by at most 1.75× while a long prompt
 /// goes in (the field's mark is 2×, with room left for noise). With nothing decoding, prompts go
-/// in at the full `--prefill-step`. Both costs are measured as the server runs.
-#[derive(Debug, Default)]
+/// in at the full `--prefill-step`. The costs are measured as the server runs:
+/// - a decode step's by the rows it decodes (64 rows cost several times 16): a round at a row
+///   count with no recent measurement near it runs no chunk and measures it;
+/// - a prompt token's from chunks with nothing decoding beside them;
+/// - and what a chunk beside decoding costs beyond its tokens (it breaks the decode pipeline:
+///   ~90 ms beside 64 streams on an H200), which a chunk is made at least as long as: costed per
+///   token instead, small chunks would look dear and shrink the next ones to the smallest.
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 struct Pace {
-    /// Seconds of a round with a decode step and no chunk (a moving average).
-    decode: Option<f64>,
-    /// Seconds a prompt token adds to a round (a moving average).
+    /// Seconds of a round with a decode step and no chunk, by the rows it decoded.
+    decode: std::collections::BTreeMap<usize, Measured>,
+    /// Seconds a prompt token takes (a moving average).
     token: Option<f64>,
+    /// `token` was measured with nothing decoding; until then it is a chunk's whole cost beside
+    /// decoding over its tokens.
+    token_alone: bool,
+    /// Seconds a chunk beside a decode step adds beyond its tokens' own (a moving average).
+    overhead: Option<f64>,
+    /// Rounds observed, the clock that ages the decode measurements.
+    rounds: u64,
+}
+
+/// A moving average of a round's seconds, and the round it was last fed.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct Measured {
+    seconds: f64,
+    round: u64,
 }
 
 impl Pace {
@@ -158,30 +178,63 @@ impl Pace {
     const NEWEST: f64 = 0.25;
     /// A paced chunk's cost, in decode steps.
     const SHARE: f64 = 0.75;
+    /// A decode measurement serves row counts up to a quarter away from its own.
+    const NEAR: usize = 4;
+    /// Rounds after which a decode measurement is taken again (the streams' contexts grow).
+    const STALE: u64 = 256;
 
-    /// Prompt tokens for the next chunk, of at most `step`.
-    fn chunk(&self, decoding: bool, step: usize) -> usize {
-        if !decoding {
+    /// Prompt tokens for the next chunk, of at most `step`, beside a decode step of `rows`; none
+    /// when that step's cost must be measured first.
+    fn chunk(&self, rows: usize, step: usize) -> usize {
+        if rows == 0 {
             return step;
         }
-        let paced = match (self.decode, self.token) {
-            (Some(decode), Some(token)) if token > 0.0 => (Self::SHARE * decode / token) as usize / Self::ALIGN * Self::ALIGN,
+        let Some(decode) = self.decode_step(rows) else { return 0 };
+        let overhead = self.overhead.unwrap_or(0.0);
+        let seconds = (Self::SHARE * decode - overhead).max(overhead);
+        let paced = match self.token {
+            Some(token) if token > 0.0 => (seconds / token) as usize / Self::ALIGN * Self::ALIGN,
             // Not measured yet: a small chunk measures it at little cost to the streams.
             _ => Self::MIN_CHUNK,
         };
         paced.clamp(Self::MIN_CHUNK.min(step), step)
     }
 
-    /// Takes one round's time: `chunk` prompt tokens run, and whether a decode step ran.
-    fn observe(&mut self, seconds: f64, chunk: usize, decoded: bool) {
-        let average = |old: Option<f64>, new: f64| Some(old.map_or(new, |old| old + Self::NEWEST * (new - old)));
-        match (chunk, decoded) {
-            (0, true) => self.decode = average(self.decode, seconds),
-            (0, false) => {}
-            (n, false) => self.token = average(self.token, seconds / n as f64),
-            (n, true) => {
-                if let Some(decode) = self.decode {
-                    self.token = average(self.token, (seconds - decode).max(0.0) / n as f64);
+    /// A decode step of `rows`, from fresh measurements near it (between the nearest below and
+    /// above, where both are near).
+    fn decode_step(&self, rows: usize) -> Option<f64> {
+        let near = rows / Self::NEAR;
+        let fresh = |(&n, m): (&usize, &Measured)| (self.rounds.saturating_sub(m.round) <= Self::STALE).then_some((n, m.seconds));
+        let below = self.decode.range(rows.saturating_sub(near)..=rows).rev().find_map(fresh);
+        let above = self.decode.range(rows..=rows + near).find_map(fresh);
+        match (below, above) {
+            (Some((lo, a)), Some((hi, b))) if hi > lo => Some(a + (b - a) * (rows - lo) as f64 / (hi - lo) as f64),
+            (Some((_, seconds)), _) | (None, Some((_, seconds))) => Some(seconds),
+            (None, None) => None,
+        }
+    }
+
+    /// Takes one round's time: `chunk` prompt tokens run, and a decode step of `rows` (0: none).
+    fn observe(&mut self, seconds: f64, chunk: usize, rows: usize) {
+        self.rounds += 1;
+        let average = |old: Option<f64>, new: f64| old.map_or(new, |old| old + Self::NEWEST * (new - old));
+        match (chunk, rows) {
+            (0, 0) => {}
+            (0, rows) => {
+                let old = self.decode.get(&rows).filter(|m| self.rounds - m.round <= Self::STALE).map(|m| m.seconds);
+                self.decode.insert(rows, Measured { seconds: average(old, seconds), round: self.rounds });
+            }
+            // A chunk's fixed cost is spread thin only over a chunk of some length.
+            (n, 0) if n >= Self::MIN_CHUNK => {
+                self.token = Some(average(self.token.filter(|_| self.token_alone), seconds / n as f64));
+                self.token_alone = true;
+            }
+            (_, 0) => {}
+            (n, rows) => {
+                let Some(decode) = self.decode_step(rows) else { return };
+                match self.token {
+                    Some(token) if self.token_alone => self.overhead = Some(average(self.overhead, (seconds - decode - n as f64 * token).max(0.0))),
+                    _ => self.token = Some(average(self.token, (seconds - decode).max(0.0) / n as f64)),
                 }
             }
         }
@@ -225,16 +278,19 @@ struct Round<J> {
     abort: bool,
     /// Nothing left to do and no more requests can come: return.
     end: bool,
+    /// Rank 0's pace, handed to the other ranks while prompts may go in: their chunks must be
+    /// rank 0's, which their own clocks would not give.
+    pace: Option<Pace>,
 }
 
 impl<J> Default for Round<J> {
     fn default() -> Self {
-        Self { arrived: Vec::new(), gone: Vec::new(), abort: false, end: false }
+        Self { arrived: Vec::new(), gone: Vec::new(), abort: false, end: false, pace: None }
     }
 }
 
 impl<J> Round<J> {
-    /// Nothing happened (rank 0 hands the others no bytes for it).
+    /// Nothing happened (rank 0 hands the others no bytes for it, unless prompts may go in).
     fn is_empty(&self) -> bool {
         self.arrived.is_empty() && self.gone.is_empty() && !self.abort && !self.end
     }
@@ -260,8 +316,21 @@ const IDLE_ROUND: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Intake {
     /// The next round; blocks for a request when `idle`. `closed`: the requests held whose
-    /// client went away; `next_id` numbers arrivals.
-    fn round(&mut self, idle: bool, closed: Vec<u64>, abort: bool, next_id: &mut u64, model: &dyn LanguageModel, tokenizer: &TextTokenizer) -> crate::engine::error::Result<Round<(u64, Job)>> {
+    /// client went away; `next_id` numbers arrivals. Rank 0 hands `pace` on with a round in
+    /// which a prompt may go in (`prompts`: one is held or queued; or one arrived); a follower's
+    /// round returns rank 0's.
+    #[allow(clippy::too_many_arguments)]
+    fn round(
+        &mut self,
+        idle: bool,
+        closed: Vec<u64>,
+        abort: bool,
+        next_id: &mut u64,
+        pace: &Pace,
+        prompts: bool,
+        model: &dyn LanguageModel,
+        tokenizer: &TextTokenizer,
+    ) -> crate::engine::error::Result<Round<(u64, Job)>> {
         let mut take = |jobs: &Receiver<Job>, wait: Option<std::time::Duration>| {
             let mut round = Round { abort, ..Round::default() };
             let mut disconnected = false;
@@ -296,7 +365,8 @@ impl Intake {
                     job.sampling.seed.get_or_insert_with(rand::random);
                 }
                 tp.share_bytes(|| {
-                    if round.is_empty() {
+                    let prompts = prompts || !round.arrived.is_empty();
+                    if round.is_empty() && !prompts {
                         return Ok(Vec::new());
                     }
                     let spec = Round {
@@ -304,6 +374,7 @@ impl Intake {
                         gone: round.gone.clone(),
                         abort: round.abort,
                         end: round.end,
+                        pace: prompts.then(|| pace.clone()),
                     };
                     Ok::<_, crate::engine::error::Error>(serde_json::to_vec(&spec).expect("a round serialises"))
                 })?;
@@ -339,7 +410,7 @@ impl Intake {
                     let job = Job { prompt: job.prompt, sampling: job.sampling, constraint, max_tokens: job.max_tokens, ignore_eos: job.ignore_eos, stop: job.stop, logprobs: job.logprobs, received, events: tx, lease: None };
                     arrived.push((id, job));
                 }
-                Ok(Round { arrived, gone: spec.gone, abort: spec.abort, end: spec.end })
+                Ok(Round { arrived, gone: spec.gone, abort: spec.abort, end: spec.end, pace: spec.pace })
             }
         }
     }
@@ -406,7 +477,8 @@ pub fn run(
         let closed: Vec<u64> =
             waiting.iter().filter(|(_, j)| j.events.is_closed()).map(|(id, _)| *id).chain(active.iter().filter(|a| a.job.events.is_closed()).map(|a| a.id)).collect();
         let aborting = abort.load(std::sync::atomic::Ordering::SeqCst);
-        let round = match intake.round(idle, closed, aborting, &mut next_id, model, &tokenizer) {
+        let prompts = !waiting.is_empty() || active.iter().any(|a| !a.decoding.is_prefilled());
+        let mut round = match intake.round(idle, closed, aborting, &mut next_id, &pace, prompts, model, &tokenizer) {
             Ok(round) => round,
             Err(e) => {
                 eprintln!("error: the worker stops: {e}");
@@ -417,6 +489,9 @@ pub fn run(
         last_round = Instant::now();
         if round.end {
             return prefixes;
+        }
+        if let Some(leaders) = round.pace.take() {
+            pace = leaders;
         }
         waiting.extend(round.arrived);
         if round.abort {
@@ -466,8 +541,8 @@ pub fn run(
         // round. The order alternates between the fewest tokens left (a short prompt answers at
         // once) and the oldest, so neither kind starves.
         prefill_turn = !prefill_turn;
-        let decoding = active.iter().any(|a| a.decoding.is_prefilled());
-        let mut budget = PromptBudget::new(pace.chunk(decoding, prefill_step));
+        let rows = active.iter().filter(|a| a.decoding.is_prefilled()).count();
+        let mut budget = PromptBudget::new(pace.chunk(rows, prefill_step));
         let given = budget.left;
         let order = prefill_order(&active, prefill_turn);
         let (going_in, mut chunks, mut prompt_tokens) = (order.len(), 0, 0);
@@ -513,14 +588,19 @@ pub fn run(
         }
         // One batched step for every request whose prompt is in.
         let ready: Vec<usize> = (0..active.len()).filter(|&i| active[i].decoding.is_prefilled()).collect();
-        // What each round did, for `--log-level debug`: how the prompts going in shared it.
+        // What each round did, for `--log-level debug`: how the prompts going in shared it, and
+        // the memory MLX holds for arrays and keeps cached for reuse.
         let round = |decoded: usize| {
             let ms = stepped.elapsed().as_secs_f64() * 1e3;
-            tracing::debug!(decoded, going_in, waiting = waiting.len(), budget = given, chunks, prompt_tokens, ms, "round");
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                let mib = |bytes: Result<usize, _>| bytes.map_or(0, |b| b >> 20);
+                let (active_mib, cached_mib) = (mib(mlx_rs::memory::active_memory()), mib(mlx_rs::memory::cache_memory()));
+                tracing::debug!(decoded, going_in, waiting = waiting.len(), budget = given, chunks, prompt_tokens, ms, active_mib, cached_mib, "round");
+            }
         };
         if ready.is_empty() {
             round(0);
-            pace.observe(stepped.elapsed().as_secs_f64(), chunk, false);
+            pace.observe(stepped.elapsed().as_secs_f64(), chunk, 0);
             continue;
         }
         let tokens = {
@@ -559,7 +639,7 @@ pub fn run(
         active.retain(|_| keep.next().unwrap_or(true));
         metrics.batch_size.set(active.len() as i64);
         round(ready.len());
-        pace.observe(stepped.elapsed().as_secs_f64(), chunk, true);
+        pace.observe(stepped.elapsed().as_secs_f64(), chunk, ready.len());
     }
 }
 
@@ -612,10 +692,13 @@ impl PromptBudget {
 
     /// The most tokens a prompt with `remaining` still to go in may run now; `None` when the round
     /// is spent, or when what is left of it is a sliver of a prompt it cannot finish (a forward
-    /// for a few tokens of a long prompt would cost more than it moves it).
+    /// for a few tokens of a long prompt would cost more than it moves it). A prompt within a
+    /// block of the budget finishes (a 257-token prompt in a 256-token round would otherwise take
+    /// a second forward, and a second round, for its last token).
     fn offer(&self, remaining: usize) -> Option<usize> {
-        let sliver = self.charged > 0 && self.left < remaining && self.left < Pace::MIN_CHUNK;
-        (self.left > 0 && !sliver).then_some(self.left)
+        let finishes = remaining <= self.left + Pace::ALIGN;
+        let sliver = self.charged > 0 && !finishes && self.left < Pace::MIN_CHUNK;
+        (self.left > 0 && !sliver).then_some(if finishes { remaining.max(self.left) } else { self.left })
     }
 
     /// Takes a chunk of `ran` tokens (none if it failed before running) out of the round.
@@ -772,7 +855,7 @@ fn finish(a: &mut Active, finish_reason: &'static str, stop_sequence: Option<Str
 
 #[cfg(test)]
 mod tests {
-    use super::{shares_start, Pace, PromptBudget, SHARED_START};
+    use super::{shares_start, Pace, PromptBudget, Round, SHARED_START};
 
     #[test]
     fn a_prompt_waits_only_for_one_it_shares_a_real_start_with() {
@@ -795,28 +878,108 @@ mod tests {
     #[test]
     fn a_chunk_beside_decoding_costs_about_one_decode_step() {
         let mut pace = Pace::default();
-        // Nothing decoding: the whole step; decoding but nothing measured: the smallest chunk.
-        assert_eq!(pace.chunk(false, 2048), 2048);
-        assert_eq!(pace.chunk(true, 2048), Pace::MIN_CHUNK);
+        // Nothing decoding: the whole step; a decode step not measured yet: no chunk, so that
+        // this round measures it; then, the prompt token's cost not known, the smallest chunk.
+        assert_eq!(pace.chunk(0, 2048), 2048);
+        assert_eq!(pace.chunk(4, 2048), 0);
+        pace.observe(0.020, 0, 4);
+        assert_eq!(pace.chunk(4, 2048), Pace::MIN_CHUNK);
         // A decode step of 20 ms; a round with a 256-token chunk took 30 ms: 10 ms for 256 tokens,
         // so a chunk of 15 ms (3/4 of a step) is 384 tokens.
-        pace.observe(0.020, 0, true);
-        pace.observe(0.030, 256, true);
-        assert_eq!(pace.chunk(true, 2048), 384);
+        pace.observe(0.030, 256, 4);
+        assert_eq!(pace.chunk(4, 2048), 384);
         // Never more than the step, never fewer than the smallest chunk (nor than a smaller step).
-        assert_eq!(pace.chunk(true, 300), 300);
-        pace.observe(0.5, 0, true);
-        assert!(pace.chunk(true, 2048) > 384);
+        assert_eq!(pace.chunk(4, 300), 300);
+        pace.observe(0.5, 0, 4);
+        assert!(pace.chunk(4, 2048) > 384);
         let mut slow = Pace::default();
-        slow.observe(0.001, 0, true);
-        slow.observe(1.0, 256, false);
-        assert_eq!(slow.chunk(true, 2048), Pace::MIN_CHUNK);
-        assert_eq!(slow.chunk(true, 100), 100);
+        slow.observe(0.001, 0, 4);
+        slow.observe(1.0, 256, 0);
+        assert_eq!(slow.chunk(4, 2048), Pace::MIN_CHUNK);
+        assert_eq!(slow.chunk(4, 100), 100);
         // Chunks come in whole blocks of 64.
         let mut odd = Pace::default();
-        odd.observe(0.0333, 0, true);
-        odd.observe(0.0001, 1, false);
-        assert_eq!(odd.chunk(true, 4096) % Pace::ALIGN, 0);
+        odd.observe(0.0333, 0, 4);
+        odd.observe(0.0001, 1, 0);
+        assert_eq!(odd.chunk(4, 4096) % Pace::ALIGN, 0);
+    }
+
+    #[test]
+    fn the_decode_step_is_measured_by_the_rows_it_decodes() {
+        // A prompt token costs 0.1 ms; 16 rows decode in 20 ms, 64 in 100 ms.
+        let mut pace = Pace::default();
+        pace.observe(0.1, 1000, 0);
+        pace.observe(0.020, 0, 16);
+        assert_eq!(pace.chunk(16, 4096), Pace::MIN_CHUNK, "3/4 of 20 ms is 150 tokens: the smallest chunk");
+        // 17–20 rows are near enough to 16's measurement; 64 rows are not: that round measures them.
+        assert_eq!(pace.chunk(20, 4096), pace.chunk(16, 4096));
+        assert_eq!(pace.chunk(64, 4096), 0);
+        pace.observe(0.100, 0, 64);
+        assert_eq!(pace.chunk(64, 4096), 704, "3/4 of 100 ms at 0.1 ms a token, in blocks of 64");
+        // A chunk beside 64 rows is costed against 64 rows' step, not 16's: 100 ms of decode and
+        // 704 tokens of 0.1 ms in 170.4 ms leave nothing over.
+        pace.observe(0.1704, 704, 64);
+        assert!(pace.overhead.unwrap().abs() < 1e-9, "{pace:?}");
+        // Between two measurements near enough, the step is read off the line between them.
+        pace.observe(0.060, 0, 48);
+        assert!((pace.decode_step(56).unwrap() - 0.080).abs() < 1e-9);
+        assert_eq!(pace.decode_step(40), Some(0.060));
+        assert_eq!(pace.decode_step(30), None);
+        // A measurement grows stale: after that many rounds its rows are measured again.
+        for _ in 0..Pace::STALE {
+            pace.observe(0.1, 1000, 0);
+        }
+        assert_eq!(pace.chunk(16, 4096), 0);
+        assert_eq!(pace.decode_step(48), Some(0.060), "measured more recently");
+        // A stale measurement is replaced, not averaged with what it was.
+        for _ in 0..=Pace::STALE {
+            pace.observe(0.1, 1000, 0);
+        }
+        pace.observe(0.040, 0, 16);
+        assert_eq!(pace.decode_step(16), Some(0.040));
+    }
+
+    #[test]
+    fn a_chunk_beside_decoding_is_long_enough_to_be_worth_its_fixed_cost() {
+        // Prompt tokens cost 0.1 ms alone; 64 rows decode in 40 ms; a 256-token chunk beside them
+        // made a round of 154 ms: 88.4 ms more than the step and its tokens.
+        let mut pace = Pace::default();
+        pace.observe(0.2048, 2048, 0);
+        pace.observe(0.040, 0, 64);
+        assert_eq!(pace.chunk(64, 4096), 256, "3/4 of 40 ms is 300 tokens");
+        pace.observe(0.154, 256, 64);
+        assert!((pace.overhead.unwrap() - 0.0884).abs() < 1e-9, "{pace:?}");
+        // Costed per token that chunk would be 0.45 ms a token and the next the smallest; as
+        // it is, the next runs 88.4 ms of tokens beside its fixed cost.
+        assert_eq!(pace.chunk(64, 4096), 832);
+        assert_eq!(pace.chunk(64, 512), 512);
+        // With a small fixed cost the step's share rules again.
+        let mut cheap = Pace::default();
+        cheap.observe(0.2048, 2048, 0);
+        cheap.observe(0.040, 0, 64);
+        cheap.observe(0.040 + 0.0256 + 0.002, 256, 64);
+        assert_eq!(cheap.chunk(64, 4096), 256, "(30 - 2) ms of tokens: 280, in blocks of 64");
+        // Before any chunk alone, a chunk's whole cost beside decoding stands for its tokens';
+        // the first measured alone replaces it, and a few-token chunk alone teaches nothing.
+        let mut beside = Pace::default();
+        beside.observe(0.040, 0, 64);
+        beside.observe(0.140, 256, 64);
+        assert!((beside.token.unwrap() - 0.1 / 256.0).abs() < 1e-12 && beside.overhead.is_none(), "{beside:?}");
+        beside.observe(0.010, 3, 0);
+        assert!(!beside.token_alone);
+        beside.observe(0.1024, 1024, 0);
+        assert!(beside.token_alone && (beside.token.unwrap() - 1e-4).abs() < 1e-12, "{beside:?}");
+    }
+
+    #[test]
+    fn rank_zeros_pace_travels_with_its_round() {
+        let mut pace = Pace::default();
+        pace.observe(0.1, 1000, 0);
+        pace.observe(0.020, 0, 16);
+        let round: Round<u64> = Round { pace: Some(pace.clone()), ..Round::default() };
+        let back: Round<u64> = serde_json::from_slice(&serde_json::to_vec(&round).unwrap()).unwrap();
+        let got = back.pace.expect("the pace came with the round");
+        assert_eq!((got.chunk(16, 4096), got.chunk(64, 4096), got.rounds), (pace.chunk(16, 4096), pace.chunk(64, 4096), pace.rounds));
     }
 
     #[test]
@@ -851,22 +1014,30 @@ mod tests {
         let mut failed = PromptBudget::new(512);
         failed.spend(0);
         assert_eq!(failed.offer(1000), Some(512 - Pace::ALIGN));
+        // A prompt within a block of the round finishes in it; one longer takes the round.
+        assert_eq!(PromptBudget::new(256).offer(257), Some(257));
+        assert_eq!(PromptBudget::new(256).offer(256 + Pace::ALIGN), Some(256 + Pace::ALIGN));
+        assert_eq!(PromptBudget::new(256).offer(257 + Pace::ALIGN), Some(256));
+        let mut after = PromptBudget::new(512);
+        after.spend(300);
+        assert_eq!(after.offer(260), Some(260), "finishes in what is left of the round");
+        assert_eq!(after.offer(400), None, "a sliver of a prompt it cannot finish");
     }
 
     #[test]
     fn the_averages_follow_the_rounds() {
         let mut pace = Pace::default();
-        pace.observe(0.010, 0, true);
+        pace.observe(0.010, 0, 8);
         for _ in 0..40 {
-            pace.observe(0.040, 0, true);
+            pace.observe(0.040, 0, 8);
         }
-        assert!((pace.decode.unwrap() - 0.040).abs() < 1e-4, "{pace:?}");
-        // A chunk round before any decode step cannot be split, so it teaches nothing but the
-        // time of a prompt token with no decode beside it.
+        assert!((pace.decode_step(8).unwrap() - 0.040).abs() < 1e-4, "{pace:?}");
+        // A chunk round before any decode step of its rows cannot be split, so it teaches nothing
+        // but the time of a prompt token with no decode beside it.
         let mut fresh = Pace::default();
-        fresh.observe(0.5, 1000, true);
-        assert_eq!((fresh.decode, fresh.token), (None, None));
-        fresh.observe(0.5, 1000, false);
+        fresh.observe(0.5, 1000, 8);
+        assert_eq!((fresh.decode.len(), fresh.token), (0, None));
+        fresh.observe(0.5, 1000, 0);
         assert_eq!(fresh.token, Some(0.0005));
     }
 }
