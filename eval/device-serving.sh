@@ -18,7 +18,7 @@
 #              before the first: each start's time to ready, its first request (1K in, 64 out)
 #              and then 16 at once
 #   gputests   GPU_TESTS (default: the kernels compiled ahead (the checks' and the decode attention's),
-#              and the disk cache) of
+#              the disk cache, and prefill attention past MLX's plan cache) of
 #              tests/gpu_kernels.rs, the test binary carried as .device/bin/gpu_kernels
 # WORKLOADS (default "random prompt4k prefix32k mixed"; sala-9b adds prefix128k): as
 #   eval/serving/workloads.sh describes them (1K in / 256 out at 1, 4, 16, 64; 4K in at 16; 16
@@ -189,7 +189,7 @@ coldstart() {
 }
 gputests() {
   local t
-  for t in ${GPU_TESTS:-compiling_ahead_reaches_every_kernel_variant_the_checks_launch decode_variants_launched_ahead_are_all_a_server_meets a_kernel_variant_is_compiled_once_into_mlx_disk_cache}; do
+  for t in ${GPU_TESTS:-compiling_ahead_reaches_every_kernel_variant_the_checks_launch decode_variants_launched_ahead_are_all_a_server_meets a_kernel_variant_is_compiled_once_into_mlx_disk_cache prefill_attention_at_more_shapes_than_mlx_plans_keeps_answering}; do
     timeout 120 "$BIN/gpu_kernels" --include-ignored --exact "$t" > "$LOGS/gputest-$t.log" 2>&1
     phase "gputest $t rc=$? $(grep -E '^test result' "$LOGS/gputest-$t.log")"
   done

@@ -1423,3 +1423,41 @@ fn decode_variants_launched_ahead_are_all_a_server_meets() {
     let met = variants_from(after);
     assert!(met.is_empty(), "{new} variants launched ahead; decode steps then met these too: {met:?}");
 }
+
+/// MLX-CUDA plans each prefill attention shape with cuDNN and, by default, throws "Cache
+/// thrashing" for every new shape once it has missed its plan cache more than 512 times in a
+/// process: a server then failed every prompt. With `sala`'s MLX settings (made before MLX's first
+/// call, as `sala` does) prefill chunks at 600 key lengths all answer, and still as attention does.
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn prefill_attention_at_more_shapes_than_mlx_plans_keeps_answering() {
+    use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
+    sala::engine::device::configure_runtime();
+    assert!(select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu, "{NEEDS_GPU}");
+    if backend() != Backend::Cuda {
+        eprintln!("skipped: only MLX-CUDA caches attention plans");
+        return;
+    }
+    let (heads, queries, d) = (8, 16, 64);
+    let q = randn(&[1, heads, queries, d], 1, Dtype::Bfloat16);
+    let scale = 1.0 / (d as f32).sqrt();
+    for extra in 0..600 {
+        let n = queries + extra;
+        let (k, v) = (randn(&[1, heads, n, d], 2, Dtype::Bfloat16), randn(&[1, heads, n, d], 3, Dtype::Bfloat16));
+        let o = scaled_dot_product_attention(&q, &k, &v, scale, ScaledDotProductAttentionMask::Causal, None)
+            .and_then(|o| o.eval().map(|_| o))
+            .unwrap_or_else(|e| panic!("attention over {n} keys: {e}"));
+        if extra % 150 == 149 {
+            // Query i sees keys up to n - queries + i.
+            let f32_of = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+            let scores = ops::multiply(ops::matmul(f32_of(&q), f32_of(&k).swap_axes(2, 3).unwrap()).unwrap(), Array::from_f32(scale)).unwrap();
+            let rows = Array::from_iter(0..queries, &[queries, 1]);
+            let cols = Array::from_iter(0..n, &[1, n]);
+            let visible = ops::le(&cols, ops::add(&rows, Array::from_int(n - queries)).unwrap()).unwrap();
+            let masked = ops::select(&visible, &scores, Array::from_f32(f32::NEG_INFINITY)).unwrap();
+            let expected = ops::matmul(ops::softmax_axis(&masked, -1, None).unwrap(), f32_of(&v)).unwrap();
+            let err = rel_err(&o, &expected);
+            assert!(err < 2e-2, "attention over {n} keys is off by {err}");
+        }
+    }
+}

@@ -300,18 +300,19 @@ fn serving_over_two_ranks_answers_as_one_rank() {
     // And the ranks are still in step afterwards.
     assert_eq!(answer(&two, &greedy).0, answer(&one, &greedy).0);
     // A long prompt going in beside a stream: its chunks are paced by rank 0's clock, which the
-    // other ranks must follow (by their own, their forwards would differ from rank 0's).
+    // other ranks follow. (On the CPU both ranks' paces give the smallest chunk here, so this
+    // checks the answers, not that a follower's own clock would have differed.)
     let stream = {
-        let body = json!({"prompt": "count on", "max_tokens": 1500, "ignore_eos": true, "temperature": 0}).to_string();
+        let body = json!({"prompt": "count on", "max_tokens": 200, "ignore_eos": true, "temperature": 0}).to_string();
         let port = two.port;
         std::thread::spawn(move || common::server::request(port, "POST", "/v1/completions", Some(&body), &[]).expect("the stream's answer"))
     };
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let items: Vec<String> = (0..900).map(|i| format!("item {i} is {}", i * 7 % 13)).collect();
+    let items: Vec<String> = (0..120).map(|i| format!("item {i} is {}", i * 7 % 13)).collect();
     let long = json!({"messages": [{"role": "user", "content": format!("{} which?", items.join(", "))}], "max_tokens": 6, "temperature": 0, "logprobs": true});
     let (beside, alone) = (answer(&two, &long), answer(&one, &long));
     let stream = stream.join().unwrap().json();
-    assert_eq!(stream["usage"]["completion_tokens"], 1500, "{stream}");
+    assert_eq!(stream["usage"]["completion_tokens"], 200, "{stream}");
     assert_eq!(beside.0, alone.0, "a long prompt beside a stream over two ranks answers as one rank alone");
     let diff = beside.1.iter().zip(&alone.1).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
     assert!(diff <= golden_tol(), "log-probabilities differ by {diff}");

@@ -9,14 +9,24 @@ pub enum DeviceKind {
     Gpu,
 }
 
-/// MLX-CUDA replays recorded CUDA graphs keyed by the sequence of kernels; a long prompt or a
-/// growing context makes more distinct sequences than its default cache of 400, and MLX 0.32.2
-/// then stops with "Cache thrashing is happening" (seen on an H200 prefilling 131K tokens). Raise
-/// the default unless the user set it. Must run before the first MLX call.
+/// MLX-CUDA keeps recorded CUDA graphs (keyed by the sequence of kernels) and cuDNN attention
+/// plans (keyed by the exact query and key shapes: every prefill chunk at a new offset is one) in
+/// caches of 400 and 256, and counts every miss over the process's life: past twice the capacity
+/// every later miss throws "Cache thrashing is happening". A server meets that within minutes
+/// (on an H200, every prompt after a few hundred chunks failed), so the check is off and the
+/// caches larger, unless the user set them. Must run before the first MLX call.
 pub fn configure_runtime() {
-    if std::env::var_os("MLX_CUDA_GRAPH_CACHE_SIZE").is_none() {
-        std::env::set_var("MLX_CUDA_GRAPH_CACHE_SIZE", "4096");
+    for (name, value) in runtime_defaults_missing(|name| std::env::var_os(name).is_some()) {
+        std::env::set_var(name, value);
     }
+}
+
+/// The MLX settings [`configure_runtime`] gives, less those `is_set` says the user gave.
+pub fn runtime_defaults_missing(is_set: impl Fn(&str) -> bool) -> Vec<(&'static str, &'static str)> {
+    [("MLX_CUDA_GRAPH_CACHE_SIZE", "4096"), ("MLX_CUDA_SDPA_CACHE_SIZE", "1024"), ("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")]
+        .into_iter()
+        .filter(|(name, _)| !is_set(name))
+        .collect()
 }
 
 /// Whether this libmlx has a usable GPU backend (Metal or CUDA).
@@ -267,5 +277,19 @@ pub fn finish(code: i32) {
         let _ = std::io::stdout().flush();
         let _ = std::io::stderr().flush();
         unsafe { libc::_exit(code) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runtime_defaults_missing;
+
+    #[test]
+    fn mlx_runtime_defaults_leave_what_the_user_set() {
+        let all = runtime_defaults_missing(|_| false);
+        assert!(all.contains(&("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")) && all.contains(&("MLX_CUDA_SDPA_CACHE_SIZE", "1024")), "{all:?}");
+        let some = runtime_defaults_missing(|name| name == "MLX_ENABLE_CACHE_THRASHING_CHECK");
+        assert_eq!(some.len(), all.len() - 1);
+        assert!(some.iter().all(|(name, _)| *name != "MLX_ENABLE_CACHE_THRASHING_CHECK"));
     }
 }
