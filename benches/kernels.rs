@@ -58,6 +58,8 @@ fn row(name: &str, kernel: f64, mlx: f64, extra: &str) {
 }
 
 fn main() {
+    // MLX's settings as `sala` makes them (before MLX's first call).
+    sala::engine::device::configure_runtime();
     let gpu = select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu;
     // `kernels host-cost`: the host's time per operation, by kind of operation (the MLX rows run
     // on the CPU too).
@@ -110,6 +112,12 @@ fn main() {
     // `kernels qmv-tiling`: the GEMV kernels' tilings on the 9B's decode products, for a profiler.
     if std::env::args().skip(1).any(|a| a == "qmv-tiling") {
         qmv_tiling_sweep();
+        return;
+    }
+    // `kernels prefill-attention`: a prefill chunk's attention the first time its shape comes and
+    // again (MLX-CUDA plans each shape with cuDNN).
+    if std::env::args().skip(1).any(|a| a == "prefill-attention") {
+        prefill_attention_first_and_again();
         return;
     }
     // `kernels decode-attention`: dense decode attention over a whole cache, Qwen3-8B's heads.
@@ -233,6 +241,36 @@ fn decode_attention_by_depth() {
                     }
                 });
             }
+        }
+    }
+}
+
+/// Prefill attention of a chunk of queries over a prompt's keys so far (Qwen3-8B's heads, causal),
+/// the first time a shape comes in the process and again: what a server pays per chunk at a new
+/// offset, which the pace counts as a chunk's fixed cost.
+fn prefill_attention_first_and_again() {
+    use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
+    let (hq, hkv, d) = (32, 8, 128);
+    let scale = (d as f32).powf(-0.5);
+    let attend = |q: &Array, k: &Array, v: &Array| {
+        let started = Instant::now();
+        let o = scaled_dot_product_attention(q, k, v, scale, ScaledDotProductAttentionMask::Causal, None).unwrap();
+        eval([&o]).unwrap();
+        started.elapsed().as_secs_f64() * 1e3
+    };
+    // The device's and cuDNN's own start-up, at a shape the table does not use.
+    let warm = randn(&[1, hq, 64, d], 1, Dtype::Bfloat16);
+    attend(&warm, &randn(&[1, hkv, 64, d], 2, Dtype::Bfloat16), &randn(&[1, hkv, 64, d], 3, Dtype::Bfloat16));
+    println!("| queries | keys | first time ms | again ms (best of 5) |");
+    println!("|---:|---:|---:|---:|");
+    for queries in [256, 2048] {
+        let q = randn(&[1, hq, queries, d], 4, Dtype::Bfloat16);
+        for keys in [1024, 4096, 16384, 32768, 32768 + queries] {
+            let (k, v) = (randn(&[1, hkv, keys, d], 5, Dtype::Bfloat16), randn(&[1, hkv, keys, d], 6, Dtype::Bfloat16));
+            eval([&q, &k, &v]).unwrap();
+            let first = attend(&q, &k, &v);
+            let again = (0..5).map(|_| attend(&q, &k, &v)).fold(f64::MAX, f64::min);
+            println!("| {queries} | {keys} | {first:.2} | {again:.2} |");
         }
     }
 }
