@@ -770,6 +770,11 @@ fn block_sparse_attention_reads_an_8_bit_cache_in_place() {
     }
 }
 
+/// Sequence `j`'s random keys and values, `[1, hkv, len, d]` each, from `seed`.
+fn cache_keys_values(hkv: i32, len: i32, d: i32, seed: u64, j: usize, dtype: Dtype) -> (Array, Array) {
+    (randn(&[1, hkv, len, d], seed + 1 + 2 * j as u64, dtype), randn(&[1, hkv, len, d], seed + 2 + 2 * j as u64, dtype))
+}
+
 /// Decoding queries (and gates) of `b` sequences as the model hands them over: in the
 /// projection's rows `[b, 1, 3·Hq·d]`, a view of wider ones.
 fn projected_rows(b: i32, hq: i32, d: i32, seed: u64, dtype: Dtype) -> Array {
@@ -814,8 +819,7 @@ fn decode_attention_of_a_batch_matches_mlx() {
             .iter()
             .enumerate()
             .map(|(j, &len)| {
-                let k = randn(&[1, hkv, len as i32, d], seed + 1 + 2 * j as u64, dtype);
-                let v = randn(&[1, hkv, len as i32, d], seed + 2 + 2 * j as u64, dtype);
+                let (k, v) = cache_keys_values(hkv, len as i32, d, seed, j, dtype);
                 let settled = if j % 2 == 1 { len - len.min(1 + j * 7) } else { len };
                 let part = |x: &Array, from: usize, to: usize| poison_from(&x.try_index((.., .., from as i32..to as i32, ..)).unwrap(), hkv, d, dtype);
                 let recent = (settled < len).then(|| (part(&k, settled, len), part(&v, settled, len)));
@@ -871,8 +875,7 @@ fn decode_attention_reads_8_bit_caches_in_place() {
             .iter()
             .enumerate()
             .map(|(j, &len)| {
-                let k = randn(&[1, hkv, len as i32, d], seed + 1 + 2 * j as u64, dtype);
-                let v = randn(&[1, hkv, len as i32, d], seed + 2 + 2 * j as u64, dtype);
+                let (k, v) = cache_keys_values(hkv, len as i32, d, seed, j, dtype);
                 let settled = if j % 2 == 1 { len - len.min(1 + j * 7) } else { len };
                 let span = |x: &Array, from: usize, to: usize| x.try_index((.., .., from as i32..to as i32, ..)).unwrap();
                 let mut cache = KvCache::new(KvFormat::quantized(8, d).unwrap(), None);
@@ -925,7 +928,8 @@ fn kv_append_matches_slice_updates() {
             .iter()
             .enumerate()
             .map(|(j, &at)| {
-                RecentSlot::at(randn(&[1, hkv, capacity, d], seed + 1 + 2 * j as u64, dtype), randn(&[1, hkv, capacity, d], seed + 2 + 2 * j as u64, dtype), at)
+                let (keys, values) = cache_keys_values(hkv, capacity, d, seed, j, dtype);
+                RecentSlot::at(keys, values, at)
             })
             .collect();
         let got = append_token(&rows, columns, &slots).unwrap();
@@ -1410,8 +1414,7 @@ fn decode_variants_launched_ahead_are_all_a_server_meets() {
             .iter()
             .enumerate()
             .map(|(j, &len)| {
-                let keys = randn(&[1, hkv, len as i32, d], seed + 1 + 2 * j as u64, dtype);
-                let values = randn(&[1, hkv, len as i32, d], seed + 2 + 2 * j as u64, dtype);
+                let (keys, values) = cache_keys_values(hkv, len as i32, d, seed, j, dtype);
                 KvParts { keys, values, recent: None, settled: len, len, scales: None, counts: None }
             })
             .collect();

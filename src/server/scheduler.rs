@@ -144,9 +144,10 @@ impl CacheMemory<'_> {
 /// - a decode step's by the rows it decodes (64 rows cost several times 16): a round at a row
 ///   count with no recent measurement near it runs no chunk and measures it;
 /// - a prompt token's from chunks with nothing decoding beside them;
-/// - and what a chunk beside decoding costs beyond its tokens (it breaks the decode pipeline:
-///   ~90 ms beside 64 streams on an H200), which a chunk is made at least as long as: costed per
-///   token instead, small chunks would look dear and shrink the next ones to the smallest.
+/// - and what a chunk beside decoding costs beyond its tokens (a forward's fixed costs, on CUDA
+///   planning each new attention shape among them), which a chunk is made at least as long as:
+///   costed per token instead, small chunks would look dear and shrink the next ones to the
+///   smallest.
 #[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 struct Pace {
     /// Seconds of a round with a decode step and no chunk, by the rows it decoded.
@@ -204,7 +205,7 @@ impl Pace {
     /// above, where both are near).
     fn decode_step(&self, rows: usize) -> Option<f64> {
         let near = rows / Self::NEAR;
-        let fresh = |(&n, m): (&usize, &Measured)| (self.rounds.saturating_sub(m.round) <= Self::STALE).then_some((n, m.seconds));
+        let fresh = |(&n, m): (&usize, &Measured)| self.is_fresh(m).then_some((n, m.seconds));
         let below = self.decode.range(rows.saturating_sub(near)..=rows).rev().find_map(fresh);
         let above = self.decode.range(rows..=rows + near).find_map(fresh);
         match (below, above) {
@@ -214,6 +215,11 @@ impl Pace {
         }
     }
 
+    /// Whether a decode measurement is recent enough to stand for its rows.
+    fn is_fresh(&self, m: &Measured) -> bool {
+        self.rounds.saturating_sub(m.round) <= Self::STALE
+    }
+
     /// Takes one round's time: `chunk` prompt tokens run, and a decode step of `rows` (0: none).
     fn observe(&mut self, seconds: f64, chunk: usize, rows: usize) {
         self.rounds += 1;
@@ -221,7 +227,7 @@ impl Pace {
         match (chunk, rows) {
             (0, 0) => {}
             (0, rows) => {
-                let old = self.decode.get(&rows).filter(|m| self.rounds - m.round <= Self::STALE).map(|m| m.seconds);
+                let old = self.decode.get(&rows).filter(|m| self.is_fresh(m)).map(|m| m.seconds);
                 self.decode.insert(rows, Measured { seconds: average(old, seconds), round: self.rounds });
             }
             // A chunk's fixed cost is spread thin only over a chunk of some length.
