@@ -250,27 +250,41 @@ fn decode_attention_by_depth() {
 /// offset, which the pace counts as a chunk's fixed cost.
 fn prefill_attention_first_and_again() {
     use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
+    use sala::models::layers::{padded_attention_shape, prompt_attention_padded};
     let (hq, hkv, d) = (32, 8, 128);
     let scale = (d as f32).powf(-0.5);
-    let attend = |q: &Array, k: &Array, v: &Array| {
+    // Milliseconds to build and evaluate one attention call.
+    let time_one = |f: &dyn Fn() -> Array| {
         let started = Instant::now();
-        let o = scaled_dot_product_attention(q, k, v, scale, ScaledDotProductAttentionMask::Causal, None).unwrap();
-        eval([&o]).unwrap();
+        eval([&f()]).unwrap();
         started.elapsed().as_secs_f64() * 1e3
     };
+    let causal = |q: &Array, k: &Array, v: &Array| time_one(&|| scaled_dot_product_attention(q, k, v, scale, ScaledDotProductAttentionMask::Causal, None).unwrap());
+    let padded = |q: &Array, k: &Array, v: &Array| time_one(&|| prompt_attention_padded(q, k, v, scale).unwrap());
     // The device's and cuDNN's own start-up, at a shape the table does not use.
     let warm = randn(&[1, hq, 64, d], 1, Dtype::Bfloat16);
-    attend(&warm, &randn(&[1, hkv, 64, d], 2, Dtype::Bfloat16), &randn(&[1, hkv, 64, d], 3, Dtype::Bfloat16));
-    println!("| queries | keys | first time ms | again ms (best of 5) |");
-    println!("|---:|---:|---:|---:|");
-    for queries in [256, 2048] {
+    causal(&warm, &randn(&[1, hkv, 64, d], 2, Dtype::Bfloat16), &randn(&[1, hkv, 64, d], 3, Dtype::Bfloat16));
+    println!("Causal attention at its exact shape (as a chunk at a new offset meets it), and padded to repeating shapes");
+    println!("(`prompt_attention_padded`: mask and copies included): at a new padded shape, then 64 keys on (a new offset, the same");
+    println!("padded shape), then again.");
+    println!();
+    println!("| queries | keys | causal first ms | causal again ms | padded to | padded first ms | padded, 64 keys on, first ms | padded again ms |");
+    println!("|---:|---:|---:|---:|---|---:|---:|---:|");
+    for queries in [256, 512, 2048] {
         let q = randn(&[1, hq, queries, d], 4, Dtype::Bfloat16);
-        for keys in [1024, 4096, 16384, 32768, 32768 + queries] {
-            let (k, v) = (randn(&[1, hkv, keys, d], 5, Dtype::Bfloat16), randn(&[1, hkv, keys, d], 6, Dtype::Bfloat16));
-            eval([&q, &k, &v]).unwrap();
-            let first = attend(&q, &k, &v);
-            let again = (0..5).map(|_| attend(&q, &k, &v)).fold(f64::MAX, f64::min);
-            println!("| {queries} | {keys} | {first:.2} | {again:.2} |");
+        for base in [3000, 16384, 32768, 131072] {
+            let keys = base + queries;
+            let kv = |n: i32| (randn(&[1, hkv, n, d], 5, Dtype::Bfloat16), randn(&[1, hkv, n, d], 6, Dtype::Bfloat16));
+            let ((k, v), (k2, v2)) = (kv(keys), kv(keys + 64));
+            eval([&q, &k, &v, &k2, &v2]).unwrap();
+            let best = |f: &dyn Fn() -> f64| (0..5).map(|_| f()).fold(f64::MAX, f64::min);
+            let causal_first = causal(&q, &k, &v);
+            let causal_again = best(&|| causal(&q, &k, &v));
+            let (pq, pw) = padded_attention_shape(queries, keys);
+            let padded_first = padded(&q, &k, &v);
+            let padded_next = padded(&q, &k2, &v2);
+            let padded_again = best(&|| padded(&q, &k2, &v2));
+            println!("| {queries} | {keys} | {causal_first:.2} | {causal_again:.2} | {pq}×{pw} | {padded_first:.2} | {padded_next:.2} | {padded_again:.2} |");
         }
     }
 }

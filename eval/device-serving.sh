@@ -18,8 +18,10 @@
 #              before the first: each start's time to ready, its first request (1K in, 64 out)
 #              and then 16 at once
 #   gputests   GPU_TESTS (default: the kernels compiled ahead (the checks' and the decode attention's),
-#              the disk cache, and prefill attention past MLX's plan cache) of
+#              the disk cache, prefill attention past MLX's plan cache and padded to repeating shapes) of
 #              tests/gpu_kernels.rs, the test binary carried as .device/bin/gpu_kernels
+#   attention  `kernels prefill-attention` (benches/kernels.rs, carried as .device/bin/kernels): a prompt
+#              chunk's attention at a new shape, again, and padded to repeating shapes, into $OUT
 # WORKLOADS (default "random prompt4k prefix32k mixed"; sala-9b adds prefix128k): as
 #   eval/serving/workloads.sh describes them (1K in / 256 out at 1, 4, 16, 64; 4K in at 16; 16
 #   questions over a 32K-token shared prefix; 64 streams while 32K-token prompts arrive every 5 s).
@@ -189,7 +191,7 @@ coldstart() {
 }
 gputests() {
   local t
-  for t in ${GPU_TESTS:-compiling_ahead_reaches_every_kernel_variant_the_checks_launch decode_variants_launched_ahead_are_all_a_server_meets a_kernel_variant_is_compiled_once_into_mlx_disk_cache prefill_attention_at_more_shapes_than_mlx_plans_keeps_answering}; do
+  for t in ${GPU_TESTS:-compiling_ahead_reaches_every_kernel_variant_the_checks_launch decode_variants_launched_ahead_are_all_a_server_meets a_kernel_variant_is_compiled_once_into_mlx_disk_cache prefill_attention_at_more_shapes_than_mlx_plans_keeps_answering prompt_attention_padded_through_cudnn_matches_masked_softmax}; do
     timeout 120 "$BIN/gpu_kernels" --include-ignored --exact "$t" > "$LOGS/gputest-$t.log" 2>&1
     phase "gputest $t rc=$? $(grep -E '^test result' "$LOGS/gputest-$t.log")"
   done
@@ -199,6 +201,7 @@ for step in $STEPS; do
   case $step in
     coldstart) coldstart ;;
     gputests) gputests ;;
+    attention) timeout 240 "$BIN/kernels" prefill-attention > "$OUT/prefill-attention.md" 2>&1; phase "kernels prefill-attention rc=$?" ;;
     build) build ;;
     llama) wait_build && start_llama && workloads llama qwen3-8b; stop_server ;;
     sala-qwen) wait_build; start_sala qwen3-8b && workloads "$SALA" qwen3-8b; stop_server ;;

@@ -1451,16 +1451,42 @@ fn prefill_attention_at_more_shapes_than_mlx_plans_keeps_answering() {
             .and_then(|o| o.eval().map(|_| o))
             .unwrap_or_else(|e| panic!("attention over {n} keys: {e}"));
         if extra % 150 == 149 {
-            // Query i sees keys up to n - queries + i.
-            let f32_of = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
-            let scores = ops::multiply(ops::matmul(f32_of(&q), f32_of(&k).swap_axes(2, 3).unwrap()).unwrap(), Array::from_f32(scale)).unwrap();
-            let rows = Array::from_iter(0..queries, &[queries, 1]);
-            let cols = Array::from_iter(0..n, &[1, n]);
-            let visible = ops::le(&cols, ops::add(&rows, Array::from_int(n - queries)).unwrap()).unwrap();
-            let masked = ops::select(&visible, &scores, Array::from_f32(f32::NEG_INFINITY)).unwrap();
-            let expected = ops::matmul(ops::softmax_axis(&masked, -1, None).unwrap(), f32_of(&v)).unwrap();
-            let err = rel_err(&o, &expected);
+            let err = rel_err(&o, &causal_attention_reference(&q, &k, &v, scale));
             assert!(err < 2e-2, "attention over {n} keys is off by {err}");
         }
+    }
+}
+
+/// Causal attention in float32 by masked softmax, query i of t seeing keys up to L − t + i (query
+/// heads in groups over the key heads).
+fn causal_attention_reference(q: &Array, k: &Array, v: &Array, scale: f32) -> Array {
+    let (t, n) = (q.shape()[2], k.shape()[2]);
+    let groups = q.shape()[1] / k.shape()[1];
+    let f32_of = |a: &Array| ops::repeat_axis::<f32>(a.as_dtype(Dtype::Float32).unwrap(), groups, 1).unwrap();
+    let scores = ops::multiply(ops::matmul(q.as_dtype(Dtype::Float32).unwrap(), f32_of(k).swap_axes(2, 3).unwrap()).unwrap(), Array::from_f32(scale)).unwrap();
+    let rows = Array::from_iter(0..t, &[t, 1]);
+    let cols = Array::from_iter(0..n, &[1, n]);
+    let visible = ops::le(&cols, ops::add(&rows, Array::from_int(n - t)).unwrap()).unwrap();
+    let masked = ops::select(&visible, &scores, Array::from_f32(f32::NEG_INFINITY)).unwrap();
+    ops::matmul(ops::softmax_axis(&masked, -1, None).unwrap(), f32_of(v)).unwrap()
+}
+
+/// A prompt chunk's attention as the models call it: on CUDA, padded to repeating shapes with an
+/// explicit mask through cuDNN. Chunks of 1 to 300 queries at offsets on and across the padded
+/// lengths' steps, Qwen3-8B's grouped heads, keys read from a cache buffer with room to spare.
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn prompt_attention_padded_through_cudnn_matches_masked_softmax() {
+    sala::engine::device::configure_runtime();
+    assert!(select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu, "{NEEDS_GPU}");
+    let (hq, hkv, d) = (32, 8, 128);
+    let scale = 1.0 / (d as f32).sqrt();
+    let (buffer_k, buffer_v) = (randn(&[1, hkv, 9000, d], 41, Dtype::Bfloat16), randn(&[1, hkv, 9000, d], 42, Dtype::Bfloat16));
+    for (t, len) in [(2, 2), (7, 100), (64, 4096), (65, 4097), (300, 4200), (256, 8192), (256, 8193), (33, 8900)] {
+        let q = randn(&[1, hq, t, d], 43 + t as u64, Dtype::Bfloat16);
+        let (k, v) = (buffer_k.try_index((.., .., ..len, ..)).unwrap(), buffer_v.try_index((.., .., ..len, ..)).unwrap());
+        let o = sala::models::layers::prompt_attention(&q, &k, &v, scale).unwrap();
+        let err = rel_err(&o, &causal_attention_reference(&q, &k, &v, scale));
+        assert!(err < 2e-2, "{t} queries over {len} keys: off by {err}");
     }
 }

@@ -631,3 +631,47 @@ fn decode_variants_are_launched_ahead_on_cuda_only() {
     assert_eq!(loaded.model.launch_kernels_ahead().unwrap(), 0);
     assert_eq!(variants_launched(), before);
 }
+
+/// The padded shapes: queries to a multiple of 64, keys to 4096 or one of four lengths an octave,
+/// never fewer than given and at most a quarter more.
+#[test]
+fn prompt_attention_pads_to_a_few_shapes() {
+    use sala::models::layers::padded_attention_shape;
+    assert_eq!(padded_attention_shape(1, 1), (64, 4096));
+    assert_eq!(padded_attention_shape(64, 4096), (64, 4096));
+    assert_eq!(padded_attention_shape(65, 4097), (128, 5120));
+    assert_eq!(padded_attention_shape(256, 8192), (256, 8192));
+    assert_eq!(padded_attention_shape(256, 8193), (256, 10240));
+    assert_eq!(padded_attention_shape(300, 33024), (320, 40960));
+    let mut widths = std::collections::BTreeSet::new();
+    for len in 1..=140_000 {
+        let (_, width) = padded_attention_shape(256, len);
+        assert!(width >= len && (len <= 4096 || width as f64 <= len as f64 * 1.25), "{len} keys padded to {width}");
+        widths.insert(width);
+    }
+    // 4096, then four an octave up to 2^17, and the first past it.
+    assert_eq!(widths.len(), 1 + 5 * 4 + 1, "{widths:?}");
+}
+
+/// A prompt chunk's attention padded to repeating shapes (the path MLX-CUDA takes) against MLX's
+/// causal attention over the same keys: chunks of 1 to 300 queries at offsets on and across the
+/// padded lengths' steps, grouped heads, keys read from a cache buffer with room to spare.
+#[test]
+fn prompt_attention_padded_equals_causal_attention() {
+    use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
+    use sala::models::layers::prompt_attention_padded;
+    let (hq, hkv, d) = (4, 2, 32);
+    let scale = 1.0 / (d as f32).sqrt();
+    let buffer_k = randn(&[1, hkv, 6000, d], 31);
+    let buffer_v = randn(&[1, hkv, 6000, d], 32);
+    for (t, len) in [(2, 2), (7, 100), (64, 4096), (65, 4097), (300, 4200), (128, 5120), (1, 5121), (33, 5900)] {
+        let q = randn(&[1, hq, t, d], 33 + t as u64);
+        let (k, v) = (buffer_k.try_index((.., .., ..len, ..)).unwrap(), buffer_v.try_index((.., .., ..len, ..)).unwrap());
+        let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
+        let expected = scaled_dot_product_attention(&q, &k, &v, scale, mask, None).unwrap();
+        let padded = prompt_attention_padded(&q, &k, &v, scale).unwrap();
+        assert_eq!(padded.shape(), expected.shape());
+        let diff = max_diff(&padded, &expected);
+        assert!(diff < 1e-5, "{t} queries over {len} keys: off by {diff}");
+    }
+}

@@ -16,9 +16,8 @@ use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::kv::append_with;
 use crate::kernels::rope::{rope_append, QkHeads, RopeAngles};
 use crate::kernels::sparse::{decode_attention, launch_decode_variants, DecodeQuery, DecodeShape};
-use crate::models::layers::{per_sequence, scale, Embedding, HeadRows, Input, Linear, LmHead, Mlp, Projections, RmsNorm};
+use crate::models::layers::{per_sequence, prompt_attention, scale, Embedding, HeadRows, Input, Linear, LmHead, Mlp, Projections, RmsNorm};
 use crate::models::rope::Rope;
-use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::{ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 #[derive(Clone)]
@@ -255,8 +254,7 @@ impl Attention {
             let q = rope.apply(&qkv[0], position)?;
             let k = rope.apply(&qkv[1], position)?;
             let (keys, values) = cache.append(&k, &qkv[2])?;
-            let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
-            let o = fast::scaled_dot_product_attention(&q, &keys, &values, self.scale(), mask, None)?;
+            let o = prompt_attention(&q, &keys, &values, self.scale())?;
             cache.evict()?;
             Ok(o)
         })?;

@@ -610,3 +610,64 @@ pub fn per_sequence<C: ?Sized>(
     }
     Ok(ops::concatenate(&outputs, 0)?)
 }
+
+/// Largest mask (queries × keys) for which [`prompt_attention`] pads a chunk to repeating shapes:
+/// cuDNN reads the mask once per query head, and past about the L2 cache that reading costs more
+/// than planning a new shape.
+const REPEATING_SHAPES_MAX_MASK: i64 = 1 << 25;
+
+/// Causal attention of a prompt chunk: the last `t` positions' queries `[B, Hq, t, d]` over every
+/// key so far `[B, Hkv, L, d]` (the chunk's own keys last).
+///
+/// MLX-CUDA plans cuDNN's attention once per exact shape, on the host while the device waits, so
+/// a chunk at a new offset beside decoding paid a plan each round. On CUDA a chunk whose mask stays
+/// small takes [`prompt_attention_padded`]'s few shapes instead; elsewhere there is no planning.
+pub fn prompt_attention(q: &Array, keys: &Array, values: &Array, scale: f32) -> Result<Array> {
+    let t = q.shape()[2];
+    if t == 1 {
+        return Ok(fast::scaled_dot_product_attention(q, keys, values, scale, None, None)?);
+    }
+    let (queries, width) = padded_attention_shape(t, keys.shape()[2]);
+    if crate::kernels::custom::backend() == crate::kernels::custom::Backend::Cuda && queries as i64 * width as i64 <= REPEATING_SHAPES_MAX_MASK {
+        return prompt_attention_padded(q, keys, values, scale);
+    }
+    Ok(fast::scaled_dot_product_attention(q, keys, values, scale, fast::ScaledDotProductAttentionMask::Causal, None)?)
+}
+
+/// The queries and keys [`prompt_attention_padded`] pads `t` queries over `len` keys to: queries
+/// to a multiple of 64, keys to 4096 or one of four lengths an octave (at most a quarter more).
+pub fn padded_attention_shape(t: i32, len: i32) -> (i32, i32) {
+    const MIN_KEYS: i32 = 4096;
+    let queries = (t + 63) / 64 * 64;
+    if len <= MIN_KEYS {
+        return (queries, MIN_KEYS);
+    }
+    let step = 1 << (31 - (len - 1).leading_zeros() - 2);
+    (queries, (len + step - 1) / step * step)
+}
+
+/// [`prompt_attention`] with its shapes from [`padded_attention_shape`]: padding keys and values
+/// are zeros behind the real ones, padding queries repeat the last real one's mask, and the
+/// causal mask is an explicit additive one shared by every head.
+pub fn prompt_attention_padded(q: &Array, keys: &Array, values: &Array, scale: f32) -> Result<Array> {
+    let (t, len) = (q.shape()[2], keys.shape()[2]);
+    let (queries, width) = padded_attention_shape(t, len);
+    // Contiguous copies: a cache's keys are a slice of a buffer whose capacity (in the strides,
+    // which cuDNN's plans are keyed on too) differs from one sequence to the next.
+    let pad = |x: &Array, to: i32| -> Result<Array> {
+        let s = x.shape();
+        if s[2] == to {
+            return Ok(x.contiguous()?);
+        }
+        let fill = crate::engine::ops::zeros(&[s[0], s[1], to - s[2], s[3]], x.dtype())?;
+        Ok(ops::concatenate(&[x.clone(), fill], 2)?)
+    };
+    // Query row i sees keys up to position (L − t) + i; padding rows see what the last real one sees.
+    let last_key = ops::minimum(crate::engine::ops::arange_i32(0, queries as usize)?, Array::from_int(t - 1))?
+        .add(Array::from_int(len - t))?
+        .reshape(&[queries, 1])?;
+    let key = crate::engine::ops::arange_i32(0, width as usize)?.reshape(&[1, width])?;
+    let mask = ops::select(&key.le(&last_key)?, &scalar(0.0, q.dtype())?, &scalar(f32::NEG_INFINITY, q.dtype())?)?.reshape(&[1, 1, queries, width])?;
+    let o = fast::scaled_dot_product_attention(&pad(q, queries)?, &pad(keys, width)?, &pad(values, width)?, scale, &mask, None)?;
+    Ok(o.try_index((.., .., ..t, ..))?)
+}

@@ -22,8 +22,8 @@ use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::kv::{append_to_caches, KvColumns};
 use crate::kernels::sparse::{decode_attention, heads_to_rows, BlockSelection, DecodeQuery};
 use super::infllm::{block_sparse_attention, compressed_keys, select_blocks, select_blocks_across, select_blocks_scored};
-use crate::models::layers::{per_sequence, HeadRows, Input, Linear, QkvGate};
-use mlx_rs::{fast, fast::ScaledDotProductAttentionMask, ops, ops::indexing::TryIndexOp, Array, Dtype};
+use crate::models::layers::{per_sequence, prompt_attention, HeadRows, Input, Linear, QkvGate};
+use mlx_rs::{ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 /// The level-2 compressed keys use 4× the level-1 window and stride (hard-coded in the reference).
 const LEVEL2_FACTOR: usize = 4;
@@ -170,8 +170,7 @@ impl SparseAttention {
             let past = cache.len();
             if past + (t as usize) < self.cfg.dense_len {
                 let (keys, values) = cache.append(&qkvg[1], &qkvg[2])?;
-                let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
-                let o = fast::scaled_dot_product_attention(&qkvg[0], &keys, &values, scale, mask, None)?;
+                let o = prompt_attention(&qkvg[0], &keys, &values, scale)?;
                 Ok(heads_to_rows(&o, gate)?)
             } else {
                 cache.append_recent(&qkvg[1], &qkvg[2])?;
