@@ -54,6 +54,7 @@ BITS=${BITS:-8}
 BUILD_BG=${BUILD_BG:-1}
 LLAMA_KIT=${LLAMA_KIT:-.llamacpp-bin}  # an earlier lease's llama-server build, in parts
 SALA=${SALA:-sala}                # the binary in .device/bin the sala steps serve with, and their rows' server name
+SALA_ARGS=${SALA_ARGS:-}          # more flags for sala serve (e.g. "--cache-memory 0")
 KEEP=/tmp/device-serving          # kept on a warm machine: build, models, results
 RESULTS=$KEEP/results
 LOGS=$KEEP/logs
@@ -151,8 +152,10 @@ start_llama() {
 start_sala() {  # start_sala PRESET: a synthetic model's folder (synthetic.json beside the tokenizer)
   local dir=$KEEP/models/$1-q$BITS
   bash eval/synthetic-folder.sh "$1" "$BITS" "$TOKENIZER" "$dir" || return 1
-  # At debug level the log has a line per scheduler round (its decode rows, prompt chunks and time).
-  "$BIN/$SALA" serve -m "$dir" --parallel "$PARALLEL" --port "$PORT" --log-level debug > "$LOGS/$SALA-$1.log" 2>&1 &
+  # At debug level the log has a line per scheduler round (its decode rows, prompt chunks, time and
+  # where the host's part of it went).
+  # shellcheck disable=SC2086  # SALA_ARGS is a list of flags
+  "$BIN/$SALA" serve -m "$dir" --parallel "$PARALLEL" --port "$PORT" --log-level debug $SALA_ARGS > "$LOGS/$SALA-$1.log" 2>&1 &
   SERVER_PID=$!
   up "$SALA-$1"
 }

@@ -665,13 +665,16 @@ fn prompt_attention_padded_equals_causal_attention() {
     let buffer_k = randn(&[1, hkv, 6000, d], 31);
     let buffer_v = randn(&[1, hkv, 6000, d], 32);
     for (t, len) in [(2, 2), (7, 100), (64, 4096), (65, 4097), (300, 4200), (128, 5120), (1, 5121), (33, 5900)] {
-        let q = randn(&[1, hq, t, d], 33 + t as u64);
-        let (k, v) = (buffer_k.try_index((.., .., ..len, ..)).unwrap(), buffer_v.try_index((.., .., ..len, ..)).unwrap());
-        let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
-        let expected = scaled_dot_product_attention(&q, &k, &v, scale, mask, None).unwrap();
-        let padded = prompt_attention_padded(&q, &k, &v, scale).unwrap();
-        assert_eq!(padded.shape(), expected.shape());
-        let diff = max_diff(&padded, &expected);
-        assert!(diff < 1e-5, "{t} queries over {len} keys: off by {diff}");
+        // Twice a shape, as a forward's layers call it (the second call reuses the mask).
+        for layer in 0..2u64 {
+            let q = randn(&[1, hq, t, d], 33 + t as u64 + 1000 * layer);
+            let (k, v) = (buffer_k.try_index((.., .., ..len, ..)).unwrap(), buffer_v.try_index((.., .., ..len, ..)).unwrap());
+            let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
+            let expected = scaled_dot_product_attention(&q, &k, &v, scale, mask, None).unwrap();
+            let padded = prompt_attention_padded(&q, &k, &v, scale).unwrap();
+            assert_eq!(padded.shape(), expected.shape());
+            let diff = max_diff(&padded, &expected);
+            assert!(diff < 1e-5, "{t} queries over {len} keys (layer {layer}): off by {diff}");
+        }
     }
 }

@@ -143,7 +143,8 @@ fn json_lines_parse_and_warn_level_is_quiet() {
 
 /// `--log-level debug` adds a line per scheduler round: the prompt tokens the rounds ran add up to
 /// the prompt's (none was cached), and the answer's tokens came from rounds that decoded it (its
-/// first token drawn from the prompt's own logits, in the round its last chunk ran).
+/// first token drawn from the prompt's own logits, in the round its last chunk ran); each round's
+/// host time is split into its parts.
 #[test]
 fn debug_level_logs_each_round() {
     let server = Server::start(&common::smollm2_gguf(), &["--log-level", "debug", "--log-format", "json", "--cache-memory", "0"], 200);
@@ -158,6 +159,16 @@ fn debug_level_logs_each_round() {
     for r in &rounds {
         assert_eq!(r["level"], "DEBUG", "{r}");
         assert!(r["ms"].as_f64().is_some_and(|ms| ms >= 0.0) && r["budget"].as_u64().is_some() && r["waiting"].as_u64().is_some(), "{r}");
+        // The round's host time by part: the chunks' share and the builder thread's parts lie
+        // within the round (the evaluator's encoding runs beside it).
+        let ms = r["ms"].as_f64().unwrap();
+        for part in ["chunks_ms", "build_ms", "blocked_ms"] {
+            assert!(r[part].as_f64().is_some_and(|p| (0.0..=ms + 0.5).contains(&p)), "{part} in {r}");
+        }
+        assert!(r["encode_ms"].as_f64().is_some_and(|p| p >= 0.0) && r["read_wait_ms"].as_f64().is_some_and(|p| p >= 0.0), "{r}");
     }
-    assert!(rounds.iter().any(|r| r["chunks"].as_u64() > Some(0) && r["going_in"].as_u64() > Some(0)), "{log}");
+    let chunk_round = rounds.iter().find(|r| r["chunks"].as_u64() > Some(0) && r["going_in"].as_u64() > Some(0)).unwrap_or_else(|| panic!("{log}"));
+    // The prompt's forward was built in that round, within its chunks' part.
+    let (chunks_ms, build_ms) = (chunk_round["chunks_ms"].as_f64().unwrap(), chunk_round["build_ms"].as_f64().unwrap());
+    assert!(build_ms > 0.0 && chunks_ms > 0.0, "{chunk_round}");
 }

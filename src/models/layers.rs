@@ -662,12 +662,28 @@ pub fn prompt_attention_padded(q: &Array, keys: &Array, values: &Array, scale: f
         let fill = crate::engine::ops::zeros(&[s[0], s[1], to - s[2], s[3]], x.dtype())?;
         Ok(ops::concatenate(&[x.clone(), fill], 2)?)
     };
-    // Query row i sees keys up to position (L − t) + i; padding rows see what the last real one sees.
-    let last_key = ops::minimum(crate::engine::ops::arange_i32(0, queries as usize)?, Array::from_int(t - 1))?
-        .add(Array::from_int(len - t))?
-        .reshape(&[queries, 1])?;
-    let key = crate::engine::ops::arange_i32(0, width as usize)?.reshape(&[1, width])?;
-    let mask = ops::select(&key.le(&last_key)?, &scalar(0.0, q.dtype())?, &scalar(f32::NEG_INFINITY, q.dtype())?)?.reshape(&[1, 1, queries, width])?;
+    let mask = padded_causal_mask(t, len, q.dtype())?;
     let o = fast::scaled_dot_product_attention(&pad(q, queries)?, &pad(keys, width)?, &pad(values, width)?, scale, &mask, None)?;
     Ok(o.try_index((.., .., ..t, ..))?)
+}
+
+/// [`prompt_attention_padded`]'s additive mask `[1, 1, queries, width]` for `t` queries over `len`
+/// keys: query row i sees keys up to position (len − t) + i, padding rows what the last real one
+/// sees. Every layer of a forward asks for the same mask, so the last one made is kept (per thread).
+fn padded_causal_mask(t: i32, len: i32, dtype: Dtype) -> Result<Array> {
+    /// Queries, keys and dtype, and the mask made for them.
+    type Kept = Option<((i32, i32, Dtype), Array)>;
+    thread_local! {
+        static LAST: std::cell::RefCell<Kept> = const { std::cell::RefCell::new(None) };
+    }
+    if let Some(mask) = LAST.with(|last| last.borrow().as_ref().filter(|(key, _)| *key == (t, len, dtype)).map(|(_, m)| m.clone())) {
+        return Ok(mask);
+    }
+    let (queries, width) = padded_attention_shape(t, len);
+    let row = ops::minimum(crate::engine::ops::arange_i32(0, queries as usize)?, Array::from_int(t - 1))?;
+    let last_key = row.add(Array::from_int(len - t))?.reshape(&[queries, 1])?;
+    let key = crate::engine::ops::arange_i32(0, width as usize)?.reshape(&[1, width])?;
+    let mask = ops::select(&key.le(&last_key)?, &scalar(0.0, dtype)?, &scalar(f32::NEG_INFINITY, dtype)?)?.reshape(&[1, 1, queries, width])?;
+    LAST.with(|last| *last.borrow_mut() = Some(((t, len, dtype), mask.clone())));
+    Ok(mask)
 }

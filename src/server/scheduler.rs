@@ -20,6 +20,7 @@ use crate::engine::logprobs::TokenLogprobs;
 use crate::engine::model::LanguageModel;
 use crate::engine::prefix_cache::{PrefixCache, Start, Trail};
 use crate::engine::sampler::{Sampler, SamplingParams};
+use crate::engine::step_profile;
 use crate::engine::tokenizer::{StreamDecoder, TextTokenizer};
 use std::collections::VecDeque;
 use crate::engine::distributed::TensorParallel;
@@ -542,6 +543,7 @@ pub fn run(
         metrics.kv_reserved.set(active.iter().map(|a| a.reserved).sum::<u64>().min(i64::MAX as u64) as i64);
         // The pace's costs are of the chunk and the decode step alone (not of admissions).
         let stepped = Instant::now();
+        let host_before = step_profile::totals();
         // A round's prompt budget is shared by the prompts going in, each a chunk (a forward) of
         // its own: many short prompts arriving together go in over a few rounds, not one a
         // round. The order alternates between the fewest tokens left (a short prompt answers at
@@ -588,6 +590,7 @@ pub fn run(
             }
         }
         let chunk = budget.charged();
+        let chunks_ms = stepped.elapsed().as_secs_f64() * 1e3;
         gone.sort_unstable();
         for i in gone.into_iter().rev() {
             active.remove(i);
@@ -601,7 +604,10 @@ pub fn run(
             if tracing::enabled!(tracing::Level::DEBUG) {
                 let mib = |bytes: Result<usize, _>| bytes.map_or(0, |b| b >> 20);
                 let (active_mib, cached_mib) = (mib(mlx_rs::memory::active_memory()), mib(mlx_rs::memory::cache_memory()));
-                tracing::debug!(decoded, going_in, waiting = waiting.len(), budget = given, chunks, prompt_tokens, ms, active_mib, cached_mib, "round");
+                // Where the round's host time went (engine::step_profile), the chunks' part first.
+                let host = step_profile::totals() - host_before;
+                let (build_ms, encode_ms, blocked_ms, read_wait_ms) = (host.build_ns as f64 / 1e6, host.encode_ns as f64 / 1e6, host.blocked_ns as f64 / 1e6, host.device_wait_ns as f64 / 1e6);
+                tracing::debug!(decoded, going_in, waiting = waiting.len(), budget = given, chunks, prompt_tokens, ms, chunks_ms, build_ms, encode_ms, blocked_ms, read_wait_ms, active_mib, cached_mib, "round");
             }
         };
         if ready.is_empty() {
