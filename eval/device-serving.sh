@@ -40,6 +40,9 @@
 #   bash eval/serving/wheels.sh                                             # -> .whl: guidellm and what the image lacks
 # On the device: carry [".device/bin.tar.xz", ".device/mlx-cuda", ".device/tokenizer", ".llamacpp-bench", ".whl"];
 #   STEPS="build sala-9b" bash eval/device-serving.sh; then STEPS="llama sala-qwen" on the same warm machine.
+#   A later call on the warm machine keeps .device/ and .llamacpp-bench (git-ignored) but not .whl:
+#   carry .whl each call. .llamacpp-bin with the sala kit is over the 64 MiB a call carries, so
+#   carry it in a later call (with .whl).
 # Back in $OUT: summary.md (eval/serving/summary.py over every result so far on this machine),
 # phases.txt, device.txt, and serving-STEPS.tar.xz (guidellm's JSON files and the servers' logs).
 set -u
