@@ -135,3 +135,142 @@ fn lightning_states_stay_stacked_across_batched_steps() {
     let diff = together.iter().zip(&apart).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(diff <= 1e-5, "batched and alone differ by {diff}");
 }
+
+/// Logits rows `[n, vocab]` as vectors.
+fn rows_of(logits: &mlx_rs::Array) -> Vec<Vec<f32>> {
+    let vocab = logits.shape()[1] as usize;
+    sala::engine::ops::to_vec_f32(logits).unwrap().chunks(vocab).map(<[f32]>::to_vec).collect()
+}
+
+fn assert_rows_close(got: &[Vec<f32>], want: &[Vec<f32>], tolerance: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: rows");
+    for (r, (a, b)) in got.iter().zip(want).enumerate() {
+        let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(diff <= tolerance, "{what}, row {r}: logits differ by {diff}");
+    }
+}
+
+/// A decode step and prompt chunks in one forward call (a server round with prompts riding the
+/// step) give the logits of the step and of each chunk run apart, and leave caches that continue
+/// alike: three sequences decoding at different lengths; a prompt half in whose chunk ends it;
+/// a prompt's first chunk on an empty cache (the forward call long enough to be paced); a
+/// one-token chunk that ends its prompt.
+#[test]
+fn a_decode_step_with_prompt_chunks_riding_matches_them_apart() {
+    use mlx_rs::Array;
+    use sala::engine::model::Logits;
+    let model = sala::models::load(&smollm2_gguf(), Some(Dtype::Float32)).unwrap();
+    let model = model.as_ref();
+    assert!(model.mixes_chunks());
+    let ids = |start: u32, n: usize| -> Vec<i32> { (start..start + n as u32).map(|t| t as i32).collect() };
+    let row = |ids: &[i32]| Array::from_slice(ids, &[1, ids.len() as i32]);
+    let prefilled = |start: u32, n: usize| {
+        let mut cache = model.new_cache();
+        model.forward(&row(&ids(start, n)), &mut cache, Logits::Last, None).unwrap();
+        cache
+    };
+    let decoding = vec![prefilled(100, 5), prefilled(2000, 61), prefilled(7000, 23)];
+    let chunked = vec![prefilled(400, 20), model.new_cache(), prefilled(900, 40)];
+    let step = Array::from_slice(&[17i32, 4000, 255], &[3, 1]);
+    let chunks = vec![row(&ids(420, 37)), row(&ids(5000, 300)), row(&[33])];
+    let ends = [true, false, true];
+
+    // Apart: the step batched, then each chunk in a forward call of its own.
+    let (mut apart, mut apart_chunks) = (decoding.clone(), chunked.clone());
+    let mut want = {
+        let mut refs: Vec<&mut _> = apart.iter_mut().collect();
+        rows_of(&model.forward_batch(&step, &mut refs, Logits::Last, None).unwrap())
+    };
+    for ((chunk, cache), &end) in chunks.iter().zip(&mut apart_chunks).zip(&ends) {
+        let logits = model.forward(chunk, cache, Logits::Last, None).unwrap();
+        if end {
+            want.extend(rows_of(&logits));
+        }
+    }
+
+    // Together.
+    let (mut mixed, mut mixed_chunks) = (decoding.clone(), chunked.clone());
+    let got = {
+        let mut refs: Vec<&mut _> = mixed.iter_mut().collect();
+        let mut chunk_refs: Vec<&mut _> = mixed_chunks.iter_mut().collect();
+        rows_of(&model.forward_mixed(&step, &mut refs, &chunks, &mut chunk_refs, &ends).unwrap())
+    };
+    assert_eq!(got.len(), 5, "three decode rows and the two chunks that end their prompts");
+    assert_rows_close(&got, &want, 1e-4, "the mixed forward");
+
+    // Every cache holds what it would apart: one more step over all six agrees.
+    let next = Array::from_slice(&[8i32, 9, 10, 11, 12, 13], &[6, 1]);
+    let next_step = |caches: &mut Vec<sala::engine::cache::ModelCache>| {
+        let mut refs: Vec<&mut _> = caches.iter_mut().collect();
+        rows_of(&model.forward_batch(&next, &mut refs, Logits::Last, None).unwrap())
+    };
+    apart.extend(apart_chunks);
+    mixed.extend(mixed_chunks);
+    for (a, m) in apart.iter().zip(&mixed) {
+        assert_eq!(a.len(), m.len());
+    }
+    assert_rows_close(&next_step(&mut mixed), &next_step(&mut apart), 1e-4, "the step after");
+
+    // What the mixed forward cannot take is refused, not run.
+    let mut one = [decoding[0].clone()];
+    let mut refs: Vec<&mut _> = one.iter_mut().collect();
+    let mut empty = [model.new_cache()];
+    let mut empty_refs: Vec<&mut _> = empty.iter_mut().collect();
+    assert!(model.forward_mixed(&step, &mut refs, &chunks[..1], &mut empty_refs, &ends[..1]).is_err(), "three decode rows for one cache");
+}
+
+/// The server's rounds with each round's prompt chunks riding the decode step (drawn on the
+/// device, greedy) give every sequence the tokens it gets alone: prompts going in over several
+/// rounds, the first alone (nothing decoding yet), the rest beside the step, some of those
+/// forward calls long enough to be paced through the evaluator thread.
+#[test]
+fn prompts_riding_decode_steps_answer_as_alone() {
+    use sala::engine::generate::{next_batch_with_chunks, Chunk, Step};
+    use sala::engine::prefix_cache::Trail;
+    let model = sala::models::load(&smollm2_gguf(), Some(Dtype::Float32)).unwrap();
+    let model = model.as_ref();
+    let opts = GenerateOptions { max_tokens: 12, ignore_eos: true, keep_logits: false, prefill_step: 512, draft: None };
+    let prompts: Vec<Vec<u32>> = [(1u32, 5usize), (300, 700), (9000, 70), (4000, 1)].iter().map(|&(s, n)| (s..s + n as u32).collect()).collect();
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let mut cache = model.new_cache();
+            let mut d = Decoding::start(model, &mut cache, p, &opts, |_, _| {}).unwrap();
+            let mut sampler = greedy();
+            while d.next(model, &mut cache, &mut sampler).unwrap().is_some() {}
+            d.finish().tokens
+        })
+        .collect();
+
+    let mut caches: Vec<ModelCache> = prompts.iter().map(|_| model.new_cache()).collect();
+    let trails: Vec<Trail> = caches.iter().map(Trail::new).collect();
+    let mut samplers: Vec<Sampler> = prompts.iter().map(|_| greedy()).collect();
+    let mut decodings: Vec<Decoding> = prompts.iter().zip(&caches).map(|(p, c)| Decoding::begin(model, c, p, &opts).unwrap()).collect();
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    let (mut rounds, mut rode) = (0, 0);
+    while got.iter().map(Vec::len).sum::<usize>() < 12 * prompts.len() {
+        rounds += 1;
+        assert!(rounds < 200, "the rounds never finished");
+        // Each round: a chunk (of 300 tokens at most) for the two oldest prompts not in yet.
+        let decoding_now = decodings.iter().filter(|d| d.is_prefilled()).count();
+        let (mut steps, mut chunks, mut order) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, ((d, c), s)) in decodings.iter_mut().zip(caches.iter_mut()).zip(samplers.iter_mut()).enumerate() {
+            if d.is_prefilled() {
+                steps.push(Step { decoding: d, cache: c, sampler: s });
+                order.push(i);
+            } else if chunks.len() < 2 {
+                assert!(d.may_ride(c));
+                let tokens = d.chunk_along(c, &trails[i], 300);
+                chunks.push(Chunk { decoding: d, cache: c, tokens });
+            }
+        }
+        if !chunks.is_empty() && decoding_now > 0 {
+            rode += chunks.len();
+        }
+        for (i, token) in order.into_iter().zip(next_batch_with_chunks(model, &mut steps, &mut chunks).unwrap()) {
+            got[i].extend(token);
+        }
+    }
+    assert!(rode >= 3, "chunks rode decode steps {rode} times");
+    assert_eq!(got, alone);
+}

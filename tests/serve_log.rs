@@ -172,3 +172,41 @@ fn debug_level_logs_each_round() {
     let (chunks_ms, build_ms) = (chunk_round["chunks_ms"].as_f64().unwrap(), chunk_round["build_ms"].as_f64().unwrap());
     assert!(build_ms > 0.0 && chunks_ms > 0.0, "{chunk_round}");
 }
+
+/// With `SALA_MIXED_ROUNDS=on`, prompts arriving beside a decoding stream ride its steps' forward
+/// calls (the round lines count them), and every answer is the one it gets alone.
+#[test]
+fn prompts_riding_a_streams_steps_answer_as_alone() {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sala"));
+    cmd.env("SALA_MIXED_ROUNDS", "on");
+    let server = Server::start_with(cmd, &common::smollm2_gguf(), &["--log-level", "debug", "--log-format", "json", "--cache-memory", "0", "--device", "cpu"], 200);
+    let port = server.port;
+    let ask = move |prompt: String, max_tokens: u64| {
+        let (status, answer) = post(port, "/v1/completions", json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true}));
+        assert_eq!(status, 200, "{answer}");
+        answer["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let prompts: Vec<String> = ["hi there".to_string(), "the cat sat on the mat and then".to_string(), "a b c d e f g ".repeat(60)].to_vec();
+    let alone: Vec<String> = prompts.iter().map(|p| ask(p.clone(), 6)).collect();
+    let stream = std::thread::spawn(move || ask("tell me a long story".into(), 400));
+    // The stream decodes before the others arrive.
+    let started = std::time::Instant::now();
+    while !server.log_so_far().lines().any(|l| l.contains("\"message\":\"round\"") && l.contains("\"decoded\":1")) {
+        assert!(started.elapsed() < std::time::Duration::from_secs(60), "the stream never decoded");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let together: Vec<_> = prompts.iter().cloned().map(|p| std::thread::spawn(move || ask(p, 6))).collect();
+    for (i, (answer, alone)) in together.into_iter().zip(&alone).enumerate() {
+        assert_eq!(&answer.join().unwrap(), alone, "prompt {i}");
+    }
+    assert!(!stream.join().unwrap().is_empty());
+    let rode: u64 = server
+        .log_so_far()
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["message"] == "round")
+        .map(|r| r["riding"].as_u64().unwrap_or_else(|| panic!("no riding in {r}")))
+        .sum();
+    assert!(rode >= 1, "no chunk rode a decode step");
+}

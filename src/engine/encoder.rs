@@ -484,6 +484,12 @@ pub fn own_stream<T>(f: impl FnOnce() -> T) -> T {
     result
 }
 
+/// Whether this thread is inside [`Encoder::build`] for the evaluator thread (so it must not
+/// evaluate on the shared stream itself).
+pub fn building_for_evaluator() -> bool {
+    BUILDING.with(|b| b.get()).is_some()
+}
+
 /// Waits for this thread's evaluator, if it has one (before the process exits).
 pub fn drain() {
     if let Some(evaluator) = EVALUATOR.with(|slot| slot.borrow().clone()) {

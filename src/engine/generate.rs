@@ -334,12 +334,51 @@ impl Decoding {
     /// [`Decoding::prefill_step`] along `trail`, at most `budget` tokens: the chunk ends at the
     /// trail's next stop, and the trail keeps its point after it.
     pub fn prefill_along(&mut self, model: &dyn LanguageModel, cache: &mut ModelCache, trail: &mut Trail, budget: usize) -> Result<bool> {
-        // The cache held `cache.len() - self.prefilled` tokens before the prompt.
-        let step = self.opts.prefill_step.min(budget).max(1);
-        let until = trail.chunk_end(cache.len(), step) - (cache.len() - self.prefilled);
+        let until = self.prefilled + self.chunk_along(cache, trail, budget);
         let done = self.prefill_until(model, cache, until)?;
         trail.observe(cache)?;
         Ok(done)
+    }
+
+    /// The prompt tokens [`Decoding::prefill_along`] would run next (none once the prompt is in).
+    pub fn chunk_along(&self, cache: &ModelCache, trail: &Trail, budget: usize) -> usize {
+        // The cache held `cache.len() - self.prefilled` tokens before the prompt.
+        let step = self.opts.prefill_step.min(budget).max(1);
+        let until = trail.chunk_end(cache.len(), step) - (cache.len() - self.prefilled);
+        self.chunk_end(until) - self.prefilled
+    }
+
+    /// Where the next chunk ends: a step on, at `until` at most, at the prompt's end at most, and
+    /// at least a token on.
+    fn chunk_end(&self, until: usize) -> usize {
+        let total = self.generation.stats.prompt_tokens;
+        (self.prefilled + self.opts.prefill_step.max(1)).min(total).min(until.max(self.prefilled + 1))
+    }
+
+    /// Whether the next chunk of the prompt may run in a decode step's forward call
+    /// ([`next_batch_with_chunks`]): the prompt is not scored (that needs every position's
+    /// logits) and the answer is drawn on the device.
+    pub fn may_ride(&self, cache: &ModelCache) -> bool {
+        !self.is_prefilled() && self.logprobs.prompt.is_none() && !self.draws_on_host(cache)
+    }
+
+    /// The ids of the next `tokens` prompt tokens, `[1, tokens]`.
+    fn chunk_ids(&self, tokens: usize) -> Array {
+        let ids: Vec<i32> = self.history[self.prefilled..self.prefilled + tokens].iter().map(|&t| t as i32).collect();
+        Array::from_slice(&ids, &[1, tokens as i32])
+    }
+
+    /// Takes a chunk of `tokens` that ran in a decode step's forward call; `logits` is the
+    /// prompt's last row when the chunk ended it.
+    fn took_chunk(&mut self, tokens: usize, logits: Option<Array>) {
+        self.prefilled += tokens;
+        if self.is_prefilled() {
+            self.undrawn = logits;
+            self.started = Instant::now();
+            // Its cache and logits were built for the evaluator, as the step's were: its first
+            // step needs no start of its own on this thread (engine::encoder).
+            self.restart = false;
+        }
     }
 
     /// [`Decoding::prefill_step`], ending the chunk once `until` prompt tokens are in.
@@ -347,7 +386,7 @@ impl Decoding {
         let total = self.generation.stats.prompt_tokens;
         if self.prefilled < total {
             let start = Instant::now();
-            let end = (self.prefilled + self.opts.prefill_step.max(1)).min(total).min(until.max(self.prefilled + 1));
+            let end = self.chunk_end(until);
             let logits = match self.logprobs.prompt {
                 None => forward_eval(model, cache, &self.history[self.prefilled..end], Logits::Last)?,
                 Some(top) => {
@@ -384,7 +423,7 @@ impl Decoding {
             return self.next_on_host(model, cache, sampler);
         }
         let mut step = Step { decoding: self, cache, sampler };
-        Ok(device_round(model, &mut [&mut step])?.pop().flatten())
+        Ok(device_round(model, &mut [&mut step], &mut [])?.pop().flatten())
     }
 
     /// Whether tokens are drawn on the host: speculative decoding (its rounds check guesses
@@ -610,11 +649,50 @@ pub struct Step<'a> {
     pub sampler: &'a mut Sampler,
 }
 
+/// A prompt chunk to run beside a batched decode step ([`next_batch_with_chunks`]).
+pub struct Chunk<'a> {
+    pub decoding: &'a mut Decoding,
+    pub cache: &'a mut ModelCache,
+    /// Prompt tokens it runs ([`Decoding::chunk_along`]).
+    pub tokens: usize,
+}
+
+impl Chunk<'_> {
+    /// Whether the chunk ends its prompt (its last row's logits are then wanted).
+    fn ends_prompt(&self) -> bool {
+        self.decoding.prefilled + self.tokens == self.decoding.generation.stats.prompt_tokens
+    }
+
+    /// Runs it in a forward call of its own, evaluated before this returns.
+    fn run_alone(&mut self, model: &dyn LanguageModel) -> Result<()> {
+        let until = self.decoding.prefilled + self.tokens;
+        self.decoding.prefill_until(model, self.cache, until).map(|_| ())
+    }
+}
+
 /// Advances several sequences by a token each, like [`Decoding::next`] for every one, with one
 /// batched forward call a step over all of them (they may be at different lengths) and their
 /// tokens drawn together on the device. Sequences that are done give `None`.
 pub fn next_batch(model: &dyn LanguageModel, steps: &mut [Step]) -> Result<Vec<Option<u32>>> {
+    next_batch_with_chunks(model, steps, &mut [])
+}
+
+/// [`next_batch`], with prompt `chunks` run in the same forward call as the decode step where
+/// the model mixes them ([`LanguageModel::mixes_chunks`]) and every sequence draws on the device:
+/// a chunk then costs its rows in the step's products, not a forward call of its own that the
+/// streams wait through (its host work, and the decode pipeline drained around it). Elsewhere
+/// each chunk runs alone first, as [`Decoding::prefill_along`] runs it.
+pub fn next_batch_with_chunks(model: &dyn LanguageModel, steps: &mut [Step], chunks: &mut [Chunk]) -> Result<Vec<Option<u32>>> {
     let on_host: Vec<bool> = steps.iter().map(|s| s.decoding.draws_on_host(s.cache)).collect();
+    let mixed = model.mixes_chunks() && !on_host.contains(&true) && chunks.iter().all(|c| c.decoding.may_ride(c.cache) && c.tokens > 0);
+    if !mixed && !chunks.is_empty() {
+        // This thread evaluates the chunks: the device steps' evaluator must be idle.
+        Encoder::for_this_thread().wait()?;
+        for chunk in chunks.iter_mut() {
+            chunk.run_alone(model)?;
+        }
+    }
+    let chunks: &mut [Chunk] = if mixed { chunks } else { &mut [] };
     let mut tokens = vec![None; steps.len()];
     if on_host.contains(&true) {
         // Host draws evaluate on this thread: the device steps' evaluator must be idle.
@@ -625,7 +703,7 @@ pub fn next_batch(model: &dyn LanguageModel, steps: &mut [Step]) -> Result<Vec<O
     }
     let (mut device, places): (Vec<&mut Step>, Vec<usize>) =
         steps.iter_mut().enumerate().filter(|(i, _)| !on_host[*i]).map(|(i, s)| (s, i)).unzip();
-    for (token, place) in device_round(model, &mut device)?.into_iter().zip(places) {
+    for (token, place) in device_round(model, &mut device, chunks)?.into_iter().zip(places) {
         tokens[place] = token;
     }
     Ok(tokens)
@@ -637,7 +715,9 @@ pub fn next_batch(model: &dyn LanguageModel, steps: &mut [Step]) -> Result<Vec<O
 /// 2. one batched forward over every sequence's newest token that may go in (two while the
 ///    pipeline fills), each unconstrained row's next token drawn in the same graph;
 /// 3. each sequence's oldest token read (a batch's draws in one read) and handed out.
-fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Vec<Option<u32>>> {
+///
+/// `chunks` run in the first forward call of part 2 (alone, queued the same way, if there is none).
+fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step], chunks: &mut [Chunk]) -> Result<Vec<Option<u32>>> {
     let live: Vec<usize> = (0..steps.len()).filter(|&i| !steps[i].decoding.done).collect();
     for &i in &live {
         steps[i].decoding.check_ready()?;
@@ -682,6 +762,10 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
         encoder.queue(outputs)?;
     }
 
+    // The chunks' ids, which of them end their prompts, and (once they ran) those ones' logits.
+    let chunk_ids: Vec<Array> = chunks.iter().map(|c| c.decoding.chunk_ids(c.tokens)).collect();
+    let ends: Vec<bool> = chunks.iter().map(Chunk::ends_prompt).collect();
+    let mut chunk_logits: Option<Vec<Array>> = None;
     loop {
         let feeding: Vec<usize> =
             live.iter().copied().filter(|&i| steps[i].decoding.may_feed(model, steps[i].cache, steps[i].sampler.is_constrained())).collect();
@@ -696,11 +780,24 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
             inputs.push(back.token.clone());
         }
         let constrained: Vec<bool> = feeding.iter().map(|&i| steps[i].sampler.is_constrained()).collect();
+        let riding = chunk_logits.is_none() && !chunks.is_empty();
         let outputs = encoder.build(|| -> Result<Vec<Array>> {
             let input = step_profile::stretch_start(&batch_input(&inputs)?)?;
             let mut caches: Vec<&mut ModelCache> =
                 steps.iter_mut().enumerate().filter(|(i, _)| feeding.contains(i)).map(|(_, s)| &mut *s.cache).collect();
-            let (logits, mut outputs) = forward_batch_lazy(model, &input, &mut caches, Logits::Last)?;
+            let (logits, mut outputs) = if riding {
+                let mut chunk_caches: Vec<&mut ModelCache> = chunks.iter_mut().map(|c| &mut *c.cache).collect();
+                let all = model.forward_mixed(&input, &mut caches, &chunk_ids, &mut chunk_caches, &ends)?;
+                let b = caches.len() as i32;
+                use mlx_rs::ops::indexing::TryIndexOp;
+                let ended = (b..b + ends.iter().filter(|&&e| e).count() as i32).map(|r| all.try_index(r..r + 1)).collect::<std::result::Result<Vec<_>, _>>()?;
+                let mut state: Vec<Array> = caches.iter().chain(&chunk_caches).flat_map(|c| c.arrays()).collect();
+                state.extend(ended.iter().cloned());
+                chunk_logits = Some(ended);
+                (all.try_index(..b)?, state)
+            } else {
+                forward_batch_lazy(model, &input, &mut caches, Logits::Last)?
+            };
             // What the step computes last: its draws, else its logits (a grammar row's).
             let mut last = logits.clone();
             use mlx_rs::ops::indexing::TryIndexOp;
@@ -727,6 +824,24 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step]) -> Result<Ve
             Ok(outputs)
         })?;
         encoder.queue(outputs)?;
+    }
+
+    match chunk_logits {
+        Some(ended) => {
+            let mut ended = ended.into_iter();
+            for (chunk, &end) in chunks.iter_mut().zip(&ends) {
+                chunk.decoding.took_chunk(chunk.tokens, if end { ended.next() } else { None });
+            }
+        }
+        None if !chunks.is_empty() => {
+            // No step went in this round: the chunks run alone, on this thread once the
+            // evaluator is idle.
+            encoder.wait()?;
+            for chunk in chunks.iter_mut() {
+                chunk.run_alone(model)?;
+            }
+        }
+        None => {}
     }
 
     let mut fronts = Vec::with_capacity(live.len());

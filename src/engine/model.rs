@@ -100,6 +100,30 @@ pub trait LanguageModel: Send {
         trace: Option<&mut Trace>,
     ) -> Result<Array>;
 
+    /// Whether [`LanguageModel::forward_mixed`] runs for this model (no by default).
+    fn mixes_chunks(&self) -> bool {
+        false
+    }
+
+    /// A batched decode step and prompt chunks in one forward call, as a server round runs them:
+    /// `tokens` `[B, 1]` with row b on `caches[b]` (each holding a history), and `chunks[i]`
+    /// `[1, T_i]` on `chunk_caches[i]` (which may be empty). The projections and MLPs run once
+    /// over every row, so the chunks share the step's read of the weights and its host work,
+    /// instead of a forward call of their own; attention runs per sequence as in
+    /// [`LanguageModel::forward_batch`]. Returns float32 logits: the B decode rows, then the last
+    /// row of each chunk whose `chunk_logits` is set, in order.
+    fn forward_mixed(
+        &self,
+        tokens: &Array,
+        caches: &mut [&mut ModelCache],
+        chunks: &[Array],
+        chunk_caches: &mut [&mut ModelCache],
+        chunk_logits: &[bool],
+    ) -> Result<Array> {
+        let _ = (tokens, caches, chunks, chunk_caches, chunk_logits);
+        Err(Error::Usage(format!("internal: {} does not run prompt chunks beside a decode step", self.info().model_type)))
+    }
+
     /// Runs `tokens` (`[1, T]`) through only the first `layers` layers and the output head, on
     /// top of `cache` (whose first `layers` layers it extends): the draft of self-speculative
     /// decoding. Returns float32 logits `[1, vocab]` for the last position.

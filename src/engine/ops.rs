@@ -223,9 +223,15 @@ pub fn slice_update_dynamic(a: &Array, update: &Array, start: &Array, axes: &[i3
 /// before the device finishes; so without a wait every layer's temporaries — a prefill chunk's
 /// dequantized weights above all — were alive at once. Pacing per branch keeps the least alive,
 /// for little prefill speed (eval/results/kernel-notes.md).
+///
+/// A forward call built for the evaluator thread (a decode step with prompt chunks riding it,
+/// engine::encoder) is paced through it: each branch is queued there, and the builder waits for
+/// the device to finish the branch before, read back as one value.
 pub struct Pacer {
     queued: Vec<Array>,
     on: bool,
+    /// Pacing through the evaluator: a value of the last branch queued, not read yet.
+    behind: Option<Array>,
 }
 
 impl Pacer {
@@ -234,20 +240,31 @@ impl Pacer {
     pub const FROM_ROWS: usize = 256;
 
     pub fn new(rows: usize) -> Self {
-        Self { queued: Vec::new(), on: rows >= Self::FROM_ROWS }
+        Self { queued: Vec::new(), on: rows >= Self::FROM_ROWS, behind: None }
     }
 
     /// Queues the arrays `outputs` lists (a branch's output and its layer's cache) for the device
     /// and waits for the previous step's. Listed only when pacing: a decode step would pay for
     /// the copies of every handle twice a layer.
     pub fn step(&mut self, outputs: impl FnOnce() -> Vec<Array>) -> Result<()> {
-        if self.on {
-            let arrays = outputs();
-            super::device::await_kernel_compiles();
-            mlx_rs::transforms::async_eval(&arrays)?;
-            mlx_rs::transforms::eval(&self.queued)?;
-            self.queued = arrays;
+        if !self.on {
+            return Ok(());
         }
+        let arrays = outputs();
+        super::device::await_kernel_compiles();
+        if super::encoder::building_for_evaluator() {
+            use mlx_rs::ops::indexing::TryIndexOp;
+            let encoder = super::encoder::Encoder::for_this_thread();
+            let mark = arrays[0].reshape(&[-1])?.try_index(0..1)?.as_dtype(Dtype::Int32)?;
+            encoder.queue(arrays)?;
+            if let Some(before) = self.behind.replace(mark) {
+                encoder.read_i32(&before)?;
+            }
+            return Ok(());
+        }
+        mlx_rs::transforms::async_eval(&arrays)?;
+        mlx_rs::transforms::eval(&self.queued)?;
+        self.queued = arrays;
         Ok(())
     }
 }

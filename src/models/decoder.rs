@@ -236,8 +236,14 @@ impl Attention {
         if x.shape()[1] == 1 && caches.iter().all(|c| !c.is_empty()) {
             return self.attend_decode(x, caches, rope);
         }
-        let (b, t) = (x.shape()[0], x.shape()[1]);
-        let heads = |y: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+        let [q, k, v] = self.qkv_proj.forward(x)?;
+        self.attend_prompt(&q, &k, &v, caches, rope)
+    }
+
+    /// [`Attention::attend`] of a prompt's projections q, k, v `[B, T, heads·d]`.
+    fn attend_prompt(&self, q: &Array, k: &Array, v: &Array, caches: &mut [&mut KvCache], rope: &Rope) -> Result<Array> {
+        let (b, t) = (q.shape()[0], q.shape()[1]);
+        let heads = |y: &Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
             let y = y.reshape(&[b, t, n, self.head_dim])?;
             let y = match norm {
                 Some(norm) => norm.forward(&y)?,
@@ -245,7 +251,6 @@ impl Attention {
             };
             Ok(y.swap_axes(1, 2)?)
         };
-        let [q, k, v] = self.qkv_proj.forward(x)?;
         let q = heads(q, self.heads, &self.q_norm)?;
         let k = heads(k, self.kv_heads, &self.k_norm)?;
         let v = heads(v, self.kv_heads, &None)?;
@@ -267,7 +272,13 @@ impl Attention {
     /// in one launch; then one attention call over every cache's whole history (split over its
     /// length, the query heads of a KV group together).
     fn attend_decode(&self, x: Input, caches: &mut [&mut KvCache], rope: &Rope) -> Result<Array> {
-        let b = x.shape()[0];
+        let rows = self.qkv_proj.forward_joined(x)?;
+        self.attend_decode_rows(&rows, caches, rope)
+    }
+
+    /// [`Attention::attend_decode`] of the stacked projection's rows `[B, 1, (Hq + 2·Hkv)·d]`.
+    fn attend_decode_rows(&self, rows: &Array, caches: &mut [&mut KvCache], rope: &Rope) -> Result<Array> {
+        let b = rows.shape()[0];
         let (hq, hkv, d) = (self.heads, self.kv_heads, self.head_dim);
         let positions: Vec<usize> = caches.iter().map(|c| c.position()).collect();
         let heads = QkHeads {
@@ -276,11 +287,10 @@ impl Attention {
             head_dim: d,
             norms: self.q_norm.as_ref().zip(self.k_norm.as_ref()).map(|(q, k)| (&q.weight, &k.weight, q.eps)),
         };
-        let rows = self.qkv_proj.forward_joined(x)?;
         let angles: Vec<&RopeAngles> = positions.iter().map(|&p| rope.angles(p + 1)).collect();
         let q = append_with(caches, |slots| {
             if angles.iter().all(|a| std::ptr::eq(*a, angles[0])) {
-                return rope_append(&rows, heads, angles[0], &positions, slots);
+                return rope_append(rows, heads, angles[0], &positions, slots);
             }
             // longrope with sequences on both sides of the original context: one call each.
             let (mut q, mut written) = (Vec::with_capacity(slots.len()), Vec::with_capacity(slots.len()));
@@ -300,6 +310,29 @@ impl Attention {
             cache.evict()?;
         }
         Ok(o)
+    }
+
+    /// The attention outputs `[1, B + ΣT, Hq·d]` of a decode step and prompt chunks riding with it
+    /// (see [`LanguageModel::forward_mixed`]): `x` `[1, B + ΣT, hidden]` holds the B decode rows
+    /// (row b continuing `decode[b]`), then each chunk's `lens[i]` rows (continuing `chunks[i]`).
+    /// One stacked projection for all of them; attention per part, as each runs alone.
+    fn attend_mixed(&self, x: Input, b: i32, lens: &[i32], decode: &mut [&mut KvCache], chunks: &mut [&mut KvCache], rope: &Rope) -> Result<Array> {
+        let rows = self.qkv_proj.forward_joined(x)?;
+        let width = rows.shape()[2];
+        let (q_width, kv_width) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let mut outputs = Vec::with_capacity(1 + lens.len());
+        if b > 0 {
+            let step = rows.try_index((.., ..b, ..))?.reshape(&[b, 1, width])?;
+            outputs.push(self.attend_decode_rows(&step, decode, rope)?.reshape(&[1, b, q_width])?);
+        }
+        let mut at = b;
+        for (&len, cache) in lens.iter().zip(chunks.iter_mut()) {
+            let part = |from: i32, to: i32| rows.try_index((.., at..at + len, from..to));
+            let (q, k, v) = (part(0, q_width)?, part(q_width, q_width + kv_width)?, part(q_width + kv_width, width)?);
+            outputs.push(self.attend_prompt(&q, &k, &v, std::slice::from_mut(cache), rope)?);
+            at += len;
+        }
+        Ok(ops::concatenate(&outputs, 1)?)
     }
 
     fn scale(&self) -> f32 {
@@ -400,6 +433,15 @@ impl LanguageModel for DecoderModel {
         self.run(tokens, &mut [cache], Logits::Last, None, layers)
     }
 
+    /// Every dense decoder but one keeping a window (its caches draw on the host, step by step).
+    fn mixes_chunks(&self) -> bool {
+        self.window.is_none()
+    }
+
+    fn forward_mixed(&self, tokens: &Array, caches: &mut [&mut ModelCache], chunks: &[Array], chunk_caches: &mut [&mut ModelCache], chunk_logits: &[bool]) -> Result<Array> {
+        self.run_mixed(tokens, caches, chunks, chunk_caches, chunk_logits)
+    }
+
     /// The decode attention's variants (the rest of a step's kernels meet few shapes, and a
     /// quantized cache's attention takes other kernels, not launched here).
     fn launch_kernels_ahead(&self) -> Result<usize> {
@@ -454,5 +496,53 @@ impl DecoderModel {
             pacer.step(|| layer_outputs(&h, caches, i))?;
         }
         self.head.forward(&h, &self.embed_tokens, logits, trace)
+    }
+
+    /// [`LanguageModel::forward_mixed`]: the rows of the decode step and of every chunk side by
+    /// side as one sequence of `B + ΣT` rows for the norms, projections and MLPs. Paced as a
+    /// prompt chunk is ([`Pacer`]): past its first rows the products multiply expanded copies of
+    /// the weights, a layer's worth each.
+    fn run_mixed(&self, tokens: &Array, caches: &mut [&mut ModelCache], chunks: &[Array], chunk_caches: &mut [&mut ModelCache], wanted: &[bool]) -> Result<Array> {
+        let c = &self.config;
+        let b = tokens.shape()[0];
+        if tokens.shape() != [b, 1] || b as usize != caches.len() || caches.iter().any(|c| c.is_empty()) {
+            return Err(Error::Usage(format!("forward_mixed: decode tokens of shape {:?} for {} caches: expected [B, 1], one row per non-empty cache", tokens.shape(), caches.len())));
+        }
+        if chunks.len() != chunk_caches.len() || chunks.len() != wanted.len() || chunks.iter().any(|t| t.ndim() != 2 || t.shape()[0] != 1 || t.shape()[1] == 0) {
+            return Err(Error::Usage("forward_mixed: each prompt chunk is [1, T ≥ 1] with a cache and a logits flag of its own".into()));
+        }
+        let lens: Vec<i32> = chunks.iter().map(|t| t.shape()[1]).collect();
+        let mut ids = vec![tokens.reshape(&[1, b])?];
+        ids.extend(chunks.iter().cloned());
+        let mut h = self.embed_tokens.forward(&ops::concatenate(&ids, 1)?)?;
+        if c.embedding_scale != 1.0 {
+            h = scale(&h, c.embedding_scale)?;
+        }
+        let mut pacer = Pacer::new(h.shape()[1] as usize);
+        let branch = |h: &Array, caches: &[&mut ModelCache], chunk_caches: &[&mut ModelCache], i: usize| {
+            let mut arrays = layer_outputs(h, caches, i);
+            arrays.extend(chunk_caches.iter().flat_map(|c| c.layer_arrays(i)));
+            arrays
+        };
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut kv = layer_caches(caches, i, LayerCache::as_attention)?;
+            let mut chunk_kv = layer_caches(chunk_caches, i, LayerCache::as_attention)?;
+            let o = layer.attn.attend_mixed(Input::Normed(&h, &layer.input_norm), b, &lens, &mut kv, &mut chunk_kv, &c.rope)?;
+            h = layer.attn.o_proj.forward_residual(Input::Plain(&o), &h, c.residual_scale)?;
+            pacer.step(|| branch(&h, caches, chunk_caches, i))?;
+            h = layer.mlp.forward_residual(Input::Normed(&h, &layer.post_norm), &h, c.residual_scale)?;
+            pacer.step(|| branch(&h, caches, chunk_caches, i))?;
+        }
+        // The decode rows, then the last row of each chunk that asks for its logits.
+        let mut rows: Vec<i32> = (0..b).collect();
+        let mut end = b;
+        for (&len, &want) in lens.iter().zip(wanted) {
+            end += len;
+            if want {
+                rows.push(end - 1);
+            }
+        }
+        let h = h.take_axis(Array::from_slice(&rows, &[rows.len() as i32]), 1)?;
+        self.head.forward(&h, &self.embed_tokens, Logits::All, None)
     }
 }

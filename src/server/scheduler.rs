@@ -15,7 +15,7 @@ use super::metrics::Metrics;
 use crate::engine::cache::ModelCache;
 use crate::engine::grammar::{Constraint, Grammar, GrammarCompiler, Reasoning};
 use crate::engine::encoder::Encoder;
-use crate::engine::generate::{next_batch, Decoding, GenerateOptions, LogprobOptions, Step, StopReason};
+use crate::engine::generate::{next_batch_with_chunks, Chunk, Decoding, GenerateOptions, LogprobOptions, Step, StopReason};
 use crate::engine::logprobs::TokenLogprobs;
 use crate::engine::model::LanguageModel;
 use crate::engine::prefix_cache::{PrefixCache, Start, Trail};
@@ -555,9 +555,33 @@ pub fn run(
         let order = prefill_order(&active, prefill_turn);
         let (going_in, mut chunks, mut prompt_tokens) = (order.len(), 0, 0);
         let mut gone = Vec::new();
+        // With requests decoding and SALA_MIXED_ROUNDS=on, a chunk rides their step's forward call
+        // where the model runs them together (engine::generate::next_batch_with_chunks):
+        // (request, tokens). Off by default until it is faster on a GPU than chunks alone (it was
+        // not: eval/results/2026-12-01-h200-mixed-rounds).
+        let mixing = rows > 0 && model.mixes_chunks() && mixed_rounds();
+        let mut riders: Vec<(usize, usize)> = Vec::new();
         for i in order {
             let a = &mut active[i];
             let Some(offer) = budget.offer(a.job.prompt.len().saturating_sub(a.cache.len())) else { continue };
+            if mixing && a.decoding.may_ride(&a.cache) {
+                let tokens = a.decoding.chunk_along(&a.cache, &a.trail, offer);
+                budget.spend(tokens);
+                chunks += 1;
+                prompt_tokens += tokens;
+                metrics.prefill_chunk_tokens.observe(tokens as f64);
+                riders.push((i, tokens));
+                continue;
+            }
+            // A prompt that rode a step before holds what the evaluator may still be encoding,
+            // and a long chunk's pacing evaluates on this thread.
+            if mixed_rounds() {
+                if let Err(e) = Encoder::for_this_thread().wait() {
+                    let _ = a.job.events.send(Event::Error(e.to_string()));
+                    gone.push(i);
+                    continue;
+                }
+            }
             let before = a.cache.len();
             let step = a.decoding.prefill_along(model, &mut a.cache, &mut a.trail, offer).and_then(|done| {
                 if done {
@@ -592,6 +616,9 @@ pub fn run(
         let chunk = budget.charged();
         let chunks_ms = stepped.elapsed().as_secs_f64() * 1e3;
         gone.sort_unstable();
+        for (r, _) in riders.iter_mut() {
+            *r -= gone.iter().filter(|&&g| g < *r).count();
+        }
         for i in gone.into_iter().rev() {
             active.remove(i);
         }
@@ -607,7 +634,8 @@ pub fn run(
                 // Where the round's host time went (engine::step_profile), the chunks' part first.
                 let host = step_profile::totals() - host_before;
                 let (build_ms, encode_ms, blocked_ms, read_wait_ms) = (host.build_ns as f64 / 1e6, host.encode_ns as f64 / 1e6, host.blocked_ns as f64 / 1e6, host.device_wait_ns as f64 / 1e6);
-                tracing::debug!(decoded, going_in, waiting = waiting.len(), budget = given, chunks, prompt_tokens, ms, chunks_ms, build_ms, encode_ms, blocked_ms, read_wait_ms, active_mib, cached_mib, "round");
+                let riding = riders.len();
+                tracing::debug!(decoded, going_in, waiting = waiting.len(), budget = given, chunks, riding, prompt_tokens, ms, chunks_ms, build_ms, encode_ms, blocked_ms, read_wait_ms, active_mib, cached_mib, "round");
             }
         };
         if ready.is_empty() {
@@ -616,14 +644,34 @@ pub fn run(
             continue;
         }
         let tokens = {
-            let mut steps: Vec<Step> = active
-                .iter_mut()
-                .filter(|a| a.decoding.is_prefilled())
-                .map(|a| Step { decoding: &mut a.decoding, cache: &mut a.cache, sampler: &mut a.sampler })
-                .collect();
-            next_batch(model, &mut steps)
+            let (mut steps, mut riding) = (Vec::new(), Vec::new());
+            for (i, a) in active.iter_mut().enumerate() {
+                if a.decoding.is_prefilled() {
+                    steps.push(Step { decoding: &mut a.decoding, cache: &mut a.cache, sampler: &mut a.sampler });
+                } else if let Some(&(_, tokens)) = riders.iter().find(|(r, _)| *r == i) {
+                    riding.push(Chunk { decoding: &mut a.decoding, cache: &mut a.cache, tokens });
+                }
+            }
+            next_batch_with_chunks(model, &mut steps, &mut riding)
         };
         let mut keep = vec![true; active.len()];
+        for &(i, _) in &riders {
+            let a = &mut active[i];
+            if tokens.is_err() {
+                keep[i] = false;
+                continue;
+            }
+            let done = a.decoding.is_prefilled();
+            let kept = a.trail.observe(&a.cache).and_then(|()| if done { prefixes.insert(&a.job.prompt, &a.cache, &mut a.trail) } else { Ok(()) });
+            if let Err(e) = kept {
+                let _ = a.job.events.send(Event::Error(e.to_string()));
+                keep[i] = false;
+            } else if done && a.job.max_tokens == 0 {
+                // Scoring only (max_tokens 0): the prompt was all there was to run.
+                finish(a, "length", None, metrics);
+                keep[i] = false;
+            }
+        }
         match tokens {
             Ok(tokens) => {
                 for (&i, token) in ready.iter().zip(tokens) {
@@ -641,7 +689,7 @@ pub fn run(
                 }
             }
             Err(e) => {
-                for &i in &ready {
+                for i in ready.iter().copied().chain(riders.iter().map(|&(i, _)| i)) {
                     let _ = active[i].job.events.send(Event::Error(e.to_string()));
                     keep[i] = false;
                 }
@@ -653,6 +701,12 @@ pub fn run(
         round(ready.len());
         pace.observe(stepped.elapsed().as_secs_f64(), chunk, ready.len());
     }
+}
+
+/// Whether prompt chunks ride the decode step's forward call (`SALA_MIXED_ROUNDS=on`).
+fn mixed_rounds() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SALA_MIXED_ROUNDS").is_ok_and(|v| v == "on"))
 }
 
 /// Prompt tokens two prompts must share at their start for the later one to wait for the
