@@ -38,6 +38,8 @@
 #   llama.cpp's gguf-py); put them in $LLAMA_KIT (default .llamacpp-bin) and carry that instead of
 #   the source tarball (move it out of .llamacpp-bench): later leases skip the build.
 #   bash eval/serving/wheels.sh                                             # -> .whl: guidellm and what the image lacks
+#   A lease's compiled kernels come back as kernel-cache.tar.xz.part-NN (~1.2 MB); put them in
+#   .device/kernel-cache and carry it too: a fresh machine then starts sala in seconds, not ~3 min.
 # On the device: carry [".device/bin.tar.xz", ".device/mlx-cuda", ".device/tokenizer", ".llamacpp-bench", ".whl"];
 #   STEPS="build sala-9b" bash eval/device-serving.sh; then STEPS="llama sala-qwen" on the same warm machine.
 #   A later call on the warm machine keeps .device/ and .llamacpp-bench (git-ignored) but not .whl:
@@ -81,10 +83,23 @@ export PYTHONPATH=$KEEP/site
 TOKENIZER=$PWD/.device/tokenizer
 
 phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
+# Kernels an earlier lease compiled (a fresh machine spends ~3 min compiling them): MLX's disk cache
+# and the self-checks' memo, as this script sends them back, carried in .device/kernel-cache.
+MLX_DISK_CACHE=${TMPDIR:-/tmp}/mlx
+KERNEL_KIT=.device/kernel-cache
+if ls "$KERNEL_KIT"/kernel-cache.tar.xz.part-* > /dev/null 2>&1 && [ ! -d "$MLX_DISK_CACHE" ]; then
+  mkdir -p "$KEEP/kernel-cache" "$XDG_CACHE_HOME" && cat "$KERNEL_KIT"/kernel-cache.tar.xz.part-* | tar xJ -C "$KEEP/kernel-cache" \
+    && cp -r "$KEEP/kernel-cache/mlx" "$MLX_DISK_CACHE" && cp -r "$KEEP/kernel-cache/cache/." "$XDG_CACHE_HOME/" \
+    && phase "kernels from $KERNEL_KIT"
+fi
 pack() {
   python3 eval/serving/summary.py "$RESULTS" --markdown "$OUT/summary.md" > /dev/null 2> "$OUT/summary-errors.txt"
   cat "$OUT/summary.md" "$OUT/summary-errors.txt" 2> /dev/null
   tar cJf "$OUT/serving-$(echo $STEPS | tr ' ' '-').tar.xz" -C "$KEEP" results logs 2> /dev/null
+  # Sent back for later leases (put the parts in .device/kernel-cache), unless they came from there.
+  if [ -d "$MLX_DISK_CACHE" ] && ! ls "$KERNEL_KIT"/kernel-cache.tar.xz.part-* > /dev/null 2>&1; then
+    tar cJf - -C "$(dirname "$MLX_DISK_CACHE")" mlx -C "$KEEP" cache 2> /dev/null | split -b 15M -d - "$OUT/kernel-cache.tar.xz.part-"
+  fi
 }
 SERVER_PID=""
 stop_server() {
