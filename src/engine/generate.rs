@@ -716,7 +716,7 @@ pub fn next_batch_with_chunks(model: &dyn LanguageModel, steps: &mut [Step], chu
 ///    pipeline fills), each unconstrained row's next token drawn in the same graph;
 /// 3. each sequence's oldest token read (a batch's draws in one read) and handed out.
 ///
-/// `chunks` run in the first forward call of part 2 (alone, queued the same way, if there is none).
+/// `chunks` run in the first forward call of part 2 (alone, on this thread, if there is none).
 fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step], chunks: &mut [Chunk]) -> Result<Vec<Option<u32>>> {
     let live: Vec<usize> = (0..steps.len()).filter(|&i| !steps[i].decoding.done).collect();
     for &i in &live {
