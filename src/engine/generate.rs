@@ -663,11 +663,20 @@ impl Chunk<'_> {
         self.decoding.prefilled + self.tokens == self.decoding.generation.stats.prompt_tokens
     }
 
-    /// Runs it in a forward call of its own, evaluated before this returns.
-    fn run_alone(&mut self, model: &dyn LanguageModel) -> Result<()> {
-        let until = self.decoding.prefilled + self.tokens;
-        self.decoding.prefill_until(model, self.cache, until).map(|_| ())
+}
+
+/// Runs each of `chunks` in a forward call of its own, on this thread once `encoder`'s evaluator
+/// is idle (the device steps' evaluator must be: this thread evaluates them).
+fn run_alone(model: &dyn LanguageModel, encoder: &Encoder, chunks: &mut [Chunk]) -> Result<()> {
+    if chunks.is_empty() {
+        return Ok(());
     }
+    encoder.wait()?;
+    for chunk in chunks.iter_mut() {
+        let until = chunk.decoding.prefilled + chunk.tokens;
+        chunk.decoding.prefill_until(model, chunk.cache, until)?;
+    }
+    Ok(())
 }
 
 /// Advances several sequences by a token each, like [`Decoding::next`] for every one, with one
@@ -685,12 +694,8 @@ pub fn next_batch(model: &dyn LanguageModel, steps: &mut [Step]) -> Result<Vec<O
 pub fn next_batch_with_chunks(model: &dyn LanguageModel, steps: &mut [Step], chunks: &mut [Chunk]) -> Result<Vec<Option<u32>>> {
     let on_host: Vec<bool> = steps.iter().map(|s| s.decoding.draws_on_host(s.cache)).collect();
     let mixed = model.mixes_chunks() && !on_host.contains(&true) && chunks.iter().all(|c| c.decoding.may_ride(c.cache) && c.tokens > 0);
-    if !mixed && !chunks.is_empty() {
-        // This thread evaluates the chunks: the device steps' evaluator must be idle.
-        Encoder::for_this_thread().wait()?;
-        for chunk in chunks.iter_mut() {
-            chunk.run_alone(model)?;
-        }
+    if !mixed {
+        run_alone(model, &Encoder::for_this_thread(), chunks)?;
     }
     let chunks: &mut [Chunk] = if mixed { chunks } else { &mut [] };
     let mut tokens = vec![None; steps.len()];
@@ -782,6 +787,7 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step], chunks: &mut
         let constrained: Vec<bool> = feeding.iter().map(|&i| steps[i].sampler.is_constrained()).collect();
         let riding = chunk_logits.is_none() && !chunks.is_empty();
         let outputs = encoder.build(|| -> Result<Vec<Array>> {
+            use mlx_rs::ops::indexing::TryIndexOp;
             let input = step_profile::stretch_start(&batch_input(&inputs)?)?;
             let mut caches: Vec<&mut ModelCache> =
                 steps.iter_mut().enumerate().filter(|(i, _)| feeding.contains(i)).map(|(_, s)| &mut *s.cache).collect();
@@ -789,7 +795,6 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step], chunks: &mut
                 let mut chunk_caches: Vec<&mut ModelCache> = chunks.iter_mut().map(|c| &mut *c.cache).collect();
                 let all = model.forward_mixed(&input, &mut caches, &chunk_ids, &mut chunk_caches, &ends)?;
                 let b = caches.len() as i32;
-                use mlx_rs::ops::indexing::TryIndexOp;
                 let ended = (b..b + ends.iter().filter(|&&e| e).count() as i32).map(|r| all.try_index(r..r + 1)).collect::<std::result::Result<Vec<_>, _>>()?;
                 let mut state: Vec<Array> = caches.iter().chain(&chunk_caches).flat_map(|c| c.arrays()).collect();
                 state.extend(ended.iter().cloned());
@@ -800,7 +805,6 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step], chunks: &mut
             };
             // What the step computes last: its draws, else its logits (a grammar row's).
             let mut last = logits.clone();
-            use mlx_rs::ops::indexing::TryIndexOp;
             for (row, &i) in feeding.iter().enumerate().filter(|(row, _)| constrained[*row]) {
                 let undrawn = logits.try_index(row as i32..row as i32 + 1)?;
                 outputs.push(undrawn.clone());
@@ -833,15 +837,8 @@ fn device_round(model: &dyn LanguageModel, steps: &mut [&mut Step], chunks: &mut
                 chunk.decoding.took_chunk(chunk.tokens, if end { ended.next() } else { None });
             }
         }
-        None if !chunks.is_empty() => {
-            // No step went in this round: the chunks run alone, on this thread once the
-            // evaluator is idle.
-            encoder.wait()?;
-            for chunk in chunks.iter_mut() {
-                chunk.run_alone(model)?;
-            }
-        }
-        None => {}
+        // No step went in this round.
+        None => run_alone(model, &encoder, chunks)?,
     }
 
     let mut fronts = Vec::with_capacity(live.len());

@@ -583,12 +583,7 @@ pub fn run(
                 }
             }
             let before = a.cache.len();
-            let step = a.decoding.prefill_along(model, &mut a.cache, &mut a.trail, offer).and_then(|done| {
-                if done {
-                    prefixes.insert(&a.job.prompt, &a.cache, &mut a.trail)?;
-                }
-                Ok(done)
-            });
+            let step = a.decoding.prefill_along(model, &mut a.cache, &mut a.trail, offer);
             let ran = a.cache.len().saturating_sub(before);
             budget.spend(ran);
             chunks += 1;
@@ -596,21 +591,8 @@ pub fn run(
             if ran > 0 {
                 metrics.prefill_chunk_tokens.observe(ran as f64);
             }
-            match step {
-                Ok(done) => {
-                    if done && a.job.logprobs.prompt.is_some() {
-                        let _ = a.job.events.send(Event::PromptLogprobs(a.decoding.prompt_logprobs().to_vec()));
-                    }
-                    // Scoring only (max_tokens 0): the prompt was all there was to run.
-                    if done && a.job.max_tokens == 0 {
-                        finish(a, "length", None, metrics);
-                        gone.push(i);
-                    }
-                }
-                Err(e) => {
-                    let _ = a.job.events.send(Event::Error(e.to_string()));
-                    gone.push(i);
-                }
+            if !step.and_then(|done| chunk_ran(a, done, &mut prefixes, metrics)).unwrap_or_else(|e| failed(a, e)) {
+                gone.push(i);
             }
         }
         let chunk = budget.charged();
@@ -662,15 +644,8 @@ pub fn run(
                 continue;
             }
             let done = a.decoding.is_prefilled();
-            let kept = a.trail.observe(&a.cache).and_then(|()| if done { prefixes.insert(&a.job.prompt, &a.cache, &mut a.trail) } else { Ok(()) });
-            if let Err(e) = kept {
-                let _ = a.job.events.send(Event::Error(e.to_string()));
-                keep[i] = false;
-            } else if done && a.job.max_tokens == 0 {
-                // Scoring only (max_tokens 0): the prompt was all there was to run.
-                finish(a, "length", None, metrics);
-                keep[i] = false;
-            }
+            let observed = a.trail.observe(&a.cache).map_err(crate::engine::error::Error::from);
+            keep[i] = observed.and_then(|()| chunk_ran(a, done, &mut prefixes, metrics)).unwrap_or_else(|e| failed(a, e));
         }
         match tokens {
             Ok(tokens) => {
@@ -701,6 +676,31 @@ pub fn run(
         round(ready.len());
         pace.observe(stepped.elapsed().as_secs_f64(), chunk, ready.len());
     }
+}
+
+/// After a chunk of `a`'s prompt ran (`done`: the prompt is all in): keeps the prompt's state,
+/// sends its prompt log-probabilities when asked for, and finishes a request that only scores it;
+/// `false` once the request is over.
+fn chunk_ran(a: &mut Active, done: bool, prefixes: &mut PrefixCache, metrics: &Metrics) -> crate::engine::error::Result<bool> {
+    if !done {
+        return Ok(true);
+    }
+    prefixes.insert(&a.job.prompt, &a.cache, &mut a.trail)?;
+    if a.job.logprobs.prompt.is_some() {
+        let _ = a.job.events.send(Event::PromptLogprobs(a.decoding.prompt_logprobs().to_vec()));
+    }
+    // Scoring only (max_tokens 0): the prompt was all there was to run.
+    if a.job.max_tokens == 0 {
+        finish(a, "length", None, metrics);
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// Tells `a`'s client why its request failed; `false` (the request is over).
+fn failed(a: &Active, e: crate::engine::error::Error) -> bool {
+    let _ = a.job.events.send(Event::Error(e.to_string()));
+    false
 }
 
 /// Whether prompt chunks ride the decode step's forward call (`SALA_MIXED_ROUNDS=on`).
