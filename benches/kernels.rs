@@ -670,8 +670,8 @@ fn qmv_tiling_sweep() {
     });
     let product_filter = args.get(1).filter(|p| p.as_str() != "all").cloned();
     let rows_filter: Option<i32> = args.get(2).map(|r| match r.parse() {
-        Ok(rows @ (1 | 8 | 16)) => rows,
-        _ => panic!("kernels qmv-tiling [BITS [PRODUCT [ROWS]]]: ROWS is 1, 8 or 16, not `{r}`"),
+        Ok(rows @ (1 | 8 | 16 | 32 | 64)) => rows,
+        _ => panic!("kernels qmv-tiling [BITS [PRODUCT [ROWS]]]: ROWS is 1, 8, 16, 32 or 64, not `{r}`"),
     });
     let async_only = args.get(3).is_some_and(|a| a == "async");
     // `qmv-tiling 4 all 1 tc`: the default and the tensor-core tilings only.
@@ -685,8 +685,8 @@ fn qmv_tiling_sweep() {
             eprintln!("{name} q{bits} at {:.0} s", start.elapsed().as_secs_f64());
             let sets = quantized_weight_sets(SETS, n, k, bits);
             let norm = randn(&[k], 5, Dtype::Bfloat16);
-            // 16 rows (a full decode batch) only when asked for.
-            for rows in [1, 8, 16].into_iter().filter(|r| rows_filter.map_or(*r < 16, |o| o == *r)) {
+            // 16 rows and more (a decode batch of several tiles) only when asked for.
+            for rows in [1, 8, 16, 32, 64].into_iter().filter(|r| rows_filter.map_or(*r < 16, |o| o == *r)) {
                 let x = randn(&[rows, 1, k], 7, Dtype::Bfloat16);
                 let residual = randn(&[rows, 1, n], 8, Dtype::Bfloat16);
                 // The gate's source as a lightning layer's qkvz output, z its last quarter.
@@ -774,6 +774,8 @@ fn qmv_tiling_sweep() {
                         profile(format!("{base} | {label}"), &|| with_tiling(t, None, || run(false)));
                     }
                 } else {
+                    // Past one tile of input rows, a short list (each tiling compiles a kernel).
+                    let many: &[(i32, i32, i32)] = &[(1, 2, 8192), (1, 1, 8192), (1, 4, 8192), (2, 2, 8192), (2, 1, 8192), (1, 2, 16384), (4, 1, 8192)];
                     let tilings = [
                         (1, 1, 8192),
                         (1, 2, 16384),
@@ -794,10 +796,12 @@ fn qmv_tiling_sweep() {
                     // Through the cp.async ring: 2–4 steps a warp.
                     let ring = [(1, 2, 8192), (1, 3, 8192), (1, 4, 8192), (2, 3, 8192), (2, 4, 8192), (1, 4, 16384), (4, 3, 8192)];
                     // (8 SwiGLU tiles a block are 16 with their up tiles: more than fit in registers.)
+                    let ring: &[(i32, i32, i32)] = if rows > 16 { &[(1, 3, 8192), (2, 3, 8192)] } else { &ring };
+                    let tilings: Vec<_> = if rows > 16 { many.to_vec() } else { tilings.to_vec() };
                     let tilings = tilings
                         .into_iter()
                         .map(|(o, u, g)| (o, u, g, false))
-                        .chain(ring.map(|(o, u, g)| (o, u, g, true)))
+                        .chain(ring.iter().map(|&(o, u, g)| (o, u, g, true)))
                         .filter(|&(o, _, _, _)| !(swiglu && o > 4));
                     for t in std::iter::once(None).chain(tilings.map(|(o, u, g, a)| Some(mma(o, u, g, a)))) {
                         let label = t.map_or("default".to_string(), |t| {

@@ -1,9 +1,11 @@
 // Quantized matrix product for decode on tensor cores (bf16/f16 mma.sync, sm_80 and later): the
-// product of cuda/qmv.cu for 1–16 input rows, y = x · Wᵀ with W in MLX's affine layout, plain or
+// product of cuda/qmv.cu for 1–64 input rows, y = x · Wᵀ with W in MLX's affine layout, plain or
 // with its SwiGLU or residual epilogue. Uses mma.cu and the epilogues of qmv.cu.
 //
-// Each m16n8k16 product takes 8 weight rows as its n columns and the input rows as its m rows,
-// so its cost hardly depends on how many input rows there are (one sequence or a decode batch).
+// Each m16n8k16 product takes 8 weight rows as its n columns and 16 input rows as its m rows,
+// so its cost hardly depends on how many input rows there are (one sequence or a decode batch);
+// past 16 rows each dequantized weight fragment feeds one product per 16-row tile of the input,
+// so the weights are still read once.
 // Lane (r, t) = (lane / 4, lane % 4) reads 16 bytes of weight row r (16 weights at 8 bits, 32 at
 // 4); the 4 lanes of a row read 64 contiguous bytes, a "step". A dot product does not care in
 // which order it visits k, so the lane's k-slots {2t, 2t+1, 2t+8, 2t+9} of mma k-step j stand
@@ -37,14 +39,16 @@ __device__ __forceinline__ void sala_qmm_dequant(const uint4& packed, float s, f
 
 // EPI: 0 plain (y = x · Wᵀ), 1 residual (y = residual + alpha · x · Wᵀ, alpha the bit pattern of
 // its value in T, as in qmv.cu), 2 SwiGLU of the stacked
-// [gate; up] W of 2F rows (y = silu(x · W_gateᵀ) ⊙ x · W_upᵀ, F wide). HI: more than 8 rows.
-template <typename T, int BITS, int GROUP, bool HI, int WARPS, int NT, int U, bool ASYNC, int EPI, int ALPHA_BITS>
+// [gate; up] W of 2F rows (y = silu(x · W_gateᵀ) ⊙ x · W_upᵀ, F wide). HALVES: 8-row halves of
+// 16-row tiles the input rows take (1, 2, 4 or 8).
+template <typename T, int BITS, int GROUP, int HALVES, int WARPS, int NT, int U, bool ASYNC, int EPI, int ALPHA_BITS>
 __device__ void sala_qmm(
     const T* x, const uint32_t* w, const T* scales, const T* biases, const T* residual, T* y, int rows, int N, int K) {
   constexpr int PER_CHUNK = 128 / BITS;     // weights per 16-byte load
   constexpr int KSTEPS = PER_CHUNK / 4;     // mma k-steps per load
   constexpr int X_LOADS = PER_CHUNK * sizeof(T) / 16;
   constexpr int OUT_TILES = EPI == 2 ? NT / 2 : NT;
+  constexpr int MT = (HALVES + 1) / 2;      // 16-row tiles of input rows
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane >> 2, t = lane & 3;
   const int width = EPI == 2 ? N / 2 : N;  // y's row length
@@ -59,34 +63,59 @@ __device__ void sala_qmm(
     wr[i] = out + (EPI == 2 && i >= OUT_TILES ? width : 0);
     wrow[i] = reinterpret_cast<const uint4*>(w) + (size_t)wr[i] * chunks;
   }
-  const bool has_lo = r < rows, has_hi = HI && r + 8 < rows;
-  const uint4* x_lo = reinterpret_cast<const uint4*>(x + (size_t)min(r, rows - 1) * K);
-  const uint4* x_hi = reinterpret_cast<const uint4*>(x + (size_t)min(r + 8, rows - 1) * K);
-
-  float acc[NT][4];
+  // Input row 16 m + r (lo) and 16 m + 8 + r (hi) of tile m.
+  bool has_lo[MT], has_hi[MT];
+  const uint4* x_lo[MT];
+  const uint4* x_hi[MT];
 #pragma unroll
-  for (int i = 0; i < NT; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+  for (int m = 0; m < MT; ++m) {
+    const int lo = 16 * m + r, hi = lo + 8;
+    has_lo[m] = lo < rows;
+    has_hi[m] = 2 * m + 1 < HALVES && hi < rows;
+    x_lo[m] = reinterpret_cast<const uint4*>(x + (size_t)min(lo, rows - 1) * K);
+    x_hi[m] = reinterpret_cast<const uint4*>(x + (size_t)min(hi, rows - 1) * K);
+  }
 
-  // One 64-byte step: the lane's chunk c of every tile, dequantized, against its input rows.
-  auto consume = [&](const uint4 (&packed)[NT], const float (&sc)[NT], const float (&bi)[NT], int c) {
-    uint32_t xl[4 * X_LOADS], xh[4 * X_LOADS];
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][i][e] = 0.f;
+
+  // The lane's input values of chunk c for tile m's two halves.
+  auto load_x = [&](int m, int c, uint32_t (&xl)[4 * X_LOADS], uint32_t (&xh)[4 * X_LOADS]) {
 #pragma unroll
     for (int l = 0; l < X_LOADS; ++l) {
-      const uint4 a = has_lo ? __ldg(x_lo + (size_t)c * X_LOADS + l) : make_uint4(0, 0, 0, 0);
-      const uint4 b = has_hi ? __ldg(x_hi + (size_t)c * X_LOADS + l) : make_uint4(0, 0, 0, 0);
+      const uint4 a = has_lo[m] ? __ldg(x_lo[m] + (size_t)c * X_LOADS + l) : make_uint4(0, 0, 0, 0);
+      const uint4 b = has_hi[m] ? __ldg(x_hi[m] + (size_t)c * X_LOADS + l) : make_uint4(0, 0, 0, 0);
       xl[4 * l] = a.x; xl[4 * l + 1] = a.y; xl[4 * l + 2] = a.z; xl[4 * l + 3] = a.w;
       xh[4 * l] = b.x; xh[4 * l + 1] = b.y; xh[4 * l + 2] = b.z; xh[4 * l + 3] = b.w;
     }
+  };
+  auto multiply = [&](float (&into)[4], const uint32_t (&xl)[4 * X_LOADS], const uint32_t (&xh)[4 * X_LOADS],
+                      const uint32_t (&frag)[64 / BITS]) {
+#pragma unroll
+    for (int j = 0; j < KSTEPS; ++j) {
+      const uint32_t a[4] = {xl[2 * j], xh[2 * j], xl[2 * j + 1], xh[2 * j + 1]};
+      sala_mma(into, a, frag[2 * j], frag[2 * j + 1], T());
+    }
+  };
+  // One 64-byte step: the lane's chunk c of every weight tile, dequantized once, against each
+  // tile of input rows. One input tile keeps its values in registers across the weight tiles;
+  // several read theirs again per weight tile (from L1), which holds fewer registers.
+  auto consume = [&](const uint4 (&packed)[NT], const float (&sc)[NT], const float (&bi)[NT], int c) {
+    uint32_t xl[4 * X_LOADS], xh[4 * X_LOADS];
+    if constexpr (MT == 1) load_x(0, c, xl, xh);
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
       uint32_t frag[64 / BITS];
       sala_qmm_dequant<T, BITS>(packed[i], sc[i], bi[i], frag);
 #pragma unroll
-      for (int j = 0; j < KSTEPS; ++j) {
-        const uint32_t a[4] = {xl[2 * j], xh[2 * j], xl[2 * j + 1], xh[2 * j + 1]};
-        sala_mma(acc[i], a, frag[2 * j], frag[2 * j + 1], T());
+      for (int m = 0; m < MT; ++m) {
+        if constexpr (MT > 1) load_x(m, c, xl, xh);
+        multiply(acc[m][i], xl, xh, frag);
       }
     }
   };
@@ -134,41 +163,48 @@ __device__ void sala_qmm(
   }
 
   if (WARPS > 1) {
-    __shared__ float partial[WARPS][NT][4][32];
+    __shared__ float partial[WARPS][MT][NT][4][32];
 #pragma unroll
-    for (int i = 0; i < NT; ++i)
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) partial[warp][i][e][lane] = acc[i][e];
+      for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) partial[warp][m][i][e][lane] = acc[m][i][e];
     __syncthreads();
     if (warp != 0) return;
 #pragma unroll
     for (int v = 1; v < WARPS; ++v)
 #pragma unroll
-      for (int i = 0; i < NT; ++i)
+      for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][e] += partial[v][i][e][lane];
+        for (int i = 0; i < NT; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[m][i][e] += partial[v][m][i][e][lane];
   }
 
-  // acc[i][2h + e] is input row r + 8h, output 2t + e of tile i.
+  // acc[m][i][2h + e] is input row 16m + 8h + r, output 2t + e of tile i.
   const float a = __int_as_float(ALPHA_BITS);
 #pragma unroll
-  for (int h = 0; h < (HI ? 2 : 1); ++h) {
-    const int m = r + 8 * h;
-    if (m >= rows) break;
+  for (int m = 0; m < MT; ++m) {
 #pragma unroll
-    for (int i = 0; i < OUT_TILES; ++i) {
+    for (int h = 0; h < 2; ++h) {
+      const int row = 16 * m + 8 * h + r;
+      if (2 * m + h >= HALVES || row >= rows) break;
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int o = o0 + 8 * i + 2 * t + e;
-        if (o >= width) continue;
-        const size_t at = (size_t)m * width + o;
-        const float v = acc[i][2 * h + e];
-        if (EPI == 0) {
-          y[at] = static_cast<T>(v);
-        } else if (EPI == 1) {
-          y[at] = sala_residual_add<T>(residual[at], a, v);
-        } else {
-          y[at] = sala_swiglu<T>(v, acc[OUT_TILES + i][2 * h + e]);
+      for (int i = 0; i < OUT_TILES; ++i) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int o = o0 + 8 * i + 2 * t + e;
+          if (o >= width) continue;
+          const size_t at = (size_t)row * width + o;
+          const float v = acc[m][i][2 * h + e];
+          if (EPI == 0) {
+            y[at] = static_cast<T>(v);
+          } else if (EPI == 1) {
+            y[at] = sala_residual_add<T>(residual[at], a, v);
+          } else {
+            y[at] = sala_swiglu<T>(v, acc[m][OUT_TILES + i][2 * h + e]);
+          }
         }
       }
     }

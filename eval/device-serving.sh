@@ -71,7 +71,10 @@ mkdir -p "$OUT" "$RESULTS" "$LOGS"
 prebuilt() { ls "$LLAMA_KIT"/llama-server-sm90.tar.xz.part-* > /dev/null 2>&1; }
 LLAMA_SOURCE=.llamacpp-bench/llama.cpp-src.tar.xz
 prebuilt && LLAMA_SOURCE=""
-for f in .device/bin.tar.xz .device/mlx-cuda/activate.sh .device/tokenizer/tokenizer.model .llamacpp-bench/make_gguf.py $LLAMA_SOURCE; do
+# The llama.cpp kit only where a step builds llama-server or its GGUF.
+LLAMA_NEEDS=""
+case " $STEPS " in *" build "*) LLAMA_NEEDS=".llamacpp-bench/make_gguf.py $LLAMA_SOURCE" ;; esac
+for f in .device/bin.tar.xz .device/mlx-cuda/activate.sh .device/tokenizer/tokenizer.model $LLAMA_NEEDS; do
   [ -e "$f" ] || { echo "device-serving: no $f: prepare it as this script's header says, and carry it" >&2; exit 1; }
 done
 ls .whl/guidellm-*.whl > /dev/null 2>&1 || { echo "device-serving: no .whl/guidellm-*.whl: run eval/serving/wheels.sh here and carry .whl" >&2; exit 1; }

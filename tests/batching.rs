@@ -97,6 +97,26 @@ fn dense_batched_decode_matches_one_at_a_time() {
     assert_same(model.as_ref(), &prompts, 1e-3);
 }
 
+/// A server's warm-up (decode steps of several batch sizes over throwaway one-token histories,
+/// prompts of several lengths) runs every shape it is given and leaves nothing behind: the
+/// answers after it are the answers of a model that never ran it, bit for bit.
+#[test]
+fn warming_up_leaves_the_answers_as_they_were() {
+    let case = "C_sparse_prefill";
+    let model = sala::models::load(&golden(case), Some(Dtype::Float32)).unwrap();
+    let prompt = ids(&tokens(case), "prompt_ids");
+    let prompts = vec![prompt[..300].to_vec(), prompt[700..740].to_vec()];
+    let before = alone(model.as_ref(), &prompts);
+    let mut shapes = 0;
+    sala::engine::generate::warm_up(model.as_ref(), &[1, 3, 9], &[65, 257], || shapes += 1).unwrap();
+    assert_eq!(shapes, 5);
+    let after = alone(model.as_ref(), &prompts);
+    for ((tokens, logits), (want_tokens, want_logits)) in after.iter().zip(&before) {
+        assert_eq!(tokens, want_tokens);
+        assert_eq!(logits, want_logits);
+    }
+}
+
 /// After a batched step the lightning layers keep their states as rows of the one stacked state
 /// the step made, so the next step over the same sequences in the same order reuses it as it is
 /// (no slicing and re-stacking); any other batch takes the rows out, with the same results.

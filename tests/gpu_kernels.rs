@@ -217,6 +217,43 @@ fn qmv_tilings_match_mlx_quantized_matmul(bits: i32, n: i32, k: i32, seed: u64) 
     }
 }
 
+/// The tensor-core kernel past one 16-row tile of input rows (a busy server's decode batch, a
+/// short prompt): every epilogue against MLX's product, for row counts that fill their last tile
+/// and that leave it partly empty, with the default tiling and through the cp.async ring, for K
+/// that does and that does not divide evenly among the warps.
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn qmm_past_one_tile_matches_mlx_quantized_matmul() {
+    use_gpu();
+    let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+    let mut seed = 1200;
+    for bits in [8, 4] {
+        for (n, k) in [(1030, 4096), (260, 1408)] {
+            seed += 3;
+            let (packed, scales, biases) = ops::quantize(randn(&[n, k], seed, Dtype::Float32), 64, bits).unwrap();
+            let (s, b) = (scales.as_dtype(Dtype::Bfloat16).unwrap(), biases.as_dtype(Dtype::Bfloat16).unwrap());
+            for rows in [17, 30, 33, 64] {
+                let x = randn(&[rows, 1, k], seed + 1, Dtype::Bfloat16);
+                let residual = randn(&[rows, 1, n], seed + 2, Dtype::Bfloat16);
+                let product = quantized_matmul_t_mlx(&f(&x), &packed, &f(&s), &f(&b), 64, bits).unwrap();
+                let ring = MmaTiling { out_tiles: 2, in_flight: 3, grid_warps: 8192, async_copy: true };
+                for mma in [None, Some(ring)] {
+                    let what = format!("q{bits} {n}x{k} rows {rows} {mma:?}");
+                    let got = with_tiling(None, mma, || quantized_matmul_t(&x, &packed, &s, &b, 64, bits).unwrap());
+                    assert!(rel_err(&got, &product) < 8e-3, "plain {what}");
+                    let add = Epilogue::Residual { residual: &residual, alpha: 0.5 };
+                    let got = with_tiling(None, mma, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, add).unwrap());
+                    let want = epilogue_mlx(&product, Epilogue::Residual { residual: &f(&residual), alpha: 0.5 }).unwrap();
+                    assert!(rel_err(&got, &want) < 1e-2, "residual {what}");
+                    let got = with_tiling(None, mma, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap());
+                    let want = epilogue_mlx(&product, Epilogue::SwiGlu).unwrap();
+                    assert!(rel_err(&got, &want) < 1e-2, "swiglu {what}");
+                }
+            }
+        }
+    }
+}
+
 /// The general kernel with its weights copied through a cp.async ring: every epilogue, the norm
 /// folded in, in bf16, f16 and f32 (several input rows), for ring depths of 2 to 8 and K that
 /// does and that does not divide evenly among the warps (1408: lanes with no chunk at all).

@@ -686,6 +686,28 @@ pub fn next_batch(model: &dyn LanguageModel, steps: &mut [Step]) -> Result<Vec<O
     next_batch_with_chunks(model, steps, &mut [])
 }
 
+/// Runs, and waits for, a decode step of each batch size in `batches` (each sequence over a
+/// one-token history) and a prompt of each length in `prompts`, then drops all they made. A GPU
+/// compiles the kernels a shape needs the first time it meets it (up to seconds each, while every
+/// stream waits); a server meets its batch sizes here, before its first request. `done` is
+/// called after each shape.
+pub fn warm_up(model: &dyn LanguageModel, batches: &[usize], prompts: &[usize], mut done: impl FnMut()) -> Result<()> {
+    for &rows in batches {
+        let mut caches: Vec<ModelCache> = (0..rows).map(|_| model.new_cache()).collect();
+        let mut refs: Vec<&mut ModelCache> = caches.iter_mut().collect();
+        let tokens = Array::from_slice(&vec![0i32; rows], &[rows as i32, 1]);
+        eval([&model.forward_batch(&tokens, &mut refs, Logits::Last, None)?])?;
+        eval([&model.forward_batch(&tokens, &mut refs, Logits::Last, None)?])?;
+        done();
+    }
+    for &length in prompts {
+        let tokens = Array::from_slice(&vec![0i32; length], &[1, length as i32]);
+        eval([&model.forward(&tokens, &mut model.new_cache(), Logits::Last, None)?])?;
+        done();
+    }
+    Ok(())
+}
+
 /// [`next_batch`], with prompt `chunks` run in the same forward call as the decode step where
 /// the model mixes them ([`LanguageModel::mixes_chunks`]) and every sequence draws on the device:
 /// a chunk then costs its rows in the step's products, not a forward call of its own that the

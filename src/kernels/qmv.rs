@@ -217,8 +217,9 @@ pub fn quantized_matmul_t_normed(
     quantized_matmul_t_general(x, packed, scales, biases, group_size, bits, epilogue, output_shape(x, n, epilogue), Some(norm))
 }
 
-/// Input rows up to which the tensor-core kernel runs: the 16 rows of one mma tile.
-pub const MAX_MMA_ROWS: i32 = 16;
+/// Input rows up to which the tensor-core kernel runs: four 16-row mma tiles, a busy server's
+/// decode batch (MLX's quantized matmul is slower there: eval/results/kernel-notes.md).
+pub const MAX_MMA_ROWS: i32 = 64;
 /// Input rows from which it does: for one row the general kernel is faster, for a batch of 8 the
 /// tensor cores (eval/results/kernel-notes.md).
 const MIN_MMA_ROWS: i32 = 2;
@@ -240,7 +241,7 @@ static QMM: KernelSource = qmm_source(
     "sala_qmm",
     &["x", "w", "scales", "biases"],
     "int rows = 1; for (int i = 0; i + 1 < x_ndim; ++i) rows *= x_shape[i]; \
-     sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, ASYNC, 0, 0>(x, w, scales, biases, nullptr, y, rows, w_shape[0], \
+     sala_qmm<T, BITS, GROUP, HALVES, WARPS, NT, U, ASYNC, 0, 0>(x, w, scales, biases, nullptr, y, rows, w_shape[0], \
      w_shape[1] * 32 / BITS);",
 );
 
@@ -248,7 +249,7 @@ static QMM_SWIGLU: KernelSource = qmm_source(
     "sala_qmm_swiglu",
     &["x", "w", "scales", "biases"],
     "int rows = 1; for (int i = 0; i + 1 < x_ndim; ++i) rows *= x_shape[i]; \
-     sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, ASYNC, 2, 0>(x, w, scales, biases, nullptr, y, rows, w_shape[0], \
+     sala_qmm<T, BITS, GROUP, HALVES, WARPS, NT, U, ASYNC, 2, 0>(x, w, scales, biases, nullptr, y, rows, w_shape[0], \
      w_shape[1] * 32 / BITS);",
 );
 
@@ -256,7 +257,7 @@ static QMM_RESIDUAL: KernelSource = qmm_source(
     "sala_qmm_residual",
     &["x", "w", "scales", "biases", "residual"],
     "int rows = 1; for (int i = 0; i + 1 < x_ndim; ++i) rows *= x_shape[i]; \
-     sala_qmm<T, BITS, GROUP, HI, WARPS, NT, U, ASYNC, 1, ALPHA_BITS>(x, w, scales, biases, residual, y, rows, w_shape[0], \
+     sala_qmm<T, BITS, GROUP, HALVES, WARPS, NT, U, ASYNC, 1, ALPHA_BITS>(x, w, scales, biases, residual, y, rows, w_shape[0], \
      w_shape[1] * 32 / BITS);",
 );
 
@@ -275,11 +276,11 @@ pub struct MmaTiling {
 }
 
 impl MmaTiling {
-    /// Static shared memory of a block of `warps` warps over `nt` tiles: the warps' partial sums,
-    /// and the ring when `async_copy`.
-    fn shared_bytes(&self, warps: i32, nt: i32) -> usize {
+    /// Static shared memory of a block of `warps` warps over `nt` tiles of weights and
+    /// `input_tiles` of input rows: the warps' partial sums, and the ring when `async_copy`.
+    fn shared_bytes(&self, warps: i32, nt: i32, input_tiles: i32) -> usize {
         let lanes = (warps * nt) as usize * 32;
-        let partial = if warps > 1 { lanes * 4 * 4 } else { 0 };
+        let partial = if warps > 1 { lanes * input_tiles as usize * 4 * 4 } else { 0 };
         let ring = if self.async_copy { lanes * self.in_flight as usize * 16 } else { 0 };
         partial + ring
     }
@@ -296,6 +297,9 @@ fn mma_tiling(n: i32, k: i32, bits: i32, swiglu: bool, rows: i32) -> MmaTiling {
     // Past 8 rows each step loads twice the input (both halves of the mma tile).
     let wide = rows > 8;
     match (bits, swiglu) {
+        // Past one tile of input rows each weight tile costs a product per input tile: one
+        // weight tile a block keeps the accumulators in registers (not swept: kernel-notes.md).
+        _ if rows > 16 => MmaTiling { in_flight: 2, ..MMA_TILING },
         (8, true) if wide => MmaTiling { in_flight: 1, ..MMA_TILING },
         // The MLP's down product (K = 16384) through the cp.async ring, the fastest in the 16-row
         // sweep (eval/results/kernel-notes.md); o_proj (K = 4096) was not swept so.
@@ -611,12 +615,14 @@ fn quantized_matmul_t_mma(
     // at most 8 warps a block (16 × 32 threads run out of registers for 4 bits and > 8 rows).
     let steps = k * bits / 8 / 64;
     let nt = if swiglu { 2 * t.out_tiles } else { t.out_tiles };
+    let halves = input_halves(rows);
+    let input_tiles = (halves + 1) / 2;
     let mut warps = pow2_floor((t.grid_warps / blocks).min(8).min(steps / t.in_flight));
-    // Fewer warps where a ring does not fit the block's static shared memory.
-    while warps > 1 && t.shared_bytes(warps, nt) > STATIC_SHARED_BYTES {
+    // Fewer warps where the partial sums or a ring do not fit the block's static shared memory.
+    while warps > 1 && t.shared_bytes(warps, nt, input_tiles) > STATIC_SHARED_BYTES {
         warps /= 2;
     }
-    let async_copy = t.async_copy && t.shared_bytes(warps, nt) <= STATIC_SHARED_BYTES;
+    let async_copy = t.async_copy && t.shared_bytes(warps, nt, input_tiles) <= STATIC_SHARED_BYTES;
     let y = apply(
         source,
         &inputs,
@@ -628,7 +634,7 @@ fn quantized_matmul_t_mma(
                 ("T", TemplateArg::Type(x.dtype())),
                 ("BITS", TemplateArg::Int(bits)),
                 ("GROUP", TemplateArg::Int(group_size)),
-                ("HI", TemplateArg::Bool(rows > 8)),
+                ("HALVES", TemplateArg::Int(halves)),
                 ("WARPS", TemplateArg::Int(warps)),
                 ("NT", TemplateArg::Int(nt)),
                 ("U", TemplateArg::Int(t.in_flight)),
@@ -643,11 +649,28 @@ fn quantized_matmul_t_mma(
     Ok(y.into_iter().next().expect("one output"))
 }
 
+/// The input row counts at which a GPU's quantized product changes form (a kernel of its own to
+/// compile): one row, the tensor-core kernel's first count and each of its tile classes, and
+/// past it MLX's product.
+pub fn product_row_classes() -> Vec<i32> {
+    let mut classes = vec![1, MIN_MMA_ROWS];
+    classes.extend((MIN_MMA_ROWS + 1..=MAX_MMA_ROWS).filter(|&r| input_halves(r) != input_halves(r - 1)));
+    classes.push(MAX_MMA_ROWS + 1);
+    classes
+}
+
+/// The 8-row halves of 16-row mma tiles the tensor-core kernel takes `rows` input rows in: 1, 2,
+/// 4 or 8 (rounded up to a power of two, so that few forms are compiled).
+fn input_halves(rows: i32) -> i32 {
+    (((rows + 7) / 8) as u32).next_power_of_two() as i32
+}
+
 /// The general kernel against MLX's product and [`epilogue_mlx`] in float32, for each epilogue:
 /// one bfloat16 row at 4 bits, three at 8 bits.
 pub static QMV_CHECK: KernelCheck = KernelCheck { name: "qmv", backends: CUDA_AND_METAL, run: check_qmv };
 
-/// The tensor-core kernel likewise: 3 rows at 4 bits, 11 at 8 bits (the two halves of its tile).
+/// The tensor-core kernel likewise: 3 rows at 4 bits, 11 at 8 bits (the two halves of its tile),
+/// and past one tile 21 at 4 bits and 45 at 8 (rows left over in the last tile).
 pub static QMM_CHECK: KernelCheck = KernelCheck { name: "qmv_mma", backends: CUDA_ONLY, run: check_qmm };
 
 /// The general kernel with the RMSNorm folded in (plain and SwiGLU at 8 bits) and with the
@@ -706,8 +729,8 @@ impl CheckProduct {
 const EPILOGUE_NAMES: [&str; 3] = ["plain", "swiglu", "residual"];
 
 /// `kernel` (a launch function) against the oracle for each epilogue, with (rows, bits) as given.
-fn check_products(cases: [(i32, i32); 2], kernel: fn(&CheckProduct, Epilogue) -> Result<Array>) -> Verdict {
-    for (i, (rows, bits)) in cases.into_iter().enumerate() {
+fn check_products(cases: &[(i32, i32)], kernel: fn(&CheckProduct, Epilogue) -> Result<Array>) -> Verdict {
+    for (i, &(rows, bits)) in cases.iter().enumerate() {
         for (which, name) in EPILOGUE_NAMES.iter().enumerate() {
             verify(
                 || CheckProduct::new(rows, bits, 40 + 4 * i as u64),
@@ -721,11 +744,11 @@ fn check_products(cases: [(i32, i32); 2], kernel: fn(&CheckProduct, Epilogue) ->
 }
 
 fn check_qmv() -> Verdict {
-    check_products([(1, 4), (3, 8)], |p, epilogue| Ok(p.general(&p.x, None, epilogue)?.remove(0)))
+    check_products(&[(1, 4), (3, 8)], |p, epilogue| Ok(p.general(&p.x, None, epilogue)?.remove(0)))
 }
 
 fn check_qmm() -> Verdict {
-    check_products([(3, 4), (11, 8)], |p, epilogue| {
+    check_products(&[(3, 4), (11, 8), (21, 4), (45, 8)], |p, epilogue| {
         let shape = output_shape(&p.x, CHECK_N, epilogue);
         quantized_matmul_t_mma(&p.x, &p.packed, &p.scales, &p.biases, CHECK_GROUP, p.bits, epilogue, shape)
     })
@@ -811,4 +834,15 @@ pub fn quantized_matmul_t_mlx(
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("x has a last axis") = packed.shape()[0];
     ops::quantized_matmul(x.reshape(&[-1, k])?, packed, scales, biases, true, group_size, bits)?.reshape(&shape)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn product_forms_change_at_each_tile_class() {
+        assert_eq!(product_row_classes(), vec![1, 2, 9, 17, 33, 65]);
+        assert_eq!([2, 8, 9, 16, 17, 32, 33, 64].map(input_halves), [1, 1, 2, 2, 4, 4, 8, 8]);
+    }
 }

@@ -152,7 +152,7 @@ impl Matrix {
 const CPU_DEQUANTIZE_ROWS: i32 = 6;
 /// Input rows (prefill chunks) from which a GPU multiplies by the dequantized matrix: the matrix
 /// units beat MLX's CUDA quantized product there (eval/results/kernel-notes.md).
-const GPU_DEQUANTIZE_ROWS: i32 = 256;
+pub(crate) const GPU_DEQUANTIZE_ROWS: i32 = 256;
 
 /// x · Wᵀ for a quantized W, then `epilogue`: the decode kernel (kernels::qmv) where it runs,
 /// else the product of the dequantized matrix. On the CPU in float32: MLX's CPU kernel

@@ -30,6 +30,24 @@ pub fn kernel_checks() -> Vec<&'static KernelCheck> {
     crate::kernels::KERNEL_CHECKS.iter().chain(&sala::infllm::KERNEL_CHECKS).copied().collect()
 }
 
+/// The batch sizes and prompt lengths a GPU server of up to `parallel` sequences a step meets
+/// before its first request (engine::generate::warm_up), as its kernels specialise: every count
+/// of sequences up to the most a kernel takes as inputs of its own (a form per count), the first
+/// count of each class of rows the quantized products compile a form for, and the most; prompts
+/// at both ends of the lengths MLX's quantized product runs, and the first the dequantized
+/// weights do.
+pub fn warm_shapes(parallel: usize) -> (Vec<usize>, Vec<usize>) {
+    let mut batches: Vec<usize> = (1..=crate::kernels::custom::MAX_SHAPE_ARGS).collect();
+    batches.extend(crate::kernels::qmv::product_row_classes().into_iter().map(|r| r as usize));
+    batches.push(parallel);
+    batches.retain(|&b| b <= parallel);
+    batches.sort_unstable();
+    batches.dedup();
+    let mlx_rows = crate::kernels::qmv::MAX_MMA_ROWS as usize + 1;
+    let dequantized = layers::GPU_DEQUANTIZE_ROWS as usize;
+    (batches, vec![mlx_rows, dequantized - 1, dequantized])
+}
+
 /// Every `model_type` this build runs.
 pub fn supported_model_types() -> Vec<&'static str> {
     let mut types = vec![sala::MODEL_TYPE, minicpm::MODEL_TYPE, qwen2::MODEL_TYPE, qwen3::MODEL_TYPE];
@@ -187,6 +205,16 @@ pub fn load_with_tokenizer(path: &Path, dtype: Option<Dtype>) -> Result<(Box<dyn
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_warms_each_kernel_form_its_batches_reach() {
+        let (batches, prompts) = warm_shapes(80);
+        assert_eq!(batches, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33, 65, 80]);
+        assert_eq!(prompts, vec![65, 255, 256]);
+        // No batch larger than the server decodes.
+        assert_eq!(warm_shapes(4).0, vec![1, 2, 3, 4]);
+        assert_eq!(warm_shapes(20).0, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 20]);
+    }
 
     #[test]
     fn tool_format_follows_the_template_then_the_family() {

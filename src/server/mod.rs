@@ -291,6 +291,7 @@ pub fn follow(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> 
     let budget = pool::shared_budget(&tp, options.cache_memory)?;
     let per_request = |tokens: usize| loaded.cache_bytes(tokens);
     let memory = pool::shared_cache_memory(&tp, loaded.device, budget, options.kv_memory)?.map(|budget| scheduler::CacheMemory { budget, per_request: &per_request });
+    warm_up(loaded.model.as_ref(), loaded.device, options.parallel, false);
     let metrics = metrics::Metrics::new();
     scheduler::run(
         loaded.model.as_ref(),
@@ -302,6 +303,34 @@ pub fn follow(model: LoadOptions, options: ServerOptions) -> anyhow::Result<()> 
         &metrics,
     );
     Ok(())
+}
+
+/// On a GPU, runs the batch sizes and prompt lengths whose kernels a server of `parallel`
+/// sequences a step would otherwise compile while its first requests wait (models::warm_shapes,
+/// engine::generate::warm_up). Every rank of a group runs it (its forwards hold collectives).
+/// Best effort: a failure leaves the kernels to compile when met.
+fn warm_up(model: &dyn crate::engine::model::LanguageModel, device: crate::engine::device::DeviceKind, parallel: usize, show: bool) {
+    if device == crate::engine::device::DeviceKind::Cpu {
+        return;
+    }
+    let began = std::time::Instant::now();
+    let (batches, prompts) = crate::models::warm_shapes(parallel);
+    let bar = crate::progress::work_bar((batches.len() + prompts.len()) as u64, "warming up batch sizes and prompt lengths", "shapes");
+    if !show {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    match crate::engine::generate::warm_up(model, &batches, &prompts, || bar.inc(1)) {
+        Ok(()) => {
+            bar.finish_and_clear();
+            if show {
+                eprintln!("warmed up {} batch sizes and {} prompt lengths in {:.1} s", batches.len(), prompts.len(), began.elapsed().as_secs_f64());
+            }
+        }
+        Err(e) => {
+            bar.finish_and_clear();
+            eprintln!("warning: warming up failed ({e}); kernels compile as requests meet them");
+        }
+    }
 }
 
 /// Puts the states saved in `store` back into `prefixes` (as many as its budget holds).

@@ -522,6 +522,7 @@ fn serve_model(state: &Arc<AppState>, slot: &Slot) {
             std::process::exit(1);
         }
     };
+    super::warm_up(loaded.model.as_ref(), loaded.device, settings.parallel, tp.is_leader());
     // Set before the slot is ready: /metrics answers from then on.
     state.metrics.kv_budget.set(memory.map_or(0, |m| m.budget.min(i64::MAX as u64) as i64));
     let model = loaded.model.as_ref();

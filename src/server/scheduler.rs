@@ -172,8 +172,10 @@ struct Measured {
 }
 
 impl Pace {
-    /// The smallest paced chunk: below it a chunk's fixed cost would starve the prompt.
-    const MIN_CHUNK: usize = 256;
+    /// The smallest paced chunk: below it a chunk's fixed cost would starve the prompt (on an
+    /// H200, a 256-token chunk beside 64 decoding rows added ~55 ms to a 51 ms round, and a
+    /// second 256 tokens add ~6 ms: eval/results/2026-12-01-h200-warm-batches).
+    const MIN_CHUNK: usize = 512;
     /// Paced chunks are whole attention blocks.
     const ALIGN: usize = 64;
     /// Weight of the newest round in the moving averages.
@@ -950,17 +952,17 @@ mod tests {
         assert_eq!(pace.chunk(4, 2048), 0);
         pace.observe(0.020, 0, 4);
         assert_eq!(pace.chunk(4, 2048), Pace::MIN_CHUNK);
-        // A decode step of 20 ms; a round with a 256-token chunk took 30 ms: 10 ms for 256 tokens,
-        // so a chunk of 15 ms (3/4 of a step) is 384 tokens.
-        pace.observe(0.030, 256, 4);
-        assert_eq!(pace.chunk(4, 2048), 384);
+        // A decode step of 20 ms; a round with a 512-token chunk took 30 ms: 10 ms for 512 tokens,
+        // so a chunk of 15 ms (3/4 of a step) is 768 tokens.
+        pace.observe(0.030, 512, 4);
+        assert_eq!(pace.chunk(4, 2048), 768);
         // Never more than the step, never fewer than the smallest chunk (nor than a smaller step).
         assert_eq!(pace.chunk(4, 300), 300);
         pace.observe(0.5, 0, 4);
-        assert!(pace.chunk(4, 2048) > 384);
+        assert!(pace.chunk(4, 2048) > 768);
         let mut slow = Pace::default();
         slow.observe(0.001, 0, 4);
-        slow.observe(1.0, 256, 0);
+        slow.observe(1.0, 512, 0);
         assert_eq!(slow.chunk(4, 2048), Pace::MIN_CHUNK);
         assert_eq!(slow.chunk(4, 100), 100);
         // Chunks come in whole blocks of 64.
@@ -1012,7 +1014,7 @@ mod tests {
         let mut pace = Pace::default();
         pace.observe(0.2048, 2048, 0);
         pace.observe(0.040, 0, 64);
-        assert_eq!(pace.chunk(64, 4096), 256, "3/4 of 40 ms is 300 tokens");
+        assert_eq!(pace.chunk(64, 4096), Pace::MIN_CHUNK, "3/4 of 40 ms is 300 tokens: the smallest chunk");
         pace.observe(0.154, 256, 64);
         assert!((pace.overhead.unwrap() - 0.0884).abs() < 1e-9, "{pace:?}");
         // Costed per token that chunk would be 0.45 ms a token and the next the smallest; as
@@ -1022,9 +1024,9 @@ mod tests {
         // With a small fixed cost the step's share rules again.
         let mut cheap = Pace::default();
         cheap.observe(0.2048, 2048, 0);
-        cheap.observe(0.040, 0, 64);
-        cheap.observe(0.040 + 0.0256 + 0.002, 256, 64);
-        assert_eq!(cheap.chunk(64, 4096), 256, "(30 - 2) ms of tokens: 280, in blocks of 64");
+        cheap.observe(0.080, 0, 64);
+        cheap.observe(0.080 + 0.0256 + 0.002, 256, 64);
+        assert_eq!(cheap.chunk(64, 4096), 576, "(60 - 2) ms of tokens: 580, in blocks of 64");
         // Before any chunk alone, a chunk's whole cost beside decoding stands for its tokens';
         // the first measured alone replaces it, and a few-token chunk alone teaches nothing.
         let mut beside = Pace::default();
@@ -1077,9 +1079,9 @@ mod tests {
         assert_eq!(sliver.offer(150), Some(200));
         assert_eq!(PromptBudget::new(100).offer(30_000), Some(100));
         // A chunk that failed before running still counts its fixed cost.
-        let mut failed = PromptBudget::new(512);
+        let mut failed = PromptBudget::new(1024);
         failed.spend(0);
-        assert_eq!(failed.offer(1000), Some(512 - Pace::ALIGN));
+        assert_eq!(failed.offer(2000), Some(1024 - Pace::ALIGN));
         // A prompt within a block of the round finishes in it; one longer takes the round.
         assert_eq!(PromptBudget::new(256).offer(257), Some(257));
         assert_eq!(PromptBudget::new(256).offer(256 + Pace::ALIGN), Some(256 + Pace::ALIGN));
