@@ -172,9 +172,8 @@ struct Measured {
 }
 
 impl Pace {
-    /// The smallest paced chunk: below it a chunk's fixed cost would starve the prompt (on an
-    /// H200, a 256-token chunk beside 64 decoding rows added ~55 ms to a 51 ms round, and a
-    /// second 256 tokens add ~6 ms: eval/results/2026-12-01-h200-warm-batches).
+    /// The smallest paced chunk: below it a chunk's fixed cost would starve the prompt
+    /// (eval/results/kernel-notes.md).
     const MIN_CHUNK: usize = 512;
     /// Paced chunks are whole attention blocks.
     const ALIGN: usize = 64;
