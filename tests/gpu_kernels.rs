@@ -165,6 +165,36 @@ qmv_tiling_tests! {
     qmv_tilings_match_mlx_quantized_matmul_q4_260x1408: 4, 260, 1408, seed 942;
 }
 
+/// A quantized product's inputs (weights in groups of 64) for the kernels' epilogue checks.
+struct QuantizedProduct<'a> {
+    x: &'a Array,
+    packed: &'a Array,
+    scales: &'a Array,
+    biases: &'a Array,
+    bits: i32,
+    residual: &'a Array,
+    alpha: f32,
+}
+
+impl QuantizedProduct<'_> {
+    /// The plain product, its residual form and its SwiGLU under the tilings given, each against
+    /// MLX's float32 `product` and the MLX epilogue.
+    fn assert_every_epilogue_matches(&self, product: &Array, general: Option<QmvTiling>, mma: Option<MmaTiling>, what: &str) {
+        let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+        let (x, p, s, b, bits) = (self.x, self.packed, self.scales, self.biases, self.bits);
+        let got = with_tiling(general, mma, || quantized_matmul_t(x, p, s, b, 64, bits).unwrap());
+        assert!(rel_err(&got, product) < 8e-3, "plain {what}");
+        let add = Epilogue::Residual { residual: self.residual, alpha: self.alpha };
+        let got = with_tiling(general, mma, || quantized_matmul_t_then(x, p, s, b, 64, bits, add).unwrap());
+        let want = epilogue_mlx(product, Epilogue::Residual { residual: &f(self.residual), alpha: self.alpha }).unwrap();
+        assert!(rel_err(&got, &want) < 1e-2, "residual {what}");
+        // SwiGLU too, its warps sharing rows where K is split.
+        let got = with_tiling(general, mma, || quantized_matmul_t_then(x, p, s, b, 64, bits, Epilogue::SwiGlu).unwrap());
+        let want = epilogue_mlx(product, Epilogue::SwiGlu).unwrap();
+        assert!(rel_err(&got, &want) < 1e-2, "swiglu {what}");
+    }
+}
+
 fn qmv_tilings_match_mlx_quantized_matmul(bits: i32, n: i32, k: i32, seed: u64) {
     use_gpu();
     let start = std::time::Instant::now();
@@ -199,18 +229,8 @@ fn qmv_tilings_match_mlx_quantized_matmul(bits: i32, n: i32, k: i32, seed: u64) 
         };
         for (general, mma) in tilings {
             let what = format!("q{bits} {n}x{k} rows {rows} {general:?} {mma:?}");
-            let got = with_tiling(general, mma, || quantized_matmul_t(&x, &packed, &s, &b, 64, bits).unwrap());
-            assert!(rel_err(&got, &product) < 8e-3, "plain {what}");
-            let got = with_tiling(general, mma, || {
-                quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::Residual { residual: &residual, alpha })
-                    .unwrap()
-            });
-            let want = epilogue_mlx(&product, Epilogue::Residual { residual: &f(&residual), alpha }).unwrap();
-            assert!(rel_err(&got, &want) < 1e-2, "residual {what}");
-            // SwiGLU too, its warps sharing rows where K is split.
-            let got = with_tiling(general, mma, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap());
-            let want = epilogue_mlx(&product, Epilogue::SwiGlu).unwrap();
-            assert!(rel_err(&got, &want) < 1e-2, "swiglu {what}");
+            let product_of = QuantizedProduct { x: &x, packed: &packed, scales: &s, biases: &b, bits, residual: &residual, alpha };
+            product_of.assert_every_epilogue_matches(&product, general, mma, &what);
             // Progress, for a run stopped at a device call's limit.
             eprintln!("{:.0} s: {what} passes", start.elapsed().as_secs_f64());
         }
@@ -237,17 +257,9 @@ fn qmm_past_one_tile_matches_mlx_quantized_matmul() {
                 let residual = randn(&[rows, 1, n], seed + 2, Dtype::Bfloat16);
                 let product = quantized_matmul_t_mlx(&f(&x), &packed, &f(&s), &f(&b), 64, bits).unwrap();
                 let ring = MmaTiling { out_tiles: 2, in_flight: 3, grid_warps: 8192, async_copy: true };
+                let product_of = QuantizedProduct { x: &x, packed: &packed, scales: &s, biases: &b, bits, residual: &residual, alpha: 0.5 };
                 for mma in [None, Some(ring)] {
-                    let what = format!("q{bits} {n}x{k} rows {rows} {mma:?}");
-                    let got = with_tiling(None, mma, || quantized_matmul_t(&x, &packed, &s, &b, 64, bits).unwrap());
-                    assert!(rel_err(&got, &product) < 8e-3, "plain {what}");
-                    let add = Epilogue::Residual { residual: &residual, alpha: 0.5 };
-                    let got = with_tiling(None, mma, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, add).unwrap());
-                    let want = epilogue_mlx(&product, Epilogue::Residual { residual: &f(&residual), alpha: 0.5 }).unwrap();
-                    assert!(rel_err(&got, &want) < 1e-2, "residual {what}");
-                    let got = with_tiling(None, mma, || quantized_matmul_t_then(&x, &packed, &s, &b, 64, bits, Epilogue::SwiGlu).unwrap());
-                    let want = epilogue_mlx(&product, Epilogue::SwiGlu).unwrap();
-                    assert!(rel_err(&got, &want) < 1e-2, "swiglu {what}");
+                    product_of.assert_every_epilogue_matches(&product, None, mma, &format!("q{bits} {n}x{k} rows {rows} {mma:?}"));
                 }
             }
         }

@@ -662,7 +662,6 @@ impl Chunk<'_> {
     fn ends_prompt(&self) -> bool {
         self.decoding.prefilled + self.tokens == self.decoding.generation.stats.prompt_tokens
     }
-
 }
 
 /// Runs each of `chunks` in a forward call of its own, on this thread once `encoder`'s evaluator

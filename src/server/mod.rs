@@ -319,17 +319,12 @@ fn warm_up(model: &dyn crate::engine::model::LanguageModel, device: crate::engin
     if !show {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    match crate::engine::generate::warm_up(model, &batches, &prompts, || bar.inc(1)) {
-        Ok(()) => {
-            bar.finish_and_clear();
-            if show {
-                eprintln!("warmed up {} batch sizes and {} prompt lengths in {:.1} s", batches.len(), prompts.len(), began.elapsed().as_secs_f64());
-            }
-        }
-        Err(e) => {
-            bar.finish_and_clear();
-            eprintln!("warning: warming up failed ({e}); kernels compile as requests meet them");
-        }
+    let warmed = crate::engine::generate::warm_up(model, &batches, &prompts, || bar.inc(1));
+    bar.finish_and_clear();
+    match warmed {
+        Ok(()) if show => eprintln!("warmed up {} batch sizes and {} prompt lengths in {:.1} s", batches.len(), prompts.len(), began.elapsed().as_secs_f64()),
+        Ok(()) => {}
+        Err(e) => eprintln!("warning: warming up failed ({e}); kernels compile as requests meet them"),
     }
 }
 
