@@ -34,6 +34,8 @@
 #   mkdir -p .device/tokenizer && cp ../shared/assets/minicpm4-tokenizer/{tokenizer.json,tokenizer.model,\
 #     tokenizer_config.json,special_tokens_map.json,added_tokens.json,generation_config.json} .device/tokenizer/
 #   ../shared/tools/llamacpp-bench/prepare .llamacpp-bench                  # llama.cpp's source, ~9 MiB
+#   Or build it on the development machine (no GPU needed; ~35 min on 2 cores, niced) with
+#   `bash eval/serving/build-llama-server.sh .llamacpp-bin`: the build step then only unpacks it.
 #   A build made here comes back in $OUT as llama-server-sm90.tar.xz.part-NN (15 MiB parts, with
 #   llama.cpp's gguf-py); put them in $LLAMA_KIT (default .llamacpp-bin) and carry that instead of
 #   the source tarball (move it out of .llamacpp-bench): later leases skip the build.
@@ -165,7 +167,14 @@ up() {  # up NAME: waits for /health to answer 200 (a model loads in ~10-60 s)
   return 1
 }
 start_llama() {
-  "$BUILD/bin/llama-server" -m "$GGUF" -ngl 99 -fa on -np "$PARALLEL" -kvu -c "$LLAMA_CTX" --no-webui \
+  # A build made elsewhere (eval/serving/build-llama-server.sh) finds CUDA's libraries by its
+  # RUNPATH's usual places; where none holds them, by the image's own copy.
+  local libs=""
+  if ldd "$BUILD/bin/llama-server" | grep -q "libcu.*not found"; then
+    libs=$(dirname "$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2> /dev/null | head -1)")
+    phase "llama-server: CUDA's libraries from $libs"
+  fi
+  LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$BUILD/bin/llama-server" -m "$GGUF" -ngl 99 -fa on -np "$PARALLEL" -kvu -c "$LLAMA_CTX" --no-webui \
     --host 127.0.0.1 --port "$PORT" > "$LOGS/llama-qwen3-8b.log" 2>&1 &
   SERVER_PID=$!
   up llama-qwen3-8b

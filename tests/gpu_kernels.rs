@@ -1380,6 +1380,30 @@ static SCALED: KernelSource = KernelSource {
     contiguous_inputs: true,
 };
 
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn mlx_keeps_a_bounded_share_of_a_cuda_gpu_in_freed_buffers() {
+    use_gpu();
+    if backend() != Backend::Cuda {
+        eprintln!("skipped: the bound applies on CUDA only");
+        return;
+    }
+    let total = sala::engine::device::gpu_info().and_then(|g| g.memory_bytes).expect("CUDA reports its memory");
+    let bound = total / 100 * sala::engine::device::CUDA_BUFFER_CACHE_SHARE;
+    // Buffers of a GiB each, more than the bound in all, freed together: the cache keeps some, within the bound.
+    let count = (bound >> 30) + 4;
+    let buffers: Vec<Array> = (0..count)
+        .map(|i| {
+            let a = ops::full::<f32>(&[1 << 28], Array::from_f32(i as f32)).unwrap();
+            a.eval().unwrap();
+            a
+        })
+        .collect();
+    drop(buffers);
+    let cached = mlx_rs::memory::cache_memory().unwrap() as u64;
+    assert!(cached > 0 && cached <= bound, "MLX keeps {cached} bytes of freed buffers; the bound is {bound}");
+}
+
 /// A kernel variant is compiled once per machine: its first launch in a process has the module
 /// compiled (in the background) where MLX's disk cache looks (the same source, NVRTC and GPU as
 /// MLX's own compile), its values are right, and MLX loads it from there: a module made

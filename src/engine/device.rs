@@ -87,11 +87,28 @@ pub fn select(kind: Option<DeviceKind>) -> Result<DeviceKind> {
                     .into(),
             ))
         }
-        DeviceKind::Gpu => Device::set_default(&Device::gpu()),
+        DeviceKind::Gpu => {
+            Device::set_default(&Device::gpu());
+            bound_buffer_cache();
+        }
         DeviceKind::Cpu => Device::set_default(&Device::cpu()),
     }
     SELECTED.store(true, std::sync::atomic::Ordering::Relaxed);
     Ok(kind)
+}
+
+/// The share (%) of a CUDA GPU's memory MLX may keep in freed buffers for reuse. Under MLX's own
+/// bound (95 %) a server's cache filled the card; CUDA's memory pool then still held what MLX freed,
+/// and MLX emptied its cache at every allocation for the rest of the process (each step slower).
+pub const CUDA_BUFFER_CACHE_SHARE: u64 = 10;
+
+/// Bounds MLX's cache of freed buffers on CUDA to [`CUDA_BUFFER_CACHE_SHARE`] % of the GPU's memory.
+fn bound_buffer_cache() {
+    if gpu_backend() == Some("cuda") {
+        if let Some(total) = gpu_info().and_then(|g| g.memory_bytes) {
+            let _ = mlx_rs::memory::set_cache_limit((total / 100 * CUDA_BUFFER_CACHE_SHARE) as usize);
+        }
+    }
 }
 
 /// Whether [`select`] ran: the process may have queued work on the device.
