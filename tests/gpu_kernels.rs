@@ -1390,8 +1390,10 @@ fn mlx_keeps_a_bounded_share_of_a_cuda_gpu_in_freed_buffers() {
     }
     let total = sala::engine::device::gpu_info().and_then(|g| g.memory_bytes).expect("CUDA reports its memory");
     let bound = total / 100 * sala::engine::device::CUDA_BUFFER_CACHE_SHARE;
-    // Buffers of a GiB each, more than the bound in all, freed together: the cache keeps some, within the bound.
-    let count = (bound >> 30) + 4;
+    // Buffers of a GiB each, more than the bound in all, freed together: the cache keeps some, and
+    // at most one buffer past the bound (MLX recycles a freed buffer while the cache is below it).
+    let gib = 1u64 << 30;
+    let count = bound / gib + 4;
     let buffers: Vec<Array> = (0..count)
         .map(|i| {
             let a = ops::full::<f32>(&[1 << 28], Array::from_f32(i as f32)).unwrap();
@@ -1401,7 +1403,7 @@ fn mlx_keeps_a_bounded_share_of_a_cuda_gpu_in_freed_buffers() {
         .collect();
     drop(buffers);
     let cached = mlx_rs::memory::cache_memory().unwrap() as u64;
-    assert!(cached > 0 && cached <= bound, "MLX keeps {cached} bytes of freed buffers; the bound is {bound}");
+    assert!(cached > 0 && cached <= bound + gib, "MLX keeps {cached} bytes of freed buffers; the bound is {bound}");
 }
 
 /// A kernel variant is compiled once per machine: its first launch in a process has the module
