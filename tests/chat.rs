@@ -35,6 +35,7 @@ fn session_turns_equal_a_fresh_run_and_reuse_state() {
     let opts = GenerateOptions { max_tokens: 6, ignore_eos: true, prefill_step: 256, keep_logits: true, ..Default::default() };
     let same = |got: &sala::engine::generate::Generation, want: &sala::engine::generate::Generation| {
         assert_eq!(got.tokens, want.tokens);
+        assert!(got.logits.len() == got.tokens.len() && want.logits.len() == want.tokens.len(), "a row of logits per token");
         for (g, w) in got.logits.iter().zip(&want.logits) {
             let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(diff < 1e-4, "a session's logits differ from a fresh run's by {diff}");

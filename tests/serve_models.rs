@@ -72,6 +72,20 @@ fn answer_of(dir: &Path) -> Value {
     complete_port(server.port, None)
 }
 
+/// The same text and tokens, and log-probabilities within 1e-4: a request decoded beside others
+/// may differ from a lone run in the last bits (a BLAS need not compute a row alike in every batch).
+fn assert_same_answer(got: &Value, want: &Value, what: &str) {
+    fn same(a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Number(x), Value::Number(y)) => (x.as_f64().unwrap() - y.as_f64().unwrap()).abs() < 1e-4,
+            (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same(x, y)),
+            (Value::Object(x), Value::Object(y)) => x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w))),
+            _ => a == b,
+        }
+    }
+    assert!(same(got, want), "{what}: {got} against {want}");
+}
+
 fn health(server: &Server) -> Vec<(String, String)> {
     let r = request(server.port, "GET", "/health", None, &[]).unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
@@ -153,7 +167,7 @@ fn the_least_recently_used_model_makes_room() {
         })
         .collect();
     for (i, client) in clients.into_iter().enumerate() {
-        assert_eq!(client.join().unwrap(), answers[i % 3], "client {i}");
+        assert_same_answer(&client.join().unwrap(), &answers[i % 3], &format!("client {i}"));
     }
     assert!(loaded(&server).len() <= 2, "{:?}", health(&server));
 
