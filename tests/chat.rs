@@ -25,13 +25,8 @@ fn session_turns_equal_a_fresh_run_and_reuse_state() {
     // tie, and last-bit rounding (resumed vs chunked, one BLAS kernel vs another) then picks between
     // them; bfloat16 scores, rounded as the reference rounds them, tie as often.
     let model = sala::models::load(&common::golden("C_sparse_prefill"), Some(mlx_rs::Dtype::Float32)).unwrap();
-    let mut state = 12345u64;
-    let ids: Vec<u32> = (0..900)
-        .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((state >> 33) % 256) as u32
-        })
-        .collect();
+    let mut rng = common::Lcg(12345);
+    let ids: Vec<u32> = (0..900).map(|_| rng.below(256) as u32).collect();
     let opts = GenerateOptions { max_tokens: 6, ignore_eos: true, prefill_step: 256, keep_logits: true, ..Default::default() };
     let same = |got: &sala::engine::generate::Generation, want: &sala::engine::generate::Generation| {
         assert_eq!(got.tokens, want.tokens);

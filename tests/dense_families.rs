@@ -13,6 +13,7 @@
 mod common;
 
 use common::fixed_steps::compare_fixed_steps;
+use common::Lcg;
 
 use mlx_rs::Array;
 use sala::engine::device::DeviceKind;
@@ -26,23 +27,6 @@ use std::sync::OnceLock;
 const TOLERANCE: f64 = 1e-3;
 const PROMPT_LEN: usize = 40;
 const VOCAB: usize = 128;
-
-/// Knuth's MMIX LCG; uniform values from the top 24 bits.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next_unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 40) as f64 / (1u64 << 24) as f64
-    }
-    /// Uniform with mean 0 and standard deviation `std`.
-    fn noise(&mut self, std: f64) -> f32 {
-        ((self.next_unit() * 2.0 - 1.0) * std * 3f64.sqrt()) as f32
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next_unit() * n as f64) as usize % n
-    }
-}
 
 /// A scratch model directory, removed on drop.
 struct ModelDir(PathBuf);

@@ -7,6 +7,7 @@
 mod common;
 
 use common::gguf_file::{gguf_bytes, Meta};
+use common::Lcg;
 use mlx_rs::Array;
 use sala::engine::error::Error;
 use sala::engine::generate::{generate, Flow, GenerateOptions};
@@ -23,14 +24,6 @@ const KV_HEADS: usize = 2;
 const HEAD_DIM: usize = 8;
 const FFN: usize = 64;
 const VOCAB: usize = 64;
-
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
 
 /// llama.cpp's `permute`: within each head, row c·(d/2)+j moves to row 2j+c.
 fn permute_rows(w: &[f32], heads: usize, cols: usize) -> Vec<f32> {
@@ -59,8 +52,8 @@ fn q8_matrix(rows: usize, cols: usize, rng: &mut Lcg) -> (Vec<f32>, Vec<(f32, Ve
     let mut blocks = Vec::new();
     for _ in 0..rows * cols / 32 {
         // f16-representable scales so that d·q is exactly what the GGUF block holds.
-        let d = half::f16::from_f32(0.002 + 0.002 * rng.next().abs()).to_f32();
-        let q: Vec<i8> = (0..32).map(|_| (rng.next() * 127.0) as i8).collect();
+        let d = half::f16::from_f32(0.002 + 0.002 * rng.next_signed().abs()).to_f32();
+        let q: Vec<i8> = (0..32).map(|_| (rng.next_signed() * 127.0) as i8).collect();
         values.extend(q.iter().map(|&x| d * x as f32));
         blocks.push((d, q));
     }
@@ -89,7 +82,7 @@ fn permute_blocks(blocks: &[(f32, Vec<i8>)], heads: usize, cols: usize) -> Vec<(
 fn build(dir: &Path) -> (PathBuf, PathBuf) {
     std::fs::create_dir_all(dir).unwrap();
     let mut rng = Lcg(42);
-    let mut matrix = |rows: usize, cols: usize, scale: f32| -> Vec<f32> { (0..rows * cols).map(|_| rng.next() * scale).collect() };
+    let mut matrix = |rows: usize, cols: usize, scale: f32| -> Vec<f32> { (0..rows * cols).map(|_| rng.next_signed() * scale).collect() };
     let embed = matrix(VOCAB, HIDDEN, 0.5);
     let k = matrix(KV_HEADS * HEAD_DIM, HIDDEN, 0.3);
     let v = matrix(KV_HEADS * HEAD_DIM, HIDDEN, 0.3);
@@ -276,11 +269,11 @@ fn block_types_match_gguf_py() {
     let (rows, cols) = (2usize, 512usize);
     for (kind, per_block, size, halves, bits) in types {
         let n_blocks = rows * cols / per_block;
-        let mut bytes: Vec<u8> = (0..n_blocks * size).map(|_| (rng.next().abs() * 256.0) as u8).collect();
+        let mut bytes: Vec<u8> = (0..n_blocks * size).map(|_| (rng.next_signed().abs() * 256.0) as u8).collect();
         for b in 0..n_blocks {
             for &at in halves {
                 // Both signs: Q4_1/Q5_1 minimums are negative, and a negative d is valid.
-                let v = half::f16::from_f32((0.01 + 0.05 * rng.next().abs()) * rng.next().signum());
+                let v = half::f16::from_f32((0.01 + 0.05 * rng.next_signed().abs()) * rng.next_signed().signum());
                 bytes[b * size + at..b * size + at + 2].copy_from_slice(&v.to_le_bytes());
             }
         }

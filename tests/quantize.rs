@@ -26,12 +26,11 @@ fn sala(args: &[&str]) -> std::process::Output {
 }
 
 fn random_matrix(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
-    // A fixed LCG so the test needs no RNG crate; roughly uniform in [-1, 1) with some large values.
-    let mut state = seed;
+    // Roughly uniform in [-1, 1), with some large values.
+    let mut rng = common::Lcg(seed);
     (0..rows * cols)
         .map(|i| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let u = (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            let u = rng.next_signed();
             if i % 97 == 0 { u * 8.0 } else { u }
         })
         .collect()

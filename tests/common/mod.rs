@@ -320,3 +320,26 @@ pub fn stop_after(n: usize) -> impl FnMut(u32) -> sala::engine::generate::Flow {
         }
     }
 }
+
+/// Knuth's MMIX linear congruential generator: a fixed, seedable stream of test data (no RNG crate).
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    /// Uniform in [0, 1), from the top 24 bits.
+    pub fn next_unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 40) as f64 / (1u64 << 24) as f64
+    }
+    /// Uniform in [-1, 1).
+    pub fn next_signed(&mut self) -> f32 {
+        (self.next_unit() * 2.0 - 1.0) as f32
+    }
+    /// Uniform with mean 0 and standard deviation `std`.
+    pub fn noise(&mut self, std: f64) -> f32 {
+        ((self.next_unit() * 2.0 - 1.0) * std * 3f64.sqrt()) as f32
+    }
+    /// Uniform in 0..n.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_unit() * n as f64) as usize % n
+    }
+}
