@@ -1,7 +1,7 @@
 # Sourced by the device scripts: unpacks the binaries carried in .device/bin.tar.xz into
 # .device/bin ($BIN), puts the carried MLX CUDA runtime on the path (MLX_BUNDLE, default
 # .device/mlx-cuda; eval/device-compare.sh's --with-python bundle serves as well), keeps the
-# kernels' self-check memo under $OUT, and records the GPU in $OUT/device.txt.
+# kernels' self-check memo under $OUT, and records the GPU and the host CPU in $OUT/device.txt.
 # Once a tarball (by its checksum, not its time: a warm machine keeps .device/bin between calls
 # and its clock is not this one's): a script sourcing this beside another leaves the running
 # binaries alone.
@@ -15,3 +15,5 @@ OUT=${OUT:-/tmp}
 # DEVICE_CACHE keeps compiled kernels and self-check memos for a later call on a warm machine.
 export XDG_CACHE_HOME=${DEVICE_CACHE:-$OUT/cache}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+# The host's CPU too: a decode step at one sequence is bound by the host, and leases differ in it.
+{ grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'; nproc; nvidia-smi --query-gpu=uuid --format=csv,noheader; } | tee -a "$OUT/device.txt"

@@ -1383,27 +1383,46 @@ static SCALED: KernelSource = KernelSource {
 #[test]
 #[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn mlx_keeps_a_bounded_share_of_a_cuda_gpu_in_freed_buffers() {
-    use_gpu();
+    // Not `use_gpu`: its self-checks would compile every kernel first (minutes on a fresh machine).
+    assert!(select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu, "{NEEDS_GPU}");
     if backend() != Backend::Cuda {
         eprintln!("skipped: the bound applies on CUDA only");
         return;
     }
     let total = sala::engine::device::gpu_info().and_then(|g| g.memory_bytes).expect("CUDA reports its memory");
     let bound = total / 100 * sala::engine::device::CUDA_BUFFER_CACHE_SHARE;
+    assert_eq!(sala::engine::device::buffer_cache_bound(), Some(bound));
+    let gib = 1u64 << 30;
+    let buffers = |count: u64, value: f32| -> Vec<Array> {
+        (0..count)
+            .map(|i| {
+                let a = ops::full::<f32>(&[1 << 28], Array::from_f32(value + i as f32)).unwrap();
+                a.eval().unwrap();
+                a
+            })
+            .collect()
+    };
     // Buffers of a GiB each, more than the bound in all, freed together: the cache keeps some, and
     // at most one buffer past the bound (MLX recycles a freed buffer while the cache is below it).
-    let gib = 1u64 << 30;
-    let count = bound / gib + 4;
-    let buffers: Vec<Array> = (0..count)
-        .map(|i| {
-            let a = ops::full::<f32>(&[1 << 28], Array::from_f32(i as f32)).unwrap();
-            a.eval().unwrap();
-            a
-        })
-        .collect();
-    drop(buffers);
+    drop(buffers(bound / gib + 4, 0.0));
     let cached = mlx_rs::memory::cache_memory().unwrap() as u64;
     assert!(cached > 0 && cached <= bound + gib, "MLX keeps {cached} bytes of freed buffers; the bound is {bound}");
+    // Trimmed: the buffers freed first go, down to a quarter of the bound, and the bound stands.
+    let hot = buffers(2, 100.0);
+    drop(hot);
+    sala::engine::memory::trim_cached();
+    let trimmed = mlx_rs::memory::cache_memory().unwrap() as u64;
+    assert!(trimmed >= 2 * gib && trimmed <= bound / 4 + gib, "after trimming MLX keeps {trimmed} bytes; a quarter of the bound is {}", bound / 4);
+    // The two freed last are among those kept: allocating them again adds nothing to the GPU's use.
+    let active = mlx_rs::memory::active_memory().unwrap() as u64;
+    let again = buffers(2, 200.0);
+    // (Within a MiB: the fill values are small arrays of their own.)
+    let (cached_now, active_now) = (mlx_rs::memory::cache_memory().unwrap() as u64, mlx_rs::memory::active_memory().unwrap() as u64);
+    assert!(cached_now.abs_diff(trimmed - 2 * gib) < 1 << 20, "the last freed buffers were reused: {cached_now} cached, {trimmed} before");
+    assert!(active_now.abs_diff(active + 2 * gib) < 1 << 20, "{active_now} active, {active} before");
+    drop(again);
+    drop(buffers(bound / gib + 4, 0.0));
+    assert!(mlx_rs::memory::cache_memory().unwrap() as u64 > bound / 2, "the bound is back after trimming");
 }
 
 /// A kernel variant is compiled once per machine: its first launch in a process has the module

@@ -106,9 +106,19 @@ pub const CUDA_BUFFER_CACHE_SHARE: u64 = 10;
 fn bound_buffer_cache() {
     if gpu_backend() == Some("cuda") {
         if let Some(total) = gpu_info().and_then(|g| g.memory_bytes) {
-            let _ = mlx_rs::memory::set_cache_limit((total / 100 * CUDA_BUFFER_CACHE_SHARE) as usize);
+            let bound = total / 100 * CUDA_BUFFER_CACHE_SHARE;
+            let _ = mlx_rs::memory::set_cache_limit(bound as usize);
+            BUFFER_CACHE_BOUND.store(bound, std::sync::atomic::Ordering::Relaxed);
         }
     }
+}
+
+static BUFFER_CACHE_BOUND: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The bound [`select`] set on MLX's cache of freed buffers (CUDA), in bytes; `None` where MLX
+/// keeps its own.
+pub fn buffer_cache_bound() -> Option<u64> {
+    Some(BUFFER_CACHE_BOUND.load(std::sync::atomic::Ordering::Relaxed)).filter(|&b| b > 0)
 }
 
 /// Whether [`select`] ran: the process may have queued work on the device.

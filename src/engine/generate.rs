@@ -132,6 +132,8 @@ pub fn generate(
     mut on_token: impl FnMut(u32) -> Flow,
 ) -> Result<Generation> {
     let mut decoding = Decoding::start(model, cache, prompt, opts, on_prefill)?;
+    // What the prompt's chunks freed is not what the steps reuse (a chat keeps running).
+    super::memory::trim_cached();
     while let Some(token) = decoding.next(model, cache, sampler)? {
         if let Flow::Stop = on_token(token) {
             decoding.cancel(model, cache)?;

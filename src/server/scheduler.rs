@@ -543,6 +543,7 @@ pub fn run(
         metrics.batch_size.set(active.len() as i64);
         metrics.kv_reserved.set(active.iter().map(|a| a.reserved).sum::<u64>().min(i64::MAX as u64) as i64);
         // The pace's costs are of the chunk and the decode step alone (not of admissions).
+        crate::engine::memory::trim_cached();
         let stepped = Instant::now();
         let host_before = step_profile::totals();
         // A round's prompt budget is shared by the prompts going in, each a chunk (a forward) of
