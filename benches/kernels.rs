@@ -30,6 +30,34 @@ fn randn(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
     random::normal::<f32>(shape, None, None, &key).unwrap().as_dtype(dtype).unwrap()
 }
 
+/// The int8 prompt product (x rounded to 8 bits, then the int8 tensor cores) against MLX's
+/// quantized matmul, 8 bits, groups of 64, 2048-row chunks.
+fn int8_prompt_products() {
+    use sala::kernels::qmm_i8::{product, quantize_rows_i8, quantized_matmul_t_i8};
+    println!("| product | MLX µs | int8 µs (rounding x) | product only µs | MLX TFLOP/s | int8 TOP/s | speed-up |\n|---|---:|---:|---:|---:|---:|---:|");
+    let m = 2048;
+    for (n, k) in [(4096, 4096), (1024, 4096), (12288, 4096), (4096, 12288), (16384, 4096), (4096, 16384)] {
+        let w = randn(&[n, k], 3, Dtype::Bfloat16);
+        let (p, s, b) = ops::quantize(&w, 64, 8).unwrap();
+        let x = randn(&[m, k], 4, Dtype::Bfloat16);
+        let mlx = time(|| vec![quantized_matmul_t_mlx(&x, &p, &s, &b, 64, 8).unwrap()]);
+        let int8 = time(|| vec![quantized_matmul_t_i8(&x, &p, &s, &b, 64).unwrap()]);
+        let rows = quantize_rows_i8(&x, 64).unwrap();
+        eval([&rows.xq, &rows.xs, &rows.sum_hi, &rows.sum_lo]).unwrap();
+        let only = time(|| vec![product(&rows, &p, &s, &b, 64, Dtype::Bfloat16).unwrap()]);
+        let ops_count = 2.0 * m as f64 * n as f64 * k as f64;
+        println!(
+            "| {m}×{k}·{k}×{n} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {:.2}× |",
+            mlx * 1e6,
+            int8 * 1e6,
+            only * 1e6,
+            ops_count / mlx / 1e12,
+            ops_count / only / 1e12,
+            mlx / int8
+        );
+    }
+}
+
 /// Median seconds of `f` (which builds the outputs lazily) including its evaluation.
 fn time(mut f: impl FnMut() -> Vec<Array>) -> f64 {
     for _ in 0..3 {
@@ -129,6 +157,12 @@ fn main() {
     // draw (only the cases whose name holds TEXT).
     if std::env::args().skip(1).any(|a| a == "draw") {
         draw_on_decode_logits();
+        return;
+    }
+    // `kernels qmm-i8`: the int8 prompt product against MLX's 8-bit quantized matmul on prompt
+    // chunks of Qwen3-8B's and SALA-9B's products.
+    if std::env::args().skip(1).any(|a| a == "qmm-i8") {
+        int8_prompt_products();
         return;
     }
     // `kernels qmv` times only the quantized GEMV kernel on the 9B's decode shapes.

@@ -46,6 +46,18 @@ fn use_gpu() {
     assert!(failed.is_empty(), "kernels that failed their self-check: {failed:#?}");
 }
 
+/// The GPU without the kernels' self-checks (which compile every kernel first: minutes on a fresh
+/// machine, for nothing in a test of one kernel or of MLX's allocator): false, with `skipped:
+/// why`, where it is not CUDA.
+fn on_cuda_unchecked(why: &str) -> bool {
+    assert!(select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu, "{NEEDS_GPU}");
+    if backend() != Backend::Cuda {
+        eprintln!("skipped: {why}");
+        return false;
+    }
+    true
+}
+
 fn randn(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
     let key = random::key(seed).unwrap();
     random::normal::<f32>(shape, None, None, &key).unwrap().as_dtype(dtype).unwrap()
@@ -1383,10 +1395,7 @@ static SCALED: KernelSource = KernelSource {
 #[test]
 #[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn mlx_keeps_a_bounded_share_of_a_cuda_gpu_in_freed_buffers() {
-    // Not `use_gpu`: its self-checks would compile every kernel first (minutes on a fresh machine).
-    assert!(select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu, "{NEEDS_GPU}");
-    if backend() != Backend::Cuda {
-        eprintln!("skipped: the bound applies on CUDA only");
+    if !on_cuda_unchecked("the bound applies on CUDA only") {
         return;
     }
     let total = sala::engine::device::gpu_info().and_then(|g| g.memory_bytes).expect("CUDA reports its memory");
@@ -1434,10 +1443,7 @@ fn mlx_keeps_a_bounded_share_of_a_cuda_gpu_in_freed_buffers() {
 #[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn a_kernel_variant_is_compiled_once_into_mlx_disk_cache() {
     use sala::kernels::module_cache::{counts, settle, Module};
-    // Not `use_gpu`: its self-checks would compile every kernel first, for nothing here.
-    assert!(select(Some(DeviceKind::Gpu)).is_ok() && backend() != Backend::Cpu, "{NEEDS_GPU}");
-    if backend() != Backend::Cuda {
-        eprintln!("skipped: only CUDA keeps compiled kernels on disk");
+    if !on_cuda_unchecked("only CUDA keeps compiled kernels on disk") {
         return;
     }
     // A template argument no earlier run has used: a variant that cannot be in the cache yet.
@@ -1582,5 +1588,54 @@ fn prompt_attention_padded_through_cudnn_matches_masked_softmax() {
         let o = sala::models::layers::prompt_attention(&q, &k, &v, scale).unwrap();
         let err = rel_err(&o, &causal_attention_reference(&q, &k, &v, scale));
         assert!(err < 2e-2, "{t} queries over {len} keys: off by {err}");
+    }
+}
+
+/// The int8 prompt product (`cuda/qmm_i8.cu`) against its MLX-ops oracle: x rounded to 8 bits
+/// as the oracle rounds it (the same integers, the same scales), the product within the output's
+/// rounding, at shapes past the 128 × 128 tiles, MLX's three group sizes, bf16 and f16. Its
+/// departure from the exact product (x not rounded) is printed and bounded.
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn int8_prompt_product_matches_its_oracle() {
+    use sala::kernels::qmm_i8::{product, product_mlx, quantize_rows_i8, quantize_rows_i8_mlx, supports};
+    if !on_cuda_unchecked("the int8 product is CUDA's") {
+        return;
+    }
+    let f = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+    let cases = [
+        (300, 200, 1024, 64, Dtype::Bfloat16),
+        (128, 256, 4096, 128, Dtype::Bfloat16),
+        (77, 130, 1024, 32, Dtype::Float16),
+        (1, 2, 2048, 64, Dtype::Bfloat16),
+        (2048, 1024, 4096, 64, Dtype::Bfloat16),
+    ];
+    for (seed, (m, n, k, group, dtype)) in cases.into_iter().enumerate() {
+        let seed = 500 + 7 * seed as u64;
+        let w = randn(&[n, k], seed, Dtype::Float32);
+        let (packed, scales, biases) = ops::quantize(&w, group, 8).unwrap();
+        let (scales, biases) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
+        // Rows of different sizes, one of them all zeros.
+        let x = randn(&[m, k], seed + 1, Dtype::Float32).multiply(randn(&[m, 1], seed + 2, Dtype::Float32)).unwrap();
+        let x = if m > 3 { ops::concatenate(&[x.try_index(..m - 1).unwrap(), ops::zeros::<f32>(&[1, k]).unwrap()], 0).unwrap() } else { x };
+        let x = x.as_dtype(dtype).unwrap();
+        assert!(supports(&x, &packed, group, 8), "{m}×{k}·{n} group {group}");
+        let (got, want) = (quantize_rows_i8(&x, group).unwrap(), quantize_rows_i8_mlx(&x, group).unwrap());
+        let name = format!("{m}×{k}·{k}×{n} group {group} {dtype:?}");
+        assert_eq!(to_vec_i32(&got.xq.as_dtype(Dtype::Int32).unwrap()).unwrap(), to_vec_i32(&want.xq.as_dtype(Dtype::Int32).unwrap()).unwrap(), "{name}: xq");
+        assert_eq!(to_vec_f32(&got.xs).unwrap(), to_vec_f32(&want.xs).unwrap(), "{name}: xs");
+        let sums = |r: &sala::kernels::qmm_i8::RowsI8| f(&r.sum_hi).add(f(&r.sum_lo)).unwrap();
+        assert!(rel_err(&sums(&got), &sums(&want)) < 1e-5, "{name}: group sums");
+        let y = product(&got, &packed, &scales, &biases, group, dtype).unwrap();
+        assert_eq!(y.shape(), &[m, n]);
+        let oracle = product_mlx(&want, &packed, &scales, &biases, group).unwrap();
+        let err = rel_err(&y, &oracle);
+        // The kernel's output is rounded to 16 bits (bf16: 2^-9 of each value at most).
+        let tol = if dtype == Dtype::Float16 { 1e-3 } else { 4e-3 };
+        assert!(err < tol, "{name}: relative error {err} against the oracle");
+        let exact = quantized_matmul_t_mlx(&f(&x), &packed, &f(&scales), &f(&biases), group, 8).unwrap();
+        let departure = rel_err(&y, &exact);
+        eprintln!("{name}: against the oracle {err:.2e}, against the exact product {departure:.2e}");
+        assert!(departure < 2e-2, "{name}: {departure} from the exact product");
     }
 }

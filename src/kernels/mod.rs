@@ -11,6 +11,7 @@ pub mod gla;
 pub mod kv;
 pub mod lightning;
 pub mod module_cache;
+pub mod qmm_i8;
 pub mod qmv;
 pub mod rope;
 pub mod selfcheck;
