@@ -12,7 +12,7 @@
 // the groups' sums of x as sum_hi + sum_lo [rows, K / GROUP] in T. Eight values a thread, GROUP / 8
 // threads a group (shuffles within them).
 template <typename T, int GROUP>
-__device__ inline void sala_quantize_rows_i8(const T* x, int K, size_t groups_total, int8_t* xq, float* xs, T* sum_hi, T* sum_lo) {
+__device__ inline void sala_quantize_rows_i8(const T* x, size_t groups_total, int8_t* xq, float* xs, T* sum_hi, T* sum_lo) {
   static_assert(GROUP % 8 == 0 && GROUP / 8 <= 32 && ((GROUP / 8) & (GROUP / 8 - 1)) == 0, "8 to 256 values a group, a power of two");
   constexpr int LANES = GROUP / 8;
   const size_t thread = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -60,7 +60,6 @@ __device__ inline void sala_quantize_rows_i8(const T* x, int K, size_t groups_to
     sum_hi[group] = hi;
     sum_lo[group] = static_cast<T>(sum - static_cast<float>(hi));
   }
-  (void)K;
 }
 
 __device__ inline void sala_mma_i8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {

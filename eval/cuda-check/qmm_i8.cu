@@ -9,8 +9,8 @@ typedef signed char int8_t;
 #include "cuda/qmm_i8.cu"
 using T = __nv_bfloat16;
 
-extern "C" __global__ void quantize64(const T* x, int K, size_t total, int8_t* xq, float* xs, T* hi, T* lo) {
-  sala_quantize_rows_i8<T, 64>(x, K, total, xq, xs, hi, lo);
+extern "C" __global__ void quantize64(const T* x, size_t total, int8_t* xq, float* xs, T* hi, T* lo) {
+  sala_quantize_rows_i8<T, 64>(x, total, xq, xs, hi, lo);
 }
 extern "C" __global__ void qmm64(const int8_t* xq, const float* xs, const T* hi, const T* lo, const uint32_t* w, const T* s, const T* b,
                                  int M, int N, int K, T* y) {

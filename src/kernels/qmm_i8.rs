@@ -15,7 +15,7 @@ static QUANTIZE_ROWS: KernelSource = KernelSource {
     inputs: &["x"],
     outputs: &["xq", "xs", "sum_hi", "sum_lo"],
     cuda_header: HEADER,
-    cuda_body: "sala_quantize_rows_i8<T, GROUP>(x, x_shape[1], (size_t)x_shape[0] * x_shape[1] / GROUP, xq, xs, sum_hi, sum_lo);",
+    cuda_body: "sala_quantize_rows_i8<T, GROUP>(x, (size_t)x_shape[0] * x_shape[1] / GROUP, xq, xs, sum_hi, sum_lo);",
     metal_header: "",
     metal_body: "",
     contiguous_inputs: true,
@@ -39,7 +39,9 @@ pub struct RowsI8 {
     pub xq: Array,
     /// `[rows, K / group]` float32: the group's largest magnitude over 127.
     pub xs: Array,
+    /// `[rows, K / group]` in x's dtype: each group's sum of x, rounded.
     pub sum_hi: Array,
+    /// `[rows, K / group]` in x's dtype: what that rounding left out.
     pub sum_lo: Array,
 }
 
