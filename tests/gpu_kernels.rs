@@ -1633,9 +1633,35 @@ fn int8_prompt_product_matches_its_oracle() {
         // The kernel's output is rounded to 16 bits (bf16: 2^-9 of each value at most).
         let tol = if dtype == Dtype::Float16 { 1e-3 } else { 4e-3 };
         assert!(err < tol, "{name}: relative error {err} against the oracle");
-        let exact = quantized_matmul_t_mlx(&f(&x), &packed, &f(&scales), &f(&biases), group, 8).unwrap();
+        // Dequantized, not MLX's float32 quantized matmul: that cannot launch in groups of 128.
+        let exact = f(&x).matmul(ops::dequantize(&packed, f(&scales), &f(&biases), group, 8).unwrap().t()).unwrap();
         let departure = rel_err(&y, &exact);
         eprintln!("{name}: against the oracle {err:.2e}, against the exact product {departure:.2e}");
-        assert!(departure < 2e-2, "{name}: {departure} from the exact product");
+        // 1.4–2.4e-2 on an H200 (the most for one row of two outputs, where no norm averages).
+        assert!(departure < 3e-2, "{name}: {departure} from the exact product");
+    }
+}
+
+/// Float32 products of 8-bit matrices in groups of 128 past 32 rows, which MLX 0.32's CUDA
+/// quantized matmul cannot launch (its fallback kernel asks for 64 KiB of shared memory without
+/// raising CUDA's 48 KiB default): a model layer gives the dequantized product at every size, and
+/// the row counts on either side of each path's bound agree with it.
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn float32_products_in_groups_of_128_take_a_path_that_launches() {
+    use sala::engine::quant::{QuantFormat, QuantizedMatrix};
+    use sala::models::layers::Matrix;
+    if !on_cuda_unchecked("MLX's quantized matmul launches these on Metal") {
+        return;
+    }
+    let (n, k) = (256, 1024);
+    let q = QuantizedMatrix::quantize(&randn(&[n, k], 800, Dtype::Float32), QuantFormat { group_size: 128, bits: 8 }).unwrap();
+    let dequantized = q.dequantize().unwrap().as_dtype(Dtype::Float32).unwrap();
+    for rows in [4, 5, 32, 33, 64, 255, 256] {
+        let x = randn(&[rows, k], 801 + rows as u64, Dtype::Float32);
+        let got = Matrix::Quantized(q.clone()).matmul_t(&x).unwrap();
+        let err = rel_err(&got, &x.matmul(dequantized.t()).unwrap());
+        // Within TF32's rounding, which MLX's float32 matmul may use on CUDA.
+        assert!(err < 3e-3, "{rows} rows: {err} from the dequantized product");
     }
 }
