@@ -31,29 +31,36 @@ fn randn(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
 }
 
 /// The int8 prompt product (x rounded to 8 bits, then the int8 tensor cores) against MLX's
-/// quantized matmul, 8 bits, groups of 64, 2048-row chunks.
+/// quantized matmul and against what the models run for prompt chunks (the matrix dequantized,
+/// then MLX's bf16 matmul), 8 bits, groups of 64, 2048-row chunks.
 fn int8_prompt_products() {
     use sala::kernels::qmm_i8::{product, quantize_rows_i8, quantized_matmul_t_i8};
-    println!("| product | MLX µs | int8 µs (rounding x) | product only µs | MLX TFLOP/s | int8 TOP/s | speed-up |\n|---|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| product | MLX qmm µs | dequantize + matmul µs | int8 µs (rounding x) | product only µs | MLX qmm TFLOP/s | dequantize + matmul TFLOP/s | int8 TOP/s | against dequantize + matmul |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     let m = 2048;
     for (n, k) in [(4096, 4096), (1024, 4096), (12288, 4096), (4096, 12288), (16384, 4096), (4096, 16384)] {
         let w = randn(&[n, k], 3, Dtype::Bfloat16);
         let (p, s, b) = ops::quantize(&w, 64, 8).unwrap();
         let x = randn(&[m, k], 4, Dtype::Bfloat16);
         let mlx = time(|| vec![quantized_matmul_t_mlx(&x, &p, &s, &b, 64, 8).unwrap()]);
+        // What the models run for prompt chunks on a GPU (models::layers, GPU_DEQUANTIZE_ROWS).
+        let dequantized = time(|| vec![x.matmul(ops::dequantize(&p, &s, &b, 64, 8).unwrap().t()).unwrap()]);
         let int8 = time(|| vec![quantized_matmul_t_i8(&x, &p, &s, &b, 64).unwrap()]);
         let rows = quantize_rows_i8(&x, 64).unwrap();
         eval([&rows.xq, &rows.xs, &rows.sum_hi, &rows.sum_lo]).unwrap();
         let only = time(|| vec![product(&rows, &p, &s, &b, 64, Dtype::Bfloat16).unwrap()]);
         let ops_count = 2.0 * m as f64 * n as f64 * k as f64;
         println!(
-            "| {m}×{k}·{k}×{n} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {:.2}× |",
+            "| {m}×{k}·{k}×{n} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {:.0} | {:.2}× |",
             mlx * 1e6,
+            dequantized * 1e6,
             int8 * 1e6,
             only * 1e6,
             ops_count / mlx / 1e12,
+            ops_count / dequantized / 1e12,
             ops_count / only / 1e12,
-            mlx / int8
+            dequantized / int8
         );
     }
 }

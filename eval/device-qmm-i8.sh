@@ -1,8 +1,9 @@
 #!/bin/bash
 # Issue 60: the int8 prompt product (cuda/qmm_i8.cu), one H200, one call. Its GPU test against
 # the MLX-ops oracle (which also prints how far x's rounding to 8 bits moves the product), then
-# `kernels qmm-i8`: the product against MLX's 8-bit quantized matmul on 2048-row prompt chunks of
-# Qwen3-8B's and SALA-9B's matrices, and optionally (NCU=1) the int8 kernel under Nsight Compute.
+# `kernels qmm-i8`: the product against MLX's 8-bit quantized matmul and against the models' path
+# for prompt chunks (dequantize, then MLX's bf16 matmul) on 2048-row chunks of Qwen3-8B's and
+# SALA-9B's matrices, and optionally (NCU=1) the int8 kernel under Nsight Compute.
 # Prepare here (repo root):
 #   SALA_OPENBLAS=off cargo test --release --no-run --test gpu_kernels; SALA_OPENBLAS=off cargo bench --bench kernels --no-run
 #   copy the two binaries to .device/bin as gpu_kernels and kernels, strip; tar cJf .device/bin.tar.xz -C .device bin

@@ -3,7 +3,8 @@
 //! and group of the matrix's group size ([`quantize_rows_i8`]). Not the exact product: x's
 //! rounding departs from it (the weights' arithmetic, the bias term and the sums are exact to
 //! float32). [`quantized_matmul_t_i8_mlx`] is the same arithmetic in MLX ops, the kernel's oracle
-//! and its CPU form.
+//! and its CPU form. Not used by the models: slower than their dequantize + bf16 matmul
+//! (eval/results/2026-12-02-h200-qmm-i8).
 
 use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
 use mlx_rs::{error::Result, ops, Array, Dtype};
