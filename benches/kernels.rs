@@ -118,7 +118,8 @@ fn main() {
         sparse_step_on_a_cache(&sel);
         return;
     }
-    // `kernels prefill` times the pieces of one 2048-token prefill chunk of the 9B.
+    // `kernels prefill [ROWS] [CONTEXTS]` times the pieces of one prefill chunk of the 9B (ROWS
+    // tokens, default 2048) at each context (K tokens, comma-separated; default 32,128,512,1024).
     if std::env::args().skip(1).any(|a| a == "prefill") {
         prefill_chunk_pieces(&sel);
         return;
@@ -170,6 +171,12 @@ fn main() {
     // chunks of Qwen3-8B's and SALA-9B's products.
     if std::env::args().skip(1).any(|a| a == "qmm-i8") {
         int8_prompt_products();
+        return;
+    }
+    // `kernels dequantize`: MLX's dequantize against the kernel (kernels::dequantize) on the
+    // matrices of a 9B layer, alone and before a prompt chunk's bf16 product.
+    if std::env::args().skip(1).any(|a| a == "dequantize") {
+        dequantize_layer_matrices();
         return;
     }
     // `kernels qmv` times only the quantized GEMV kernel on the 9B's decode shapes.
@@ -861,8 +868,10 @@ fn qmv_tiling_sweep() {
 /// layer's block selection and block-sparse attention (one call each for all 2048 queries) at
 /// 32K, 128K, 512K and 1M tokens; the time of one layer and of all of its kind.
 fn prefill_chunk_pieces(sel: &BlockSelection) {
-    const T: i32 = 2048;
-    println!("| piece (2048 tokens) | µs per layer | layers | ms per chunk |");
+    let args: Vec<String> = std::env::args().skip_while(|a| a != "prefill").skip(1).collect();
+    let t: i32 = args.first().map_or(2048, |a| a.parse().expect("ROWS: a number of tokens"));
+    let contexts: Vec<usize> = args.get(1).map_or(vec![32, 128, 512, 1024], |a| a.split(',').map(|c| c.parse().expect("CONTEXTS: K tokens")).collect());
+    println!("| piece ({t} tokens) | µs per layer | layers | ms per chunk |");
     println!("|---|---:|---:|---:|");
     let line = |name: &str, secs: f64, layers: usize| {
         println!("| {name} | {:.0} | {layers} | {:.1} |", secs * 1e6, secs * layers as f64 * 1e3);
@@ -877,7 +886,7 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
             (p, s, b, k)
         })
         .collect();
-    let inputs: Vec<_> = weights.iter().map(|w| randn(&[T, w.3], 30, Dtype::Bfloat16)).collect();
+    let inputs: Vec<_> = weights.iter().map(|w| randn(&[t, w.3], 30, Dtype::Bfloat16)).collect();
     eval(&inputs).unwrap();
     let matrices: Vec<_> = weights
         .into_iter()
@@ -888,7 +897,7 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
     {
         let (h, d) = (32, 128);
         let slopes = Array::from_slice(&alibi_slopes(h as usize), &[h]);
-        let (q, k, v) = (randn(&[1, h, T, d], 2, Dtype::Bfloat16), randn(&[1, h, T, d], 3, Dtype::Bfloat16), randn(&[1, h, T, d], 4, Dtype::Bfloat16));
+        let (q, k, v) = (randn(&[1, h, t, d], 2, Dtype::Bfloat16), randn(&[1, h, t, d], 3, Dtype::Bfloat16), randn(&[1, h, t, d], 4, Dtype::Bfloat16));
         let state = randn(&[1, h, d, d], 5, Dtype::Float32);
         eval([&q, &k, &v, &state]).unwrap();
         let gla = time(|| {
@@ -897,12 +906,12 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         });
         line("chunked GLA H=32 d=128", gla, 24);
     }
-    for kv_len in [32768usize, 131072, 524288, 1048576] {
+    for kv_len in contexts.iter().map(|k| k * 1024) {
         let (hq, hkv, d) = (32, 2, 128);
-        let first = kv_len - T as usize;
+        let first = kv_len - t as usize;
         let n1 = ((kv_len - 32) / 16 + 1) as i32;
         let n2 = ((kv_len - 128) / 64 + 1) as i32;
-        let q = randn(&[1, hq, T, d], 11, Dtype::Bfloat16);
+        let q = randn(&[1, hq, t, d], 11, Dtype::Bfloat16);
         let c1 = randn(&[1, hkv, n1, d], 12, Dtype::Bfloat16);
         let c2 = randn(&[1, hkv, n2, d], 13, Dtype::Bfloat16);
         let k = randn(&[1, hkv, kv_len as i32, d], 14, Dtype::Bfloat16);
@@ -927,6 +936,34 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         // All queries in one call, as SparseAttention makes it.
         let attention = time(|| vec![block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5), None).unwrap()]);
         line(&format!("block-sparse attention at {}K", kv_len / 1024), attention, 8);
+    }
+}
+
+fn dequantize_layer_matrices() {
+    use sala::kernels::dequantize::{dequantize, dequantize_mlx};
+    println!("| matrix | bits | MLX dequantize µs | kernel µs | kernel GB/s | speed-up | + 2048-row product, MLX µs | kernel µs |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for bits in [8, 4] {
+        for (n, k) in [(16384, 4096), (4096, 4096), (32768, 4096), (4096, 16384), (6144, 4096), (24576, 4096), (4096, 12288)] {
+            let (p, s, b) = ops::quantize(randn(&[n, k], 3, Dtype::Bfloat16), 64, bits).unwrap();
+            let x = randn(&[2048, k], 4, Dtype::Bfloat16);
+            eval([&p, &s, &b, &x]).unwrap();
+            let mlx = time(|| vec![dequantize_mlx(&p, &s, &b, 64, bits).unwrap()]);
+            let kernel = time(|| vec![dequantize(&p, &s, &b, 64, bits).unwrap()]);
+            let mlx_product = time(|| vec![x.matmul(dequantize_mlx(&p, &s, &b, 64, bits).unwrap().t()).unwrap()]);
+            let kernel_product = time(|| vec![x.matmul(dequantize(&p, &s, &b, 64, bits).unwrap().t()).unwrap()]);
+            // Codes, scales and biases read; the bf16 copy written.
+            let bytes = (p.size() * 4 + 2 * s.size() * 2 + (n as usize * k as usize) * 2) as f64;
+            println!(
+                "| {n}×{k} | {bits} | {:.1} | {:.1} | {:.0} | {:.2}× | {:.1} | {:.1} |",
+                mlx * 1e6,
+                kernel * 1e6,
+                bytes / kernel / 1e9,
+                mlx / kernel,
+                mlx_product * 1e6,
+                kernel_product * 1e6
+            );
+        }
     }
 }
 

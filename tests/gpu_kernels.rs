@@ -1659,9 +1659,48 @@ fn float32_products_in_groups_of_128_take_a_path_that_launches() {
     let dequantized = q.dequantize().unwrap().as_dtype(Dtype::Float32).unwrap();
     for rows in [4, 5, 32, 33, 64, 255, 256] {
         let x = randn(&[rows, k], 801 + rows as u64, Dtype::Float32);
+        let want = x.matmul(dequantized.t()).unwrap();
         let got = Matrix::Quantized(q.clone()).matmul_t(&x).unwrap();
-        let err = rel_err(&got, &x.matmul(dequantized.t()).unwrap());
+        let direct = quantized_matmul_t_mlx(&x, &q.packed, &q.scales, &q.biases, 128, 8).unwrap();
+        // bf16 input, float32 scales: the product runs in float32.
+        let x_bf16 = x.as_dtype(Dtype::Bfloat16).unwrap();
+        let mixed = quantized_matmul_t_mlx(&x_bf16, &q.packed, &q.scales, &q.biases, 128, 8).unwrap();
+        let mixed_want = x_bf16.as_dtype(Dtype::Float32).unwrap().matmul(dequantized.t()).unwrap();
         // Within TF32's rounding, which MLX's float32 matmul may use on CUDA.
-        assert!(err < 3e-3, "{rows} rows: {err} from the dequantized product");
+        for (path, got, want) in [("model", &got, &want), ("MLX call", &direct, &want), ("bf16 x, float32 scales", &mixed, &mixed_want)] {
+            let err = rel_err(got, want);
+            assert!(err < 3e-3, "{rows} rows, {path}: {err} from the dequantized product");
+        }
+    }
+}
+
+/// The dequantize kernel (`cuda/dequantize.cu`) gives MLX's `dequantize` to the bit: 4 and 8
+/// bits, groups of 32, 64 and 128, bf16, f16 and float32 scales, on a 9B layer's widths and on a
+/// matrix whose pieces do not fill the last thread block.
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn dequantize_kernel_gives_mlxs_values_to_the_bit() {
+    use sala::kernels::dequantize::{dequantize, dequantize_mlx, DEQUANTIZE_CHECK};
+    if !on_cuda_unchecked("the kernel is CUDA's") {
+        return;
+    }
+    assert!(selfcheck::enabled(&DEQUANTIZE_CHECK), "self-check: {:?}", selfcheck::status(&DEQUANTIZE_CHECK));
+    for (n, k) in [(4096, 4096), (272, 384), (3, 128)] {
+        for bits in [4, 8] {
+            for group in [32, 64, 128] {
+                for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
+                    let w = randn(&[n, k], 900 + n as u64, Dtype::Float32).multiply(Array::from_f32(0.05)).unwrap();
+                    let (p, s, b) = ops::quantize(&w, group, bits).unwrap();
+                    let (s, b) = (s.as_dtype(dtype).unwrap(), b.as_dtype(dtype).unwrap());
+                    let got = dequantize(&p, &s, &b, group, bits).unwrap();
+                    let want = dequantize_mlx(&p, &s, &b, group, bits).unwrap();
+                    assert_eq!((got.shape(), got.dtype()), (want.shape(), want.dtype()));
+                    let (g, w) = (to_vec_f32(&got).unwrap(), to_vec_f32(&want).unwrap());
+                    let differing = g.iter().zip(&w).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    let first = g.iter().zip(&w).position(|(a, b)| a.to_bits() != b.to_bits());
+                    assert_eq!(differing, 0, "{n}×{k}, {bits} bits, groups of {group}, {dtype:?}: first at {first:?}: {:?}", first.map(|i| (g[i], w[i])));
+                }
+            }
+        }
     }
 }

@@ -201,7 +201,7 @@ fn prompts_riding_a_streams_steps_answer_as_alone() {
     let socket = stream_started(port, "/v1/completions", &long);
     let started = std::time::Instant::now();
     while !server.log_so_far().lines().any(|l| l.contains("\"message\":\"round\"") && l.contains("\"decoded\":1")) {
-        assert!(started.elapsed() < std::time::Duration::from_secs(120), "the stream never decoded");
+        assert!(started.elapsed() < std::time::Duration::from_secs(60), "the stream never decoded");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let together: Vec<_> = prompts.iter().cloned().map(|p| std::thread::spawn(move || ask(p, 6))).collect();

@@ -6,6 +6,7 @@
 //! (docs/architecture.md, Kernels; docs/adding-a-kernel.md.)
 
 pub mod custom;
+pub mod dequantize;
 pub mod draw;
 pub mod gla;
 pub mod kv;
@@ -20,7 +21,8 @@ pub mod stamp;
 
 /// The self-checks of the kernels whose MLX-ops versions are here (InfLLM-V2's are in
 /// `models::sala::infllm`; `models::kernel_checks` lists all).
-pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 12] = [
+pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 13] = [
+    &dequantize::DEQUANTIZE_CHECK,
     &draw::DRAW_CHECK,
     &gla::GLA_DECODE_CHECK,
     &lightning::DECODE_STEP_CHECK,

@@ -833,8 +833,19 @@ pub fn quantized_matmul_t_mlx(
     let k = x.shape()[x.ndim() - 1];
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("x has a last axis") = packed.shape()[0];
-    ops::quantized_matmul(x.reshape(&[-1, k])?, packed, scales, biases, true, group_size, bits)?.reshape(&shape)
+    let x = x.reshape(&[-1, k])?;
+    let in_float32 = x.dtype() == Dtype::Float32 || scales.dtype() == Dtype::Float32;
+    if in_float32 && group_size >= 128 && x.shape()[0] > MLX_CUDA_FLOAT32_G128_MAX_ROWS && backend() == Backend::Cuda {
+        let w = ops::dequantize(packed, scales, biases, group_size, bits)?.as_dtype(Dtype::Float32)?;
+        return x.as_dtype(Dtype::Float32)?.matmul(w.t())?.reshape(&shape);
+    }
+    ops::quantized_matmul(&x, packed, scales, biases, true, group_size, bits)?.reshape(&shape)
 }
+
+/// Rows up to which MLX 0.32's CUDA quantized matmul launches a float32 product in groups of 128:
+/// past them its fallback kernel (`qmm_naive`) asks for 64 KiB of shared memory without raising
+/// CUDA's 48 KiB default and the graph refuses the launch, so the matrix is dequantized instead.
+const MLX_CUDA_FLOAT32_G128_MAX_ROWS: i32 = 32;
 
 #[cfg(test)]
 mod tests {

@@ -7,8 +7,8 @@ use crate::engine::ops::scalar;
 use crate::engine::quant::QuantizedMatrix;
 use crate::engine::weights::{Part, Weights};
 use crate::engine::device::on_cpu;
-use crate::kernels::custom::{backend, Backend};
-use crate::kernels::qmv::{epilogue_mlx, quantized_matmul_t, quantized_matmul_t_normed, quantized_matmul_t_then, swiglu_mlx, Epilogue, GateIn, RmsNormIn, MAX_ROWS};
+use crate::kernels::dequantize::dequantize;
+use crate::kernels::qmv::{epilogue_mlx, quantized_matmul_t, quantized_matmul_t_normed, quantized_matmul_t_then, swiglu_mlx, Epilogue, GateIn, RmsNormIn};
 use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
 use std::ops::Range;
 
@@ -161,18 +161,16 @@ pub(crate) const GPU_DEQUANTIZE_ROWS: i32 = 256;
 fn quantized_product(q: &QuantizedMatrix, x: &Array, epilogue: Epilogue) -> Result<Array> {
     let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
     let in_float32_dequantized = || -> Result<Array> {
-        let y = x.as_dtype(Dtype::Float32)?.matmul(q.dequantize()?.as_dtype(Dtype::Float32)?.t())?;
+        let y = x.as_dtype(Dtype::Float32)?.matmul(expanded(q)?.as_dtype(Dtype::Float32)?.t())?;
         Ok(epilogue_mlx(&y.as_dtype(x.dtype())?, epilogue)?)
     };
     if on_cpu() {
         if rows >= CPU_DEQUANTIZE_ROWS {
             return in_float32_dequantized();
         }
-    } else if mlx_cuda_cannot_launch(q, x, rows) {
-        return in_float32_dequantized();
     } else if dequantizes_on_gpu(q, rows) {
         // The expanded copy lives for one product.
-        return Ok(epilogue_mlx(&x.matmul(q.dequantize()?.as_dtype(x.dtype())?.t())?, epilogue)?);
+        return Ok(epilogue_mlx(&x.matmul(expanded(q)?.as_dtype(x.dtype())?.t())?, epilogue)?);
     }
     let fmt = q.format;
     if scales_wider_than(q, x) {
@@ -187,7 +185,7 @@ fn quantized_product(q: &QuantizedMatrix, x: &Array, epilogue: Epilogue) -> Resu
 /// where that runs the product, applied first otherwise.
 fn quantized_product_normed(q: &QuantizedMatrix, x: &Array, norm: RmsNormIn, epilogue: Epilogue) -> Result<Array> {
     let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
-    let kernel_path = !on_cpu() && !dequantizes_on_gpu(q, rows) && !scales_wider_than(q, x) && !mlx_cuda_cannot_launch(q, x, rows);
+    let kernel_path = !on_cpu() && !dequantizes_on_gpu(q, rows) && !scales_wider_than(q, x);
     if !kernel_path {
         return quantized_product(q, &norm.apply(x)?, epilogue);
     }
@@ -202,13 +200,9 @@ fn dequantizes_on_gpu(q: &QuantizedMatrix, rows: i32) -> bool {
     q.in_features() < 128 || rows >= GPU_DEQUANTIZE_ROWS
 }
 
-/// Whether MLX 0.32's CUDA quantized matmul would fail to launch this product: in float32 with
-/// groups of 128 and more than 32 rows its fallback kernel (`qmm_naive`) asks for 64 KiB of shared
-/// memory without raising CUDA's 48 KiB default, and the graph refuses the launch. The decode
-/// kernel takes up to `MAX_ROWS` rows; from there the matrix is dequantized.
-fn mlx_cuda_cannot_launch(q: &QuantizedMatrix, x: &Array, rows: i32) -> bool {
-    let in_float32 = x.dtype() == Dtype::Float32 || scales_wider_than(q, x);
-    in_float32 && q.format.group_size >= 128 && rows > MAX_ROWS && backend() == Backend::Cuda
+/// The matrix expanded to its scales' dtype, for a product of many rows.
+fn expanded(q: &QuantizedMatrix) -> Result<Array> {
+    Ok(dequantize(&q.packed, &q.scales, &q.biases, q.format.group_size, q.format.bits)?)
 }
 
 /// Whether the scales are float32 and x is not (the product then runs in float32).
