@@ -179,6 +179,11 @@ fn main() {
         dequantize_layer_matrices();
         return;
     }
+    // `kernels gemm`: MLX's bf16 matmul on a prompt chunk's products in three layouts.
+    if std::env::args().skip(1).any(|a| a == "gemm") {
+        gemm_layouts();
+        return;
+    }
     // `kernels qmv` times only the quantized GEMV kernel on the 9B's decode shapes.
     if std::env::args().skip(1).any(|a| a == "qmv") {
         qmv_on_decode_shapes();
@@ -936,6 +941,34 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         // All queries in one call, as SparseAttention makes it.
         let attention = time(|| vec![block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5), None).unwrap()]);
         line(&format!("block-sparse attention at {}K", kv_len / 1024), attention, 8);
+    }
+}
+
+/// MLX's bf16 matmul for x `[M, K]` and W `[N, K]` as the models call it (x · Wᵀ), as (W · xᵀ)ᵀ
+/// (cuBLASLt's other operand order; y then copied to `[M, N]`), and with W stored as `[K, N]`.
+fn gemm_layouts() {
+    println!("| product | M | x·Wᵀ µs | TFLOP/s | (W·xᵀ)ᵀ µs | TFLOP/s | x·(Wᵀ stored) µs | TFLOP/s |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for m in [2048, 4096] {
+        for (n, k) in [(16384, 4096), (4096, 4096), (32768, 4096), (4096, 16384), (6144, 4096), (24576, 4096), (4096, 12288)] {
+            let x = randn(&[m, k], 4, Dtype::Bfloat16);
+            let w = randn(&[n, k], 3, Dtype::Bfloat16);
+            let wt = w.t().contiguous().unwrap();
+            eval([&x, &w, &wt]).unwrap();
+            let flop = 2.0 * m as f64 * n as f64 * k as f64;
+            let a = time(|| vec![x.matmul(w.t()).unwrap()]);
+            let b = time(|| vec![w.matmul(x.t()).unwrap().t().contiguous().unwrap()]);
+            let c = time(|| vec![x.matmul(&wt).unwrap()]);
+            println!(
+                "| {m}×{k}·{k}×{n} | {m} | {:.1} | {:.0} | {:.1} | {:.0} | {:.1} | {:.0} |",
+                a * 1e6,
+                flop / a / 1e12,
+                b * 1e6,
+                flop / b / 1e12,
+                c * 1e6,
+                flop / c / 1e12
+            );
+        }
     }
 }
 
