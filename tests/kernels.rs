@@ -586,6 +586,7 @@ mod self_check {
         assert_eq!(
             names,
             [
+                "dequantize",
                 "draw",
                 "gla_decode",
                 "lightning_decode",
