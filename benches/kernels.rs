@@ -944,13 +944,17 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
     }
 }
 
+/// The matrices `[N, K]` of a prompt chunk's products: SALA-9B's lightning layer (q/k/v/gate
+/// stacked, o, gate/up stacked, down), then Qwen3-8B's q/k/v, gate/up and down.
+const PROMPT_PRODUCT_MATRICES: [(i32, i32); 7] = [(16384, 4096), (4096, 4096), (32768, 4096), (4096, 16384), (6144, 4096), (24576, 4096), (4096, 12288)];
+
 /// MLX's bf16 matmul for x `[M, K]` and W `[N, K]` as the models call it (x · Wᵀ), as (W · xᵀ)ᵀ
 /// (cuBLASLt's other operand order; y then copied to `[M, N]`), and with W stored as `[K, N]`.
 fn gemm_layouts() {
     println!("| product | M | x·Wᵀ µs | TFLOP/s | (W·xᵀ)ᵀ µs | TFLOP/s | x·(Wᵀ stored) µs | TFLOP/s |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for m in [2048, 4096] {
-        for (n, k) in [(16384, 4096), (4096, 4096), (32768, 4096), (4096, 16384), (6144, 4096), (24576, 4096), (4096, 12288)] {
+        for &(n, k) in &PROMPT_PRODUCT_MATRICES {
             let x = randn(&[m, k], 4, Dtype::Bfloat16);
             let w = randn(&[n, k], 3, Dtype::Bfloat16);
             let wt = w.t().contiguous().unwrap();
@@ -972,12 +976,14 @@ fn gemm_layouts() {
     }
 }
 
+/// MLX's dequantize against the kernel on each of [`PROMPT_PRODUCT_MATRICES`] at 8 and 4 bits,
+/// alone and followed by a 2048-row bf16 product.
 fn dequantize_layer_matrices() {
     use sala::kernels::dequantize::{dequantize, dequantize_mlx};
     println!("| matrix | bits | MLX dequantize µs | kernel µs | kernel GB/s | speed-up | + 2048-row product, MLX µs | kernel µs |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for bits in [8, 4] {
-        for (n, k) in [(16384, 4096), (4096, 4096), (32768, 4096), (4096, 16384), (6144, 4096), (24576, 4096), (4096, 12288)] {
+        for &(n, k) in &PROMPT_PRODUCT_MATRICES {
             let (p, s, b) = ops::quantize(randn(&[n, k], 3, Dtype::Bfloat16), 64, bits).unwrap();
             let x = randn(&[2048, k], 4, Dtype::Bfloat16);
             eval([&p, &s, &b, &x]).unwrap();

@@ -1,8 +1,8 @@
 //! The expanded copy of an MLX affine-quantized matrix (`cuda/dequantize.cu`): what a prompt
 //! chunk's product multiplies on a GPU. The same values as MLX's `dequantize`, to the bit, at
-//! memory speed: MLX's CUDA kernel expands one byte per thread and took about 1.2 ms of a 9B
-//! layer's 2.8 ms of products for a 2048-token chunk (eval/results/2026-12-02-h200-dequantize).
-//! MLX's `dequantize` elsewhere (the CPU, Metal, other bit widths) and as the oracle.
+//! memory speed: MLX's CUDA kernel expands one byte per thread, and its copies were much of a
+//! prompt chunk's product time (eval/results/2026-12-02-h200-dequantize). MLX's `dequantize`
+//! elsewhere (the CPU, Metal, other bit widths) and as the oracle.
 
 use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
@@ -48,14 +48,19 @@ fn fits(packed: &Array, scales: &Array, biases: &Array, group: i32, bits: i32) -
         && biases.shape() == scales.shape()
         && scales.shape()[0] == packed.shape()[0]
         && scales.shape()[1] * words_per_group == packed.shape()[1]
-        // The grid counts the copy's 16-byte pieces in an i32.
-        && packed.size() * 32 / bits as usize / (16 / scales.item_size()) < (i32::MAX - THREADS) as usize
+        // The grid counts them in an i32.
+        && copy_pieces(packed, scales, bits) < (i32::MAX - THREADS) as usize
         && selfcheck::enabled(&DEQUANTIZE_CHECK)
+}
+
+/// The 16-byte pieces of the expanded copy: one thread each.
+fn copy_pieces(packed: &Array, scales: &Array, bits: i32) -> usize {
+    packed.size() * 32 / bits as usize / (16 / scales.item_size())
 }
 
 fn dequantize_cuda(packed: &Array, scales: &Array, biases: &Array, group: i32, bits: i32) -> Result<Array> {
     let (n, words) = (packed.shape()[0], packed.shape()[1]);
-    let pieces = (n as i64 * (words * 32 / bits) as i64 / (16 / scales.item_size() as i64)) as i32;
+    let pieces = copy_pieces(packed, scales, bits) as i32;
     let out = apply(
         &DEQUANTIZE,
         &[packed, scales, biases],
@@ -70,7 +75,7 @@ fn dequantize_cuda(packed: &Array, scales: &Array, biases: &Array, group: i32, b
     Ok(out.into_iter().next().expect("one output"))
 }
 
-/// The kernel against MLX's dequantize: 8 and 4 bits, groups of 32, 64 and 128, bf16 and
+/// The kernel against MLX's dequantize: 8 and 4 bits, groups of 32, 64 and 128, bf16, f16 and
 /// float32 scales.
 pub static DEQUANTIZE_CHECK: KernelCheck = KernelCheck { name: "dequantize", backends: CUDA_ONLY, run: check_dequantize };
 
