@@ -11,7 +11,7 @@ use sala::kernels::draw::{draw, draw_mlx};
 use sala::engine::quant::{QuantFormat, QuantizedMatrix};
 use sala::models::layers::Matrix;
 use sala::kernels::custom::{backend, Backend};
-use sala::kernels::gla::{alibi_slopes, simple_gla, simple_gla_recurrent, simple_gla_step};
+use sala::kernels::gla::{alibi_slopes, simple_gla, simple_gla_mlx, simple_gla_recurrent, simple_gla_step};
 use sala::kernels::qmv::{
     quantized_matmul_t, quantized_matmul_t_mlx, quantized_matmul_t_normed, quantized_matmul_t_then, with_tiling, Epilogue,
     general_tiling, GateIn, MmaTiling, QmvTiling, RmsNormIn, MMA_ROWS_PER_WARP,
@@ -910,6 +910,11 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
             vec![o, s]
         });
         line("chunked GLA H=32 d=128", gla, 24);
+        let gla_mlx = time(|| {
+            let (o, s) = simple_gla_mlx(&q, &k, &v, &slopes, Some(&state), 0.088).unwrap();
+            vec![o, s]
+        });
+        line("  in MLX operations (float32)", gla_mlx, 24);
     }
     for kv_len in contexts.iter().map(|k| k * 1024) {
         let (hq, hkv, d) = (32, 2, 128);

@@ -12,7 +12,7 @@ use sala::engine::device::{select, DeviceKind};
 use sala::engine::ops::{to_vec_f32, to_vec_i32};
 use sala::kernels::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
 use sala::kernels::selfcheck::{self, verify, KernelCheck, Status, Verdict, CUDA_AND_METAL};
-use sala::kernels::gla::{alibi_slopes, simple_gla_recurrent, simple_gla_step};
+use sala::kernels::gla::{alibi_slopes, simple_gla, simple_gla_mlx, simple_gla_recurrent, simple_gla_step};
 use sala::kernels::kv::{append_token, append_token_mlx, KvColumns, RecentSlot};
 use sala::kernels::lightning::{decode_step, decode_step_mlx, norm_gate, norm_gate_mlx, StepParams};
 use sala::kernels::qmv::{
@@ -545,6 +545,32 @@ fn gla_decode_step_matches_the_recurrence() {
         assert_eq!(o.dtype(), Dtype::Bfloat16);
         let (eo, es) = (rel_err(&o, &bf(&o_ref)), rel_err(&s, &s_ref));
         assert!(eo < 1e-2 && es < 1e-6, "bfloat16 B={b} H={h} d={d}: output {eo}, state {es}");
+    }
+}
+
+/// The prompt's GLA on tensor cores (`cuda/gla_prefill.cu`) against the float32 chunked form on
+/// the CPU (no TF32 there), on the same bfloat16 inputs: one and several chunks, a partial last
+/// chunk, a batch, with and without a carried state, SALA-9B's 32 heads of 128, and heads of 32
+/// and 96 (32-column tiles).
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn gla_prefill_kernels_match_the_float32_chunked_form() {
+    use_gpu();
+    for (b, h, t, d, seed) in [(1, 32, 2048, 128, 1u64), (1, 2, 100, 64, 2), (2, 3, 64, 128, 3), (1, 4, 65, 128, 4), (1, 2, 7, 64, 5), (1, 4, 200, 32, 6), (1, 2, 130, 96, 7)] {
+        let slopes = Array::from_slice(&alibi_slopes(h as usize), &[h]);
+        let [q, k, v] = [0, 10, 20].map(|s| randn(&[b, h, t, d], seed + s, Dtype::Bfloat16));
+        let s0 = randn(&[b, h, d, d], seed + 30, Dtype::Float32);
+        for state in [None, Some(&s0)] {
+            let (o, s) = simple_gla(&q, &k, &v, &slopes, state, 0.088).unwrap();
+            assert_eq!((o.shape(), o.dtype()), (&[b, h, t, d][..], Dtype::Bfloat16));
+            select(Some(DeviceKind::Cpu)).unwrap();
+            let (o_ref, s_ref) = simple_gla_mlx(&q, &k, &v, &slopes, state, 0.088).unwrap();
+            let (eo, es) = (rel_err(&o, &o_ref.as_dtype(Dtype::Bfloat16).unwrap()), rel_err(&s, &s_ref));
+            select(Some(DeviceKind::Gpu)).unwrap();
+            // The output is rounded to bfloat16 (2⁻⁹); the state stays float32, its products' float32
+            // operands split into two bfloat16 parts (2⁻¹⁷).
+            assert!(eo < 4e-3 && es < 2e-5, "B={b} H={h} T={t} d={d} state={}: output {eo}, state {es}", state.is_some());
+        }
     }
 }
 

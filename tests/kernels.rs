@@ -589,6 +589,7 @@ mod self_check {
                 "dequantize",
                 "draw",
                 "gla_decode",
+                "gla_prefill",
                 "lightning_decode",
                 "norm_gate",
                 "kv_append",

@@ -9,7 +9,7 @@
 //! operation, see eval/results/2026-11-22-h100-6453092).
 
 use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
-use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_AND_METAL};
+use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_AND_METAL, CUDA_ONLY};
 use crate::engine::ops::{arange_f32, scalar};
 use mlx_rs::{error::Result, ops, Array, Dtype};
 
@@ -29,9 +29,148 @@ pub fn simple_gla(
 ) -> Result<(Array, Array)> {
     if q.shape()[2] == 1 {
         simple_gla_step(q, k, v, slopes, state, scale)
+    } else if chunk_kernels_take(q, k, v) {
+        simple_gla_chunked_cuda(q, k, v, slopes, state, scale)
     } else {
-        in_float32(q, k, v, |q, k, v| simple_gla_chunked(q, k, v, slopes, state, scale))
+        simple_gla_mlx(q, k, v, slopes, state, scale)
     }
+}
+
+/// [`simple_gla`] over several tokens in MLX operations only, in float32: the CPU and Metal path,
+/// and the chunk kernels' oracle.
+pub fn simple_gla_mlx(q: &Array, k: &Array, v: &Array, slopes: &Array, state: Option<&Array>, scale: f32) -> Result<(Array, Array)> {
+    in_float32(q, k, v, |q, k, v| simple_gla_chunked(q, k, v, slopes, state, scale))
+}
+
+/// Whether the chunk kernels (`cuda/gla_prefill.cu`) take these inputs: CUDA, bfloat16 (the
+/// float32 parts of the products are split into two bfloat16 values, which float16's range would
+/// not hold), head sizes in whole tiles.
+fn chunk_kernels_take(q: &Array, k: &Array, v: &Array) -> bool {
+    let (dk, dv) = (q.shape()[3], v.shape()[3]);
+    backend() == Backend::Cuda
+        && [q, k, v].iter().all(|a| a.dtype() == Dtype::Bfloat16)
+        && dk % 32 == 0
+        && dv % 32 == 0
+        && dk <= 256
+        && selfcheck::enabled(&GLA_PREFILL_CHECK)
+}
+
+/// Columns of the state's dk axis per block of `sala_gla_chunk_states`.
+const STATE_TILE_DK: i32 = 32;
+
+/// Columns of dv per block of both kernels: 64, or 32 for heads of 32 · odd.
+fn value_tile(dv: i32) -> i32 {
+    if dv % 64 == 0 {
+        64
+    } else {
+        32
+    }
+}
+
+/// The chunked form on tensor cores: one kernel walks the chunks and writes the state entering
+/// each, a second computes every chunk's output from it in parallel. The output is a `[B, H, T,
+/// dv]` view of rows `[B, T, H, dv]`, so the caller's transpose back to rows copies nothing.
+fn simple_gla_chunked_cuda(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    slopes: &Array,
+    state: Option<&Array>,
+    scale: f32,
+) -> Result<(Array, Array)> {
+    let (b, h, t, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let dv = v.shape()[3];
+    let chunks = (t as usize).div_ceil(CHUNK) as i32;
+    let state = match state {
+        Some(s) => s.clone(),
+        None => zero_state(q, v)?,
+    };
+    let vt = value_tile(dv);
+    let dims = |extra: Vec<(&'static str, TemplateArg)>| {
+        let mut template = vec![("DK", TemplateArg::Int(dk)), ("DV", TemplateArg::Int(dv)), ("VT", TemplateArg::Int(vt))];
+        template.extend(extra);
+        template
+    };
+    let mut states = apply(
+        &GLA_CHUNK_STATES,
+        &[k, v, slopes, &state],
+        Launch {
+            // 16 state rows a warp.
+            grid: (dv / vt * 2 * vt, dk / STATE_TILE_DK, b * h),
+            threads: (2 * vt, 1, 1),
+            outputs: vec![(vec![b * h, chunks, 2, dv, dk], Dtype::Bfloat16), (vec![b, h, dk, dv], Dtype::Float32)],
+            template: dims(vec![("BN", TemplateArg::Int(STATE_TILE_DK))]),
+            init: None,
+        },
+    )?
+    .into_iter();
+    let (entering, next_state) = (states.next().expect("2 outputs"), states.next().expect("2 outputs"));
+    let out = apply(
+        &GLA_CHUNK_OUTPUT,
+        &[q, k, v, slopes, &entering],
+        Launch {
+            grid: (chunks * 128, b * h, dv / vt),
+            threads: (128, 1, 1),
+            outputs: vec![(vec![b, t, h, dv], Dtype::Bfloat16)],
+            template: dims(vec![("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32))]),
+            init: None,
+        },
+    )?
+    .pop()
+    .expect("1 output");
+    Ok((out.swap_axes(1, 2)?, next_state))
+}
+
+const GLA_PREFILL_HEADER: &str = concat!(
+    include_str!("../../cuda/mma.cu"),
+    include_str!("../../cuda/attention_mma.cu"),
+    include_str!("../../cuda/gla_prefill.cu")
+);
+
+static GLA_CHUNK_STATES: KernelSource = KernelSource {
+    name: "sala_gla_chunk_states",
+    inputs: &["k", "v", "slopes", "state"],
+    outputs: &["entering", "next_state"],
+    cuda_header: GLA_PREFILL_HEADER,
+    cuda_body: "sala_gla_chunk_states<DK, DV, BN, VT>(k, v, slopes, state, entering, next_state, k_shape[1], k_shape[2]);",
+    // CUDA only (mma.sync); Metal takes the MLX operations.
+    metal_header: "",
+    metal_body: "",
+    contiguous_inputs: true,
+};
+
+static GLA_CHUNK_OUTPUT: KernelSource = KernelSource {
+    name: "sala_gla_chunk_output",
+    inputs: &["q", "k", "v", "slopes", "entering"],
+    outputs: &["out"],
+    cuda_header: GLA_PREFILL_HEADER,
+    cuda_body: "sala_gla_chunk_output<DK, DV, VT, SCALE_BITS>(q, k, v, slopes, entering, out, q_shape[1], q_shape[2]);",
+    metal_header: "",
+    metal_body: "",
+    contiguous_inputs: true,
+};
+
+/// The chunk kernels against the float32 MLX form: two heads, a carried state, a partial last
+/// chunk, bfloat16 inputs.
+pub static GLA_PREFILL_CHECK: KernelCheck = KernelCheck { name: "gla_prefill", backends: CUDA_ONLY, run: check_gla_prefill };
+
+fn check_gla_prefill() -> Verdict {
+    let (b, h, t, d) = (1, 2, 100, 64);
+    verify(
+        || {
+            let qkv = [1, 2, 3].map(|seed| sample(&[b, h, t, d], seed, Dtype::Bfloat16));
+            let [q, k, v] = qkv;
+            Ok((q?, k?, v?, Array::from_slice(&alibi_slopes(h as usize), &[h]), sample(&[b, h, d, d], 4, Dtype::Float32)?))
+        },
+        |(q, k, v, slopes, state)| {
+            let (o, s) = simple_gla_chunked_cuda(q, k, v, slopes, Some(state), 0.125)?;
+            Ok(vec![o, s])
+        },
+        |(q, k, v, slopes, state)| {
+            let (o, s) = simple_gla_mlx(q, k, v, slopes, Some(state), 0.125)?;
+            Ok(vec![o, s])
+        },
+    )
 }
 
 /// Runs a float32 form on `q, k, v` converted to float32 and gives its output back in q's dtype.

@@ -21,10 +21,11 @@ pub mod stamp;
 
 /// The self-checks of the kernels whose MLX-ops versions are here (InfLLM-V2's are in
 /// `models::sala::infllm`; `models::kernel_checks` lists all).
-pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 13] = [
+pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 14] = [
     &dequantize::DEQUANTIZE_CHECK,
     &draw::DRAW_CHECK,
     &gla::GLA_DECODE_CHECK,
+    &gla::GLA_PREFILL_CHECK,
     &lightning::DECODE_STEP_CHECK,
     &lightning::NORM_GATE_CHECK,
     &kv::APPEND_CHECK,
