@@ -590,6 +590,7 @@ fn host_cost_per_operation() {
         metal_header: "",
         metal_body: "y[0] = x[0];",
         contiguous_inputs: true,
+        shared_memory: 0,
     };
     // 20 KB of code (comments are stripped before MLX sees a header).
     let big_header: &'static str =
@@ -946,6 +947,10 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         // All queries in one call, as SparseAttention makes it.
         let attention = time(|| vec![block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5), None).unwrap()]);
         line(&format!("block-sparse attention at {}K", kv_len / 1024), attention, 8);
+        let wide = sala::kernels::sparse::with_wide_prefill_blocks(|| {
+            time(|| vec![block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5), None).unwrap()])
+        });
+        line("  8 queries a thread block", wide, 8);
     }
 }
 

@@ -8,8 +8,10 @@
 //                          written as rows [B, T, H, DV], the layout the output projection reads.
 // A float32 operand (decayed values, decayed scores, states) enters a product as two bf16 parts
 // hi + lo: 16 significant bits, finer than the TF32 that MLX's float32 products round to. q, k
-// and v are bf16 already, so their products are exact. The entering states are kept so,
-// transposed: [B·H, chunks, 2 (hi, lo), DV, DK], each mma B fragment one 32-bit load.
+// and v are bf16 already, so their products are exact. The entering states are kept so, in the
+// order the output kernel's mma B fragments take them: [B·H, chunks, DV / 8, DK / 16, 32 lanes,
+// 4 words (hi k, hi k + 8, lo k, lo k + 8)], one 16-byte store and load a fragment pair. The lane
+// of the states kernel that holds a state element is the lane of the output kernel that needs it.
 // Needs mma.cu and attention_mma.cu (sala_score_tiles).
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -46,15 +48,17 @@ __device__ inline void sala_gla_stage(__nv_bfloat16* dst, const __nv_bfloat16* x
 
 // Block (x, y, bh) of 2·VT threads owns the transposed state's rows dv ∈ [VT·x, VT·x + VT) (warp w:
 // 16 of them) and columns dk ∈ [BN·y, BN·y + BN): Sᵀ += (γ-weighted V)ᵀ K, the weights on the
-// values (A, split hi + lo) so that the keys (B) stay exact. K and V tiles of the next chunk are
-// copied while this one is folded in.
+// values (A, split hi + lo) so that the keys (B) stay exact. K and V tiles of the next two chunks
+// are copied while this one is folded in (the walk is sequential: each chunk's loads must arrive
+// behind the work of the ones before).
 template <int DK, int DV, int BN, int VT>
 __device__ void sala_gla_chunk_states(const __nv_bfloat16* k, const __nv_bfloat16* v, const float* slopes, const float* state,
                                       __nv_bfloat16* entering, float* next_state, int heads, int t_len) {
   constexpr int C = SALA_GLA_CHUNK, VS = VT + 8, KS = BN + 8, NT = BN / 8, THREADS = 2 * VT;
   static_assert(NT % 2 == 0 && VT % 16 == 0 && DV % VT == 0 && DK % BN == 0, "tiles of the state");
-  __shared__ __align__(16) __nv_bfloat16 vs[2][C * VS];
-  __shared__ __align__(16) __nv_bfloat16 ks[2][C * KS];
+  constexpr int STAGES = 3;
+  __shared__ __align__(16) __nv_bfloat16 vs[STAGES][C * VS];
+  __shared__ __align__(16) __nv_bfloat16 ks[STAGES][C * KS];
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
   const int bh = blockIdx.z, m0 = blockIdx.x * VT + 16 * w, n0 = blockIdx.y * BN;
   const int chunks = (t_len + C - 1) / C;
@@ -68,30 +72,29 @@ __device__ void sala_gla_chunk_states(const __nv_bfloat16* k, const __nv_bfloat1
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[nt][e] = s0[(size_t)(n0 + 8 * nt + 2 * t + (e & 1)) * DV + m0 + g + 8 * (e >> 1)];
+  // Chunk c's tiles into buffer c % STAGES: one commit group, empty past the last chunk.
   auto stage = [&](int c) {
-    sala_gla_stage<DV, VT, THREADS>(vs[c & 1], vh, c * C, blockIdx.x * VT, t_len, tid);
-    sala_gla_stage<DK, BN, THREADS>(ks[c & 1], kh, c * C, n0, t_len, tid);
+    if (c < chunks) {
+      sala_gla_stage<DV, VT, THREADS>(vs[c % STAGES], vh, c * C, blockIdx.x * VT, t_len, tid);
+      sala_gla_stage<DK, BN, THREADS>(ks[c % STAGES], kh, c * C, n0, t_len, tid);
+    }
     asm volatile("cp.async.commit_group;");
   };
-  stage(0);
+#pragma unroll
+  for (int c = 0; c < STAGES - 1; ++c) stage(c);
   for (int c = 0; c < chunks; ++c) {
-    if (c + 1 < chunks) {
-      stage(c + 1);
-      asm volatile("cp.async.wait_group 1;");
-    } else {
-      asm volatile("cp.async.wait_group 0;");
-    }
+    stage(c + STAGES - 1);
+    asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1));
     __syncthreads();
-    __nv_bfloat16* hi = entering + ((size_t)bh * chunks + c) * 2 * DV * DK;
+    uint4* frag = reinterpret_cast<uint4*>(entering) + ((size_t)bh * chunks + c) * (DV / 8) * (DK / 16) * 32;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int half = 0; half < 2; ++half)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        uint32_t h, l;
-        sala_split_pair(s[nt][2 * half], s[nt][2 * half + 1], h, l);
-        const size_t at = (size_t)(m0 + g + 8 * half) * DK + n0 + 8 * nt + 2 * t;
-        *reinterpret_cast<uint32_t*>(hi + at) = h;
-        *reinterpret_cast<uint32_t*>(hi + DV * DK + at) = l;
+      for (int nt = 0; nt < NT; nt += 2) {
+        uint4 x;
+        sala_split_pair(s[nt][2 * half], s[nt][2 * half + 1], x.x, x.z);
+        sala_split_pair(s[nt + 1][2 * half], s[nt + 1][2 * half + 1], x.y, x.w);
+        frag[((size_t)(m0 / 8 + half) * (DK / 16) + (n0 + 8 * nt) / 16) * 32 + lane] = x;
       }
     const int len = min(C, t_len - c * C);
     const float decay = expf(-slope * len);
@@ -99,7 +102,7 @@ __device__ void sala_gla_chunk_states(const __nv_bfloat16* k, const __nv_bfloat1
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] *= decay;
-    const __nv_bfloat16 *vt = vs[c & 1], *kt = ks[c & 1];
+    const __nv_bfloat16 *vt = vs[c % STAGES], *kt = ks[c % STAGES];
 #pragma unroll
     for (int kk = 0; kk < C / 16; ++kk) {
       // A = Vᵀ: rows dv, columns the 16 tokens 16kk ..; register r holds tokens 16kk + 2t + 8(r >> 1) and the next.
@@ -122,7 +125,7 @@ __device__ void sala_gla_chunk_states(const __nv_bfloat16* k, const __nv_bfloat1
         sala_mma(s[nt + 1], alo, b[2], b[3], __nv_bfloat16());
       }
     }
-    __syncthreads();  // this chunk's buffers are free for chunk c + 2
+    __syncthreads();  // this chunk's buffers are free for chunk c + STAGES
   }
   float* s1 = next_state + (size_t)bh * DK * DV;
 #pragma unroll
@@ -157,16 +160,14 @@ __device__ void sala_gla_chunk_output(const __nv_bfloat16* q, const __nv_bfloat1
 
   // γ^{i+1} q_i S_c: B fragments straight from the entering state's hi and lo parts.
   float o[NT][4] = {};
-  const __nv_bfloat16* sc = entering + ((size_t)bh * gridDim.x + c) * 2 * DV * DK;
+  const uint4* sc = reinterpret_cast<const uint4*>(entering) + ((size_t)bh * gridDim.x + c) * (DV / 8) * (DK / 16) * 32;
 #pragma unroll
   for (int kk = 0; kk < DK / 16; ++kk)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const __nv_bfloat16* p = sc + (size_t)(col0 + 8 * nt + g) * DK + 16 * kk + 2 * t;
-      const uint32_t h0 = *reinterpret_cast<const uint32_t*>(p), h1 = *reinterpret_cast<const uint32_t*>(p + 8);
-      const uint32_t l0 = *reinterpret_cast<const uint32_t*>(p + DV * DK), l1 = *reinterpret_cast<const uint32_t*>(p + DV * DK + 8);
-      sala_mma(o[nt], qa[kk], h0, h1, __nv_bfloat16());
-      sala_mma(o[nt], qa[kk], l0, l1, __nv_bfloat16());
+      const uint4 x = sc[((size_t)(col0 / 8 + nt) * (DK / 16) + kk) * 32 + lane];
+      sala_mma(o[nt], qa[kk], x.x, x.y, __nv_bfloat16());
+      sala_mma(o[nt], qa[kk], x.z, x.w, __nv_bfloat16());
     }
   const int i0 = 16 * w + g;
   const float d0 = expf(-slope * (i0 + 1)), d1 = expf(-slope * (i0 + 9));

@@ -29,7 +29,11 @@ extern "C" __global__ void qwen3_dense(const T* q, const T* k, const T* v, const
 #include "cuda/block_sparse_prefill.cu"
 extern "C" __global__ void sala_prefill(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first, int len,
                                         int settled, T* out, int tq, int nsel) {
-  sala_block_sparse_attention_mma<T, 128, 16, 64, SCALE, 4>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
+  sala_block_sparse_attention_mma<T, 128, 16, 64, SCALE, 4, 128, 3>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
+}
+extern "C" __global__ void sala_prefill_wide(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first,
+                                             int len, int settled, T* out, int tq, int nsel) {
+  sala_block_sparse_attention_mma<T, 128, 16, 64, SCALE, 8, 128, 3>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
 }
 // With --kv-bits 8: the prefill and the general kernel (cuda/block_sparse_attention.cu, decode's
 // default) over codes, groups of 64.

@@ -65,6 +65,9 @@ pub struct KernelSource {
     /// [`shape_args`] need `false` (the copy would materialise the broadcast) and must either
     /// read their other inputs through `NAME_strides` or be given contiguous ones.
     pub contiguous_inputs: bool,
+    /// Bytes of dynamic shared memory a CUDA launch gets (`extern __shared__`; MLX raises the
+    /// kernel's limit above 48 KB); 0 for kernels with static shared memory only.
+    pub shared_memory: i32,
 }
 
 /// Integers for a kernel without an array written by the host: the shape `[v₀+1, v₁+1, …]` of a
@@ -135,6 +138,7 @@ pub fn slot_source(
                     metal_header: "",
                     metal_body: "",
                     contiguous_inputs: false,
+                    shared_memory: 0,
                 }
             })
             .collect()
@@ -379,7 +383,7 @@ fn compile(source: &KernelSource, backend: Backend) -> Compiled {
                 let header = minified(source.cuda_header);
                 let header = if header.is_empty() { header } else { header_include(&header).unwrap_or(header) };
                 let (body, header) = (cstring(source.cuda_body), cstring(&header));
-                mlx_sys::mlx_fast_cuda_kernel_new(name.as_ptr(), inputs, outputs, body.as_ptr(), header.as_ptr(), source.contiguous_inputs, 0)
+                mlx_sys::mlx_fast_cuda_kernel_new(name.as_ptr(), inputs, outputs, body.as_ptr(), header.as_ptr(), source.contiguous_inputs, source.shared_memory)
                     .ctx
             }
             Backend::Metal => {

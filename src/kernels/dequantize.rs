@@ -17,6 +17,7 @@ static DEQUANTIZE: KernelSource = KernelSource {
     metal_header: "",
     metal_body: "",
     contiguous_inputs: true,
+    shared_memory: 0,
 };
 
 const THREADS: i32 = 256;

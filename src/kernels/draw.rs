@@ -14,7 +14,7 @@ use std::cell::RefCell;
 
 /// One of the draw's kernels: every one reads the logits, the mask's words and the rows' settings.
 const fn draw_kernel(name: &'static str, inputs: &'static [&'static str], outputs: &'static [&'static str], cuda_body: &'static str) -> KernelSource {
-    KernelSource { name, inputs, outputs, cuda_header: include_str!("../../cuda/draw.cu"), cuda_body, metal_header: "", metal_body: "", contiguous_inputs: true }
+    KernelSource { name, inputs, outputs, cuda_header: include_str!("../../cuda/draw.cu"), cuda_body, metal_header: "", metal_body: "", contiguous_inputs: true, shared_memory: 0 }
 }
 
 static KEYS: KernelSource = KernelSource {
@@ -27,6 +27,7 @@ static KEYS: KernelSource = KernelSource {
     metal_body: "",
     // `advance` is a shape_args broadcast (a copy would write it out).
     contiguous_inputs: false,
+    shared_memory: 0,
 };
 
 static SCAN: KernelSource = draw_kernel(

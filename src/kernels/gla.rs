@@ -98,7 +98,7 @@ fn simple_gla_chunked_cuda(
             // 16 state rows a warp.
             grid: (dv / vt * 2 * vt, dk / STATE_TILE_DK, b * h),
             threads: (2 * vt, 1, 1),
-            outputs: vec![(vec![b * h, chunks, 2, dv, dk], Dtype::Bfloat16), (vec![b, h, dk, dv], Dtype::Float32)],
+            outputs: vec![(vec![b * h, chunks, dv / 8, dk / 16, 256], Dtype::Bfloat16), (vec![b, h, dk, dv], Dtype::Float32)],
             template: dims(vec![("BN", TemplateArg::Int(STATE_TILE_DK))]),
             init: None,
         },
@@ -137,6 +137,7 @@ static GLA_CHUNK_STATES: KernelSource = KernelSource {
     metal_header: "",
     metal_body: "",
     contiguous_inputs: true,
+    shared_memory: 0,
 };
 
 static GLA_CHUNK_OUTPUT: KernelSource = KernelSource {
@@ -148,6 +149,7 @@ static GLA_CHUNK_OUTPUT: KernelSource = KernelSource {
     metal_header: "",
     metal_body: "",
     contiguous_inputs: true,
+    shared_memory: 0,
 };
 
 /// The chunk kernels against the float32 MLX form: two heads, a carried state, a partial last
@@ -270,6 +272,7 @@ static GLA_DECODE: KernelSource = KernelSource {
     metal_body: "sala_gla_decode<T, H, DK, DV, SCALE_BITS>(q, k, v, slopes, state, out, next_state, \
                  thread_position_in_grid.x, thread_position_in_grid.y);",
     contiguous_inputs: true,
+    shared_memory: 0,
 };
 
 /// The decode step's kernel against the recurrence on bfloat16 inputs (as the model passes them)

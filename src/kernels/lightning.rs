@@ -292,6 +292,7 @@ const fn source(name: &'static str, outputs: &'static [&'static str], cuda_body:
         // `positions` may be a shape_args broadcast; qkv and state are read through their strides,
         // the norms and slopes are whole weights.
         contiguous_inputs: false,
+        shared_memory: 0,
     }
 }
 
@@ -329,4 +330,5 @@ static NORM_GATE: KernelSource = KernelSource {
                  thread_position_in_threadgroup.x, threadgroup_position_in_grid.y, thread_index_in_simdgroup, \
                  simdgroup_index_in_threadgroup);",
     contiguous_inputs: true,
+    shared_memory: 0,
 };

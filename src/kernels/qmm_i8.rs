@@ -20,6 +20,7 @@ static QUANTIZE_ROWS: KernelSource = KernelSource {
     metal_header: "",
     metal_body: "",
     contiguous_inputs: true,
+    shared_memory: 0,
 };
 
 static PRODUCT: KernelSource = KernelSource {
@@ -31,6 +32,7 @@ static PRODUCT: KernelSource = KernelSource {
     metal_header: "",
     metal_body: "",
     contiguous_inputs: true,
+    shared_memory: 0,
 };
 
 /// x `[rows, K]` rounded to 8 bits per row and group: x ≈ `xs` · `xq`, with the groups' sums of

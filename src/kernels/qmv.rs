@@ -65,6 +65,7 @@ const fn qmv_source(
         metal_header: include_str!("../../metal/qmv.metal"),
         metal_body,
         contiguous_inputs: true,
+        shared_memory: 0,
     }
 }
 
@@ -105,6 +106,7 @@ const fn qmv_normed_source(name: &'static str, cuda_body: &'static str) -> Kerne
         metal_header: "",
         metal_body: "",
         contiguous_inputs: true,
+        shared_memory: 0,
     }
 }
 
@@ -128,6 +130,7 @@ static QMV_RESIDUAL_NORM_GATED: KernelSource = KernelSource {
     metal_header: "",
     metal_body: "",
     contiguous_inputs: true,
+    shared_memory: 0,
 };
 
 /// An RMSNorm applied to a product's input `[…, K]`: weight `[K]`, epsilon, and optionally a
@@ -234,7 +237,7 @@ const QMM_HEADER: &str = concat!(
 
 const fn qmm_source(name: &'static str, inputs: &'static [&'static str], cuda_body: &'static str) -> KernelSource {
     // CUDA only (mma.sync); Metal takes the general kernel.
-    KernelSource { name, inputs, outputs: &["y"], cuda_header: QMM_HEADER, cuda_body, metal_header: "", metal_body: "", contiguous_inputs: true }
+    KernelSource { name, inputs, outputs: &["y"], cuda_header: QMM_HEADER, cuda_body, metal_header: "", metal_body: "", contiguous_inputs: true, shared_memory: 0 }
 }
 
 static QMM: KernelSource = qmm_source(

@@ -87,6 +87,7 @@ static SELECT_BLOCKS: KernelSource = KernelSource {
                  lse, hist, &prefix, &remaining, warp_counts);",
     // `params` is a shape_args broadcast; the other inputs are made contiguous by the caller.
     contiguous_inputs: false,
+    shared_memory: 0,
 };
 
 static SELECT_WINDOWS: KernelSource = KernelSource {
@@ -103,6 +104,7 @@ static SELECT_WINDOWS: KernelSource = KernelSource {
                  threadgroup_position_in_grid, thread_index_in_threadgroup, threads_per_threadgroup.x, \
                  thread_index_in_simdgroup, simdgroup_index_in_threadgroup, lse);",
     contiguous_inputs: false,
+    shared_memory: 0,
 };
 
 static SELECT_TOPK: KernelSource = KernelSource {
@@ -121,6 +123,7 @@ static SELECT_TOPK: KernelSource = KernelSource {
                  threads_per_threadgroup.x, thread_index_in_simdgroup, simdgroup_index_in_threadgroup, \
                  hist, &prefix, &remaining, warp_counts);",
     contiguous_inputs: false,
+    shared_memory: 0,
 };
 
 static SELECT_TOPK_CHUNK: KernelSource = KernelSource {
@@ -134,6 +137,7 @@ static SELECT_TOPK_CHUNK: KernelSource = KernelSource {
     metal_header: "",
     metal_body: "",
     contiguous_inputs: false,
+    shared_memory: 0,
 };
 
 static SELECT_TOPK_MERGE: KernelSource = KernelSource {
@@ -147,6 +151,7 @@ static SELECT_TOPK_MERGE: KernelSource = KernelSource {
     metal_header: "",
     metal_body: "",
     contiguous_inputs: false,
+    shared_memory: 0,
 };
 
 /// Threads per thread block of the sparse kernels.
@@ -376,6 +381,7 @@ static BLOCK_SPARSE_ATTENTION: KernelSource = KernelSource {
                  threadgroups_per_grid.z, thread_index_in_simdgroup, simdgroup_index_in_threadgroup, qs, ks, vs);",
     // `params` is a shape_args broadcast; the other inputs are made contiguous by the caller.
     contiguous_inputs: false,
+    shared_memory: 0,
 };
 
 /// The `SalaKvScales` (cuda/unpack.cu) a kernel body over [`Q8_INPUTS`] passes.
@@ -402,6 +408,7 @@ static BLOCK_SPARSE_ATTENTION_Q8: KernelSource = KernelSource {
     metal_header: "",
     metal_body: "",
     contiguous_inputs: false,
+    shared_memory: 0,
 };
 
 /// The inputs of a kernel reading an 8-bit cache in place: the codes' four buffers as
@@ -490,6 +497,7 @@ static BLOCK_SPARSE_DECODE_MMA: KernelSource = KernelSource {
     metal_body: "",
     // `params` is a shape_args broadcast; the other inputs are made contiguous by the caller.
     contiguous_inputs: false,
+    shared_memory: 0,
 };
 
 /// Whether [`block_sparse_decode_cuda`] takes this attention: one half-precision query at the
@@ -1128,6 +1136,7 @@ static MERGE_SPLITS: KernelSource = KernelSource {
     metal_body: "sala_merge_splits<T, D, NSPLIT, false>(partial, lse, (const device T*)nullptr, 0, 0, out, \
                  int(partial_shape[0]), HQ, thread_position_in_grid.x);",
     contiguous_inputs: true,
+    shared_memory: 0,
 };
 
 static MERGE_SPLITS_GATED: KernelSource = KernelSource {
@@ -1142,6 +1151,7 @@ static MERGE_SPLITS_GATED: KernelSource = KernelSource {
                  int64_t(gate_strides[1]), out, int(partial_shape[0]), HQ, thread_position_in_grid.x);",
     // The gate is read through its strides; the partial results are a kernel's fresh outputs.
     contiguous_inputs: false,
+    shared_memory: 0,
 };
 
 /// Queries from which a half-precision call takes the tensor-core kernel: it gives each query one
@@ -1150,20 +1160,55 @@ const MMA_QUERIES: i32 = 16;
 /// Queries (warps) per thread block of the tensor-core kernel, sharing each staged tile: the
 /// fastest in a sweep (eval/results/kernel-notes.md).
 const MMA_QUERIES_PER_BLOCK: i32 = 4;
+/// Selected blocks per query the tensor-core kernel over rows takes at most (its lists and their
+/// union live in shared memory); SALA selects 96.
+const PREFILL_MAX_SELECTED: i32 = 128;
+/// Blocks in flight in that kernel's ring of staged tiles: a block's keys and values are requested
+/// two steps of the walk before they are used.
+const PREFILL_STAGES: i32 = 3;
+/// Its dynamic shared memory for `qpb` queries a thread block, as `sala_prefill_ring_bytes` counts
+/// it for the largest launch (bf16/f16 heads of 128): the ring, then the lists, their owned
+/// counts, the union and 2 · qpb counters. About 108 KB at 4: two thread blocks an SM, as its
+/// registers allow.
+const fn prefill_ring_bytes(qpb: i32) -> i32 {
+    PREFILL_STAGES * 2 * 64 * (128 + 8) * 2 + (3 * qpb * PREFILL_MAX_SELECTED + 2 * qpb) * 4
+}
 
-static BLOCK_SPARSE_PREFILL: KernelSource = KernelSource {
-    name: "sala_block_sparse_prefill",
-    inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
-    outputs: &["out"],
-    cuda_header: BLOCK_SPARSE_PREFILL_HEADER,
-    cuda_body: "sala_block_sparse_attention_mma<T, D, G, BLOCK, SCALE_BITS, QPB>(\
-                q, k, v, k_recent, v_recent, blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
-                out, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);",
-    // CUDA only (mma.sync); Metal takes BLOCK_SPARSE_ATTENTION.
-    metal_header: "",
-    metal_body: "",
-    contiguous_inputs: false,
-};
+/// Queries a thread block of the wider form, one thread block an SM (kernels bench sweep).
+const WIDE_QUERIES_PER_BLOCK: i32 = 8;
+
+/// The tensor-core prefill attention over rows, its shared memory sized for `qpb` queries a
+/// thread block (the size is the source's, not the launch's).
+const fn prefill_source(name: &'static str, qpb: i32) -> KernelSource {
+    KernelSource {
+        name,
+        inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
+        outputs: &["out"],
+        cuda_header: BLOCK_SPARSE_PREFILL_HEADER,
+        cuda_body: "sala_block_sparse_attention_mma<T, D, G, BLOCK, SCALE_BITS, QPB, NSEL, STAGES>(\
+                    q, k, v, k_recent, v_recent, blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
+                    out, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);",
+        // CUDA only (mma.sync); Metal takes BLOCK_SPARSE_ATTENTION.
+        metal_header: "",
+        metal_body: "",
+        contiguous_inputs: false,
+        shared_memory: prefill_ring_bytes(qpb),
+    }
+}
+
+static BLOCK_SPARSE_PREFILL: KernelSource = prefill_source("sala_block_sparse_prefill", MMA_QUERIES_PER_BLOCK);
+static BLOCK_SPARSE_PREFILL_WIDE: KernelSource = prefill_source("sala_block_sparse_prefill_wide", WIDE_QUERIES_PER_BLOCK);
+
+thread_local! {
+    static PREFILL_QPB_OVERRIDE: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the tensor-core prefill attention over rows taking [`WIDE_QUERIES_PER_BLOCK`]
+/// queries a thread block, for the kernels bench's comparison; the model uses the default.
+#[doc(hidden)]
+pub fn with_wide_prefill_blocks<R>(f: impl FnOnce() -> R) -> R {
+    with_setting(&PREFILL_QPB_OVERRIDE, Some(WIDE_QUERIES_PER_BLOCK), f)
+}
 
 static BLOCK_SPARSE_PREFILL_Q8: KernelSource = KernelSource {
     name: "sala_block_sparse_prefill_q8",
@@ -1179,6 +1224,7 @@ static BLOCK_SPARSE_PREFILL_Q8: KernelSource = KernelSource {
     metal_header: "",
     metal_body: "",
     contiguous_inputs: false,
+    shared_memory: 0,
 };
 
 const BLOCK_SPARSE_PREFILL_HEADER: &str = concat!(
@@ -1188,12 +1234,22 @@ const BLOCK_SPARSE_PREFILL_HEADER: &str = concat!(
     include_str!("../../cuda/block_sparse_prefill.cu")
 );
 
-/// Whether [`block_sparse_prefill_cuda`] takes these queries `[1, Hq, T, d]` over `hkv` KV heads:
-/// CUDA, half precision, many queries, at most 16 query heads per KV head, 64-token blocks.
-pub fn prefill_fits(q: &Array, hkv: i32, block: usize) -> bool {
+/// Whether [`block_sparse_prefill_cuda`] takes these queries `[1, Hq, T, d]` over `hkv` KV heads
+/// and block lists `[1, Hkv, T, K]`: CUDA, half precision, many queries, at most 16 query heads per
+/// KV head, 64-token blocks, at most [`PREFILL_MAX_SELECTED`] blocks a query, block numbers in 24
+/// bits (the union's entries keep the takers above them).
+pub fn prefill_fits(q: &Array, hkv: i32, block: usize, blocks: &Array, kv_len: usize) -> bool {
     let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
     let half = matches!(q.dtype(), Dtype::Bfloat16 | Dtype::Float16);
-    backend() == Backend::Cuda && half && t >= MMA_QUERIES && hq / hkv <= 16 && d % 32 == 0 && d <= 128 && block == 64
+    backend() == Backend::Cuda
+        && half
+        && t >= MMA_QUERIES
+        && hq / hkv <= 16
+        && d % 32 == 0
+        && d <= 128
+        && block == 64
+        && blocks.shape()[3] <= PREFILL_MAX_SELECTED
+        && kv_len.div_ceil(block) < 1 << 24
 }
 
 /// The block-sparse attention for many half-precision queries on CUDA's tensor cores
@@ -1203,9 +1259,12 @@ pub fn prefill_fits(q: &Array, hkv: i32, block: usize) -> bool {
 pub fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_pos: usize, block: usize, scale: f32) -> Result<Array> {
     let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
     let hkv = kv.keys.shape()[1];
+    if blocks.shape()[3] > PREFILL_MAX_SELECTED {
+        return Err(mlx_rs::error::Exception::custom(format!("{} blocks a query: the prefill kernel takes at most {PREFILL_MAX_SELECTED}", blocks.shape()[3])));
+    }
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
-    let qpb = MMA_QUERIES_PER_BLOCK;
+    let qpb = PREFILL_QPB_OVERRIDE.with(|o| o.get()).unwrap_or(MMA_QUERIES_PER_BLOCK);
     let launch = Launch {
         grid: (32 * qpb, (t + qpb - 1) / qpb, hkv),
         threads: (32 * qpb, 1, 1),
@@ -1217,10 +1276,13 @@ pub fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_
             ("BLOCK", TemplateArg::Int(block as i32)),
             ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
             ("QPB", TemplateArg::Int(qpb)),
+            ("NSEL", TemplateArg::Int(PREFILL_MAX_SELECTED)),
+            ("STAGES", TemplateArg::Int(PREFILL_STAGES)),
         ],
         init: None,
     };
-    let sources = [&BLOCK_SPARSE_PREFILL, &BLOCK_SPARSE_PREFILL_Q8];
+    let rows = if qpb == WIDE_QUERIES_PER_BLOCK { &BLOCK_SPARSE_PREFILL_WIDE } else { &BLOCK_SPARSE_PREFILL };
+    let sources = [rows, &BLOCK_SPARSE_PREFILL_Q8];
     let out = apply_over_cache(sources, &q3, kv, &blocks.contiguous()?, &params, launch)?;
     Ok(out.into_iter().next().expect("one output"))
 }
@@ -1236,6 +1298,7 @@ static SELECT_LSE_MMA: KernelSource = KernelSource {
     metal_header: "",
     metal_body: "",
     contiguous_inputs: false,
+    shared_memory: 0,
 };
 
 static SELECT_WINDOWS_MMA: KernelSource = KernelSource {
@@ -1248,12 +1311,14 @@ static SELECT_WINDOWS_MMA: KernelSource = KernelSource {
     metal_header: "",
     metal_body: "",
     contiguous_inputs: false,
+    shared_memory: 0,
 };
 
 const SELECT_MMA_HEADER: &str = concat!(
     include_str!("../../cuda/unpack.cu"),
     include_str!("../../cuda/select_blocks.cu"),
     include_str!("../../cuda/mma.cu"),
+    include_str!("../../cuda/attention_mma.cu"),
     include_str!("../../cuda/block_sparse_prefill.cu"),
     include_str!("../../cuda/select_mma.cu")
 );

@@ -15,6 +15,7 @@ static STAMP: KernelSource = KernelSource {
     metal_body: "",
     // `after` orders the launch and is never read: no copy of it.
     contiguous_inputs: false,
+    shared_memory: 0,
 };
 
 /// The GPU's clock in nanoseconds (`[1]` uint64) once `after` is computed, on CUDA; `None`
