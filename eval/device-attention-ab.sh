@@ -7,6 +7,8 @@
 #   (kernels-base) and after, then `sala bench` prefill of SALA-9B 8-bit at 4K and 32K by both.
 # PART=2: SALA-9B 4-bit at 4K and 32K by both, 8-bit at 128K by both, and a 1,048,576-token prompt
 #   by the new binary (the synthetic config's max_position_embeddings raised to 1M).
+# QUICK=1 (with PART=1): the checks (each under TEST_SECONDS), then only the 8-bit prompts, for a
+#   lease with little device time left.
 # Prepare here: SALA_OPENBLAS=off builds of sala and the kernels bench at this commit and its
 #   parent (as sala-base, kernels-base), the gpu_kernels and golden test binaries, in .device/bin,
 #   stripped; tar cJf .device/bin.tar.xz -C .device bin; .device/golden holding C_sparse_prefill.
@@ -25,16 +27,21 @@ bench() {  # NAME BINARY ARGS...
 }
 if [ "${PART:-1}" = 1 ]; then
   MLX_ENABLE_TF32=0 SALA_TEST_DEVICE=gpu SALA_SHARED=.device SALA_BIN=$BIN/sala \
-    timeout 300 "$BIN/golden" --test-threads=1 ${GOLDEN_FILTER:-c_sparse} > "$OUT/golden.log" 2>&1 &
+    timeout ${TEST_SECONDS:-300} "$BIN/golden" --test-threads=1 ${GOLDEN_FILTER:-c_sparse} > "$OUT/golden.log" 2>&1 &
   # Side by side (the first compiles many kernels; the GPU has room for all): one log each.
   for t in block_sparse_attention_kernel_matches_mlx block_sparse_attention_reads_an_8_bit_cache_in_place \
     gla_prefill_kernels_match_the_float32_chunked_form every_kernel_passes_its_self_check; do
     # MLX's CUDA float32 matmuls default to TF32; the oracles' tolerances are for full float32.
-    (MLX_ENABLE_TF32=0 timeout 280 $BIN/gpu_kernels --include-ignored --exact $t --nocapture > "$OUT/gpu-test-$t.log" 2>&1
+    (MLX_ENABLE_TF32=0 timeout ${TEST_SECONDS:-280} $BIN/gpu_kernels --include-ignored --exact $t --nocapture > "$OUT/gpu-test-$t.log" 2>&1
      phase "gpu test $t rc=$?") &
   done
   wait; cat "$OUT"/gpu-test-*.log > "$OUT/gpu-tests.log"; rm "$OUT"/gpu-test-*.log; phase "golden: $(grep 'test result' "$OUT/golden.log")"
   grep -E "^test " "$OUT/golden.log"
+  if [ "${QUICK:-0}" = 1 ]; then  # the checks, then only the 8-bit prompts by both binaries
+    bench q8-base sala-base --synthetic minicpm-sala-9b --bits 8 -p 4096,32768 --prefill-step 2048
+    bench q8-new sala --synthetic minicpm-sala-9b --bits 8 -p 4096,32768 --prefill-step 2048
+    exit 0
+  fi
   for k in kernels-base kernels; do
     timeout 120 $BIN/$k prefill 2048 ${CONTEXTS:-32,128,1024} > "$OUT/pieces-$k.md" 2>&1; phase "pieces $k rc=$?"; cat "$OUT/pieces-$k.md"
   done
