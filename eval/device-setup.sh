@@ -14,6 +14,15 @@ source "${MLX_BUNDLE:-.device/mlx-cuda}/activate.sh"
 OUT=${OUT:-/tmp}
 # DEVICE_CACHE keeps compiled kernels and self-check memos for a later call on a warm machine.
 export XDG_CACHE_HOME=${DEVICE_CACHE:-$OUT/cache}
+# MLX's PTX and the driver's SASS of them there too, so they can travel: a fresh machine compiles
+# every kernel variant once (a cold gpu_kernels run spent about two of its four minutes on it).
+export MLX_PTX_CACHE_DIR=$XDG_CACHE_HOME/mlx-ptx CUDA_CACHE_PATH=$XDG_CACHE_HOME/nv
+# .device/kernel-cache.tar.xz, carried, is a cache an earlier call sent back in $OUT: entries are
+# named by their source's hash and self-check memos by the binary's, so stale ones are never used.
+[ -f .device/kernel-cache.tar.xz ] && mkdir -p "$XDG_CACHE_HOME" && tar xJf .device/kernel-cache.tar.xz -C "$XDG_CACHE_HOME"
+keep_kernel_cache() { tar cf - -C "$XDG_CACHE_HOME" . 2>/dev/null | xz -T0 -3 > "$OUT/kernel-cache.tar.xz"; }
+# At exit, unless the script sets its own EXIT trap (then it may call keep_kernel_cache itself).
+trap keep_kernel_cache EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 # The host's CPU too: a decode step at one sequence is bound by the host, and leases differ in it.
 { grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'; nproc; nvidia-smi --query-gpu=uuid --format=csv,noheader; } | tee -a "$OUT/device.txt"
