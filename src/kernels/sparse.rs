@@ -1235,10 +1235,11 @@ const BLOCK_SPARSE_PREFILL_HEADER: &str = concat!(
 );
 
 /// Whether [`block_sparse_prefill_cuda`] takes these queries `[1, Hq, T, d]` over `hkv` KV heads
-/// and block lists `[1, Hkv, T, K]`: CUDA, half precision, many queries, at most 16 query heads per
-/// KV head, 64-token blocks, at most [`PREFILL_MAX_SELECTED`] blocks a query, block numbers in 24
-/// bits (the union's entries keep the takers above them).
-pub fn prefill_fits(q: &Array, hkv: i32, block: usize, blocks: &Array, kv_len: usize) -> bool {
+/// and block lists `[1, Hkv, T, K]` on `kv`: CUDA, half precision, many queries, at most 16 query
+/// heads per KV head, 64-token blocks; over a cache of rows (the ring kernel) at most
+/// [`PREFILL_MAX_SELECTED`] blocks a query and block numbers in 24 bits (the union's entries keep
+/// the takers above them). The 8-bit cache's kernel reads the lists in place and has neither limit.
+pub fn prefill_fits(q: &Array, hkv: i32, block: usize, blocks: &Array, kv: &KvParts) -> bool {
     let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
     let half = matches!(q.dtype(), Dtype::Bfloat16 | Dtype::Float16);
     backend() == Backend::Cuda
@@ -1248,8 +1249,7 @@ pub fn prefill_fits(q: &Array, hkv: i32, block: usize, blocks: &Array, kv_len: u
         && d % 32 == 0
         && d <= 128
         && block == 64
-        && blocks.shape()[3] <= PREFILL_MAX_SELECTED
-        && kv_len.div_ceil(block) < 1 << 24
+        && (reads_codes_in_place(kv) || (blocks.shape()[3] <= PREFILL_MAX_SELECTED && kv.len.div_ceil(block) < 1 << 24))
 }
 
 /// The block-sparse attention for many half-precision queries on CUDA's tensor cores
@@ -1259,7 +1259,7 @@ pub fn prefill_fits(q: &Array, hkv: i32, block: usize, blocks: &Array, kv_len: u
 pub fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_pos: usize, block: usize, scale: f32) -> Result<Array> {
     let (hq, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
     let hkv = kv.keys.shape()[1];
-    if blocks.shape()[3] > PREFILL_MAX_SELECTED {
+    if !reads_codes_in_place(kv) && blocks.shape()[3] > PREFILL_MAX_SELECTED {
         return Err(mlx_rs::error::Exception::custom(format!("{} blocks a query: the prefill kernel takes at most {PREFILL_MAX_SELECTED}", blocks.shape()[3])));
     }
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;

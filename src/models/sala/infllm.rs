@@ -387,7 +387,7 @@ pub fn block_sparse_attention(
     if kernel_fits && sparse::reads_codes_in_place(kv) {
         // An 8-bit cache read in place: its codes are never copied out whole (a 1M-token layer's
         // rows would be 1 GiB a step), and the checks compare these kernels with dequantized rows.
-        if sparse::prefill_fits(q, hkv, block, blocks, kv.len) && selfcheck::enabled(&PREFILL_Q8_CHECK) {
+        if sparse::prefill_fits(q, hkv, block, blocks, kv) && selfcheck::enabled(&PREFILL_Q8_CHECK) {
             return heads_to_rows(&sparse::block_sparse_prefill_cuda(q, kv, blocks, first_pos, block, scale)?, gate);
         }
         if selfcheck::enabled(&ATTENTION_Q8_CHECK) {
@@ -401,7 +401,7 @@ pub fn block_sparse_attention(
     } else {
         kv
     };
-    if kernel_fits && sparse::prefill_fits(q, hkv, block, blocks, kv.len) && selfcheck::enabled(&PREFILL_CHECK) {
+    if kernel_fits && sparse::prefill_fits(q, hkv, block, blocks, kv) && selfcheck::enabled(&PREFILL_CHECK) {
         return heads_to_rows(&sparse::block_sparse_prefill_cuda(q, kv, blocks, first_pos, block, scale)?, gate);
     }
     if kernel_fits && sparse::block_sparse_decode_fits(q, kv, first_pos, block) && selfcheck::enabled(&DECODE_CHECK) {
