@@ -65,17 +65,7 @@ else
   [ -n "$NCU" ] && [ "${CHUNK_PROFILE:-1}" = 1 ] && timeout 240 "$NCU" --clock-control none --csv --metrics gpu__time_duration.sum \
     --log-file "$OUT/ncu-chunk.csv" $BIN/sala bench --synthetic minicpm-sala-9b --bits 8 -p 4096 -n 0 -d 0 -r 1 > /dev/null 2>&1
   phase "ncu chunk rc=$?"
-  [ -f "$OUT/ncu-chunk.csv" ] && (cd eval && python3 -c "
-import collections, sys
-from ncu_step import launches
-agg = collections.defaultdict(lambda: [0, 0.0])
-for name, ns, grid in launches('$OUT/ncu-chunk.csv'):
-    agg[name[:90]][0] += 1; agg[name[:90]][1] += ns
-total = sum(v[1] for v in agg.values())
-print(f'all kernels: {total / 1e6:.1f} ms, {sum(v[0] for v in agg.values())} launches')
-for name, (n, ns) in sorted(agg.items(), key=lambda x: -x[1][1])[:40]:
-    print(f'{n:6d} {ns / 1e6:8.2f} ms {100 * ns / total:5.1f}%  {name}')
-" | tee "$OUT/ncu-chunk.md") && xz -f "$OUT/ncu-chunk.csv"
+  [ -f "$OUT/ncu-chunk.csv" ] && (python3 eval/ncu_step.py --all "$OUT/ncu-chunk.csv" | tee "$OUT/ncu-chunk.md") && xz -f "$OUT/ncu-chunk.csv"
   python3 -c "import json; c = json.load(open('eval/synthetic/minicpm-sala-9b.json')); c['max_position_embeddings'] = 1048576; json.dump(c, open('$OUT/minicpm-sala-9b-1m.json', 'w'))"
   [ "${MILLION:-1}" = 1 ] && BENCH_SECONDS=200 bench q8-1m-new sala --synthetic "$OUT/minicpm-sala-9b-1m.json" --bits 8 -p 1048576 --prefill-step 2048
 fi
