@@ -9,7 +9,7 @@
 // through the exponent trick (0x4B000000 | q is the float 2^23 + q, sala_q_plus_2p23), which is
 // cheaper than an integer conversion. Accumulation is float32. 4-bit warps of 16 rows in 16-bit types take the
 // tensor-core core of qmv_rows_mma.cu instead (sala_qmv_rows below chooses). Needs unpack.cu
-// (sala_load8), mma.cu (sala_shared_address, sala_mma) and qmv_rows_mma.cu.
+// (sala_load8), mma.cu (sala_shared_address, sala_mma), qmv_rows_mma.cu and round.cu (the epilogues).
 //
 // The chunks reach the lane in one of two ways. In registers (ASYNC false): the lane asks for U
 // chunks, uses them, then asks for the next U, so its loads come in bursts and each one in flight
@@ -250,23 +250,6 @@ __device__ __forceinline__ void sala_qmv_rows(
   }
 }
 
-template <typename T>
-__device__ __forceinline__ float sala_round(float v) { return static_cast<float>(static_cast<T>(v)); }
-
-// The epilogues on a float32 product, rounded as the separate operations round them (shared with
-// qmv_mma.cu): residual + alpha · product, and silu(gate) · up.
-template <typename T>
-__device__ __forceinline__ T sala_residual_add(T residual, float alpha, float product) {
-  return static_cast<T>(static_cast<float>(residual) + sala_round<T>(alpha * sala_round<T>(product)));
-}
-
-template <typename T>
-__device__ __forceinline__ T sala_swiglu(float gate, float up) {
-  const float g = sala_round<T>(gate);
-  const float act = sala_round<T>(g * sala_round<T>(1.f / (1.f + expf(-g))));
-  return static_cast<T>(act * sala_round<T>(up));
-}
-
 // prepare() for products whose x is ready as it is.
 struct sala_qmv_ready {
   __device__ void operator()() const {}
@@ -415,8 +398,8 @@ __device__ __forceinline__ void sala_rms_norm_stage(
       if (gate != nullptr) sala_load8(gate + (size_t)r * gate_stride + k, z);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const float y = sala_round<T>(g[i] * sala_round<T>(v[i] * inv));
-        xs[r * K + k + i] = static_cast<T>(gate == nullptr ? y : y * sala_round<T>(1.f / (1.f + expf(-z[i]))));
+        const float y = sala_to_t<T>(g[i] * sala_to_t<T>(v[i] * inv));
+        xs[r * K + k + i] = static_cast<T>(gate == nullptr ? y : y * sala_to_t<T>(1.f / (1.f + expf(-z[i]))));
       }
     }
   }

@@ -1,6 +1,6 @@
 // Quantized matrix product for decode on tensor cores (bf16/f16 mma.sync, sm_80 and later): the
 // product of cuda/qmv.cu for 1–64 input rows, y = x · Wᵀ with W in MLX's affine layout, plain or
-// with its SwiGLU or residual epilogue. Uses mma.cu and the epilogues of qmv.cu.
+// with its SwiGLU or residual epilogue. Uses mma.cu and the epilogues of round.cu.
 //
 // Each m16n8k16 product takes 8 weight rows as its n columns and 16 input rows as its m rows,
 // so its cost hardly depends on how many input rows there are (one sequence or a decode batch);

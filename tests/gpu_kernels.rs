@@ -1707,6 +1707,64 @@ fn float32_products_in_groups_of_128_take_a_path_that_launches() {
     }
 }
 
+/// The epilogue kernels (`cuda/epilogue.cu`) after a prompt chunk's products: SwiGLU of SALA-9B's
+/// stacked gate/up product and the residual branch at its α, on 2048 rows, and on a size whose
+/// pieces do not fill the last thread block. SwiGLU rounds σ(g), g·σ(g) and the product once each
+/// to the model's dtype, as the decode kernels do (cuda/round.cu): against that arithmetic in
+/// float32 MLX operations each value is within its last bit (exp is not pinned) and nearly all are
+/// equal (float32: within 1e-5); MLX's own sigmoid in bf16 rounds each of its steps, so against
+/// `epilogue_mlx` only the relative error is bounded. The residual step is MLX's to the last bit.
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn epilogue_kernels_match_mlxs_operations() {
+    use sala::kernels::epilogue::{apply_epilogue, EPILOGUE_CHECK};
+    use sala::kernels::qmv::{epilogue_mlx, Epilogue};
+    if !on_cuda_unchecked("the kernels are CUDA's") {
+        return;
+    }
+    assert!(selfcheck::enabled(&EPILOGUE_CHECK), "self-check: {:?}", selfcheck::status(&EPILOGUE_CHECK));
+    let compare = |what: &str, got: &Array, want: &Array| {
+        assert_eq!((got.shape(), got.dtype()), (want.shape(), want.dtype()), "{what}");
+        let (g, w) = (to_vec_f32(got).unwrap(), to_vec_f32(want).unwrap());
+        if got.dtype() == Dtype::Float32 {
+            // No rounding to a narrower type to hide exp's and the division's last bits.
+            let worst = g.iter().zip(&w).map(|(a, b)| (a - b).abs() / b.abs().max(1e-30)).fold(0f32, f32::max);
+            assert!(worst < 1e-5, "{what}: a value {worst} (relative) from the oracle's");
+            return;
+        }
+        // Neighbouring values of a 16-bit type (as float32 bits) are 2^16 apart.
+        let steps = |(a, b): (&f32, &f32)| (a.to_bits() as i64 - b.to_bits() as i64).abs() >> 16;
+        let worst = g.iter().zip(&w).map(steps).max().unwrap();
+        let differing = g.iter().zip(&w).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert!(worst <= 1, "{what}: a value {worst} steps from the oracle's");
+        assert!(differing * 100 <= g.len(), "{what}: {differing} of {} values differ from the oracle's", g.len());
+    };
+    // σ(g), g·σ(g) and the product each rounded to y's dtype, computed in float32.
+    let swiglu_rounded = |y: &Array| {
+        let dtype = y.dtype();
+        let round = |a: Array| a.as_dtype(dtype).unwrap().as_dtype(Dtype::Float32).unwrap();
+        let halves = ops::split_equal(y.as_dtype(Dtype::Float32).unwrap(), 2, -1).unwrap();
+        let (g, up) = (&halves[0], &halves[1]);
+        let act = round(g.multiply(round(ops::sigmoid(g).unwrap())).unwrap());
+        act.multiply(up).unwrap().as_dtype(dtype).unwrap()
+    };
+    for (rows, width, dtype) in [(2048, 16384, Dtype::Bfloat16), (2048, 4096, Dtype::Bfloat16), (37, 264, Dtype::Float16), (5, 4100, Dtype::Float32)] {
+        let y = randn(&[1, rows, 2 * width], 70 + rows as u64, dtype).multiply(Array::from_f32(4.0)).unwrap().as_dtype(dtype).unwrap();
+        let got = apply_epilogue(&y, Epilogue::SwiGlu).unwrap();
+        compare(&format!("SwiGLU {rows}×{width} {dtype:?}"), &got, &swiglu_rounded(&y));
+        let mlx = to_vec_f32(&epilogue_mlx(&y, Epilogue::SwiGlu).unwrap()).unwrap();
+        let g = to_vec_f32(&got).unwrap();
+        let (diff, norm) = g.iter().zip(&mlx).fold((0f64, 0f64), |(d, n), (a, b)| (d + ((a - b) as f64).powi(2), n + (*b as f64).powi(2)));
+        assert!((diff / norm).sqrt() < 1e-2, "SwiGLU {rows}×{width} {dtype:?}: relative error {} from MLX's operations", (diff / norm).sqrt());
+        let y = randn(&[1, rows, width], 71, dtype);
+        let residual = randn(&[1, rows, width], 72, dtype).multiply(Array::from_f32(30.0)).unwrap().as_dtype(dtype).unwrap();
+        for alpha in [1.4 / 32f32.sqrt(), 1.0] {
+            let epilogue = Epilogue::Residual { residual: &residual, alpha };
+            compare(&format!("residual {rows}×{width} {dtype:?} α {alpha}"), &apply_epilogue(&y, epilogue).unwrap(), &epilogue_mlx(&y, epilogue).unwrap());
+        }
+    }
+}
+
 /// The dequantize kernel (`cuda/dequantize.cu`) gives MLX's `dequantize` to the bit: 4 and 8
 /// bits, groups of 32, 64 and 128, bf16, f16 and float32 scales, on a 9B layer's widths and on a
 /// matrix whose pieces do not fill the last thread block.

@@ -588,6 +588,7 @@ mod self_check {
             [
                 "dequantize",
                 "draw",
+                "epilogue",
                 "gla_decode",
                 "gla_prefill",
                 "lightning_decode",

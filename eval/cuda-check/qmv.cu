@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 typedef unsigned int uint32_t;
+#include "cuda/round.cu"
 #include "cuda/mma.cu"
 #include "cuda/unpack.cu"
 #include "cuda/qmv_rows_mma.cu"

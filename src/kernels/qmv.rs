@@ -41,9 +41,10 @@ pub enum Epilogue<'a> {
     Residual { residual: &'a Array, alpha: f32 },
 }
 
-/// The general kernel's CUDA source with the 16-byte unpacking it reads x with and the cp.async
-/// helpers of mma.cu.
+/// The general kernel's CUDA source with the 16-byte unpacking it reads x with, the cp.async
+/// helpers of mma.cu and the epilogues' rounding of round.cu.
 const QMV_HEADER: &str = concat!(
+    include_str!("../../cuda/round.cu"),
     include_str!("../../cuda/mma.cu"),
     include_str!("../../cuda/unpack.cu"),
     include_str!("../../cuda/qmv_rows_mma.cu"),
@@ -228,6 +229,7 @@ pub const MAX_MMA_ROWS: i32 = 64;
 const MIN_MMA_ROWS: i32 = 2;
 
 const QMM_HEADER: &str = concat!(
+    include_str!("../../cuda/round.cu"),
     include_str!("../../cuda/mma.cu"),
     include_str!("../../cuda/unpack.cu"),
     include_str!("../../cuda/qmv_rows_mma.cu"),
@@ -794,7 +796,7 @@ fn check_qmv_normed() -> Verdict {
 
 /// The residual epilogue's alpha as a compile-time constant: the bit pattern of its value
 /// rounded to `dtype`, as MLX's multiply by a scalar of that dtype rounds it.
-fn alpha_template(epilogue: Epilogue, dtype: Dtype) -> Option<(&'static str, TemplateArg)> {
+pub(super) fn alpha_template(epilogue: Epilogue, dtype: Dtype) -> Option<(&'static str, TemplateArg)> {
     let Epilogue::Residual { alpha, .. } = epilogue else { return None };
     let rounded = match dtype {
         Dtype::Bfloat16 => half::bf16::from_f32(alpha).to_f32(),

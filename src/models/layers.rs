@@ -8,7 +8,8 @@ use crate::engine::quant::QuantizedMatrix;
 use crate::engine::weights::{Part, Weights};
 use crate::engine::device::on_cpu;
 use crate::kernels::dequantize::dequantize;
-use crate::kernels::qmv::{epilogue_mlx, quantized_matmul_t, quantized_matmul_t_normed, quantized_matmul_t_then, swiglu_mlx, Epilogue, GateIn, RmsNormIn};
+use crate::kernels::epilogue::apply_epilogue;
+use crate::kernels::qmv::{quantized_matmul_t, quantized_matmul_t_normed, quantized_matmul_t_then, swiglu_mlx, Epilogue, GateIn, RmsNormIn};
 use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
 use std::ops::Range;
 
@@ -97,7 +98,7 @@ impl Matrix {
     /// x · Wᵀ followed by `epilogue` (one kernel on the quantized decode path).
     pub fn matmul_t_then(&self, x: &Array, epilogue: Epilogue) -> Result<Array> {
         match self {
-            Matrix::Dense(w) => Ok(epilogue_mlx(&x.matmul(w.t())?, epilogue)?),
+            Matrix::Dense(w) => Ok(apply_epilogue(&x.matmul(w.t())?, epilogue)?),
             Matrix::Quantized(q) => quantized_product(q, x, epilogue),
         }
     }
@@ -162,7 +163,7 @@ fn quantized_product(q: &QuantizedMatrix, x: &Array, epilogue: Epilogue) -> Resu
     let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
     let in_float32_dequantized = || -> Result<Array> {
         let y = x.as_dtype(Dtype::Float32)?.matmul(expanded(q)?.as_dtype(Dtype::Float32)?.t())?;
-        Ok(epilogue_mlx(&y.as_dtype(x.dtype())?, epilogue)?)
+        Ok(apply_epilogue(&y.as_dtype(x.dtype())?, epilogue)?)
     };
     if on_cpu() {
         if rows >= CPU_DEQUANTIZE_ROWS {
@@ -170,13 +171,13 @@ fn quantized_product(q: &QuantizedMatrix, x: &Array, epilogue: Epilogue) -> Resu
         }
     } else if dequantizes_on_gpu(q, rows) {
         // The expanded copy lives for one product.
-        return Ok(epilogue_mlx(&x.matmul(expanded(q)?.as_dtype(x.dtype())?.t())?, epilogue)?);
+        return Ok(apply_epilogue(&x.matmul(expanded(q)?.as_dtype(x.dtype())?.t())?, epilogue)?);
     }
     let fmt = q.format;
     if scales_wider_than(q, x) {
         // The product in float32, the epilogue in x's dtype.
         let y = quantized_matmul_t(&x.as_dtype(Dtype::Float32)?, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits)?;
-        return Ok(epilogue_mlx(&y.as_dtype(x.dtype())?, epilogue)?);
+        return Ok(apply_epilogue(&y.as_dtype(x.dtype())?, epilogue)?);
     }
     Ok(quantized_matmul_t_then(x, &q.packed, &q.scales, &q.biases, fmt.group_size, fmt.bits, epilogue)?)
 }
@@ -246,7 +247,7 @@ impl<const N: usize> Projections<N> {
     fn stacked_product(&self, matrix: &Matrix, x: Input, epilogue: Epilogue) -> Result<Array> {
         match &self.bias {
             None => matrix.matmul_t_in(x, epilogue),
-            Some(b) => Ok(epilogue_mlx(&matrix.matmul_t_in(x, Epilogue::Plain)?.add(b)?, epilogue)?),
+            Some(b) => Ok(apply_epilogue(&matrix.matmul_t_in(x, Epilogue::Plain)?.add(b)?, epilogue)?),
         }
     }
 
@@ -424,7 +425,7 @@ impl Linear {
                 let partial = self.weight.matmul_t_in(x, Epilogue::Residual { residual, alpha })?;
                 Ok(tp.all_sum(&partial)?)
             }
-            (Some(_), _) => Ok(epilogue_mlx(&self.forward(&x.array()?)?, epilogue)?),
+            (Some(_), _) => Ok(apply_epilogue(&self.forward(&x.array()?)?, epilogue)?),
         }
     }
 }
