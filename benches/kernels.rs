@@ -911,6 +911,22 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
             vec![o, s]
         });
         line("chunked GLA H=32 d=128", gla, 24);
+        // The lightning layer's heads from its stacked projection: QK-norm, RoPE, head-major layout.
+        {
+            use sala::kernels::rope::{prompt_heads, prompt_heads_mlx, QkHeads, RopeAngles};
+            let rows = randn(&[1, t, 4 * h * d], 6, Dtype::Bfloat16);
+            let (qn, kn) = (randn(&[d], 7, Dtype::Bfloat16), randn(&[d], 8, Dtype::Bfloat16));
+            let offsets = Array::from_slice(&[30720], &[1]);
+            eval([&rows, &qn, &kn, &offsets]).unwrap();
+            let heads = QkHeads { heads: h, kv_heads: h, head_dim: d, norms: Some((&qn, &kn, 1e-6)) };
+            let angles = RopeAngles { dims: d, base: 10000.0, periods: None, position_scale: 1.0, mscale: 1.0 };
+            // GLA reads its inputs contiguous: MLX's form is copied where it is a view.
+            let ready = |qkv: [Array; 3]| qkv.iter().map(|a| a.contiguous().unwrap()).collect::<Vec<_>>();
+            let kernel = time(|| ready(prompt_heads(&rows, heads, Some(&angles), &offsets).unwrap()));
+            line("lightning heads (QK-norm, RoPE, layout)", kernel, 24);
+            let mlx = time(|| ready(prompt_heads_mlx(&rows, heads, Some(&angles), &offsets).unwrap()));
+            line("  in MLX operations", mlx, 24);
+        }
         let gla_mlx = time(|| {
             let (o, s) = simple_gla_mlx(&q, &k, &v, &slopes, Some(&state), 0.088).unwrap();
             vec![o, s]
@@ -951,6 +967,15 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
             time(|| vec![block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5), None).unwrap()])
         });
         line("  8 queries a thread block", wide, 8);
+        let attend = || block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5), None);
+        let three = sala::kernels::sparse::with_three_prefill_blocks_an_sm(|| match attend().and_then(|a| eval([&a]).map(|_| a)) {
+            Ok(_) => Ok(time(|| vec![attend().unwrap()])),
+            Err(e) => Err(e),
+        });
+        match three {
+            Ok(three) => line("  3 thread blocks an SM (2 stages)", three, 8),
+            Err(e) => println!("|   3 thread blocks an SM (2 stages) | failed: {} | | | |", e.what().lines().next().unwrap_or("")),
+        }
     }
 }
 

@@ -1106,6 +1106,58 @@ fn rope_append_matches_mlx_operations() {
     }
 }
 
+/// The prompt form (`sala_rope_prompt`): a chunk's q, k and v heads in the layout attention and
+/// GLA read, against MLX's slices, norms, transposes and rotations. SALA-9B's lightning layer and
+/// Qwen3-8B's attention on a 2048-token chunk deep in a context; two sequences at their own
+/// positions with a period table, scaling and partial rotation; float16 and float32 without norm or
+/// rotation. The values are copied exactly; q and k within the self-checks' tolerance.
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn rope_prompt_heads_match_mlx_operations() {
+    use sala::kernels::rope::{prompt_heads, prompt_heads_mlx, ROPE_PROMPT_CHECK};
+    if !on_cuda_unchecked("the kernel is CUDA's") {
+        return;
+    }
+    assert!(selfcheck::enabled(&ROPE_PROMPT_CHECK), "self-check: {:?}", selfcheck::status(&ROPE_PROMPT_CHECK));
+    // (Hq, Hkv, d, rotated dims (0: none), dtype, tokens, positions, QK-norm, period table).
+    type Case = (i32, i32, i32, i32, Dtype, i32, &'static [i32], bool, bool);
+    let cases: [Case; 5] = [
+        (32, 32, 128, 128, Dtype::Bfloat16, 2048, &[30720], true, false),
+        (32, 8, 128, 128, Dtype::Bfloat16, 2048, &[131072], true, false),
+        (8, 2, 64, 32, Dtype::Bfloat16, 300, &[5, 9000], true, true),
+        (4, 2, 64, 0, Dtype::Float16, 77, &[0], false, false),
+        (6, 6, 32, 32, Dtype::Float32, 65, &[12, 1], false, false),
+    ];
+    for (i, &(hq, hkv, d, dims, dtype, t, at, normed, table)) in cases.iter().enumerate() {
+        let seed = 7500 + 10 * i as u64;
+        let b = at.len() as i32;
+        let width = (hq + 2 * hkv) * d;
+        // A view of wider rows (SALA's carry the output gate's columns after v).
+        let rows = randn(&[b, t, width + 16 + d], seed, dtype).try_index((.., .., 16..16 + width + d)).unwrap();
+        let weight = |s| randn(&[d], s, Dtype::Float32).multiply(Array::from_f32(0.3)).unwrap().add(Array::from_f32(1.0)).unwrap().as_dtype(dtype).unwrap();
+        let (qn, kn) = (weight(seed + 1), weight(seed + 2));
+        let periods: Vec<f32> = (0..dims / 2).map(|j| 10000f32.powf(2.0 * j as f32 / dims as f32) * (1.0 + j as f32 / 4.0)).collect();
+        let angles = match (dims, table) {
+            (0, _) => None,
+            (_, true) => Some(RopeAngles { dims, base: 0.0, periods: Some(Array::from_slice(&periods, &[dims / 2])), position_scale: 0.25, mscale: 1.1 }),
+            (_, false) => Some(RopeAngles { dims, base: 1_000_000.0, periods: None, position_scale: 1.0, mscale: 1.0 }),
+        };
+        let heads = QkHeads { heads: hq, kv_heads: hkv, head_dim: d, norms: normed.then_some((&qn, &kn, 1e-6)) };
+        let positions = Array::from_slice(at, &[b]);
+        let got = prompt_heads(&rows, heads, angles.as_ref(), &positions).unwrap();
+        let want = prompt_heads_mlx(&rows, heads, angles.as_ref(), &positions).unwrap();
+        let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1e-2 };
+        for (name, g, w) in [("q", &got[0], &want[0]), ("k", &got[1], &want[1])] {
+            assert_eq!((g.shape(), g.dtype()), (w.shape(), w.dtype()), "case {i}, {name}");
+            let err = rel_err(g, w);
+            assert!(err < tol, "case {i}, {name}: relative error {err}");
+        }
+        let f = |a: &Array| to_vec_f32(&a.as_dtype(Dtype::Float32).unwrap()).unwrap();
+        assert_eq!(got[2].shape(), &[b, hkv, t, d]);
+        assert!(f(&got[2]) == f(&want[2]), "case {i}: the values differ");
+    }
+}
+
 /// Every kernel passes its self-check on this device; CUDA-only kernels are not used on Metal.
 #[test]
 #[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]

@@ -601,6 +601,7 @@ mod self_check {
                 "decode_attention_mma",
                 "decode_attention_q8",
                 "rope_append",
+                "rope_prompt",
                 "select_blocks",
                 "select_blocks_mma",
                 "block_sparse_attention",

@@ -71,3 +71,10 @@ extern "C" __global__ void sala_cuda_cores_q8(const T* q, const uint32_t* k, con
                                               SalaKvScales<T> qsb, int len, int settled, float* out, float* lse) {
   sala_decode_attention_split_q8<T, 128, 16, 8, 64, SCALE, 64>(q, 1, k, v, kr, vr, qsb, len, settled, 8192, 256, out, lse);
 }
+// The prefill attention's form for three thread blocks an SM (two ring stages), as the kernels
+// bench compares it: last, since the bounds apply to every kernel after them.
+#include "cuda/three_blocks_an_sm.cu"
+extern "C" __global__ void sala_prefill_three(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first,
+                                              int len, int settled, T* out, int tq, int nsel) {
+  sala_block_sparse_attention_mma<T, 128, 16, 64, SCALE, 4, 128, 2>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
+}

@@ -7,6 +7,7 @@
 
 use super::custom::{apply, backend, shape_args, Backend, KernelSource, Launch, TemplateArg, MAX_SHAPE_ARGS};
 use super::gla;
+use super::rope::{self, QkHeads, RopeAngles};
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_AND_METAL};
 use mlx_rs::{error::Result, fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
 
@@ -191,8 +192,7 @@ pub fn decode_step_mlx(p: &StepParams, qkv: &Array, positions: &Array, state: &A
 }
 
 /// q, k and v `[B, H, T, d]` from the stacked projection `qkv` `[B, T, W]` (q and k through the
-/// QK-norm when the layer has one), in MLX operations: the first step of [`decode_step_mlx`], and
-/// of a lightning layer's prefill.
+/// QK-norm when the layer has one), in MLX operations: the first step of [`decode_step_mlx`].
 pub fn split_heads(p: &StepParams, qkv: &Array) -> Result<(Array, Array, Array)> {
     let (b, t) = (qkv.shape()[0], qkv.shape()[1]);
     let (h, d) = (p.heads, p.head_dim);
@@ -204,6 +204,16 @@ pub fn split_heads(p: &StepParams, qkv: &Array) -> Result<(Array, Array, Array)>
         y.swap_axes(1, 2)
     };
     Ok((part(0, p.qk_norm.map(|n| n.0))?, part(1, p.qk_norm.map(|n| n.1))?, part(2, None)?))
+}
+
+/// A lightning layer's q, k and v `[B, H, T, d]` for a prompt chunk from its stacked projection
+/// `qkv` `[B, T, W]`: q and k through the QK-norm and RoPE when the layer has them, token t of
+/// sequence b at `offsets[b] + t` (a scalar or `[1]` for all). One kernel on CUDA
+/// ([`rope::prompt_heads`]).
+pub fn prompt_heads(p: &StepParams, qkv: &Array, offsets: &Array) -> Result<[Array; 3]> {
+    let heads = QkHeads { heads: p.heads, kv_heads: p.heads, head_dim: p.head_dim, norms: p.qk_norm };
+    let angles = p.rope_theta.map(|theta| RopeAngles { dims: p.head_dim, base: theta, periods: None, position_scale: 1.0, mscale: 1.0 });
+    rope::prompt_heads(qkv, heads, angles.as_ref(), offsets)
 }
 
 /// q and k `[B, H, T, d]` with RoPE from the positions in `offset` (a scalar, or one per

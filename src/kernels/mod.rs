@@ -22,7 +22,7 @@ pub mod stamp;
 
 /// The self-checks of the kernels whose MLX-ops versions are here (InfLLM-V2's are in
 /// `models::sala::infllm`; `models::kernel_checks` lists all).
-pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 15] = [
+pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 16] = [
     &dequantize::DEQUANTIZE_CHECK,
     &draw::DRAW_CHECK,
     &epilogue::EPILOGUE_CHECK,
@@ -38,4 +38,5 @@ pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 15] = [
     &sparse::DECODE_ATTENTION_MMA_CHECK,
     &sparse::DECODE_ATTENTION_Q8_CHECK,
     &rope::ROPE_APPEND_CHECK,
+    &rope::ROPE_PROMPT_CHECK,
 ];

@@ -273,3 +273,153 @@ fn rope_append_source(n: usize) -> &'static KernelSource {
         }
     })
 }
+
+static ROPE_PROMPT: KernelSource = KernelSource {
+    name: "sala_rope_prompt",
+    inputs: &["rows", "q_norm", "k_norm", "periods", "positions"],
+    outputs: &["q", "k", "v"],
+    cuda_header: concat!(include_str!("../../cuda/round.cu"), include_str!("../../cuda/rope.cu")),
+    cuda_body: "sala_rope_prompt<T, D, DIMS, HQ, HKV, NORM, TABLE, EPS_BITS, MSCALE_BITS, POS_SCALE_BITS, LOG2_BASE_BITS>(\
+                rows, rows_strides[0], rows_strides[1], rows_strides[2], q_norm, k_norm, periods, positions, \
+                positions_shape[0], rows_shape[1], q, k, v);",
+    metal_header: "",
+    metal_body: "",
+    // The rows are read through their strides (a view of the projection's output); the norms,
+    // the table and the positions are whole arrays.
+    contiguous_inputs: false,
+    shared_memory: 0,
+};
+
+/// A prompt chunk's heads from the stacked projection's rows `rows` `[B, T, W]` (a view is fine),
+/// `[q | k | v | …]`: q `[B, Hq, T, d]`, k and v `[B, Hkv, T, d]`, q and k normed (when the layer
+/// has norms) and rotated by `angles` (none: not rotated), token t of sequence b at
+/// `positions[b] + t` (`positions`: int32, one for all or one per sequence). On CUDA one kernel
+/// writes the three in the layout attention and GLA read; elsewhere MLX operations.
+pub fn prompt_heads(rows: &Array, heads: QkHeads, angles: Option<&RopeAngles>, positions: &Array) -> Result<[Array; 3]> {
+    let (d, positions) = (heads.head_dim, positions.reshape(&[-1])?);
+    let fits = backend() == Backend::Cuda
+        && rows.ndim() == 3
+        // Tokens and sequences are grid dimensions.
+        && rows.shape()[1] <= 65535
+        && rows.shape()[0] <= 65535
+        && matches!(rows.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
+        && positions.dtype() == Dtype::Int32
+        && (positions.size() == 1 || positions.size() as i32 == rows.shape()[0])
+        && d % 32 == 0
+        && d <= 1024
+        && rows.shape()[2] >= (heads.heads + 2 * heads.kv_heads) * d
+        && heads.norms.is_none_or(|(q, k, _)| q.dtype() == rows.dtype() && k.dtype() == rows.dtype() && q.size() as i32 == d && k.size() as i32 == d)
+        && angles.is_none_or(|a| {
+            a.dims % 2 == 0
+                && a.dims <= d
+                // Float constants travel as the bit patterns of template ints, which must not be negative.
+                && a.mscale > 0.0
+                && a.position_scale > 0.0
+                && (a.periods.is_some() || a.base > 1.0)
+                && a.periods.as_ref().is_none_or(|p| p.dtype() == Dtype::Float32 && p.size() as i32 == a.dims / 2)
+        })
+        && selfcheck::enabled(&ROPE_PROMPT_CHECK);
+    if !fits {
+        return prompt_heads_mlx(rows, heads, angles, &positions);
+    }
+    prompt_heads_cuda(rows, heads, angles, &positions)
+}
+
+/// The MLX-ops version of [`prompt_heads`]: the slices, norms, transposes and rotations the
+/// kernel replaces (v a transposed view, not a copy).
+pub fn prompt_heads_mlx(rows: &Array, heads: QkHeads, angles: Option<&RopeAngles>, positions: &Array) -> Result<[Array; 3]> {
+    let (b, t, d) = (rows.shape()[0], rows.shape()[1], heads.head_dim);
+    let part = |start: i32, n: i32, norm: Option<&Array>, rotate: bool| -> Result<Array> {
+        let x = rows.try_index((.., .., start * d..(start + n) * d))?.reshape(&[b, t, n, d])?;
+        let x = match (norm, heads.norms) {
+            (Some(w), Some((_, _, eps))) => fast::rms_norm(&x, Some(w), eps)?,
+            _ => x,
+        };
+        let x = x.swap_axes(1, 2)?;
+        match angles.filter(|_| rotate) {
+            Some(angles) => angles.apply_at(&x, positions),
+            None => Ok(x),
+        }
+    };
+    let (hq, hkv) = (heads.heads, heads.kv_heads);
+    Ok([part(0, hq, heads.norms.map(|n| n.0), true)?, part(hq, hkv, heads.norms.map(|n| n.1), true)?, part(hq + hkv, hkv, None, false)?])
+}
+
+fn prompt_heads_cuda(rows: &Array, heads: QkHeads, angles: Option<&RopeAngles>, positions: &Array) -> Result<[Array; 3]> {
+    const THREADS: i32 = 128;
+    let (b, t, d) = (rows.shape()[0], rows.shape()[1], heads.head_dim);
+    let (hq, hkv) = (heads.heads, heads.kv_heads);
+    let unused = scalar(0.0, Dtype::Float32)?;
+    let (q_norm, k_norm, eps) = heads.norms.unwrap_or((rows, rows, 0.0));
+    let periods = angles.and_then(|a| a.periods.as_ref()).unwrap_or(&unused);
+    let bits = |x: f32| TemplateArg::Int(x.to_bits() as i32);
+    // No angles: no dimension turns (DIMS 0).
+    let (dims, mscale, position_scale) = angles.map_or((0, 1.0, 1.0), |a| (a.dims, a.mscale, a.position_scale));
+    let log2_base = angles.filter(|a| a.periods.is_none()).map_or(0.0, |a| (a.base as f64).log2() as f32);
+    let out = apply(
+        &ROPE_PROMPT,
+        &[rows, q_norm, k_norm, periods, positions],
+        Launch {
+            // As `sala_rope_head_blocks` in cuda/rope.cu: a warp per q, k and v head, 4 warps a block.
+            grid: (THREADS * ((hq + 2 * hkv + 3) / 4), t, b),
+            threads: (THREADS, 1, 1),
+            outputs: vec![(vec![b, hq, t, d], rows.dtype()), (vec![b, hkv, t, d], rows.dtype()), (vec![b, hkv, t, d], rows.dtype())],
+            template: vec![
+                ("T", TemplateArg::Type(rows.dtype())),
+                ("D", TemplateArg::Int(d)),
+                ("DIMS", TemplateArg::Int(dims)),
+                ("HQ", TemplateArg::Int(hq)),
+                ("HKV", TemplateArg::Int(hkv)),
+                ("NORM", TemplateArg::Bool(heads.norms.is_some())),
+                ("TABLE", TemplateArg::Bool(angles.is_some_and(|a| a.periods.is_some()))),
+                ("EPS_BITS", bits(eps)),
+                ("MSCALE_BITS", bits(mscale)),
+                ("POS_SCALE_BITS", bits(position_scale)),
+                ("LOG2_BASE_BITS", bits(log2_base)),
+            ],
+            init: None,
+        },
+    )?;
+    let [q, k, v]: [Array; 3] = out.try_into().unwrap_or_else(|_| unreachable!("three outputs"));
+    Ok([q, k, v])
+}
+
+/// The prompt kernel against [`prompt_heads_mlx`] in bfloat16: two sequences at their own
+/// positions from a view of wider rows, with QK-norm, grouped KV heads and MLX's base angles; one
+/// sequence at one position with a period table, an attention factor, a position scale and a
+/// partial rotation; and neither norm nor rotation.
+pub static ROPE_PROMPT_CHECK: KernelCheck = KernelCheck { name: "rope_prompt", backends: CUDA_ONLY, run: check_rope_prompt };
+
+fn check_rope_prompt() -> Verdict {
+    let bf16 = Dtype::Bfloat16;
+    let periods: Vec<f32> = (0..16).map(|i| 10000f32.powf(i as f32 / 16.0) * (1.0 + i as f32 / 8.0)).collect();
+    let plain = RopeAngles { dims: 64, base: 1e6, periods: None, position_scale: 1.0, mscale: 1.0 };
+    let scaled = RopeAngles { dims: 32, base: 0.0, periods: Some(Array::from_slice(&periods, &[16])), position_scale: 0.5, mscale: 1.2 };
+    // (what, [B, T, Hq, Hkv, d], QK-norm, angles, positions).
+    type Case<'a> = (&'a str, [i32; 5], bool, Option<&'a RopeAngles>, &'a [i32]);
+    let cases: [Case; 3] = [
+        ("QK-norm and base angles", [2, 9, 4, 2, 64], true, Some(&plain), &[3, 1000]),
+        ("a period table", [1, 70, 3, 3, 64], false, Some(&scaled), &[517]),
+        ("no norm, no rotation", [2, 5, 2, 1, 32], false, None, &[0]),
+    ];
+    for (what, [b, t, hq, hkv, d], normed, angles, at) in cases {
+        verify(
+            || {
+                let width = (hq + 2 * hkv) * d;
+                let rows = sample(&[b, t, width + 8 + d], 81, bf16)?.try_index((.., .., 8..8 + width + d))?;
+                let norm = |seed| sample(&[d], seed, bf16)?.multiply(Array::from_f32(0.5))?.add(Array::from_f32(1.0))?.as_dtype(bf16);
+                Ok((rows, norm(82)?, norm(83)?, Array::from_slice(at, &[at.len() as i32])))
+            },
+            |(rows, qn, kn, positions)| {
+                let heads = QkHeads { heads: hq, kv_heads: hkv, head_dim: d, norms: normed.then_some((qn, kn, 1e-6)) };
+                Ok(prompt_heads_cuda(rows, heads, angles, positions)?.into())
+            },
+            |(rows, qn, kn, positions)| {
+                let heads = QkHeads { heads: hq, kv_heads: hkv, head_dim: d, norms: normed.then_some((qn, kn, 1e-6)) };
+                Ok(prompt_heads_mlx(rows, heads, angles, positions)?.into())
+            },
+        )
+        .map_err(|e| format!("{what}: {e}"))?;
+    }
+    Ok(())
+}

@@ -1166,25 +1166,31 @@ const PREFILL_MAX_SELECTED: i32 = 128;
 /// Blocks in flight in that kernel's ring of staged tiles: a block's keys and values are requested
 /// two steps of the walk before they are used.
 const PREFILL_STAGES: i32 = 3;
-/// Its dynamic shared memory for `qpb` queries a thread block, as `sala_prefill_ring_bytes` counts
-/// it for the largest launch (bf16/f16 heads of 128): the ring, then the lists, their owned
-/// counts, the union and 2 · qpb counters. About 108 KB at 4: two thread blocks an SM, as its
-/// registers allow.
-const fn prefill_ring_bytes(qpb: i32) -> i32 {
-    PREFILL_STAGES * 2 * 64 * (128 + 8) * 2 + (3 * qpb * PREFILL_MAX_SELECTED + 2 * qpb) * 4
+/// Its dynamic shared memory for `qpb` queries a thread block and `stages` ring stages, as
+/// `sala_prefill_ring_bytes` counts it for the largest launch (bf16/f16 heads of 128): the ring,
+/// then the lists, their owned counts, the union and 2 · qpb counters. About 108 KB at 4 queries
+/// and 3 stages: two thread blocks an SM, as its registers allow.
+const fn prefill_ring_bytes(qpb: i32, stages: i32) -> i32 {
+    stages * 2 * 64 * (128 + 8) * 2 + (3 * qpb * PREFILL_MAX_SELECTED + 2 * qpb) * 4
 }
 
-/// Queries a thread block of the wider form, one thread block an SM (kernels bench sweep).
-const WIDE_QUERIES_PER_BLOCK: i32 = 8;
+/// A form of the tensor-core prefill attention over rows: its source, queries a thread block and
+/// ring stages (the kernels bench compares the others with the default).
+#[derive(Clone, Copy)]
+struct PrefillForm {
+    source: &'static KernelSource,
+    qpb: i32,
+    stages: i32,
+}
 
-/// The tensor-core prefill attention over rows, its shared memory sized for `qpb` queries a
-/// thread block (the size is the source's, not the launch's).
-const fn prefill_source(name: &'static str, qpb: i32) -> KernelSource {
+/// The source of a form, its shared memory sized for `qpb` queries a thread block and `stages`
+/// ring stages (the size is the source's, not the launch's).
+const fn prefill_source(name: &'static str, header: &'static str, qpb: i32, stages: i32) -> KernelSource {
     KernelSource {
         name,
         inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
         outputs: &["out"],
-        cuda_header: BLOCK_SPARSE_PREFILL_HEADER,
+        cuda_header: header,
         cuda_body: "sala_block_sparse_attention_mma<T, D, G, BLOCK, SCALE_BITS, QPB, NSEL, STAGES>(\
                     q, k, v, k_recent, v_recent, blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
                     out, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);",
@@ -1192,22 +1198,49 @@ const fn prefill_source(name: &'static str, qpb: i32) -> KernelSource {
         metal_header: "",
         metal_body: "",
         contiguous_inputs: false,
-        shared_memory: prefill_ring_bytes(qpb),
+        shared_memory: prefill_ring_bytes(qpb, stages),
     }
 }
 
-static BLOCK_SPARSE_PREFILL: KernelSource = prefill_source("sala_block_sparse_prefill", MMA_QUERIES_PER_BLOCK);
-static BLOCK_SPARSE_PREFILL_WIDE: KernelSource = prefill_source("sala_block_sparse_prefill_wide", WIDE_QUERIES_PER_BLOCK);
+static BLOCK_SPARSE_PREFILL: KernelSource = prefill_source("sala_block_sparse_prefill", BLOCK_SPARSE_PREFILL_HEADER, MMA_QUERIES_PER_BLOCK, PREFILL_STAGES);
+static BLOCK_SPARSE_PREFILL_WIDE: KernelSource = prefill_source("sala_block_sparse_prefill_wide", BLOCK_SPARSE_PREFILL_HEADER, 8, PREFILL_STAGES);
+static BLOCK_SPARSE_PREFILL_THREE: KernelSource = prefill_source(
+    "sala_block_sparse_prefill_three",
+    concat!(
+        include_str!("../../cuda/unpack.cu"),
+        include_str!("../../cuda/mma.cu"),
+        include_str!("../../cuda/attention_mma.cu"),
+        include_str!("../../cuda/block_sparse_prefill.cu"),
+        include_str!("../../cuda/three_blocks_an_sm.cu")
+    ),
+    MMA_QUERIES_PER_BLOCK,
+    2,
+);
+
+/// The default form: two thread blocks an SM (registers and shared memory both allow two).
+const PREFILL_DEFAULT: PrefillForm = PrefillForm { source: &BLOCK_SPARSE_PREFILL, qpb: MMA_QUERIES_PER_BLOCK, stages: PREFILL_STAGES };
+/// 8 queries a thread block, one thread block an SM.
+const PREFILL_WIDE: PrefillForm = PrefillForm { source: &BLOCK_SPARSE_PREFILL_WIDE, qpb: 8, stages: PREFILL_STAGES };
+/// Three thread blocks an SM: two ring stages (74 KB of shared memory each) and at most 168
+/// registers by launch bounds (ptxas spills a little).
+const PREFILL_THREE: PrefillForm = PrefillForm { source: &BLOCK_SPARSE_PREFILL_THREE, qpb: MMA_QUERIES_PER_BLOCK, stages: 2 };
 
 thread_local! {
-    static PREFILL_QPB_OVERRIDE: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+    static PREFILL_FORM_OVERRIDE: std::cell::Cell<Option<PrefillForm>> = const { std::cell::Cell::new(None) };
 }
 
-/// Runs `f` with the tensor-core prefill attention over rows taking [`WIDE_QUERIES_PER_BLOCK`]
-/// queries a thread block, for the kernels bench's comparison; the model uses the default.
+/// Runs `f` with the tensor-core prefill attention over rows taking 8 queries a thread block,
+/// for the kernels bench's comparison; the model uses the default.
 #[doc(hidden)]
 pub fn with_wide_prefill_blocks<R>(f: impl FnOnce() -> R) -> R {
-    with_setting(&PREFILL_QPB_OVERRIDE, Some(WIDE_QUERIES_PER_BLOCK), f)
+    with_setting(&PREFILL_FORM_OVERRIDE, Some(PREFILL_WIDE), f)
+}
+
+/// Runs `f` with the tensor-core prefill attention over rows in its form for three thread blocks
+/// an SM, for the kernels bench's comparison; the model uses the default.
+#[doc(hidden)]
+pub fn with_three_prefill_blocks_an_sm<R>(f: impl FnOnce() -> R) -> R {
+    with_setting(&PREFILL_FORM_OVERRIDE, Some(PREFILL_THREE), f)
 }
 
 static BLOCK_SPARSE_PREFILL_Q8: KernelSource = KernelSource {
@@ -1264,7 +1297,8 @@ pub fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_
     }
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
-    let qpb = PREFILL_QPB_OVERRIDE.with(|o| o.get()).unwrap_or(MMA_QUERIES_PER_BLOCK);
+    let form = PREFILL_FORM_OVERRIDE.with(|o| o.get()).unwrap_or(PREFILL_DEFAULT);
+    let qpb = form.qpb;
     let launch = Launch {
         grid: (32 * qpb, (t + qpb - 1) / qpb, hkv),
         threads: (32 * qpb, 1, 1),
@@ -1277,12 +1311,11 @@ pub fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_
             ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
             ("QPB", TemplateArg::Int(qpb)),
             ("NSEL", TemplateArg::Int(PREFILL_MAX_SELECTED)),
-            ("STAGES", TemplateArg::Int(PREFILL_STAGES)),
+            ("STAGES", TemplateArg::Int(form.stages)),
         ],
         init: None,
     };
-    let rows = if qpb == WIDE_QUERIES_PER_BLOCK { &BLOCK_SPARSE_PREFILL_WIDE } else { &BLOCK_SPARSE_PREFILL };
-    let sources = [rows, &BLOCK_SPARSE_PREFILL_Q8];
+    let sources = [form.source, &BLOCK_SPARSE_PREFILL_Q8];
     let out = apply_over_cache(sources, &q3, kv, &blocks.contiguous()?, &params, launch)?;
     Ok(out.into_iter().next().expect("one output"))
 }

@@ -14,7 +14,7 @@ use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::kernels::kv::append_with;
-use crate::kernels::rope::{rope_append, QkHeads, RopeAngles};
+use crate::kernels::rope::{prompt_heads, rope_append, QkHeads, RopeAngles};
 use crate::kernels::sparse::{decode_attention, launch_decode_variants, DecodeQuery, DecodeShape};
 use crate::models::layers::{per_sequence, prompt_attention, scale, Embedding, HeadRows, Input, Linear, LmHead, Mlp, Projections, RmsNorm};
 use crate::models::rope::Rope;
@@ -236,30 +236,42 @@ impl Attention {
         if x.shape()[1] == 1 && caches.iter().all(|c| !c.is_empty()) {
             return self.attend_decode(x, caches, rope);
         }
-        let [q, k, v] = self.qkv_proj.forward(x)?;
-        self.attend_prompt(&q, &k, &v, caches, rope)
+        let rows = self.qkv_proj.forward_joined(x)?;
+        self.attend_prompt(&rows, caches, rope)
     }
 
-    /// [`Attention::attend`] of a prompt's projections q, k, v `[B, T, heads·d]`.
-    fn attend_prompt(&self, q: &Array, k: &Array, v: &Array, caches: &mut [&mut KvCache], rope: &Rope) -> Result<Array> {
-        let (b, t) = (q.shape()[0], q.shape()[1]);
-        let heads = |y: &Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let y = y.reshape(&[b, t, n, self.head_dim])?;
-            let y = match norm {
-                Some(norm) => norm.forward(&y)?,
-                None => y,
-            };
-            Ok(y.swap_axes(1, 2)?)
+    /// The query, key and value heads as the layer feeds them to attention and the decode
+    /// kernels: where they sit in the stacked projection, and the QK-norm's weights.
+    fn qk_heads(&self) -> QkHeads<'_> {
+        QkHeads {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            norms: self.q_norm.as_ref().zip(self.k_norm.as_ref()).map(|(q, k)| (&q.weight, &k.weight, q.eps)),
+        }
+    }
+
+    /// [`Attention::attend`] of a prompt's stacked projection rows `[B, T, (Hq + 2·Hkv)·d]`.
+    fn attend_prompt(&self, rows: &Array, caches: &mut [&mut KvCache], rope: &Rope) -> Result<Array> {
+        let (b, t) = (rows.shape()[0], rows.shape()[1]);
+        let positions: Vec<i32> = caches.iter().map(|c| c.position() as i32).collect();
+        let angles: Vec<&RopeAngles> = positions.iter().map(|&p| rope.angles(p as usize + t as usize)).collect();
+        let [q, k, v] = if angles.iter().all(|a| std::ptr::eq(*a, angles[0])) {
+            prompt_heads(rows, self.qk_heads(), Some(angles[0]), &Array::from_slice(&positions, &[b]))?
+        } else {
+            // longrope with sequences on both sides of the original context: one call each.
+            let mut each = [vec![], vec![], vec![]];
+            for (i, (&position, angles)) in positions.iter().zip(&angles).enumerate() {
+                let row = rows.try_index(i as i32..i as i32 + 1)?;
+                let heads = prompt_heads(&row, self.qk_heads(), Some(angles), &Array::from_slice(&[position], &[1]))?;
+                each.iter_mut().zip(heads).for_each(|(all, one)| all.push(one));
+            }
+            let [q, k, v] = each.map(|parts| ops::concatenate(&parts, 0));
+            [q?, k?, v?]
         };
-        let q = heads(q, self.heads, &self.q_norm)?;
-        let k = heads(k, self.kv_heads, &self.k_norm)?;
-        let v = heads(v, self.kv_heads, &None)?;
         let o = per_sequence(&[&q, &k, &v], caches, |qkv, cache| {
-            let position = cache.position();
-            let q = rope.apply(&qkv[0], position)?;
-            let k = rope.apply(&qkv[1], position)?;
-            let (keys, values) = cache.append(&k, &qkv[2])?;
-            let o = prompt_attention(&q, &keys, &values, self.scale())?;
+            let (keys, values) = cache.append(&qkv[1], &qkv[2])?;
+            let o = prompt_attention(&qkv[0], &keys, &values, self.scale())?;
             cache.evict()?;
             Ok(o)
         })?;
@@ -279,14 +291,9 @@ impl Attention {
     /// [`Attention::attend_decode`] of the stacked projection's rows `[B, 1, (Hq + 2·Hkv)·d]`.
     fn attend_decode_rows(&self, rows: &Array, caches: &mut [&mut KvCache], rope: &Rope) -> Result<Array> {
         let b = rows.shape()[0];
-        let (hq, hkv, d) = (self.heads, self.kv_heads, self.head_dim);
+        let (hq, d) = (self.heads, self.head_dim);
         let positions: Vec<usize> = caches.iter().map(|c| c.position()).collect();
-        let heads = QkHeads {
-            heads: hq,
-            kv_heads: hkv,
-            head_dim: d,
-            norms: self.q_norm.as_ref().zip(self.k_norm.as_ref()).map(|(q, k)| (&q.weight, &k.weight, q.eps)),
-        };
+        let heads = self.qk_heads();
         let angles: Vec<&RopeAngles> = positions.iter().map(|&p| rope.angles(p + 1)).collect();
         let q = append_with(caches, |slots| {
             if angles.iter().all(|a| std::ptr::eq(*a, angles[0])) {
@@ -319,7 +326,7 @@ impl Attention {
     fn attend_mixed(&self, x: Input, b: i32, lens: &[i32], decode: &mut [&mut KvCache], chunks: &mut [&mut KvCache], rope: &Rope) -> Result<Array> {
         let rows = self.qkv_proj.forward_joined(x)?;
         let width = rows.shape()[2];
-        let (q_width, kv_width) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let q_width = self.heads * self.head_dim;
         let mut outputs = Vec::with_capacity(1 + lens.len());
         if b > 0 {
             let step = rows.try_index((.., ..b, ..))?.reshape(&[b, 1, width])?;
@@ -327,9 +334,7 @@ impl Attention {
         }
         let mut at = b;
         for (&len, cache) in lens.iter().zip(chunks.iter_mut()) {
-            let part = |from: i32, to: i32| rows.try_index((.., at..at + len, from..to));
-            let (q, k, v) = (part(0, q_width)?, part(q_width, q_width + kv_width)?, part(q_width + kv_width, width)?);
-            outputs.push(self.attend_prompt(&q, &k, &v, std::slice::from_mut(cache), rope)?);
+            outputs.push(self.attend_prompt(&rows.try_index((.., at..at + len, ..))?, std::slice::from_mut(cache), rope)?);
             at += len;
         }
         Ok(ops::concatenate(&outputs, 1)?)

@@ -211,16 +211,18 @@ impl LightningAttention {
     /// chunked GLA form.
     fn prefill(&self, qkvz: &Array, states: &mut [&mut RecurrentState], positions: &Positions) -> Result<Array> {
         let (b, t) = (qkvz.shape()[0], qkvz.shape()[1]);
-        let params = self.step_params();
-        let (q, k, v) = lightning::split_heads(&params, qkvz)?;
+        // One sequence: the shared position; several: each its own.
+        let offsets = if b == 1 {
+            positions.device().clone()
+        } else {
+            Array::from_slice(&states.iter().map(|s| s.len as i32).collect::<Vec<_>>(), &[b])
+        };
+        let [q, k, v] = lightning::prompt_heads(&self.step_params(), qkvz, &offsets)?;
         let o = per_sequence(&[&q, &k, &v], states, |qkv, cache| {
-            // One sequence: the shared position; several: its own.
-            let offset = if b == 1 { positions.device().clone() } else { Array::from_int(cache.len as i32) };
-            let (q, k) = lightning::rotate(&params, &qkv[0], &qkv[1], &offset)?;
-            let v = qkv[2].clone();
+            let [q, k, v] = [&qkv[0], &qkv[1], &qkv[2]];
             let before = cache.state()?;
-            let (o, state) = gla::simple_gla(&q, &k, &v, &self.slopes, before.as_ref(), self.cfg.q_scale)?;
-            cache.replay = cache.record_replay.then(|| Replay { state: before, len: cache.len, inputs: vec![k, v] });
+            let (o, state) = gla::simple_gla(q, k, v, &self.slopes, before.as_ref(), self.cfg.q_scale)?;
+            cache.replay = cache.record_replay.then(|| Replay { state: before, len: cache.len, inputs: vec![k.clone(), v.clone()] });
             cache.set_state(Some(state));
             cache.len += t as usize;
             Ok(o)
