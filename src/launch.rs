@@ -127,7 +127,8 @@ fn join(tp: usize, backend: Backend, rank: &str) -> anyhow::Result<TensorParalle
     });
     let group = TensorParallel::join(backend, tp);
     let _ = joined.send(());
-    Ok(group?)
+    // On CUDA the small sums go through the peers' memory where every rank can map the others'.
+    Ok(crate::kernels::all_reduce::attach(&group?))
 }
 
 /// Ends the process at once: no exit handlers, which could wait on MLX's communication threads.
@@ -513,6 +514,7 @@ pub fn check_group(tp: &TensorParallel) -> anyhow::Result<GroupCheck> {
         }
     }
     let (rank, size) = (tp.rank, tp.size);
+    let backend = tp.backend().map_or("none", Backend::name);
     let expected_sum = (size * (size + 1) / 2) as f32;
     let sum = tp.all_sum(&Array::from_slice(&[rank as f32 + 1.0], &[1]))?;
     sum.eval()?;
@@ -553,14 +555,21 @@ pub fn check_group(tp: &TensorParallel) -> anyhow::Result<GroupCheck> {
     let dtype = Dtype::Bfloat16;
     let decode = time_chain(tp, &[1, 1, HIDDEN], dtype, DECODE_ALL_SUMS)?;
     let prefill = time_chain(tp, &[1, PREFILL_CHUNK, HIDDEN], dtype, PREFILL_ALL_SUMS)?;
+    // The small sums' path, and beside it the backend's own collective timed the same way.
+    let small_sums = match tp.fast_sum_name() {
+        Some(name) => {
+            let own = time_chain(&tp.without_fast_sum(), &[1, 1, HIDDEN], dtype, DECODE_ALL_SUMS)?;
+            format!("small sums through {name} (through {backend} alone: {}); ", own.describe())
+        }
+        None => String::new(),
+    };
 
     let gbps = BANDWIDTH_BYTES as f64 / bandwidth_time.as_secs_f64() / 1e9;
-    let backend = tp.backend().map_or("none", Backend::name);
     Ok(GroupCheck {
         summary: format!(
             "{size} ranks over {backend}: all_sum of rank+1 = {expected_sum}, all_gather = {gathered:?}, broadcast from rank 0 and agreement OK; \
              16 MiB all_sum {:.1} ms ({gbps:.2} GB/s), 4-byte all_sum {} µs (mean of {LATENCY_ROUNDS}); \
-             in one graph: {} ({:.2} ms a decode token), {} ({:.2} GB/s)",
+             {small_sums}in one graph: {} ({:.2} ms a decode token), {} ({:.2} GB/s)",
             bandwidth_time.as_secs_f64() * 1e3,
             latency.as_micros(),
             decode.describe(),

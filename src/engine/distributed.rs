@@ -97,6 +97,17 @@ impl KvHeads {
     }
 }
 
+/// A faster sum over the ranks than the backend's own collective, for the arrays it takes (on
+/// CUDA, through the peers' memory: `kernels::all_reduce`). Every rank must have the same one,
+/// so that each sum takes the same path everywhere.
+pub trait FastSum: Send + Sync {
+    /// The element-wise sum of every rank's `x`, or `None` where this path does not take `x`
+    /// (its size or type): the decision depends on `x`'s shape and type alone.
+    fn all_sum(&self, x: &Array) -> Option<mlx_rs::error::Result<Array>>;
+    /// What users see it called ("peer memory").
+    fn name(&self) -> &'static str;
+}
+
 /// This process's place in a tensor-parallel group: which shard of every split matrix it holds
 /// and how it sums partial results with the other ranks. A single device is a group of one, for
 /// which every collective returns its input.
@@ -105,6 +116,7 @@ pub struct TensorParallel {
     pub rank: usize,
     pub size: usize,
     group: Option<(Arc<Group>, Backend)>,
+    fast_sum: Option<Arc<dyn FastSum>>,
 }
 
 impl Default for TensorParallel {
@@ -122,7 +134,7 @@ impl std::fmt::Debug for TensorParallel {
 impl TensorParallel {
     /// One device: nothing split, nothing summed.
     pub fn single() -> Self {
-        Self { rank: 0, size: 1, group: None }
+        Self { rank: 0, size: 1, group: None, fast_sum: None }
     }
 
     /// Joins the group of `size` ranks that `backend` finds through the environment. Refused when
@@ -166,7 +178,7 @@ impl TensorParallel {
                 backend.name()
             )));
         }
-        Ok(Self { rank, size, group: Some((Arc::new(group), backend)) })
+        Ok(Self { rank, size, group: Some((Arc::new(group), backend)), fast_sum: None })
     }
 
     pub fn is_single(&self) -> bool {
@@ -222,8 +234,26 @@ impl TensorParallel {
         Ok(KvHeads { range: head..head + 1, replicas, total: kv_heads })
     }
 
+    /// The group with `fast` taking the sums it can (every rank must attach the same).
+    pub fn with_fast_sum(&self, fast: Arc<dyn FastSum>) -> Self {
+        Self { fast_sum: Some(fast), ..self.clone() }
+    }
+
+    /// The group summing through its backend's own collective only.
+    pub fn without_fast_sum(&self) -> Self {
+        Self { fast_sum: None, ..self.clone() }
+    }
+
+    /// The name of the faster sum attached, if any.
+    pub fn fast_sum_name(&self) -> Option<&'static str> {
+        self.fast_sum.as_ref().map(|f| f.name())
+    }
+
     /// The element-wise sum of every rank's `x`.
     pub fn all_sum(&self, x: &Array) -> Result<Array> {
+        if let Some(sum) = self.fast_sum.as_ref().and_then(|f| f.all_sum(x)) {
+            return Ok(sum?);
+        }
         self.collective(x, mlx_sys::mlx_distributed_all_sum)
     }
 

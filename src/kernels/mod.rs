@@ -5,6 +5,7 @@
 //! `models::sala::infllm`, which also picks between them and [`sparse`]'s kernels.
 //! (docs/architecture.md, Kernels; docs/adding-a-kernel.md.)
 
+pub mod all_reduce;
 pub mod custom;
 pub mod dequantize;
 pub mod draw;

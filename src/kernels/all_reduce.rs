@@ -1,0 +1,349 @@
+//! Tensor parallelism's sums over the GPUs of one host through each other's memory
+//! (`cuda/all_reduce.cu`): one kernel per sum, where NCCL's all-reduce costs about 40 µs inside a
+//! graph and a decoding token of MiniCPM-SALA-9B needs 88 of them (issue 61). Each rank allocates
+//! an exchange buffer with the CUDA driver, exports it (CUDA IPC), and maps every peer's; the
+//! kernel pushes its part into the peers' buffers, raises a flag in each and sums what arrived.
+//!
+//! [`attach`] sets it up for an NCCL group and checks it against NCCL's own sum before any model
+//! uses it; where a step fails on any rank, every rank keeps NCCL's collective, with a warning.
+//! Sums past [`SLOT_BYTES`] a rank (prompt chunks, bound by the links' bandwidth, where NCCL's ring
+//! does as well) and of other types than bf16, f16 and float32 still go through NCCL.
+//! `SALA_PEER_SUM=off` keeps NCCL for every sum (for A/B measurements).
+
+use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
+use super::selfcheck::sample;
+use crate::engine::distributed::{self, FastSum, TensorParallel};
+use mlx_rs::{error::Exception, Array, Dtype};
+use std::sync::{Arc, OnceLock};
+
+const HEADER: &str = include_str!("../../cuda/all_reduce.cu");
+
+static ALL_SUM: KernelSource = KernelSource {
+    name: "sala_all_sum",
+    inputs: &["x", "table", "after"],
+    outputs: &["y", "ticket"],
+    cuda_header: HEADER,
+    cuda_body: "sala_all_sum<T, RANKS, RANK, SLOT_BYTES>(x, reinterpret_cast<const unsigned long long*>(table), y, ticket, (size_t)x_shape[0]);",
+    metal_header: "",
+    metal_body: "",
+    contiguous_inputs: true,
+    shared_memory: 0,
+};
+
+/// The most bytes of a rank's part this path takes: 128 decoding tokens of 4096 bf16 values.
+pub const SLOT_BYTES: usize = 1 << 20;
+/// Where the data slots begin in an exchange buffer, after the counts and flags
+/// (`SALA_AR_DATA_AT`).
+const DATA_AT: usize = 4096;
+/// Thread blocks of one sum at most (`SALA_AR_MAX_BLOCKS`) and ranks (`SALA_AR_MAX_RANKS`).
+const MAX_BLOCKS: usize = 64;
+const MAX_RANKS: usize = 8;
+const THREADS: usize = 512;
+
+/// The sums of a group whose ranks have mapped each other's exchange buffers.
+pub struct PeerSum {
+    ranks: usize,
+    rank: usize,
+    /// Every rank's exchange buffer as this process addresses it.
+    buffers: Vec<u64>,
+}
+
+impl PeerSum {
+    /// Whether this path takes `x`: a 16-bit or float32 array of at most [`SLOT_BYTES`], on CUDA.
+    fn takes(&self, x: &Array) -> bool {
+        if !matches!(x.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32) {
+            return false;
+        }
+        let bytes = x.nbytes();
+        bytes > 0 && bytes <= SLOT_BYTES && backend() == Backend::Cuda
+    }
+
+    fn sum(&self, x: &Array) -> mlx_rs::error::Result<Array> {
+        let n = x.size();
+        // A thread per 16-byte piece, up to MAX_BLOCKS blocks (the values after the last whole
+        // piece, fewer than a thread block, go to the last block).
+        let blocks = (x.nbytes() / 16).div_ceil(THREADS).clamp(1, MAX_BLOCKS) as i32;
+        let launch = Launch {
+            grid: (blocks * THREADS as i32, 1, 1),
+            threads: (THREADS as i32, 1, 1),
+            outputs: vec![(vec![n as i32], x.dtype()), (vec![1], Dtype::Uint32)],
+            template: vec![
+                ("T", TemplateArg::Type(x.dtype())),
+                ("RANKS", TemplateArg::Int(self.ranks as i32)),
+                ("RANK", TemplateArg::Int(self.rank as i32)),
+                ("SLOT_BYTES", TemplateArg::Int(SLOT_BYTES as i32)),
+            ],
+            init: None,
+        };
+        // Each sum waits for the previous one (its ticket): MLX would run sums that no data
+        // links side by side, in any order, and the ranks must pair theirs one by one.
+        thread_local! {
+            static LAST: std::cell::RefCell<Option<Array>> = const { std::cell::RefCell::new(None) };
+        }
+        let after = match LAST.with(|l| l.borrow().clone()) {
+            Some(ticket) => ticket,
+            None => crate::engine::ops::zeros(&[1], Dtype::Uint32)?,
+        };
+        let [y, ticket]: [Array; 2] = apply(&ALL_SUM, &[&x.reshape(&[-1])?, &self.table(), &after], launch)?
+            .try_into()
+            .map_err(|_| Exception::custom("sala_all_sum gives two outputs"))?;
+        LAST.with(|l| *l.borrow_mut() = Some(ticket));
+        y.reshape(x.shape())
+    }
+}
+
+impl PeerSum {
+    /// [`PeerSum::buffers`] as a device array (uint64 `[ranks]`), made once per thread that sums
+    /// (MLX's arrays stay on the thread that made them): a new one each sum would cost the GPU
+    /// a page fault where the kernel reads it.
+    fn table(&self) -> Array {
+        thread_local! {
+            static TABLE: std::cell::RefCell<Option<(Vec<u64>, Array)>> = const { std::cell::RefCell::new(None) };
+        }
+        TABLE.with(|t| {
+            let mut t = t.borrow_mut();
+            match &*t {
+                Some((buffers, table)) if *buffers == self.buffers => table.clone(),
+                _ => {
+                    let table = Array::from_slice(&self.buffers, &[self.ranks as i32]);
+                    *t = Some((self.buffers.clone(), table.clone()));
+                    table
+                }
+            }
+        })
+    }
+}
+
+impl FastSum for PeerSum {
+    fn all_sum(&self, x: &Array) -> Option<mlx_rs::error::Result<Array>> {
+        self.takes(x).then(|| self.sum(x))
+    }
+
+    fn name(&self) -> &'static str {
+        "peer memory"
+    }
+}
+
+/// `tp` summing through the peers' memory where it can: an NCCL group of 2 to 8 ranks on CUDA
+/// whose every rank mapped every other's buffer, and whose sums matched NCCL's on every rank.
+/// Otherwise `tp` as it is, after one warning per rank that failed (naming why). Every rank of
+/// the group must call it, in step: it runs collectives.
+pub fn attach(tp: &TensorParallel) -> TensorParallel {
+    let off = std::env::var("SALA_PEER_SUM").is_ok_and(|v| v == "off" || v == "0");
+    if off || tp.is_single() || tp.size > MAX_RANKS || tp.backend() != Some(distributed::Backend::Nccl) || backend() != Backend::Cuda {
+        return tp.clone();
+    }
+    match PeerSum::start(tp) {
+        Ok(sum) => tp.with_fast_sum(Arc::new(sum)),
+        Err(Failed::Here(reason)) => {
+            eprintln!("warning: rank {}: tensor-parallel sums stay on NCCL ({reason}); decoding is slower than with peer memory", tp.rank);
+            tp.clone()
+        }
+        Err(Failed::Elsewhere) => tp.clone(),
+    }
+}
+
+enum Failed {
+    /// This rank failed, for this reason.
+    Here(String),
+    /// Another rank did (it says why).
+    Elsewhere,
+}
+
+/// One step of [`PeerSum::start`] on every rank: whether any failed, agreed over NCCL.
+fn agree(tp: &TensorParallel, step: Result<(), String>) -> Result<(), Failed> {
+    let mine = Array::from_slice(&[step.is_err() as i32], &[1]);
+    let any = tp.all_max(&mine).and_then(|a| {
+        a.eval()?;
+        Ok(a.as_slice::<i32>()[0])
+    });
+    match (step, any) {
+        (Err(reason), _) => Err(Failed::Here(reason)),
+        (Ok(()), Ok(0)) => Ok(()),
+        (Ok(()), Ok(_)) => Err(Failed::Elsewhere),
+        (Ok(()), Err(e)) => Err(Failed::Here(format!("NCCL could not agree on a step: {e}"))),
+    }
+}
+
+impl PeerSum {
+    fn start(tp: &TensorParallel) -> Result<Self, Failed> {
+        let (ranks, rank) = (tp.size, tp.rank);
+        let bytes = DATA_AT + 2 * ranks * SLOT_BYTES;
+        // This rank's buffer and its handle, then every rank's handles (words of 4 bytes).
+        let own = Cuda::get().and_then(|cuda| {
+            let ptr = cuda.alloc_zeroed(bytes)?;
+            Ok((ptr, cuda.export(ptr)?))
+        });
+        let handle = own.as_ref().map(|(_, h)| *h).unwrap_or([0; 64]);
+        agree(tp, own.as_ref().map(|_| ()).map_err(Clone::clone))?;
+        let own = own.expect("agreed that every rank has its buffer");
+        let words: Vec<i32> = handle.chunks(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let all = tp
+            .all_gather(&Array::from_slice(&words, &[1, words.len() as i32]))
+            .and_then(|a| {
+                a.eval()?;
+                Ok(a.as_slice::<i32>().to_vec())
+            })
+            .map_err(|e| Failed::Here(format!("the buffers' handles could not be exchanged: {e}")))?;
+        // Every peer's buffer mapped here.
+        let mapped: Result<Vec<u64>, String> = (0..ranks)
+            .map(|r| {
+                if r == rank {
+                    return Ok(own.0);
+                }
+                let mut handle = [0u8; 64];
+                for (i, w) in all[r * 16..(r + 1) * 16].iter().enumerate() {
+                    handle[4 * i..4 * i + 4].copy_from_slice(&w.to_le_bytes());
+                }
+                Cuda::get()?.import(&handle).map_err(|e| format!("rank {r}'s buffer could not be mapped: {e}"))
+            })
+            .collect();
+        agree(tp, mapped.as_ref().map(|_| ()).map_err(Clone::clone))?;
+        let sum = PeerSum { ranks, rank, buffers: mapped.expect("agreed") };
+        agree(tp, sum.check(tp))?;
+        Ok(sum)
+    }
+
+    /// Sums of this rank's own random values through both paths, several to one graph (so that
+    /// consecutive sums use both slots): bf16 as a decoding token, one float32 value (a lightning
+    /// norm's squares), f16 over a few blocks with values past the last whole piece, float32
+    /// filling most of a slot over every block; each within a bf16 step of NCCL's.
+    fn check(&self, tp: &TensorParallel) -> Result<(), String> {
+        let nccl = tp.without_fast_sum();
+        let run = || -> mlx_rs::error::Result<Option<String>> {
+            let mut pairs = Vec::new();
+            for (i, (n, dtype)) in [(4096, Dtype::Bfloat16), (1, Dtype::Float32), (4096, Dtype::Bfloat16), (12_301, Dtype::Float16), (200_003, Dtype::Float32), (4096, Dtype::Bfloat16)].into_iter().enumerate() {
+                let x = sample(&[n], 7000 + 31 * i as u64 + self.rank as u64, dtype)?;
+                let ours = self.sum(&x)?;
+                let theirs = nccl.all_sum(&x).map_err(|e| Exception::custom(e.to_string()))?;
+                pairs.push((n, dtype, ours, theirs));
+            }
+            let mut all: Vec<&Array> = Vec::new();
+            for (_, _, ours, theirs) in &pairs {
+                all.push(ours);
+                all.push(theirs);
+            }
+            mlx_rs::transforms::eval(all)?;
+            for (n, dtype, ours, theirs) in &pairs {
+                let (ours, theirs) = (ours.as_dtype(Dtype::Float32)?, theirs.as_dtype(Dtype::Float32)?);
+                let largest = |a: Array| -> mlx_rs::error::Result<f32> {
+                    let a = a.abs()?.max(None)?;
+                    a.eval()?;
+                    Ok(a.as_slice::<f32>()[0])
+                };
+                let (off, scale) = (largest(ours.subtract(&theirs)?)?, largest(theirs)?);
+                if off.is_nan() || off > scale / 64.0 {
+                    return Ok(Some(format!("its sum of {n} {dtype:?} values is {off} off NCCL's (largest {scale})")));
+                }
+            }
+            Ok(None)
+        };
+        match run() {
+            Ok(None) => Ok(()),
+            Ok(Some(wrong)) => Err(wrong),
+            Err(e) => Err(format!("its check failed: {e}")),
+        }
+    }
+}
+
+/// The CUDA driver calls the exchange needs, from the driver library beside every NVIDIA driver
+/// (MLX has loaded it), in device 0's primary context: the one MLX's runtime calls use.
+struct Cuda {
+    lib: libloading::Library,
+}
+
+type CuResult = i32;
+
+/// CUipcMemHandle.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct IpcHandle {
+    reserved: [u8; 64],
+}
+
+impl Cuda {
+    fn get() -> Result<&'static Cuda, String> {
+        static CUDA: OnceLock<Result<Cuda, String>> = OnceLock::new();
+        CUDA.get_or_init(|| {
+            // SAFETY: loading the system's CUDA driver library runs no code of ours.
+            let lib = unsafe { libloading::Library::new("libcuda.so.1") }.map_err(|e| format!("libcuda.so.1: {e}"))?;
+            let cuda = Cuda { lib };
+            cuda.enter()?;
+            Ok(cuda)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+    }
+
+    fn symbol<F: Copy>(&self, name: &str) -> Result<F, String> {
+        let c = format!("{name}\0");
+        // SAFETY: F is the C signature of `name` in the CUDA driver API (each call site says which).
+        unsafe { self.lib.get::<F>(c.as_bytes()).map(|s| *s).map_err(|e| format!("{name}: {e}")) }
+    }
+
+    fn check(&self, name: &str, code: CuResult) -> Result<(), String> {
+        if code == 0 {
+            return Ok(());
+        }
+        let mut text: *const std::ffi::c_char = std::ptr::null();
+        let described = self
+            .symbol::<unsafe extern "C" fn(CuResult, *mut *const std::ffi::c_char) -> CuResult>("cuGetErrorName")
+            // SAFETY: cuGetErrorName writes a pointer to a static string.
+            .is_ok_and(|f| unsafe { f(code, &mut text) } == 0 && !text.is_null());
+        // SAFETY: a NUL-terminated static string from the driver.
+        let name_of = if described { unsafe { std::ffi::CStr::from_ptr(text) }.to_string_lossy().into_owned() } else { format!("error {code}") };
+        Err(format!("{name}: {name_of}"))
+    }
+
+    /// Makes device 0's primary context current on this thread (every later call is from it).
+    fn enter(&self) -> Result<(), String> {
+        let init = self.symbol::<unsafe extern "C" fn(u32) -> CuResult>("cuInit")?;
+        let device_get = self.symbol::<unsafe extern "C" fn(*mut i32, i32) -> CuResult>("cuDeviceGet")?;
+        let retain = self.symbol::<unsafe extern "C" fn(*mut *mut std::ffi::c_void, i32) -> CuResult>("cuDevicePrimaryCtxRetain")?;
+        let set = self.symbol::<unsafe extern "C" fn(*mut std::ffi::c_void) -> CuResult>("cuCtxSetCurrent")?;
+        let (mut device, mut context) = (0, std::ptr::null_mut());
+        // SAFETY: the driver API's documented signatures; outputs written on success.
+        unsafe {
+            self.check("cuInit", init(0))?;
+            self.check("cuDeviceGet", device_get(&mut device, 0))?;
+            self.check("cuDevicePrimaryCtxRetain", retain(&mut context, device))?;
+            self.check("cuCtxSetCurrent", set(context))
+        }
+    }
+
+    /// `bytes` of device memory, zeroed before this returns (peers write flags into it as soon
+    /// as they have its handle).
+    fn alloc_zeroed(&self, bytes: usize) -> Result<u64, String> {
+        let alloc = self.symbol::<unsafe extern "C" fn(*mut u64, usize) -> CuResult>("cuMemAlloc_v2")?;
+        let memset = self.symbol::<unsafe extern "C" fn(u64, u8, usize) -> CuResult>("cuMemsetD8_v2")?;
+        let sync = self.symbol::<unsafe extern "C" fn() -> CuResult>("cuCtxSynchronize")?;
+        let mut ptr = 0u64;
+        // SAFETY: the driver API's documented signatures; the memory is this process's until exit
+        // (peers map it for as long as the group lives).
+        unsafe {
+            self.check("cuMemAlloc", alloc(&mut ptr, bytes))?;
+            self.check("cuMemsetD8", memset(ptr, 0, bytes))?;
+            self.check("cuCtxSynchronize", sync())?;
+        }
+        Ok(ptr)
+    }
+
+    /// The IPC handle of an allocation of [`Cuda::alloc_zeroed`].
+    fn export(&self, ptr: u64) -> Result<[u8; 64], String> {
+        let get = self.symbol::<unsafe extern "C" fn(*mut IpcHandle, u64) -> CuResult>("cuIpcGetMemHandle")?;
+        let mut handle = IpcHandle { reserved: [0; 64] };
+        // SAFETY: the driver writes the 64-byte handle.
+        unsafe { self.check("cuIpcGetMemHandle", get(&mut handle, ptr))? };
+        Ok(handle.reserved)
+    }
+
+    /// Another process's allocation mapped here, with peer access to its GPU enabled.
+    fn import(&self, handle: &[u8; 64]) -> Result<u64, String> {
+        const LAZY_ENABLE_PEER_ACCESS: u32 = 1;
+        let open = self.symbol::<unsafe extern "C" fn(*mut u64, IpcHandle, u32) -> CuResult>("cuIpcOpenMemHandle_v2")?;
+        let mut ptr = 0u64;
+        // SAFETY: the handle goes by value, as the C struct does.
+        unsafe { self.check("cuIpcOpenMemHandle", open(&mut ptr, IpcHandle { reserved: *handle }, LAZY_ENABLE_PEER_ACCESS))? };
+        Ok(ptr)
+    }
+}
