@@ -12,12 +12,16 @@
 // once it has finished reading this one. That needs the sums to run one after another in the same
 // order on every rank: MLX runs the kernels of a graph concurrently where no data links them, so
 // each sum takes the previous one's `ticket` as an input (src/kernels/all_reduce.rs).
-// A peer that never arrives (killed) stops this one by a trap after SALA_AR_PATIENCE_NS.
+// A peer that never arrives (killed) stops this one by a trap after SALA_AR_PATIENCE_NS; in the
+// check at start (CHECKING) the wait ends after SALA_AR_CHECK_PATIENCE_NS instead, marking the
+// buffer's word SALA_AR_TIMED_OUT for the host to read.
 
 #define SALA_AR_MAX_BLOCKS 64
 #define SALA_AR_MAX_RANKS 8
+#define SALA_AR_TIMED_OUT 1023
 #define SALA_AR_DATA_AT 4096
 #define SALA_AR_PATIENCE_NS 300000000000ull
+#define SALA_AR_CHECK_PATIENCE_NS 20000000000ull
 
 __device__ __forceinline__ void sala_ar_release(uint32_t* flag, uint32_t value) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
@@ -38,10 +42,11 @@ __device__ __forceinline__ unsigned long long sala_ar_now() {
 // y = Σ_r x_r over the RANKS ranks for x and y of n values; table[r] is rank r's exchange buffer
 // as mapped in this process. Whole 16-byte pieces are split between the thread blocks; the last
 // block also takes the values after them. `ticket` gets a value only for the order it makes.
-template <typename T, int RANKS, int RANK, int SLOT_BYTES>
+template <typename T, int RANKS, int RANK, int SLOT_BYTES, bool CHECKING>
 __device__ void sala_all_sum(const T* x, const unsigned long long* table, T* y, uint32_t* ticket, size_t n) {
   static_assert(RANKS >= 2 && RANKS <= SALA_AR_MAX_RANKS && RANK < RANKS, "2 to 8 ranks");
   static_assert(SLOT_BYTES % 16 == 0, "whole pieces in a slot");
+  static_assert(SALA_AR_TIMED_OUT >= SALA_AR_MAX_BLOCKS * (1 + SALA_AR_MAX_RANKS) && SALA_AR_TIMED_OUT < SALA_AR_DATA_AT / 4, "a word of its own in the header");
   constexpr int VEC = 16 / sizeof(T);
   unsigned char* own = reinterpret_cast<unsigned char*>(table[RANK]);
   uint32_t* counts = reinterpret_cast<uint32_t*>(own);
@@ -82,7 +87,11 @@ __device__ void sala_all_sum(const T* x, const unsigned long long* table, T* y, 
     const uint32_t* arrived = counts + SALA_AR_MAX_BLOCKS + b * SALA_AR_MAX_RANKS + p;
     const unsigned long long began = sala_ar_now();
     while ((int)(sala_ar_acquire(arrived) - mine) < 0) {
-      if (sala_ar_now() - began > SALA_AR_PATIENCE_NS) __trap();
+      if (sala_ar_now() - began > (CHECKING ? SALA_AR_CHECK_PATIENCE_NS : SALA_AR_PATIENCE_NS)) {
+        if (!CHECKING) __trap();
+        atomicExch(counts + SALA_AR_TIMED_OUT, 1u);
+        break;
+      }
     }
   }
   __syncthreads();

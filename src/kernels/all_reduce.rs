@@ -23,7 +23,7 @@ static ALL_SUM: KernelSource = KernelSource {
     inputs: &["x", "table", "after"],
     outputs: &["y", "ticket"],
     cuda_header: HEADER,
-    cuda_body: "sala_all_sum<T, RANKS, RANK, SLOT_BYTES>(x, reinterpret_cast<const unsigned long long*>(table), y, ticket, (size_t)x_shape[0]);",
+    cuda_body: "sala_all_sum<T, RANKS, RANK, SLOT_BYTES, CHECKING>(x, reinterpret_cast<const unsigned long long*>(table), y, ticket, (size_t)x_shape[0]);",
     metal_header: "",
     metal_body: "",
     contiguous_inputs: true,
@@ -35,6 +35,8 @@ pub const SLOT_BYTES: usize = 1 << 20;
 /// Where the data slots begin in an exchange buffer, after the counts and flags
 /// (`SALA_AR_DATA_AT`).
 const DATA_AT: usize = 4096;
+/// The header's word that a wait of the check at start sets when it ran out (`SALA_AR_TIMED_OUT`).
+const TIMED_OUT: usize = 1023;
 /// Thread blocks of one sum at most (`SALA_AR_MAX_BLOCKS`) and ranks (`SALA_AR_MAX_RANKS`).
 const MAX_BLOCKS: usize = 64;
 const MAX_RANKS: usize = 8;
@@ -58,7 +60,9 @@ impl PeerSum {
         bytes > 0 && bytes <= SLOT_BYTES && backend() == Backend::Cuda
     }
 
-    fn sum(&self, x: &Array) -> mlx_rs::error::Result<Array> {
+    /// The sum of `x` over the ranks; `checking`: the check at start's form, whose waits end
+    /// after 20 s (marking [`TIMED_OUT`]) instead of stopping the process after 300.
+    fn sum(&self, x: &Array, checking: bool) -> mlx_rs::error::Result<Array> {
         let n = x.size();
         // A thread per 16-byte piece, up to MAX_BLOCKS blocks (the values after the last whole
         // piece, fewer than a thread block, go to the last block).
@@ -72,6 +76,7 @@ impl PeerSum {
                 ("RANKS", TemplateArg::Int(self.ranks as i32)),
                 ("RANK", TemplateArg::Int(self.rank as i32)),
                 ("SLOT_BYTES", TemplateArg::Int(SLOT_BYTES as i32)),
+                ("CHECKING", TemplateArg::Bool(checking)),
             ],
             init: None,
         };
@@ -116,7 +121,7 @@ impl PeerSum {
 
 impl FastSum for PeerSum {
     fn all_sum(&self, x: &Array) -> Option<mlx_rs::error::Result<Array>> {
-        self.takes(x).then(|| self.sum(x))
+        self.takes(x).then(|| self.sum(x, false))
     }
 
     fn name(&self) -> &'static str {
@@ -214,7 +219,7 @@ impl PeerSum {
             let mut pairs = Vec::new();
             for (i, (n, dtype)) in [(4096, Dtype::Bfloat16), (1, Dtype::Float32), (4096, Dtype::Bfloat16), (12_301, Dtype::Float16), (200_003, Dtype::Float32), (4096, Dtype::Bfloat16)].into_iter().enumerate() {
                 let x = sample(&[n], 7000 + 31 * i as u64 + self.rank as u64, dtype)?;
-                let ours = self.sum(&x)?;
+                let ours = self.sum(&x, true)?;
                 let theirs = nccl.all_sum(&x).map_err(|e| Exception::custom(e.to_string()))?;
                 pairs.push((n, dtype, ours, theirs));
             }
@@ -238,7 +243,14 @@ impl PeerSum {
             }
             Ok(None)
         };
-        match run() {
+        let outcome = run();
+        let waited_out = Cuda::get().and_then(|cuda| cuda.read_word(self.buffers[self.rank] + 4 * TIMED_OUT as u64));
+        match waited_out {
+            Ok(0) => {}
+            Ok(_) => return Err("the other ranks' flags did not arrive within 20 s (no path between the GPUs?)".into()),
+            Err(e) => return Err(format!("its buffer could not be read back: {e}")),
+        }
+        match outcome {
             Ok(None) => Ok(()),
             Ok(Some(wrong)) => Err(wrong),
             Err(e) => Err(format!("its check failed: {e}")),
@@ -326,6 +338,19 @@ impl Cuda {
             self.check("cuCtxSynchronize", sync())?;
         }
         Ok(ptr)
+    }
+
+    /// The 32-bit word at `ptr` in device memory (after the work queued before it).
+    fn read_word(&self, ptr: u64) -> Result<u32, String> {
+        let copy = self.symbol::<unsafe extern "C" fn(*mut u32, u64, usize) -> CuResult>("cuMemcpyDtoH_v2")?;
+        let sync = self.symbol::<unsafe extern "C" fn() -> CuResult>("cuCtxSynchronize")?;
+        let mut word = 0u32;
+        // SAFETY: four bytes into a u32 this function owns.
+        unsafe {
+            self.check("cuCtxSynchronize", sync())?;
+            self.check("cuMemcpyDtoH", copy(&mut word, ptr, 4))?;
+        }
+        Ok(word)
     }
 
     /// The IPC handle of an allocation of [`Cuda::alloc_zeroed`].
