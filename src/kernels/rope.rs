@@ -394,11 +394,14 @@ fn check_rope_prompt() -> Verdict {
     let bf16 = Dtype::Bfloat16;
     let periods: Vec<f32> = (0..16).map(|i| 10000f32.powf(i as f32 / 16.0) * (1.0 + i as f32 / 8.0)).collect();
     let plain = RopeAngles { dims: 64, base: 1e6, periods: None, position_scale: 1.0, mscale: 1.0 };
+    let model = RopeAngles { dims: 128, base: 1e6, periods: None, position_scale: 1.0, mscale: 1.0 };
     let scaled = RopeAngles { dims: 32, base: 0.0, periods: Some(Array::from_slice(&periods, &[16])), position_scale: 0.5, mscale: 1.2 };
     // (what, [B, T, Hq, Hkv, d], QK-norm, angles, positions).
     type Case<'a> = (&'a str, [i32; 5], bool, Option<&'a RopeAngles>, &'a [i32]);
-    let cases: [Case; 3] = [
+    let cases: [Case; 4] = [
         ("QK-norm and base angles", [2, 9, 4, 2, 64], true, Some(&plain), &[3, 1000]),
+        // The models' heads: 128 wide, all of them rotated (SALA's lightning layers, Qwen3).
+        ("128-wide heads", [1, 33, 4, 2, 128], true, Some(&model), &[4095]),
         ("a period table", [1, 70, 3, 3, 64], false, Some(&scaled), &[517]),
         ("no norm, no rotation", [2, 5, 2, 1, 32], false, None, &[0]),
     ];
