@@ -91,6 +91,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/compat");
     println!("cargo:rerun-if-changed=src/custom_kernel_module.cpp");
+    println!("cargo:rerun-if-changed=src/array_tracer.cpp");
 
     if let Err(message) = run() {
         panic!("\n\nmlx-sys build failed: {message}\n\n");
@@ -428,6 +429,8 @@ fn compile_mlx_c(target: &Target, mlx_c: &Path, prefix: &Path) -> Result<()> {
         // Ours: names the disk-cache entry MLX's CUDA backend looks for before compiling a
         // custom kernel (see the file).
         .file(compat.parent().expect("src").join("custom_kernel_module.cpp"))
+        // Ours: whether an array is a tracer of a compiled function (see the file).
+        .file(compat.parent().expect("src").join("array_tracer.cpp"))
         .include(mlx_c)
         .flag("-isystem")
         .flag(prefix.join("include").display().to_string())

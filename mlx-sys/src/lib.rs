@@ -30,4 +30,7 @@ extern "C" {
     /// itself, the name, source and folder of the module MLX's CUDA backend looks for on disk
     /// before compiling it. 0 given, 1 not such an output, 2 an error.
     pub fn mlx_sys_custom_kernel_module(out: mlx_array, put: mlx_sys_put_string, ctx: *mut std::ffi::c_void) -> i32;
+    /// Ours (`src/array_tracer.cpp`): 1 when the array is a tracer of a function MLX is
+    /// compiling, else 0.
+    pub fn mlx_sys_array_is_tracer(a: mlx_array) -> i32;
 }

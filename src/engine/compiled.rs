@@ -11,6 +11,13 @@ use crate::engine::ops::{arrays_of, ArrayList};
 use mlx_rs::{error::Exception, Array};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// Whether `a` is a tracer of a function MLX is compiling: its value is the trace's, and keeping it
+/// past the trace (in a cache, say) would hand a later call an array that holds no data.
+pub fn is_traced(a: &Array) -> bool {
+    // SAFETY: a live array.
+    unsafe { mlx_sys::mlx_sys_array_is_tracer(a.as_ptr()) == 1 }
+}
+
 /// One compiled function: its traces live in MLX's compile cache under this value's id until it
 /// is dropped.
 pub struct Compiled {
@@ -132,6 +139,28 @@ mod tests {
         let (x, y) = (Array::from_slice(&[1.0f32, 1.0, 1.0], &[3]), Array::from_slice(&[1.0f32, 2.0, 3.0], &[3]));
         assert_eq!(to_vec_f32(&f(&x, &y)).unwrap(), vec![2.0, 3.0, 4.0]);
         assert_eq!(traced, 2, "traced once per input shape");
+    }
+
+    #[test]
+    fn arrays_are_tracers_inside_the_trace_only() {
+        let compiled = Compiled::new();
+        let x = Array::from_slice(&[1.0f32, 2.0], &[2]);
+        let mut seen = Vec::new();
+        let mut run = |x: &Array| {
+            compiled
+                .call(&[x], |a| {
+                    let y = a[0].multiply(&a[0])?;
+                    seen.push((is_traced(&a[0]), is_traced(&y), is_traced(&Array::from_f32(1.0))));
+                    Ok(vec![y])
+                })
+                .unwrap()
+                .remove(0)
+        };
+        let out = run(&x);
+        assert_eq!(to_vec_f32(&out).unwrap(), vec![1.0, 4.0]);
+        // The input and what is made from it are tracers; a constant made inside is not.
+        assert_eq!(seen, vec![(true, true, false)]);
+        assert!(!is_traced(&x) && !is_traced(&out));
     }
 
     #[test]

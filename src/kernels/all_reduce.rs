@@ -81,18 +81,23 @@ impl PeerSum {
             init: None,
         };
         // Each sum waits for the previous one (its ticket): MLX would run sums that no data
-        // links side by side, in any order, and the ranks must pair theirs one by one.
+        // links side by side, in any order, and the ranks must pair theirs one by one. Inside a
+        // function MLX compiles (fixed decode steps) the tickets stay within the trace; there the
+        // model's sums follow one another through their data.
         thread_local! {
             static LAST: std::cell::RefCell<Option<Array>> = const { std::cell::RefCell::new(None) };
         }
-        let after = match LAST.with(|l| l.borrow().clone()) {
+        let traced = crate::engine::compiled::is_traced(x);
+        let after = match LAST.with(|l| l.borrow().clone()).filter(|_| !traced) {
             Some(ticket) => ticket,
             None => crate::engine::ops::zeros(&[1], Dtype::Uint32)?,
         };
         let [y, ticket]: [Array; 2] = apply(&ALL_SUM, &[&x.reshape(&[-1])?, &self.table(), &after], launch)?
             .try_into()
             .map_err(|_| Exception::custom("sala_all_sum gives two outputs"))?;
-        LAST.with(|l| *l.borrow_mut() = Some(ticket));
+        if !traced {
+            LAST.with(|l| *l.borrow_mut() = Some(ticket));
+        }
         y.reshape(x.shape())
     }
 }
