@@ -179,6 +179,9 @@ impl PeerSum {
     fn start(tp: &TensorParallel) -> Result<Self, Failed> {
         let (ranks, rank) = (tp.size, tp.rank);
         let bytes = DATA_AT + 2 * ranks * SLOT_BYTES;
+        // Work on the GPU first, so that MLX's context is current on this thread (Cuda::enter).
+        let warm = crate::engine::ops::zeros(&[1], Dtype::Float32).and_then(|z| z.eval()).map_err(|e| e.to_string());
+        agree(tp, warm)?;
         // This rank's buffer and its handle, then every rank's handles (words of 4 bytes).
         let own = Cuda::get().and_then(|cuda| {
             let ptr = cuda.alloc_zeroed(bytes)?;
@@ -264,7 +267,7 @@ impl PeerSum {
 }
 
 /// The CUDA driver calls the exchange needs, from the driver library beside every NVIDIA driver
-/// (MLX has loaded it), in device 0's primary context: the one MLX's runtime calls use.
+/// (MLX has loaded it), in MLX's context ([`Cuda::enter`]).
 struct Cuda {
     lib: libloading::Library,
 }
@@ -312,9 +315,12 @@ impl Cuda {
         Err(format!("{name}: {name_of}"))
     }
 
-    /// Makes device 0's primary context current on this thread (every later call is from it).
+    /// Makes MLX's context current on this thread (every later call is from it): the one MLX's
+    /// runtime calls made current here (NCCL's start selected MLX's device), else device 0's
+    /// primary context, which is MLX's where a rank sees one GPU (as our launcher starts them).
     fn enter(&self) -> Result<(), String> {
         let init = self.symbol::<unsafe extern "C" fn(u32) -> CuResult>("cuInit")?;
+        let current = self.symbol::<unsafe extern "C" fn(*mut *mut std::ffi::c_void) -> CuResult>("cuCtxGetCurrent")?;
         let device_get = self.symbol::<unsafe extern "C" fn(*mut i32, i32) -> CuResult>("cuDeviceGet")?;
         let retain = self.symbol::<unsafe extern "C" fn(*mut *mut std::ffi::c_void, i32) -> CuResult>("cuDevicePrimaryCtxRetain")?;
         let set = self.symbol::<unsafe extern "C" fn(*mut std::ffi::c_void) -> CuResult>("cuCtxSetCurrent")?;
@@ -322,6 +328,10 @@ impl Cuda {
         // SAFETY: the driver API's documented signatures; outputs written on success.
         unsafe {
             self.check("cuInit", init(0))?;
+            self.check("cuCtxGetCurrent", current(&mut context))?;
+            if !context.is_null() {
+                return Ok(());
+            }
             self.check("cuDeviceGet", device_get(&mut device, 0))?;
             self.check("cuDevicePrimaryCtxRetain", retain(&mut context, device))?;
             self.check("cuCtxSetCurrent", set(context))
@@ -370,7 +380,8 @@ impl Cuda {
     /// Another process's allocation mapped here, with peer access to its GPU enabled.
     fn import(&self, handle: &[u8; 64]) -> Result<u64, String> {
         const LAZY_ENABLE_PEER_ACCESS: u32 = 1;
-        let open = self.symbol::<unsafe extern "C" fn(*mut u64, IpcHandle, u32) -> CuResult>("cuIpcOpenMemHandle_v2")?;
+        type Open = unsafe extern "C" fn(*mut u64, IpcHandle, u32) -> CuResult;
+        let open = self.symbol::<Open>("cuIpcOpenMemHandle_v2").or_else(|_| self.symbol::<Open>("cuIpcOpenMemHandle"))?;
         let mut ptr = 0u64;
         // SAFETY: the handle goes by value, as the C struct does.
         unsafe { self.check("cuIpcOpenMemHandle", open(&mut ptr, IpcHandle { reserved: *handle }, LAZY_ENABLE_PEER_ACCESS))? };
