@@ -16,10 +16,10 @@
 // check at start (CHECKING) the wait ends after SALA_AR_CHECK_PATIENCE_NS instead, marking the
 // buffer's word SALA_AR_TIMED_OUT for the host to read.
 
-#define SALA_AR_MAX_BLOCKS 64
+#define SALA_AR_MAX_BLOCKS 128
 #define SALA_AR_MAX_RANKS 8
-#define SALA_AR_TIMED_OUT 1023
-#define SALA_AR_DATA_AT 4096
+#define SALA_AR_TIMED_OUT 2047
+#define SALA_AR_DATA_AT 8192
 #define SALA_AR_PATIENCE_NS 300000000000ull
 #define SALA_AR_CHECK_PATIENCE_NS 20000000000ull
 

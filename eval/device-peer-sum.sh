@@ -1,8 +1,9 @@
 #!/bin/bash
-# Issue 61 on two GPUs of one host (nvidia-h200-x2): tensor parallelism's small sums through peer
+# Issue 61 on two GPUs of one host (nvidia-h200-x2): tensor parallelism's sums through peer
 # memory (kernels::all_reduce) against NCCL's, in one call on one machine.
-#   1. `sala doctor --tp 2`: the 88-sum decode chain through peer memory, and through NCCL alone.
-#   2. tests/tensor_parallel.rs on the GPUs (SALA_TEST_DEVICE=gpu): small_sums_go_through_peer_memory_on_gpus,
+#   1. `sala doctor --tp 2`: the decode (88 × 8 KiB) and prefill (16 × 16 MiB) chains through peer
+#      memory, and through NCCL alone.
+#   2. tests/tensor_parallel.rs on the GPUs (SALA_TEST_DEVICE=gpu): sums_go_through_peer_memory_on_gpus,
 #      the golden cases over two GPUs (through the new sums) and the 8-bit model.
 #   3. `sala bench` decode of synthetic MiniCPM-SALA-9B 8-bit @4K and @128K and Qwen3-8B 8-bit @4K at
 #      --tp 1, --tp 2, and --tp 2 with SALA_PEER_SUM=off (NCCL); prefill 32K at --tp 1 and 2.
@@ -23,7 +24,7 @@ phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 timeout 240 $BIN/sala doctor --tp 2 2>&1 | tee "$OUT/doctor-tp2.txt"
 phase "doctor rc=${PIPESTATUS[0]}"
 MLX_ENABLE_TF32=0 SALA_TEST_DEVICE=gpu SALA_SHARED=.device SALA_BIN=$BIN/sala timeout 400 $BIN/tensor_parallel --test-threads=1 --nocapture \
-  small_sums golden_cases_over_two a_quantized 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "^test |test result|Δlogit|panicked|skipped|warning"
+  sums_go_through golden_cases_over_two a_quantized 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "^test |test result|Δlogit|panicked|skipped|warning"
 phase "tests rc=${PIPESTATUS[0]}"
 [ "${QUICK:-0}" = 1 ] && exit 0
 bench() {

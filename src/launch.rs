@@ -127,7 +127,7 @@ fn join(tp: usize, backend: Backend, rank: &str) -> anyhow::Result<TensorParalle
     });
     let group = TensorParallel::join(backend, tp);
     let _ = joined.send(());
-    // On CUDA the small sums go through the peers' memory where every rank can map the others'.
+    // On CUDA the sums go through the peers' memory where every rank can map the others'.
     Ok(crate::kernels::all_reduce::attach(&group?))
 }
 
@@ -555,11 +555,13 @@ pub fn check_group(tp: &TensorParallel) -> anyhow::Result<GroupCheck> {
     let dtype = Dtype::Bfloat16;
     let decode = time_chain(tp, &[1, 1, HIDDEN], dtype, DECODE_ALL_SUMS)?;
     let prefill = time_chain(tp, &[1, PREFILL_CHUNK, HIDDEN], dtype, PREFILL_ALL_SUMS)?;
-    // The small sums' path, and beside it the backend's own collective timed the same way.
-    let small_sums = match tp.fast_sum_name() {
+    // Where a faster path takes the sums, the backend's own collective timed beside it.
+    let fast_sums = match tp.fast_sum_name() {
         Some(name) => {
-            let own = time_chain(&tp.without_fast_sum(), &[1, 1, HIDDEN], dtype, DECODE_ALL_SUMS)?;
-            format!("small sums through {name} (through {backend} alone: {}); ", own.describe())
+            let own = tp.without_fast_sum();
+            let decode = time_chain(&own, &[1, 1, HIDDEN], dtype, DECODE_ALL_SUMS)?;
+            let prefill = time_chain(&own, &[1, PREFILL_CHUNK, HIDDEN], dtype, PREFILL_ALL_SUMS)?;
+            format!("sums through {name} where it takes them (through {backend} alone: {}, {}); ", decode.describe(), prefill.describe())
         }
         None => String::new(),
     };
@@ -569,7 +571,7 @@ pub fn check_group(tp: &TensorParallel) -> anyhow::Result<GroupCheck> {
         summary: format!(
             "{size} ranks over {backend}: all_sum of rank+1 = {expected_sum}, all_gather = {gathered:?}, broadcast from rank 0 and agreement OK; \
              16 MiB all_sum {:.1} ms ({gbps:.2} GB/s), 4-byte all_sum {} µs (mean of {LATENCY_ROUNDS}); \
-             {small_sums}in one graph: {} ({:.2} ms a decode token), {} ({:.2} GB/s)",
+             {fast_sums}in one graph: {} ({:.2} ms a decode token), {} ({:.2} GB/s)",
             bandwidth_time.as_secs_f64() * 1e3,
             latency.as_micros(),
             decode.describe(),

@@ -362,12 +362,12 @@ fn a_piped_prompt_and_sampling_over_two_ranks() {
     assert_eq!(run("2", None).len(), 24, "without a seed the ranks share rank 0's");
 }
 
-/// On CUDA GPUs a group's small sums go through each other's memory (kernels::all_reduce, issue
-/// 61): `doctor --tp 2` over NCCL says so beside NCCL's own time, its sums and chains check out,
+/// On CUDA GPUs a group's sums up to a slot go through each other's memory (kernels::all_reduce,
+/// issue 61): `doctor --tp 2` over NCCL says so beside NCCL's own times, its sums and chains check out,
 /// and no rank fell back to NCCL. The golden cases above then run through it too. On the CPU
 /// there is no such path.
 #[test]
-fn small_sums_go_through_peer_memory_on_gpus() {
+fn sums_go_through_peer_memory_on_gpus() {
     if !on_gpu() {
         eprintln!("skipped: peer memory needs CUDA GPUs (SALA_TEST_DEVICE=gpu, two of them)");
         return;
@@ -376,6 +376,6 @@ fn small_sums_go_through_peer_memory_on_gpus() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("2 ranks over nccl: all_sum of rank+1 = 3, all_gather = [0, 1]"), "{stdout}");
-    assert!(stdout.contains("; small sums through peer memory (through nccl alone: 88 × 8 KiB bf16 all_sum "), "{stdout}");
+    assert!(stdout.contains("; sums through peer memory where it takes them (through nccl alone: 88 × 8 KiB bf16 all_sum "), "{stdout}");
     assert!(!stderr.contains("stay on NCCL"), "a rank fell back: {stderr}");
 }

@@ -1,13 +1,14 @@
 //! Tensor parallelism's sums over the GPUs of one host through each other's memory
 //! (`cuda/all_reduce.cu`): one kernel per sum, where NCCL's all-reduce costs about 40 µs inside a
-//! graph and a decoding token of MiniCPM-SALA-9B needs 88 of them (issue 61). Each rank allocates
+//! graph and a decoding token of MiniCPM-SALA-9B needs 88 of them (issue 61); a prompt chunk's
+//! 16 MiB sums took 141 µs each over NCCL on two H200s, where each rank sends its 16 MiB once. Each rank allocates
 //! an exchange buffer with the CUDA driver, exports it (CUDA IPC), and maps every peer's; the
 //! kernel pushes its part into the peers' buffers, raises a flag in each and sums what arrived.
 //!
 //! [`attach`] sets it up for an NCCL group and checks it against NCCL's own sum before any model
 //! uses it; where a step fails on any rank, every rank keeps NCCL's collective, with a warning.
-//! Sums past [`SLOT_BYTES`] a rank (prompt chunks, bound by the links' bandwidth, where NCCL's ring
-//! does as well) and of other types than bf16, f16 and float32 still go through NCCL.
+//! Sums past [`slot_bytes`] a rank (16 MiB on two ranks, 1 MiB on more) and of other types than
+//! bf16, f16 and float32 still go through NCCL.
 //! `SALA_PEER_SUM=off` keeps NCCL for every sum (for A/B measurements).
 
 use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
@@ -30,15 +31,23 @@ static ALL_SUM: KernelSource = KernelSource {
     shared_memory: 0,
 };
 
-/// The most bytes of a rank's part this path takes: 128 decoding tokens of 4096 bf16 values.
-pub const SLOT_BYTES: usize = 1 << 20;
+/// The most bytes of a rank's part this path takes (a slot): on two ranks a prompt chunk's
+/// activations (2048 tokens of 4096 bf16 values), which each rank sends once, as NCCL's ring
+/// would; on more, where every rank sends its part to each of the others, 128 decoding tokens.
+pub fn slot_bytes(ranks: usize) -> usize {
+    if ranks == 2 {
+        16 << 20
+    } else {
+        1 << 20
+    }
+}
 /// Where the data slots begin in an exchange buffer, after the counts and flags
 /// (`SALA_AR_DATA_AT`).
-const DATA_AT: usize = 4096;
+const DATA_AT: usize = 8192;
 /// The header's word that a wait of the check at start sets when it ran out (`SALA_AR_TIMED_OUT`).
-const TIMED_OUT: usize = 1023;
+const TIMED_OUT: usize = 2047;
 /// Thread blocks of one sum at most (`SALA_AR_MAX_BLOCKS`) and ranks (`SALA_AR_MAX_RANKS`).
-const MAX_BLOCKS: usize = 64;
+const MAX_BLOCKS: usize = 128;
 const MAX_RANKS: usize = 8;
 const THREADS: usize = 512;
 
@@ -51,13 +60,13 @@ pub struct PeerSum {
 }
 
 impl PeerSum {
-    /// Whether this path takes `x`: a 16-bit or float32 array of at most [`SLOT_BYTES`], on CUDA.
+    /// Whether this path takes `x`: a 16-bit or float32 array of at most a slot, on CUDA.
     fn takes(&self, x: &Array) -> bool {
         if !matches!(x.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32) {
             return false;
         }
         let bytes = x.nbytes();
-        bytes > 0 && bytes <= SLOT_BYTES && backend() == Backend::Cuda
+        bytes > 0 && bytes <= slot_bytes(self.ranks) && backend() == Backend::Cuda
     }
 
     /// The sum of `x` over the ranks; `checking`: the check at start's form, whose waits end
@@ -75,7 +84,7 @@ impl PeerSum {
                 ("T", TemplateArg::Type(x.dtype())),
                 ("RANKS", TemplateArg::Int(self.ranks as i32)),
                 ("RANK", TemplateArg::Int(self.rank as i32)),
-                ("SLOT_BYTES", TemplateArg::Int(SLOT_BYTES as i32)),
+                ("SLOT_BYTES", TemplateArg::Int(slot_bytes(self.ranks) as i32)),
                 ("CHECKING", TemplateArg::Bool(checking)),
             ],
             init: None,
@@ -178,7 +187,7 @@ fn agree(tp: &TensorParallel, step: Result<(), String>) -> Result<(), Failed> {
 impl PeerSum {
     fn start(tp: &TensorParallel) -> Result<Self, Failed> {
         let (ranks, rank) = (tp.size, tp.rank);
-        let bytes = DATA_AT + 2 * ranks * SLOT_BYTES;
+        let bytes = DATA_AT + 2 * ranks * slot_bytes(ranks);
         // Work on the GPU first, so that MLX's context is current on this thread (Cuda::enter).
         let warm = crate::engine::ops::zeros(&[1], Dtype::Float32).and_then(|z| z.eval()).map_err(|e| e.to_string());
         agree(tp, warm)?;
@@ -220,12 +229,18 @@ impl PeerSum {
     /// Sums of this rank's own random values through both paths, several to one graph (so that
     /// consecutive sums use both slots): bf16 as a decoding token, one float32 value (a lightning
     /// norm's squares), f16 over a few blocks with values past the last whole piece, float32
-    /// filling most of a slot over every block; each within a bf16 step of NCCL's.
+    /// over 800 KB, every block; on two ranks also a prompt chunk's 16 MiB of bf16; each within a
+    /// bf16 step of NCCL's.
     fn check(&self, tp: &TensorParallel) -> Result<(), String> {
         let nccl = tp.without_fast_sum();
         let run = || -> mlx_rs::error::Result<Option<String>> {
             let mut pairs = Vec::new();
-            for (i, (n, dtype)) in [(4096, Dtype::Bfloat16), (1, Dtype::Float32), (4096, Dtype::Bfloat16), (12_301, Dtype::Float16), (200_003, Dtype::Float32), (4096, Dtype::Bfloat16)].into_iter().enumerate() {
+            let mut cases = vec![(4096, Dtype::Bfloat16), (1, Dtype::Float32), (4096, Dtype::Bfloat16), (12_301, Dtype::Float16), (200_003, Dtype::Float32)];
+            if slot_bytes(self.ranks) >= 16 << 20 {
+                cases.push((2048 * 4096, Dtype::Bfloat16));
+            }
+            cases.push((4096, Dtype::Bfloat16));
+            for (i, (n, dtype)) in cases.into_iter().enumerate() {
                 let x = sample(&[n], 7000 + 31 * i as u64 + self.rank as u64, dtype)?;
                 let ours = self.sum(&x, true)?;
                 let theirs = nccl.all_sum(&x).map_err(|e| Exception::custom(e.to_string()))?;
