@@ -1,6 +1,7 @@
 // Tensor parallelism's sum over the GPUs of one host, in one kernel through peer memory (CUDA
 // IPC): NCCL's all-reduce inside a graph costs about 40 µs, and a decoding token needs dozens of
-// small ones. Each rank owns an exchange buffer that every other rank has mapped:
+// small ones. Each rank owns an exchange buffer that every other rank has mapped, in regions (one
+// per size class of sums, from REGION_AT on), each laid out as:
 //   [0, 4·MAX_BLOCKS)            counts[b]: how many sums this rank's thread block b has begun
 //   then flags[b][r]             written by rank r: the count its block b has reached
 //   from SALA_AR_DATA_AT on      data[slot][r]: rank r's piece of the input, SLOT_BYTES each
@@ -8,13 +9,16 @@
 // peer's data[slot][RANK], raises flags[b][RANK] on every peer to its count, waits until each
 // peer's flag in its own buffer has reached that count, then sums the ranks' parts in rank order
 // (float32, rounded once to T), so every rank gets the same values. Two slots, alternating by the
-// count: a rank can reuse a slot only after every peer has begun the next sum, which a peer does
-// once it has finished reading this one. That needs the sums to run one after another in the same
-// order on every rank: MLX runs the kernels of a graph concurrently where no data links them, so
-// each sum takes the previous one's `ticket` as an input (src/kernels/all_reduce.rs).
+// count: a rank writes a slot again only after every peer has raised its flag for the next sum,
+// which it does once its whole previous sum (every block) is done. That needs:
+// - the sums of a region to run one after another in the same order on every rank: MLX runs the
+//   kernels of a graph concurrently where no data links them, so each sum takes the previous one's
+//   `ticket` as an input (src/kernels/all_reduce.rs);
+// - every block of a region to be at the same count, so that all use one slot: each region's sums
+//   are launched with the same number of blocks.
 // A peer that never arrives (killed) stops this one by a trap after SALA_AR_PATIENCE_NS; in the
 // check at start (CHECKING) the wait ends after SALA_AR_CHECK_PATIENCE_NS instead, marking the
-// buffer's word SALA_AR_TIMED_OUT for the host to read.
+// buffer's word SALA_AR_TIMED_OUT (of region 0) for the host to read.
 
 #define SALA_AR_MAX_BLOCKS 128
 #define SALA_AR_MAX_RANKS 8
@@ -40,17 +44,21 @@ __device__ __forceinline__ unsigned long long sala_ar_now() {
 }
 
 // y = Σ_r x_r over the RANKS ranks for x and y of n values; table[r] is rank r's exchange buffer
-// as mapped in this process. Whole 16-byte pieces are split between the thread blocks; the last
-// block also takes the values after them. `ticket` gets a value only for the order it makes.
-template <typename T, int RANKS, int RANK, int SLOT_BYTES, bool CHECKING>
+// as mapped in this process, its region for these sums at REGION_AT. Whole 16-byte pieces are
+// split between the thread blocks; the last block also takes the values after them. `ticket`
+// gets a value only for the order it makes.
+template <typename T, int RANKS, int RANK, int REGION_AT, int SLOT_BYTES, bool CHECKING>
 __device__ void sala_all_sum(const T* x, const unsigned long long* table, T* y, uint32_t* ticket, size_t n) {
   static_assert(RANKS >= 2 && RANKS <= SALA_AR_MAX_RANKS && RANK < RANKS, "2 to 8 ranks");
   static_assert(SLOT_BYTES % 16 == 0, "whole pieces in a slot");
   static_assert(SALA_AR_TIMED_OUT >= SALA_AR_MAX_BLOCKS * (1 + SALA_AR_MAX_RANKS) && SALA_AR_TIMED_OUT < SALA_AR_DATA_AT / 4, "a word of its own in the header");
   constexpr int VEC = 16 / sizeof(T);
-  unsigned char* own = reinterpret_cast<unsigned char*>(table[RANK]);
+  // Rank r's region of this size class.
+  auto region = [&](int r) { return reinterpret_cast<unsigned char*>(table[r]) + REGION_AT; };
+  unsigned char* own = region(RANK);
   uint32_t* counts = reinterpret_cast<uint32_t*>(own);
   const int b = blockIdx.x;
+  if (gridDim.x > SALA_AR_MAX_BLOCKS) __trap();  // the launch's grid disagrees with the header
   __shared__ uint32_t count;
   if (threadIdx.x == 0) count = counts[b] + 1, counts[b] = count;
   __syncthreads();
@@ -70,26 +78,26 @@ __device__ void sala_all_sum(const T* x, const unsigned long long* table, T* y, 
     const uint4 v = xv[i];
 #pragma unroll
     for (int p = 0; p < RANKS; ++p)
-      if (p != RANK) reinterpret_cast<uint4*>(part(reinterpret_cast<unsigned char*>(table[p]), RANK))[i] = v;
+      if (p != RANK) reinterpret_cast<uint4*>(part(region(p), RANK))[i] = v;
   }
   if (tail && rest < n) {
 #pragma unroll
     for (int p = 0; p < RANKS; ++p)
-      if (p != RANK) reinterpret_cast<T*>(part(reinterpret_cast<unsigned char*>(table[p]), RANK))[rest] = x[rest];
+      if (p != RANK) reinterpret_cast<T*>(part(region(p), RANK))[rest] = x[rest];
   }
   // Every thread's pushes, then the flags (one thread a peer): the release orders them first.
   __syncthreads();
   const int p = threadIdx.x;
   if (p < RANKS && p != RANK) {
     __threadfence_system();
-    uint32_t* theirs = reinterpret_cast<uint32_t*>(table[p]) + SALA_AR_MAX_BLOCKS + b * SALA_AR_MAX_RANKS + RANK;
+    uint32_t* theirs = reinterpret_cast<uint32_t*>(region(p)) + SALA_AR_MAX_BLOCKS + b * SALA_AR_MAX_RANKS + RANK;
     sala_ar_release(theirs, mine);
     const uint32_t* arrived = counts + SALA_AR_MAX_BLOCKS + b * SALA_AR_MAX_RANKS + p;
     const unsigned long long began = sala_ar_now();
     while ((int)(sala_ar_acquire(arrived) - mine) < 0) {
       if (sala_ar_now() - began > (CHECKING ? SALA_AR_CHECK_PATIENCE_NS : SALA_AR_PATIENCE_NS)) {
         if (!CHECKING) __trap();
-        atomicExch(counts + SALA_AR_TIMED_OUT, 1u);
+        atomicExch(reinterpret_cast<uint32_t*>(table[RANK]) + SALA_AR_TIMED_OUT, 1u);
         break;
       }
     }

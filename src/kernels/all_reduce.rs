@@ -7,8 +7,8 @@
 //!
 //! [`attach`] sets it up for an NCCL group and checks it against NCCL's own sum before any model
 //! uses it; where a step fails on any rank, every rank keeps NCCL's collective, with a warning.
-//! Sums past [`slot_bytes`] a rank (16 MiB on two ranks, 1 MiB on more) and of other types than
-//! bf16, f16 and float32 still go through NCCL.
+//! Sums past the largest slot (16 MiB a rank on two ranks, 1 MiB on more: [`regions`]) and of
+//! other types than bf16, f16 and float32 still go through NCCL.
 //! `SALA_PEER_SUM=off` keeps NCCL for every sum (for A/B measurements).
 
 use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
@@ -24,27 +24,44 @@ static ALL_SUM: KernelSource = KernelSource {
     inputs: &["x", "table", "after"],
     outputs: &["y", "ticket"],
     cuda_header: HEADER,
-    cuda_body: "sala_all_sum<T, RANKS, RANK, SLOT_BYTES, CHECKING>(x, reinterpret_cast<const unsigned long long*>(table), y, ticket, (size_t)x_shape[0]);",
+    cuda_body: "sala_all_sum<T, RANKS, RANK, REGION_AT, SLOT_BYTES, CHECKING>(x, reinterpret_cast<const unsigned long long*>(table), y, ticket, (size_t)x_shape[0]);",
     metal_header: "",
     metal_body: "",
     contiguous_inputs: true,
     shared_memory: 0,
 };
 
-/// The most bytes of a rank's part this path takes (a slot): on two ranks a prompt chunk's
-/// activations (2048 tokens of 4096 bf16 values), which each rank sends once, as NCCL's ring
-/// would; on more, where every rank sends its part to each of the others, 128 decoding tokens.
-pub fn slot_bytes(ranks: usize) -> usize {
-    if ranks == 2 {
-        16 << 20
-    } else {
-        1 << 20
-    }
+/// A size class of sums: its region of the exchange buffer (at `at`: counts, flags, then two
+/// slots a rank), the most bytes of a rank's part it takes (a slot), and its thread blocks: every
+/// sum of a region has the same number, so that all of its blocks use the same slot.
+#[derive(Clone, Copy)]
+struct Region {
+    at: usize,
+    slot: usize,
+    blocks: usize,
 }
-/// Where the data slots begin in an exchange buffer, after the counts and flags
-/// (`SALA_AR_DATA_AT`).
+
+/// The regions of a group of `ranks`, smallest slot first: decoding batches (1 MiB: 128 tokens of
+/// 4096 bf16 values) over a few blocks, and on two ranks a prompt chunk's activations (16 MiB:
+/// 2048 tokens) over many; each rank sends its part to every other once, so more ranks keep to
+/// the small sums, where NCCL's ring would send less.
+fn regions(ranks: usize) -> Vec<Region> {
+    let small = Region { at: 0, slot: 1 << 20, blocks: 16 };
+    let mut regions = vec![small];
+    if ranks == 2 {
+        regions.push(Region { at: region_end(small, ranks), slot: 16 << 20, blocks: MAX_BLOCKS });
+    }
+    regions
+}
+
+fn region_end(region: Region, ranks: usize) -> usize {
+    region.at + DATA_AT + 2 * ranks * region.slot
+}
+
+/// Where the data slots begin in a region, after the counts and flags (`SALA_AR_DATA_AT`).
 const DATA_AT: usize = 8192;
-/// The header's word that a wait of the check at start sets when it ran out (`SALA_AR_TIMED_OUT`).
+/// The word of the buffer's first region that a wait of the check at start sets when it ran out
+/// (`SALA_AR_TIMED_OUT`).
 const TIMED_OUT: usize = 2047;
 /// Thread blocks of one sum at most (`SALA_AR_MAX_BLOCKS`) and ranks (`SALA_AR_MAX_RANKS`).
 const MAX_BLOCKS: usize = 128;
@@ -60,31 +77,28 @@ pub struct PeerSum {
 }
 
 impl PeerSum {
-    /// Whether this path takes `x`: a 16-bit or float32 array of at most a slot, on CUDA.
-    fn takes(&self, x: &Array) -> bool {
-        if !matches!(x.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32) {
-            return false;
+    /// The region that takes `x`: a 16-bit or float32 array of at most its slot, on CUDA.
+    fn region_for(&self, x: &Array) -> Option<Region> {
+        if !matches!(x.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32) || x.nbytes() == 0 || backend() != Backend::Cuda {
+            return None;
         }
-        let bytes = x.nbytes();
-        bytes > 0 && bytes <= slot_bytes(self.ranks) && backend() == Backend::Cuda
+        regions(self.ranks).into_iter().find(|r| x.nbytes() <= r.slot)
     }
 
-    /// The sum of `x` over the ranks; `checking`: the check at start's form, whose waits end
-    /// after 20 s (marking [`TIMED_OUT`]) instead of stopping the process after 300.
-    fn sum(&self, x: &Array, checking: bool) -> mlx_rs::error::Result<Array> {
+    /// The sum of `x` over the ranks through `region`; `checking`: the check at start's form,
+    /// whose waits end after 20 s (marking [`TIMED_OUT`]) instead of stopping the process after 300.
+    fn sum(&self, x: &Array, region: Region, checking: bool) -> mlx_rs::error::Result<Array> {
         let n = x.size();
-        // A thread per 16-byte piece, up to MAX_BLOCKS blocks (the values after the last whole
-        // piece, fewer than a thread block, go to the last block).
-        let blocks = (x.nbytes() / 16).div_ceil(THREADS).clamp(1, MAX_BLOCKS) as i32;
         let launch = Launch {
-            grid: (blocks * THREADS as i32, 1, 1),
+            grid: ((region.blocks * THREADS) as i32, 1, 1),
             threads: (THREADS as i32, 1, 1),
             outputs: vec![(vec![n as i32], x.dtype()), (vec![1], Dtype::Uint32)],
             template: vec![
                 ("T", TemplateArg::Type(x.dtype())),
                 ("RANKS", TemplateArg::Int(self.ranks as i32)),
                 ("RANK", TemplateArg::Int(self.rank as i32)),
-                ("SLOT_BYTES", TemplateArg::Int(slot_bytes(self.ranks) as i32)),
+                ("REGION_AT", TemplateArg::Int(region.at as i32)),
+                ("SLOT_BYTES", TemplateArg::Int(region.slot as i32)),
                 ("CHECKING", TemplateArg::Bool(checking)),
             ],
             init: None,
@@ -135,7 +149,7 @@ impl PeerSum {
 
 impl FastSum for PeerSum {
     fn all_sum(&self, x: &Array) -> Option<mlx_rs::error::Result<Array>> {
-        self.takes(x).then(|| self.sum(x, false))
+        self.region_for(x).map(|region| self.sum(x, region, false))
     }
 
     fn name(&self) -> &'static str {
@@ -187,7 +201,7 @@ fn agree(tp: &TensorParallel, step: Result<(), String>) -> Result<(), Failed> {
 impl PeerSum {
     fn start(tp: &TensorParallel) -> Result<Self, Failed> {
         let (ranks, rank) = (tp.size, tp.rank);
-        let bytes = DATA_AT + 2 * ranks * slot_bytes(ranks);
+        let bytes = regions(ranks).last().map_or(0, |r| region_end(*r, ranks));
         // Work on the GPU first, so that MLX's context is current on this thread (Cuda::enter).
         let warm = crate::engine::ops::zeros(&[1], Dtype::Float32).and_then(|z| z.eval()).map_err(|e| e.to_string());
         agree(tp, warm)?;
@@ -236,13 +250,14 @@ impl PeerSum {
         let run = || -> mlx_rs::error::Result<Option<String>> {
             let mut pairs = Vec::new();
             let mut cases = vec![(4096, Dtype::Bfloat16), (1, Dtype::Float32), (4096, Dtype::Bfloat16), (12_301, Dtype::Float16), (200_003, Dtype::Float32)];
-            if slot_bytes(self.ranks) >= 16 << 20 {
+            if regions(self.ranks).iter().any(|r| r.slot >= 16 << 20) {
                 cases.push((2048 * 4096, Dtype::Bfloat16));
             }
             cases.push((4096, Dtype::Bfloat16));
             for (i, (n, dtype)) in cases.into_iter().enumerate() {
                 let x = sample(&[n], 7000 + 31 * i as u64 + self.rank as u64, dtype)?;
-                let ours = self.sum(&x, true)?;
+                let region = self.region_for(&x).ok_or_else(|| Exception::custom("no region takes a checked sum"))?;
+                let ours = self.sum(&x, region, true)?;
                 let theirs = nccl.all_sum(&x).map_err(|e| Exception::custom(e.to_string()))?;
                 pairs.push((n, dtype, ours, theirs));
             }
