@@ -54,6 +54,14 @@ fn regions(ranks: usize) -> Vec<Region> {
     regions
 }
 
+/// The region of a group of `ranks` that takes a sum of `bytes` bytes of `dtype` a rank.
+fn region_of(ranks: usize, dtype: Dtype, bytes: usize) -> Option<Region> {
+    if !matches!(dtype, Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32) || bytes == 0 {
+        return None;
+    }
+    regions(ranks).into_iter().find(|r| bytes <= r.slot)
+}
+
 fn region_end(region: Region, ranks: usize) -> usize {
     region.at + DATA_AT + 2 * ranks * region.slot
 }
@@ -66,6 +74,8 @@ const TIMED_OUT: usize = 2047;
 /// Thread blocks of one sum at most (`SALA_AR_MAX_BLOCKS`) and ranks (`SALA_AR_MAX_RANKS`).
 const MAX_BLOCKS: usize = 128;
 const MAX_RANKS: usize = 8;
+// The header holds the counts, the flags and the check's word apart from the data.
+const _: () = assert!(TIMED_OUT >= MAX_BLOCKS * (1 + MAX_RANKS) && TIMED_OUT < DATA_AT / 4);
 const THREADS: usize = 512;
 
 /// The sums of a group whose ranks have mapped each other's exchange buffers.
@@ -79,10 +89,7 @@ pub struct PeerSum {
 impl PeerSum {
     /// The region that takes `x`: a 16-bit or float32 array of at most its slot, on CUDA.
     fn region_for(&self, x: &Array) -> Option<Region> {
-        if !matches!(x.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32) || x.nbytes() == 0 || backend() != Backend::Cuda {
-            return None;
-        }
-        regions(self.ranks).into_iter().find(|r| x.nbytes() <= r.slot)
+        region_of(self.ranks, x.dtype(), x.nbytes()).filter(|_| backend() == Backend::Cuda)
     }
 
     /// The sum of `x` over the ranks through `region`; `checking`: the check at start's form,
@@ -240,22 +247,13 @@ impl PeerSum {
         Ok(sum)
     }
 
-    /// Sums of this rank's own random values through both paths, several to one graph (so that
-    /// consecutive sums use both slots): bf16 as a decoding token, one float32 value (a lightning
-    /// norm's squares), f16 over a few blocks with values past the last whole piece, float32
-    /// over 800 KB, every block; on two ranks also a prompt chunk's 16 MiB of bf16 and 16 MiB of
-    /// float32 less three values; each within a bf16 step of NCCL's.
+    /// Sums of this rank's own random values ([`check_cases`]) through both paths, several to one
+    /// graph, each within a bf16 step of NCCL's.
     fn check(&self, tp: &TensorParallel) -> Result<(), String> {
         let nccl = tp.without_fast_sum();
         let run = || -> mlx_rs::error::Result<Option<String>> {
             let mut pairs = Vec::new();
-            let mut cases = vec![(4096, Dtype::Bfloat16), (1, Dtype::Float32), (4096, Dtype::Bfloat16), (12_301, Dtype::Float16), (200_003, Dtype::Float32)];
-            if regions(self.ranks).iter().any(|r| r.slot >= 16 << 20) {
-                // Two, for both of its slots.
-                cases.extend([(2048 * 4096, Dtype::Bfloat16), (1024 * 4096 - 3, Dtype::Float32)]);
-            }
-            cases.push((4096, Dtype::Bfloat16));
-            for (i, (n, dtype)) in cases.into_iter().enumerate() {
+            for (i, (n, dtype)) in check_cases(self.ranks).into_iter().enumerate() {
                 let x = sample(&[n], 7000 + 31 * i as u64 + self.rank as u64, dtype)?;
                 let region = self.region_for(&x).ok_or_else(|| Exception::custom("no region takes a checked sum"))?;
                 let ours = self.sum(&x, region, true)?;
@@ -295,6 +293,19 @@ impl PeerSum {
             Err(e) => Err(format!("its check failed: {e}")),
         }
     }
+}
+
+/// The sums the check at start compares with NCCL's, (values, type), every region's slots in
+/// turn: bf16 as a decoding token, one float32 value (a lightning norm's squares), f16 over a few
+/// blocks with values past the last whole piece, float32 filling most of the small slot; on two
+/// ranks also a prompt chunk's 16 MiB of bf16 and three float32 values short of 16 MiB.
+fn check_cases(ranks: usize) -> Vec<(i32, Dtype)> {
+    let mut cases = vec![(4096, Dtype::Bfloat16), (1, Dtype::Float32), (4096, Dtype::Bfloat16), (12_301, Dtype::Float16), (200_003, Dtype::Float32)];
+    if regions(ranks).iter().any(|r| r.slot >= 16 << 20) {
+        cases.extend([(2048 * 4096, Dtype::Bfloat16), (1024 * 4096 - 3, Dtype::Float32)]);
+    }
+    cases.push((4096, Dtype::Bfloat16));
+    cases
 }
 
 /// The CUDA driver calls the exchange needs, from the driver library beside every NVIDIA driver
@@ -417,5 +428,59 @@ impl Cuda {
         // SAFETY: the handle goes by value, as the C struct does.
         unsafe { self.check("cuIpcOpenMemHandle", open(&mut ptr, IpcHandle { reserved: *handle }, LAZY_ENABLE_PEER_ACCESS))? };
         Ok(ptr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(n: i32, dtype: Dtype) -> usize {
+        n as usize * if dtype == Dtype::Float32 { 4 } else { 2 }
+    }
+
+    #[test]
+    fn regions_lie_apart_inside_what_the_kernel_addresses() {
+        for ranks in 2..=MAX_RANKS {
+            let all = regions(ranks);
+            let mut end = 0;
+            for r in &all {
+                assert!(r.at >= end, "{ranks} ranks: regions overlap");
+                assert!(r.blocks >= 1 && r.blocks <= MAX_BLOCKS && r.slot.is_multiple_of(16));
+                end = region_end(*r, ranks);
+                assert!(end <= i32::MAX as usize, "REGION_AT and SLOT_BYTES are 32-bit template arguments");
+            }
+            assert_eq!(all.len(), if ranks == 2 { 2 } else { 1 }, "{ranks} ranks");
+        }
+    }
+
+    #[test]
+    fn a_sum_goes_to_the_smallest_region_that_holds_it() {
+        let small = |ranks, dtype, b| region_of(ranks, dtype, b).map(|r| r.slot);
+        assert_eq!(small(2, Dtype::Bfloat16, 8192), Some(1 << 20));
+        assert_eq!(small(2, Dtype::Float32, 4), Some(1 << 20));
+        assert_eq!(small(2, Dtype::Bfloat16, (1 << 20) + 2), Some(16 << 20));
+        assert_eq!(small(2, Dtype::Bfloat16, 16 << 20), Some(16 << 20));
+        assert_eq!(small(2, Dtype::Bfloat16, (16 << 20) + 2), None);
+        assert_eq!(small(4, Dtype::Bfloat16, 16 << 20), None, "one-shot on four ranks keeps to decoding sums");
+        assert_eq!(small(4, Dtype::Float16, 1 << 20), Some(1 << 20));
+        assert_eq!(small(2, Dtype::Int32, 64), None);
+        assert_eq!(small(2, Dtype::Bfloat16, 0), None);
+    }
+
+    #[test]
+    fn the_check_at_start_fits_and_fills_every_region_twice() {
+        for ranks in 2..=MAX_RANKS {
+            let cases = check_cases(ranks);
+            let mut used = vec![0; regions(ranks).len()];
+            for &(n, dtype) in &cases {
+                let region = region_of(ranks, dtype, bytes(n, dtype)).unwrap_or_else(|| panic!("{ranks} ranks: no region takes {n} {dtype:?}"));
+                used[regions(ranks).iter().position(|r| r.at == region.at).unwrap()] += 1;
+            }
+            assert!(used.iter().all(|&u| u >= 2), "{ranks} ranks: sums a region: {used:?}");
+            // Past the last whole piece, and over more than one block of the small region.
+            assert!(cases.iter().any(|&(n, dtype)| !bytes(n, dtype).is_multiple_of(16)));
+            assert!(cases.iter().any(|&(n, dtype)| bytes(n, dtype) > 16 * THREADS * 8));
+        }
     }
 }
