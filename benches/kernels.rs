@@ -976,6 +976,23 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
             Ok(three) => line("  3 thread blocks an SM (2 stages)", three, 8),
             Err(e) => println!("|   3 thread blocks an SM (2 stages) | failed: {} | | | |", e.what().lines().next().unwrap_or("")),
         }
+        // One query a thread block, its warps splitting the list: timed, and its largest
+        // difference from the default form's output (the same attention; only sums reorder).
+        let default = attend().unwrap();
+        eval([&default]).unwrap();
+        for warps in [4, 2] {
+            let split = sala::kernels::sparse::with_split_prefill_lists(warps, || {
+                let out = attend().and_then(|a| eval([&a]).map(|_| a))?;
+                let diff = out.subtract(&default)?.abs()?.max(None)?.as_dtype(Dtype::Float32)?;
+                eval([&diff])?;
+                Ok::<_, mlx_rs::error::Exception>((time(|| vec![attend().unwrap()]), diff.as_slice::<f32>()[0]))
+            });
+            let name = format!("  one query a block, {warps} warps splitting its list");
+            match split {
+                Ok((timing, diff)) => line(&format!("{name} (max |Δ| {diff:.1e} from the default)"), timing, 8),
+                Err(e) => println!("| {name} | failed: {} | | | |", e.what().lines().next().unwrap_or("")),
+            }
+        }
     }
 }
 

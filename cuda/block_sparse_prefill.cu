@@ -437,3 +437,157 @@ __device__ void sala_block_sparse_attention_mma_q8(
   sala_block_sparse_prefill<T, uint32_t, D, G, BLOCK, SCALE_BITS, QPB, QGROUP>(
       q, k, v, kr, vr, qsb, blocks, first_pos, kv_len, settled, out, Tq, cap, rcap, nsel);
 }
+
+// Dynamic shared memory of sala_block_sparse_prefill_split: for each warp, two stages of 32 keys
+// and their values (rows padded to D + 8); the warps' partial outputs reuse it at the end.
+template <typename T, int D, int WARPS>
+__host__ __device__ constexpr int sala_prefill_split_bytes() {
+  return WARPS * 2 * 2 * 32 * (D + 8) * (int)sizeof(T);
+}
+
+// 32 rows of keys or values from token tok0 on into dst [32][D + 8] asynchronously, by one warp
+// (zeros past kv_len; the caller commits the group).
+template <typename T, int D>
+__device__ inline void sala_stage_half_tile(T* dst, const T* history, const T* recent, int tok0, int kv_len, int settled, int lane) {
+  constexpr int KS = D + 8, PIECES = 32 * D / 8;
+#pragma unroll 1
+  for (int i = 0; i < PIECES / 32; ++i) {
+    const int e = i * 32 + lane, j = e / (D / 8), col = (e % (D / 8)) * 8;
+    const int tok = tok0 + j;
+    const bool ok = tok < kv_len;
+    const T* src = !ok ? history : tok < settled ? history + (size_t)tok * D + col : recent + (size_t)(tok - settled) * D + col;
+    sala_cp_async16(dst + j * KS + col, src, ok);
+  }
+}
+
+// The same attention over a cache of rows with one query a thread block: its WARPS warps take
+// every WARPS-th entry of the query's list each, walk their blocks in halves of 32 tokens through
+// a 2-stage ring of their own, and merge their online softmaxes at the end. No warp waits on a
+// block another query chose (the union walk above idles a warp whose query did not select the
+// staged block: about 60 % of its steps on random selections), at the price of every query
+// loading its own blocks. An experiment beside the default (the kernels bench); not used by the
+// model.
+template <typename T, int D, int G, int SCALE_BITS, int WARPS>
+__device__ void sala_block_sparse_prefill_split(
+    const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first_pos, int kv_len, int settled,
+    T* out, int Tq, int cap, int rcap, int nsel) {
+  static_assert(G <= 16 && D % 32 == 0 && D <= 128 && WARPS >= 1 && WARPS <= 8, "one 16-row tile of heads");
+  constexpr int KS = D + 8, TILE = 32 * KS;
+  extern __shared__ __align__(16) unsigned char sala_dynamic_shared[];
+  unsigned shared_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(shared_bytes));
+  if (shared_bytes < sala_prefill_split_bytes<T, D, WARPS>()) __trap();  // the launch's size disagrees
+  static_assert(WARPS * 16 * (D + 2) * 4 <= sala_prefill_split_bytes<T, D, WARPS>(), "the merge fits in the tiles' memory");
+
+  const int h = blockIdx.z, t = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int pos = first_pos + t;
+  const float scale = __int_as_float(SCALE_BITS) * 1.4426950408889634f;  // log2 units for exp2
+  T* ring = reinterpret_cast<T*>(sala_dynamic_shared) + warp * 2 * 2 * TILE;  // [stage][keys, values][32][KS]
+  const int32_t* sel = blocks + ((size_t)h * Tq + t) * nsel;
+  const T* kh = k + (size_t)h * cap * D;
+  const T* vh = v + (size_t)h * cap * D;
+  const T* krh = kr + (size_t)h * rcap * D;
+  const T* vrh = vr + (size_t)h * rcap * D;
+
+  uint32_t qa[D / 16][4];
+  sala_load_query_heads<D, G>(qa, q, h, t, Tq, true, lane);
+  float acc[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  // This warp's next half block (its first token), or −1: entries warp, warp + WARPS, … of the
+  // list, each visible block's halves that start at or before the query and inside the cache.
+  int cursor = warp, half = 0;
+  auto next = [&]() {
+    while (cursor < nsel) {
+      const int b = sel[cursor];
+      const int tok0 = b * 64 + 32 * half;
+      const bool visible = b >= 0 && tok0 <= pos && tok0 < kv_len;
+      if (half == 0 && visible) {
+        half = 1;
+        return tok0;
+      }
+      half = 0;
+      cursor += WARPS;
+      if (visible) return tok0;
+    }
+    return -1;
+  };
+  // Half block tok0's keys and values into ring slot `slot`: one commit group (empty for −1).
+  auto stage = [&](int slot, int tok0) {
+    T* ks = ring + slot * 2 * TILE;
+    if (tok0 >= 0) {
+      sala_stage_half_tile<T, D>(ks, kh, krh, tok0, kv_len, settled, lane);
+      sala_stage_half_tile<T, D>(ks + TILE, vh, vrh, tok0, kv_len, settled, lane);
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+  int cur = next(), slot = 0;
+  stage(0, cur);
+  const int c = lane & 3;
+  while (cur >= 0) {
+    const int after = next();
+    stage(slot ^ 1, after);
+    asm volatile("cp.async.wait_group 1;");
+    __syncwarp();  // every lane's copies of this slot are visible to the warp
+    const T* ks = ring + slot * 2 * TILE;
+    float s[4][4];
+    sala_score_tiles<T, D, 4>(s, qa, ks, 0, lane);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int tok = cur + 8 * nt + 2 * c + (e & 1);
+        s[nt][e] = (tok <= pos && tok < kv_len) ? s[nt][e] * scale : -INFINITY;
+      }
+    sala_softmax_rescale(s, m, l, acc);
+    sala_accumulate_pv<T, D>(s[0], s[1], m, l, ks + TILE, 0, acc, lane);
+    sala_accumulate_pv<T, D>(s[2], s[3], m, l, ks + TILE, 16, acc, lane);
+    __syncwarp();  // the slot is free for the stage after next
+    slot ^= 1;
+    cur = after;
+  }
+  asm volatile("cp.async.wait_group 0;");
+  __syncthreads();  // every warp's tiles are free: the merge takes their memory
+
+  // The warps' outputs [WARPS][16][D], maxima and sums [WARPS][16] each, then out = Σ_w O_w·2^(m_w − M) / Σ_w l_w·2^(m_w − M).
+  float* po = reinterpret_cast<float*>(sala_dynamic_shared);
+  float* pm = po + WARPS * 16 * D;
+  float* pl = pm + WARPS * 16;
+  const int r = lane >> 2;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    po[(warp * 16 + r) * D + 8 * n + 2 * c] = acc[n][0];
+    po[(warp * 16 + r) * D + 8 * n + 2 * c + 1] = acc[n][1];
+    po[(warp * 16 + r + 8) * D + 8 * n + 2 * c] = acc[n][2];
+    po[(warp * 16 + r + 8) * D + 8 * n + 2 * c + 1] = acc[n][3];
+  }
+  if (c == 0) {
+    pm[warp * 16 + r] = m[0], pm[warp * 16 + r + 8] = m[1];
+    pl[warp * 16 + r] = l[0], pl[warp * 16 + r + 8] = l[1];
+  }
+  __syncthreads();
+  for (int e = tid; e < G * D; e += 32 * WARPS) {
+    const int row = e / D, col = e % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, pm[w * 16 + row]);
+    float sum = 0.f, o = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const float mw = pm[w * 16 + row];
+      if (mw == -INFINITY) continue;
+      const float f = exp2f(mw - mx);
+      sum += pl[w * 16 + row] * f;
+      o += po[(w * 16 + row) * D + col] * f;
+    }
+    out[((size_t)(h * G + row) * Tq + t) * D + col] = static_cast<T>(sum > 0.f ? o / sum : 0.f);
+  }
+}

@@ -35,6 +35,15 @@ extern "C" __global__ void sala_prefill_wide(const T* q, const T* k, const T* v,
                                              int len, int settled, T* out, int tq, int nsel) {
   sala_block_sparse_attention_mma<T, 128, 16, 64, SCALE, 8, 128, 3>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
 }
+// The split form the kernels bench compares (one query a thread block, its warps splitting the list).
+extern "C" __global__ void sala_prefill_split4(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first,
+                                               int len, int settled, T* out, int tq, int nsel) {
+  sala_block_sparse_prefill_split<T, 128, 16, SCALE, 4>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
+}
+extern "C" __global__ void sala_prefill_split2(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first,
+                                               int len, int settled, T* out, int tq, int nsel) {
+  sala_block_sparse_prefill_split<T, 128, 16, SCALE, 2>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
+}
 // With --kv-bits 8: the prefill and the general kernel (cuda/block_sparse_attention.cu, decode's
 // default) over codes, groups of 64.
 extern "C" __global__ void sala_prefill_q8(const T* q, const uint32_t* k, const uint32_t* v, const uint32_t* kr, const uint32_t* vr,

@@ -1174,12 +1174,15 @@ const fn prefill_ring_bytes(qpb: i32, stages: i32) -> i32 {
     stages * 2 * 64 * (128 + 8) * 2 + (3 * qpb * PREFILL_MAX_SELECTED + 2 * qpb) * 4
 }
 
-/// A form of the tensor-core prefill attention over rows: its source, queries a thread block and
-/// ring stages (the kernels bench compares the others with the default).
+/// A form of the tensor-core prefill attention over rows: its source, warps and queries a thread
+/// block, and ring stages (the kernels bench compares the others with the default).
 #[derive(Clone, Copy)]
 struct PrefillForm {
     source: &'static KernelSource,
+    /// Warps a thread block (the `QPB` template argument).
     qpb: i32,
+    /// Queries a thread block: one a warp for the union walk, one for the split form.
+    queries: i32,
     stages: i32,
 }
 
@@ -1217,13 +1220,34 @@ static BLOCK_SPARSE_PREFILL_THREE: KernelSource = prefill_source(
     2,
 );
 
+/// The split form's source for `warps` warps a query (`sala_block_sparse_prefill_split`): its
+/// shared memory holds two stages of 32 keys and values a warp (heads of 128, 16-bit).
+const fn prefill_split_source(name: &'static str, warps: i32) -> KernelSource {
+    KernelSource {
+        name,
+        inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
+        outputs: &["out"],
+        cuda_header: BLOCK_SPARSE_PREFILL_HEADER,
+        cuda_body: "sala_block_sparse_prefill_split<T, D, G, SCALE_BITS, QPB>(\
+                    q, k, v, k_recent, v_recent, blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
+                    out, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);",
+        metal_header: "",
+        metal_body: "",
+        contiguous_inputs: false,
+        shared_memory: warps * 2 * 2 * 32 * (128 + 8) * 2,
+    }
+}
+
+static BLOCK_SPARSE_PREFILL_SPLIT4: KernelSource = prefill_split_source("sala_block_sparse_prefill_split4", 4);
+static BLOCK_SPARSE_PREFILL_SPLIT2: KernelSource = prefill_split_source("sala_block_sparse_prefill_split2", 2);
+
 /// The default form: two thread blocks an SM (registers and shared memory both allow two).
-const PREFILL_DEFAULT: PrefillForm = PrefillForm { source: &BLOCK_SPARSE_PREFILL, qpb: MMA_QUERIES_PER_BLOCK, stages: PREFILL_STAGES };
+const PREFILL_DEFAULT: PrefillForm = PrefillForm { source: &BLOCK_SPARSE_PREFILL, qpb: MMA_QUERIES_PER_BLOCK, queries: MMA_QUERIES_PER_BLOCK, stages: PREFILL_STAGES };
 /// 8 queries a thread block, one thread block an SM.
-const PREFILL_WIDE: PrefillForm = PrefillForm { source: &BLOCK_SPARSE_PREFILL_WIDE, qpb: 8, stages: PREFILL_STAGES };
+const PREFILL_WIDE: PrefillForm = PrefillForm { source: &BLOCK_SPARSE_PREFILL_WIDE, qpb: 8, queries: 8, stages: PREFILL_STAGES };
 /// Three thread blocks an SM: two ring stages (74 KB of shared memory each) and at most 168
 /// registers by launch bounds (ptxas spills a little).
-const PREFILL_THREE: PrefillForm = PrefillForm { source: &BLOCK_SPARSE_PREFILL_THREE, qpb: MMA_QUERIES_PER_BLOCK, stages: 2 };
+const PREFILL_THREE: PrefillForm = PrefillForm { source: &BLOCK_SPARSE_PREFILL_THREE, qpb: MMA_QUERIES_PER_BLOCK, queries: MMA_QUERIES_PER_BLOCK, stages: 2 };
 
 thread_local! {
     static PREFILL_FORM_OVERRIDE: std::cell::Cell<Option<PrefillForm>> = const { std::cell::Cell::new(None) };
@@ -1241,6 +1265,15 @@ pub fn with_wide_prefill_blocks<R>(f: impl FnOnce() -> R) -> R {
 #[doc(hidden)]
 pub fn with_three_prefill_blocks_an_sm<R>(f: impl FnOnce() -> R) -> R {
     with_setting(&PREFILL_FORM_OVERRIDE, Some(PREFILL_THREE), f)
+}
+
+/// Runs `f` with the tensor-core prefill attention over rows in its split form (one query a
+/// thread block, its `warps` warps, 4 or 2, taking every `warps`-th entry of its list each), for
+/// the kernels bench's comparison; the model uses the default.
+#[doc(hidden)]
+pub fn with_split_prefill_lists<R>(warps: i32, f: impl FnOnce() -> R) -> R {
+    let source = if warps == 2 { &BLOCK_SPARSE_PREFILL_SPLIT2 } else { &BLOCK_SPARSE_PREFILL_SPLIT4 };
+    with_setting(&PREFILL_FORM_OVERRIDE, Some(PrefillForm { source, qpb: if warps == 2 { 2 } else { 4 }, queries: 1, stages: 2 }), f)
 }
 
 static BLOCK_SPARSE_PREFILL_Q8: KernelSource = KernelSource {
@@ -1298,9 +1331,9 @@ pub fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
     let form = PREFILL_FORM_OVERRIDE.with(|o| o.get()).unwrap_or(PREFILL_DEFAULT);
-    let qpb = form.qpb;
+    let (qpb, queries) = (form.qpb, form.queries);
     let launch = Launch {
-        grid: (32 * qpb, (t + qpb - 1) / qpb, hkv),
+        grid: (32 * qpb, (t + queries - 1) / queries, hkv),
         threads: (32 * qpb, 1, 1),
         outputs: vec![(vec![1, hq, t, d], q.dtype())],
         template: vec![
