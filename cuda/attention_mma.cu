@@ -7,21 +7,27 @@
 
 #define SALA_MMA_TILE 64
 
-// Tile b's 64 rows (positions 64b ..) of keys or values into dst [64][D + 8] asynchronously: from
+// ROWS rows of keys or values from position tok0 on into dst [ROWS][D + 8] asynchronously: from
 // the history below `settled`, from the recent buffer above it, zeros past kv_len. THREADS
-// threads share the copies (this one is `tid`); one commit group.
-template <typename T, int D, int THREADS>
-__device__ inline void sala_stage_tile(T* dst, const T* history, const T* recent, int b, int kv_len, int settled, int tid) {
-  constexpr int KS = D + 8, PIECES = SALA_MMA_TILE * D / 8;  // 16-byte pieces
+// threads share the copies (this one is `tid`); the caller commits the group.
+template <typename T, int D, int THREADS, int ROWS>
+__device__ inline void sala_stage_rows(T* dst, const T* history, const T* recent, int tok0, int kv_len, int settled, int tid) {
+  constexpr int KS = D + 8, PIECES = ROWS * D / 8;  // 16-byte pieces
   static_assert(PIECES % THREADS == 0, "whole pieces per thread");
 #pragma unroll 1  // the copies do not wait: unrolling would only hold more addresses in registers
   for (int i = 0; i < PIECES / THREADS; ++i) {
     const int e = i * THREADS + tid, j = e / (D / 8), col = (e % (D / 8)) * 8;
-    const int tok = b * SALA_MMA_TILE + j;
+    const int tok = tok0 + j;
     const bool ok = tok < kv_len;
     const T* src = !ok ? history : tok < settled ? history + (size_t)tok * D + col : recent + (size_t)(tok - settled) * D + col;
     sala_cp_async16(dst + j * KS + col, src, ok);
   }
+}
+
+// Tile b's 64 rows (positions 64b ..) into dst [64][D + 8] (sala_stage_rows), one commit group.
+template <typename T, int D, int THREADS>
+__device__ inline void sala_stage_tile(T* dst, const T* history, const T* recent, int b, int kv_len, int settled, int tid) {
+  sala_stage_rows<T, D, THREADS, SALA_MMA_TILE>(dst, history, recent, b * SALA_MMA_TILE, kv_len, settled, tid);
   asm volatile("cp.async.commit_group;");
 }
 

@@ -38,15 +38,15 @@ __device__ inline void sala_load_query_heads(uint32_t (&qa)[D / 16][4], const T*
   }
 }
 
-// Scores (log2 units) of the staged block of keys from position `base` on: eight 8-column tiles,
+// Scores (log2 units) of NT 8-token tiles of staged keys from position `base` on (a block: eight),
 // −inf past the query at `pos` and past the cache.
-template <typename T, int D>
-__device__ inline void sala_masked_scores(float (&s)[SALA_MMA_TILE / 8][4], const uint32_t (&qa)[D / 16][4], const T* ks, int base, int pos,
+template <typename T, int D, int NT>
+__device__ inline void sala_masked_scores(float (&s)[NT][4], const uint32_t (&qa)[D / 16][4], const T* ks, int base, int pos,
                                           int kv_len, float scale, int lane) {
   sala_score_tiles<T, D>(s, qa, ks, 0, lane);
   const int c = lane & 3;
 #pragma unroll
-  for (int nt = 0; nt < SALA_MMA_TILE / 8; ++nt) {
+  for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int tok = base + 8 * nt + 2 * c + (e & 1);
@@ -445,21 +445,6 @@ __host__ __device__ constexpr int sala_prefill_split_bytes() {
   return WARPS * 2 * 2 * 32 * (D + 8) * (int)sizeof(T);
 }
 
-// 32 rows of keys or values from token tok0 on into dst [32][D + 8] asynchronously, by one warp
-// (zeros past kv_len; the caller commits the group).
-template <typename T, int D>
-__device__ inline void sala_stage_half_tile(T* dst, const T* history, const T* recent, int tok0, int kv_len, int settled, int lane) {
-  constexpr int KS = D + 8, PIECES = 32 * D / 8;
-#pragma unroll 1
-  for (int i = 0; i < PIECES / 32; ++i) {
-    const int e = i * 32 + lane, j = e / (D / 8), col = (e % (D / 8)) * 8;
-    const int tok = tok0 + j;
-    const bool ok = tok < kv_len;
-    const T* src = !ok ? history : tok < settled ? history + (size_t)tok * D + col : recent + (size_t)(tok - settled) * D + col;
-    sala_cp_async16(dst + j * KS + col, src, ok);
-  }
-}
-
 // The same attention over a cache of rows with one query a thread block: its WARPS warps take
 // every WARPS-th entry of the query's list each, walk their blocks in halves of 32 tokens through
 // a 2-stage ring of their own, and merge their online softmaxes at the end. No warp waits on a
@@ -519,14 +504,13 @@ __device__ void sala_block_sparse_prefill_split(
   auto stage = [&](int slot, int tok0) {
     T* ks = ring + slot * 2 * TILE;
     if (tok0 >= 0) {
-      sala_stage_half_tile<T, D>(ks, kh, krh, tok0, kv_len, settled, lane);
-      sala_stage_half_tile<T, D>(ks + TILE, vh, vrh, tok0, kv_len, settled, lane);
+      sala_stage_rows<T, D, 32, 32>(ks, kh, krh, tok0, kv_len, settled, lane);
+      sala_stage_rows<T, D, 32, 32>(ks + TILE, vh, vrh, tok0, kv_len, settled, lane);
     }
     asm volatile("cp.async.commit_group;");
   };
   int cur = next(), slot = 0;
   stage(0, cur);
-  const int c = lane & 3;
   while (cur >= 0) {
     const int after = next();
     stage(slot ^ 1, after);
@@ -534,14 +518,7 @@ __device__ void sala_block_sparse_prefill_split(
     __syncwarp();  // every lane's copies of this slot are visible to the warp
     const T* ks = ring + slot * 2 * TILE;
     float s[4][4];
-    sala_score_tiles<T, D, 4>(s, qa, ks, 0, lane);
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tok = cur + 8 * nt + 2 * c + (e & 1);
-        s[nt][e] = (tok <= pos && tok < kv_len) ? s[nt][e] * scale : -INFINITY;
-      }
+    sala_masked_scores<T, D>(s, qa, ks, cur, pos, kv_len, scale, lane);
     sala_softmax_rescale(s, m, l, acc);
     sala_accumulate_pv<T, D>(s[0], s[1], m, l, ks + TILE, 0, acc, lane);
     sala_accumulate_pv<T, D>(s[2], s[3], m, l, ks + TILE, 16, acc, lane);
@@ -556,7 +533,7 @@ __device__ void sala_block_sparse_prefill_split(
   float* po = reinterpret_cast<float*>(sala_dynamic_shared);
   float* pm = po + WARPS * 16 * D;
   float* pl = pm + WARPS * 16;
-  const int r = lane >> 2;
+  const int r = lane >> 2, c = lane & 3;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
