@@ -205,12 +205,19 @@ pub fn cuda_compute_capability() -> Option<(i32, i32)> {
     *CAPABILITY.get_or_init(|| Some((cuda_device_attribute(MAJOR)?, cuda_device_attribute(MINOR)?)))
 }
 
-/// A CU_DEVICE_ATTRIBUTE of device 0, through the driver library that is always beside an NVIDIA
-/// driver (and already loaded by MLX).
+/// The CUDA driver library, always beside an NVIDIA driver (and already loaded by MLX), opened
+/// once; `None` where there is none. Callers look up the driver API's functions in it.
+pub fn cuda_driver() -> Option<&'static libloading::Library> {
+    static DRIVER: std::sync::OnceLock<Option<libloading::Library>> = std::sync::OnceLock::new();
+    // SAFETY: loading the system's CUDA driver library runs no code of ours.
+    DRIVER.get_or_init(|| unsafe { libloading::Library::new("libcuda.so.1") }.ok()).as_ref()
+}
+
+/// A CU_DEVICE_ATTRIBUTE of device 0, through [`cuda_driver`].
 fn cuda_device_attribute(attribute_id: i32) -> Option<i32> {
     // SAFETY: the CUDA driver API's C signatures; each call is checked for CUDA_SUCCESS (0).
     unsafe {
-        let lib = libloading::Library::new("libcuda.so.1").ok()?;
+        let lib = cuda_driver()?;
         let init = lib.get::<unsafe extern "C" fn(u32) -> i32>(b"cuInit\0").ok()?;
         let device_get = lib.get::<unsafe extern "C" fn(*mut i32, i32) -> i32>(b"cuDeviceGet\0").ok()?;
         let attribute = lib.get::<unsafe extern "C" fn(*mut i32, i32, i32) -> i32>(b"cuDeviceGetAttribute\0").ok()?;
@@ -230,7 +237,7 @@ pub fn gpu_driver_version() -> Option<String> {
     }
     // SAFETY: cuDriverGetVersion(int*) of the CUDA driver API, checked for CUDA_SUCCESS (0).
     unsafe {
-        let lib = libloading::Library::new("libcuda.so.1").ok()?;
+        let lib = cuda_driver()?;
         let get = lib.get::<unsafe extern "C" fn(*mut i32) -> i32>(b"cuDriverGetVersion\0").ok()?;
         let mut version = 0;
         (get(&mut version) == 0).then(|| version.to_string())

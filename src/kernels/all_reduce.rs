@@ -80,16 +80,19 @@ const THREADS: usize = 512;
 
 /// The sums of a group whose ranks have mapped each other's exchange buffers.
 pub struct PeerSum {
-    ranks: usize,
     rank: usize,
-    /// Every rank's exchange buffer as this process addresses it.
+    /// Every rank's exchange buffer as this process addresses it, in rank order.
     buffers: Vec<u64>,
 }
 
 impl PeerSum {
+    fn ranks(&self) -> usize {
+        self.buffers.len()
+    }
+
     /// The region that takes `x`: a 16-bit or float32 array of at most its slot, on CUDA.
     fn region_for(&self, x: &Array) -> Option<Region> {
-        region_of(self.ranks, x.dtype(), x.nbytes()).filter(|_| backend() == Backend::Cuda)
+        region_of(self.ranks(), x.dtype(), x.nbytes()).filter(|_| backend() == Backend::Cuda)
     }
 
     /// The sum of `x` over the ranks through `region`; `checking`: the check at start's form,
@@ -102,7 +105,7 @@ impl PeerSum {
             outputs: vec![(vec![n as i32], x.dtype()), (vec![1], Dtype::Uint32)],
             template: vec![
                 ("T", TemplateArg::Type(x.dtype())),
-                ("RANKS", TemplateArg::Int(self.ranks as i32)),
+                ("RANKS", TemplateArg::Int(self.ranks() as i32)),
                 ("RANK", TemplateArg::Int(self.rank as i32)),
                 ("REGION_AT", TemplateArg::Int(region.at as i32)),
                 ("SLOT_BYTES", TemplateArg::Int(region.slot as i32)),
@@ -145,7 +148,7 @@ impl PeerSum {
             match &*t {
                 Some((buffers, table)) if *buffers == self.buffers => table.clone(),
                 _ => {
-                    let table = Array::from_slice(&self.buffers, &[self.ranks as i32]);
+                    let table = Array::from_slice(&self.buffers, &[self.ranks() as i32]);
                     *t = Some((self.buffers.clone(), table.clone()));
                     table
                 }
@@ -242,7 +245,7 @@ impl PeerSum {
             })
             .collect();
         agree(tp, mapped.as_ref().map(|_| ()).map_err(Clone::clone))?;
-        let sum = PeerSum { ranks, rank, buffers: mapped.expect("agreed") };
+        let sum = PeerSum { rank, buffers: mapped.expect("agreed") };
         agree(tp, sum.check(tp))?;
         Ok(sum)
     }
@@ -253,7 +256,7 @@ impl PeerSum {
         let nccl = tp.without_fast_sum();
         let run = || -> mlx_rs::error::Result<Option<String>> {
             let mut pairs = Vec::new();
-            for (i, (n, dtype)) in check_cases(self.ranks).into_iter().enumerate() {
+            for (i, (n, dtype)) in check_cases(self.ranks()).into_iter().enumerate() {
                 let x = sample(&[n], 7000 + 31 * i as u64 + self.rank as u64, dtype)?;
                 let region = self.region_for(&x).ok_or_else(|| Exception::custom("no region takes a checked sum"))?;
                 let ours = self.sum(&x, region, true)?;
@@ -311,7 +314,7 @@ fn check_cases(ranks: usize) -> Vec<(i32, Dtype)> {
 /// The CUDA driver calls the exchange needs, from the driver library beside every NVIDIA driver
 /// (MLX has loaded it), in MLX's context ([`Cuda::enter`]).
 struct Cuda {
-    lib: libloading::Library,
+    lib: &'static libloading::Library,
 }
 
 type CuResult = i32;
@@ -327,8 +330,7 @@ impl Cuda {
     fn get() -> Result<&'static Cuda, String> {
         static CUDA: OnceLock<Result<Cuda, String>> = OnceLock::new();
         CUDA.get_or_init(|| {
-            // SAFETY: loading the system's CUDA driver library runs no code of ours.
-            let lib = unsafe { libloading::Library::new("libcuda.so.1") }.map_err(|e| format!("libcuda.so.1: {e}"))?;
+            let lib = crate::engine::device::cuda_driver().ok_or("the CUDA driver library (libcuda.so.1) could not be loaded")?;
             let cuda = Cuda { lib };
             cuda.enter()?;
             Ok(cuda)
