@@ -1,6 +1,6 @@
 // Tensor parallelism's sum over the GPUs of one host, in one kernel through peer memory (CUDA
-// IPC): NCCL's all-reduce inside a graph costs about 40 µs, and a decoding token needs dozens of
-// small ones. Each rank owns an exchange buffer that every other rank has mapped, in regions (one
+// IPC): a decoding token needs dozens of small sums, and NCCL's all-reduce inside a graph costs
+// tens of µs each (src/kernels/all_reduce.rs). Each rank owns an exchange buffer that every other rank has mapped, in regions (one
 // per size class of sums, from REGION_AT on), each laid out as:
 //   [0, 4·MAX_BLOCKS)            counts[b]: how many sums this rank's thread block b has begun
 //   then flags[b][r]             written by rank r: the count its block b has reached

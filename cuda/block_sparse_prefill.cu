@@ -449,9 +449,9 @@ __host__ __device__ constexpr int sala_prefill_split_bytes() {
 // every WARPS-th entry of the query's list each, walk their blocks in halves of 32 tokens through
 // a 2-stage ring of their own, and merge their online softmaxes at the end. No warp waits on a
 // block another query chose (the union walk above idles a warp whose query did not select the
-// staged block: about 60 % of its steps on random selections), at the price of every query
-// loading its own blocks. An experiment beside the default (the kernels bench); not used by the
-// model.
+// staged block: most of its steps on random selections, eval/results/2026-12-02-h200-dequantize),
+// at the price of every query loading its own blocks. An experiment beside the default (the
+// kernels bench); not used by the model.
 template <typename T, int D, int G, int SCALE_BITS, int WARPS>
 __device__ void sala_block_sparse_prefill_split(
     const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first_pos, int kv_len, int settled,

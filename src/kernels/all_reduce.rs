@@ -1,7 +1,7 @@
 //! Tensor parallelism's sums over the GPUs of one host through each other's memory
-//! (`cuda/all_reduce.cu`): one kernel per sum, where NCCL's all-reduce costs about 40 µs inside a
-//! graph and a decoding token of MiniCPM-SALA-9B needs 88 of them (issue 61); a prompt chunk's
-//! 16 MiB sums took 141 µs each over NCCL on two H200s, where each rank sends its 16 MiB once. Each rank allocates
+//! (`cuda/all_reduce.cu`): one kernel per sum, where a decoding token of MiniCPM-SALA-9B needs 88
+//! sums and NCCL's all-reduce costs tens of µs each inside a graph (issue 61; README's
+//! tensor-parallel figures, eval/results/2026-11-26-h200x2-tp). Each rank allocates
 //! an exchange buffer with the CUDA driver, exports it (CUDA IPC), and maps every peer's; the
 //! kernel pushes its part into the peers' buffers, raises a flag in each and sums what arrived.
 //!
