@@ -963,35 +963,21 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         // All queries in one call, as SparseAttention makes it.
         let attention = time(|| vec![block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5), None).unwrap()]);
         line(&format!("block-sparse attention at {}K", kv_len / 1024), attention, 8);
-        let wide = sala::kernels::sparse::with_wide_prefill_blocks(|| {
-            time(|| vec![block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5), None).unwrap()])
-        });
-        line("  8 queries a thread block", wide, 8);
+        // The earlier form, and its largest difference from the model's (the same attention;
+        // only the order of sums may differ).
         let attend = || block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5), None);
-        let three = sala::kernels::sparse::with_three_prefill_blocks_an_sm(|| match attend().and_then(|a| eval([&a]).map(|_| a)) {
-            Ok(_) => Ok(time(|| vec![attend().unwrap()])),
-            Err(e) => Err(e),
-        });
-        match three {
-            Ok(three) => line("  3 thread blocks an SM (2 stages)", three, 8),
-            Err(e) => println!("|   3 thread blocks an SM (2 stages) | failed: {} | | | |", e.what().lines().next().unwrap_or("")),
-        }
-        // One query a thread block, its warps splitting the list: timed, and its largest
-        // difference from the default form's output (the same attention; only sums reorder).
         let default = attend().unwrap();
         eval([&default]).unwrap();
-        for warps in [4, 2] {
-            let split = sala::kernels::sparse::with_split_prefill_lists(warps, || {
-                let out = attend().and_then(|a| eval([&a]).map(|_| a))?;
-                let diff = out.subtract(&default)?.abs()?.max(None)?.as_dtype(Dtype::Float32)?;
-                eval([&diff])?;
-                Ok::<_, mlx_rs::error::Exception>((time(|| vec![attend().unwrap()]), diff.as_slice::<f32>()[0]))
-            });
-            let name = format!("  one query a block, {warps} warps splitting its list");
-            match split {
-                Ok((timing, diff)) => line(&format!("{name} (max |Δ| {diff:.1e} from the default)"), timing, 8),
-                Err(e) => println!("| {name} | failed: {} | | | |", e.what().lines().next().unwrap_or("")),
-            }
+        let two = sala::kernels::sparse::with_two_prefill_blocks_an_sm(|| {
+            let out = attend().and_then(|a| eval([&a]).map(|_| a))?;
+            let diff = out.subtract(&default)?.abs()?.max(None)?.as_dtype(Dtype::Float32)?;
+            eval([&diff])?;
+            Ok::<_, mlx_rs::error::Exception>((time(|| vec![attend().unwrap()]), diff.as_slice::<f32>()[0]))
+        });
+        let name = "  2 thread blocks an SM (3 stages)";
+        match two {
+            Ok((timing, diff)) => line(&format!("{name} (max |Δ| {diff:.1e} from the default)"), timing, 8),
+            Err(e) => println!("| {name} | failed: {} | | | |", e.what().lines().next().unwrap_or("")),
         }
     }
 }

@@ -27,22 +27,11 @@ extern "C" __global__ void qwen3_dense(const T* q, const T* k, const T* v, const
   sala_decode_attention_mma<T, 128, 4, 64, SCALE>(q, 1, k, v, kr, vr, len, settled, 4096, 64, (const int32_t*)nullptr, 0, out, lse);
 }
 #include "cuda/block_sparse_prefill.cu"
-extern "C" __global__ void sala_prefill(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first, int len,
-                                        int settled, T* out, int tq, int nsel) {
+// The prefill attention at two thread blocks an SM (three ring stages), which the kernels bench
+// times beside the model's form (at the end of this file).
+extern "C" __global__ void sala_prefill_two_an_sm(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first,
+                                                  int len, int settled, T* out, int tq, int nsel) {
   sala_block_sparse_attention_mma<T, 128, 16, 64, SCALE, 4, 128, 3>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
-}
-extern "C" __global__ void sala_prefill_wide(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first,
-                                             int len, int settled, T* out, int tq, int nsel) {
-  sala_block_sparse_attention_mma<T, 128, 16, 64, SCALE, 8, 128, 3>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
-}
-// The split form the kernels bench compares (one query a thread block, its warps splitting the list).
-extern "C" __global__ void sala_prefill_split4(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first,
-                                               int len, int settled, T* out, int tq, int nsel) {
-  sala_block_sparse_prefill_split<T, 128, 16, SCALE, 4>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
-}
-extern "C" __global__ void sala_prefill_split2(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first,
-                                               int len, int settled, T* out, int tq, int nsel) {
-  sala_block_sparse_prefill_split<T, 128, 16, SCALE, 2>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
 }
 // With --kv-bits 8: the prefill and the general kernel (cuda/block_sparse_attention.cu, decode's
 // default) over codes, groups of 64.
@@ -80,10 +69,10 @@ extern "C" __global__ void sala_cuda_cores_q8(const T* q, const uint32_t* k, con
                                               SalaKvScales<T> qsb, int len, int settled, float* out, float* lse) {
   sala_decode_attention_split_q8<T, 128, 16, 8, 64, SCALE, 64>(q, 1, k, v, kr, vr, qsb, len, settled, 8192, 256, out, lse);
 }
-// The prefill attention's form for three thread blocks an SM (two ring stages), as the kernels
-// bench compares it: last, since the bounds apply to every kernel after them.
+// The model's prefill attention: three thread blocks an SM (two ring stages); last, since the
+// bounds apply to every kernel after them.
 #include "cuda/three_blocks_an_sm.cu"
-extern "C" __global__ void sala_prefill_three(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first,
+extern "C" __global__ void sala_prefill(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first,
                                               int len, int settled, T* out, int tq, int nsel) {
   sala_block_sparse_attention_mma<T, 128, 16, 64, SCALE, 4, 128, 2>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
 }

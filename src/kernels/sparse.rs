@@ -1164,31 +1164,20 @@ const MMA_QUERIES_PER_BLOCK: i32 = 4;
 /// union live in shared memory); SALA selects 96.
 const PREFILL_MAX_SELECTED: i32 = 128;
 /// Blocks in flight in that kernel's ring of staged tiles: a block's keys and values are requested
-/// two steps of the walk before they are used.
-const PREFILL_STAGES: i32 = 3;
-/// Its dynamic shared memory for `qpb` queries a thread block and `stages` ring stages, as
-/// `sala_prefill_ring_bytes` counts it for the largest launch (bf16/f16 heads of 128): the ring,
-/// then the lists, their owned counts, the union and 2 · qpb counters. About 108 KB at 4 queries
-/// and 3 stages: two thread blocks an SM, as its registers allow.
-const fn prefill_ring_bytes(qpb: i32, stages: i32) -> i32 {
+/// one step of the walk before they are used. Two stages leave room for three thread blocks an SM
+/// (eval/results/2026-12-04-h200-three-blocks: 1.23× faster at 32K than three stages at two).
+const PREFILL_STAGES: i32 = 2;
+/// Its dynamic shared memory for `stages` ring stages, as `sala_prefill_ring_bytes` counts it for
+/// the largest launch (bf16/f16 heads of 128, MMA_QUERIES_PER_BLOCK queries): the ring, then the
+/// lists, their owned counts, the union and two counters a query. About 74 KB at two stages.
+const fn prefill_ring_bytes(stages: i32) -> i32 {
+    let qpb = MMA_QUERIES_PER_BLOCK;
     stages * 2 * 64 * (128 + 8) * 2 + (3 * qpb * PREFILL_MAX_SELECTED + 2 * qpb) * 4
 }
 
-/// A form of the tensor-core prefill attention over rows: its source, warps and queries a thread
-/// block, and ring stages (the kernels bench compares the others with the default).
-#[derive(Clone, Copy)]
-struct PrefillForm {
-    source: &'static KernelSource,
-    /// Warps a thread block (the `QPB` template argument).
-    qpb: i32,
-    /// Queries a thread block: one a warp for the union walk, one for the split form.
-    queries: i32,
-    stages: i32,
-}
-
-/// The source of a form, its shared memory sized for `qpb` queries a thread block and `stages`
-/// ring stages (the size is the source's, not the launch's).
-const fn prefill_source(name: &'static str, header: &'static str, qpb: i32, stages: i32) -> KernelSource {
+/// The tensor-core prefill attention over rows with `stages` ring stages (the size of its shared
+/// memory is the source's, not the launch's).
+const fn prefill_source(name: &'static str, header: &'static str, stages: i32) -> KernelSource {
     KernelSource {
         name,
         inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
@@ -1201,14 +1190,14 @@ const fn prefill_source(name: &'static str, header: &'static str, qpb: i32, stag
         metal_header: "",
         metal_body: "",
         contiguous_inputs: false,
-        shared_memory: prefill_ring_bytes(qpb, stages),
+        shared_memory: prefill_ring_bytes(stages),
     }
 }
 
-static BLOCK_SPARSE_PREFILL: KernelSource = prefill_source("sala_block_sparse_prefill", BLOCK_SPARSE_PREFILL_HEADER, MMA_QUERIES_PER_BLOCK, PREFILL_STAGES);
-static BLOCK_SPARSE_PREFILL_WIDE: KernelSource = prefill_source("sala_block_sparse_prefill_wide", BLOCK_SPARSE_PREFILL_HEADER, 8, PREFILL_STAGES);
-static BLOCK_SPARSE_PREFILL_THREE: KernelSource = prefill_source(
-    "sala_block_sparse_prefill_three",
+/// The model's form: compiled for three thread blocks of 128 threads an SM (at most 168 registers;
+/// ptxas spills a little), two ring stages.
+static BLOCK_SPARSE_PREFILL: KernelSource = prefill_source(
+    "sala_block_sparse_prefill",
     concat!(
         include_str!("../../cuda/unpack.cu"),
         include_str!("../../cuda/mma.cu"),
@@ -1216,64 +1205,21 @@ static BLOCK_SPARSE_PREFILL_THREE: KernelSource = prefill_source(
         include_str!("../../cuda/block_sparse_prefill.cu"),
         include_str!("../../cuda/three_blocks_an_sm.cu")
     ),
-    MMA_QUERIES_PER_BLOCK,
-    2,
+    PREFILL_STAGES,
 );
-
-/// The split form's source for `warps` warps a query (`sala_block_sparse_prefill_split`): its
-/// shared memory holds two stages of 32 keys and values a warp (heads of 128, 16-bit).
-const fn prefill_split_source(name: &'static str, warps: i32) -> KernelSource {
-    KernelSource {
-        name,
-        inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
-        outputs: &["out"],
-        cuda_header: BLOCK_SPARSE_PREFILL_HEADER,
-        cuda_body: "sala_block_sparse_prefill_split<T, D, G, SCALE_BITS, QPB>(\
-                    q, k, v, k_recent, v_recent, blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
-                    out, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);",
-        metal_header: "",
-        metal_body: "",
-        contiguous_inputs: false,
-        shared_memory: warps * 2 * 2 * 32 * (128 + 8) * 2,
-    }
-}
-
-static BLOCK_SPARSE_PREFILL_SPLIT4: KernelSource = prefill_split_source("sala_block_sparse_prefill_split4", 4);
-static BLOCK_SPARSE_PREFILL_SPLIT2: KernelSource = prefill_split_source("sala_block_sparse_prefill_split2", 2);
-
-/// The default form: two thread blocks an SM (registers and shared memory both allow two).
-const PREFILL_DEFAULT: PrefillForm = PrefillForm { source: &BLOCK_SPARSE_PREFILL, qpb: MMA_QUERIES_PER_BLOCK, queries: MMA_QUERIES_PER_BLOCK, stages: PREFILL_STAGES };
-/// 8 queries a thread block, one thread block an SM.
-const PREFILL_WIDE: PrefillForm = PrefillForm { source: &BLOCK_SPARSE_PREFILL_WIDE, qpb: 8, queries: 8, stages: PREFILL_STAGES };
-/// Three thread blocks an SM: two ring stages (74 KB of shared memory each) and at most 168
-/// registers by launch bounds (ptxas spills a little).
-const PREFILL_THREE: PrefillForm = PrefillForm { source: &BLOCK_SPARSE_PREFILL_THREE, qpb: MMA_QUERIES_PER_BLOCK, queries: MMA_QUERIES_PER_BLOCK, stages: 2 };
+/// The earlier form, which the kernels bench times beside it: two thread blocks an SM as its
+/// registers allow, three ring stages.
+static BLOCK_SPARSE_PREFILL_TWO_AN_SM: KernelSource = prefill_source("sala_block_sparse_prefill_two_an_sm", BLOCK_SPARSE_PREFILL_HEADER, 3);
 
 thread_local! {
-    static PREFILL_FORM_OVERRIDE: std::cell::Cell<Option<PrefillForm>> = const { std::cell::Cell::new(None) };
+    static PREFILL_SOURCE_OVERRIDE: std::cell::Cell<Option<(&'static KernelSource, i32)>> = const { std::cell::Cell::new(None) };
 }
 
-/// Runs `f` with the tensor-core prefill attention over rows taking 8 queries a thread block,
-/// for the kernels bench's comparison; the model uses the default.
+/// Runs `f` with the tensor-core prefill attention over rows in its earlier form (two thread
+/// blocks an SM, three ring stages), for the kernels bench's comparison; the model uses the default.
 #[doc(hidden)]
-pub fn with_wide_prefill_blocks<R>(f: impl FnOnce() -> R) -> R {
-    with_setting(&PREFILL_FORM_OVERRIDE, Some(PREFILL_WIDE), f)
-}
-
-/// Runs `f` with the tensor-core prefill attention over rows in its form for three thread blocks
-/// an SM, for the kernels bench's comparison; the model uses the default.
-#[doc(hidden)]
-pub fn with_three_prefill_blocks_an_sm<R>(f: impl FnOnce() -> R) -> R {
-    with_setting(&PREFILL_FORM_OVERRIDE, Some(PREFILL_THREE), f)
-}
-
-/// Runs `f` with the tensor-core prefill attention over rows in its split form (one query a
-/// thread block, its `warps` warps, 4 or 2, taking every `warps`-th entry of its list each), for
-/// the kernels bench's comparison; the model uses the default.
-#[doc(hidden)]
-pub fn with_split_prefill_lists<R>(warps: i32, f: impl FnOnce() -> R) -> R {
-    let source = if warps == 2 { &BLOCK_SPARSE_PREFILL_SPLIT2 } else { &BLOCK_SPARSE_PREFILL_SPLIT4 };
-    with_setting(&PREFILL_FORM_OVERRIDE, Some(PrefillForm { source, qpb: if warps == 2 { 2 } else { 4 }, queries: 1, stages: 2 }), f)
+pub fn with_two_prefill_blocks_an_sm<R>(f: impl FnOnce() -> R) -> R {
+    with_setting(&PREFILL_SOURCE_OVERRIDE, Some((&BLOCK_SPARSE_PREFILL_TWO_AN_SM, 3)), f)
 }
 
 static BLOCK_SPARSE_PREFILL_Q8: KernelSource = KernelSource {
@@ -1330,10 +1276,10 @@ pub fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_
     }
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
-    let form = PREFILL_FORM_OVERRIDE.with(|o| o.get()).unwrap_or(PREFILL_DEFAULT);
-    let (qpb, queries) = (form.qpb, form.queries);
+    let (source, stages) = PREFILL_SOURCE_OVERRIDE.with(|o| o.get()).unwrap_or((&BLOCK_SPARSE_PREFILL, PREFILL_STAGES));
+    let qpb = MMA_QUERIES_PER_BLOCK;
     let launch = Launch {
-        grid: (32 * qpb, (t + queries - 1) / queries, hkv),
+        grid: (32 * qpb, (t + qpb - 1) / qpb, hkv),
         threads: (32 * qpb, 1, 1),
         outputs: vec![(vec![1, hq, t, d], q.dtype())],
         template: vec![
@@ -1344,11 +1290,11 @@ pub fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_
             ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
             ("QPB", TemplateArg::Int(qpb)),
             ("NSEL", TemplateArg::Int(PREFILL_MAX_SELECTED)),
-            ("STAGES", TemplateArg::Int(form.stages)),
+            ("STAGES", TemplateArg::Int(stages)),
         ],
         init: None,
     };
-    let sources = [form.source, &BLOCK_SPARSE_PREFILL_Q8];
+    let sources = [source, &BLOCK_SPARSE_PREFILL_Q8];
     let out = apply_over_cache(sources, &q3, kv, &blocks.contiguous()?, &params, launch)?;
     Ok(out.into_iter().next().expect("one output"))
 }
