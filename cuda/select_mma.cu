@@ -3,7 +3,7 @@
 // float32 score matrices q·c1ᵀ and q·c2ᵀ (at 512K tokens 16 × 2048 × 32K floats per KV head and
 // prefill chunk, written and read back; at decode two matrix products per layer and step). Two
 // kernels, then sala_select_topk:
-//   sala_select_lse_mma      the level-2 log-sum-exp of each query head, as a partial (max, sum)
+//   sala_select_lse_mma      the level-2 log-sum-exp of each query head, as a partial (max, sum, log2 units)
 //                            per range of windows (blockIdx.x of gridDim.x ranges);
 //   sala_select_windows_mma  merges the partials and writes Σ_g exp(score − lse_g) for its range
 //                            of level-1 windows (blockIdx.x), zero where not visible.
@@ -24,6 +24,7 @@
 #endif
 
 #define SALA_SEL_TILE 64
+#define SALA_LOG2E 1.4426950408889634f
 
 // Whether keys of type K are staged as hi + lo (float32) or as they are (bf16).
 template <typename K> struct sala_split_keys { static constexpr bool value = false; };
@@ -124,7 +125,7 @@ __device__ void sala_select_lse_mma(
     const __nv_bfloat16* q,   // [Hq, Tq, D]
     const K* c2,              // [n2, Hkv, D] level-2 pooled keys
     int first_pos,            // position of query 0
-    float* partial,           // [Hkv, Tq, ranges, 2, 16]: (max, sum) of each head row
+    float* partial,           // [Hkv, Tq, ranges, 2, 16]: (max, sum) of each head row, log2 units
     int Tq, int n2) {
   static_assert(G <= 16 && D % 32 == 0, "one 16-row tile of heads");
   __shared__ __align__(16) __nv_bfloat16 tiles[2 * SALA_SEL_TILE * (D + 8)];
@@ -133,7 +134,8 @@ __device__ void sala_select_lse_mma(
   const int t = blockIdx.y * QPB + warp;
   const bool active = t < Tq;
   const int last_pos = first_pos + min(Tq - 1, (int)blockIdx.y * QPB + QPB - 1);
-  const float scale = __int_as_float(SCALE_BITS);
+  // Scores in log2 units: exp2f is one MUFU instruction where expf takes several.
+  const float scale = __int_as_float(SCALE_BITS) * SALA_LOG2E;
   uint32_t qa[D / 16][4];
   sala_load_query_heads<D, G>(qa, q, h, t, Tq, active, lane);
   const int n2v = active ? sala_visible(first_pos + t, KERNEL2, STRIDE2, n2) : 0;
@@ -162,13 +164,13 @@ __device__ void sala_select_lse_mma(
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
       const float new_m = fmaxf(m[i], mx[i]);
-      l[i] = m[i] == -INFINITY ? 0.f : l[i] * expf(m[i] - new_m);
+      l[i] = m[i] == -INFINITY ? 0.f : l[i] * exp2f(m[i] - new_m);
       m[i] = new_m;
     }
 #pragma unroll
     for (int nt = 0; nt < SALA_SEL_TILE / 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) l[e >> 1] += s[nt][e] == -INFINITY ? 0.f : expf(s[nt][e] - m[e >> 1]);
+      for (int e = 0; e < 4; ++e) l[e >> 1] += s[nt][e] == -INFINITY ? 0.f : exp2f(s[nt][e] - m[e >> 1]);
     }
   });
 #pragma unroll
@@ -182,6 +184,19 @@ __device__ void sala_select_lse_mma(
     p[r + 8] = m[1];
     p[16 + r] = l[0];
     p[16 + r + 8] = l[1];
+  }
+}
+
+// One step of a reduce-scatter between lanes O apart: of v[0, 2·HALF) a lane keeps the upper
+// half where its lane bit O is set, else the lower, plus its partner's values of that half, in
+// v[0, HALF).
+template <int HALF, int O>
+__device__ __forceinline__ void sala_sum_halves(float* v, int lane) {
+  const bool upper = lane & O;
+#pragma unroll
+  for (int j = 0; j < HALF; ++j) {
+    const float sent = upper ? v[j] : v[j + HALF];
+    v[j] = (upper ? v[j + HALF] : v[j]) + __shfl_xor_sync(0xffffffffu, sent, O);
   }
 }
 
@@ -200,7 +215,7 @@ __device__ void sala_select_windows_mma(
   const int t = blockIdx.y * QPB + warp;
   const bool active = t < Tq;
   const int last_pos = first_pos + min(Tq - 1, (int)blockIdx.y * QPB + QPB - 1);
-  const float scale = __int_as_float(SCALE_BITS);
+  const float scale = __int_as_float(SCALE_BITS) * SALA_LOG2E;  // log2 units, as the partials
   uint32_t qa[D / 16][4];
   sala_load_query_heads<D, G>(qa, q, h, t, Tq, active, lane);
 
@@ -218,10 +233,10 @@ __device__ void sala_select_windows_mma(
 #pragma unroll 8
     for (int s = lane >> 4; s < ranges; s += 2) {
       const float ms = p[32 * s];
-      if (ms != -INFINITY) ll += p[32 * s + 16] * expf(ms - mm);
+      if (ms != -INFINITY) ll += p[32 * s + 16] * exp2f(ms - mm);
     }
     ll += __shfl_xor_sync(0xffffffffu, ll, 16);
-    const float row_lse = ll > 0.f ? mm + logf(ll) : -INFINITY;
+    const float row_lse = ll > 0.f ? mm + log2f(ll) : -INFINITY;
     lse[0] = __shfl_sync(0xffffffffu, row_lse, r);
     lse[1] = __shfl_sync(0xffffffffu, row_lse, r + 8);
   }
@@ -247,26 +262,25 @@ __device__ void sala_select_windows_mma(
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int w = w0 + 8 * nt + 2 * c + (e & 1), row = r + 8 * (e >> 1);
-          col[nt][e & 1] += (w < n1v && row < G) ? expf(s[nt][e] * scale - lse[e >> 1]) : 0.f;
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < SALA_SEL_TILE / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-#pragma unroll
-          for (int o = 4; o < 32; o <<= 1) col[nt][e] += __shfl_xor_sync(0xffffffffu, col[nt][e], o);
+          col[nt][e & 1] += (w < n1v && row < G) ? exp2f(fmaf(s[nt][e], scale, -lse[e >> 1])) : 0.f;
         }
       }
     }
-    if (active && r == 0) {
+    // Each window's sum over the 8 lanes of its column pair (rows r = lane >> 2), as a
+    // reduce-scatter: each step halves the values a lane carries, 14 shuffles where summing every
+    // value over all 8 lanes took 48. Lane (r, c) ends with windows 8r + 2c and 8r + 2c + 1, so
+    // every lane writes two.
+    float v[SALA_SEL_TILE / 4];
 #pragma unroll
-      for (int nt = 0; nt < SALA_SEL_TILE / 8; ++nt) {
+    for (int j = 0; j < SALA_SEL_TILE / 4; ++j) v[j] = col[j >> 1][j & 1];
+    sala_sum_halves<SALA_SEL_TILE / 8, 16>(v, lane);
+    sala_sum_halves<SALA_SEL_TILE / 16, 8>(v, lane);
+    sala_sum_halves<SALA_SEL_TILE / 32, 4>(v, lane);
+    if (active) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int w = w0 + 8 * nt + 2 * c + e;
-          if (w < n1) ws[w] = static_cast<float>(static_cast<R>(col[nt][e]));
-        }
+      for (int e = 0; e < 2; ++e) {
+        const int w = w0 + 8 * r + 2 * c + e;
+        if (w < n1) ws[w] = static_cast<float>(static_cast<R>(v[e]));
       }
     }
   });
