@@ -961,11 +961,11 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         eval([&blocks]).unwrap();
         let kv = KvParts::history(&k, &v, kv_len);
         // All queries in one call, as SparseAttention makes it.
-        let attention = time(|| vec![block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5), None).unwrap()]);
+        let attend = || block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5), None);
+        let attention = time(|| vec![attend().unwrap()]);
         line(&format!("block-sparse attention at {}K", kv_len / 1024), attention, 8);
         // The earlier form, and its largest difference from the model's (the same attention;
         // only the order of sums may differ).
-        let attend = || block_sparse_attention(&q, &kv, &blocks, first, sel.block, (d as f32).powf(-0.5), None);
         let default = attend().unwrap();
         eval([&default]).unwrap();
         let two = sala::kernels::sparse::with_two_prefill_blocks_an_sm(|| {

@@ -251,9 +251,10 @@ __device__ void sala_select_windows_mma(
   // are zeros without staging.
   sala_stream_tiles<D, 32 * QPB>(tiles, c1 + (size_t)h * D, (size_t)gridDim.z * D, n1, first, min(last, max(first, staged)),
                                   [&](const __nv_bfloat16* hi, const __nv_bfloat16* lo, int w0) {
-    float col[SALA_SEL_TILE / 8][2];
+    // v[2nt + j]: this lane's sum over its two rows for window 8nt + 2c + j.
+    float v[SALA_SEL_TILE / 4];
 #pragma unroll
-    for (int nt = 0; nt < SALA_SEL_TILE / 8; ++nt) col[nt][0] = col[nt][1] = 0.f;
+    for (int j = 0; j < SALA_SEL_TILE / 4; ++j) v[j] = 0.f;
     if (w0 < n1v && any) {
       float s[SALA_SEL_TILE / 8][4];
       sala_tile_scores<D, sala_split_keys<K>::value>(s, qa, hi, lo, lane);
@@ -262,7 +263,7 @@ __device__ void sala_select_windows_mma(
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int w = w0 + 8 * nt + 2 * c + (e & 1), row = r + 8 * (e >> 1);
-          col[nt][e & 1] += (w < n1v && row < G) ? exp2f(fmaf(s[nt][e], scale, -lse[e >> 1])) : 0.f;
+          v[2 * nt + (e & 1)] += (w < n1v && row < G) ? exp2f(fmaf(s[nt][e], scale, -lse[e >> 1])) : 0.f;
         }
       }
     }
@@ -270,9 +271,6 @@ __device__ void sala_select_windows_mma(
     // reduce-scatter: each step halves the values a lane carries, 14 shuffles where summing every
     // value over all 8 lanes took 48. Lane (r, c) ends with windows 8r + 2c and 8r + 2c + 1, so
     // every lane writes two.
-    float v[SALA_SEL_TILE / 4];
-#pragma unroll
-    for (int j = 0; j < SALA_SEL_TILE / 4; ++j) v[j] = col[j >> 1][j & 1];
     sala_sum_halves<SALA_SEL_TILE / 8, 16>(v, lane);
     sala_sum_halves<SALA_SEL_TILE / 16, 8>(v, lane);
     sala_sum_halves<SALA_SEL_TILE / 32, 4>(v, lane);

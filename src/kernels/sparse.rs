@@ -1164,9 +1164,11 @@ const MMA_QUERIES_PER_BLOCK: i32 = 4;
 /// union live in shared memory); SALA selects 96.
 const PREFILL_MAX_SELECTED: i32 = 128;
 /// Blocks in flight in that kernel's ring of staged tiles: a block's keys and values are requested
-/// one step of the walk before they are used. Two stages leave room for three thread blocks an SM
-/// (eval/results/2026-12-04-h200-three-blocks: 1.23× faster at 32K than three stages at two).
+/// one step of the walk before they are used. Two stages leave room for three thread blocks an SM,
+/// faster than three stages at two (eval/results/2026-12-04-h200-three-blocks).
 const PREFILL_STAGES: i32 = 2;
+/// Ring stages of the earlier form, two thread blocks an SM.
+const TWO_AN_SM_STAGES: i32 = 3;
 /// Its dynamic shared memory for `stages` ring stages, as `sala_prefill_ring_bytes` counts it for
 /// the largest launch (bf16/f16 heads of 128, MMA_QUERIES_PER_BLOCK queries): the ring, then the
 /// lists, their owned counts, the union and two counters a query. About 74 KB at two stages.
@@ -1209,7 +1211,7 @@ static BLOCK_SPARSE_PREFILL: KernelSource = prefill_source(
 );
 /// The earlier form, which the kernels bench times beside it: two thread blocks an SM as its
 /// registers allow, three ring stages.
-static BLOCK_SPARSE_PREFILL_TWO_AN_SM: KernelSource = prefill_source("sala_block_sparse_prefill_two_an_sm", BLOCK_SPARSE_PREFILL_HEADER, 3);
+static BLOCK_SPARSE_PREFILL_TWO_AN_SM: KernelSource = prefill_source("sala_block_sparse_prefill_two_an_sm", BLOCK_SPARSE_PREFILL_HEADER, TWO_AN_SM_STAGES);
 
 thread_local! {
     static PREFILL_SOURCE_OVERRIDE: std::cell::Cell<Option<(&'static KernelSource, i32)>> = const { std::cell::Cell::new(None) };
@@ -1219,7 +1221,7 @@ thread_local! {
 /// blocks an SM, three ring stages), for the kernels bench's comparison; the model uses the default.
 #[doc(hidden)]
 pub fn with_two_prefill_blocks_an_sm<R>(f: impl FnOnce() -> R) -> R {
-    with_setting(&PREFILL_SOURCE_OVERRIDE, Some((&BLOCK_SPARSE_PREFILL_TWO_AN_SM, 3)), f)
+    with_setting(&PREFILL_SOURCE_OVERRIDE, Some((&BLOCK_SPARSE_PREFILL_TWO_AN_SM, TWO_AN_SM_STAGES)), f)
 }
 
 static BLOCK_SPARSE_PREFILL_Q8: KernelSource = KernelSource {
