@@ -65,6 +65,74 @@ fn int8_prompt_products() {
     }
 }
 
+/// The FP8 prompt product (x and W rounded to e4m3 a row, wgmma) against what the models run
+/// for prompt chunks (the matrix expanded by kernels::dequantize, then MLX's bf16 matmul), 8 bits
+/// in groups of 64, 2048-row chunks: the whole path as the models take it (rounding x, rounding W
+/// from its packed form, the product), the roundings alone, and the product alone in each tiling.
+fn fp8_prompt_products() {
+    use sala::kernels::dequantize::dequantize;
+    use sala::kernels::fp8::{matmul_t, product, quantized_to_e4m3, rows_to_e4m3, weight_tile_rows};
+    // The bulk form (tiled x and W, the models') and the row-major one.
+    let forms = [("bulk", Some((128, 256))), ("row-major", None)];
+    println!(
+        "| product | dequantize + matmul µs | FP8 µs (rounding x and W) | rounding x µs | rounding W µs | {} | dequantize + matmul TFLOP/s | best FP8 product TFLOP/s | FP8 against dequantize + matmul |\n|---|---:|---:|---:|---:|{}---:|---:|---:|",
+        forms.map(|(f, _)| format!("{f} product µs")).join(" | "),
+        "---:|".repeat(forms.len())
+    );
+    let m = 2048;
+    for (n, k) in [(4096, 4096), (1024, 4096), (12288, 4096), (4096, 12288), (16384, 4096), (4096, 16384)] {
+        let w = randn(&[n, k], 3, Dtype::Bfloat16);
+        let (p, s, b) = ops::quantize(&w, 64, 8).unwrap();
+        let x = randn(&[m, k], 4, Dtype::Bfloat16);
+        let exact = time(|| vec![x.matmul(dequantize(&p, &s, &b, 64, 8).unwrap().t()).unwrap()]);
+        let fp8 = time(|| vec![matmul_t(&x, &quantized_to_e4m3(&p, &s, &b, 64, 8, weight_tile_rows()).unwrap()).unwrap()]);
+        let rounding_x = time(|| {
+            let r = rows_to_e4m3(&x, weight_tile_rows().map(|_| 128)).unwrap();
+            vec![r.q, r.s]
+        });
+        let rounding_w = time(|| {
+            let w = quantized_to_e4m3(&p, &s, &b, 64, 8, weight_tile_rows()).unwrap();
+            vec![w.q, w.s]
+        });
+        let products: Vec<f64> = forms
+            .iter()
+            .map(|&(_, tiles)| {
+                let (rows, w8) = (rows_to_e4m3(&x, tiles.map(|t| t.0)).unwrap(), quantized_to_e4m3(&p, &s, &b, 64, 8, tiles.map(|t| t.1)).unwrap());
+                eval([&rows.q, &rows.s, &w8.q, &w8.s]).unwrap();
+                time(|| vec![product(&rows, &w8, Dtype::Bfloat16).unwrap()])
+            })
+            .collect();
+        let best = products.iter().copied().fold(f64::INFINITY, f64::min);
+        let flops = 2.0 * m as f64 * n as f64 * k as f64;
+        println!(
+            "| {m}×{k}·{k}×{n} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.0} | {:.0} | {:.2}× |",
+            exact * 1e6,
+            fp8 * 1e6,
+            rounding_x * 1e6,
+            rounding_w * 1e6,
+            products.iter().map(|t| format!("{:.1}", t * 1e6)).collect::<Vec<_>>().join(" | "),
+            flops / exact / 1e12,
+            flops / best / 1e12,
+            exact / fp8
+        );
+    }
+}
+
+/// Each FP8 kernel once on a 2048 × 4096 · 4096 × 4096 product (`kernels fp8-profile`, for a
+/// kernel profiler): the roundings of x and W and the product, tiled (the models' form), then
+/// row-major.
+fn fp8_kernels_once() {
+    use sala::kernels::fp8::{product, quantized_to_e4m3, rows_to_e4m3};
+    let (p, s, b) = ops::quantize(randn(&[4096, 4096], 3, Dtype::Bfloat16), 64, 8).unwrap();
+    let x = randn(&[2048, 4096], 4, Dtype::Bfloat16);
+    for tiles in [Some((128, 256)), None] {
+        let rows = rows_to_e4m3(&x, tiles.map(|t| t.0)).unwrap();
+        let w = quantized_to_e4m3(&p, &s, &b, 64, 8, tiles.map(|t| t.1)).unwrap();
+        eval([&rows.q, &rows.s, &w.q, &w.s]).unwrap();
+        eval([&product(&rows, &w, Dtype::Bfloat16).unwrap()]).unwrap();
+    }
+}
+
 /// Median seconds of `f` (which builds the outputs lazily) including its evaluation.
 fn time(mut f: impl FnMut() -> Vec<Array>) -> f64 {
     for _ in 0..3 {
@@ -165,6 +233,15 @@ fn main() {
     // draw (only the cases whose name holds TEXT).
     if std::env::args().skip(1).any(|a| a == "draw") {
         draw_on_decode_logits();
+        return;
+    }
+    // `kernels fp8`: the FP8 prompt product against the models' path for prompt chunks.
+    if std::env::args().skip(1).any(|a| a == "fp8") {
+        fp8_prompt_products();
+        return;
+    }
+    if std::env::args().skip(1).any(|a| a == "fp8-profile") {
+        fp8_kernels_once();
         return;
     }
     // `kernels qmm-i8`: the int8 prompt product against MLX's 8-bit quantized matmul on prompt

@@ -127,7 +127,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__bench)
-            opts="-m -p -n -d -r -o -h -V --model --synthetic --bits --n-prompt --n-gen --n-depth --n-seq --draft-layers --num-draft --repetitions --profile --output --output-file --suite --cache-dir --cache-memory --tokenizer --max-tokens --no-think --limit --samples --device --dtype --prefill-step --kv-bits --tp --tp-backend --help --version"
+            opts="-m -p -n -d -r -o -h -V --model --synthetic --bits --n-prompt --n-gen --n-depth --n-seq --draft-layers --num-draft --repetitions --profile --output --output-file --suite --cache-dir --cache-memory --tokenizer --max-tokens --no-think --limit --samples --device --dtype --prefill-step --kv-bits --prompt-fp8 --tp --tp-backend --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -265,7 +265,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__bfcl)
-            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --mode --categories --limit --data --max-tokens --think --csv --samples --constrain --tool-call-parser --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --prompt-fp8 --mode --categories --limit --data --max-tokens --think --csv --samples --constrain --tool-call-parser --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -335,7 +335,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__chat)
-            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --context-size --num-sink-tokens --no-pull --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --no-think --max-tokens --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --prompt-fp8 --context-size --num-sink-tokens --no-pull --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --no-think --max-tokens --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -699,7 +699,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__needle)
-            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --context-size --num-sink-tokens --no-pull --context-len --depth --depths --haystack --variant --needle --question --answer --max-tokens --think --seed --csv --svg --resume --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --prompt-fp8 --context-size --num-sink-tokens --no-pull --context-len --depth --depths --haystack --variant --needle --question --answer --max-tokens --think --seed --csv --svg --resume --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -913,7 +913,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__run)
-            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --context-size --num-sink-tokens --no-pull --max-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --raw --no-think --ignore-eos --input-ids --logits-out --json --json-schema --grammar --tp --tp-backend --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --prompt-fp8 --context-size --num-sink-tokens --no-pull --max-tokens --temperature --top-p --top-k --min-p --repeat-penalty --seed --draft-layers --num-draft --prompt-cache --prompt-cache-ro --system --raw --no-think --ignore-eos --input-ids --logits-out --json --json-schema --grammar --tp --tp-backend --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1027,7 +1027,7 @@ _sala() {
             return 0
             ;;
         sala__subcmd__serve)
-            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --context-size --num-sink-tokens --no-pull --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --kv-memory --prompt-cache-dir --tool-call-parser --max-models --keep-alive --alias --log-format --log-level --tp --tp-backend --help --version"
+            opts="-m -h -V --model --device --dtype --prefill-step --kv-bits --prompt-fp8 --context-size --num-sink-tokens --no-pull --host --port --api-key --max-tokens --parallel --timeout --shutdown-timeout --cache-memory --kv-memory --prompt-cache-dir --tool-call-parser --max-models --keep-alive --alias --log-format --log-level --tp --tp-backend --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -70,6 +70,7 @@ complete -c sala -n "__fish_sala_using_subcommand run" -l tp -d 'Tensor parallel
 complete -c sala -n "__fish_sala_using_subcommand run" -l tp-backend -d 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl' -r -f -a "auto\t''
 ring\t''
 nccl\t''"
+complete -c sala -n "__fish_sala_using_subcommand run" -l prompt-fp8 -d 'Multiply prompt chunks in FP8 (e4m3 activations and weights, one scale a row) on an NVIDIA Hopper GPU\'s FP8 tensor cores: faster prefill, not the exact product (docs/architecture.md states the measured loss); decoding stays exact'
 complete -c sala -n "__fish_sala_using_subcommand run" -l no-pull -d 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
 complete -c sala -n "__fish_sala_using_subcommand run" -l prompt-cache-ro -d 'Only read --prompt-cache, never write it'
 complete -c sala -n "__fish_sala_using_subcommand run" -l raw -d 'Send the prompt as-is, without the chat template'
@@ -99,6 +100,7 @@ complete -c sala -n "__fish_sala_using_subcommand chat" -l num-draft -d 'Tokens 
 complete -c sala -n "__fish_sala_using_subcommand chat" -l prompt-cache -d 'Keep the prompt\'s model state in FILE: a later run whose prompt starts the same (a long document, then another question) loads it and prefills only the rest. Made on first use, rewritten when a prompt adds to it; refused if another model or tokenizer made it' -r -F
 complete -c sala -n "__fish_sala_using_subcommand chat" -l system -d 'System prompt' -r
 complete -c sala -n "__fish_sala_using_subcommand chat" -l max-tokens -d 'Most tokens per answer' -r
+complete -c sala -n "__fish_sala_using_subcommand chat" -l prompt-fp8 -d 'Multiply prompt chunks in FP8 (e4m3 activations and weights, one scale a row) on an NVIDIA Hopper GPU\'s FP8 tensor cores: faster prefill, not the exact product (docs/architecture.md states the measured loss); decoding stays exact'
 complete -c sala -n "__fish_sala_using_subcommand chat" -l no-pull -d 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
 complete -c sala -n "__fish_sala_using_subcommand chat" -l prompt-cache-ro -d 'Only read --prompt-cache, never write it'
 complete -c sala -n "__fish_sala_using_subcommand chat" -l no-think -d 'Start with thinking off (`/think on` turns it back on)'
@@ -138,6 +140,7 @@ complete -c sala -n "__fish_sala_using_subcommand serve" -l tp -d 'Tensor parall
 complete -c sala -n "__fish_sala_using_subcommand serve" -l tp-backend -d 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl' -r -f -a "auto\t''
 ring\t''
 nccl\t''"
+complete -c sala -n "__fish_sala_using_subcommand serve" -l prompt-fp8 -d 'Multiply prompt chunks in FP8 (e4m3 activations and weights, one scale a row) on an NVIDIA Hopper GPU\'s FP8 tensor cores: faster prefill, not the exact product (docs/architecture.md states the measured loss); decoding stays exact'
 complete -c sala -n "__fish_sala_using_subcommand serve" -l no-pull -d 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
 complete -c sala -n "__fish_sala_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand serve" -s V -l version -d 'Print version'
@@ -210,6 +213,7 @@ ring\t''
 nccl\t''"
 complete -c sala -n "__fish_sala_using_subcommand bench" -l profile -d 'Generation tests also give, per step, where the host\'s time went (building the graph, encoding it, other work, blocked), the operations in its graph and, on CUDA, the GPU\'s own time (busy, and idle between steps)'
 complete -c sala -n "__fish_sala_using_subcommand bench" -l no-think -d 'Quality suite: answer without thinking (enable_thinking=false in the chat template)'
+complete -c sala -n "__fish_sala_using_subcommand bench" -l prompt-fp8 -d 'Multiply prompt chunks in FP8 (e4m3 activations and weights, one scale a row) on an NVIDIA Hopper GPU\'s FP8 tensor cores: faster prefill, not the exact product (docs/architecture.md states the measured loss); decoding stays exact'
 complete -c sala -n "__fish_sala_using_subcommand bench" -s h -l help -d 'Print help'
 complete -c sala -n "__fish_sala_using_subcommand bench" -s V -l version -d 'Print version'
 complete -c sala -n "__fish_sala_using_subcommand needle" -s m -l model -d 'Model: a directory (config.json, *.safetensors, tokenizer.json), a .sala file, a .gguf file, or a name from `sala list` (default: the model `sala pull` fetches; pulled first if absent)' -r -F
@@ -238,6 +242,7 @@ complete -c sala -n "__fish_sala_using_subcommand needle" -l seed -d 'Seed of th
 complete -c sala -n "__fish_sala_using_subcommand needle" -l csv -d 'Append the results to this CSV file' -r -F
 complete -c sala -n "__fish_sala_using_subcommand needle" -l svg -d 'Write the heatmap (depth × length) as SVG' -r -F
 complete -c sala -n "__fish_sala_using_subcommand needle" -l resume -d 'Continue a run: skip the cells this CSV already has (same model, haystack, variant) and append the new ones to it' -r -F
+complete -c sala -n "__fish_sala_using_subcommand needle" -l prompt-fp8 -d 'Multiply prompt chunks in FP8 (e4m3 activations and weights, one scale a row) on an NVIDIA Hopper GPU\'s FP8 tensor cores: faster prefill, not the exact product (docs/architecture.md states the measured loss); decoding stays exact'
 complete -c sala -n "__fish_sala_using_subcommand needle" -l no-pull -d 'Without --model, when the default model is not in the store: refuse instead of pulling it first (HF_HUB_OFFLINE=1 refuses too)'
 complete -c sala -n "__fish_sala_using_subcommand needle" -l think -d 'Let thinking models think (give --max-tokens room for it)'
 complete -c sala -n "__fish_sala_using_subcommand needle" -s h -l help -d 'Print help'
@@ -259,6 +264,7 @@ complete -c sala -n "__fish_sala_using_subcommand bfcl" -l max-tokens -d 'Most t
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l csv -d 'Write the leaderboard\'s data_non_live.csv (these models, ranked) here' -r -F
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l samples -d 'Append every reply with what it decoded to and its verdict to this JSONL file' -r -F
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l tool-call-parser -d 'The model\'s tool-call syntax: hermes, minicpm4_xml, llama3_json or mistral (default: what its chat template writes, else its family\'s)' -r
+complete -c sala -n "__fish_sala_using_subcommand bfcl" -l prompt-fp8 -d 'Multiply prompt chunks in FP8 (e4m3 activations and weights, one scale a row) on an NVIDIA Hopper GPU\'s FP8 tensor cores: faster prefill, not the exact product (docs/architecture.md states the measured loss); decoding stays exact'
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l think -d 'Let thinking models think (give --max-tokens room for it)'
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l constrain -d 'FC mode: ask every entry twice, freely and with calls held to the tools\' grammar (a call, once opened, parses), and report both'
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -s h -l help -d 'Print help'

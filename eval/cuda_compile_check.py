@@ -1,5 +1,6 @@
 # Compiles CUDA sources here, without a GPU, as MLX compiles the custom kernels at run time (NVRTC),
-# for sm_90, and prints ptxas's registers and spills per kernel: compile errors and register
+# for sm_90a (as MLX does on Hopper, which opens wgmma to kernels), and prints ptxas's registers,
+# spills and warnings per kernel: compile errors and register
 # pressure show before a lent GPU's minutes are spent. Needs PyPI's CUDA wheels unpacked into one
 # folder (CUDA_WHEELS, default /tmp/cuda):
 #   pip download --no-deps -d /tmp/cudawheels nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 \
@@ -16,7 +17,7 @@ for path in sys.argv[1:]:
     program = ctypes.c_void_p()
     source = open(path).read().encode()
     assert nvrtc.nvrtcCreateProgram(ctypes.byref(program), source, os.path.basename(path).encode(), 0, None, None) == 0
-    options = [b'--gpu-architecture=compute_90', b'-std=c++17', f'-I{root}/cuda_runtime/include'.encode(), f'-I{repo}'.encode()]
+    options = [b'--gpu-architecture=compute_90a', b'-std=c++17', f'-I{root}/cuda_runtime/include'.encode(), f'-I{repo}'.encode()]
     rc = nvrtc.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options))
     size = ctypes.c_size_t()
     nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
@@ -30,11 +31,11 @@ for path in sys.argv[1:]:
     with tempfile.NamedTemporaryFile(suffix='.ptx') as f:
         f.write(ptx.value)
         f.flush()
-        out = subprocess.run([f'{root}/cuda_nvcc/bin/ptxas', '-arch=sm_90', '-v', f.name, '-o', '/dev/null'],
+        out = subprocess.run([f'{root}/cuda_nvcc/bin/ptxas', '-arch=sm_90a', '-v', f.name, '-o', '/dev/null'],
                              capture_output=True, text=True)
     print(f'{path}:')
     for line in out.stderr.splitlines():
-        if 'Compiling entry' in line or 'registers' in line or 'spill' in line:
+        if 'Compiling entry' in line or 'registers' in line or 'spill' in line or 'warning' in line:
             print('  ' + line.replace('ptxas info    : ', ''))
     if out.returncode != 0:
         sys.exit(out.stderr)

@@ -33,6 +33,8 @@ pub struct LoadOptions {
     pub window: Option<Window>,
     /// Keys and values quantized to this many bits as they are cached (`--kv-bits`).
     pub kv_bits: Option<i32>,
+    /// Prompt chunks multiply in FP8 (`--prompt-fp8`; Hopper GPUs): faster, not exact.
+    pub prompt_fp8: bool,
     /// With no model given and the default one not in the store: refuse instead of pulling it.
     pub no_pull: bool,
     /// This process's rank of a tensor-parallel group (a single device by default).
@@ -263,6 +265,10 @@ impl CompileBar {
 /// [`load`] for a model already opened (or built in memory) on `device`, which is selected;
 /// `path` is what the user named it.
 pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, options: &LoadOptions, tokens: usize) -> anyhow::Result<LoadedModel> {
+    if options.prompt_fp8 && options.keeps_states {
+        // A saved state would later be read as if its prompt had been multiplied exactly.
+        anyhow::bail!("--prompt-fp8 does not go with a prompt cache: states saved from FP8 products would be reused as exact ones; drop one of the two");
+    }
     crate::engine::device_sampler::use_draw_kernel(crate::kernels::draw::draw);
     crate::engine::step_profile::use_stamp_kernel(crate::kernels::stamp::stamp);
     crate::engine::device::use_kernel_compile_wait(crate::kernels::module_cache::settle);
@@ -286,6 +292,10 @@ pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, o
     }
     let mut model = built.map_err(|e| naming(e, "loading", &path))?;
     compile_kernels_ahead(tp.is_leader());
+    if options.prompt_fp8 && !crate::kernels::fp8::available() {
+        eprintln!("warning: --prompt-fp8 needs an NVIDIA Hopper GPU (compute capability 9), whose FP8 tensor cores it uses; prompt products stay exact");
+    }
+    models::layers::set_prompt_fp8(options.prompt_fp8);
     model.info_mut().add_eos_tokens(&generation.eos_token_ids);
     if let Some(window) = options.window {
         model.set_window(window)?;

@@ -589,6 +589,7 @@ mod self_check {
                 "dequantize",
                 "draw",
                 "epilogue",
+                "fp8_gemm",
                 "gla_decode",
                 "gla_prefill",
                 "lightning_decode",

@@ -337,3 +337,21 @@ fn sala_bench_takes_kv_bits() {
         assert!(stdout.lines().any(|l| l.contains(test)), "no {test} row: {stdout}");
     }
 }
+
+/// `--prompt-fp8` with a prompt cache is refused before the model is built: a state saved from
+/// FP8 products would later be reused as an exact one.
+#[test]
+fn fp8_prompt_products_refuse_a_prompt_cache() {
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    cpu();
+    let dir = std::env::temp_dir().join(format!("sala-fp8-refusal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.json");
+    std::fs::copy(golden("A_dense_f32").join("config.json"), &path).unwrap();
+    let synthetic = SyntheticModel::new(path.to_str().unwrap(), None).unwrap();
+    let source = synthetic.build(Dtype::Float32, |_| {}).unwrap();
+    let options = LoadOptions { dtype: Some(Dtype::Float32), prompt_fp8: true, keeps_states: true, ..LoadOptions::default() };
+    let err = load_source(source, path, DeviceKind::Cpu, &options, 64).err().expect("refused").to_string();
+    assert!(err.contains("--prompt-fp8") && err.contains("prompt cache"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -234,7 +234,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                         format!("{backend} tp{}", tp.size)
                     }
                 },
-                dtype: dtype_name(info.dtype).unwrap_or("?").to_ascii_lowercase(),
+                dtype: {
+                    let dtype = dtype_name(info.dtype).unwrap_or("?").to_ascii_lowercase();
+                    // The rows say when prompt products were not the exact ones.
+                    if args.runtime.prompt_fp8 && crate::kernels::fp8::available() {
+                        format!("{dtype} fp8-prompt")
+                    } else {
+                        dtype
+                    }
+                },
             };
             let grammar = match (plan.grammar, &loaded.tokenizer, &args.tokenizer) {
                 (false, _, _) => None,

@@ -171,6 +171,11 @@ pub struct RuntimeArgs {
     /// about half the memory of a long context; logits stay within the tolerance the README states
     #[arg(long, value_name = "BITS", value_parser = parse_kv_bits)]
     pub kv_bits: Option<i32>,
+    /// Multiply prompt chunks in FP8 (e4m3 activations and weights, one scale a row) on an NVIDIA
+    /// Hopper GPU's FP8 tensor cores: faster prefill, not the exact product (docs/architecture.md
+    /// states the measured loss); decoding stays exact
+    #[arg(long)]
+    pub prompt_fp8: bool,
 }
 
 fn parse_kv_bits(text: &str) -> Result<i32, String> {
@@ -290,7 +295,7 @@ impl RuntimeArgs {
 
     /// What the loading path needs to load `model` as these flags ask.
     pub fn options(&self, model: Option<PathBuf>) -> LoadOptions {
-        LoadOptions { model, device: self.device(), dtype: self.dtype.map(DtypeArg::dtype), kv_bits: self.kv_bits, ..LoadOptions::default() }
+        LoadOptions { model, device: self.device(), dtype: self.dtype.map(DtypeArg::dtype), kv_bits: self.kv_bits, prompt_fp8: self.prompt_fp8, ..LoadOptions::default() }
     }
 }
 

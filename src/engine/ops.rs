@@ -60,6 +60,20 @@ pub fn right_shift(a: &Array, b: &Array) -> Result<Array> {
     integer_op(mlx_sys::mlx_right_shift, "right_shift", a, b)
 }
 
+/// Each value as float8 e4m3, its bits in a uint8 array (MLX's `to_fp8`: to nearest, e4m3's
+/// largest finite value 448; in mlx-c, not wrapped by mlx-rs).
+pub fn to_fp8(x: &Array) -> Result<Array> {
+    // SAFETY: `x` and the stream outlive the call.
+    mlx_op("to_fp8", |res, stream| unsafe { mlx_sys::mlx_to_fp8(res, x.as_ptr(), stream) })
+}
+
+/// float8 e4m3 bits (uint8) as values of `dtype` (MLX's `from_fp8`; exact in every float dtype).
+pub fn from_fp8(bits: &Array, dtype: Dtype) -> Result<Array> {
+    let dtype = dtype as mlx_sys::mlx_dtype;
+    // SAFETY: `bits` and the stream outlive the call.
+    mlx_op("from_fp8", |res, stream| unsafe { mlx_sys::mlx_from_fp8(res, bits.as_ptr(), dtype, stream) })
+}
+
 type BinaryOp = unsafe extern "C" fn(*mut mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_stream) -> std::os::raw::c_int;
 
 fn integer_op(op: BinaryOp, name: &str, a: &Array, b: &Array) -> Result<Array> {

@@ -10,6 +10,7 @@ pub mod custom;
 pub mod dequantize;
 pub mod draw;
 pub mod epilogue;
+pub mod fp8;
 pub mod gla;
 pub mod kv;
 pub mod lightning;
@@ -23,10 +24,11 @@ pub mod stamp;
 
 /// The self-checks of the kernels whose MLX-ops versions are here (InfLLM-V2's are in
 /// `models::sala::infllm`; `models::kernel_checks` lists all).
-pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 16] = [
+pub static KERNEL_CHECKS: [&selfcheck::KernelCheck; 17] = [
     &dequantize::DEQUANTIZE_CHECK,
     &draw::DRAW_CHECK,
     &epilogue::EPILOGUE_CHECK,
+    &fp8::FP8_CHECK,
     &gla::GLA_DECODE_CHECK,
     &gla::GLA_PREFILL_CHECK,
     &lightning::DECODE_STEP_CHECK,

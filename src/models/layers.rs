@@ -9,9 +9,11 @@ use crate::engine::weights::{Part, Weights};
 use crate::engine::device::on_cpu;
 use crate::kernels::dequantize::dequantize;
 use crate::kernels::epilogue::apply_epilogue;
+use crate::kernels::fp8;
 use crate::kernels::qmv::{quantized_matmul_t, quantized_matmul_t_normed, quantized_matmul_t_then, swiglu_mlx, Epilogue, GateIn, RmsNormIn};
 use mlx_rs::{fast, ops, ops::indexing::TryIndexOp, Array, Dtype};
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A projection's input: x itself, or RMSNorm(x) not yet applied, so that the quantized decode
 /// kernel can fold the normalisation into its product (one operation fewer before each of them).
@@ -98,6 +100,7 @@ impl Matrix {
     /// x · Wᵀ followed by `epilogue` (one kernel on the quantized decode path).
     pub fn matmul_t_then(&self, x: &Array, epilogue: Epilogue) -> Result<Array> {
         match self {
+            Matrix::Dense(w) if in_fp8(x, w.shape()[1], w.shape()[0]) => Ok(apply_epilogue(&fp8::matmul_t(x, &fp8::rows_to_e4m3(w, fp8::weight_tile_rows())?)?, epilogue)?),
             Matrix::Dense(w) => Ok(apply_epilogue(&x.matmul(w.t())?, epilogue)?),
             Matrix::Quantized(q) => quantized_product(q, x, epilogue),
         }
@@ -156,6 +159,22 @@ const CPU_DEQUANTIZE_ROWS: i32 = 6;
 /// units beat MLX's CUDA quantized product there (eval/results/kernel-notes.md).
 pub(crate) const GPU_DEQUANTIZE_ROWS: i32 = 256;
 
+/// Whether prompt chunks multiply in FP8 (`--prompt-fp8`), set by the loading path: e4m3 products
+/// are not the exact ones, so only a user's choice turns them on.
+static PROMPT_FP8: AtomicBool = AtomicBool::new(false);
+
+/// Prompt chunks of this process multiply in FP8 ([`fp8`]) where its kernels run, or exactly.
+pub fn set_prompt_fp8(on: bool) {
+    PROMPT_FP8.store(on, Ordering::Relaxed);
+}
+
+/// Whether a product of x (`[…, k]`) into `n` outputs runs in FP8: asked for, a prompt chunk
+/// (as many rows as take the dequantized product), and a shape the kernels take.
+fn in_fp8(x: &Array, k: i32, n: i32) -> bool {
+    let rows: i32 = x.shape()[..x.ndim() - 1].iter().product();
+    PROMPT_FP8.load(Ordering::Relaxed) && rows >= GPU_DEQUANTIZE_ROWS && fp8::supports(k, n) && fp8::available()
+}
+
 /// x · Wᵀ for a quantized W, then `epilogue`: the decode kernel (kernels::qmv) where it runs,
 /// else the product of the dequantized matrix. On the CPU in float32: MLX's CPU kernel
 /// accumulates in the input dtype, which loses precision in bf16 (eval/results/kernel-notes.md).
@@ -169,6 +188,9 @@ fn quantized_product(q: &QuantizedMatrix, x: &Array, epilogue: Epilogue) -> Resu
         if rows >= CPU_DEQUANTIZE_ROWS {
             return in_float32_dequantized();
         }
+    } else if in_fp8(x, q.in_features(), q.packed.shape()[0]) {
+        let w = fp8::quantized_to_e4m3(&q.packed, &q.scales, &q.biases, q.format.group_size, q.format.bits, fp8::weight_tile_rows())?;
+        return Ok(apply_epilogue(&fp8::matmul_t(x, &w)?, epilogue)?);
     } else if dequantizes_on_gpu(q, rows) {
         // The expanded copy lives for one product.
         return Ok(apply_epilogue(&x.matmul(expanded(q)?.as_dtype(x.dtype())?.t())?, epilogue)?);
