@@ -17,7 +17,6 @@
 set -u
 export DEVICE_CACHE=${DEVICE_CACHE:-/tmp/kc}
 source eval/device-setup.sh
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 bench() {  # NAME BINARY ARGS...
   local name=$1 bin=$2; shift 2
   # One file for all runs: the device returns only a few files a call.

@@ -10,7 +10,6 @@
 set -u
 export DEVICE_CACHE=${DEVICE_CACHE:-/tmp/kc}
 source eval/device-setup.sh
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 timeout 120 $BIN/gpu_kernels --include-ignored --exact dequantize_kernel_gives_mlxs_values_to_the_bit --nocapture > "$OUT/gpu-dequantize.log" 2>&1
 phase "gpu test rc=$?"; tail -3 "$OUT/gpu-dequantize.log"
 timeout 90 $BIN/kernels dequantize > "$OUT/dequantize.md" 2>&1; phase "kernels dequantize rc=$?"; cat "$OUT/dequantize.md"

@@ -8,7 +8,6 @@
 set -u
 export DEVICE_CACHE=${DEVICE_CACHE:-/tmp/kc}
 source eval/device-setup.sh
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 if [ "${CHECKS:-1}" = 1 ]; then
   MLX_ENABLE_TF32=0 SALA_TEST_DEVICE=gpu SALA_SHARED=.device SALA_BIN=$BIN/sala \
     timeout ${TEST_SECONDS:-300} "$BIN/golden" --test-threads=1 c_sparse > "$OUT/golden.log" 2>&1 &

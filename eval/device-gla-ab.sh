@@ -14,7 +14,6 @@
 set -u
 export DEVICE_CACHE=${DEVICE_CACHE:-/tmp/kc}
 source eval/device-setup.sh
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 if [ "${TESTS:-1}" = 1 ]; then
   MLX_ENABLE_TF32=0 SALA_TEST_DEVICE=gpu SALA_SHARED=.device SALA_BIN=$BIN/sala \
     timeout 300 "$BIN/golden" --test-threads=1 ${GOLDEN_FILTER:-} > "$OUT/golden.log" 2>&1 &

@@ -20,7 +20,6 @@ source eval/device-setup.sh
 # NVLink multicast stays off (the host's GPUs are shared); sala's launcher sets it too.
 export NCCL_NVLS_ENABLE=0
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 timeout 240 $BIN/sala doctor --tp 2 2>&1 | tee "$OUT/doctor-tp2.txt"
 phase "doctor rc=${PIPESTATUS[0]}"
 MLX_ENABLE_TF32=0 SALA_TEST_DEVICE=gpu SALA_SHARED=.device SALA_BIN=$BIN/sala timeout 400 $BIN/tensor_parallel --test-threads=1 --nocapture \

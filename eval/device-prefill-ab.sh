@@ -15,7 +15,6 @@
 set -u
 export DEVICE_CACHE=${DEVICE_CACHE:-/tmp/kc}
 source eval/device-setup.sh
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 TESTS=${TESTS:-'every_kernel_passes'} DEADLINE_S=${TEST_SECONDS:-300} bash eval/device-tests.sh
 phase "tests rc=$?"
 for model in minicpm-sala-9b qwen3-8b; do

@@ -14,7 +14,6 @@
 # phases.txt, device.txt.
 set -u
 source eval/device-setup.sh
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 for step in ${STEPS:-2048 4096 8192}; do
   timeout "${BENCH_SECONDS:-200}" $BIN/sala bench --synthetic qwen3-8b --synthetic minicpm-sala-9b --bits "${BITS:-8}" \
     -p "${PROMPTS:-4096,32768}" -n 0 -d 0 -r "${REPS:-1}" --prefill-step "$step" > "$OUT/pp-step-$step.md" 2> "$OUT/pp-step-$step.err"

@@ -7,7 +7,6 @@
 set -u
 export DEVICE_CACHE=${DEVICE_CACHE:-/tmp/kc}
 source eval/device-setup.sh
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 timeout ${PROFILE_SECONDS:-240} "$NCU" --clock-control none --csv --metrics gpu__time_duration.sum \
   --log-file "$OUT/ncu-prompt.csv" $BIN/sala bench --synthetic minicpm-sala-9b --bits 8 -p ${PROFILE_PROMPT:-4096} \

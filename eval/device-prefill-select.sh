@@ -19,7 +19,6 @@ export DEVICE_CACHE=${DEVICE_CACHE:-/tmp/kc}
 source eval/device-setup.sh
 # Nothing comes back but the results (a call returns at most 8 files; the kernel cache is too large).
 trap - EXIT
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 TESTS=${TESTS:-'block_sparse_attention_kernel_matches_mlx|every_kernel_passes'} DEADLINE_S=${TEST_SECONDS:-240} bash eval/device-tests.sh
 phase "tests rc=$?"
 timeout 150 $BIN/kernels prefill 2048 ${PIECES_AT:-32,1024} > "$OUT/pieces.md" 2>&1

@@ -13,7 +13,6 @@ set -u
 export DEVICE_CACHE=${DEVICE_CACHE:-/tmp/kc}
 source eval/device-setup.sh
 export NCCL_NVLS_ENABLE=0
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 nvidia-smi --query-gpu=timestamp,index,memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/gpu-memory.csv" &
 SMI=$!
 bench() {

@@ -14,7 +14,6 @@ set -u
 export DEVICE_CACHE=${DEVICE_CACHE:-/tmp/kc}
 source eval/device-setup.sh
 trap - EXIT
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 if [ "${GOLDEN_FP8:-1}" = 1 ]; then
   SALA_TEST_DEVICE=gpu SALA_SHARED=.device MLX_ENABLE_TF32=0 timeout 200 $BIN/golden --exact c_sparse_prefill_in_fp8_prompt_products --nocapture \
     > "$OUT/golden-fp8.log" 2>&1

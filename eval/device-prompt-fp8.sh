@@ -14,7 +14,6 @@ set -u
 export DEVICE_CACHE=${DEVICE_CACHE:-/tmp/kc}
 source eval/device-setup.sh
 trap - EXIT
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 TESTS=${TESTS:-'fp8_prompt_product|every_kernel_passes'} DEADLINE_S=${TEST_SECONDS:-200} bash eval/device-tests.sh
 phase "tests rc=$?"
 grep -h "against the exact" "$OUT/gpu_kernels.log" | tee "$OUT/fp8-test.txt"

@@ -15,7 +15,6 @@ source eval/device-setup.sh
 RESULTS=$OUT
 OUT=$(mktemp -d)
 trap 'tar cJf "$RESULTS/qmm-i8.tar.xz" -C "$OUT" .' EXIT
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 timeout ${TEST_SECONDS:-180} $BIN/gpu_kernels --include-ignored --exact int8_prompt_product_matches_its_oracle --nocapture 2>&1 \
   | tee "$OUT/gpu_kernels.log" | grep -E "^test |test result|panicked|against|error"
 phase test

@@ -20,7 +20,6 @@ source eval/device-setup.sh
 RESULTS=$OUT
 OUT=$(mktemp -d)
 trap 'tar cJf "$RESULTS/qmm-rows.tar.xz" -C "$OUT" .' EXIT
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 if [ "${TESTS:-1}" = 1 ]; then
   MLX_ENABLE_TF32=0 timeout ${TEST_SECONDS:-240} $BIN/gpu_kernels --include-ignored --test-threads=1 ${TEST_FILTER:-qmm_past_one_tile every_kernel} 2>&1 \
     | tee "$OUT/gpu_kernels.log" | grep -E "^test |test result|panicked|relative error"

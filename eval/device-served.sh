@@ -57,7 +57,6 @@ LOGS=/tmp/device-served-logs
 MODELS_DIR=/tmp/device-served-models
 mkdir -p "$LOGS" "$MODELS_DIR"
 left() { echo $((BUDGET_S - SECONDS)); }
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 trap 'phase "end"; tar cJf "$OUT/logs.tar.xz" -C "$LOGS" . 2>/dev/null' EXIT
 $BIN/sala --version | tee -a "$OUT/device.txt"
 

@@ -87,7 +87,6 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=$KEEP/site
 TOKENIZER=$PWD/.device/tokenizer
 
-phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 # Kernels an earlier lease compiled (a fresh machine spends ~3 min compiling them): MLX's disk cache
 # and the self-checks' memo, as this script sends them back, carried in .device/kernel-cache.
 MLX_DISK_CACHE=${TMPDIR:-/tmp}/mlx

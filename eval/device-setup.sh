@@ -1,7 +1,8 @@
 # Sourced by the device scripts: unpacks the binaries carried in .device/bin.tar.xz into
 # .device/bin ($BIN), puts the carried MLX CUDA runtime on the path (MLX_BUNDLE, default
 # .device/mlx-cuda; eval/device-compare.sh's --with-python bundle serves as well), keeps the
-# kernels' self-check memo under $OUT, and records the GPU and the host CPU in $OUT/device.txt.
+# kernels' self-check memo under $OUT, records the GPU and the host CPU in $OUT/device.txt, and
+# defines `phase` (a step's end, timed, into $OUT/phases.txt).
 # Once a tarball (by its checksum, not its time: a warm machine keeps .device/bin between calls
 # and its clock is not this one's): a script sourcing this beside another leaves the running
 # binaries alone.
@@ -12,6 +13,7 @@ fi
 BIN=.device/bin
 source "${MLX_BUNDLE:-.device/mlx-cuda}/activate.sh"
 OUT=${OUT:-/tmp}
+phase() { echo "$(date +%s) +${SECONDS}s $*" | tee -a "$OUT/phases.txt"; }
 # DEVICE_CACHE keeps compiled kernels and self-check memos for a later call on a warm machine.
 export XDG_CACHE_HOME=${DEVICE_CACHE:-$OUT/cache}
 # MLX's PTX and the driver's SASS of them there too, so they can travel: a fresh machine compiles
