@@ -138,9 +138,9 @@ __device__ __forceinline__ uint64_t sala_wgmma_descriptor(uint32_t shared_addres
   return (uint64_t)((shared_address & 0x3FFFF) >> 4) | ((uint64_t)(16 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
 
-// One m64nNk32 step of a warpgroup (N = 2 · the accumulators): d (64 × N float32, in the mma
-// fragment order of 16-row warps) += A (64 × 32 e4m3) · B (N × 32 e4m3)ᵀ, both read from shared
-// memory through their descriptors (the accumulators start at zero; scale-d is always 1).
+// One m64n256k32 step of a warpgroup: d (64 × 256 float32, in the mma fragment order of 16-row
+// warps) += A (64 × 32 e4m3) · B (256 × 32 e4m3)ᵀ, both read from shared memory through their
+// descriptors (the accumulators start at zero; scale-d is always 1).
 __device__ __forceinline__ void sala_wgmma_e4m3(float (&d)[128], uint64_t a, uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -170,26 +170,6 @@ __device__ __forceinline__ void sala_wgmma_e4m3(float (&d)[128], uint64_t a, uin
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(a), "l"(b), "r"(1));
-}
-
-__device__ __forceinline__ void sala_wgmma_e4m3(float (&d)[64], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-      " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-      " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},"
-      " %64, %65, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(a), "l"(b), "r"(1));
 }
 
@@ -239,7 +219,7 @@ __device__ inline void sala_gemm_e4m3_store(const float (&d)[BN / 2], const floa
 // stages to the swizzle's atoms.
 template <typename T, int BN, int STAGES>
 __device__ inline void sala_gemm_e4m3(const uint8_t* xq, const float* xs, const uint8_t* wq, const float* ws, int M, int N, int K, T* y) {
-  static_assert((BN == 128 || BN == 256) && STAGES >= 3, "the wgmma shapes written out, and a ring of 3 or more");
+  static_assert(BN == 256 && STAGES >= 3, "the wgmma shape written out, and a ring of 3 or more");
   constexpr int BM = 128, BK = 128;
   constexpr int A_BYTES = BM * BK, STAGE_BYTES = (BM + BN) * BK;
   extern __shared__ __align__(16) unsigned char sala_dynamic_shared[];
@@ -323,7 +303,7 @@ __device__ __forceinline__ void sala_bulk_copy(uint32_t dst, const void* src, ui
 // Blocks of 288 threads; dynamic shared memory STAGES · (128 + BN) · 128 + 1024 + 16 · STAGES.
 template <typename T, int BN, int STAGES>
 __device__ inline void sala_gemm_e4m3_bulk(const uint8_t* xq, const float* xs, const uint8_t* wq, const float* ws, int M, int N, int K, T* y) {
-  static_assert(BN == 128 || BN == 256, "the wgmma shapes written out");
+  static_assert(BN == 256, "the wgmma shape written out");
   constexpr int BM = 128, BK = 128;
   constexpr int A_BYTES = BM * BK, B_BYTES = BN * BK, STAGE_BYTES = A_BYTES + B_BYTES;
   extern __shared__ __align__(16) unsigned char sala_dynamic_shared[];

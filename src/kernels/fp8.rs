@@ -46,8 +46,8 @@ pub enum Tiling {
     /// x and W in the tiled layout ([`RowsE4m3::tile_rows`]), each stage two bulk copies by a
     /// producer warp: the models' form.
     Bulk,
-    /// Row-major x and W, copied by every thread (cp.async), with a barrier a k tile: the bench's
-    /// comparison (0.7–0.8× of [`Tiling::Bulk`], eval/results/2026-12-04-h200-fp8-prompt).
+    /// Row-major x and W, copied by every thread (cp.async), with a barrier a k tile: slower, the
+    /// bench's comparison (eval/results/2026-12-04-h200-fp8-prompt).
     Wide,
 }
 
@@ -73,8 +73,6 @@ const TILE_M: i32 = 128;
 const TILE_N: i32 = 256;
 const STAGES: i32 = 4;
 
-const PRODUCT_BODY: &str = "sala_gemm_e4m3<T, BN, STAGES>(xq, xs, wq, ws, xq_shape[0], wq_shape[0], xq_shape[1], y);";
-
 /// Shared memory of the product: its stages of 128 + 256 rows of 128 bytes, 1024 to align them,
 /// and two barriers of 8 bytes a stage.
 const SHARED_BYTES: i32 = STAGES * (TILE_M + TILE_N) * 128 + 1024 + 16 * STAGES;
@@ -98,7 +96,7 @@ static PRODUCT_WIDE: KernelSource = KernelSource {
     inputs: &["xq", "xs", "wq", "ws"],
     outputs: &["y"],
     cuda_header: HEADER,
-    cuda_body: PRODUCT_BODY,
+    cuda_body: "sala_gemm_e4m3<T, BN, STAGES>(xq, xs, wq, ws, xq_shape[0], wq_shape[0], xq_shape[1], y);",
     metal_header: "",
     metal_body: "",
     contiguous_inputs: true,
