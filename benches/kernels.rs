@@ -1024,6 +1024,11 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         // All queries in one call, as SparseAttention makes it (select_blocks chunks them itself).
         let selection = time(|| vec![select_blocks(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap()]);
         line(&format!("block selection at {}K", kv_len / 1024), selection, 8);
+        // Stage 1 on mma.sync, the form before wgmma (the same on GPUs other than Hopper).
+        let on_mma_sync = sala::kernels::sparse::with_selection_on_mma_sync(|| {
+            time(|| vec![select_blocks(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap()])
+        });
+        line("  stage 1 on mma.sync", on_mma_sync, 8);
         // The same from float32 pooled keys (staged as bf16 hi + lo, two products each).
         let (c1f, c2f) = (c1.as_dtype(Dtype::Float32).unwrap(), c2.as_dtype(Dtype::Float32).unwrap());
         eval([&c1f, &c2f]).unwrap();

@@ -130,14 +130,6 @@ __device__ inline void sala_quantized_to_e4m3(const uint32_t* packed, const T* s
   if (live && threadIdx.x == 0) ws[row] = amax / SALA_E4M3_MAX;
 }
 
-// A shared-memory matrix descriptor for wgmma: rows of 128 bytes (K-major) in 1024-byte atoms of
-// 8 rows swizzled 128B (16-byte chunk c of row r stored at chunk c ^ (r mod 8)), atoms one after
-// another. Bits 0–13 the address / 16, 16–29 the leading offset (unused in this layout, 16 bytes
-// by convention), 32–45 the stride between atoms, 62–63 the swizzle (1: 128B).
-__device__ __forceinline__ uint64_t sala_wgmma_descriptor(uint32_t shared_address) {
-  return (uint64_t)((shared_address & 0x3FFFF) >> 4) | ((uint64_t)(16 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
-}
-
 // One m64n256k32 step of a warpgroup: d (64 × 256 float32, in the mma fragment order of 16-row
 // warps) += A (64 × 32 e4m3) · B (256 × 32 e4m3)ᵀ, both read from shared memory through their
 // descriptors (the accumulators start at zero; scale-d is always 1).
@@ -171,16 +163,6 @@ __device__ __forceinline__ void sala_wgmma_e4m3(float (&d)[128], uint64_t a, uin
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(a), "l"(b), "r"(1));
-}
-
-__device__ __forceinline__ void sala_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void sala_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N, int R>
-__device__ __forceinline__ void sala_wgmma_wait(float (&d)[R]) {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-  // The accumulators are read only after the wait.
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // The accumulators of a block's warpgroup (its thread `tid` of 256) scaled and stored: y[m, n] =

@@ -18,6 +18,9 @@
 // float32 keys are staged as two bf16 values c = hi + lo (16 significant bits) and scored with
 // q·hi + q·lo, about 2⁻¹⁷ relative error. Uses the helpers of mma.cu and sala_load_query_heads
 // from block_sparse_prefill.cu.
+// On Hopper (WGMMA) a thread block's warps form warpgroups of four queries (64 mma rows) that score
+// a bf16 tile with wgmma straight from shared memory (wgmma.cu): the tile is read once a
+// warpgroup instead of once a warp through ldmatrix.
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "sala_select_*_mma need mma.sync for bf16 and cp.async (compute capability 8.0 or later)"
@@ -31,20 +34,27 @@ template <typename K> struct sala_split_keys { static constexpr bool value = fal
 template <> struct sala_split_keys<float> { static constexpr bool value = true; };
 
 // Tiles [first, last) of keys c (n windows of D, `stride` elements apart) through the two tile
-// buffers of `smem`, in order; score(hi, lo, w0) is called for each by every thread of the block (it may synchronise).
-// bf16: tile i + 1 is copied while tile i is scored.
-template <int D, int THREADS, typename F>
+// buffers of `smem` (2 · SALA_SEL_TILE · (D + 8) elements), in order; score(hi, lo, w0) is called
+// for each by every thread of the block (it may synchronise). bf16: tile i + 1 is copied while
+// tile i is scored. A tile's rows are padded to D + 8 for ldmatrix, or for wgmma (WGMMA) laid out
+// as its 128-byte swizzle reads a K-major operand: D / 64 parts of 64 rows by 128 bytes, row j's
+// 16-byte chunk i at chunk i ^ (j mod 8), on 1024-byte boundaries.
+template <int D, int THREADS, bool WGMMA, typename F>
 __device__ inline void sala_stream_tiles(__nv_bfloat16* smem, const __nv_bfloat16* c, size_t stride, int n, int first, int last, F&& score) {
   constexpr int CS = D + 8, CHUNKS = SALA_SEL_TILE * D / 8;  // 16-byte pieces per tile
+  constexpr int TILE = WGMMA ? SALA_SEL_TILE * D : SALA_SEL_TILE * CS;
   static_assert(CHUNKS % THREADS == 0, "whole pieces per thread");
+  static_assert(!WGMMA || D % 64 == 0, "whole 128-byte rows");
+  if constexpr (WGMMA) smem += ((1024u - (sala_shared_address(smem) & 1023u)) & 1023u) / sizeof(__nv_bfloat16);
   auto issue = [&](int tile) {
-    __nv_bfloat16* buf = smem + ((tile - first) & 1) * SALA_SEL_TILE * CS;
+    __nv_bfloat16* buf = smem + ((tile - first) & 1) * TILE;
     const int w0 = tile * SALA_SEL_TILE;
 #pragma unroll 1  // the copies do not wait: unrolling would only hold more addresses in registers
     for (int i = 0; i < CHUNKS / THREADS; ++i) {
       const int e = i * THREADS + threadIdx.x, j = e / (D / 8), col = (e % (D / 8)) * 8;
       const bool ok = w0 + j < n;
-      sala_cp_async16(buf + j * CS + col, ok ? c + (w0 + j) * stride + col : c, ok);
+      __nv_bfloat16* dst = WGMMA ? buf + (col / 64) * SALA_SEL_TILE * 64 + j * 64 + ((((col % 64) / 8) ^ (j & 7)) * 8) : buf + j * CS + col;
+      sala_cp_async16(dst, ok ? c + (w0 + j) * stride + col : c, ok);
     }
     asm volatile("cp.async.commit_group;");
   };
@@ -56,16 +66,19 @@ __device__ inline void sala_stream_tiles(__nv_bfloat16* smem, const __nv_bfloat1
     } else {
       asm volatile("cp.async.wait_group 0;");
     }
+    // This thread's copies, made by the generic proxy, become visible to wgmma's async proxy.
+    if constexpr (WGMMA) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
-    score(smem + ((tile - first) & 1) * SALA_SEL_TILE * CS, (const __nv_bfloat16*)nullptr, tile * SALA_SEL_TILE);
+    score(smem + ((tile - first) & 1) * TILE, (const __nv_bfloat16*)nullptr, tile * SALA_SEL_TILE);
     __syncthreads();  // the buffer is free for tile + 2
   }
 }
 
-template <int D, int THREADS, typename F>
+template <int D, int THREADS, bool WGMMA, typename F>
 __device__ inline void sala_stream_tiles(__nv_bfloat16* smem, const float* c, size_t stride, int n, int first, int last, F&& score) {
   constexpr int CS = D + 8, CHUNKS = SALA_SEL_TILE * D / 4;  // float4 pieces per tile
   static_assert(CHUNKS % THREADS == 0, "whole pieces per thread");
+  static_assert(!WGMMA, "float32 keys are scored with mma.sync");
   __nv_bfloat16 *hi = smem, *lo = smem + SALA_SEL_TILE * CS;
   for (int tile = first; tile < last; ++tile) {
     const int w0 = tile * SALA_SEL_TILE;
@@ -113,6 +126,58 @@ __device__ inline void sala_tile_scores(float (&s)[SALA_SEL_TILE / 8][4], const 
   }
 }
 
+// sala_tile_scores by the warpgroup's wgmma from a tile staged for it (sala_stream_tiles): every
+// warp of the warpgroup calls it, each with its own query's rows.
+template <int D>
+__device__ inline void sala_tile_scores_wgmma(float (&s)[SALA_SEL_TILE / 8][4], const uint32_t (&qa)[D / 16][4], const __nv_bfloat16* tile) {
+  static_assert(SALA_SEL_TILE == 64, "one m64n64 product a k step");
+  const uint32_t base = sala_shared_address(tile);
+#pragma unroll
+  for (int nt = 0; nt < SALA_SEL_TILE / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+  sala_wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    sala_wgmma_bf16_n64(s, qa[kk], sala_wgmma_descriptor(base + (kk / 4) * SALA_SEL_TILE * 128 + 32 * (kk % 4)), kk > 0);
+  sala_wgmma_commit();
+  sala_wgmma_wait<0>(s);
+}
+
+template <typename K, int D, bool WGMMA>
+__device__ __forceinline__ void sala_score_tile(float (&s)[SALA_SEL_TILE / 8][4], const uint32_t (&qa)[D / 16][4], const __nv_bfloat16* hi,
+                                                const __nv_bfloat16* lo, int lane) {
+  if constexpr (WGMMA) sala_tile_scores_wgmma<D>(s, qa, hi);
+  else sala_tile_scores<D, sala_split_keys<K>::value>(s, qa, hi, lo, lane);
+}
+
+// The tile's scores (windows from w0 on) in log2 units; with MASKED −inf from window `visible` on.
+template <bool MASKED>
+__device__ __forceinline__ void sala_scale_scores(float (&s)[SALA_SEL_TILE / 8][4], float scale, int w0, int visible, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < SALA_SEL_TILE / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int w = w0 + 8 * nt + 2 * (lane & 3) + (e & 1);
+      s[nt][e] = (!MASKED || w < visible) ? s[nt][e] * scale : -INFINITY;
+    }
+  }
+}
+
+// v[2nt + j] += this lane's two rows' exp2(score − lse) for window 8nt + 2 (lane % 4) + j of the
+// tile (s unscaled); with MASKED only for windows before `visible` and rows below G.
+template <int G, bool MASKED>
+__device__ __forceinline__ void sala_add_window_terms(float (&v)[SALA_SEL_TILE / 4], const float (&s)[SALA_SEL_TILE / 8][4], float scale,
+                                                      const float (&lse)[2], int w0, int visible, int lane) {
+  const int r = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < SALA_SEL_TILE / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int w = w0 + 8 * nt + 2 * c + (e & 1), row = r + 8 * (e >> 1);
+      if (!MASKED || (w < visible && row < G)) v[2 * nt + (e & 1)] += exp2f(fmaf(s[nt][e], scale, -lse[e >> 1]));
+    }
+  }
+}
+
 // Tiles of this thread block's range (blockIdx.x of gridDim.x) among `tiles` in all.
 __device__ inline void sala_tile_range(int tiles, int& first, int& last) {
   const int per = (tiles + gridDim.x - 1) / gridDim.x;
@@ -120,7 +185,7 @@ __device__ inline void sala_tile_range(int tiles, int& first, int& last) {
   last = min(tiles, first + per);
 }
 
-template <typename K, int D, int G, int KERNEL2, int STRIDE2, int SCALE_BITS, int QPB>
+template <typename K, int D, int G, int KERNEL2, int STRIDE2, int SCALE_BITS, int QPB, bool WGMMA>
 __device__ void sala_select_lse_mma(
     const __nv_bfloat16* q,   // [Hq, Tq, D]
     const K* c2,              // [n2, Hkv, D] level-2 pooled keys
@@ -144,20 +209,20 @@ __device__ void sala_select_lse_mma(
 
   // Online max and sum of exp over the range (rows r, r + 8); the sum per lane until the end.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  sala_stream_tiles<D, 32 * QPB>(tiles, c2 + (size_t)h * D, (size_t)gridDim.z * D, n2, first, last,
-                                  [&](const __nv_bfloat16* hi, const __nv_bfloat16* lo, int w0) {
-    if (w0 >= n2v) return;
+  sala_stream_tiles<D, 32 * QPB, WGMMA>(tiles, c2 + (size_t)h * D, (size_t)gridDim.z * D, n2, first, last,
+                                         [&](const __nv_bfloat16* hi, const __nv_bfloat16* lo, int w0) {
+    // A warpgroup's wgmma takes all four of its warps, whichever windows their queries see.
+    if (!WGMMA && w0 >= n2v) return;
     float s[SALA_SEL_TILE / 8][4];
-    sala_tile_scores<D, sala_split_keys<K>::value>(s, qa, hi, lo, lane);
+    sala_score_tile<K, D, WGMMA>(s, qa, hi, lo, lane);
+    if (w0 >= n2v) return;
+    if (w0 + SALA_SEL_TILE <= n2v) sala_scale_scores<false>(s, scale, w0, n2v, lane);
+    else sala_scale_scores<true>(s, scale, w0, n2v, lane);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < SALA_SEL_TILE / 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int w = w0 + 8 * nt + 2 * c + (e & 1);
-        s[nt][e] = w < n2v ? s[nt][e] * scale : -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
-      }
+      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -167,10 +232,11 @@ __device__ void sala_select_lse_mma(
       l[i] = m[i] == -INFINITY ? 0.f : l[i] * exp2f(m[i] - new_m);
       m[i] = new_m;
     }
+    // m is finite: window w0 is visible, and rows past G score 0. exp2f(−inf) is 0.
 #pragma unroll
     for (int nt = 0; nt < SALA_SEL_TILE / 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) l[e >> 1] += s[nt][e] == -INFINITY ? 0.f : exp2f(s[nt][e] - m[e >> 1]);
+      for (int e = 0; e < 4; ++e) l[e >> 1] += exp2f(s[nt][e] - m[e >> 1]);
     }
   });
 #pragma unroll
@@ -249,8 +315,8 @@ __device__ void sala_select_windows_mma(
 
   // Σ_g exp(scale · q_g·c1[w] − lse_g) for visible windows; tiles no query of the block sees
   // are zeros without staging.
-  sala_stream_tiles<D, 32 * QPB>(tiles, c1 + (size_t)h * D, (size_t)gridDim.z * D, n1, first, min(last, max(first, staged)),
-                                  [&](const __nv_bfloat16* hi, const __nv_bfloat16* lo, int w0) {
+  sala_stream_tiles<D, 32 * QPB, false>(tiles, c1 + (size_t)h * D, (size_t)gridDim.z * D, n1, first, min(last, max(first, staged)),
+                                         [&](const __nv_bfloat16* hi, const __nv_bfloat16* lo, int w0) {
     // v[2nt + j]: this lane's sum over its two rows for window 8nt + 2c + j.
     float v[SALA_SEL_TILE / 4];
 #pragma unroll
@@ -258,14 +324,8 @@ __device__ void sala_select_windows_mma(
     if (w0 < n1v && any) {
       float s[SALA_SEL_TILE / 8][4];
       sala_tile_scores<D, sala_split_keys<K>::value>(s, qa, hi, lo, lane);
-#pragma unroll
-      for (int nt = 0; nt < SALA_SEL_TILE / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int w = w0 + 8 * nt + 2 * c + (e & 1), row = r + 8 * (e >> 1);
-          v[2 * nt + (e & 1)] += (w < n1v && row < G) ? exp2f(fmaf(s[nt][e], scale, -lse[e >> 1])) : 0.f;
-        }
-      }
+      if (G == 16 && w0 + SALA_SEL_TILE <= n1v) sala_add_window_terms<G, false>(v, s, scale, lse, w0, n1v, lane);
+      else sala_add_window_terms<G, true>(v, s, scale, lse, w0, n1v, lane);
     }
     // Each window's sum over the 8 lanes of its column pair (rows r = lane >> 2), as a
     // reduce-scatter: each step halves the values a lane carries, 14 shuffles where summing every
@@ -283,5 +343,121 @@ __device__ void sala_select_windows_mma(
     }
   });
   if (!active) return;
+  for (int w = max(first, staged) * SALA_SEL_TILE + lane; w < min(n1, last * SALA_SEL_TILE); w += 32) ws[w] = 0.f;
+}
+
+// sala_select_windows_mma on Hopper for bf16 keys, eight queries a thread block, with the product
+// turned over: a warpgroup's wgmma multiplies a staged tile of 64 level-1 windows (A, its rows)
+// by its four queries' 16 heads (B, 64 columns, staged once), both from shared memory. A thread
+// then holds four heads of each query for two windows, so the sum over heads is in-thread adds
+// and two shuffle steps across a quad, where the heads-as-rows form spent a reduce over eight
+// lanes on every window. Heads past G and queries that see no level-2 window get lse = +inf
+// (terms 0). Dynamic shared memory: two key tiles and two warpgroups' query rows, 64 × D bf16
+// each, then the 128 lse, with 1024 bytes to align them to the swizzle's atoms.
+template <typename R, int D, int G, int KERNEL, int STRIDE, int SCALE_BITS>
+__device__ void sala_select_windows_wgmma(
+    const __nv_bfloat16* q,   // [Hq, Tq, D]
+    const __nv_bfloat16* c1,  // [n1, Hkv, D] level-1 pooled keys
+    const float* partial,     // [Hkv, Tq, ranges, 2, 16] from sala_select_lse_mma
+    int first_pos,            // position of query 0
+    float* window_scores,     // [Hkv, Tq, n1]
+    int Tq, int n1, int ranges) {
+  constexpr int QPB = 8, TILE_BYTES = SALA_SEL_TILE * D * 2, QUERY_BYTES = 64 * D * 2;
+  static_assert(G <= 16 && D % 64 == 0 && D <= 128, "four queries' 16 head rows, whole 128-byte rows");
+  extern __shared__ __align__(16) unsigned char sala_dynamic_shared[];
+  const uint32_t raw = sala_shared_address(sala_dynamic_shared), aligned = (raw + 1023) & ~1023u;
+  unsigned char* const keys = sala_dynamic_shared + (aligned - raw);
+  unsigned char* const queries = keys + 2 * TILE_BYTES;
+  float* const lse_all = reinterpret_cast<float*>(queries + 2 * QUERY_BYTES);
+  const int h = blockIdx.z, tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, group = tid >> 7;
+  const int t0 = blockIdx.y * QPB + 4 * group;  // the warpgroup's first query
+  const float scale = __int_as_float(SCALE_BITS) * SALA_LOG2E;
+
+  // The queries' head rows (row 16 · query + head), in the swizzled layout sala_stream_tiles gives keys.
+#pragma unroll
+  for (int i = 0; i < 2 * 64 * D / 8 / 256; ++i) {
+    const int e = i * 256 + tid, wg = e / (64 * D / 8), row = (e / (D / 8)) % 64, col = (e % (D / 8)) * 8;
+    const int t = blockIdx.y * QPB + 4 * wg + row / 16, g = row % 16;
+    const bool ok = g < G && t < Tq;
+    sala_cp_async16(queries + wg * QUERY_BYTES + (col / 64) * 64 * 128 + row * 128 + ((((col % 64) / 8) ^ (row & 7)) << 4),
+                    ok ? q + ((size_t)(h * G + g) * Tq + t) * D + col : q, ok);
+  }
+  asm volatile("cp.async.commit_group;");
+  // lse of each (query, head) column of both warpgroups from the partials of all ranges.
+  if (tid < 128) {
+    const int t = blockIdx.y * QPB + tid / 16, g = tid % 16;
+    float lse = INFINITY;
+    if (g < G && t < Tq) {
+      const float* p = partial + ((size_t)h * Tq + t) * ranges * 32 + g;
+      float mm = -INFINITY, ll = 0.f;
+      for (int r = 0; r < ranges; ++r) mm = fmaxf(mm, p[32 * r]);
+      for (int r = 0; r < ranges; ++r)
+        if (p[32 * r] != -INFINITY) ll += p[32 * r + 16] * exp2f(p[32 * r] - mm);
+      if (ll > 0.f) lse = mm + log2f(ll);
+    }
+    lse_all[tid] = lse;
+  }
+  __syncthreads();
+  // This thread's columns: 8j + 2 (lane % 4) + e, query j / 2.
+  float lse[SALA_SEL_TILE / 8][2];
+#pragma unroll
+  for (int j = 0; j < SALA_SEL_TILE / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) lse[j][e] = lse_all[64 * group + 8 * j + 2 * (lane & 3) + e];
+  int visible[4], fewest = INT_MAX;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    visible[k] = t0 + k < Tq ? sala_visible(first_pos + t0 + k, KERNEL, STRIDE, n1) : 0;
+    fewest = min(fewest, visible[k]);
+  }
+  const int last_pos = first_pos + min(Tq - 1, (int)blockIdx.y * QPB + QPB - 1);
+  const int staged = (sala_visible(last_pos, KERNEL, STRIDE, n1) + SALA_SEL_TILE - 1) / SALA_SEL_TILE;
+  int first, last;
+  sala_tile_range((n1 + SALA_SEL_TILE - 1) / SALA_SEL_TILE, first, last);
+  const uint32_t query_tile = aligned + 2 * TILE_BYTES + group * QUERY_BYTES;
+  // After the head sums, lane keeps query 2 (lane & 1) + (lane >> 1 & 1), windows lane / 4 (+ 8) of its warp's 16.
+  const int own = 2 * (lane & 1) + ((lane >> 1) & 1);
+
+  sala_stream_tiles<D, 256, true>(reinterpret_cast<__nv_bfloat16*>(keys), c1 + (size_t)h * D, (size_t)gridDim.z * D, n1, first,
+                                  min(last, max(first, staged)), [&](const __nv_bfloat16* tile, const __nv_bfloat16*, int w0) {
+    float s[SALA_SEL_TILE / 8][4];
+    const uint32_t key_tile = sala_shared_address(tile);
+    sala_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t at = (kk / 4) * 64 * 128 + 32 * (kk % 4);
+      sala_wgmma_bf16_n64_ss(s, sala_wgmma_descriptor(key_tile + at), sala_wgmma_descriptor(query_tile + at), kk > 0);
+    }
+    sala_wgmma_commit();
+    sala_wgmma_wait<0>(s);
+    // v[2k + half]: query k's sum over this thread's heads, window lane / 4 + 8 · half of the warp's.
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    const int w_top = w0 + 16 * warp + (lane >> 2);
+    if (w0 + SALA_SEL_TILE <= fewest) {
+#pragma unroll
+      for (int j = 0; j < SALA_SEL_TILE / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[2 * (j >> 1) + (e >> 1)] += exp2f(fmaf(s[j][e], scale, -lse[j][e & 1]));
+    } else {
+#pragma unroll
+      for (int j = 0; j < SALA_SEL_TILE / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (w_top + 8 * (e >> 1) < visible[j >> 1]) v[2 * (j >> 1) + (e >> 1)] += exp2f(fmaf(s[j][e], scale, -lse[j][e & 1]));
+    }
+    sala_sum_halves<4, 1>(v, lane);
+    sala_sum_halves<2, 2>(v, lane);
+    if (t0 + own < Tq) {
+      float* ws = window_scores + ((size_t)h * Tq + t0 + own) * n1;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int w = w_top + 8 * half;
+        if (w < n1) ws[w] = static_cast<float>(static_cast<R>(v[half]));
+      }
+    }
+  });
+  // Windows past every query of the block: zeros, not staged (warp k of the warpgroup, query t0 + k).
+  if (t0 + warp >= Tq) return;
+  float* ws = window_scores + ((size_t)h * Tq + t0 + warp) * n1;
   for (int w = max(first, staged) * SALA_SEL_TILE + lane; w < min(n1, last * SALA_SEL_TILE); w += 32) ws[w] = 0.f;
 }

@@ -676,6 +676,8 @@ fn block_selection_kernel_matches_mlx() {
         // A speculative check's few queries (one per thread block, windows split into ranges).
         (sel_9b(), 32, 2, 128, 70000, 69997, 3),
         (sel_9b(), 32, 2, 128, 9000, 8900, 100),
+        // A prompt chunk's part at a long context (on Hopper, warpgroups of four queries on wgmma).
+        (sel_9b(), 32, 2, 128, 70000, 69488, 512),
         (small, 32, 2, 8, 1300, 1000, 300),
     ];
     for (i, &(sel, hq, hkv, d, kv_len, first, t)) in cases.iter().enumerate() {
@@ -725,6 +727,41 @@ fn block_selection_kernel_matches_mlx() {
             }
         }
     }
+}
+
+/// On Hopper the selection's stage 1 scores bf16 keys with wgmma, four queries a warpgroup: the
+/// same blocks and scores as its mma.sync form (only the order of the float32 sums may differ),
+/// for a prompt chunk's part whose last thread block is partly past the queries.
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn block_selection_on_wgmma_matches_mma_sync() {
+    use_gpu();
+    if !sala::kernels::custom::hopper() {
+        eprintln!("skipped: wgmma needs a Hopper GPU (compute capability 9)");
+        return;
+    }
+    let sel = sel_9b();
+    let (hq, hkv, d, kv_len, t) = (32, 2, 128, 140_000usize, 298);
+    let first = kv_len - 2000;
+    let q = randn(&[1, hq, t, d], 900, Dtype::Bfloat16);
+    let c1 = randn(&[1, hkv, windows(kv_len, sel.kernel, sel.stride), d], 901, Dtype::Bfloat16);
+    let c2 = randn(&[1, hkv, windows(kv_len, sel.kernel2, sel.stride2), d], 902, Dtype::Bfloat16);
+    let run = || {
+        let s = sala::kernels::sparse::select_blocks_fused(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap();
+        (to_vec_i32(&s.blocks).unwrap(), to_vec_f32(&s.scores).unwrap())
+    };
+    let (blocks, scores) = run();
+    let (want_blocks, want_scores) = sala::kernels::sparse::with_selection_on_mma_sync(run);
+    let same = blocks.iter().zip(&want_blocks).filter(|(a, b)| a == b).count();
+    assert!(same as f64 >= 0.999 * want_blocks.len() as f64, "blocks agree on {same} of {}", want_blocks.len());
+    let mut worst = 0f32;
+    for (j, (g, w)) in scores.iter().zip(&want_scores).enumerate() {
+        assert!(g == w || (g - w).abs() <= 1e-4 * w.abs().max(1e-3), "score {j}: {g} vs {w}");
+        if g.is_finite() && w.is_finite() {
+            worst = worst.max((g - w).abs() / w.abs().max(1e-3));
+        }
+    }
+    eprintln!("wgmma vs mma.sync: blocks {same} of {} equal, largest relative score difference {worst:.2e}", want_blocks.len());
 }
 
 /// `filled` followed by 100 positions of junk (1e4), like a cache buffer with spare capacity.
@@ -1867,7 +1904,7 @@ fn fp8_prompt_product_matches_its_oracle() {
     if !on_cuda_unchecked("the FP8 product is CUDA's") {
         return;
     }
-    if !sala::kernels::fp8::hopper() {
+    if !sala::kernels::custom::hopper() {
         eprintln!("skipped: wgmma needs compute capability 9 (Hopper)");
         return;
     }

@@ -6,6 +6,7 @@ typedef unsigned int uint32_t;
 typedef unsigned char uint8_t;
 typedef unsigned long long uint64_t;
 #include "cuda/mma.cu"
+#include "cuda/wgmma.cu"
 #include "cuda/fp8_gemm.cu"
 using T = __nv_bfloat16;
 

@@ -1,11 +1,13 @@
 // The block selection's tensor-core stage 1 (cuda/select_mma.cu) with its sources in the order
 // SELECT_MMA_HEADER (src/kernels/sparse.rs) joins them, in SALA-9B's forms (16 query heads a KV
-// head, level-2 windows of 128 every 64, level-1 of 32 every 16), for eval/cuda_compile_check.py.
+// head, level-2 windows of 128 every 64, level-1 of 32 every 16), with mma.sync and on Hopper with
+// wgmma, for eval/cuda_compile_check.py.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 typedef unsigned int uint32_t;
 typedef int int32_t;
 typedef long long int64_t;
+typedef unsigned long long uint64_t;
 #define INT_MAX 2147483647
 #define INFINITY __int_as_float(0x7f800000)  // MLX's preamble defines it at run time
 #include "cuda/unpack.cu"
@@ -13,16 +15,24 @@ typedef long long int64_t;
 #include "cuda/mma.cu"
 #include "cuda/attention_mma.cu"
 #include "cuda/block_sparse_prefill.cu"
+#include "cuda/wgmma.cu"
 #include "cuda/select_mma.cu"
 constexpr int SCALE = 0x3db504f3;  // 128^-0.5
 
 extern "C" __global__ void lse(const __nv_bfloat16* q, const __nv_bfloat16* c2, int first, float* partial, int tq, int n2) {
-  sala_select_lse_mma<__nv_bfloat16, 128, 16, 128, 64, SCALE, 8>(q, c2, first, partial, tq, n2);
+  sala_select_lse_mma<__nv_bfloat16, 128, 16, 128, 64, SCALE, 8, false>(q, c2, first, partial, tq, n2);
 }
 extern "C" __global__ void lse_f32(const __nv_bfloat16* q, const float* c2, int first, float* partial, int tq, int n2) {
-  sala_select_lse_mma<float, 128, 16, 128, 64, SCALE, 8>(q, c2, first, partial, tq, n2);
+  sala_select_lse_mma<float, 128, 16, 128, 64, SCALE, 8, false>(q, c2, first, partial, tq, n2);
 }
 extern "C" __global__ void windows(const __nv_bfloat16* q, const __nv_bfloat16* c1, const float* partial, int first, float* ws,
                                    int tq, int n1, int ranges) {
   sala_select_windows_mma<__nv_bfloat16, __nv_bfloat16, 128, 16, 32, 16, SCALE, 8>(q, c1, partial, first, ws, tq, n1, ranges);
+}
+extern "C" __global__ void lse_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* c2, int first, float* partial, int tq, int n2) {
+  sala_select_lse_mma<__nv_bfloat16, 128, 16, 128, 64, SCALE, 8, true>(q, c2, first, partial, tq, n2);
+}
+extern "C" __global__ void windows_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* c1, const float* partial, int first, float* ws,
+                                         int tq, int n1, int ranges) {
+  sala_select_windows_wgmma<__nv_bfloat16, 128, 16, 32, 16, SCALE>(q, c1, partial, first, ws, tq, n1, ranges);
 }

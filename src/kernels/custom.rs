@@ -28,6 +28,11 @@ impl Backend {
     }
 }
 
+/// Whether the CUDA GPU has compute capability 9 (wgmma, and `sm_90a` code, are Hopper's alone).
+pub fn hopper() -> bool {
+    device::cuda_compute_capability().is_some_and(|(major, _)| major == 9)
+}
+
 /// The backend of the current default device. `SALA_KERNELS=off` reports the CPU for a GPU too,
 /// so every kernel takes its MLX-ops version (for A/B measurements and bisecting).
 pub fn backend() -> Backend {

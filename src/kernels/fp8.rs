@@ -5,12 +5,12 @@
 //! [`quantized_to_e4m3_mlx`] and [`product_mlx`] are the same arithmetic in MLX ops: the kernels'
 //! oracles and the form that runs everywhere else.
 
-use super::custom::{apply, backend, Backend, KernelSource, Launch, TemplateArg};
+use super::custom::{apply, backend, hopper, Backend, KernelSource, Launch, TemplateArg};
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
 use crate::engine::ops::{from_fp8, to_fp8};
 use mlx_rs::{error::Result, ops, Array, Dtype};
 
-const HEADER: &str = concat!(include_str!("../../cuda/mma.cu"), include_str!("../../cuda/fp8_gemm.cu"));
+const HEADER: &str = concat!(include_str!("../../cuda/mma.cu"), include_str!("../../cuda/wgmma.cu"), include_str!("../../cuda/fp8_gemm.cu"));
 
 /// e4m3's largest finite value: a row's largest magnitude maps to it.
 const E4M3_MAX: f32 = 448.0;
@@ -154,10 +154,6 @@ pub fn available() -> bool {
     backend() == Backend::Cuda && hopper() && selfcheck::enabled(&FP8_CHECK)
 }
 
-/// Whether the CUDA GPU has compute capability 9 (wgmma, and `sm_90a` code, are Hopper's alone).
-pub fn hopper() -> bool {
-    crate::engine::device::cuda_compute_capability().is_some_and(|(major, _)| major == 9)
-}
 
 /// Whether the kernels take a product of inner size `k` into `n` outputs: k a multiple of 16
 /// (16-byte copies of e4m3 rows), n even (outputs stored in pairs).

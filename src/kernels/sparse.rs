@@ -9,7 +9,7 @@
 //! a KV group share one block selection.
 
 use super::custom::{
-    apply, backend, device_counts, in_pieces, pow2_floor, shape_args, slot_source, with_setting, Backend, KernelSource, Launch, SlotKernel, TemplateArg,
+    apply, backend, device_counts, hopper, in_pieces, pow2_floor, shape_args, slot_source, with_setting, Backend, KernelSource, Launch, SlotKernel, TemplateArg,
     MAX_SHAPE_ARGS,
 };
 use super::selfcheck::{self, sample, verify, KernelCheck, Verdict, CUDA_ONLY};
@@ -1306,7 +1306,7 @@ static SELECT_LSE_MMA: KernelSource = KernelSource {
     inputs: &["q", "c2", "params"],
     outputs: &["partial"],
     cuda_header: SELECT_MMA_HEADER,
-    cuda_body: "sala_select_lse_mma<K, D, G, KERNEL2, STRIDE2, SCALE_BITS, QPB>(\
+    cuda_body: "sala_select_lse_mma<K, D, G, KERNEL2, STRIDE2, SCALE_BITS, QPB, WGMMA>(\
                 q, c2, params_shape[0] - 1, partial, q_shape[1], c2_shape[0]);",
     // CUDA only (mma.sync, cp.async); Metal takes SELECT_BLOCKS / SELECT_WINDOWS.
     metal_header: "",
@@ -1334,8 +1334,25 @@ const SELECT_MMA_HEADER: &str = concat!(
     include_str!("../../cuda/mma.cu"),
     include_str!("../../cuda/attention_mma.cu"),
     include_str!("../../cuda/block_sparse_prefill.cu"),
+    include_str!("../../cuda/wgmma.cu"),
     include_str!("../../cuda/select_mma.cu")
 );
+
+/// [`SELECT_WINDOWS_MMA`] on Hopper (`sala_select_windows_wgmma`: keys by queries on wgmma).
+static SELECT_WINDOWS_WGMMA: KernelSource = KernelSource {
+    name: "sala_select_windows_wgmma",
+    inputs: &["q", "c1", "partial", "params"],
+    outputs: &["window_scores"],
+    cuda_header: SELECT_MMA_HEADER,
+    cuda_body: "sala_select_windows_wgmma<R, D, G, KERNEL, STRIDE, SCALE_BITS>(\
+                q, c1, partial, params_shape[0] - 1, window_scores, q_shape[1], c1_shape[0], partial_shape[2]);",
+    metal_header: "",
+    metal_body: "",
+    contiguous_inputs: false,
+    // Two key tiles and two warpgroups' query rows of 64 × 128 bf16, their lse, 1024 to align
+    // them to the swizzle's atoms.
+    shared_memory: 4 * 64 * 128 * 2 + 2 * 64 * 4 + 1024,
+};
 
 /// Level-1 window tiles per thread block of the tensor-core window scores, at most, for queries
 /// taken one per thread block (eval/results/kernel-notes.md).
@@ -1352,6 +1369,17 @@ pub fn with_window_tiles<R>(tiles: i32, f: impl FnOnce() -> R) -> R {
     with_setting(&WINDOW_TILES_OVERRIDE, Some(tiles), f)
 }
 
+thread_local! {
+    static SELECT_ON_MMA_SYNC: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the tensor-core stage 1 on mma.sync even on Hopper (its form before wgmma), for
+/// the kernels bench's comparison and the test that both forms agree; the model uses wgmma there.
+#[doc(hidden)]
+pub fn with_selection_on_mma_sync<R>(f: impl FnOnce() -> R) -> R {
+    with_setting(&SELECT_ON_MMA_SYNC, Some(true), f)
+}
+
 /// Queries (warps) per thread block of the tensor-core stage 1 when there are many queries (the
 /// faster in a sweep: eval/results/kernel-notes.md); one query per thread block below
 /// [`MMA_QUERIES`].
@@ -1361,7 +1389,8 @@ const SELECT_QUERIES_PER_BLOCK: i32 = 8;
 /// log-sum-exp and the window scores on tensor cores straight from the pooled keys (no float32
 /// score matrices; bf16 keys scored as the reference scores them, float32 keys with ≈ 2⁻¹⁷
 /// relative error), then the pooling and top-k kernel, one thread block per query. Few queries
-/// (decode) split the windows into ranges over many thread blocks.
+/// (decode) split the windows into ranges over many thread blocks. On Hopper many queries' bf16
+/// keys are scored by wgmma, four queries a warpgroup.
 pub fn select_blocks_fused(
     q: &Array,
     c1: &Array,
@@ -1383,8 +1412,15 @@ pub fn select_blocks_fused(
     let tiles = |n: i32| ((n + 63) / 64).max(1);
     let ranges = |n: i32| (fill_blocks() / (query_blocks * hkv)).clamp(1, tiles(n));
     let per_range = WINDOW_TILES_OVERRIDE.with(|o| o.get()).unwrap_or(WINDOW_TILES_PER_RANGE);
-    let window_ranges = if qpb == 1 { ranges(n1).max(tiles(n1) / per_range) } else { ranges(n1) };
     let key_type = if c1.dtype() == Dtype::Bfloat16 { Dtype::Bfloat16 } else { Dtype::Float32 };
+    // Warpgroups of four queries score bf16 keys with wgmma on Hopper; float32 keys (two products
+    // each) and one query a block take mma.sync.
+    let wgmma = qpb == SELECT_QUERIES_PER_BLOCK
+        && key_type == Dtype::Bfloat16
+        && d % 64 == 0
+        && hopper()
+        && !SELECT_ON_MMA_SYNC.with(|o| o.get()).unwrap_or(false);
+    let window_ranges = if qpb == 1 { ranges(n1).max(tiles(n1) / per_range) } else { ranges(n1) };
     // Window-major `[n, Hkv, d]`: the cache's pooled keys as stored (no copy; see PooledKeys).
     let keys = |c: &Array| -> Result<Array> { c.as_dtype(key_type)?.swap_axes(1, 2)?.reshape(&[-1, hkv, d])?.contiguous() };
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
@@ -1395,6 +1431,7 @@ pub fn select_blocks_fused(
         ("G", TemplateArg::Int(hq / hkv)),
         ("SCALE_BITS", TemplateArg::Int((d as f32).powf(-0.5).to_bits() as i32)),
         ("QPB", TemplateArg::Int(qpb)),
+        ("WGMMA", TemplateArg::Bool(wgmma)),
     ];
     let launch = |ranges: i32, output: Vec<i32>, own: Vec<(&'static str, TemplateArg)>| Launch {
         grid: (32 * qpb * ranges, query_blocks, hkv),
@@ -1409,14 +1446,16 @@ pub fn select_blocks_fused(
         &[&q3, &keys(c2)?, &params],
         launch(r2, vec![hkv, t, r2, 32], vec![("KERNEL2", int(sel.kernel2)), ("STRIDE2", int(sel.stride2))]),
     )?;
-    let window_scores = apply(
-        &SELECT_WINDOWS_MMA,
-        &[&q3, &keys(c1)?, &partial[0], &params],
-        launch(
-            window_ranges,
-            vec![hkv, t, n1],
-            vec![("R", TemplateArg::Type(score_dtype)), ("KERNEL", int(sel.kernel)), ("STRIDE", int(sel.stride))],
-        ),
-    )?;
+    let own = vec![("R", TemplateArg::Type(score_dtype)), ("KERNEL", int(sel.kernel)), ("STRIDE", int(sel.stride))];
+    let mut windows = launch(window_ranges, vec![hkv, t, n1], own);
+    let source = if wgmma {
+        // Its kernel takes only the window geometry and the shapes.
+        windows.template.retain(|(name, _)| !matches!(*name, "K" | "QPB" | "WGMMA"));
+        &SELECT_WINDOWS_WGMMA
+    } else {
+        windows.template.retain(|(name, _)| *name != "WGMMA");
+        &SELECT_WINDOWS_MMA
+    };
+    let window_scores = apply(source, &[&q3, &keys(c1)?, &partial[0], &params], windows)?;
     pool_topk(&window_scores[0], &params, nb, sel)
 }

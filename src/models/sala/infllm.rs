@@ -205,7 +205,8 @@ pub static KERNEL_CHECKS: [&KernelCheck; 7] =
 pub static SELECT_CHECK: KernelCheck = KernelCheck { name: "select_blocks", backends: CUDA_AND_METAL, run: check_select };
 
 /// The tensor-core stage 1 and the pooling kernel against [`select_blocks_mlx`] (bfloat16 queries
-/// and keys): sixteen queries over a short context, one decoding query over a long one.
+/// and keys): sixteen queries over a short context (d = 32 and 64: mma.sync, and wgmma on Hopper),
+/// one decoding query over a long one.
 pub static SELECT_MMA_CHECK: KernelCheck = KernelCheck { name: "select_blocks_mma", backends: CUDA_ONLY, run: check_select_mma };
 
 /// Float32 queries (the general kernels also take them on CUDA).
@@ -219,16 +220,20 @@ fn check_select_mma() -> Verdict {
 
 type SelectionFn = fn(&Array, &Array, &Array, usize, usize, &BlockSelection, Dtype) -> Result<Selected>;
 
-/// `kernel` against [`select_blocks_mlx`] on queries in `dtype`, 4 heads over 2 KV heads, d = 32;
+/// `kernel` against [`select_blocks_mlx`] on queries in `dtype`, 4 heads over 2 KV heads;
 /// the second head of each group is twice the first, and all values are multiples of 1/4, so the
 /// scores are exact and their order the same in both (see `selfcheck::sample_quarters`).
 fn check_selection(dtype: Dtype, kernel: SelectionFn) -> Verdict {
     let sel = BlockSelection { block: 64, kernel: 32, stride: 16, kernel2: 128, stride2: 64, init_blocks: 1, local_blocks: 2, topk: 6 };
-    let (hkv, d) = (2, 32);
+    let hkv = 2;
     let windows = |len: usize, kernel: usize, stride: usize| ((len - kernel) / stride + 1) as i32;
-    // (queries, context length): a chunk of queries, and a decoding query with 8436 windows and
-    // 2110 blocks (the split forms of the window scores and of the top-k).
-    for (t, kv_len) in [(if dtype == Dtype::Float32 { 5 } else { 16 }, 1300usize), (1, 135_000)] {
+    // (queries, context length, head size): a chunk of queries, and a decoding query with 8436
+    // windows and 2110 blocks (the split forms of the window scores and of the top-k); bf16 also
+    // a chunk at d = 64, which Hopper scores with wgmma.
+    let chunk = if dtype == Dtype::Float32 { 5 } else { 16 };
+    let cases: &[(i32, usize, i32)] =
+        if dtype == Dtype::Float32 { &[(chunk, 1300, 32), (1, 135_000, 32)] } else { &[(chunk, 1300, 32), (chunk, 1300, 64), (1, 135_000, 32)] };
+    for &(t, kv_len, d) in cases {
         let first = kv_len - t as usize;
         verify(
             || {
@@ -248,7 +253,7 @@ fn check_selection(dtype: Dtype, kernel: SelectionFn) -> Verdict {
                 Ok(vec![want.blocks, want.scores])
             },
         )
-        .map_err(|reason| format!("{t} queries over {kv_len} tokens: {reason}"))?;
+        .map_err(|reason| format!("{t} queries over {kv_len} tokens, d = {d}: {reason}"))?;
     }
     Ok(())
 }
