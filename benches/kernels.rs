@@ -19,7 +19,7 @@ use sala::kernels::qmv::{
 use sala::kernels::sparse::{
     decode_attention, decode_attention_mlx, with_decode_kernel, with_decode_splits, with_window_tiles, BlockSelection, DecodeKernel, DecodeQuery,
 };
-use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_mlx, compressed_keys, select_blocks, select_blocks_mlx};
+use sala::models::sala::infllm::{block_sparse_attention, block_sparse_attention_mlx, compressed_keys, select_blocks, select_blocks_chunked, select_blocks_mlx};
 use std::time::Instant;
 
 /// `simple_gla_step` / `simple_gla_recurrent`.
@@ -1029,6 +1029,12 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
             time(|| vec![select_blocks(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap()])
         });
         line("  stage 1 on mma.sync", on_mma_sync, 8);
+        // Bigger query chunks than the model's working-memory bound (256 queries at 1M): more
+        // thread blocks a launch, where the window scores' grid fills two blocks an SM.
+        for chunk in [1024, 2048] {
+            let bigger = time(|| vec![select_blocks_chunked(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16, chunk, false).unwrap().0]);
+            line(&format!("  in {chunk}-query chunks"), bigger, 8);
+        }
         // The same from float32 pooled keys (staged as bf16 hi + lo, two products each).
         let (c1f, c2f) = (c1.as_dtype(Dtype::Float32).unwrap(), c2.as_dtype(Dtype::Float32).unwrap());
         eval([&c1f, &c2f]).unwrap();

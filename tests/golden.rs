@@ -345,6 +345,34 @@ fn c_sparse_prefill_in_chunks_matches_one_shot() {
     assert_eq!(checked, 49);
 }
 
+/// The sparse prompt through the paths users take, in 256-token chunks: `generate` (`sala run`,
+/// `serve`): the distribution the first token is drawn from is the reference's last prefill row;
+/// `extend` (the bench's and a chat history's path): the first decode step after it gives the
+/// reference's logits.
+#[test]
+fn c_sparse_prompt_through_generate_and_extend_matches_the_reference() {
+    use sala::engine::generate::{extend, generate, Flow, GenerateOptions};
+    use sala::engine::sampler::{Sampler, SamplingParams};
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let exp = read_safetensors(&golden("C_sparse_prefill").join("expected.safetensors"));
+    let prompt = ids(&tokens("C_sparse_prefill"), "prompt_ids");
+    let mut run = Run::new("C_sparse_prefill", "f32");
+    let opts = GenerateOptions { max_tokens: 1, ignore_eos: true, prefill_step: 256, keep_logits: true, draft: None };
+    let mut greedy = Sampler::new(SamplingParams { temperature: 0.0, ..Default::default() });
+    let g = generate(run.model.as_ref(), &mut run.cache, &prompt, &mut greedy, &opts, |_, _| {}, |_| Flow::Continue).unwrap();
+    let got: Vec<f64> = g.logits[0].iter().map(|&x| f64::from(x)).collect();
+    let diff = max_abs_diff(&got, &exp["f32.prefill.last_logits"].data);
+    assert!(diff <= tolerance("f32", true), "first token's distribution differs by {diff}");
+
+    let mut extended = run.model.new_cache();
+    extend(run.model.as_ref(), &mut extended, &prompt, 256).unwrap();
+    let mut after = Run { model: run.model, cache: extended };
+    let next = ids(&tokens("C_sparse_prefill"), "decode_input_ids")[0];
+    let (row, _) = after.forward(&[next], Logits::Last);
+    let diff = max_abs_diff(&row[0], exp["f32.decode.logits"].row(0));
+    assert!(diff <= tolerance("f32", true), "the step after extend differs from the reference by {diff}");
+}
+
 /// Token-by-token decoding across dense_len: the first sparse step compresses the whole cache,
 /// later ones extend it; logits match the reference at the stored positions up to 449.
 #[test]
