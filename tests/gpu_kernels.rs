@@ -764,6 +764,34 @@ fn block_selection_on_wgmma_matches_mma_sync() {
     eprintln!("wgmma vs mma.sync: blocks {same} of {} equal, largest relative score difference {worst:.2e}", want_blocks.len());
 }
 
+/// A prompt chunk's queries past 1024 blocks take pooling and top-k in 512-block chunks, then a
+/// merge of their candidates: exactly the blocks and scores of one thread block a query (the
+/// keys are unique, and the pooled scores come from the same window scores).
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn many_queries_top_k_in_chunks_equals_one_block_a_query() {
+    use_gpu();
+    if backend() != Backend::Cuda {
+        eprintln!("skipped: the chunked top-k is CUDA's");
+        return;
+    }
+    let sel = sel_9b();
+    let (hq, hkv, d, kv_len, t) = (32, 2, 128, 200_000usize, 96);
+    let first = kv_len - 3000;
+    let q = randn(&[1, hq, t, d], 910, Dtype::Bfloat16);
+    let c1 = randn(&[1, hkv, windows(kv_len, sel.kernel, sel.stride), d], 911, Dtype::Bfloat16);
+    let c2 = randn(&[1, hkv, windows(kv_len, sel.kernel2, sel.stride2), d], 912, Dtype::Bfloat16);
+    let run = || {
+        let s = sala::kernels::sparse::select_blocks_fused(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap();
+        (to_vec_i32(&s.blocks).unwrap(), to_vec_f32(&s.scores).unwrap())
+    };
+    let (blocks, scores) = run();
+    let (want_blocks, want_scores) = sala::kernels::sparse::with_topk_in_one_block(run);
+    assert_eq!(blocks, want_blocks, "chosen blocks");
+    assert!(scores.iter().zip(&want_scores).all(|(g, w)| g == w || (g.is_nan() && w.is_nan())), "pooled scores");
+    assert!(blocks.iter().any(|&b| b >= 1024), "the case reaches past 1024 blocks");
+}
+
 /// `filled` followed by 100 positions of junk (1e4), like a cache buffer with spare capacity.
 fn poison_from(filled: &Array, hkv: i32, d: i32, dtype: Dtype) -> Array {
     let junk = ops::full::<f32>(&[1, hkv, 100, d], Array::from_f32(1e4)).unwrap().as_dtype(dtype).unwrap();
