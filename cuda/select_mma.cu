@@ -33,29 +33,35 @@
 template <typename K> struct sala_split_keys { static constexpr bool value = false; };
 template <> struct sala_split_keys<float> { static constexpr bool value = true; };
 
+// Copies (cp.async, not committed) the tile of 64 windows from w0 of keys c (n windows of D,
+// `stride` elements apart) into `buf`: rows padded to D + 8 for ldmatrix, or for wgmma (WGMMA)
+// laid out as its 128-byte swizzle reads a K-major operand: D / 64 parts of 64 rows by 128 bytes,
+// row j's 16-byte chunk i at chunk i ^ (j mod 8). Windows past n are zeros.
+template <int D, int THREADS, bool WGMMA>
+__device__ __forceinline__ void sala_stage_tile(__nv_bfloat16* buf, const __nv_bfloat16* c, size_t stride, int n, int w0) {
+  constexpr int CS = D + 8, CHUNKS = SALA_SEL_TILE * D / 8;  // 16-byte pieces per tile
+  static_assert(CHUNKS % THREADS == 0, "whole pieces per thread");
+  static_assert(!WGMMA || D % 64 == 0, "whole 128-byte rows");
+#pragma unroll 1  // the copies do not wait: unrolling would only hold more addresses in registers
+  for (int i = 0; i < CHUNKS / THREADS; ++i) {
+    const int e = i * THREADS + threadIdx.x, j = e / (D / 8), col = (e % (D / 8)) * 8;
+    const bool ok = w0 + j < n;
+    __nv_bfloat16* dst = WGMMA ? buf + (col / 64) * SALA_SEL_TILE * 64 + j * 64 + ((((col % 64) / 8) ^ (j & 7)) * 8) : buf + j * CS + col;
+    sala_cp_async16(dst, ok ? c + (w0 + j) * stride + col : c, ok);
+  }
+}
+
 // Tiles [first, last) of keys c (n windows of D, `stride` elements apart) through the two tile
 // buffers of `smem` (2 · SALA_SEL_TILE · (D + 8) elements), in order; score(hi, lo, w0) is called
 // for each by every thread of the block (it may synchronise). bf16: tile i + 1 is copied while
-// tile i is scored. A tile's rows are padded to D + 8 for ldmatrix, or for wgmma (WGMMA) laid out
-// as its 128-byte swizzle reads a K-major operand: D / 64 parts of 64 rows by 128 bytes, row j's
-// 16-byte chunk i at chunk i ^ (j mod 8), on 1024-byte boundaries.
+// tile i is scored. Tiles are laid out as sala_stage_tile lays them, for wgmma (WGMMA) on
+// 1024-byte boundaries.
 template <int D, int THREADS, bool WGMMA, typename F>
 __device__ inline void sala_stream_tiles(__nv_bfloat16* smem, const __nv_bfloat16* c, size_t stride, int n, int first, int last, F&& score) {
-  constexpr int CS = D + 8, CHUNKS = SALA_SEL_TILE * D / 8;  // 16-byte pieces per tile
-  constexpr int TILE = WGMMA ? SALA_SEL_TILE * D : SALA_SEL_TILE * CS;
-  static_assert(CHUNKS % THREADS == 0, "whole pieces per thread");
-  static_assert(!WGMMA || D % 64 == 0, "whole 128-byte rows");
+  constexpr int TILE = WGMMA ? SALA_SEL_TILE * D : SALA_SEL_TILE * (D + 8);
   if constexpr (WGMMA) smem += ((1024u - (sala_shared_address(smem) & 1023u)) & 1023u) / sizeof(__nv_bfloat16);
   auto issue = [&](int tile) {
-    __nv_bfloat16* buf = smem + ((tile - first) & 1) * TILE;
-    const int w0 = tile * SALA_SEL_TILE;
-#pragma unroll 1  // the copies do not wait: unrolling would only hold more addresses in registers
-    for (int i = 0; i < CHUNKS / THREADS; ++i) {
-      const int e = i * THREADS + threadIdx.x, j = e / (D / 8), col = (e % (D / 8)) * 8;
-      const bool ok = w0 + j < n;
-      __nv_bfloat16* dst = WGMMA ? buf + (col / 64) * SALA_SEL_TILE * 64 + j * 64 + ((((col % 64) / 8) ^ (j & 7)) * 8) : buf + j * CS + col;
-      sala_cp_async16(dst, ok ? c + (w0 + j) * stride + col : c, ok);
-    }
+    sala_stage_tile<D, THREADS, WGMMA>(smem + ((tile - first) & 1) * TILE, c, stride, n, tile * SALA_SEL_TILE);
     asm volatile("cp.async.commit_group;");
   };
   if (first < last) issue(first);
@@ -398,12 +404,9 @@ __device__ void sala_select_windows_wgmma(
     lse_all[tid] = lse;
   }
   __syncthreads();
-  // This thread's columns: 8j + 2 (lane % 4) + e, query j / 2.
-  float lse[SALA_SEL_TILE / 8][2];
-#pragma unroll
-  for (int j = 0; j < SALA_SEL_TILE / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) lse[j][e] = lse_all[64 * group + 8 * j + 2 * (lane & 3) + e];
+  // This thread's columns: 8j + 2 (lane % 4) + e, query j / 2; their lse are read from shared
+  // memory on each tile, which keeps the two tiles' products within 128 registers.
+  const float2* const lse_own = reinterpret_cast<const float2*>(lse_all + 64 * group + 2 * (lane & 3));
   int visible[4], fewest = INT_MAX;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -418,10 +421,23 @@ __device__ void sala_select_windows_wgmma(
   // After the head sums, lane keeps query 2 (lane & 1) + (lane >> 1 & 1), windows lane / 4 (+ 8) of its warp's 16.
   const int own = 2 * (lane & 1) + ((lane >> 1) & 1);
 
-  sala_stream_tiles<D, 256, true>(reinterpret_cast<__nv_bfloat16*>(keys), c1 + (size_t)h * D, (size_t)gridDim.z * D, n1, first,
-                                  min(last, max(first, staged)), [&](const __nv_bfloat16* tile, const __nv_bfloat16*, int w0) {
-    float s[SALA_SEL_TILE / 8][4];
-    const uint32_t key_tile = sala_shared_address(tile);
+  // Key tiles [first, stop) through the two buffers, this warpgroup's product of tile i + 1 on the
+  // tensor cores while it sums tile i's exponentials: in turn, the block's barriers kept both
+  // warpgroups multiplying at once and then exponentiating at once, each pipe idle half the time.
+  const int stop = min(last, max(first, staged));
+  auto stage = [&](int tile) {  // into the buffer of the tile's parity; one commit group a call
+    if (tile < stop)
+      sala_stage_tile<D, 256, true>(reinterpret_cast<__nv_bfloat16*>(keys + ((tile - first) & 1) * TILE_BYTES), c1 + (size_t)h * D,
+                                    (size_t)gridDim.z * D, n1, tile * SALA_SEL_TILE);
+    asm volatile("cp.async.commit_group;");
+  };
+  auto multiply = [&](float (&s)[SALA_SEL_TILE / 8][4], int tile) {
+    // The tile's copies are the older of the two groups in flight; every thread's, for wgmma's
+    // async proxy.
+    asm volatile("cp.async.wait_group 1;");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    const uint32_t key_tile = aligned + ((tile - first) & 1) * TILE_BYTES;
     sala_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -429,21 +445,19 @@ __device__ void sala_select_windows_wgmma(
       sala_wgmma_bf16_n64_ss(s, sala_wgmma_descriptor(key_tile + at), sala_wgmma_descriptor(query_tile + at), kk > 0);
     }
     sala_wgmma_commit();
-    sala_wgmma_wait<0>(s);
+  };
+  auto sum_and_store = [&](const float (&s)[SALA_SEL_TILE / 8][4], int tile) {
+    const int w0 = tile * SALA_SEL_TILE;
     // v[2k + half]: query k's sum over this thread's heads, window lane / 4 + 8 · half of the warp's.
     float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     const int w_top = w0 + 16 * warp + (lane >> 2);
-    if (w0 + SALA_SEL_TILE <= fewest) {
+    const bool whole = w0 + SALA_SEL_TILE <= fewest;
 #pragma unroll
-      for (int j = 0; j < SALA_SEL_TILE / 8; ++j)
+    for (int j = 0; j < SALA_SEL_TILE / 8; ++j) {
+      const float2 l = lse_own[4 * j];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[2 * (j >> 1) + (e >> 1)] += exp2f(fmaf(s[j][e], scale, -lse[j][e & 1]));
-    } else {
-#pragma unroll
-      for (int j = 0; j < SALA_SEL_TILE / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (w_top + 8 * (e >> 1) < visible[j >> 1]) v[2 * (j >> 1) + (e >> 1)] += exp2f(fmaf(s[j][e], scale, -lse[j][e & 1]));
+      for (int e = 0; e < 4; ++e)
+        if (whole || w_top + 8 * (e >> 1) < visible[j >> 1]) v[2 * (j >> 1) + (e >> 1)] += exp2f(fmaf(s[j][e], scale, -(e & 1 ? l.y : l.x)));
     }
     sala_sum_halves<4, 1>(v, lane);
     sala_sum_halves<2, 2>(v, lane);
@@ -455,7 +469,25 @@ __device__ void sala_select_windows_wgmma(
         if (w < n1) ws[w] = static_cast<float>(static_cast<R>(v[half]));
       }
     }
-  });
+  };
+  // One tile: its product (in `now`) done, the next one's started into `next`, then its sums.
+  auto step = [&](float (&now)[SALA_SEL_TILE / 8][4], float (&next)[SALA_SEL_TILE / 8][4], int tile) {
+    sala_wgmma_wait<0>(now);
+    __syncthreads();  // every warpgroup's product of the tile is done: its buffer takes tile + 2
+    stage(tile + 2);
+    if (tile + 1 < stop) multiply(next, tile + 1);
+    sum_and_store(now, tile);
+  };
+  if (first < stop) {
+    float sa[SALA_SEL_TILE / 8][4], sb[SALA_SEL_TILE / 8][4];
+    stage(first);
+    stage(first + 1);
+    multiply(sa, first);
+    for (int tile = first; tile < stop; tile += 2) {
+      step(sa, sb, tile);
+      if (tile + 1 < stop) step(sb, sa, tile + 1);
+    }
+  }
   // Windows past every query of the block: zeros, not staged (warp k of the warpgroup, query t0 + k).
   if (t0 + warp >= Tq) return;
   float* ws = window_scores + ((size_t)h * Tq + t0 + warp) * n1;
