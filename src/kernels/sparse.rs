@@ -1367,7 +1367,8 @@ const SELECT_MMA_HEADER: &str = select_mma_sources!();
 
 /// [`SELECT_WINDOWS_MMA`] on Hopper (`sala_select_windows_wgmma`: keys by queries on wgmma),
 /// compiled for two thread blocks of 256 an SM: its two tiles' products in flight fit 128
-/// registers without spills (the sm_90a NVRTC check), where ptxas alone took 131 and one block.
+/// registers with an 8-byte spill (the sm_90a NVRTC check), where ptxas alone took 131 and one
+/// block.
 static SELECT_WINDOWS_WGMMA: KernelSource = KernelSource {
     name: "sala_select_windows_wgmma",
     inputs: &["q", "c1", "partial", "params"],
