@@ -24,10 +24,9 @@ __device__ inline unsigned sala_shared_address(const void* p) {
 
 // 16 bytes global → shared without passing through registers; src-size 0 writes zeros and
 // reads nothing.
-__device__ inline void sala_cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+__device__ inline void sala_cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sala_shared_address(dst)), "l"(src), "r"(valid ? 16 : 0));
 }
-__device__ inline void sala_cp_async16(void* dst, const void* src, bool valid) { sala_cp_async16(sala_shared_address(dst), src, valid); }
 
 __device__ inline void sala_ldmatrix_x4(uint32_t (&d)[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"

@@ -20,8 +20,7 @@
 // from block_sparse_prefill.cu.
 // On Hopper (WGMMA) a thread block's warps form warpgroups of four queries (64 mma rows) that score
 // a bf16 tile with wgmma straight from shared memory (wgmma.cu): the tile is read once a
-// warpgroup instead of once a warp through ldmatrix, and the next tile's product runs while the
-// current one's exponentials are summed (sala_pipelined_tiles).
+// warpgroup instead of once a warp through ldmatrix.
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "sala_select_*_mma need mma.sync for bf16 and cp.async (compute capability 8.0 or later)"
@@ -34,33 +33,29 @@
 template <typename K> struct sala_split_keys { static constexpr bool value = false; };
 template <> struct sala_split_keys<float> { static constexpr bool value = true; };
 
-// Copies (cp.async, not committed) the tile of 64 windows from w0 of keys c (n windows of D,
-// `stride` elements apart) into shared memory at `buf`: rows padded to D + 8 for ldmatrix, or for wgmma (WGMMA)
-// laid out as its 128-byte swizzle reads a K-major operand: D / 64 parts of 64 rows by 128 bytes,
-// row j's 16-byte chunk i at chunk i ^ (j mod 8). Windows past n are zeros.
-template <int D, int THREADS, bool WGMMA>
-__device__ __forceinline__ void sala_stage_key_tile(uint32_t buf, const __nv_bfloat16* c, size_t stride, int n, int w0) {
-  constexpr int CS = D + 8, CHUNKS = SALA_SEL_TILE * D / 8;  // 16-byte pieces per tile
-  static_assert(CHUNKS % THREADS == 0, "whole pieces per thread");
-  static_assert(!WGMMA || D % 64 == 0, "whole 128-byte rows");
-#pragma unroll 1  // the copies do not wait: unrolling would only hold more addresses in registers
-  for (int i = 0; i < CHUNKS / THREADS; ++i) {
-    const int e = i * THREADS + threadIdx.x, j = e / (D / 8), col = (e % (D / 8)) * 8;
-    const bool ok = w0 + j < n;
-    const int at = WGMMA ? (col / 64) * SALA_SEL_TILE * 64 + j * 64 + ((((col % 64) / 8) ^ (j & 7)) * 8) : j * CS + col;
-    sala_cp_async16(buf + 2 * at, ok ? c + (w0 + j) * stride + col : c, ok);
-  }
-}
-
 // Tiles [first, last) of keys c (n windows of D, `stride` elements apart) through the two tile
 // buffers of `smem` (2 · SALA_SEL_TILE · (D + 8) elements), in order; score(hi, lo, w0) is called
 // for each by every thread of the block (it may synchronise). bf16: tile i + 1 is copied while
-// tile i is scored (rows padded for ldmatrix, as sala_stage_key_tile lays them).
-template <int D, int THREADS, typename F>
+// tile i is scored. A tile's rows are padded to D + 8 for ldmatrix, or for wgmma (WGMMA) laid out
+// as its 128-byte swizzle reads a K-major operand: D / 64 parts of 64 rows by 128 bytes, row j's
+// 16-byte chunk i at chunk i ^ (j mod 8), on 1024-byte boundaries.
+template <int D, int THREADS, bool WGMMA, typename F>
 __device__ inline void sala_stream_tiles(__nv_bfloat16* smem, const __nv_bfloat16* c, size_t stride, int n, int first, int last, F&& score) {
-  constexpr int TILE = SALA_SEL_TILE * (D + 8);
+  constexpr int CS = D + 8, CHUNKS = SALA_SEL_TILE * D / 8;  // 16-byte pieces per tile
+  constexpr int TILE = WGMMA ? SALA_SEL_TILE * D : SALA_SEL_TILE * CS;
+  static_assert(CHUNKS % THREADS == 0, "whole pieces per thread");
+  static_assert(!WGMMA || D % 64 == 0, "whole 128-byte rows");
+  if constexpr (WGMMA) smem += ((1024u - (sala_shared_address(smem) & 1023u)) & 1023u) / sizeof(__nv_bfloat16);
   auto issue = [&](int tile) {
-    sala_stage_key_tile<D, THREADS, false>(sala_shared_address(smem + ((tile - first) & 1) * TILE), c, stride, n, tile * SALA_SEL_TILE);
+    __nv_bfloat16* buf = smem + ((tile - first) & 1) * TILE;
+    const int w0 = tile * SALA_SEL_TILE;
+#pragma unroll 1  // the copies do not wait: unrolling would only hold more addresses in registers
+    for (int i = 0; i < CHUNKS / THREADS; ++i) {
+      const int e = i * THREADS + threadIdx.x, j = e / (D / 8), col = (e % (D / 8)) * 8;
+      const bool ok = w0 + j < n;
+      __nv_bfloat16* dst = WGMMA ? buf + (col / 64) * SALA_SEL_TILE * 64 + j * 64 + ((((col % 64) / 8) ^ (j & 7)) * 8) : buf + j * CS + col;
+      sala_cp_async16(dst, ok ? c + (w0 + j) * stride + col : c, ok);
+    }
     asm volatile("cp.async.commit_group;");
   };
   if (first < last) issue(first);
@@ -71,61 +66,19 @@ __device__ inline void sala_stream_tiles(__nv_bfloat16* smem, const __nv_bfloat1
     } else {
       asm volatile("cp.async.wait_group 0;");
     }
+    // This thread's copies, made by the generic proxy, become visible to wgmma's async proxy.
+    if constexpr (WGMMA) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
     score(smem + ((tile - first) & 1) * TILE, (const __nv_bfloat16*)nullptr, tile * SALA_SEL_TILE);
     __syncthreads();  // the buffer is free for tile + 2
   }
 }
 
-// Tiles [first, stop) of bf16 keys c through two wgmma-layout tile buffers from `smem` (aligned
-// here to 1024 bytes; 2 · SALA_SEL_TILE · D bf16 after that), a warpgroup's product of tile
-// i + 1 on the tensor cores while it consumes tile i's: product(s, tile_address) issues the
-// wgmma steps of one tile into s (committed and waited here), consume(s, w0) reads them. With one
-// product and its consumer in turn, the block's barriers kept every warpgroup multiplying at once
-// and then exponentiating at once, each pipe idle half the time. The tile after next is copied
-// into the buffer the finished product freed. Every thread of the block calls it.
-template <int D, int THREADS, typename Product, typename Consume>
-__device__ inline void sala_pipelined_tiles(void* smem, const __nv_bfloat16* c, size_t stride, int n, int first, int stop,
-                                            Product&& product, Consume&& consume) {
-  constexpr uint32_t TILE_BYTES = SALA_SEL_TILE * D * 2;
-  const uint32_t base = (sala_shared_address(smem) + 1023u) & ~1023u;
-  auto stage = [&](int tile) {  // into the buffer of the tile's parity; one commit group a call
-    if (tile < stop) sala_stage_key_tile<D, THREADS, true>(base + ((tile - first) & 1) * TILE_BYTES, c, stride, n, tile * SALA_SEL_TILE);
-    asm volatile("cp.async.commit_group;");
-  };
-  auto multiply = [&](float (&s)[SALA_SEL_TILE / 8][4], int tile) {
-    // The tile's copies are the older of the two groups in flight; every thread's, for wgmma's
-    // async proxy.
-    asm volatile("cp.async.wait_group 1;");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();
-    sala_wgmma_fence();
-    product(s, base + ((tile - first) & 1) * TILE_BYTES);
-    sala_wgmma_commit();
-  };
-  // One tile: its product (in `now`) done, the next one's started into `next`, then its consumer.
-  auto step = [&](float (&now)[SALA_SEL_TILE / 8][4], float (&next)[SALA_SEL_TILE / 8][4], int tile) {
-    sala_wgmma_wait<0>(now);
-    __syncthreads();  // every warpgroup's product of the tile is done: its buffer takes tile + 2
-    stage(tile + 2);
-    if (tile + 1 < stop) multiply(next, tile + 1);
-    consume(now, tile * SALA_SEL_TILE);
-  };
-  if (first >= stop) return;
-  float sa[SALA_SEL_TILE / 8][4], sb[SALA_SEL_TILE / 8][4];
-  stage(first);
-  stage(first + 1);
-  multiply(sa, first);
-  for (int tile = first; tile < stop; tile += 2) {
-    step(sa, sb, tile);
-    if (tile + 1 < stop) step(sb, sa, tile + 1);
-  }
-}
-
-template <int D, int THREADS, typename F>
+template <int D, int THREADS, bool WGMMA, typename F>
 __device__ inline void sala_stream_tiles(__nv_bfloat16* smem, const float* c, size_t stride, int n, int first, int last, F&& score) {
   constexpr int CS = D + 8, CHUNKS = SALA_SEL_TILE * D / 4;  // float4 pieces per tile
   static_assert(CHUNKS % THREADS == 0, "whole pieces per thread");
+  static_assert(!WGMMA, "float32 keys are scored with mma.sync");
   __nv_bfloat16 *hi = smem, *lo = smem + SALA_SEL_TILE * CS;
   for (int tile = first; tile < last; ++tile) {
     const int w0 = tile * SALA_SEL_TILE;
@@ -171,6 +124,29 @@ __device__ inline void sala_tile_scores(float (&s)[SALA_SEL_TILE / 8][4], const 
       }
     }
   }
+}
+
+// sala_tile_scores by the warpgroup's wgmma from a tile staged for it (sala_stream_tiles): every
+// warp of the warpgroup calls it, each with its own query's rows.
+template <int D>
+__device__ inline void sala_tile_scores_wgmma(float (&s)[SALA_SEL_TILE / 8][4], const uint32_t (&qa)[D / 16][4], const __nv_bfloat16* tile) {
+  static_assert(SALA_SEL_TILE == 64, "one m64n64 product a k step");
+  const uint32_t base = sala_shared_address(tile);
+#pragma unroll
+  for (int nt = 0; nt < SALA_SEL_TILE / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+  sala_wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    sala_wgmma_bf16_n64(s, qa[kk], sala_wgmma_descriptor(base + (kk / 4) * SALA_SEL_TILE * 128 + 32 * (kk % 4)), kk > 0);
+  sala_wgmma_commit();
+  sala_wgmma_wait<0>(s);
+}
+
+template <typename K, int D, bool WGMMA>
+__device__ __forceinline__ void sala_score_tile(float (&s)[SALA_SEL_TILE / 8][4], const uint32_t (&qa)[D / 16][4], const __nv_bfloat16* hi,
+                                                const __nv_bfloat16* lo, int lane) {
+  if constexpr (WGMMA) sala_tile_scores_wgmma<D>(s, qa, hi);
+  else sala_tile_scores<D, sala_split_keys<K>::value>(s, qa, hi, lo, lane);
 }
 
 // The tile's scores (windows from w0 on) in log2 units; with MASKED −inf from window `visible` on.
@@ -233,8 +209,12 @@ __device__ void sala_select_lse_mma(
 
   // Online max and sum of exp over the range (rows r, r + 8); the sum per lane until the end.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  // A tile's scores (unscaled, windows from w0) into them.
-  auto consume = [&](float (&s)[SALA_SEL_TILE / 8][4], int w0) {
+  sala_stream_tiles<D, 32 * QPB, WGMMA>(tiles, c2 + (size_t)h * D, (size_t)gridDim.z * D, n2, first, last,
+                                         [&](const __nv_bfloat16* hi, const __nv_bfloat16* lo, int w0) {
+    // A warpgroup's wgmma takes all four of its warps, whichever windows their queries see.
+    if (!WGMMA && w0 >= n2v) return;
+    float s[SALA_SEL_TILE / 8][4];
+    sala_score_tile<K, D, WGMMA>(s, qa, hi, lo, lane);
     if (w0 >= n2v) return;
     if (w0 + SALA_SEL_TILE <= n2v) sala_scale_scores<false>(s, scale, w0, n2v, lane);
     else sala_scale_scores<true>(s, scale, w0, n2v, lane);
@@ -258,24 +238,7 @@ __device__ void sala_select_lse_mma(
 #pragma unroll
       for (int e = 0; e < 4; ++e) l[e >> 1] += exp2f(s[nt][e] - m[e >> 1]);
     }
-  };
-  if constexpr (WGMMA) {
-    // A warpgroup's wgmma takes all four of its warps, whichever windows their queries see.
-    sala_pipelined_tiles<D, 32 * QPB>(tiles, c2 + (size_t)h * D, (size_t)gridDim.z * D, n2, first, last,
-                                      [&](float (&s)[SALA_SEL_TILE / 8][4], uint32_t tile) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        sala_wgmma_bf16_n64(s, qa[kk], sala_wgmma_descriptor(tile + (kk / 4) * SALA_SEL_TILE * 128 + 32 * (kk % 4)), kk > 0);
-    }, consume);
-  } else {
-    sala_stream_tiles<D, 32 * QPB>(tiles, c2 + (size_t)h * D, (size_t)gridDim.z * D, n2, first, last,
-                                   [&](const __nv_bfloat16* hi, const __nv_bfloat16* lo, int w0) {
-      if (w0 >= n2v) return;
-      float s[SALA_SEL_TILE / 8][4];
-      sala_tile_scores<D, sala_split_keys<K>::value>(s, qa, hi, lo, lane);
-      consume(s, w0);
-    });
-  }
+  });
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -352,7 +315,7 @@ __device__ void sala_select_windows_mma(
 
   // Σ_g exp(scale · q_g·c1[w] − lse_g) for visible windows; tiles no query of the block sees
   // are zeros without staging.
-  sala_stream_tiles<D, 32 * QPB>(tiles, c1 + (size_t)h * D, (size_t)gridDim.z * D, n1, first, min(last, max(first, staged)),
+  sala_stream_tiles<D, 32 * QPB, false>(tiles, c1 + (size_t)h * D, (size_t)gridDim.z * D, n1, first, min(last, max(first, staged)),
                                          [&](const __nv_bfloat16* hi, const __nv_bfloat16* lo, int w0) {
     // v[2nt + j]: this lane's sum over its two rows for window 8nt + 2c + j.
     float v[SALA_SEL_TILE / 4];
@@ -435,9 +398,12 @@ __device__ void sala_select_windows_wgmma(
     lse_all[tid] = lse;
   }
   __syncthreads();
-  // This thread's columns: 8j + 2 (lane % 4) + e, query j / 2; their lse are read from shared
-  // memory on each tile, which keeps the two tiles' products within 128 registers.
-  const float2* const lse_own = reinterpret_cast<const float2*>(lse_all + 64 * group + 2 * (lane & 3));
+  // This thread's columns: 8j + 2 (lane % 4) + e, query j / 2.
+  float lse[SALA_SEL_TILE / 8][2];
+#pragma unroll
+  for (int j = 0; j < SALA_SEL_TILE / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) lse[j][e] = lse_all[64 * group + 8 * j + 2 * (lane & 3) + e];
   int visible[4], fewest = INT_MAX;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -452,24 +418,32 @@ __device__ void sala_select_windows_wgmma(
   // After the head sums, lane keeps query 2 (lane & 1) + (lane >> 1 & 1), windows lane / 4 (+ 8) of its warp's 16.
   const int own = 2 * (lane & 1) + ((lane >> 1) & 1);
 
-  auto product = [&](float (&s)[SALA_SEL_TILE / 8][4], uint32_t key_tile) {
+  sala_stream_tiles<D, 256, true>(reinterpret_cast<__nv_bfloat16*>(keys), c1 + (size_t)h * D, (size_t)gridDim.z * D, n1, first,
+                                  min(last, max(first, staged)), [&](const __nv_bfloat16* tile, const __nv_bfloat16*, int w0) {
+    float s[SALA_SEL_TILE / 8][4];
+    const uint32_t key_tile = sala_shared_address(tile);
+    sala_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t at = (kk / 4) * 64 * 128 + 32 * (kk % 4);
       sala_wgmma_bf16_n64_ss(s, sala_wgmma_descriptor(key_tile + at), sala_wgmma_descriptor(query_tile + at), kk > 0);
     }
-  };
-  auto sum_and_store = [&](float (&s)[SALA_SEL_TILE / 8][4], int w0) {
+    sala_wgmma_commit();
+    sala_wgmma_wait<0>(s);
     // v[2k + half]: query k's sum over this thread's heads, window lane / 4 + 8 · half of the warp's.
     float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     const int w_top = w0 + 16 * warp + (lane >> 2);
-    const bool whole = w0 + SALA_SEL_TILE <= fewest;
+    if (w0 + SALA_SEL_TILE <= fewest) {
 #pragma unroll
-    for (int j = 0; j < SALA_SEL_TILE / 8; ++j) {
-      const float2 l = lse_own[4 * j];
+      for (int j = 0; j < SALA_SEL_TILE / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (whole || w_top + 8 * (e >> 1) < visible[j >> 1]) v[2 * (j >> 1) + (e >> 1)] += exp2f(fmaf(s[j][e], scale, -(e & 1 ? l.y : l.x)));
+        for (int e = 0; e < 4; ++e) v[2 * (j >> 1) + (e >> 1)] += exp2f(fmaf(s[j][e], scale, -lse[j][e & 1]));
+    } else {
+#pragma unroll
+      for (int j = 0; j < SALA_SEL_TILE / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (w_top + 8 * (e >> 1) < visible[j >> 1]) v[2 * (j >> 1) + (e >> 1)] += exp2f(fmaf(s[j][e], scale, -lse[j][e & 1]));
     }
     sala_sum_halves<4, 1>(v, lane);
     sala_sum_halves<2, 2>(v, lane);
@@ -481,9 +455,7 @@ __device__ void sala_select_windows_wgmma(
         if (w < n1) ws[w] = static_cast<float>(static_cast<R>(v[half]));
       }
     }
-  };
-  sala_pipelined_tiles<D, 256>(keys, c1 + (size_t)h * D, (size_t)gridDim.z * D, n1, first,
-                               min(last, max(first, staged)), product, sum_and_store);
+  });
   // Windows past every query of the block: zeros, not staged (warp k of the warpgroup, query t0 + k).
   if (t0 + warp >= Tq) return;
   float* ws = window_scores + ((size_t)h * Tq + t0 + warp) * n1;

@@ -71,9 +71,7 @@ extern "C" __global__ void sala_cuda_cores_q8(const T* q, const uint32_t* k, con
 }
 // The model's prefill attention: three thread blocks an SM (two ring stages); last, since the
 // bounds apply to every kernel after them.
-#define SALA_LAUNCH_THREADS 128
-#define SALA_LAUNCH_BLOCKS 3
-#include "cuda/launch_bounds.cu"
+#include "cuda/three_blocks_an_sm.cu"
 extern "C" __global__ void sala_prefill(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first,
                                               int len, int settled, T* out, int tq, int nsel) {
   sala_block_sparse_attention_mma<T, 128, 16, 64, SCALE, 4, 128, 2>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);

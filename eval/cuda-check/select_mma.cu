@@ -32,17 +32,7 @@ extern "C" __global__ void windows(const __nv_bfloat16* q, const __nv_bfloat16* 
 extern "C" __global__ void lse_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* c2, int first, float* partial, int tq, int n2) {
   sala_select_lse_mma<__nv_bfloat16, 128, 16, 128, 64, SCALE, 8, true>(q, c2, first, partial, tq, n2);
 }
-// The window scores on wgmma as the model compiles them (two blocks of 256 an SM); last, since the
-// bounds apply to every kernel after them.
-#define SALA_LAUNCH_THREADS 256
-#define SALA_LAUNCH_BLOCKS 2
-#include "cuda/launch_bounds.cu"
 extern "C" __global__ void windows_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* c1, const float* partial, int first, float* ws,
                                          int tq, int n1, int ranges) {
   sala_select_windows_wgmma<__nv_bfloat16, 128, 16, 32, 16, SCALE>(q, c1, partial, first, ws, tq, n1, ranges);
-}
-// The self-check's d = 64 form.
-extern "C" __global__ void windows_wgmma_d64(const __nv_bfloat16* q, const __nv_bfloat16* c1, const float* partial, int first, float* ws,
-                                             int tq, int n1, int ranges) {
-  sala_select_windows_wgmma<__nv_bfloat16, 64, 2, 32, 16, SCALE>(q, c1, partial, first, ws, tq, n1, ranges);
 }

@@ -1224,8 +1224,7 @@ static BLOCK_SPARSE_PREFILL: KernelSource = prefill_source(
         include_str!("../../cuda/mma.cu"),
         include_str!("../../cuda/attention_mma.cu"),
         include_str!("../../cuda/block_sparse_prefill.cu"),
-        "#define SALA_LAUNCH_THREADS 128\n#define SALA_LAUNCH_BLOCKS 3\n",
-        include_str!("../../cuda/launch_bounds.cu")
+        include_str!("../../cuda/three_blocks_an_sm.cu")
     ),
     PREFILL_STAGES,
 );
@@ -1348,36 +1347,22 @@ static SELECT_WINDOWS_MMA: KernelSource = KernelSource {
     shared_memory: 0,
 };
 
-/// The sources of the tensor-core stage 1 (`cuda/select_mma.cu`) and what it uses, in order.
-macro_rules! select_mma_sources {
-    () => {
-        concat!(
-            include_str!("../../cuda/unpack.cu"),
-            include_str!("../../cuda/select_blocks.cu"),
-            include_str!("../../cuda/mma.cu"),
-            include_str!("../../cuda/attention_mma.cu"),
-            include_str!("../../cuda/block_sparse_prefill.cu"),
-            include_str!("../../cuda/wgmma.cu"),
-            include_str!("../../cuda/select_mma.cu")
-        )
-    };
-}
+const SELECT_MMA_HEADER: &str = concat!(
+    include_str!("../../cuda/unpack.cu"),
+    include_str!("../../cuda/select_blocks.cu"),
+    include_str!("../../cuda/mma.cu"),
+    include_str!("../../cuda/attention_mma.cu"),
+    include_str!("../../cuda/block_sparse_prefill.cu"),
+    include_str!("../../cuda/wgmma.cu"),
+    include_str!("../../cuda/select_mma.cu")
+);
 
-const SELECT_MMA_HEADER: &str = select_mma_sources!();
-
-/// [`SELECT_WINDOWS_MMA`] on Hopper (`sala_select_windows_wgmma`: keys by queries on wgmma),
-/// compiled for two thread blocks of 256 an SM: its two tiles' products in flight fit 128
-/// registers with an 8-byte spill (the sm_90a NVRTC check), where ptxas alone took 131 and one
-/// block.
+/// [`SELECT_WINDOWS_MMA`] on Hopper (`sala_select_windows_wgmma`: keys by queries on wgmma).
 static SELECT_WINDOWS_WGMMA: KernelSource = KernelSource {
     name: "sala_select_windows_wgmma",
     inputs: &["q", "c1", "partial", "params"],
     outputs: &["window_scores"],
-    cuda_header: concat!(
-        select_mma_sources!(),
-        "#define SALA_LAUNCH_THREADS 256\n#define SALA_LAUNCH_BLOCKS 2\n",
-        include_str!("../../cuda/launch_bounds.cu")
-    ),
+    cuda_header: SELECT_MMA_HEADER,
     cuda_body: "sala_select_windows_wgmma<R, D, G, KERNEL, STRIDE, SCALE_BITS>(\
                 q, c1, partial, params_shape[0] - 1, window_scores, q_shape[1], c1_shape[0], partial_shape[2]);",
     metal_header: "",
