@@ -106,8 +106,9 @@ pub fn select_blocks_scored(
 
 /// Working memory of one query chunk of the selection: the float32 stage-1 scores of every query
 /// head and level-1 window, or only the window scores per KV head for the tensor-core form.
-/// Bigger chunks gain nothing (eval/results/kernel-notes.md) and would cost the MLPs' memory.
-const SELECTION_CHUNK_BYTES: usize = 1 << 27;
+/// A whole 2048-token prompt chunk fits up to a 1M context on the tensor-core form: at 1M its
+/// launches then fill the GPU (eval/results/kernel-notes.md), for 1 GiB beside a ~21 GB peak.
+const SELECTION_CHUNK_BYTES: usize = 1 << 30;
 
 /// Queries per chunk of the selection, within [`SELECTION_CHUNK_BYTES`].
 fn selection_chunk(q: &Array, c1: &Array) -> usize {
