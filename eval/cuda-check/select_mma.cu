@@ -36,3 +36,8 @@ extern "C" __global__ void windows_wgmma(const __nv_bfloat16* q, const __nv_bflo
                                          int tq, int n1, int ranges) {
   sala_select_windows_wgmma<__nv_bfloat16, 128, 16, 32, 16, SCALE>(q, c1, partial, first, ws, tq, n1, ranges);
 }
+// The self-check's d = 64 form.
+extern "C" __global__ void windows_wgmma_d64(const __nv_bfloat16* q, const __nv_bfloat16* c1, const float* partial, int first, float* ws,
+                                             int tq, int n1, int ranges) {
+  sala_select_windows_wgmma<__nv_bfloat16, 64, 2, 32, 16, SCALE>(q, c1, partial, first, ws, tq, n1, ranges);
+}

@@ -107,7 +107,7 @@ pub fn select_blocks_scored(
 /// Working memory of one query chunk of the selection: the float32 stage-1 scores of every query
 /// head and level-1 window, or only the window scores per KV head for the tensor-core form.
 /// A whole 2048-token prompt chunk fits up to a 1M context on the tensor-core form: at 1M its
-/// launches then fill the GPU (eval/results/kernel-notes.md), for 1 GiB beside a ~21 GB peak.
+/// launches then fill the GPU, and the 1M prompt's peak stays under 24 GB (eval/results/kernel-notes.md).
 const SELECTION_CHUNK_BYTES: usize = 1 << 30;
 
 /// Queries per chunk of the selection, within [`SELECTION_CHUNK_BYTES`].
