@@ -2,14 +2,7 @@
 // SELECT_MMA_HEADER (src/kernels/sparse.rs) joins them, in SALA-9B's forms (16 query heads a KV
 // head, level-2 windows of 128 every 64, level-1 of 32 every 16), with mma.sync and on Hopper with
 // wgmma, for eval/cuda_compile_check.py.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-typedef unsigned int uint32_t;
-typedef int int32_t;
-typedef long long int64_t;
-typedef unsigned long long uint64_t;
-#define INT_MAX 2147483647
-#define INFINITY __int_as_float(0x7f800000)  // MLX's preamble defines it at run time
+#include "eval/cuda-check/preamble.h"
 #include "cuda/unpack.cu"
 #include "cuda/select_blocks.cu"
 #include "cuda/mma.cu"

@@ -164,9 +164,9 @@ pub struct RuntimeArgs {
     /// Compute dtype (default: the checkpoint's on a GPU, f32 on the CPU)
     #[arg(long, value_enum)]
     pub dtype: Option<DtypeArg>,
-    /// Prompt tokens per forward pass during prefill
-    #[arg(long, default_value_t = 2048)]
-    pub prefill_step: usize,
+    /// Prompt tokens per forward pass during prefill [default: 4096; serve: 2048]
+    #[arg(long)]
+    pub prefill_step: Option<usize>,
     /// Keep the KV cache's keys and values quantized to 8 bits (as llama.cpp's -ctk/-ctv q8_0):
     /// about half the memory of a long context; logits stay within the tolerance the README states
     #[arg(long, value_name = "BITS", value_parser = parse_kv_bits)]
@@ -176,6 +176,13 @@ pub struct RuntimeArgs {
     /// states the measured loss); decoding stays exact
     #[arg(long)]
     pub prompt_fp8: bool,
+}
+
+impl RuntimeArgs {
+    /// `--prefill-step`, else the command's `default` (at least a token).
+    pub fn prefill_step_or(&self, default: usize) -> usize {
+        self.prefill_step.unwrap_or(default).max(1)
+    }
 }
 
 fn parse_kv_bits(text: &str) -> Result<i32, String> {
@@ -384,5 +391,33 @@ impl PromptCacheArgs {
             _ => {}
         }
         Ok((cache, reused))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RuntimeArgs;
+    use crate::engine::generate::PREFILL_STEP;
+    use crate::server::SERVE_PREFILL_STEP;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Runtime {
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+    }
+
+    fn parse(args: &[&str]) -> RuntimeArgs {
+        Runtime::try_parse_from(std::iter::once("sala").chain(args.iter().copied())).unwrap().runtime
+    }
+
+    /// One stream takes 4096-token prompt chunks, `serve` 2048, and a given step wins over both.
+    #[test]
+    fn prefill_step_defaults_by_command() {
+        assert_eq!((PREFILL_STEP, SERVE_PREFILL_STEP), (4096, 2048));
+        assert_eq!(parse(&[]).prefill_step_or(PREFILL_STEP), 4096);
+        assert_eq!(parse(&[]).prefill_step_or(SERVE_PREFILL_STEP), 2048);
+        assert_eq!(parse(&["--prefill-step", "512"]).prefill_step_or(SERVE_PREFILL_STEP), 512);
+        assert_eq!(parse(&["--prefill-step", "0"]).prefill_step_or(PREFILL_STEP), 1);
     }
 }

@@ -129,7 +129,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         kv_memory: args.kv_memory,
         prompt_cache_dir: args.prompt_cache_dir,
         tool_format: args.tool_calls.tool_call_parser,
-        prefill_step: args.load.runtime.prefill_step,
+        prefill_step: args.load.runtime.prefill_step_or(crate::server::SERVE_PREFILL_STEP),
         max_models: args.max_models as usize,
         keep_alive: args.keep_alive.0,
         alias: args.alias,

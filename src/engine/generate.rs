@@ -19,6 +19,11 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Instant;
 
+/// Prompt tokens per forward pass by default: a chunk of 4096 rows shares each dequantized weight
+/// copy of the GPU's prompt products between twice the rows of 2048, and a 1M-token SALA prompt
+/// still peaks under 24 GB (eval/results/kernel-notes.md).
+pub const PREFILL_STEP: usize = 4096;
+
 #[derive(Debug, Clone)]
 pub struct GenerateOptions {
     pub max_tokens: usize,
@@ -34,7 +39,7 @@ pub struct GenerateOptions {
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        Self { max_tokens: 512, ignore_eos: false, prefill_step: 2048, keep_logits: false, draft: None }
+        Self { max_tokens: 512, ignore_eos: false, prefill_step: PREFILL_STEP, keep_logits: false, draft: None }
     }
 }
 

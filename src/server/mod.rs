@@ -22,7 +22,7 @@ pub mod tokenize;
 use crate::load::LoadOptions;
 use crate::progress::{bytes_progress, progress_to};
 use crate::engine::generation_config::GenerationDefaults;
-use crate::engine::prefix_cache::PrefixCache;
+use crate::engine::prefix_cache::{PrefixCache, SNAPSHOT_SPACING};
 use crate::engine::tools::ToolFormat;
 use crate::engine::state_file::StateDir;
 use crate::engine::tokenizer::TextTokenizer;
@@ -60,6 +60,11 @@ pub struct Ready {
     /// The model's `generation_config.json` sampling defaults, for what a request leaves out.
     pub generation: GenerationDefaults,
 }
+
+/// `serve`'s prompt tokens a forward pass with nothing decoding (`--prefill-step` unset): a
+/// recurrent model's restart points for the prefix cache fall at chunk ends, so chunks of the
+/// points' spacing keep them that close, and a request arriving mid-chunk waits less.
+pub const SERVE_PREFILL_STEP: usize = SNAPSHOT_SPACING;
 
 pub struct AppState {
     /// The models served: the one given with --model, or the store's, loaded on demand.
