@@ -5,7 +5,7 @@ use crate::engine::distributed::TensorParallel;
 use crate::load::{file_label, load, load_synthetic, LoadOptions, LoadedModel};
 use crate::progress::{note, print_above, work_bar};
 use crate::engine::device::{self, DeviceKind};
-use crate::engine::generate::{Draft, PREFILL_STEP};
+use crate::engine::generate::Draft;
 use crate::engine::weights::dtype_name;
 use crate::eval::bench::{run_follow_up, run_test, BenchPlan, FollowUpPlan, ModelMeta, Test};
 use crate::eval::bench_report::{self, Columns, Format, RowStream};
@@ -158,7 +158,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         generations: args.generations.clone(),
         depths: args.depths.clone(),
         repetitions: args.repetitions as usize,
-        prefill_step: args.runtime.prefill_step_or(PREFILL_STEP),
+        prefill_step: args.runtime.prefill_step(),
         seqs: args.seqs.iter().map(|&n| n as usize).collect(),
         draft_layers: args.draft_layers.clone(),
         num_draft: args.num_draft,
@@ -318,7 +318,7 @@ fn run_quality(args: BenchArgs) -> anyhow::Result<()> {
                 item,
                 !args.no_think,
                 args.max_tokens,
-                args.runtime.prefill_step_or(PREFILL_STEP),
+                args.runtime.prefill_step(),
             )?;
             let verdict = match (&outcome, outcome.answer.stuck_thinking()) {
                 (o, _) if o.correct => "correct",

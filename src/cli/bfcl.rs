@@ -3,7 +3,6 @@
 //! leaderboard row, `data_non_live.csv` and per-sample JSONL.
 
 use super::RuntimeArgs;
-use crate::engine::generate::PREFILL_STEP;
 use crate::load::{file_label, load};
 use crate::progress::{bytes_progress, print_above, progress_to, work_bar};
 use crate::eval::bfcl::harness::{run_entry, sample_json, Mode, Settings};
@@ -115,7 +114,7 @@ pub fn run(args: BfclArgs) -> anyhow::Result<()> {
                 constrained,
                 think: args.think,
                 max_tokens: args.max_tokens,
-                prefill_step: args.runtime.prefill_step_or(PREFILL_STEP),
+                prefill_step: args.runtime.prefill_step(),
             };
             let mut scores: Vec<CategoryScore> = categories.iter().map(|&category| CategoryScore { category, correct: 0, total: 0 }).collect();
             print_above(&bar, &format!("{name} ({mode} mode, {} tool calls)\n{}", tool_format.name(), table.header(&headers)))?;

@@ -4,7 +4,7 @@
 
 use super::{DraftArgs, ModelArgs, PromptCacheArgs, SamplingArgs};
 use crate::load::{load, LoadOptions, LoadedModel};
-use crate::engine::generate::{Flow, GenerateOptions, StopReason, PREFILL_STEP};
+use crate::engine::generate::{Flow, GenerateOptions, StopReason};
 use crate::engine::sampler::Sampler;
 use crate::engine::session::ChatSession;
 use crate::engine::tokenizer::{Message, StreamDecoder, TextTokenizer, ThinkFilter};
@@ -114,7 +114,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let mut sampler = Sampler::new(sampling);
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
-        prefill_step: args.load.runtime.prefill_step_or(PREFILL_STEP),
+        prefill_step: args.load.runtime.prefill_step(),
         draft: args.draft.draft(model)?,
         ..Default::default()
     };

@@ -17,7 +17,7 @@ pub mod show;
 use crate::engine::cache::Window;
 use crate::engine::device::DeviceKind;
 use crate::engine::error::Error;
-use crate::engine::generate::Draft;
+use crate::engine::generate::{Draft, PREFILL_STEP};
 use crate::engine::generation_config::{GenerationDefaults, SamplingChoice};
 use crate::engine::memory;
 use crate::engine::model::LanguageModel;
@@ -179,6 +179,11 @@ pub struct RuntimeArgs {
 }
 
 impl RuntimeArgs {
+    /// `--prefill-step` of a one-stream command, else [`PREFILL_STEP`] (at least a token).
+    pub fn prefill_step(&self) -> usize {
+        self.prefill_step_or(PREFILL_STEP)
+    }
+
     /// `--prefill-step`, else the command's `default` (at least a token).
     pub fn prefill_step_or(&self, default: usize) -> usize {
         self.prefill_step.unwrap_or(default).max(1)
@@ -415,9 +420,9 @@ mod tests {
     #[test]
     fn prefill_step_defaults_by_command() {
         assert_eq!((PREFILL_STEP, SERVE_PREFILL_STEP), (4096, 2048));
-        assert_eq!(parse(&[]).prefill_step_or(PREFILL_STEP), 4096);
+        assert_eq!(parse(&[]).prefill_step(), 4096);
         assert_eq!(parse(&[]).prefill_step_or(SERVE_PREFILL_STEP), 2048);
         assert_eq!(parse(&["--prefill-step", "512"]).prefill_step_or(SERVE_PREFILL_STEP), 512);
-        assert_eq!(parse(&["--prefill-step", "0"]).prefill_step_or(PREFILL_STEP), 1);
+        assert_eq!(parse(&["--prefill-step", "0"]).prefill_step(), 1);
     }
 }

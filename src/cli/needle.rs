@@ -2,7 +2,6 @@
 //! a CSV (appended; `--resume` skips the cells it already has) and an SVG heatmap.
 
 use super::ModelArgs;
-use crate::engine::generate::PREFILL_STEP;
 use crate::load::{file_label, load};
 use crate::progress::{bytes_progress, note, work_bar};
 use crate::eval::needle::{self, Cell, CellResult, Haystack, HaystackSource, NeedleText, Variant};
@@ -141,7 +140,7 @@ pub fn run(args: NeedleArgs) -> anyhow::Result<()> {
             cell,
             args.think,
             args.max_tokens,
-            args.load.runtime.prefill_step_or(PREFILL_STEP),
+            args.load.runtime.prefill_step(),
             |done, total| bar.set_position(start_pos + (done * cell.context_len / total.max(1)) as u64),
         )?;
         bar.set_position(start_pos + cell.context_len as u64);

@@ -4,7 +4,7 @@ use super::{DraftArgs, ModelArgs, PromptCacheArgs, SamplingArgs, TpArgs};
 use crate::load::LoadOptions;
 use crate::load::load;
 use crate::engine::device::{self, DeviceKind};
-use crate::engine::generate::{generate, Flow, GenerateOptions, Generation, PREFILL_STEP};
+use crate::engine::generate::{generate, Flow, GenerateOptions, Generation};
 use crate::engine::grammar::{Grammar, Reasoning};
 use crate::engine::model::LanguageModel;
 use crate::engine::sampler::Sampler;
@@ -91,7 +91,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     // them) before generation starts.
     let (mut cache, run_from) = match &args.prompt_cache.prompt_cache {
         Some(_) => {
-            let (cache, _) = args.prompt_cache.prefill(&loaded, &prompt_ids, args.load.runtime.prefill_step_or(PREFILL_STEP))?;
+            let (cache, _) = args.prompt_cache.prefill(&loaded, &prompt_ids, args.load.runtime.prefill_step())?;
             (cache, prompt_ids.len() - 1)
         }
         None => (model.new_cache(), 0),
@@ -116,7 +116,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         ignore_eos: args.ignore_eos,
-        prefill_step: args.load.runtime.prefill_step_or(PREFILL_STEP),
+        prefill_step: args.load.runtime.prefill_step(),
         keep_logits: args.logits_out.is_some(),
         draft: args.draft.draft(model)?,
     };
