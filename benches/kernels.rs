@@ -1031,12 +1031,12 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         line("  stage 1 on mma.sync", on_mma_sync, 8);
         // Bigger query chunks than the model's working-memory bound (256 queries at 1M): more
         // thread blocks a launch, where the window scores' grid fills two blocks an SM.
-        // Pooling and top-k in one thread block a query and KV head (the form before many
-        // queries past 1024 blocks took the chunked one).
-        let in_one_block = sala::kernels::sparse::with_topk_in_one_block(|| {
+        // Pooling and top-k past 2048 blocks in 512-block chunks and a merge (decode's form; a
+        // prompt chunk's queries took it past 1024 blocks until 2026-12-06).
+        let in_chunks = sala::kernels::sparse::with_topk_in_chunks(|| {
             time(|| vec![select_blocks(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap()])
         });
-        line("  top-k in one block a query", in_one_block, 8);
+        line("  top-k in 512-block chunks", in_chunks, 8);
         for chunk in [1024, 2048] {
             let bigger = time(|| vec![select_blocks_chunked(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16, chunk, false).unwrap().0]);
             line(&format!("  in {chunk}-query chunks"), bigger, 8);

@@ -764,9 +764,9 @@ fn block_selection_on_wgmma_matches_mma_sync() {
     eprintln!("wgmma vs mma.sync: blocks {same} of {} equal, largest relative score difference {worst:.2e}", want_blocks.len());
 }
 
-/// A prompt chunk's queries past 1024 blocks take pooling and top-k in 512-block chunks, then a
-/// merge of their candidates: exactly the blocks and scores of one thread block a query (the
-/// keys are unique, and the pooled scores come from the same window scores).
+/// Pooling and top-k in 512-block chunks, then a merge of their candidates (decode's form past
+/// 2048 blocks, here for a prompt chunk's many queries): exactly the blocks and scores of one
+/// thread block a query (the keys are unique, and the pooled scores come from the same window scores).
 #[test]
 #[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn many_queries_top_k_in_chunks_equals_one_block_a_query() {
@@ -785,11 +785,11 @@ fn many_queries_top_k_in_chunks_equals_one_block_a_query() {
         let s = sala::kernels::sparse::select_blocks_fused(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap();
         (to_vec_i32(&s.blocks).unwrap(), to_vec_f32(&s.scores).unwrap())
     };
-    let (blocks, scores) = run();
-    let (want_blocks, want_scores) = sala::kernels::sparse::with_topk_in_one_block(run);
+    let (want_blocks, want_scores) = run();
+    let (blocks, scores) = sala::kernels::sparse::with_topk_in_chunks(run);
     assert_eq!(blocks, want_blocks, "chosen blocks");
     assert!(scores.iter().zip(&want_scores).all(|(g, w)| g == w || (g.is_nan() && w.is_nan())), "pooled scores");
-    assert!(blocks.iter().any(|&b| b >= 1024), "the case reaches past 1024 blocks");
+    assert!(blocks.iter().any(|&b| b >= 2048), "the case reaches past 2048 blocks");
 }
 
 /// `filled` followed by 100 positions of junk (1e4), like a cache buffer with spare capacity.

@@ -271,11 +271,6 @@ const TOPK_CHUNK: i32 = 512;
 /// Blocks past which one query's top-k runs in chunks (128K tokens): not swept below it
 /// (eval/results/kernel-notes.md).
 const TOPK_CHUNKED_PAST: i32 = 2048;
-/// Blocks whose keys a thread block of `sala_select_topk` keeps in registers at [`THREADS`]
-/// threads (four a thread): past them every radix pass reads the rest back from memory, a chain
-/// of dependent loads a thread, so many queries over more blocks (prompt chunks past 64K tokens)
-/// take the chunked form too.
-const TOPK_HELD_BLOCKS: i32 = 4 * THREADS;
 /// Keys a thread of [`pool_topk_in_chunks`] keeps in registers: a whole chunk at [`THREADS`]
 /// threads in the first kernel, the candidates of 42 chunks (1.3M tokens) at 1024 in the second.
 const TOPK_CHUNK_HELD: i32 = TOPK_CHUNK / THREADS;
@@ -283,8 +278,8 @@ const TOPK_MERGE_HELD: i32 = 4;
 
 /// Pooling and top-k from the window scores `[Hkv, T, n1]` (`sala_select_topk`, one thread block
 /// per query and KV head): the second kernel of both split forms. On CUDA few queries over many
-/// blocks (decode at long context), and many over more than [`TOPK_HELD_BLOCKS`], take
-/// [`pool_topk_in_chunks`].
+/// blocks (decode at long context) take [`pool_topk_in_chunks`]; a prompt chunk's many queries
+/// fill the GPU as they are, and one block a query was faster than the chunks up to 1M tokens.
 fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelection) -> Result<Selected> {
     let (hkv, t) = (window_scores.shape()[0], window_scores.shape()[1]);
     // Few queries (decode) leave most of the GPU idle: give each thread block more threads (on
@@ -292,8 +287,8 @@ fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelectio
     // blocks over thread blocks.
     let cuda = backend() == Backend::Cuda;
     let few = cuda && t * hkv < fill_blocks() / 2;
-    let chunked_past = if few { TOPK_CHUNKED_PAST } else { TOPK_HELD_BLOCKS };
-    if cuda && nb > chunked_past && !TOPK_IN_ONE_BLOCK.with(|o| o.get()).unwrap_or(false) {
+    let in_chunks = TOPK_IN_CHUNKS.with(|o| o.get()).unwrap_or(false);
+    if cuda && nb > TOPK_CHUNKED_PAST && (few || in_chunks) {
         return pool_topk_in_chunks(window_scores, params, nb, sel);
     }
     let threads = if few { 1024 } else { THREADS };
@@ -313,14 +308,14 @@ fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelectio
 }
 
 thread_local! {
-    static TOPK_IN_ONE_BLOCK: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    static TOPK_IN_CHUNKS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
-/// Runs `f` with pooling and top-k in one thread block per query and KV head however many blocks
-/// there are (the form before many queries took the chunked one), for the kernels bench's comparison.
+/// Runs `f` with many queries' pooling and top-k in chunks past [`TOPK_CHUNKED_PAST`] blocks, as
+/// decode takes it, for the kernels bench's comparison and the GPU test that cross-checks the forms.
 #[doc(hidden)]
-pub fn with_topk_in_one_block<R>(f: impl FnOnce() -> R) -> R {
-    with_setting(&TOPK_IN_ONE_BLOCK, Some(true), f)
+pub fn with_topk_in_chunks<R>(f: impl FnOnce() -> R) -> R {
+    with_setting(&TOPK_IN_CHUNKS, Some(true), f)
 }
 
 /// The template arguments of the pooling and top-k kernels: the selection's geometry.
