@@ -1029,14 +1029,19 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
             time(|| vec![select_blocks(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap()])
         });
         line("  stage 1 on mma.sync", on_mma_sync, 8);
-        // Bigger query chunks than the model's working-memory bound (256 queries at 1M): more
-        // thread blocks a launch, where the window scores' grid fills two blocks an SM.
         // Pooling and top-k past 2048 blocks in 512-block chunks and a merge (decode's form; a
         // prompt chunk's queries took it past 1024 blocks until 2026-12-06).
         let in_chunks = sala::kernels::sparse::with_topk_in_chunks(|| {
             time(|| vec![select_blocks(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap()])
         });
         line("  top-k in 512-block chunks", in_chunks, 8);
+        // Every key through the radix passes, without the candidates in shared memory.
+        let every_key = sala::kernels::sparse::with_topk_candidates(0, || {
+            time(|| vec![select_blocks(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16).unwrap()])
+        });
+        line("  top-k through every key (no candidates)", every_key, 8);
+        // Bigger query chunks than the model's working-memory bound (256 queries at 1M): more
+        // thread blocks a launch, where the window scores' grid fills two blocks an SM.
         for chunk in [1024, 2048] {
             let bigger = time(|| vec![select_blocks_chunked(&q, &c1, &c2, first, kv_len, sel, Dtype::Bfloat16, chunk, false).unwrap().0]);
             line(&format!("  in {chunk}-query chunks"), bigger, 8);

@@ -205,30 +205,81 @@ __device__ __forceinline__ float sala_pooled_score(const float* ws, int b, int n
 }
 
 // Pooled scores of blocks base .. base + n into sc[0 .. n], a thread taking every blockDim.x-th,
-// and its keys of the first HELD rounds into `held` (0 past n).
+// its keys of the first HELD rounds into `held` (0 past n), and the largest of its keys.
 template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int HELD>
-__device__ __forceinline__ void sala_pool_blocks(
+__device__ __forceinline__ unsigned long long sala_pool_blocks(
     const float* ws, int base, int n, int n1, int qb, float* sc, unsigned long long (&held)[HELD]) {
+  unsigned long long largest = 0ull;
   for (int start = 0; start < n; start += blockDim.x) {
     const int i = start + threadIdx.x;
-    float v = -INFINITY;
+    unsigned long long key = 0ull;
     if (i < n) {
-      v = sala_pooled_score<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, base + i, n1, qb);
+      const float v = sala_pooled_score<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, base + i, n1, qb);
       sc[i] = v;
+      key = sala_topk_key(v, base + i);
     }
+    largest = key > largest ? key : largest;
     const int round = start / blockDim.x;
 #pragma unroll
     for (int j = 0; j < HELD; ++j) {
-      if (j == round) held[j] = i < n ? sala_topk_key(v, base + i) : 0ull;
+      if (j == round) held[j] = key;
     }
   }
+  return largest;
+}
+
+// The chosen blocks (up to `last`) among the k largest of n keys, written as sala_select_pool_topk
+// writes them, through at most CANDIDATES keys in shared memory: the k-th largest of the threads'
+// largest keys has at least k keys at or above it, so the k largest are all among those keys, and
+// a prompt chunk's pooled scores are then swept twice instead of once a radix digit. Returns false
+// (every thread) where more keys than CANDIDATES passed, or fewer than k threads had a key: the
+// caller then selects from all n.
+template <int TOPK, int CANDIDATES, int HELD, typename KeyAt>
+__device__ bool sala_topk_from_candidates(
+    const unsigned long long (&held)[HELD], int n, KeyAt&& key_at, unsigned long long largest, int k, int last, int32_t* out) {
+  __shared__ unsigned long long candidates[CANDIDATES];
+  __shared__ int32_t chosen[TOPK];
+  __shared__ int passed_sh, chosen_sh;
+  if (threadIdx.x == 0) {
+    passed_sh = 0;
+    chosen_sh = 0;
+  }
+  if (__syncthreads_count(largest != 0ull) < k) return false;
+  const unsigned long long own[1] = {largest};
+  const unsigned long long floor_key = sala_topk_threshold(own, blockDim.x, [](int) { return 0ull; }, k);
+  sala_for_each_key(held, n, key_at, [&](int i, unsigned long long key) {
+    if (i < n && key >= floor_key) {
+      const int slot = atomicAdd(&passed_sh, 1);
+      if (slot < CANDIDATES) candidates[slot] = key;
+    }
+  });
+  __syncthreads();
+  const int passed = passed_sh;
+  if (passed > CANDIDATES) return false;
+  const unsigned long long first[1] = {(int)threadIdx.x < passed ? candidates[threadIdx.x] : 0ull};
+  const unsigned long long threshold = sala_topk_threshold(first, passed, [&](int i) { return candidates[i]; }, k);
+  for (int i = threadIdx.x; i < passed; i += blockDim.x) {
+    const unsigned long long key = candidates[i];
+    if (key >= threshold && sala_key_block(key) <= last) chosen[atomicAdd(&chosen_sh, 1)] = sala_key_block(key);
+  }
+  __syncthreads();
+  // In ascending block order: a chosen block's place is the number of chosen blocks below it.
+  const int m = chosen_sh;
+  for (int i = threadIdx.x; i < m; i += blockDim.x) {
+    int place = 0;
+    for (int j = 0; j < m; ++j) place += chosen[j] < chosen[i];
+    out[place] = chosen[i];
+  }
+  for (int i = m + threadIdx.x; i < TOPK; i += blockDim.x) out[i] = -1;
+  return true;
 }
 
 // Pooled block scores and the chosen blocks of (h, t) from its window scores. A thread keeps the
 // keys of its first KEYS_HELD blocks in registers (every block up to 4 × blockDim.x: 256K tokens
 // at decode's 1024 threads) and reads any others back from `scores` on each pass: at decode the
 // passes had waited on those reads one after another (20 µs per layer at 128K tokens, H100).
-template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK>
+// Past those, with CANDIDATES > 0, the selection first narrows to sala_topk_from_candidates's keys.
+template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK, int CANDIDATES = 0>
 __device__ void sala_select_pool_topk(
     const float* window_scores, int h, int t, int Tq, int n1, int nb, int pos, int32_t* blocks, float* scores) {
   constexpr int KEYS_HELD = 4;
@@ -237,12 +288,17 @@ __device__ void sala_select_pool_topk(
   const float* ws = window_scores + ((size_t)h * Tq + t) * n1;
   float* sc = scores + ((size_t)h * Tq + t) * nb;
   unsigned long long held[KEYS_HELD];
-  sala_pool_blocks<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, 0, nb, n1, qb, sc, held);
+  const unsigned long long largest = sala_pool_blocks<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, 0, nb, n1, qb, sc, held);
   __syncthreads();
 
   auto key_at = [&](int b) { return sala_topk_key(sc[b], b); };
-  const unsigned long long threshold = sala_topk_threshold(held, nb, key_at, min(TOPK, nb));
   int32_t* out = blocks + ((size_t)h * Tq + t) * TOPK;
+  if constexpr (CANDIDATES > 0) {
+    if (nb > KEYS_HELD * (int)blockDim.x &&
+        sala_topk_from_candidates<TOPK, CANDIDATES>(held, nb, key_at, largest, min(TOPK, nb), qb, out))
+      return;
+  }
+  const unsigned long long threshold = sala_topk_threshold(held, nb, key_at, min(TOPK, nb));
   const int written =
       sala_emit_chosen(held, nb, key_at, threshold, qb, [&](int slot, unsigned long long key) { out[slot] = sala_key_block(key); });
   for (int i = written + tid; i < TOPK; i += blockDim.x) out[i] = -1;
@@ -286,9 +342,9 @@ __device__ void sala_select_windows(const float* l1, const float* l2, int first_
 
 // Part 2 (decode, and prefill after sala_select_windows_mma): pooling and top-k of query
 // blockIdx.y, KV head blockIdx.z.
-template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK>
+template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK, int CANDIDATES>
 __device__ void sala_select_topk(const float* window_scores, int first_pos, int nb, int32_t* blocks, float* scores, int n1) {
-  sala_select_pool_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK>(
+  sala_select_pool_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK, CANDIDATES>(
       window_scores, blockIdx.z, blockIdx.y, gridDim.y, n1, nb, first_pos + blockIdx.y, blocks, scores);
 }
 

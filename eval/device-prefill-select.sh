@@ -13,7 +13,8 @@
 #   tar cf - -C .device bin | xz -9 > .device/bin.tar.xz; cp -r ../shared/golden .device/;
 #   ../shared/tools/mlx-cuda-bundle
 # On the device: carry [".device/bin.tar.xz", ".device/mlx-cuda", ".device/golden"];
-#   bash eval/device-prefill-select.sh       (ONE_M=0 leaves the 1M prompt out, ~170 s; NCU_SELECT=0 step 3)
+#   bash eval/device-prefill-select.sh       (ONE_M=0 leaves the 1M prompt out, ~170 s; NCU_SELECT=0 step 3;
+#   BENCH_PROMPTS= step 4's shorter prompts, or other lengths)
 set -u
 export DEVICE_CACHE=${DEVICE_CACHE:-/tmp/kc}
 source eval/device-setup.sh
@@ -46,14 +47,16 @@ for (i, k), m in seen.items():
         print(f"- {name}: {value}")
 EOF
 fi
-timeout 120 $BIN/sala bench --synthetic minicpm-sala-9b --bits 8 -p 4096,32768,131072 -n 0 -d 0 -r 1 -o csv --output-file "$OUT/prefill.csv" 2>> "$OUT/bench.err"
-phase "bench rc=$?"
+if [ -n "${BENCH_PROMPTS-4096,32768,131072}" ]; then
+  timeout 120 $BIN/sala bench --synthetic minicpm-sala-9b --bits 8 -p "${BENCH_PROMPTS-4096,32768,131072}" -n 0 -d 0 -r 1 -o csv --output-file "$OUT/prefill.csv" 2>> "$OUT/bench.err"
+  phase "bench rc=$?"
+fi
 if [ "${ONE_M:-1}" = 1 ]; then
   python3 -c "import json; c = json.load(open('eval/synthetic/minicpm-sala-9b.json')); c['max_position_embeddings'] = 1048576; json.dump(c, open('/tmp/minicpm-sala-9b-1m.json', 'w'))"
   timeout 300 $BIN/sala bench --synthetic /tmp/minicpm-sala-9b-1m.json --bits 8 -p 1048576 -n 0 -d 0 -r 1 -o csv --output-file "$OUT/prefill.csv" 2>> "$OUT/bench.err"
   phase "bench 1M rc=$?"
 fi
-python3 - "$OUT/prefill.csv" <<'EOF'
+[ -f "$OUT/prefill.csv" ] && python3 - "$OUT/prefill.csv" <<'EOF'
 import csv, sys
 for r in csv.DictReader(open(sys.argv[1])):
     print(f'{r["model_filename"]} pp{r["n_prompt"]}: {float(r["avg_ts"]):,.0f} tok/s, {int(r["avg_ns"]) / 1e9:.2f} s, peak {int(r["peak_mem"]) / 1e9:.2f} GB')

@@ -655,6 +655,34 @@ fn windows(len: usize, kernel: usize, stride: usize) -> i32 {
     ((len - kernel) / stride + 1) as i32
 }
 
+/// A SALA-9B-shaped selection: `t` random queries (32 heads, d 128) ending `back` positions before
+/// `kv_len`, and both levels of pooled keys (2 KV heads), from seeds `seed`, `seed + 1`, `seed + 2`.
+struct SelectionCase {
+    sel: BlockSelection,
+    q: Array,
+    c1: Array,
+    c2: Array,
+    first: usize,
+    kv_len: usize,
+}
+
+impl SelectionCase {
+    fn new(kv_len: usize, back: usize, t: i32, seed: u64) -> Self {
+        let (sel, hkv, d) = (sel_9b(), 2, 128);
+        let q = randn(&[1, 32, t, d], seed, Dtype::Bfloat16);
+        let c1 = randn(&[1, hkv, windows(kv_len, sel.kernel, sel.stride), d], seed + 1, Dtype::Bfloat16);
+        let c2 = randn(&[1, hkv, windows(kv_len, sel.kernel2, sel.stride2), d], seed + 2, Dtype::Bfloat16);
+        SelectionCase { sel, q, c1, c2, first: kv_len - back, kv_len }
+    }
+
+    /// The fused selection's chosen blocks and pooled scores.
+    fn select(&self, score_type: Dtype) -> (Vec<i32>, Vec<f32>) {
+        let s = sala::kernels::sparse::select_blocks_fused(&self.q, &self.c1, &self.c2, self.first, self.kv_len, &self.sel, score_type)
+            .unwrap();
+        (to_vec_i32(&s.blocks).unwrap(), to_vec_f32(&s.scores).unwrap())
+    }
+}
+
 #[test]
 #[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
 fn block_selection_kernel_matches_mlx() {
@@ -740,16 +768,8 @@ fn block_selection_on_wgmma_matches_mma_sync() {
         eprintln!("skipped: wgmma needs a Hopper GPU (compute capability 9)");
         return;
     }
-    let sel = sel_9b();
-    let (hq, hkv, d, kv_len, t) = (32, 2, 128, 140_000usize, 298);
-    let first = kv_len - 2000;
-    let q = randn(&[1, hq, t, d], 900, Dtype::Bfloat16);
-    let c1 = randn(&[1, hkv, windows(kv_len, sel.kernel, sel.stride), d], 901, Dtype::Bfloat16);
-    let c2 = randn(&[1, hkv, windows(kv_len, sel.kernel2, sel.stride2), d], 902, Dtype::Bfloat16);
-    let run = || {
-        let s = sala::kernels::sparse::select_blocks_fused(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap();
-        (to_vec_i32(&s.blocks).unwrap(), to_vec_f32(&s.scores).unwrap())
-    };
+    let case = SelectionCase::new(140_000, 2000, 298, 900);
+    let run = || case.select(Dtype::Float32);
     let (blocks, scores) = run();
     let (want_blocks, want_scores) = sala::kernels::sparse::with_selection_on_mma_sync(run);
     let same = blocks.iter().zip(&want_blocks).filter(|(a, b)| a == b).count();
@@ -764,6 +784,35 @@ fn block_selection_on_wgmma_matches_mma_sync() {
     eprintln!("wgmma vs mma.sync: blocks {same} of {} equal, largest relative score difference {worst:.2e}", want_blocks.len());
 }
 
+/// A prompt chunk's top-k through the candidates kept in shared memory (the model's form past 1024
+/// blocks), with caps of 128 (about what passes with random scores, so some queries fall back to
+/// every key and some do not), 1024 and the default, against no candidates (every key through the
+/// radix passes): the same blocks and pooled scores, for bfloat16 window scores (the model's, with
+/// ties) and float32 ones.
+#[test]
+#[ignore = "needs a GPU build of MLX: eval/device-tests.sh runs it with --include-ignored"]
+fn top_k_through_candidates_equals_every_key() {
+    use_gpu();
+    if backend() != Backend::Cuda {
+        eprintln!("skipped: the candidates are CUDA's");
+        return;
+    }
+    let case = SelectionCase::new(300_000, 5000, 96, 930);
+    for score_type in [Dtype::Bfloat16, Dtype::Float32] {
+        let run = || case.select(score_type);
+        let (want_blocks, want_scores) = sala::kernels::sparse::with_topk_candidates(0, run);
+        assert!(want_blocks.iter().any(|&b| b >= 4096), "the case reaches past 4096 blocks");
+        for cap in [128, 1024] {
+            let (blocks, scores) = sala::kernels::sparse::with_topk_candidates(cap, run);
+            assert_eq!(blocks, want_blocks, "{score_type:?} scores, cap {cap}: chosen blocks");
+            let same = scores.iter().zip(&want_scores).all(|(g, w)| g.to_bits() == w.to_bits());
+            assert!(same, "{score_type:?} scores, cap {cap}: pooled scores");
+        }
+        let (blocks, _) = run();
+        assert_eq!(blocks, want_blocks, "{score_type:?} scores, the default cap: chosen blocks");
+    }
+}
+
 /// Pooling and top-k in 512-block chunks, then a merge of their candidates (decode's form past
 /// 2048 blocks, here for a prompt chunk's many queries): exactly the blocks and scores of one
 /// thread block a query (the keys are unique, and the pooled scores come from the same window scores).
@@ -775,16 +824,8 @@ fn many_queries_top_k_in_chunks_equals_one_block_a_query() {
         eprintln!("skipped: the chunked top-k is CUDA's");
         return;
     }
-    let sel = sel_9b();
-    let (hq, hkv, d, kv_len, t) = (32, 2, 128, 200_000usize, 96);
-    let first = kv_len - 3000;
-    let q = randn(&[1, hq, t, d], 910, Dtype::Bfloat16);
-    let c1 = randn(&[1, hkv, windows(kv_len, sel.kernel, sel.stride), d], 911, Dtype::Bfloat16);
-    let c2 = randn(&[1, hkv, windows(kv_len, sel.kernel2, sel.stride2), d], 912, Dtype::Bfloat16);
-    let run = || {
-        let s = sala::kernels::sparse::select_blocks_fused(&q, &c1, &c2, first, kv_len, &sel, Dtype::Float32).unwrap();
-        (to_vec_i32(&s.blocks).unwrap(), to_vec_f32(&s.scores).unwrap())
-    };
+    let case = SelectionCase::new(200_000, 3000, 96, 910);
+    let run = || case.select(Dtype::Float32);
     let (want_blocks, want_scores) = run();
     let (blocks, scores) = sala::kernels::sparse::with_topk_in_chunks(run);
     assert_eq!(blocks, want_blocks, "chosen blocks");

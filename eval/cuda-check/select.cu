@@ -1,12 +1,12 @@
 // The block selection's pooling and top-k (cuda/select_blocks.cu) in the forms a SALA-9B step
-// launches (src/kernels/sparse.rs: one thread block per query and KV head, and at long-context
-// decode the chunked form and its merge), for eval/cuda_compile_check.py.
+// launches (src/kernels/sparse.rs: one thread block per query and KV head, 1024 candidates, and at
+// long-context decode the chunked form and its merge), for eval/cuda_compile_check.py.
 typedef int int32_t;
 #define INFINITY __int_as_float(0x7f800000)  // MLX's preamble defines it at run time
 #include "cuda/select_blocks.cu"
 
 extern "C" __global__ void topk(const float* ws, int first_pos, int nb, int32_t* blocks, float* scores, int n1) {
-  sala_select_topk<32, 16, 64, 1, 32, 96>(ws, first_pos, nb, blocks, scores, n1);
+  sala_select_topk<32, 16, 64, 1, 32, 96, 1024>(ws, first_pos, nb, blocks, scores, n1);
 }
 extern "C" __global__ void topk_chunk(const float* ws, int first_pos, int nb, unsigned long long* cand, float* scores, int n1) {
   sala_select_topk_chunk<32, 16, 64, 1, 32, 96, 512, 2>(ws, first_pos, nb, cand, scores, n1);

@@ -112,7 +112,7 @@ static SELECT_TOPK: KernelSource = KernelSource {
     inputs: &["window_scores", "params"],
     outputs: &["blocks", "scores"],
     cuda_header: include_str!("../../cuda/select_blocks.cu"),
-    cuda_body: "sala_select_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK>(\
+    cuda_body: "sala_select_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK, CANDIDATES>(\
                 window_scores, params_shape[0] - 1, params_shape[1] - 1, blocks, scores, window_scores_shape[2]);",
     metal_header: include_str!("../../metal/select_blocks.metal"),
     metal_body: "threadgroup atomic_uint hist[256]; threadgroup ulong prefix; threadgroup int remaining; \
@@ -292,6 +292,11 @@ fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelectio
         return pool_topk_in_chunks(window_scores, params, nb, sel);
     }
     let threads = if few { 1024 } else { THREADS };
+    let mut template = pooling_template(sel);
+    if cuda {
+        let candidates = TOPK_CANDIDATES_OVERRIDE.with(|o| o.get()).unwrap_or(TOPK_CANDIDATES);
+        template.push(("CANDIDATES", TemplateArg::Int(candidates)));
+    }
     let out = apply(
         &SELECT_TOPK,
         &[window_scores, params],
@@ -299,7 +304,7 @@ fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelectio
             grid: (threads, t, hkv),
             threads: (threads, 1, 1),
             outputs: vec![(vec![1, hkv, t, sel.topk as i32], Dtype::Int32), (vec![1, hkv, t, nb], Dtype::Float32)],
-            template: pooling_template(sel),
+            template,
             init: None,
         },
     )?;
@@ -309,6 +314,21 @@ fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelectio
 
 thread_local! {
     static TOPK_IN_CHUNKS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    static TOPK_CANDIDATES_OVERRIDE: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Keys of a query's top-k past 4 blocks a thread kept in shared memory (`CANDIDATES` of
+/// `sala_topk_from_candidates` in cuda/select_blocks.cu): those at or above the k-th largest of the
+/// threads' largest keys, about 120 of 16,384 at 1M for independent scores (by their order
+/// statistics); where more pass, the top-k falls back to every key.
+const TOPK_CANDIDATES: i32 = 1024;
+
+/// Runs `f` with the top-k's candidates in shared memory capped at `n` (0: every key takes the
+/// radix passes, the form before the candidates), for the kernels bench and the GPU test that
+/// cross-checks the forms and the fallback.
+#[doc(hidden)]
+pub fn with_topk_candidates<R>(n: i32, f: impl FnOnce() -> R) -> R {
+    with_setting(&TOPK_CANDIDATES_OVERRIDE, Some(n), f)
 }
 
 /// Runs `f` with many queries' pooling and top-k in chunks past [`TOPK_CHUNKED_PAST`] blocks, as
