@@ -47,7 +47,7 @@ gpu\t''"
 complete -c sala -n "__fish_sala_using_subcommand run" -l dtype -d 'Compute dtype (default: the checkpoint\'s on a GPU, f32 on the CPU)' -r -f -a "f32\t''
 bf16\t''
 f16\t''"
-complete -c sala -n "__fish_sala_using_subcommand run" -l prefill-step -d 'Prompt tokens per forward pass during prefill [default: 4096; serve: 2048]' -r
+complete -c sala -n "__fish_sala_using_subcommand run" -l prefill-step -d 'Prompt tokens per forward pass during prefill [default: 8192 on CUDA, else 4096; serve: 2048]' -r
 complete -c sala -n "__fish_sala_using_subcommand run" -l kv-bits -d 'Keep the KV cache\'s keys and values quantized to 8 bits (as llama.cpp\'s -ctk/-ctv q8_0): about half the memory of a long context; logits stay within the tolerance the README states' -r
 complete -c sala -n "__fish_sala_using_subcommand run" -l context-size -d 'StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so generation can run past N; dense models only' -r
 complete -c sala -n "__fish_sala_using_subcommand run" -l num-sink-tokens -d 'StreamingLLM: tokens at the start that are never evicted (with --context-size)' -r
@@ -85,7 +85,7 @@ gpu\t''"
 complete -c sala -n "__fish_sala_using_subcommand chat" -l dtype -d 'Compute dtype (default: the checkpoint\'s on a GPU, f32 on the CPU)' -r -f -a "f32\t''
 bf16\t''
 f16\t''"
-complete -c sala -n "__fish_sala_using_subcommand chat" -l prefill-step -d 'Prompt tokens per forward pass during prefill [default: 4096; serve: 2048]' -r
+complete -c sala -n "__fish_sala_using_subcommand chat" -l prefill-step -d 'Prompt tokens per forward pass during prefill [default: 8192 on CUDA, else 4096; serve: 2048]' -r
 complete -c sala -n "__fish_sala_using_subcommand chat" -l kv-bits -d 'Keep the KV cache\'s keys and values quantized to 8 bits (as llama.cpp\'s -ctk/-ctv q8_0): about half the memory of a long context; logits stay within the tolerance the README states' -r
 complete -c sala -n "__fish_sala_using_subcommand chat" -l context-size -d 'StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so generation can run past N; dense models only' -r
 complete -c sala -n "__fish_sala_using_subcommand chat" -l num-sink-tokens -d 'StreamingLLM: tokens at the start that are never evicted (with --context-size)' -r
@@ -112,7 +112,7 @@ gpu\t''"
 complete -c sala -n "__fish_sala_using_subcommand serve" -l dtype -d 'Compute dtype (default: the checkpoint\'s on a GPU, f32 on the CPU)' -r -f -a "f32\t''
 bf16\t''
 f16\t''"
-complete -c sala -n "__fish_sala_using_subcommand serve" -l prefill-step -d 'Prompt tokens per forward pass during prefill [default: 4096; serve: 2048]' -r
+complete -c sala -n "__fish_sala_using_subcommand serve" -l prefill-step -d 'Prompt tokens per forward pass during prefill [default: 8192 on CUDA, else 4096; serve: 2048]' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l kv-bits -d 'Keep the KV cache\'s keys and values quantized to 8 bits (as llama.cpp\'s -ctk/-ctv q8_0): about half the memory of a long context; logits stay within the tolerance the README states' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l context-size -d 'StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so generation can run past N; dense models only' -r
 complete -c sala -n "__fish_sala_using_subcommand serve" -l num-sink-tokens -d 'StreamingLLM: tokens at the start that are never evicted (with --context-size)' -r
@@ -205,7 +205,7 @@ gpu\t''"
 complete -c sala -n "__fish_sala_using_subcommand bench" -l dtype -d 'Compute dtype (default: the checkpoint\'s on a GPU, f32 on the CPU)' -r -f -a "f32\t''
 bf16\t''
 f16\t''"
-complete -c sala -n "__fish_sala_using_subcommand bench" -l prefill-step -d 'Prompt tokens per forward pass during prefill [default: 4096; serve: 2048]' -r
+complete -c sala -n "__fish_sala_using_subcommand bench" -l prefill-step -d 'Prompt tokens per forward pass during prefill [default: 8192 on CUDA, else 4096; serve: 2048]' -r
 complete -c sala -n "__fish_sala_using_subcommand bench" -l kv-bits -d 'Keep the KV cache\'s keys and values quantized to 8 bits (as llama.cpp\'s -ctk/-ctv q8_0): about half the memory of a long context; logits stay within the tolerance the README states' -r
 complete -c sala -n "__fish_sala_using_subcommand bench" -l tp -d 'Tensor parallelism: split the model over N devices, one process each (NCCL on CUDA GPUs, MLX\'s ring backend on CPUs and Macs)' -r
 complete -c sala -n "__fish_sala_using_subcommand bench" -l tp-backend -d 'How the --tp processes talk: auto (nccl on a CUDA GPU, else ring), ring (TCP) or nccl' -r -f -a "auto\t''
@@ -222,7 +222,7 @@ gpu\t''"
 complete -c sala -n "__fish_sala_using_subcommand needle" -l dtype -d 'Compute dtype (default: the checkpoint\'s on a GPU, f32 on the CPU)' -r -f -a "f32\t''
 bf16\t''
 f16\t''"
-complete -c sala -n "__fish_sala_using_subcommand needle" -l prefill-step -d 'Prompt tokens per forward pass during prefill [default: 4096; serve: 2048]' -r
+complete -c sala -n "__fish_sala_using_subcommand needle" -l prefill-step -d 'Prompt tokens per forward pass during prefill [default: 8192 on CUDA, else 4096; serve: 2048]' -r
 complete -c sala -n "__fish_sala_using_subcommand needle" -l kv-bits -d 'Keep the KV cache\'s keys and values quantized to 8 bits (as llama.cpp\'s -ctk/-ctv q8_0): about half the memory of a long context; logits stay within the tolerance the README states' -r
 complete -c sala -n "__fish_sala_using_subcommand needle" -l context-size -d 'StreamingLLM: keep at most N tokens in the cache (sink tokens + the most recent ones) so generation can run past N; dense models only' -r
 complete -c sala -n "__fish_sala_using_subcommand needle" -l num-sink-tokens -d 'StreamingLLM: tokens at the start that are never evicted (with --context-size)' -r
@@ -253,7 +253,7 @@ gpu\t''"
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l dtype -d 'Compute dtype (default: the checkpoint\'s on a GPU, f32 on the CPU)' -r -f -a "f32\t''
 bf16\t''
 f16\t''"
-complete -c sala -n "__fish_sala_using_subcommand bfcl" -l prefill-step -d 'Prompt tokens per forward pass during prefill [default: 4096; serve: 2048]' -r
+complete -c sala -n "__fish_sala_using_subcommand bfcl" -l prefill-step -d 'Prompt tokens per forward pass during prefill [default: 8192 on CUDA, else 4096; serve: 2048]' -r
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l kv-bits -d 'Keep the KV cache\'s keys and values quantized to 8 bits (as llama.cpp\'s -ctk/-ctv q8_0): about half the memory of a long context; logits stay within the tolerance the README states' -r
 complete -c sala -n "__fish_sala_using_subcommand bfcl" -l mode -d 'Prompt mode (BFCL\'s system prompt, Python-syntax calls) or FC mode (the chat template\'s tools)' -r -f -a "prompt\t''
 fc\t''"

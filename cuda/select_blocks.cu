@@ -192,29 +192,68 @@ __device__ int sala_emit_chosen(
   return written;
 }
 
-// Pooled score of block b from the window scores ws: +inf for the forced blocks (the first INIT,
-// and the LOCAL+1 up to the query's block qb), else the most of the windows overlapping it.
-template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL>
-__device__ __forceinline__ float sala_pooled_score(const float* ws, int b, int n1, int qb) {
+// A query's level-1 window scores as pooling reads them: the most of the windows overlapping
+// block b (−inf if none). The general kernels keep every window score (float, [Hkv, Tq, n1]).
+template <int KERNEL, int STRIDE, int BLOCK>
+struct SalaWindowScores {
+  const float* ws;
+  int n1;
+  __device__ SalaWindowScores row(int h, int t, int Tq) const { return {ws + ((size_t)h * Tq + t) * n1, n1}; }
+  __device__ float most(int b) const {
+    constexpr int R_PER_BLOCK = BLOCK / STRIDE, LEFT = KERNEL / STRIDE - 1;
+    const int lo = max(0, R_PER_BLOCK * b - LEFT), hi = min(n1 - 1, R_PER_BLOCK * b + R_PER_BLOCK - 1);
+    float v = -INFINITY;
+    for (int c = lo; c <= hi; ++c) v = fmaxf(v, ws[c]);
+    return v;
+  }
+};
+
+// The tensor-core stage 1 keeps two numbers per group of BLOCK / STRIDE windows (those starting in
+// one block), in the score type R: the most of the group and its last window (−inf past n1),
+// [Hkv, Tq, groups, 2]. With KERNEL = 2 · STRIDE the windows overlapping block b are group b and
+// the last of group b − 1. A quarter of the window scores' bytes at bf16, and the same pooled
+// scores: rounding to R is monotone, so the most of rounded scores is the rounded most.
+template <typename R, int KERNEL, int STRIDE, int BLOCK>
+struct SalaWindowMaxima {
+  static_assert(KERNEL == 2 * STRIDE && BLOCK % STRIDE == 0, "windows overlap one block and the last of the previous group");
+  const R* m;
+  int groups;
+  __device__ SalaWindowMaxima row(int h, int t, int Tq) const { return {m + ((size_t)h * Tq + t) * groups * 2, groups}; }
+  __device__ float most(int b) const {
+    float v = b < groups ? static_cast<float>(m[2 * b]) : -INFINITY;
+    if (b >= 1 && b <= groups) v = fmaxf(v, static_cast<float>(m[2 * b - 1]));
+    return v;
+  }
+};
+
+// The pooling source of the kernels below: window maxima (MAXIMA) or window scores.
+template <bool MAXIMA, typename S, int KERNEL, int STRIDE, int BLOCK> struct sala_windows_of;
+template <typename S, int KERNEL, int STRIDE, int BLOCK> struct sala_windows_of<false, S, KERNEL, STRIDE, BLOCK> {
+  using type = SalaWindowScores<KERNEL, STRIDE, BLOCK>;
+};
+template <typename S, int KERNEL, int STRIDE, int BLOCK> struct sala_windows_of<true, S, KERNEL, STRIDE, BLOCK> {
+  using type = SalaWindowMaxima<S, KERNEL, STRIDE, BLOCK>;
+};
+
+// Pooled score of block b: +inf for the forced blocks (the first INIT, and the LOCAL+1 up to the
+// query's block qb), else the most of the windows overlapping it.
+template <int INIT, int LOCAL, typename W>
+__device__ __forceinline__ float sala_pooled_score(const W& windows, int b, int qb) {
   if (b < INIT || (b >= qb - LOCAL && b <= qb)) return INFINITY;
-  constexpr int R_PER_BLOCK = BLOCK / STRIDE, LEFT = KERNEL / STRIDE - 1;
-  const int lo = max(0, R_PER_BLOCK * b - LEFT), hi = min(n1 - 1, R_PER_BLOCK * b + R_PER_BLOCK - 1);
-  float v = -INFINITY;
-  for (int c = lo; c <= hi; ++c) v = fmaxf(v, ws[c]);
-  return v;
+  return windows.most(b);
 }
 
 // Pooled scores of blocks base .. base + n into sc[0 .. n], a thread taking every blockDim.x-th,
 // its keys of the first HELD rounds into `held` (0 past n), and the largest of its keys.
-template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int HELD>
+template <int INIT, int LOCAL, int HELD, typename W>
 __device__ __forceinline__ unsigned long long sala_pool_blocks(
-    const float* ws, int base, int n, int n1, int qb, float* sc, unsigned long long (&held)[HELD]) {
+    const W& windows, int base, int n, int qb, float* sc, unsigned long long (&held)[HELD]) {
   unsigned long long largest = 0ull;
   for (int start = 0; start < n; start += blockDim.x) {
     const int i = start + threadIdx.x;
     unsigned long long key = 0ull;
     if (i < n) {
-      const float v = sala_pooled_score<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, base + i, n1, qb);
+      const float v = sala_pooled_score<INIT, LOCAL>(windows, base + i, qb);
       sc[i] = v;
       key = sala_topk_key(v, base + i);
     }
@@ -279,16 +318,14 @@ __device__ bool sala_topk_from_candidates(
 // at decode's 1024 threads) and reads any others back from `scores` on each pass: at decode the
 // passes had waited on those reads one after another (20 µs per layer at 128K tokens, H100).
 // Past those, with CANDIDATES > 0, the selection first narrows to sala_topk_from_candidates's keys.
-template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK, int CANDIDATES = 0>
-__device__ void sala_select_pool_topk(
-    const float* window_scores, int h, int t, int Tq, int n1, int nb, int pos, int32_t* blocks, float* scores) {
+template <int BLOCK, int INIT, int LOCAL, int TOPK, int CANDIDATES = 0, typename W>
+__device__ void sala_select_pool_topk(const W& windows, int h, int t, int Tq, int nb, int pos, int32_t* blocks, float* scores) {
   constexpr int KEYS_HELD = 4;
   const int tid = threadIdx.x;
   const int qb = pos / BLOCK;
-  const float* ws = window_scores + ((size_t)h * Tq + t) * n1;
   float* sc = scores + ((size_t)h * Tq + t) * nb;
   unsigned long long held[KEYS_HELD];
-  const unsigned long long largest = sala_pool_blocks<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, 0, nb, n1, qb, sc, held);
+  const unsigned long long largest = sala_pool_blocks<INIT, LOCAL>(windows.row(h, t, Tq), 0, nb, qb, sc, held);
   __syncthreads();
 
   auto key_at = [&](int b) { return sala_topk_key(sc[b], b); };
@@ -323,7 +360,7 @@ __device__ void sala_select_blocks(
   __syncthreads();
   sala_select_window_scores<R, G, KERNEL, STRIDE, KERNEL2, STRIDE2>(l1, lse, h, t, Tq, n1, n2, pos, scale, window_scores, 0, n1);
   __syncthreads();
-  sala_select_pool_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK>(window_scores, h, t, Tq, n1, nb, pos, blocks, scores);
+  sala_select_pool_topk<BLOCK, INIT, LOCAL, TOPK>(SalaWindowScores<KERNEL, STRIDE, BLOCK>{window_scores, n1}, h, t, Tq, nb, pos, blocks, scores);
 }
 
 // Decode, part 1: the window scores of one query, CHUNK windows per thread block (blockIdx.y),
@@ -341,11 +378,12 @@ __device__ void sala_select_windows(const float* l1, const float* l2, int first_
 }
 
 // Part 2 (decode, and prefill after sala_select_windows_mma): pooling and top-k of query
-// blockIdx.y, KV head blockIdx.z.
-template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK, int CANDIDATES>
-__device__ void sala_select_topk(const float* window_scores, int first_pos, int nb, int32_t* blocks, float* scores, int n1) {
-  sala_select_pool_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK, CANDIDATES>(
-      window_scores, blockIdx.z, blockIdx.y, gridDim.y, n1, nb, first_pos + blockIdx.y, blocks, scores);
+// blockIdx.y, KV head blockIdx.z, from window scores [Hkv, Tq, len] or (MAXIMA, S = R) window
+// maxima [Hkv, Tq, len / 2, 2].
+template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK, int CANDIDATES, bool MAXIMA, typename S>
+__device__ void sala_select_topk(const S* windows, int first_pos, int nb, int32_t* blocks, float* scores, int len) {
+  const typename sala_windows_of<MAXIMA, S, KERNEL, STRIDE, BLOCK>::type source{windows, MAXIMA ? len / 2 : len};
+  sala_select_pool_topk<BLOCK, INIT, LOCAL, TOPK, CANDIDATES>(source, blockIdx.z, blockIdx.y, gridDim.y, nb, first_pos + blockIdx.y, blocks, scores);
 }
 
 // Decode at long context, one thread block per KV head walking every block's key was the
@@ -355,16 +393,16 @@ __device__ void sala_select_topk(const float* window_scores, int first_pos, int 
 //   sala_select_topk_merge  the top-k of those candidates, which hold the top-k of all blocks (a
 //                           key among the k largest is among the k largest of its chunk), written
 //                           as sala_select_pool_topk writes them. Keys are unique: same blocks.
-template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK, int CHUNK, int HELD>
+template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK, int CHUNK, int HELD, bool MAXIMA, typename S>
 __device__ void sala_select_topk_chunk(
-    const float* window_scores, int first_pos, int nb, unsigned long long* candidates, float* scores, int n1) {
+    const S* windows, int first_pos, int nb, unsigned long long* candidates, float* scores, int len) {
   const int c = blockIdx.x, t = blockIdx.y, h = blockIdx.z, Tq = gridDim.y, chunks = gridDim.x;
   const int qb = (first_pos + t) / BLOCK;
   const int base = c * CHUNK, n = min(CHUNK, nb - base);
-  const float* ws = window_scores + ((size_t)h * Tq + t) * n1;
+  const typename sala_windows_of<MAXIMA, S, KERNEL, STRIDE, BLOCK>::type source{windows, MAXIMA ? len / 2 : len};
   float* sc = scores + ((size_t)h * Tq + t) * nb + base;
   unsigned long long held[HELD];
-  sala_pool_blocks<KERNEL, STRIDE, BLOCK, INIT, LOCAL>(ws, base, n, n1, qb, sc, held);
+  sala_pool_blocks<INIT, LOCAL>(source.row(h, t, Tq), base, n, qb, sc, held);
   __syncthreads();
   auto key_at = [&](int i) { return sala_topk_key(sc[i], base + i); };
   const unsigned long long threshold = sala_topk_threshold(held, n, key_at, min(TOPK, n));

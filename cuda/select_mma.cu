@@ -5,8 +5,10 @@
 // kernels, then sala_select_topk:
 //   sala_select_lse_mma      the level-2 log-sum-exp of each query head, as a partial (max, sum, log2 units)
 //                            per range of windows (blockIdx.x of gridDim.x ranges);
-//   sala_select_windows_mma  merges the partials and writes Σ_g exp(score − lse_g) for its range
-//                            of level-1 windows (blockIdx.x), zero where not visible.
+//   sala_select_windows_mma  merges the partials and scores Σ_g exp(score − lse_g) for its range
+//                            of level-1 windows (blockIdx.x), zero where not visible, and writes
+//                            them as pooling reads them: the most and the last window of each
+//                            block's group (SalaWindowMaxima, select_blocks.cu).
 // Thread block = QPB consecutive queries of KV head blockIdx.z (blockIdx.y), one warp each; a
 // warp's 16 mma rows are the query's G ≤ 16 heads. Prefill gives a thread block many queries and
 // all windows; decode one query and a few 64-window tiles, so that many blocks share the work.
@@ -178,6 +180,31 @@ __device__ __forceinline__ void sala_add_window_terms(float (&v)[SALA_SEL_TILE /
   }
 }
 
+// Lanes APART · j apart (j < COUNT) hold consecutive parts of one group of windows, each the most
+// of its part and its last window: the group's most and last window in every lane of the group.
+template <int COUNT, int APART>
+__device__ __forceinline__ void sala_group_most(float& most, float& last, int lane) {
+#pragma unroll
+  for (int o = APART; o < APART * COUNT; o <<= 1) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, o));
+  last = __shfl_sync(0xffffffffu, last, lane | (APART * (COUNT - 1)));
+}
+
+// A window's score as pooling compares it: rounded to R, −inf past the n1 windows.
+template <typename R>
+__device__ __forceinline__ float sala_rounded_window(float v, int w, int n1) {
+  return w < n1 ? static_cast<float>(static_cast<R>(v)) : -INFINITY;
+}
+
+// Window maxima (SalaWindowMaxima) of groups g0 .. g1 of one query whose windows no thread block
+// staged (no query of it sees them: scores 0), a lane taking every 32nd.
+template <typename R, int RPB>
+__device__ void sala_unseen_maxima(R* m, int g0, int g1, int n1, int lane) {
+  for (int g = g0 + lane; g < g1; g += 32) {
+    m[2 * g] = static_cast<R>(0.f);
+    m[2 * g + 1] = static_cast<R>(RPB * g + RPB - 1 < n1 ? 0.f : -INFINITY);
+  }
+}
+
 // Tiles of this thread block's range (blockIdx.x of gridDim.x) among `tiles` in all.
 __device__ inline void sala_tile_range(int tiles, int& first, int& last) {
   const int per = (tiles + gridDim.x - 1) / gridDim.x;
@@ -266,15 +293,17 @@ __device__ __forceinline__ void sala_sum_halves(float* v, int lane) {
   }
 }
 
-template <typename R, typename K, int D, int G, int KERNEL, int STRIDE, int SCALE_BITS, int QPB>
+template <typename R, typename K, int D, int G, int KERNEL, int STRIDE, int BLOCK, int SCALE_BITS, int QPB>
 __device__ void sala_select_windows_mma(
     const __nv_bfloat16* q,   // [Hq, Tq, D]
     const K* c1,              // [n1, Hkv, D] level-1 pooled keys
     const float* partial,     // [Hkv, Tq, ranges, 2, 16] from sala_select_lse_mma
     int first_pos,            // position of query 0
-    float* window_scores,     // [Hkv, Tq, n1]
+    R* maxima,                // [Hkv, Tq, groups, 2] window maxima (SalaWindowMaxima)
     int Tq, int n1, int ranges) {
   static_assert(G <= 16 && D % 32 == 0, "one 16-row tile of heads");
+  constexpr int RPB = BLOCK / STRIDE;  // windows a group
+  static_assert(RPB == 2 || RPB == 4 || RPB == 8, "a group within a lane quad");
   __shared__ __align__(16) __nv_bfloat16 tiles[2 * SALA_SEL_TILE * (D + 8)];
   const int h = blockIdx.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane >> 2, c = lane & 3;
@@ -311,7 +340,8 @@ __device__ void sala_select_windows_mma(
   const int staged = (sala_visible(last_pos, KERNEL, STRIDE, n1) + SALA_SEL_TILE - 1) / SALA_SEL_TILE;
   int first, last;
   sala_tile_range((n1 + SALA_SEL_TILE - 1) / SALA_SEL_TILE, first, last);
-  float* ws = window_scores + ((size_t)h * Tq + t) * n1;
+  const int groups = (n1 + RPB - 1) / RPB;
+  R* mq = maxima + ((size_t)h * Tq + t) * groups * 2;
 
   // Σ_g exp(scale · q_g·c1[w] − lse_g) for visible windows; tiles no query of the block sees
   // are zeros without staging.
@@ -329,21 +359,22 @@ __device__ void sala_select_windows_mma(
     }
     // Each window's sum over the 8 lanes of its column pair (rows r = lane >> 2), as a
     // reduce-scatter: each step halves the values a lane carries, 14 shuffles where summing every
-    // value over all 8 lanes took 48. Lane (r, c) ends with windows 8r + 2c and 8r + 2c + 1, so
-    // every lane writes two.
+    // value over all 8 lanes took 48. Lane (r, c) ends with windows 8r + 2c and 8r + 2c + 1; the
+    // RPB / 2 lanes of a group meet by shuffles and its first lane writes.
     sala_sum_halves<SALA_SEL_TILE / 8, 16>(v, lane);
     sala_sum_halves<SALA_SEL_TILE / 16, 8>(v, lane);
     sala_sum_halves<SALA_SEL_TILE / 32, 4>(v, lane);
-    if (active) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int w = w0 + 8 * r + 2 * c + e;
-        if (w < n1) ws[w] = static_cast<float>(static_cast<R>(v[e]));
-      }
+    const int w = w0 + 8 * r + 2 * c;
+    float last_window = sala_rounded_window<R>(v[1], w + 1, n1);
+    float most = fmaxf(sala_rounded_window<R>(v[0], w, n1), last_window);
+    sala_group_most<RPB / 2, 1>(most, last_window, lane);
+    if (active && (c & (RPB / 2 - 1)) == 0 && w < n1) {
+      mq[2 * (w / RPB)] = static_cast<R>(most);
+      mq[2 * (w / RPB) + 1] = static_cast<R>(last_window);
     }
   });
   if (!active) return;
-  for (int w = max(first, staged) * SALA_SEL_TILE + lane; w < min(n1, last * SALA_SEL_TILE); w += 32) ws[w] = 0.f;
+  sala_unseen_maxima<R, RPB>(mq, max(first, staged) * SALA_SEL_TILE / RPB, (min(n1, last * SALA_SEL_TILE) + RPB - 1) / RPB, n1, lane);
 }
 
 // sala_select_windows_mma on Hopper for bf16 keys, eight queries a thread block, with the product
@@ -354,15 +385,18 @@ __device__ void sala_select_windows_mma(
 // lanes on every window. Heads past G and queries that see no level-2 window get lse = +inf
 // (terms 0). Dynamic shared memory: two key tiles and two warpgroups' query rows, 64 × D bf16
 // each, then the 128 lse, with 1024 bytes to align them to the swizzle's atoms.
-template <typename R, int D, int G, int KERNEL, int STRIDE, int SCALE_BITS>
+template <typename R, int D, int G, int KERNEL, int STRIDE, int BLOCK, int SCALE_BITS>
 __device__ void sala_select_windows_wgmma(
     const __nv_bfloat16* q,   // [Hq, Tq, D]
     const __nv_bfloat16* c1,  // [n1, Hkv, D] level-1 pooled keys
     const float* partial,     // [Hkv, Tq, ranges, 2, 16] from sala_select_lse_mma
     int first_pos,            // position of query 0
-    float* window_scores,     // [Hkv, Tq, n1]
+    R* maxima,                // [Hkv, Tq, groups, 2] window maxima (SalaWindowMaxima)
     int Tq, int n1, int ranges) {
   constexpr int QPB = 8, TILE_BYTES = SALA_SEL_TILE * D * 2, QUERY_BYTES = 64 * D * 2;
+  constexpr int RPB = BLOCK / STRIDE;  // windows a group
+  static_assert(RPB == 2 || RPB == 4 || RPB == 8, "a group within one half of a warp's 16 windows");
+  const int groups = (n1 + RPB - 1) / RPB;
   static_assert(G <= 16 && D % 64 == 0 && D <= 128, "four queries' 16 head rows, whole 128-byte rows");
   extern __shared__ __align__(16) unsigned char sala_dynamic_shared[];
   const uint32_t raw = sala_shared_address(sala_dynamic_shared), aligned = (raw + 1023) & ~1023u;
@@ -447,17 +481,21 @@ __device__ void sala_select_windows_wgmma(
     }
     sala_sum_halves<4, 1>(v, lane);
     sala_sum_halves<2, 2>(v, lane);
-    if (t0 + own < Tq) {
-      float* ws = window_scores + ((size_t)h * Tq + t0 + own) * n1;
+    // A group's RPB windows are in lanes 4 apart (the same query); its first lane writes.
+    R* mq = maxima + ((size_t)h * Tq + t0 + own) * groups * 2;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int w = w_top + 8 * half;
-        if (w < n1) ws[w] = static_cast<float>(static_cast<R>(v[half]));
+    for (int half = 0; half < 2; ++half) {
+      const int w = w_top + 8 * half;
+      float most = sala_rounded_window<R>(v[half], w, n1), last_window = most;
+      sala_group_most<RPB, 4>(most, last_window, lane);
+      if (t0 + own < Tq && ((lane >> 2) & (RPB - 1)) == 0 && w < n1) {
+        mq[2 * (w / RPB)] = static_cast<R>(most);
+        mq[2 * (w / RPB) + 1] = static_cast<R>(last_window);
       }
     }
   });
   // Windows past every query of the block: zeros, not staged (warp k of the warpgroup, query t0 + k).
   if (t0 + warp >= Tq) return;
-  float* ws = window_scores + ((size_t)h * Tq + t0 + warp) * n1;
-  for (int w = max(first, staged) * SALA_SEL_TILE + lane; w < min(n1, last * SALA_SEL_TILE); w += 32) ws[w] = 0.f;
+  sala_unseen_maxima<R, RPB>(maxima + ((size_t)h * Tq + t0 + warp) * groups * 2, max(first, staged) * SALA_SEL_TILE / RPB,
+                             (min(n1, last * SALA_SEL_TILE) + RPB - 1) / RPB, n1, lane);
 }

@@ -18,19 +18,19 @@ extern "C" __global__ void lse(const __nv_bfloat16* q, const __nv_bfloat16* c2, 
 extern "C" __global__ void lse_f32(const __nv_bfloat16* q, const float* c2, int first, float* partial, int tq, int n2) {
   sala_select_lse_mma<float, 128, 16, 128, 64, SCALE, 8, false>(q, c2, first, partial, tq, n2);
 }
-extern "C" __global__ void windows(const __nv_bfloat16* q, const __nv_bfloat16* c1, const float* partial, int first, float* ws,
+extern "C" __global__ void windows(const __nv_bfloat16* q, const __nv_bfloat16* c1, const float* partial, int first, __nv_bfloat16* m,
                                    int tq, int n1, int ranges) {
-  sala_select_windows_mma<__nv_bfloat16, __nv_bfloat16, 128, 16, 32, 16, SCALE, 8>(q, c1, partial, first, ws, tq, n1, ranges);
+  sala_select_windows_mma<__nv_bfloat16, __nv_bfloat16, 128, 16, 32, 16, 64, SCALE, 8>(q, c1, partial, first, m, tq, n1, ranges);
 }
 extern "C" __global__ void lse_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* c2, int first, float* partial, int tq, int n2) {
   sala_select_lse_mma<__nv_bfloat16, 128, 16, 128, 64, SCALE, 8, true>(q, c2, first, partial, tq, n2);
 }
-extern "C" __global__ void windows_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* c1, const float* partial, int first, float* ws,
+extern "C" __global__ void windows_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* c1, const float* partial, int first, __nv_bfloat16* m,
                                          int tq, int n1, int ranges) {
-  sala_select_windows_wgmma<__nv_bfloat16, 128, 16, 32, 16, SCALE>(q, c1, partial, first, ws, tq, n1, ranges);
+  sala_select_windows_wgmma<__nv_bfloat16, 128, 16, 32, 16, 64, SCALE>(q, c1, partial, first, m, tq, n1, ranges);
 }
 // The self-check's d = 64 form.
-extern "C" __global__ void windows_wgmma_d64(const __nv_bfloat16* q, const __nv_bfloat16* c1, const float* partial, int first, float* ws,
+extern "C" __global__ void windows_wgmma_d64(const __nv_bfloat16* q, const __nv_bfloat16* c1, const float* partial, int first, __nv_bfloat16* m,
                                              int tq, int n1, int ranges) {
-  sala_select_windows_wgmma<__nv_bfloat16, 64, 2, 32, 16, SCALE>(q, c1, partial, first, ws, tq, n1, ranges);
+  sala_select_windows_wgmma<__nv_bfloat16, 64, 2, 32, 16, 64, SCALE>(q, c1, partial, first, m, tq, n1, ranges);
 }

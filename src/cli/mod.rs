@@ -17,7 +17,7 @@ pub mod show;
 use crate::engine::cache::Window;
 use crate::engine::device::DeviceKind;
 use crate::engine::error::Error;
-use crate::engine::generate::{Draft, PREFILL_STEP};
+use crate::engine::generate::{default_prefill_step, Draft};
 use crate::engine::generation_config::{GenerationDefaults, SamplingChoice};
 use crate::engine::memory;
 use crate::engine::model::LanguageModel;
@@ -164,7 +164,7 @@ pub struct RuntimeArgs {
     /// Compute dtype (default: the checkpoint's on a GPU, f32 on the CPU)
     #[arg(long, value_enum)]
     pub dtype: Option<DtypeArg>,
-    /// Prompt tokens per forward pass during prefill [default: 4096; serve: 2048]
+    /// Prompt tokens per forward pass during prefill [default: 8192 on CUDA, else 4096; serve: 2048]
     #[arg(long)]
     pub prefill_step: Option<usize>,
     /// Keep the KV cache's keys and values quantized to 8 bits (as llama.cpp's -ctk/-ctv q8_0):
@@ -179,9 +179,9 @@ pub struct RuntimeArgs {
 }
 
 impl RuntimeArgs {
-    /// `--prefill-step` of a one-stream command, else [`PREFILL_STEP`] (at least a token).
+    /// `--prefill-step` of a one-stream command, else this build's default (at least a token).
     pub fn prefill_step(&self) -> usize {
-        self.prefill_step_or(PREFILL_STEP)
+        self.prefill_step_or(default_prefill_step())
     }
 
     /// `--prefill-step`, else the command's `default` (at least a token).
@@ -402,7 +402,8 @@ impl PromptCacheArgs {
 #[cfg(test)]
 mod tests {
     use super::RuntimeArgs;
-    use crate::engine::generate::PREFILL_STEP;
+    use crate::engine::device::gpu_backend;
+    use crate::engine::generate::{CUDA_PREFILL_STEP, PREFILL_STEP};
     use crate::server::SERVE_PREFILL_STEP;
     use clap::Parser;
 
@@ -416,11 +417,13 @@ mod tests {
         Runtime::try_parse_from(std::iter::once("sala").chain(args.iter().copied())).unwrap().runtime
     }
 
-    /// One stream takes 4096-token prompt chunks, `serve` 2048, and a given step wins over both.
+    /// One stream takes 4096-token prompt chunks (8192 on CUDA), `serve` 2048, and a given step
+    /// wins over both.
     #[test]
     fn prefill_step_defaults_by_command() {
-        assert_eq!((PREFILL_STEP, SERVE_PREFILL_STEP), (4096, 2048));
-        assert_eq!(parse(&[]).prefill_step(), 4096);
+        assert_eq!((PREFILL_STEP, CUDA_PREFILL_STEP, SERVE_PREFILL_STEP), (4096, 8192, 2048));
+        let one_stream = if gpu_backend() == Some("cuda") { 8192 } else { 4096 };
+        assert_eq!(parse(&[]).prefill_step(), one_stream);
         assert_eq!(parse(&[]).prefill_step_or(SERVE_PREFILL_STEP), 2048);
         assert_eq!(parse(&["--prefill-step", "512"]).prefill_step_or(SERVE_PREFILL_STEP), 512);
         assert_eq!(parse(&["--prefill-step", "0"]).prefill_step(), 1);

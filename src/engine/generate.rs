@@ -20,9 +20,23 @@ use std::rc::Rc;
 use std::time::Instant;
 
 /// Prompt tokens per forward pass by default: a chunk of 4096 rows shares each dequantized weight
-/// copy of the GPU's prompt products between twice the rows of 2048, and a 1M-token SALA prompt
-/// still peaks under 24 GB (eval/results/kernel-notes.md).
+/// copy of the GPU's prompt products between twice the rows of 2048 (eval/results/kernel-notes.md).
 pub const PREFILL_STEP: usize = 4096;
+
+/// [`PREFILL_STEP`] on CUDA, whose memory is the GPU's own: 8192 rows share each weight copy
+/// again, and a 1M-token SALA prompt still peaks under 24 GB (eval/results/kernel-notes.md).
+/// Metal's unified memory keeps 4096 (not measured there).
+pub const CUDA_PREFILL_STEP: usize = 8192;
+
+/// The prompt tokens per forward pass of this build: [`CUDA_PREFILL_STEP`] where libmlx runs on
+/// CUDA, else [`PREFILL_STEP`].
+pub fn default_prefill_step() -> usize {
+    if super::device::gpu_backend() == Some("cuda") {
+        CUDA_PREFILL_STEP
+    } else {
+        PREFILL_STEP
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct GenerateOptions {
@@ -39,7 +53,7 @@ pub struct GenerateOptions {
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        Self { max_tokens: 512, ignore_eos: false, prefill_step: PREFILL_STEP, keep_logits: false, draft: None }
+        Self { max_tokens: 512, ignore_eos: false, prefill_step: default_prefill_step(), keep_logits: false, draft: None }
     }
 }
 

@@ -45,10 +45,15 @@ pub struct Selected {
 }
 
 /// Whether the tensor-core stage 1 of the selection (`cuda/select_mma.cu`, [`select_blocks_fused`])
-/// takes these queries: CUDA, bf16 queries, at most 16 query heads per KV head.
-pub fn fused_stage1(q: &Array, hkv: i32) -> bool {
+/// takes these queries: CUDA, bf16 queries, at most 16 query heads per KV head, and InfLLM-V2's
+/// window geometry (windows twice their stride, 2, 4 or 8 starting in a block), for which it
+/// keeps only each block's window maxima.
+pub fn fused_stage1(q: &Array, hkv: i32, sel: &BlockSelection) -> bool {
     let (hq, d) = (q.shape()[1], q.shape()[3]);
     backend() == Backend::Cuda
+        && sel.kernel == 2 * sel.stride
+        && sel.block.is_multiple_of(sel.stride)
+        && matches!(sel.block / sel.stride, 2 | 4 | 8)
         && q.shape()[0] == 1
         && q.dtype() == Dtype::Bfloat16
         && hq / hkv <= 16
@@ -112,7 +117,7 @@ static SELECT_TOPK: KernelSource = KernelSource {
     inputs: &["window_scores", "params"],
     outputs: &["blocks", "scores"],
     cuda_header: include_str!("../../cuda/select_blocks.cu"),
-    cuda_body: "sala_select_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK, CANDIDATES>(\
+    cuda_body: "sala_select_topk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK, CANDIDATES, MAXIMA>(\
                 window_scores, params_shape[0] - 1, params_shape[1] - 1, blocks, scores, window_scores_shape[2]);",
     metal_header: include_str!("../../metal/select_blocks.metal"),
     metal_body: "threadgroup atomic_uint hist[256]; threadgroup ulong prefix; threadgroup int remaining; \
@@ -131,7 +136,7 @@ static SELECT_TOPK_CHUNK: KernelSource = KernelSource {
     inputs: &["window_scores", "params"],
     outputs: &["candidates", "scores"],
     cuda_header: include_str!("../../cuda/select_blocks.cu"),
-    cuda_body: "sala_select_topk_chunk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK, CHUNK, HELD>(\
+    cuda_body: "sala_select_topk_chunk<KERNEL, STRIDE, BLOCK, INIT, LOCAL, TOPK, CHUNK, HELD, MAXIMA>(\
                 window_scores, params_shape[0] - 1, params_shape[1] - 1, \
                 reinterpret_cast<unsigned long long*>(candidates), scores, window_scores_shape[2]);",
     metal_header: "",
@@ -263,7 +268,7 @@ fn select_blocks_decode(
     .into_iter()
     .next()
     .expect("one output");
-    pool_topk(&window_scores, params, nb, sel)
+    pool_topk(&window_scores, false, params, nb, sel)
 }
 
 /// Blocks per thread block of [`pool_topk_in_chunks`]'s first kernel.
@@ -276,11 +281,13 @@ const TOPK_CHUNKED_PAST: i32 = 2048;
 const TOPK_CHUNK_HELD: i32 = TOPK_CHUNK / THREADS;
 const TOPK_MERGE_HELD: i32 = 4;
 
-/// Pooling and top-k from the window scores `[Hkv, T, n1]` (`sala_select_topk`, one thread block
-/// per query and KV head): the second kernel of both split forms. On CUDA few queries over many
+/// Pooling and top-k from the window scores `[Hkv, T, n1]` (float32), or with `maxima` from the
+/// tensor-core stage 1's window maxima `[Hkv, T, 2·groups]` (`SalaWindowMaxima` in
+/// cuda/select_blocks.cu, in the score type; CUDA only): `sala_select_topk`, one thread block
+/// per query and KV head, the second kernel of both split forms. On CUDA few queries over many
 /// blocks (decode at long context) take [`pool_topk_in_chunks`]; a prompt chunk's many queries
 /// fill the GPU as they are, and one block a query was faster than the chunks up to 1M tokens.
-fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelection) -> Result<Selected> {
+fn pool_topk(window_scores: &Array, maxima: bool, params: &Array, nb: i32, sel: &BlockSelection) -> Result<Selected> {
     let (hkv, t) = (window_scores.shape()[0], window_scores.shape()[1]);
     // Few queries (decode) leave most of the GPU idle: give each thread block more threads (on
     // CUDA; Metal's limit per threadgroup depends on the kernel), or past 128K tokens split the
@@ -289,13 +296,13 @@ fn pool_topk(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelectio
     let few = cuda && t * hkv < fill_blocks() / 2;
     let in_chunks = TOPK_IN_CHUNKS.with(|o| o.get()).unwrap_or(false);
     if cuda && nb > TOPK_CHUNKED_PAST && (few || in_chunks) {
-        return pool_topk_in_chunks(window_scores, params, nb, sel);
+        return pool_topk_in_chunks(window_scores, maxima, params, nb, sel);
     }
     let threads = if few { 1024 } else { THREADS };
     let mut template = pooling_template(sel);
     if cuda {
         let candidates = TOPK_CANDIDATES_OVERRIDE.with(|o| o.get()).unwrap_or(TOPK_CANDIDATES);
-        template.push(("CANDIDATES", TemplateArg::Int(candidates)));
+        template.extend([("CANDIDATES", TemplateArg::Int(candidates)), ("MAXIMA", TemplateArg::Bool(maxima))]);
     }
     let out = apply(
         &SELECT_TOPK,
@@ -355,12 +362,16 @@ fn pooling_template(sel: &BlockSelection) -> Vec<(&'static str, TemplateArg)> {
 /// pooled scores and the chunk's own top-k), then the top-k of those candidates per query and KV
 /// head (`sala_select_topk_merge`): the same blocks and scores. One thread block per KV head grows
 /// with the context: 33 µs a layer at 128K tokens on an H100 (eval/results/kernel-notes.md).
-fn pool_topk_in_chunks(window_scores: &Array, params: &Array, nb: i32, sel: &BlockSelection) -> Result<Selected> {
+fn pool_topk_in_chunks(window_scores: &Array, maxima: bool, params: &Array, nb: i32, sel: &BlockSelection) -> Result<Selected> {
     let (hkv, t) = (window_scores.shape()[0], window_scores.shape()[1]);
     let int = |v: usize| TemplateArg::Int(v as i32);
     let chunks = (nb + TOPK_CHUNK - 1) / TOPK_CHUNK;
     let mut chunk_template = pooling_template(sel);
-    chunk_template.extend([("CHUNK", TemplateArg::Int(TOPK_CHUNK)), ("HELD", TemplateArg::Int(TOPK_CHUNK_HELD))]);
+    chunk_template.extend([
+        ("CHUNK", TemplateArg::Int(TOPK_CHUNK)),
+        ("HELD", TemplateArg::Int(TOPK_CHUNK_HELD)),
+        ("MAXIMA", TemplateArg::Bool(maxima)),
+    ]);
     // Candidates are 64-bit keys, carried as pairs of 32-bit words.
     let mut chunked = apply(
         &SELECT_TOPK_CHUNK,
@@ -1352,10 +1363,10 @@ static SELECT_LSE_MMA: KernelSource = KernelSource {
 static SELECT_WINDOWS_MMA: KernelSource = KernelSource {
     name: "sala_select_windows_mma",
     inputs: &["q", "c1", "partial", "params"],
-    outputs: &["window_scores"],
+    outputs: &["maxima"],
     cuda_header: SELECT_MMA_HEADER,
-    cuda_body: "sala_select_windows_mma<R, K, D, G, KERNEL, STRIDE, SCALE_BITS, QPB>(\
-                q, c1, partial, params_shape[0] - 1, window_scores, q_shape[1], c1_shape[0], partial_shape[2]);",
+    cuda_body: "sala_select_windows_mma<R, K, D, G, KERNEL, STRIDE, BLOCK, SCALE_BITS, QPB>(\
+                q, c1, partial, params_shape[0] - 1, maxima, q_shape[1], c1_shape[0], partial_shape[2]);",
     metal_header: "",
     metal_body: "",
     contiguous_inputs: false,
@@ -1376,10 +1387,10 @@ const SELECT_MMA_HEADER: &str = concat!(
 static SELECT_WINDOWS_WGMMA: KernelSource = KernelSource {
     name: "sala_select_windows_wgmma",
     inputs: &["q", "c1", "partial", "params"],
-    outputs: &["window_scores"],
+    outputs: &["maxima"],
     cuda_header: SELECT_MMA_HEADER,
-    cuda_body: "sala_select_windows_wgmma<R, D, G, KERNEL, STRIDE, SCALE_BITS>(\
-                q, c1, partial, params_shape[0] - 1, window_scores, q_shape[1], c1_shape[0], partial_shape[2]);",
+    cuda_body: "sala_select_windows_wgmma<R, D, G, KERNEL, STRIDE, BLOCK, SCALE_BITS>(\
+                q, c1, partial, params_shape[0] - 1, maxima, q_shape[1], c1_shape[0], partial_shape[2]);",
     metal_header: "",
     metal_body: "",
     contiguous_inputs: false,
@@ -1467,10 +1478,10 @@ pub fn select_blocks_fused(
         ("QPB", TemplateArg::Int(qpb)),
         ("WGMMA", TemplateArg::Bool(wgmma)),
     ];
-    let launch = |ranges: i32, output: Vec<i32>, own: Vec<(&'static str, TemplateArg)>| Launch {
+    let launch = |ranges: i32, output: (Vec<i32>, Dtype), own: Vec<(&'static str, TemplateArg)>| Launch {
         grid: (32 * qpb * ranges, query_blocks, hkv),
         threads: (32 * qpb, 1, 1),
-        outputs: vec![(output, Dtype::Float32)],
+        outputs: vec![output],
         template: common.iter().cloned().chain(own).collect(),
         init: None,
     };
@@ -1478,10 +1489,18 @@ pub fn select_blocks_fused(
     let partial = apply(
         &SELECT_LSE_MMA,
         &[&q3, &keys(c2)?, &params],
-        launch(r2, vec![hkv, t, r2, 32], vec![("KERNEL2", int(sel.kernel2)), ("STRIDE2", int(sel.stride2))]),
+        launch(r2, (vec![hkv, t, r2, 32], Dtype::Float32), vec![("KERNEL2", int(sel.kernel2)), ("STRIDE2", int(sel.stride2))]),
     )?;
-    let own = vec![("R", TemplateArg::Type(score_dtype)), ("KERNEL", int(sel.kernel)), ("STRIDE", int(sel.stride))];
-    let mut windows = launch(window_ranges, vec![hkv, t, n1], own);
+    let own = vec![
+        ("R", TemplateArg::Type(score_dtype)),
+        ("KERNEL", int(sel.kernel)),
+        ("STRIDE", int(sel.stride)),
+        ("BLOCK", int(sel.block)),
+    ];
+    // Two numbers in the score type per group of a block's windows (SalaWindowMaxima).
+    let per_group = (sel.block / sel.stride) as i32;
+    let groups = (n1 + per_group - 1) / per_group;
+    let mut windows = launch(window_ranges, (vec![hkv, t, 2 * groups], score_dtype), own);
     let source = if wgmma {
         // Its kernel takes only the window geometry and the shapes.
         windows.template.retain(|(name, _)| !matches!(*name, "K" | "QPB" | "WGMMA"));
@@ -1490,6 +1509,6 @@ pub fn select_blocks_fused(
         windows.template.retain(|(name, _)| *name != "WGMMA");
         &SELECT_WINDOWS_MMA
     };
-    let window_scores = apply(source, &[&q3, &keys(c1)?, &partial[0], &params], windows)?;
-    pool_topk(&window_scores[0], &params, nb, sel)
+    let maxima = apply(source, &[&q3, &keys(c1)?, &partial[0], &params], windows)?;
+    pool_topk(&maxima[0], true, &params, nb, sel)
 }

@@ -60,7 +60,7 @@ pub fn select_blocks(
     sel: &BlockSelection,
     score_dtype: Dtype,
 ) -> Result<Array> {
-    let chunk = selection_chunk(q, c1);
+    let chunk = selection_chunk(q, c1, sel, score_dtype);
     Ok(select_blocks_chunked(q, c1, c2, first_pos, kv_len, sel, score_dtype, chunk, false)?.0)
 }
 
@@ -99,22 +99,28 @@ pub fn select_blocks_scored(
     sel: &BlockSelection,
     score_dtype: Dtype,
 ) -> Result<Selected> {
-    let chunk = selection_chunk(q, c1);
+    let chunk = selection_chunk(q, c1, sel, score_dtype);
     let (blocks, scores) = select_blocks_chunked(q, c1, c2, first_pos, kv_len, sel, score_dtype, chunk, true)?;
     Ok(Selected { blocks, scores: scores.expect("kept") })
 }
 
 /// Working memory of one query chunk of the selection: the float32 stage-1 scores of every query
-/// head and level-1 window, or only the window scores per KV head for the tensor-core form.
-/// A whole 2048-token prompt chunk fits up to a 1M context on the tensor-core form: at 1M its
-/// launches then fill the GPU, and the 1M prompt's peak stays under 24 GB (eval/results/kernel-notes.md).
+/// head and level-1 window, or for the tensor-core form only each KV head's window maxima and
+/// pooled scores per block: 4096 queries a call up to a 1M context on the tensor-core form (1 GiB
+/// at bf16 scores), whose launches then fill the GPU, and the 1M prompt's peak stays under 24 GB
+/// (eval/results/kernel-notes.md).
 const SELECTION_CHUNK_BYTES: usize = 1 << 30;
 
 /// Queries per chunk of the selection, within [`SELECTION_CHUNK_BYTES`].
-fn selection_chunk(q: &Array, c1: &Array) -> usize {
+fn selection_chunk(q: &Array, c1: &Array, sel: &BlockSelection, score_dtype: Dtype) -> usize {
     let hkv = c1.shape()[1] as usize;
-    let rows = if selection_kernel(q, hkv as i32) == Some(SelectionKernel::TensorCores) { hkv } else { q.shape()[1] as usize };
-    chunk_of_rows(rows, c1)
+    if selection_kernel(q, hkv as i32, sel) == Some(SelectionKernel::TensorCores) {
+        // Per KV head and block: its two window maxima in the score type and its float32 pooled score.
+        let blocks = (c1.shape()[2] as usize).div_ceil(sel.block / sel.stride).max(1);
+        let per_block = 2 * crate::engine::memory::dtype_bytes(score_dtype) + 4;
+        return (SELECTION_CHUNK_BYTES / (per_block * hkv * blocks)).clamp(16, 4096);
+    }
+    chunk_of_rows(q.shape()[1] as usize, c1)
 }
 
 /// Queries per chunk when each holds `rows` float32 scores per level-1 window of `c1`.
@@ -138,7 +144,7 @@ pub fn select_blocks_chunked(
     chunk: usize,
     keep_scores: bool,
 ) -> Result<(Array, Option<Array>)> {
-    let kernel = selection_kernel(q, c1.shape()[1]);
+    let kernel = selection_kernel(q, c1.shape()[1], sel);
     let one = |q: &Array, first_pos: usize| match kernel {
         Some(SelectionKernel::TensorCores) => sparse::select_blocks_fused(q, c1, c2, first_pos, kv_len, sel, score_dtype),
         Some(SelectionKernel::General) => sparse::select_blocks_gpu(q, c1, c2, first_pos, kv_len, sel, score_dtype),
@@ -183,10 +189,10 @@ enum SelectionKernel {
 /// Which kernel selects the blocks of queries `q` over `hkv` KV heads: the tensor-core one where it
 /// fits, else the general one, each once it has passed its self-check; `None`: the MLX-ops
 /// version (the CPU, a batch of sequences, or both kernels switched off).
-fn selection_kernel(q: &Array, hkv: i32) -> Option<SelectionKernel> {
+fn selection_kernel(q: &Array, hkv: i32, sel: &BlockSelection) -> Option<SelectionKernel> {
     if backend() == Backend::Cpu || q.shape()[0] != 1 {
         None
-    } else if sparse::fused_stage1(q, hkv) && selfcheck::enabled(&SELECT_MMA_CHECK) {
+    } else if sparse::fused_stage1(q, hkv, sel) && selfcheck::enabled(&SELECT_MMA_CHECK) {
         Some(SelectionKernel::TensorCores)
     } else if selfcheck::enabled(&SELECT_CHECK) {
         Some(SelectionKernel::General)
