@@ -226,14 +226,13 @@ struct SalaWindowMaxima {
   }
 };
 
-// The pooling source of the kernels below: window maxima (MAXIMA) or window scores.
-template <bool MAXIMA, typename S, int KERNEL, int STRIDE, int BLOCK> struct sala_windows_of;
-template <typename S, int KERNEL, int STRIDE, int BLOCK> struct sala_windows_of<false, S, KERNEL, STRIDE, BLOCK> {
-  using type = SalaWindowScores<KERNEL, STRIDE, BLOCK>;
-};
-template <typename S, int KERNEL, int STRIDE, int BLOCK> struct sala_windows_of<true, S, KERNEL, STRIDE, BLOCK> {
-  using type = SalaWindowMaxima<S, KERNEL, STRIDE, BLOCK>;
-};
+// The pooling source of the kernels below from their input of `len` values a query: window maxima
+// (MAXIMA, two a group) or window scores.
+template <bool MAXIMA, int KERNEL, int STRIDE, int BLOCK, typename S>
+__device__ __forceinline__ auto sala_pooling_windows(const S* windows, int len) {
+  if constexpr (MAXIMA) return SalaWindowMaxima<S, KERNEL, STRIDE, BLOCK>{windows, len / 2};
+  else return SalaWindowScores<KERNEL, STRIDE, BLOCK>{windows, len};
+}
 
 // Pooled score of block b: +inf for the forced blocks (the first INIT, and the LOCAL+1 up to the
 // query's block qb), else the most of the windows overlapping it.
@@ -382,8 +381,7 @@ __device__ void sala_select_windows(const float* l1, const float* l2, int first_
 // maxima [Hkv, Tq, len / 2, 2].
 template <int KERNEL, int STRIDE, int BLOCK, int INIT, int LOCAL, int TOPK, int CANDIDATES, bool MAXIMA, typename S>
 __device__ void sala_select_topk(const S* windows, int first_pos, int nb, int32_t* blocks, float* scores, int len) {
-  const typename sala_windows_of<MAXIMA, S, KERNEL, STRIDE, BLOCK>::type source{windows, MAXIMA ? len / 2 : len};
-  sala_select_pool_topk<BLOCK, INIT, LOCAL, TOPK, CANDIDATES>(source, blockIdx.z, blockIdx.y, gridDim.y, nb, first_pos + blockIdx.y, blocks, scores);
+  sala_select_pool_topk<BLOCK, INIT, LOCAL, TOPK, CANDIDATES>(sala_pooling_windows<MAXIMA, KERNEL, STRIDE, BLOCK>(windows, len), blockIdx.z, blockIdx.y, gridDim.y, nb, first_pos + blockIdx.y, blocks, scores);
 }
 
 // Decode at long context, one thread block per KV head walking every block's key was the
@@ -399,10 +397,9 @@ __device__ void sala_select_topk_chunk(
   const int c = blockIdx.x, t = blockIdx.y, h = blockIdx.z, Tq = gridDim.y, chunks = gridDim.x;
   const int qb = (first_pos + t) / BLOCK;
   const int base = c * CHUNK, n = min(CHUNK, nb - base);
-  const typename sala_windows_of<MAXIMA, S, KERNEL, STRIDE, BLOCK>::type source{windows, MAXIMA ? len / 2 : len};
   float* sc = scores + ((size_t)h * Tq + t) * nb + base;
   unsigned long long held[HELD];
-  sala_pool_blocks<INIT, LOCAL>(source.row(h, t, Tq), base, n, qb, sc, held);
+  sala_pool_blocks<INIT, LOCAL>(sala_pooling_windows<MAXIMA, KERNEL, STRIDE, BLOCK>(windows, len).row(h, t, Tq), base, n, qb, sc, held);
   __syncthreads();
   auto key_at = [&](int i) { return sala_topk_key(sc[i], base + i); };
   const unsigned long long threshold = sala_topk_threshold(held, n, key_at, min(TOPK, n));

@@ -195,11 +195,11 @@ __device__ __forceinline__ float sala_rounded_window(float v, int w, int n1) {
   return w < n1 ? static_cast<float>(static_cast<R>(v)) : -INFINITY;
 }
 
-// Window maxima (SalaWindowMaxima) of groups g0 .. g1 of one query whose windows no thread block
-// staged (no query of it sees them: scores 0), a lane taking every 32nd.
+// Window maxima (SalaWindowMaxima) of one query's windows w0 .. w1 (w0 a group's first), which no
+// thread block staged (no query of it sees them: scores 0), a lane taking every 32nd group.
 template <typename R, int RPB>
-__device__ void sala_unseen_maxima(R* m, int g0, int g1, int n1, int lane) {
-  for (int g = g0 + lane; g < g1; g += 32) {
+__device__ void sala_unseen_maxima(R* m, int w0, int w1, int n1, int lane) {
+  for (int g = w0 / RPB + lane; g < (w1 + RPB - 1) / RPB; g += 32) {
     m[2 * g] = static_cast<R>(0.f);
     m[2 * g + 1] = static_cast<R>(RPB * g + RPB - 1 < n1 ? 0.f : -INFINITY);
   }
@@ -374,7 +374,7 @@ __device__ void sala_select_windows_mma(
     }
   });
   if (!active) return;
-  sala_unseen_maxima<R, RPB>(mq, max(first, staged) * SALA_SEL_TILE / RPB, (min(n1, last * SALA_SEL_TILE) + RPB - 1) / RPB, n1, lane);
+  sala_unseen_maxima<R, RPB>(mq, max(first, staged) * SALA_SEL_TILE, min(n1, last * SALA_SEL_TILE), n1, lane);
 }
 
 // sala_select_windows_mma on Hopper for bf16 keys, eight queries a thread block, with the product
@@ -496,6 +496,6 @@ __device__ void sala_select_windows_wgmma(
   });
   // Windows past every query of the block: zeros, not staged (warp k of the warpgroup, query t0 + k).
   if (t0 + warp >= Tq) return;
-  sala_unseen_maxima<R, RPB>(maxima + ((size_t)h * Tq + t0 + warp) * groups * 2, max(first, staged) * SALA_SEL_TILE / RPB,
-                             (min(n1, last * SALA_SEL_TILE) + RPB - 1) / RPB, n1, lane);
+  sala_unseen_maxima<R, RPB>(maxima + ((size_t)h * Tq + t0 + warp) * groups * 2, max(first, staged) * SALA_SEL_TILE,
+                             min(n1, last * SALA_SEL_TILE), n1, lane);
 }

@@ -36,6 +36,14 @@ pub struct BlockSelection {
     pub topk: usize,
 }
 
+impl BlockSelection {
+    /// Groups of the level-1 windows that start in one block, among `windows`: the tensor-core
+    /// stage 1 keeps two numbers a group (`SalaWindowMaxima` in cuda/select_blocks.cu).
+    pub fn window_groups(&self, windows: usize) -> usize {
+        windows.div_ceil(self.block / self.stride)
+    }
+}
+
 /// The chosen blocks per KV head and query: `[B, Hkv, T, topk]` int32, ascending, −1 = none,
 /// and the pooled block scores fed to top-k `[B, Hkv, T, n_blocks]` (float32, ±inf for
 /// forced/absent blocks).
@@ -1497,9 +1505,7 @@ pub fn select_blocks_fused(
         ("STRIDE", int(sel.stride)),
         ("BLOCK", int(sel.block)),
     ];
-    // Two numbers in the score type per group of a block's windows (SalaWindowMaxima).
-    let per_group = (sel.block / sel.stride) as i32;
-    let groups = (n1 + per_group - 1) / per_group;
+    let groups = sel.window_groups(n1 as usize) as i32;
     let mut windows = launch(window_ranges, (vec![hkv, t, 2 * groups], score_dtype), own);
     let source = if wgmma {
         // Its kernel takes only the window geometry and the shapes.

@@ -116,9 +116,9 @@ fn selection_chunk(q: &Array, c1: &Array, sel: &BlockSelection, score_dtype: Dty
     let hkv = c1.shape()[1] as usize;
     if selection_kernel(q, hkv as i32, sel) == Some(SelectionKernel::TensorCores) {
         // Per KV head and block: its two window maxima in the score type and its float32 pooled score.
-        let blocks = (c1.shape()[2] as usize).div_ceil(sel.block / sel.stride).max(1);
-        let per_block = 2 * crate::engine::memory::dtype_bytes(score_dtype) + 4;
-        return (SELECTION_CHUNK_BYTES / (per_block * hkv * blocks)).clamp(16, 4096);
+        let groups = sel.window_groups(c1.shape()[2] as usize).max(1);
+        let per_group = 2 * crate::engine::memory::dtype_bytes(score_dtype) + 4;
+        return (SELECTION_CHUNK_BYTES / (per_group * hkv * groups)).clamp(16, 4096);
     }
     chunk_of_rows(q.shape()[1] as usize, c1)
 }
