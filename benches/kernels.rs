@@ -1067,14 +1067,14 @@ fn prefill_chunk_pieces(sel: &BlockSelection) {
         // only the order of sums may differ).
         let default = attend().unwrap();
         eval([&default]).unwrap();
-        let two = sala::kernels::sparse::with_two_prefill_blocks_an_sm(|| {
+        let union_walk = sala::kernels::sparse::with_union_prefill_walk(|| {
             let out = attend().and_then(|a| eval([&a]).map(|_| a))?;
             let diff = out.subtract(&default)?.abs()?.max(None)?.as_dtype(Dtype::Float32)?;
             eval([&diff])?;
             Ok::<_, mlx_rs::error::Exception>((time(|| vec![attend().unwrap()]), diff.as_slice::<f32>()[0]))
         });
-        let name = "  2 thread blocks an SM (3 stages)";
-        match two {
+        let name = "  every block through the shared walk";
+        match union_walk {
             Ok((timing, diff)) => line(&format!("{name} (max |Δ| {diff:.1e} from the default)"), timing, 8),
             Err(e) => println!("| {name} | failed: {} | | | |", e.what().lines().next().unwrap_or("")),
         }

@@ -10,7 +10,10 @@
 // rounded to T, as flash attention does). Output in T, [Hq, Tq, D].
 // Over a cache of rows (sala_block_sparse_prefill_ring) the union is computed once up front and
 // the blocks stream through a ring of tiles in dynamic shared memory, requested STAGES − 1 steps
-// ahead, one barrier a step. Over an 8-bit cache (sala_block_sparse_prefill, QGROUP > 0) the walk
+// ahead, one barrier a step. With PRIVATE, only the blocks two or more queries selected take that
+// walk; each warp then streams the blocks its query alone selected through its own share of the
+// shared memory, 16 tokens at a time, with no barrier between warps: most top-k blocks are one
+// query's, and in the shared walk the other warps would wait through them. Over an 8-bit cache (sala_block_sparse_prefill, QGROUP > 0) the walk
 // goes in lockstep, one block staged at a time: each thread loads its share of a block's codes,
 // scales and biases into registers where the rows would be copied, and writes them dequantized to
 // T into the shared tile where the copy would be waited for. Uses mma.cu, the shared steps of
@@ -335,13 +338,17 @@ __host__ __device__ constexpr int sala_prefill_ring_bytes() {
 // The same attention as sala_block_sparse_prefill over a cache of rows (S = T), walking the union
 // of the QPB queries' lists computed once up front, with the blocks staged STAGES − 1 steps ahead
 // in a ring of shared tiles: one barrier a block instead of five, and every load has the time of
-// STAGES − 1 blocks to arrive.
-template <typename T, int D, int G, int SCALE_BITS, int QPB, int NSEL, int STAGES>
+// STAGES − 1 blocks to arrive. With PRIVATE the walk takes only the blocks of two or more takers,
+// then each warp its own blocks (see the top of this file).
+template <typename T, int D, int G, int SCALE_BITS, int QPB, int NSEL, int STAGES, bool PRIVATE>
 __device__ void sala_block_sparse_prefill_ring(
     const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first_pos, int kv_len, int settled,
     T* out, int Tq, int cap, int rcap, int nsel) {
   static_assert(G <= 16 && D % 32 == 0 && QPB <= 8 && STAGES >= 2, "one 16-row tile of heads; takers in 8 bits");
   constexpr int KS = D + 8, TILE = SALA_MMA_TILE * KS, THREADS = 32 * QPB;
+  // A warp's own stream: two slots of 16 tokens' keys and values, within the ring's tiles.
+  constexpr int PART = 16, SLOT = 2 * PART * KS, WARP_TILES = 2 * SLOT;
+  static_assert(!PRIVATE || QPB * WARP_TILES <= STAGES * 2 * TILE, "the warps' slots fit in the ring");
   extern __shared__ __align__(16) unsigned char sala_dynamic_shared[];
   T* tiles = reinterpret_cast<T*>(sala_dynamic_shared);  // [STAGES][keys, values][64][KS]
   int* lists = reinterpret_cast<int*>(tiles + STAGES * 2 * TILE);
@@ -372,7 +379,27 @@ __device__ void sala_block_sparse_prefill_ring(
   }
   if (lane == 0) counts[warp] = n;
   __syncthreads();
-  const int steps = sala_merge_block_lists<QPB, NSEL>(lists, counts, owned, merged, tid);
+  int steps = sala_merge_block_lists<QPB, NSEL>(lists, counts, owned, merged, tid);
+  // With PRIVATE: the union's blocks of two or more takers in `owned` for the shared walk, and
+  // each warp's blocks of its own back in its list (both free since the merge); every warp scans
+  // the same union, so every warp counts the same shared blocks.
+  int own = 0;
+  if constexpr (PRIVATE) {
+    int shared = 0;
+    for (int i0 = 0; i0 < steps; i0 += 32) {
+      const int i = i0 + lane;
+      const unsigned entry = i < steps ? (unsigned)merged[i] : 0u, takers = entry >> 24;
+      const unsigned below = (1u << lane) - 1u;
+      const unsigned many = __ballot_sync(0xffffffffu, __popc(takers) >= 2), one = __ballot_sync(0xffffffffu, takers == 1u << warp);
+      if (warp == 0 && ((many >> lane) & 1u)) owned[shared + __popc(many & below)] = (int)entry;
+      if ((one >> lane) & 1u) lists[warp * NSEL + own + __popc(one & below)] = (int)(entry & 0xffffffu);
+      shared += __popc(many);
+      own += __popc(one);
+    }
+    __syncthreads();
+    steps = shared;
+  }
+  const int* walk = PRIVATE ? owned : merged;
 
   uint32_t qa[D / 16][4];
   sala_load_query_heads<D, G>(qa, q, h, t, Tq, active, lane);
@@ -389,7 +416,7 @@ __device__ void sala_block_sparse_prefill_ring(
   auto stage = [&](int i) {
     if (i < steps) {
       T* ks = tiles + (i % STAGES) * 2 * TILE;
-      const int b = merged[i] & 0xffffff;
+      const int b = walk[i] & 0xffffff;
       sala_stage_tile<T, D, THREADS>(ks, kh, krh, b, kv_len, settled, tid);
       sala_stage_tile<T, D, THREADS>(ks + TILE, vh, vrh, b, kv_len, settled, tid);
     } else {
@@ -405,7 +432,7 @@ __device__ void sala_block_sparse_prefill_ring(
     asm volatile("cp.async.wait_group %0;" ::"n"(2 * (STAGES - 2)));
     __syncthreads();
     stage(i + STAGES - 1);
-    const int entry = merged[i];
+    const int entry = walk[i];
     if (!(((unsigned)entry >> (24 + warp)) & 1u)) continue;
     const T* ks = tiles + (i % STAGES) * 2 * TILE;
     const int base = (entry & 0xffffff) * SALA_MMA_TILE;
@@ -417,15 +444,44 @@ __device__ void sala_block_sparse_prefill_ring(
   }
   asm volatile("cp.async.wait_group 0;");
 
+  if constexpr (PRIVATE) {
+    __syncthreads();  // every warp is done with the ring's tiles
+    // This warp's blocks, 16 tokens a part, part j + 1 requested while part j is used.
+    T* slots = tiles + warp * WARP_TILES;
+    const int* mine = lists + warp * NSEL;
+    auto stage_part = [&](int j) {
+      if (j < 4 * own) {
+        T* ks = slots + (j & 1) * SLOT;
+        const int tok0 = mine[j >> 2] * SALA_MMA_TILE + PART * (j & 3);
+        sala_stage_rows<T, D, 32, PART>(ks, kh, krh, tok0, kv_len, settled, lane);
+        sala_stage_rows<T, D, 32, PART>(ks + PART * KS, vh, vrh, tok0, kv_len, settled, lane);
+      }
+      asm volatile("cp.async.commit_group;");
+    };
+    stage_part(0);
+    for (int j = 0; j < 4 * own; ++j) {
+      stage_part(j + 1);
+      asm volatile("cp.async.wait_group 1;");  // part j
+      __syncwarp();                            // and the other lanes' copies of it
+      const T* ks = slots + (j & 1) * SLOT;
+      float s[PART / 8][4];
+      sala_masked_scores<T, D>(s, qa, ks, mine[j >> 2] * SALA_MMA_TILE + PART * (j & 3), pos, kv_len, scale, lane);
+      sala_softmax_rescale(s, m, l, acc);
+      sala_accumulate_pv<T, D>(s[0], s[1], m, l, ks + PART * KS, 0, acc, lane);
+      __syncwarp();  // slot j & 1 is free for part j + 2
+    }
+    asm volatile("cp.async.wait_group 0;");
+  }
+
   if (active) sala_write_query_heads<T, D, G>(out, acc, l, h, t, Tq, lane);
 }
 
-template <typename T, int D, int G, int BLOCK, int SCALE_BITS, int QPB, int NSEL, int STAGES>
+template <typename T, int D, int G, int BLOCK, int SCALE_BITS, int QPB, int NSEL, int STAGES, bool PRIVATE>
 __device__ void sala_block_sparse_attention_mma(
     const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first_pos, int kv_len,
     int settled, T* out, int Tq, int cap, int rcap, int nsel) {
   static_assert(BLOCK == SALA_MMA_TILE, "one tile per block");
-  sala_block_sparse_prefill_ring<T, D, G, SCALE_BITS, QPB, NSEL, STAGES>(
+  sala_block_sparse_prefill_ring<T, D, G, SCALE_BITS, QPB, NSEL, STAGES, PRIVATE>(
       q, k, v, kr, vr, blocks, first_pos, kv_len, settled, out, Tq, cap, rcap, nsel);
 }
 

@@ -1,7 +1,7 @@
 // The tensor-core attention kernels: the decode attention (cuda/decode_attention_mma.cu) in the
 // forms a SALA-9B decode step launches (src/kernels/sparse.rs: the whole cache, and InfLLM-V2's
-// selected blocks) and Qwen3-8B's group of 4 heads, and SALA-9B's prefill attention
-// (cuda/block_sparse_prefill.cu), plain and over an 8-bit cache, for eval/cuda_compile_check.py.
+// selected blocks) and Qwen3-8B's group of 4 heads, and SALA-9B's prefill attention over an 8-bit
+// cache (its walk over rows: block_sparse_prefill.cu), for eval/cuda_compile_check.py.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 typedef unsigned int uint32_t;
@@ -27,12 +27,6 @@ extern "C" __global__ void qwen3_dense(const T* q, const T* k, const T* v, const
   sala_decode_attention_mma<T, 128, 4, 64, SCALE>(q, 1, k, v, kr, vr, len, settled, 4096, 64, (const int32_t*)nullptr, 0, out, lse);
 }
 #include "cuda/block_sparse_prefill.cu"
-// The prefill attention at two thread blocks an SM (three ring stages), which the kernels bench
-// times beside the model's form (at the end of this file).
-extern "C" __global__ void sala_prefill_two_an_sm(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first,
-                                                  int len, int settled, T* out, int tq, int nsel) {
-  sala_block_sparse_attention_mma<T, 128, 16, 64, SCALE, 4, 128, 3>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
-}
 // With --kv-bits 8: the prefill and the general kernel (cuda/block_sparse_attention.cu, decode's
 // default) over codes, groups of 64.
 extern "C" __global__ void sala_prefill_q8(const T* q, const uint32_t* k, const uint32_t* v, const uint32_t* kr, const uint32_t* vr,
@@ -68,11 +62,4 @@ extern "C" __global__ void f32_cuda_cores_q8(const float* q, const uint32_t* k, 
 extern "C" __global__ void sala_cuda_cores_q8(const T* q, const uint32_t* k, const uint32_t* v, const uint32_t* kr, const uint32_t* vr,
                                               SalaKvScales<T> qsb, int len, int settled, float* out, float* lse) {
   sala_decode_attention_split_q8<T, 128, 16, 8, 64, SCALE, 64>(q, 1, k, v, kr, vr, qsb, len, settled, 8192, 256, out, lse);
-}
-// The model's prefill attention: three thread blocks an SM (two ring stages); last, since the
-// bounds apply to every kernel after them.
-#include "cuda/three_blocks_an_sm.cu"
-extern "C" __global__ void sala_prefill(const T* q, const T* k, const T* v, const T* kr, const T* vr, const int32_t* blocks, int first,
-                                              int len, int settled, T* out, int tq, int nsel) {
-  sala_block_sparse_attention_mma<T, 128, 16, 64, SCALE, 4, 128, 2>(q, k, v, kr, vr, blocks, first, len, settled, out, tq, 1 << 20, 64, nsel);
 }

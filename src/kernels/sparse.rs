@@ -1220,61 +1220,47 @@ const PREFILL_MAX_SELECTED: i32 = 128;
 /// one step of the walk before they are used. Two stages leave room for three thread blocks an SM,
 /// faster than three stages at two (eval/results/2026-12-04-h200-three-blocks).
 const PREFILL_STAGES: i32 = 2;
-/// Ring stages of the earlier form, two thread blocks an SM.
-const TWO_AN_SM_STAGES: i32 = 3;
-/// Its dynamic shared memory for `stages` ring stages, as `sala_prefill_ring_bytes` counts it for
-/// the largest launch (bf16/f16 heads of 128, MMA_QUERIES_PER_BLOCK queries): the ring, then the
-/// lists, their owned counts, the union and two counters a query. About 74 KB at two stages.
-const fn prefill_ring_bytes(stages: i32) -> i32 {
+/// Its dynamic shared memory, as `sala_prefill_ring_bytes` counts it for the largest launch
+/// (bf16/f16 heads of 128, MMA_QUERIES_PER_BLOCK queries): the ring, then the lists, their owned
+/// counts, the union and two counters a query. About 74 KB.
+const fn prefill_ring_bytes() -> i32 {
     let qpb = MMA_QUERIES_PER_BLOCK;
-    stages * 2 * 64 * (128 + 8) * 2 + (3 * qpb * PREFILL_MAX_SELECTED + 2 * qpb) * 4
+    PREFILL_STAGES * 2 * 64 * (128 + 8) * 2 + (3 * qpb * PREFILL_MAX_SELECTED + 2 * qpb) * 4
 }
 
-/// The tensor-core prefill attention over rows with `stages` ring stages (the size of its shared
-/// memory is the source's, not the launch's).
-const fn prefill_source(name: &'static str, header: &'static str, stages: i32) -> KernelSource {
-    KernelSource {
-        name,
-        inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
-        outputs: &["out"],
-        cuda_header: header,
-        cuda_body: "sala_block_sparse_attention_mma<T, D, G, BLOCK, SCALE_BITS, QPB, NSEL, STAGES>(\
-                    q, k, v, k_recent, v_recent, blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
-                    out, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);",
-        // CUDA only (mma.sync); Metal takes BLOCK_SPARSE_ATTENTION.
-        metal_header: "",
-        metal_body: "",
-        contiguous_inputs: false,
-        shared_memory: prefill_ring_bytes(stages),
-    }
-}
-
-/// The model's form: compiled for three thread blocks of 128 threads an SM (at most 168 registers;
-/// ptxas spills a little), two ring stages.
-static BLOCK_SPARSE_PREFILL: KernelSource = prefill_source(
-    "sala_block_sparse_prefill",
-    concat!(
+/// The tensor-core prefill attention over rows, compiled for three thread blocks of 128 threads an
+/// SM (at most 168 registers; ptxas spills a little). Template `PRIVATE`: each warp streams the
+/// blocks only its query selected on its own (`cuda/block_sparse_prefill.cu`); the model's form.
+static BLOCK_SPARSE_PREFILL: KernelSource = KernelSource {
+    name: "sala_block_sparse_prefill",
+    inputs: &["q", "k", "v", "k_recent", "v_recent", "blocks", "params"],
+    outputs: &["out"],
+    cuda_header: concat!(
         include_str!("../../cuda/unpack.cu"),
         include_str!("../../cuda/mma.cu"),
         include_str!("../../cuda/attention_mma.cu"),
         include_str!("../../cuda/block_sparse_prefill.cu"),
         include_str!("../../cuda/three_blocks_an_sm.cu")
     ),
-    PREFILL_STAGES,
-);
-/// The earlier form, which the kernels bench times beside it: two thread blocks an SM as its
-/// registers allow, three ring stages.
-static BLOCK_SPARSE_PREFILL_TWO_AN_SM: KernelSource = prefill_source("sala_block_sparse_prefill_two_an_sm", BLOCK_SPARSE_PREFILL_HEADER, TWO_AN_SM_STAGES);
+    cuda_body: "sala_block_sparse_attention_mma<T, D, G, BLOCK, SCALE_BITS, QPB, NSEL, STAGES, PRIVATE>(\
+                q, k, v, k_recent, v_recent, blocks, params_shape[0] - 1, params_shape[1] - 1, params_shape[2] - 1, \
+                out, q_shape[1], k_shape[2], k_recent_shape[2], blocks_shape[3]);",
+    // CUDA only (mma.sync); Metal takes BLOCK_SPARSE_ATTENTION.
+    metal_header: "",
+    metal_body: "",
+    contiguous_inputs: false,
+    shared_memory: prefill_ring_bytes(),
+};
 
 thread_local! {
-    static PREFILL_SOURCE_OVERRIDE: std::cell::Cell<Option<(&'static KernelSource, i32)>> = const { std::cell::Cell::new(None) };
+    static UNION_PREFILL_WALK: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
-/// Runs `f` with the tensor-core prefill attention over rows in its earlier form (two thread
-/// blocks an SM, three ring stages), for the kernels bench's comparison; the model uses the default.
+/// Runs `f` with the tensor-core prefill attention over rows in its earlier form (every block
+/// through the shared walk, `PRIVATE` off), for the kernels bench's comparison.
 #[doc(hidden)]
-pub fn with_two_prefill_blocks_an_sm<R>(f: impl FnOnce() -> R) -> R {
-    with_setting(&PREFILL_SOURCE_OVERRIDE, Some((&BLOCK_SPARSE_PREFILL_TWO_AN_SM, TWO_AN_SM_STAGES)), f)
+pub fn with_union_prefill_walk<R>(f: impl FnOnce() -> R) -> R {
+    with_setting(&UNION_PREFILL_WALK, Some(true), f)
 }
 
 static BLOCK_SPARSE_PREFILL_Q8: KernelSource = KernelSource {
@@ -1331,7 +1317,7 @@ pub fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_
     }
     let params = shape_args(&[first_pos, kv.len, kv.settled])?;
     let q3 = q.reshape(&[hq, t, d])?.contiguous()?;
-    let (source, stages) = PREFILL_SOURCE_OVERRIDE.with(|o| o.get()).unwrap_or((&BLOCK_SPARSE_PREFILL, PREFILL_STAGES));
+    let private = !UNION_PREFILL_WALK.with(|o| o.get()).unwrap_or(false);
     let qpb = MMA_QUERIES_PER_BLOCK;
     let launch = Launch {
         grid: (32 * qpb, (t + qpb - 1) / qpb, hkv),
@@ -1345,11 +1331,12 @@ pub fn block_sparse_prefill_cuda(q: &Array, kv: &KvParts, blocks: &Array, first_
             ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
             ("QPB", TemplateArg::Int(qpb)),
             ("NSEL", TemplateArg::Int(PREFILL_MAX_SELECTED)),
-            ("STAGES", TemplateArg::Int(stages)),
+            ("STAGES", TemplateArg::Int(PREFILL_STAGES)),
+            ("PRIVATE", TemplateArg::Bool(private)),
         ],
         init: None,
     };
-    let sources = [source, &BLOCK_SPARSE_PREFILL_Q8];
+    let sources = [&BLOCK_SPARSE_PREFILL, &BLOCK_SPARSE_PREFILL_Q8];
     let out = apply_over_cache(sources, &q3, kv, &blocks.contiguous()?, &params, launch)?;
     Ok(out.into_iter().next().expect("one output"))
 }
