@@ -13,10 +13,11 @@
 // ahead, one barrier a step. With PRIVATE, only the blocks two or more queries selected take that
 // walk; each warp then streams the blocks its query alone selected through its own share of the
 // shared memory, 16 tokens at a time, with no barrier between warps: most top-k blocks are one
-// query's, and in the shared walk the other warps would wait through them. Over an 8-bit cache (sala_block_sparse_prefill, QGROUP > 0) the walk
-// goes in lockstep, one block staged at a time: each thread loads its share of a block's codes,
-// scales and biases into registers where the rows would be copied, and writes them dequantized to
-// T into the shared tile where the copy would be waited for. Uses mma.cu, the shared steps of
+// query's, and in the shared walk the other warps would wait through them.
+// Over an 8-bit cache (sala_block_sparse_prefill, QGROUP > 0) the walk goes in lockstep, one block
+// staged at a time: each thread loads its share of a block's codes, scales and biases into
+// registers where the rows would be copied, and writes them dequantized to T into the shared tile
+// where the copy would be waited for. Uses mma.cu, the shared steps of
 // attention_mma.cu and unpack.cu.
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
