@@ -35,6 +35,9 @@ pub struct LoadOptions {
     pub kv_bits: Option<i32>,
     /// Prompt chunks multiply in FP8 (`--prompt-fp8`; Hopper GPUs): faster, not exact.
     pub prompt_fp8: bool,
+    /// Prompt tokens per forward pass (`--prefill-step`), whose working memory the memory check
+    /// counts; `None`: this build's default.
+    pub prefill_step: Option<usize>,
     /// With no model given and the default one not in the store: refuse instead of pulling it.
     pub no_pull: bool,
     /// This process's rank of a tensor-parallel group (a single device by default).
@@ -106,30 +109,69 @@ pub fn file_label(path: &Path) -> String {
 
 pub use crate::engine::device::compute_dtype;
 
-/// Refuses, before anything is loaded, when the weights and one sequence's cache of `tokens`
-/// tokens will not fit in the memory of `device`. Under tensor parallelism, `weights_bytes` is
-/// one rank's and the cache is split over `ranks`.
-#[allow(clippy::too_many_arguments)]
-pub fn preflight(
-    what: &str,
-    cfg: &ConfigFile,
+/// What a model's memory checks need: the weights' size, and what its cache and a prompt step
+/// take for a given number of tokens.
+struct MemoryPlan {
+    cfg: ConfigFile,
     dtype: Dtype,
     weights_bytes: u64,
-    (window, kv_bits): (Option<Window>, Option<i32>),
-    tokens: usize,
-    device: DeviceKind,
+    window: Option<Window>,
+    kv_bits: Option<i32>,
+    /// Tensor-parallel ranks the model is split over (1: one device).
     ranks: usize,
-) -> anyhow::Result<()> {
-    let cache = sequence_cache_bytes(cfg, dtype, (window, kv_bits), tokens, ranks)?;
-    memory::check_fits(what, weights_bytes, cache, tokens, device)?;
-    Ok(())
+    prefill_step: usize,
+    quantized: bool,
 }
 
-/// Bytes one sequence's cache of `tokens` tokens takes on one of `ranks` devices.
-fn sequence_cache_bytes(cfg: &ConfigFile, dtype: Dtype, (window, kv_bits): (Option<Window>, Option<i32>), tokens: usize, ranks: usize) -> anyhow::Result<u64> {
-    // A StreamingLLM window caps what the cache holds.
-    let held = window.map_or(tokens, |w| tokens.min(w.capacity + w.capacity / 8));
-    Ok(models::cache_bytes_per_rank(cfg, held, memory::dtype_bytes(dtype), kv_bits, ranks)?)
+impl MemoryPlan {
+    fn new(cfg: ConfigFile, dtype: Dtype, weights_bytes: u64, options: &LoadOptions, quantized: bool) -> Self {
+        let prefill_step = options.prefill_step.unwrap_or_else(crate::engine::generate::default_prefill_step).max(1);
+        Self { cfg, dtype, weights_bytes, window: options.window, kv_bits: options.kv_bits, ranks: options.tp.size, prefill_step, quantized }
+    }
+
+    /// Tokens the cache holds after `tokens`: a StreamingLLM window caps them.
+    fn held(&self, tokens: usize) -> usize {
+        self.window.map_or(tokens, |w| tokens.min(w.capacity + w.capacity / 8))
+    }
+
+    /// Bytes one sequence's cache of `tokens` tokens takes on one of the ranks.
+    fn cache_bytes(&self, tokens: usize) -> anyhow::Result<u64> {
+        Ok(models::cache_bytes_per_rank(&self.cfg, self.held(tokens), memory::dtype_bytes(self.dtype), self.kv_bits, self.ranks)?)
+    }
+
+    /// Bytes the last prompt step of a `tokens`-token sequence holds while it runs on `device`.
+    fn prompt_step_bytes(&self, tokens: usize, device: DeviceKind) -> anyhow::Result<u64> {
+        let step = models::PromptStep {
+            rows: self.prefill_step.min(tokens),
+            context: self.held(tokens),
+            dtype_bytes: memory::dtype_bytes(self.dtype),
+            fused: device == DeviceKind::Gpu,
+            tensor_cores: device == DeviceKind::Gpu && device::gpu_backend() == Some("cuda"),
+            quantized: self.quantized,
+            ranks: self.ranks,
+        };
+        Ok(models::prompt_step_bytes(&self.cfg, &step)?)
+    }
+
+    /// Refuses when the weights, one sequence's cache of `tokens` tokens and the working memory of
+    /// its last prompt step will not fit in the memory of `device` (under tensor parallelism, one
+    /// rank's share of each).
+    fn check(&self, what: &str, tokens: usize, device: DeviceKind) -> anyhow::Result<()> {
+        let needs = memory::Needs {
+            weights: self.weights_bytes,
+            cache: self.cache_bytes(tokens)?,
+            prompt_step: self.prompt_step_bytes(tokens, device)?,
+            tokens,
+            prefill_step: self.prefill_step.min(tokens),
+        };
+        memory::check_fits(what, &needs, device)?;
+        Ok(())
+    }
+}
+
+/// Whether `cfg` describes quantized weights (MLX's `quantization` section).
+fn quantized(cfg: &ConfigFile) -> bool {
+    crate::engine::quant::QuantConfig::from_config(cfg).is_ok_and(|q| q.is_some())
 }
 
 /// A model ready to run, with what later memory checks need.
@@ -144,13 +186,7 @@ pub struct LoadedModel {
     /// What model and tokenizer states made by it belong to (prompt cache files; over every
     /// tensor only when loaded with [`LoadOptions::keeps_states`]).
     pub fingerprint: Fingerprint,
-    weights_bytes: u64,
-    /// Tensor-parallel ranks the model is split over (1: one device).
-    ranks: usize,
-    cfg: ConfigFile,
-    dtype: Dtype,
-    window: Option<Window>,
-    kv_bits: Option<i32>,
+    memory: MemoryPlan,
     /// `generation_config.json`'s sampling defaults (its end tokens are already in the model's info).
     pub generation: GenerationDefaults,
 }
@@ -158,18 +194,19 @@ pub struct LoadedModel {
 impl LoadedModel {
     /// Bytes of the weights as loaded.
     pub fn weights_bytes(&self) -> u64 {
-        self.weights_bytes
+        self.memory.weights_bytes
     }
 
     /// Bytes one sequence's cache of `tokens` tokens takes on this process's device (a bound: the
     /// size the cache has once it holds them).
     pub fn cache_bytes(&self, tokens: usize) -> u64 {
-        sequence_cache_bytes(&self.cfg, self.dtype, (self.window, self.kv_bits), tokens, self.ranks).unwrap_or(u64::MAX)
+        self.memory.cache_bytes(tokens).unwrap_or(u64::MAX)
     }
 
-    /// Refuses when weights + a cache of `tokens` tokens will not fit in memory.
+    /// Refuses when the weights, a cache of `tokens` tokens and a prompt step's working memory
+    /// will not fit in memory.
     pub fn check_fits(&self, tokens: usize) -> anyhow::Result<()> {
-        preflight(&self.path.display().to_string(), &self.cfg, self.dtype, self.weights_bytes, (self.window, self.kv_bits), tokens, self.device, self.ranks)
+        self.memory.check(&self.path.display().to_string(), tokens, self.device)
     }
 }
 
@@ -198,7 +235,8 @@ pub fn load_synthetic(synthetic: &SyntheticModel, options: &LoadOptions, tokens:
         (None, Some(bits)) => format!("--bits below {bits} make it smaller"),
     };
     // Under tensor parallelism each rank draws the whole model and keeps its part.
-    preflight(&synthetic.name, &synthetic.cfg, dtype, bytes, (options.window, options.kv_bits), tokens, device, options.tp.size)
+    MemoryPlan::new(synthetic.cfg.clone(), dtype, bytes, options, synthetic.bits().is_some())
+        .check(&synthetic.name, tokens, device)
         .map_err(|e| anyhow::anyhow!("{e}; for a synthetic model, {quantize}"))?;
     let bar = crate::progress::bytes_progress(&format!("building {}", synthetic.name), bytes);
     let built = synthetic.build(dtype, |n| bar.inc(n));
@@ -276,7 +314,9 @@ pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, o
     let dtype = compute_dtype(options.dtype, device, source.weights.storage_dtype());
     let tp = &options.tp;
     let weights_bytes = memory::weights_bytes_per_rank(&source, dtype, tp.size);
-    preflight(&path.display().to_string(), &cfg, dtype, weights_bytes, (options.window, options.kv_bits), tokens, device, tp.size)?;
+    let integer_tensors = source.weights.infos().values().any(|info| crate::engine::weights::float_dtype(&info.dtype).is_none());
+    let plan = MemoryPlan::new(cfg.clone(), dtype, weights_bytes, options, quantized(&cfg) || integer_tensors);
+    plan.check(&path.display().to_string(), tokens, device)?;
     let fingerprint = if options.keeps_states { Fingerprint::of(&source, dtype)? } else { Fingerprint::of_layout(&source, dtype)? };
     // Every rank must hold its part of the same model in the same dtype, or their sums are garbage.
     tp.check_agree(&fingerprint.digest_words(), "the model they loaded (its config, tensors or dtype differ)")?;
@@ -312,12 +352,7 @@ pub fn load_source(mut source: ModelSource, path: PathBuf, device: DeviceKind, o
         path,
         device,
         fingerprint,
-        weights_bytes,
-        ranks: tp.size,
-        cfg,
-        dtype,
-        window: options.window,
-        kv_bits: options.kv_bits,
+        memory: plan,
         generation,
     })
 }

@@ -307,7 +307,15 @@ impl RuntimeArgs {
 
     /// What the loading path needs to load `model` as these flags ask.
     pub fn options(&self, model: Option<PathBuf>) -> LoadOptions {
-        LoadOptions { model, device: self.device(), dtype: self.dtype.map(DtypeArg::dtype), kv_bits: self.kv_bits, prompt_fp8: self.prompt_fp8, ..LoadOptions::default() }
+        LoadOptions {
+            model,
+            device: self.device(),
+            dtype: self.dtype.map(DtypeArg::dtype),
+            kv_bits: self.kv_bits,
+            prompt_fp8: self.prompt_fp8,
+            prefill_step: self.prefill_step,
+            ..LoadOptions::default()
+        }
     }
 }
 

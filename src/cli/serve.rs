@@ -137,7 +137,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         log_level: args.log_level,
     };
     let keeps_states = options.prompt_cache_dir.is_some();
-    let load = crate::load::LoadOptions { tp: tp.clone(), keeps_states, ..args.load.options()? };
+    let load = crate::load::LoadOptions { tp: tp.clone(), keeps_states, prefill_step: Some(options.prefill_step), ..args.load.options()? };
     if tp.is_leader() {
         crate::server::serve(load, options)
     } else {

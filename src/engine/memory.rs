@@ -135,17 +135,38 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
-/// Refuses when `weights + cache` exceeds the available memory, naming all three numbers.
-pub fn check_fits(what: &str, weights: u64, cache: u64, context: usize, device: DeviceKind) -> Result<()> {
+/// What running a model over one sequence needs on one device.
+#[derive(Clone, Copy, Debug)]
+pub struct Needs {
+    pub weights: u64,
+    /// The sequence's cache once it holds `tokens` tokens.
+    pub cache: u64,
+    /// The working memory of its last prompt step (`prefill_step` tokens).
+    pub prompt_step: u64,
+    pub tokens: usize,
+    pub prefill_step: usize,
+}
+
+impl Needs {
+    pub fn total(&self) -> u64 {
+        self.weights.saturating_add(self.cache).saturating_add(self.prompt_step)
+    }
+}
+
+/// Refuses when `needs` exceeds the available memory, naming each part and what to change.
+pub fn check_fits(what: &str, needs: &Needs, device: DeviceKind) -> Result<()> {
     let Some(available) = available_bytes(device) else { return Ok(()) };
-    if weights + cache > available {
+    if needs.total() > available {
         return Err(Error::Usage(format!(
-            "{what} needs {} (weights {} + cache {} for {context} tokens) but only {} is available on the {}; \
-             use a smaller context (--max-tokens, a shorter prompt), a quantized model (`sala quantize`) \
-             or a machine with more memory",
-            human(weights + cache),
-            human(weights),
-            human(cache),
+            "{what} needs {} (weights {} + cache {} for {} tokens + {} for prompt steps of {} tokens) but only {} \
+             is available on the {}; use a smaller context (--max-tokens, a shorter prompt), smaller prompt steps \
+             (--prefill-step), a quantized model (`sala quantize`) or a machine with more memory",
+            human(needs.total()),
+            human(needs.weights),
+            human(needs.cache),
+            needs.tokens,
+            human(needs.prompt_step),
+            needs.prefill_step,
             human(available),
             device::describe(device)
         )));

@@ -18,6 +18,7 @@ use crate::kernels::rope::{prompt_heads, rope_append, QkHeads, RopeAngles};
 use crate::kernels::sparse::{decode_attention, launch_decode_variants, DecodeQuery, DecodeShape};
 use crate::models::layers::{per_sequence, prompt_attention, scale, Embedding, HeadRows, Input, Linear, LmHead, Mlp, Projections, RmsNorm};
 use crate::models::rope::Rope;
+use crate::models::PromptStep;
 use mlx_rs::{ops, ops::indexing::TryIndexOp, Array, Dtype};
 
 #[derive(Clone)]
@@ -162,6 +163,23 @@ impl DecoderConfig {
     /// ranks: keys and values of every layer, stored in `format` (a KV head per rank at least).
     pub fn cache_bytes(&self, context: usize, dtype_bytes: usize, format: KvFormat, ranks: usize) -> u64 {
         size_product(&[self.num_layers, 2, self.kv_heads.div_ceil(ranks.max(1)), context]).saturating_mul(format.row_bytes(self.head_dim, dtype_bytes))
+    }
+
+    /// Bytes one prompt step holds beyond the weights and the cache (see [`PromptStep`]): the
+    /// layer's common terms, its queries, keys, values and attention output, and the scores
+    /// where attention is not fused.
+    pub fn prompt_step_bytes(&self, step: &PromptStep) -> u64 {
+        let ranks = step.ranks.max(1);
+        let heads = self.heads.div_ceil(ranks);
+        let projections = size_product(&[step.rows, 2 * heads + 2 * self.kv_heads.div_ceil(ranks), self.head_dim, step.dtype_bytes]);
+        let (q, kv) = (heads * self.head_dim, self.kv_heads.div_ceil(ranks) * self.head_dim);
+        let layer_weights = size_product(&[self.hidden_size, 3 * self.intermediate_size.div_ceil(ranks) + 2 * q + 2 * kv]);
+        let counted = step
+            .common_bytes(self.hidden_size, self.intermediate_size)
+            .saturating_add(step.dequantized_bytes(layer_weights))
+            .saturating_add(projections)
+            .saturating_add(step.held_scores_bytes(heads));
+        PromptStep::with_margin(counted)
     }
 
     pub fn tensor_specs(&self) -> Result<Vec<TensorSpec>> {

@@ -11,7 +11,7 @@ pub mod rope;
 pub mod sala;
 
 use crate::engine::cache::KvFormat;
-use crate::engine::config::{ConfigFile, KeyDefault};
+use crate::engine::config::{size_product, ConfigFile, KeyDefault};
 use crate::engine::distributed::TensorParallel;
 use crate::engine::error::{Error, Result};
 use crate::engine::model::LanguageModel;
@@ -162,6 +162,73 @@ pub fn cache_bytes_per_rank(cfg: &ConfigFile, context: usize, dtype_bytes: usize
             let config = sala::SalaConfig::from_file(cfg)?;
             Ok(config.cache_bytes(context, dtype_bytes, format(config.sparse.head_dim), ranks))
         }
+        other => Err(unsupported(cfg, other)),
+    }
+}
+
+/// One prompt step, for the memory it holds while it runs beyond the weights and the cache
+/// ([`prompt_step_bytes`]).
+#[derive(Clone, Copy, Debug)]
+pub struct PromptStep {
+    /// Tokens the step takes (at most `--prefill-step`).
+    pub rows: usize,
+    /// Tokens in the cache once it has run.
+    pub context: usize,
+    /// Bytes of an element in the compute dtype.
+    pub dtype_bytes: usize,
+    /// The GPU's fused attention and block-selection kernels run it; MLX's CPU ops instead hold
+    /// every query head's scores.
+    pub fused: bool,
+    /// SALA's block selection runs on tensor cores (CUDA), which keep window maxima, not scores.
+    pub tensor_cores: bool,
+    /// Quantized weights: each prompt product multiplies by a dequantized copy of its matrix.
+    pub quantized: bool,
+    /// Tensor-parallel ranks the heads and the MLP are split over.
+    pub ranks: usize,
+}
+
+impl PromptStep {
+    /// What every family's layer holds: the residual stream with its norm and branch outputs,
+    /// and the MLP's gate, up and their product.
+    pub fn common_bytes(&self, hidden: usize, intermediate: usize) -> u64 {
+        size_product(&[self.rows, 4 * hidden + 3 * intermediate.div_ceil(self.ranks.max(1)), self.dtype_bytes])
+    }
+
+    /// The dequantized copies a prompt product multiplies by (quantized weights), of a layer of
+    /// `layer_weights` elements on one rank: two layers' worth, as two layers are in flight.
+    pub fn dequantized_bytes(&self, layer_weights: u64) -> u64 {
+        if self.quantized {
+            layer_weights.saturating_mul(2 * self.dtype_bytes as u64)
+        } else {
+            0
+        }
+    }
+
+    /// The scores `heads` query heads hold over the context, and the causal mask, where attention
+    /// is not fused (MLX's CPU attention materialises them, one row a query).
+    pub fn held_scores_bytes(&self, heads: usize) -> u64 {
+        if self.fused {
+            return 0;
+        }
+        size_product(&[heads + 1, self.rows, self.context, self.dtype_bytes])
+    }
+
+    /// `counted` with an eighth more for what the terms leave out (norm statistics, kernels'
+    /// scratch, index arrays): within it of the peaks measured (eval/results/2026-12-07-prompt-memory).
+    pub fn with_margin(counted: u64) -> u64 {
+        counted.saturating_add(counted / 8)
+    }
+}
+
+/// Bytes one prompt step holds on one rank beyond the weights and the cache, for the
+/// architecture `cfg` describes: what a memory check must leave room for, or a long prompt that
+/// fits by weights and cache runs out of memory midway.
+pub fn prompt_step_bytes(cfg: &ConfigFile, step: &PromptStep) -> Result<u64> {
+    if let Some(config) = decoder_config(cfg)? {
+        return Ok(config.prompt_step_bytes(step));
+    }
+    match cfg.str("model_type")? {
+        sala::MODEL_TYPE => Ok(sala::SalaConfig::from_file(cfg)?.prompt_step_bytes(step)),
         other => Err(unsupported(cfg, other)),
     }
 }

@@ -114,18 +114,31 @@ const SELECTION_CHUNK_BYTES: usize = 1 << 30;
 /// Queries per chunk of the selection, within [`SELECTION_CHUNK_BYTES`].
 fn selection_chunk(q: &Array, c1: &Array, sel: &BlockSelection, score_dtype: Dtype) -> usize {
     let hkv = c1.shape()[1] as usize;
-    if selection_kernel(q, hkv as i32, sel) == Some(SelectionKernel::TensorCores) {
-        // Per KV head and block: its two window maxima in the score type and its float32 pooled score.
-        let groups = sel.window_groups(c1.shape()[2] as usize).max(1);
-        let per_group = 2 * crate::engine::memory::dtype_bytes(score_dtype) + 4;
-        return (SELECTION_CHUNK_BYTES / (per_group * hkv * groups)).clamp(16, 4096);
+    let tensor_cores = selection_kernel(q, hkv as i32, sel) == Some(SelectionKernel::TensorCores);
+    let bytes = selection_query_bytes(tensor_cores, q.shape()[1] as usize, hkv, c1.shape()[2] as usize, sel, crate::engine::memory::dtype_bytes(score_dtype));
+    selection_chunk_queries(bytes)
+}
+
+/// Working memory of one query of the selection over `windows` level-1 windows: on tensor cores
+/// each KV head's two window maxima per group of windows in the score type and its float32 pooled
+/// score; otherwise a float32 stage-1 score per query head (`heads`) and window.
+pub fn selection_query_bytes(tensor_cores: bool, heads: usize, kv_heads: usize, windows: usize, sel: &BlockSelection, score_bytes: usize) -> usize {
+    if tensor_cores {
+        (2 * score_bytes + 4) * kv_heads * sel.window_groups(windows).max(1)
+    } else {
+        4 * heads * windows.max(1)
     }
-    chunk_of_rows(q.shape()[1] as usize, c1)
+}
+
+/// Queries per chunk of the selection when each takes `query_bytes`: within
+/// [`SELECTION_CHUNK_BYTES`], at most two chunks in flight.
+pub fn selection_chunk_queries(query_bytes: usize) -> usize {
+    (SELECTION_CHUNK_BYTES / query_bytes.max(1)).clamp(16, 4096)
 }
 
 /// Queries per chunk when each holds `rows` float32 scores per level-1 window of `c1`.
 fn chunk_of_rows(rows: usize, c1: &Array) -> usize {
-    (SELECTION_CHUNK_BYTES / (4 * rows * (c1.shape()[2] as usize).max(1))).clamp(16, 4096)
+    selection_chunk_queries(4 * rows * (c1.shape()[2] as usize).max(1))
 }
 
 /// The selection in chunks of `chunk` queries, at most two in flight: the blocks, and the scores
@@ -515,8 +528,8 @@ fn check_sparse_attention(t: i32, gated: bool, settled: usize, quantized: bool, 
 }
 
 /// Queries per piece of [`block_sparse_attention_mlx`] (the 9B's gathered keys and values of
-/// 128 queries: 0.8 GB in float32).
-const GATHER_QUERIES: i32 = 128;
+/// 128 queries: 1.1 GB in float32).
+pub const GATHER_QUERIES: i32 = 128;
 
 /// The MLX-ops version of [`block_sparse_attention`], over filled keys/values `[B, Hkv, L, d]`.
 pub fn block_sparse_attention_mlx(
@@ -530,12 +543,17 @@ pub fn block_sparse_attention_mlx(
 ) -> Result<Array> {
     let (b, hq, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     if t > GATHER_QUERIES {
-        // The gathered keys and values take [B, Hkv, T, blocks·block, d] floats: bound T.
+        // The gathered keys and values take [B, Hkv, T, blocks·block, d] floats: bound T. Lazily
+        // built pieces would all be gathered before any is reduced (a 4096-token step of the 9B:
+        // 34 GB), so at most two are in flight.
         let mut outputs = Vec::new();
+        let mut pacer = Pacer::new(t as usize);
         for start in (0..t).step_by(GATHER_QUERIES as usize) {
             let end = (start + GATHER_QUERIES).min(t);
             let (qs, bs) = (q.try_index((.., .., start..end, ..))?, blocks.try_index((.., .., start..end, ..))?);
-            outputs.push(block_sparse_attention_mlx(&qs, k, v, &bs, first_pos + start as usize, block, scale)?);
+            let piece = block_sparse_attention_mlx(&qs, k, v, &bs, first_pos + start as usize, block, scale)?;
+            pacer.step(|| vec![piece.clone()])?;
+            outputs.push(piece);
         }
         return ops::concatenate(&outputs, 2);
     }

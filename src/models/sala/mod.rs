@@ -19,6 +19,7 @@ use crate::engine::ops::Pacer;
 use crate::engine::model::{check_batch, LanguageModel, Logits, ModelInfo, Trace};
 use crate::engine::weights::{TensorSpec, Weights};
 use crate::models::layers::{scale, Embedding, Input, LmHead, MixerOutput, Mlp, RmsNorm};
+use crate::models::PromptStep;
 use lightning::{LightningAttention, LightningConfig, Positions};
 use mlx_rs::{Array, Dtype};
 use sparse::{SparseAttention, SparseConfig};
@@ -210,6 +211,53 @@ impl SalaConfig {
                 Mixer::Lightning => lightning,
             })
             .fold(0u64, u64::saturating_add)
+    }
+
+    /// Bytes one prompt step holds beyond the weights and the cache (see [`PromptStep`]): the
+    /// common terms and the larger of the two kinds of layer. A sparse layer holds its
+    /// projections and, below `dense_len`, dense attention's scores where it is not fused; past
+    /// it, two chunks of the block selection and, on MLX's ops, two pieces of gathered keys and
+    /// values. A lightning layer holds its projections, and on MLX's ops one state a 64-token
+    /// chunk.
+    pub fn prompt_step_bytes(&self, step: &PromptStep) -> u64 {
+        let ranks = step.ranks.max(1);
+        let (rows, db) = (step.rows, step.dtype_bytes);
+        let s = &self.sparse;
+        let (hq, hkv) = (s.heads.div_ceil(ranks), s.kv_heads.div_ceil(ranks));
+        let gate = if s.use_output_gate { hq } else { 0 };
+        let mut sparse = size_product(&[rows, 2 * hq + 2 * hkv + gate, s.head_dim, db]);
+        if step.context < s.dense_len {
+            sparse = sparse.saturating_add(step.held_scores_bytes(hq));
+        } else {
+            let sel = &s.selection;
+            let query = infllm::selection_query_bytes(step.tensor_cores, hq, hkv, step.context / sel.stride, sel, db);
+            let queries = rows.min(2 * infllm::selection_chunk_queries(query));
+            sparse = sparse.saturating_add(size_product(&[queries, query]));
+            if !step.fused {
+                let queries = rows.min(2 * infllm::GATHER_QUERIES as usize);
+                sparse = sparse.saturating_add(size_product(&[2, queries, hkv, sel.topk * sel.block, s.head_dim, 4]));
+            }
+        }
+        let l = &self.lightning;
+        let lh = l.heads.div_ceil(ranks);
+        let mut lightning = size_product(&[rows, 5 * lh, l.head_dim, db]);
+        if !step.fused {
+            lightning = lightning.saturating_add(size_product(&[rows.div_ceil(crate::kernels::gla::CHUNK), lh, l.head_dim, l.head_dim, 4]));
+        }
+        // The largest layer's matrices: the MLP and a lightning layer's q, k, v, gate and output.
+        let mlp = size_product(&[3, self.intermediate_size.div_ceil(ranks), self.hidden_size]);
+        let mixer = size_product(&[5, lh * l.head_dim, self.hidden_size]).max(size_product(&[3 * hq + 2 * hkv, s.head_dim, self.hidden_size]));
+        let layer = self
+            .mixers
+            .iter()
+            .map(|m| match m {
+                Mixer::Sparse => sparse,
+                Mixer::Lightning => lightning,
+            })
+            .max()
+            .unwrap_or(0);
+        let counted = step.common_bytes(self.hidden_size, self.intermediate_size).saturating_add(step.dequantized_bytes(mlp.saturating_add(mixer)));
+        PromptStep::with_margin(counted.saturating_add(layer))
     }
 
     /// Every tensor the checkpoint must hold, with its shape.
