@@ -1,7 +1,7 @@
 // Issue 60: what cuDNN's fused attention gives Qwen3-8B's prompt shapes on this GPU in bf16 (what
 // MLX runs) and in FP8 (e4m3 q, k and v with one scale a tensor; Hopper writes FP8 output), and how
 // far the FP8 output lands from the bf16 one. Standalone: built on the GPU machine by
-// eval/device-cudnn-fp8.sh against cudnn-frontend's headers (PyPI nvidia-cudnn-frontend) and the
+// eval/device-issue60-rest.sh against cudnn-frontend's headers (PyPI nvidia-cudnn-frontend) and the
 // cuDNN that MLX loads.
 //   cudnn_sdpa_fp8 S [S ...]   (one line per length: bf16 and FP8 times, TFLOP/s, error)
 #include <cuda_bf16.h>
