@@ -101,37 +101,47 @@ fn prompt_step_estimate_follows_cpu_prefill_peaks() {
     }
 }
 
-/// Peaks measured on one H100 (MLX's peak, bf16, 8-bit weights, 8192- or 4096-token steps) in
-/// eval/results: the estimate stays within a margin of each.
+/// Peaks measured on H100s (MLX's peak, bf16, 8- and 4-bit weights, 8192- or 4096-token steps) in
+/// eval/results: identical runs peaked up to 1.4 GB apart, so the estimate follows the highest (the
+/// highest land within 1 % of it) and stays within about twice the lowest. Rows with FP8 prompt
+/// products are left out (their working memory is not the exact path's).
 #[test]
 fn prompt_step_estimate_follows_recorded_h100_peaks() {
     let results = Path::new("eval/results");
     let recorded = [
-        ("2026-12-07-h100-private-walk/call3-sala.csv", "eval/synthetic/minicpm-sala-9b.json"),
-        ("2026-12-07-h100-private-walk/call3-sala-base.csv", "eval/synthetic/minicpm-sala-9b.json"),
-        ("2026-12-06-h100-window-maxima/call3-1m-new-step8192.csv", "eval/synthetic/minicpm-sala-9b.json"),
-        ("2026-12-06-h100-window-maxima/call5-qwen3-step8192.csv", "eval/synthetic/qwen3-8b.json"),
-        ("2026-12-06-h100-window-maxima/call6-qwen3-step4096.csv", "eval/synthetic/qwen3-8b.json"),
+        "2026-12-07-h100-issue60-table/call1-prefill.csv",
+        "2026-12-07-h100-issue60-table/call2-prefill.csv",
+        "2026-12-07-h100-issue60-table/call4-prefill.csv",
+        "2026-12-07-h100-private-walk/call3-sala.csv",
+        "2026-12-07-h100-private-walk/call3-sala-base.csv",
+        "2026-12-06-h100-window-maxima/call3-1m-new-step8192.csv",
+        "2026-12-06-h100-window-maxima/call5-qwen3-step8192.csv",
+        "2026-12-06-h100-window-maxima/call6-qwen3-step4096.csv",
     ];
+    let configs = [("minicpm-sala-9b", config(Path::new("eval/synthetic/minicpm-sala-9b.json"))), ("qwen3-8b", config(Path::new("eval/synthetic/qwen3-8b.json")))];
     let mut checked = 0;
-    for (csv, config_path) in recorded {
+    for csv in recorded {
         let text = std::fs::read_to_string(results.join(csv)).unwrap();
         let mut lines = text.lines();
         let header: Vec<&str> = lines.next().unwrap().split(',').collect();
         let column = |name: &str| header.iter().position(|h| *h == name).unwrap();
-        let cfg = config(Path::new(config_path));
         for line in lines {
             let row: Vec<&str> = line.split(',').collect();
+            if row[column("dtype")] != "bf16" {
+                continue;
+            }
+            let model = row[column("model_filename")];
+            let cfg = &configs.iter().find(|(name, _)| model.starts_with(name)).unwrap_or_else(|| panic!("{csv}: no config for {model}")).1;
             let number = |name: &str| row[column(name)].parse::<u64>().unwrap();
             let (prompt, step) = (number("n_prompt") as usize, number("n_batch") as usize);
             let step = PromptStep { rows: step.min(prompt), context: prompt, dtype_bytes: 2, fused: true, tensor_cores: true, quantized: true, ranks: 1 };
-            let r = ratio(&cfg, &step, number("model_size"), number("peak_mem"), 2);
-            eprintln!("{csv} pp{prompt}: estimate / measured working memory {r:.2}");
-            assert!((0.85..=1.35).contains(&r), "{csv} pp{prompt}: estimate / measured working memory = {r:.2}");
+            let r = ratio(cfg, &step, number("model_size"), number("peak_mem"), 2);
+            eprintln!("{csv} {model} pp{prompt}: estimate / measured working memory {r:.2}");
+            assert!((0.97..=2.1).contains(&r), "{csv} {model} pp{prompt}: estimate / measured working memory = {r:.2}");
             checked += 1;
         }
     }
-    assert_eq!(checked, 7, "every recorded prompt was checked");
+    assert_eq!(checked, 23, "every recorded exact-path prompt was checked");
 }
 
 #[test]

@@ -176,7 +176,7 @@ impl DecoderConfig {
         let layer_weights = size_product(&[self.hidden_size, 3 * self.intermediate_size.div_ceil(ranks) + 2 * q + 2 * kv]);
         let counted = step
             .common_bytes(self.hidden_size, self.intermediate_size)
-            .saturating_add(step.dequantized_bytes(layer_weights))
+            .saturating_add(step.dequantized_bytes(layer_weights, PromptStep::PEAK_DEQUANTIZED_LAYERS))
             .saturating_add(projections)
             .saturating_add(step.held_scores_bytes(heads));
         PromptStep::with_margin(counted)

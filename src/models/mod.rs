@@ -194,11 +194,20 @@ impl PromptStep {
         size_product(&[self.rows, 4 * hidden + 3 * intermediate.div_ceil(self.ranks.max(1)), self.dtype_bytes])
     }
 
-    /// The dequantized copies a prompt product multiplies by (quantized weights), of a layer of
-    /// `layer_weights` elements on one rank: two layers' worth, as two layers are in flight.
-    pub fn dequantized_bytes(&self, layer_weights: u64) -> u64 {
+    /// Layers whose dequantized copies (quantized weights) a prompt step's peak holds: two are in
+    /// flight under pacing, yet MLX's CUDA peaks of identical runs differed by up to 1.4 GB and the
+    /// highest reached four layers' worth (eval/results/2026-12-07-h100-issue60-table).
+    pub const PEAK_DEQUANTIZED_LAYERS: u64 = 4;
+
+    /// Layers whose dequantized copies are alive beside the block selection's chunks, which were no
+    /// higher at the peak of a 1M-token SALA prompt (2 GB of chunks) than at 32K.
+    pub const SELECTION_DEQUANTIZED_LAYERS: u64 = 2;
+
+    /// The dequantized copies a prompt product multiplies by (quantized weights) of `layers` layers
+    /// of `layer_weights` elements on one rank.
+    pub fn dequantized_bytes(&self, layer_weights: u64, layers: u64) -> u64 {
         if self.quantized {
-            layer_weights.saturating_mul(2 * self.dtype_bytes as u64)
+            layer_weights.saturating_mul(layers * self.dtype_bytes as u64)
         } else {
             0
         }

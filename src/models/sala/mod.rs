@@ -226,13 +226,14 @@ impl SalaConfig {
         let (hq, hkv) = (s.heads.div_ceil(ranks), s.kv_heads.div_ceil(ranks));
         let gate = if s.use_output_gate { hq } else { 0 };
         let mut sparse = size_product(&[rows, 2 * hq + 2 * hkv + gate, s.head_dim, db]);
+        let mut selection = 0;
         if step.context < s.dense_len {
             sparse = sparse.saturating_add(step.held_scores_bytes(hq));
         } else {
             let sel = &s.selection;
             let query = infllm::selection_query_bytes(step.tensor_cores, hq, hkv, step.context / sel.stride, sel, db);
             let queries = rows.min(2 * infllm::selection_chunk_queries(query));
-            sparse = sparse.saturating_add(size_product(&[queries, query]));
+            selection = size_product(&[queries, query]);
             if !step.fused {
                 let queries = rows.min(2 * infllm::GATHER_QUERIES as usize);
                 sparse = sparse.saturating_add(size_product(&[2, queries, hkv, sel.topk * sel.block, s.head_dim, 4]));
@@ -256,7 +257,11 @@ impl SalaConfig {
             })
             .max()
             .unwrap_or(0);
-        let counted = step.common_bytes(self.hidden_size, self.intermediate_size).saturating_add(step.dequantized_bytes(mlp.saturating_add(mixer)));
+        let weights = mlp.saturating_add(mixer);
+        let copies = step
+            .dequantized_bytes(weights, PromptStep::PEAK_DEQUANTIZED_LAYERS)
+            .max(step.dequantized_bytes(weights, PromptStep::SELECTION_DEQUANTIZED_LAYERS).saturating_add(selection));
+        let counted = step.common_bytes(self.hidden_size, self.intermediate_size).saturating_add(copies);
         PromptStep::with_margin(counted.saturating_add(layer))
     }
 
