@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <unordered_map>
 #include <vector>
 
 namespace fe = cudnn_frontend;

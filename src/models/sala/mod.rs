@@ -214,11 +214,11 @@ impl SalaConfig {
     }
 
     /// Bytes one prompt step holds beyond the weights and the cache (see [`PromptStep`]): the
-    /// common terms and the larger of the two kinds of layer. A sparse layer holds its
-    /// projections and, below `dense_len`, dense attention's scores where it is not fused; past
-    /// it, two chunks of the block selection and, on MLX's ops, two pieces of gathered keys and
-    /// values. A lightning layer holds its projections, and on MLX's ops one state a 64-token
-    /// chunk.
+    /// common terms, the larger of the two kinds of layer, and the dequantized copies or, past
+    /// `dense_len`, two chunks of the block selection beside fewer copies, whichever is larger.
+    /// A sparse layer holds its projections and, below `dense_len`, dense attention's scores where
+    /// it is not fused; past it, on MLX's ops, two pieces of gathered keys and values. A lightning
+    /// layer holds its projections, and on MLX's ops one state a 64-token chunk.
     pub fn prompt_step_bytes(&self, step: &PromptStep) -> u64 {
         let ranks = step.ranks.max(1);
         let (rows, db) = (step.rows, step.dtype_bytes);
